@@ -1,0 +1,30 @@
+# One venv in the repo root; every target uses it.
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install test test-all lint train clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-all: $(STAMP)
+	$(PY) -m pytest -q -m ''
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+train: $(STAMP)
+	$(PY) train.py model=vit_tiny
+
+clean:
+	rm -rf $(VENV) outputs multirun .pytest_cache
