@@ -1,0 +1,31 @@
+"""Models: attention and the layers around it, ViT and T2T-ViT, their registry and weight loading."""
+
+from vit.models.attention import Attention, capture_attention
+from vit.models.complexity import Complexity, attention_macs, complexity, mlp_macs
+from vit.models.layers import Block, DropPath, LayerScale, Mlp, PatchEmbed
+from vit.models.pos_embed import resample_pos_embed, sinusoid_table
+from vit.models.pretrained import load_pretrained, read_state_dict
+from vit.models.registry import create_model, list_models, register_model
+from vit.models.vit import VisionTransformer
+
+__all__ = [
+    "Attention",
+    "Block",
+    "Complexity",
+    "DropPath",
+    "LayerScale",
+    "Mlp",
+    "PatchEmbed",
+    "VisionTransformer",
+    "attention_macs",
+    "capture_attention",
+    "complexity",
+    "create_model",
+    "list_models",
+    "load_pretrained",
+    "mlp_macs",
+    "read_state_dict",
+    "register_model",
+    "resample_pos_embed",
+    "sinusoid_table",
+]

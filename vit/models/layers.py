@@ -1,0 +1,175 @@
+"""The pieces a ViT is stacked from: patch embedding, MLP, stochastic depth, the pre-norm encoder block.
+
+Parameter names follow timm (`patch_embed.proj`, `mlp.fc1`, `norm1`, `ls1.gamma`, ...) so state dicts load
+in both directions.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vit.models.attention import Attention
+
+
+def check_rate(name: str, value: float) -> None:
+    """Dropout-like rates live in [0, 1): 1 would drop everything."""
+    if not 0.0 <= value < 1.0:
+        raise ValueError(f"{name}={value} must be in [0, 1)")
+
+
+def to_2tuple(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"expected an int or a pair, got {value!r}")
+        return int(value[0]), int(value[1])
+    return int(value), int(value)
+
+
+class PatchEmbed(nn.Module):
+    """Cut the image into non-overlapping p x p patches and project each to `embed_dim`.
+
+    A Conv2d with kernel = stride = p is exactly a Linear applied to every flattened patch, done in one op.
+    (B, C, H, W) -> (B, N, embed_dim) with N = (H / p) * (W / p).
+    """
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int | tuple[int, int] = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+    ) -> None:
+        super().__init__()
+        self.img_size = to_2tuple(img_size)
+        self.patch_size = to_2tuple(patch_size)
+        if min(self.img_size) <= 0 or min(self.patch_size) <= 0:
+            raise ValueError(f"img_size={img_size} and patch_size={patch_size} must be positive")
+        if any(i % p for i, p in zip(self.img_size, self.patch_size, strict=True)):
+            raise ValueError(
+                f"img_size={img_size} is not divisible by patch_size={patch_size}: "
+                f"choose a patch size that divides the image size"
+            )
+        if in_chans <= 0:
+            raise ValueError(f"in_chans={in_chans} must be positive")
+        self.in_chans = in_chans
+        self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim != 4 or x.shape[1] != self.in_chans or tuple(x.shape[-2:]) != self.img_size:
+            raise ValueError(
+                f"input of shape {tuple(x.shape)} does not match the model: expected "
+                f"(batch, in_chans={self.in_chans}, {self.img_size[0]}, {self.img_size[1]})"
+            )
+        x = self.proj(x)  # (B, embed_dim, H/p, W/p)
+        return x.flatten(2).transpose(1, 2)  # (B, N, embed_dim), patches in row-major order
+
+
+class Mlp(nn.Module):
+    """Token-wise feed-forward: fc1 -> GELU -> dropout -> fc2 -> dropout. (B, N, C) -> (B, N, out)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int | None = None,
+        out_features: int | None = None,
+        drop: float = 0.0,
+    ) -> None:
+        super().__init__()
+        hidden_features = hidden_features or in_features
+        out_features = out_features or in_features
+        self.fc1 = nn.Linear(in_features, hidden_features)
+        self.act = nn.GELU()
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden_features, out_features)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: drop the whole residual branch of a sample with probability `drop_prob`.
+
+    Kept branches are scaled by 1 / (1 - p) so the expected value is unchanged; identity at eval and at p=0.
+    """
+
+    def __init__(self, drop_prob: float = 0.0) -> None:
+        super().__init__()
+        check_rate("drop_path", drop_prob)
+        self.drop_prob = drop_prob
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.drop_prob == 0.0 or not self.training:
+            return x
+        keep_prob = 1.0 - self.drop_prob
+        # One Bernoulli draw per sample, broadcast over every other dim: (B, 1, 1, ...).
+        mask_shape = (x.shape[0],) + (1,) * (x.ndim - 1)
+        keep = x.new_empty(mask_shape).bernoulli_(keep_prob)
+        return x * keep / keep_prob
+
+    def extra_repr(self) -> str:
+        return f"drop_prob={self.drop_prob:.3f}"
+
+
+class LayerScale(nn.Module):
+    """Per-channel learnable scale of a residual branch (CaiT), started small so deep stacks train."""
+
+    def __init__(self, dim: int, init_values: float = 1e-5) -> None:
+        super().__init__()
+        self.gamma = nn.Parameter(torch.full((dim,), float(init_values)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gamma
+
+
+class Block(nn.Module):
+    """Pre-norm transformer encoder block, (B, N, dim) -> (B, N, dim):
+
+        x = x + drop_path(ls1(attn(norm1(x))))
+        x = x + drop_path(ls2(mlp(norm2(x))))
+
+    `norm_eps` is 1e-6 in timm's ViTs and 1e-5 (PyTorch's default) in the official T2T-ViT code;
+    `init_values` switches on LayerScale (None: off, as in plain ViT).
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = False,
+        qk_scale: float | None = None,
+        drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        init_values: float | None = None,
+        attn_backend: str = "auto",
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        if mlp_ratio <= 0:
+            raise ValueError(f"mlp_ratio={mlp_ratio} must be > 0")
+        check_rate("drop_rate", drop)
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = Attention(
+            dim,
+            num_heads=num_heads,
+            qkv_bias=qkv_bias,
+            qk_scale=qk_scale,
+            attn_drop=attn_drop,
+            proj_drop=drop,
+            backend=attn_backend,
+        )
+        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path1 = DropPath(drop_path)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, hidden_features=int(dim * mlp_ratio), drop=drop)
+        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
+        self.drop_path2 = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
+        return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))

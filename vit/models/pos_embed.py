@@ -1,0 +1,70 @@
+"""Position embeddings: learned (timm's init) or fixed sinusoidal, and resampling to another grid.
+
+Layout everywhere: (1, num_prefix + H*W, C), the class token's row first, patches in row-major order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+POS_EMBED_KINDS = ("learned", "sinusoidal")
+
+
+def sinusoid_table(num_positions: int, dim: int) -> torch.Tensor:
+    """The Transformer's fixed encoding, (1, num_positions, dim).
+
+    PE(pos, 2i) = sin(pos / 10000^(2i/d)),  PE(pos, 2i+1) = cos(pos / 10000^(2i/d)).
+    Position 0 is the class token, as in the official T2T-ViT code.
+    """
+    position = torch.arange(num_positions, dtype=torch.float64).unsqueeze(1)  # (P, 1)
+    pair_index = torch.arange(dim, dtype=torch.float64) // 2  # i for both columns 2i and 2i+1
+    angle = position / torch.pow(10000.0, 2 * pair_index / dim)  # (P, dim)
+    table = torch.empty_like(angle)
+    table[:, 0::2] = torch.sin(angle[:, 0::2])
+    table[:, 1::2] = torch.cos(angle[:, 1::2])
+    return table.float().unsqueeze(0)
+
+
+def make_pos_embed(kind: str, num_positions: int, dim: int) -> nn.Parameter:
+    """A learned table (zeros here; the model's init draws trunc_normal(0.02) as timm does), or the fixed
+    sinusoid table stored as a frozen Parameter so it sits in the state dict under the same key."""
+    if kind == "learned":
+        return nn.Parameter(torch.zeros(1, num_positions, dim))
+    if kind == "sinusoidal":
+        return nn.Parameter(sinusoid_table(num_positions, dim), requires_grad=False)
+    raise ValueError(f"pos_embed={kind!r} must be one of {POS_EMBED_KINDS}")
+
+
+def resample_pos_embed(
+    pos_embed: torch.Tensor,
+    new_grid: tuple[int, int],
+    num_prefix_tokens: int = 1,
+    old_grid: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """Bicubic resampling of the patch part of a (1, prefix + h*w, C) table onto `new_grid`.
+
+    The prefix (class token) rows are kept as they are: they carry no spatial position. `old_grid` defaults
+    to the square root of the patch count.
+    """
+    if pos_embed.ndim != 3 or pos_embed.shape[0] != 1:
+        raise ValueError(f"pos_embed of shape {tuple(pos_embed.shape)} must be (1, tokens, dim)")
+    prefix, patches = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    num_patches = patches.shape[1]
+    if old_grid is None:
+        side = math.isqrt(num_patches)
+        if side * side != num_patches:
+            raise ValueError(f"pos_embed has {num_patches} patch rows, not a square grid: pass old_grid")
+        old_grid = (side, side)
+    if old_grid[0] * old_grid[1] != num_patches:
+        raise ValueError(f"old_grid={old_grid} does not hold the {num_patches} patch rows of pos_embed")
+    if tuple(old_grid) == tuple(new_grid):
+        return pos_embed
+    dim = patches.shape[-1]
+    grid = patches.reshape(1, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2)  # (1, C, h, w)
+    grid = F.interpolate(grid.float(), size=new_grid, mode="bicubic", align_corners=False, antialias=True)
+    patches = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim).to(pos_embed.dtype)
+    return torch.cat([prefix, patches], dim=1)

@@ -1,0 +1,193 @@
+"""The Vision Transformer (Dosovitskiy et al. 2021), shaped and named like timm's so its weights load as is.
+
+An image's path through `forward`, for ViT-Ti/16 at 224 px (C = 192, N = 14 * 14 = 196 patches):
+
+    image                      (B, 3, 224, 224)
+    patch_embed                (B, 196, C)
+    prepend cls token          (B, 197, C)
+    + pos_embed                (B, 197, C)
+    depth x Block              (B, 197, C)
+    norm                       (B, 197, C)
+    pool: cls token / mean     (B, C)
+    head                       (B, num_classes)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.init import trunc_normal_
+
+from vit.models.layers import Block, PatchEmbed, check_rate
+from vit.models.pos_embed import make_pos_embed
+from vit.models.registry import register_model
+
+GLOBAL_POOLS = ("token", "avg")
+
+
+class VisionTransformer(nn.Module):
+    """ViT classifier. Every argument is an ablation knob exposed by the configs.
+
+    Args:
+        img_size, patch_size, in_chans: input geometry; `patch_size` must divide `img_size`.
+        num_classes: classes of the head (0: no head, `forward` returns pooled features).
+        embed_dim, depth, num_heads, mlp_ratio: width, number of blocks, heads per block, MLP width / C.
+        qkv_bias, qk_scale: see `Attention`.
+        drop_rate: dropout after the position embedding and inside every block (timm's classic ViT).
+        attn_drop_rate: dropout on the attention weights.
+        drop_path_rate: stochastic depth of the last block; rates rise linearly from 0 at the first.
+        pos_embed: "learned" (trunc-normal init) or "sinusoidal" (fixed).
+        global_pool: "token" reads the cls token; "avg" averages the patch tokens and, as timm does,
+            moves the final LayerNorm after the pooling (`fc_norm`).
+        init_values: LayerScale init (None: off).
+        attn_backend: "auto" | "math" | "sdpa", see `Attention`.
+    """
+
+    def __init__(
+        self,
+        img_size: int = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        embed_dim: int = 768,
+        depth: int = 12,
+        num_heads: int = 12,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        qk_scale: float | None = None,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        pos_embed: str = "learned",
+        global_pool: str = "token",
+        init_values: float | None = None,
+        attn_backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        if global_pool not in GLOBAL_POOLS:
+            raise ValueError(f"global_pool={global_pool!r} must be one of {GLOBAL_POOLS}")
+        if depth <= 0:
+            raise ValueError(f"depth={depth} must be positive")
+        if num_classes < 0:
+            raise ValueError(f"num_classes={num_classes} must be >= 0")
+        if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
+            raise ValueError(f"num_heads={num_heads} must be a positive divisor of embed_dim={embed_dim}")
+        for name, rate in (
+            ("drop_rate", drop_rate),
+            ("attn_drop_rate", attn_drop_rate),
+            ("drop_path_rate", drop_path_rate),
+        ):
+            check_rate(name, rate)
+
+        self.num_classes = num_classes
+        self.embed_dim = self.num_features = embed_dim
+        self.global_pool = global_pool
+        self.num_prefix_tokens = 1
+
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.pos_embed = make_pos_embed(pos_embed, self.patch_embed.num_patches + 1, embed_dim)
+        self.pos_embed_kind = pos_embed
+        self.pos_drop = nn.Dropout(drop_rate)
+
+        # Deeper blocks are dropped more often: rate_i = drop_path_rate * i / (depth - 1).
+        path_rates = torch.linspace(0, drop_path_rate, depth).tolist()
+        self.blocks = nn.Sequential(
+            *[
+                Block(
+                    embed_dim,
+                    num_heads,
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    qk_scale=qk_scale,
+                    drop=drop_rate,
+                    attn_drop=attn_drop_rate,
+                    drop_path=rate,
+                    init_values=init_values,
+                    attn_backend=attn_backend,
+                )
+                for rate in path_rates
+            ]
+        )
+        use_fc_norm = global_pool == "avg"
+        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(embed_dim, eps=1e-6)
+        self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if use_fc_norm else nn.Identity()
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.init_weights()
+
+    @property
+    def img_size(self) -> tuple[int, int]:
+        return self.patch_embed.img_size
+
+    def init_weights(self) -> None:
+        """timm's default ViT init: trunc-normal(0.02) Linears with zero bias, tiny cls token."""
+        if self.pos_embed.requires_grad:
+            trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.normal_(self.cls_token, std=1e-6)
+        self.apply(init_linear_trunc_normal)
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameters that weight decay would only pull towards zero for no benefit."""
+        return {"pos_embed", "cls_token"}
+
+    def reset_classifier(self, num_classes: int) -> None:
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        if num_classes > 0:
+            init_linear_trunc_normal(self.head)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C_in, H, W) -> all tokens after the last block and norm, (B, 1 + N, C)."""
+        x = self.patch_embed(x)  # (B, N, C)
+        cls = self.cls_token.expand(x.shape[0], -1, -1)  # (B, 1, C)
+        x = torch.cat([cls, x], dim=1)  # (B, 1 + N, C)
+        x = self.pos_drop(x + self.pos_embed)
+        x = self.blocks(x)
+        return self.norm(x)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        """(B, 1 + N, C) -> logits (B, num_classes), or the pooled (B, C) with `pre_logits`."""
+        if self.global_pool == "avg":
+            x = x[:, self.num_prefix_tokens :].mean(dim=1)  # (B, C): mean over the patch tokens
+        else:
+            x = x[:, 0]  # (B, C): the cls token
+        x = self.fc_norm(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+def init_linear_trunc_normal(module: nn.Module) -> None:
+    if isinstance(module, nn.Linear):
+        trunc_normal_(module.weight, std=0.02)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+
+# timm's shapes: 224 px, patch 16. `create_model("vit_tiny", img_size=32, patch_size=4, num_classes=10)` is
+# the CIFAR-sized ViT-Ti/4.
+register_model(
+    "vit_tiny",
+    VisionTransformer,
+    "ViT-Ti/16 (timm vit_tiny_patch16_224)",
+    embed_dim=192,
+    depth=12,
+    num_heads=3,
+)
+register_model(
+    "vit_small",
+    VisionTransformer,
+    "ViT-S/16 (timm vit_small_patch16_224)",
+    embed_dim=384,
+    depth=12,
+    num_heads=6,
+)
+register_model(
+    "vit_base",
+    VisionTransformer,
+    "ViT-B/16 (timm vit_base_patch16_224)",
+    embed_dim=768,
+    depth=12,
+    num_heads=12,
+)
