@@ -46,9 +46,8 @@ class Complexity:
         return 2 * self.macs
 
     def summary(self) -> str:
-        lines = [
-            f"params {self.params / 1e6:.2f} M   MACs {self.macs / 1e9:.3f} G   FLOPs {self.flops / 1e9:.3f} G"
-        ]
+        gmacs, gflops = self.macs / 1e9, self.flops / 1e9
+        lines = [f"params {self.params / 1e6:.2f} M   MACs {gmacs:.3f} G   FLOPs {gflops:.3f} G"]
         for name, macs in self.by_component.items():
             lines.append(f"  {name:<14} {macs / 1e9:9.4f} GMACs  ({100 * macs / max(self.macs, 1):5.1f}%)")
         return "\n".join(lines)
@@ -82,7 +81,7 @@ def complexity(
     by_component: dict[str, int] = {}
     hooks = []
     counted_inside: set[int] = set()
-    for name, module in model.named_modules():
+    for module in model.modules():
         if isinstance(module, Attention) or hasattr(module, "macs"):
             counted_inside.update(id(m) for m in module.modules() if m is not module)
 

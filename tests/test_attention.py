@@ -1,0 +1,180 @@
+"""The attention module: the seed's worked examples, both backends, masks, capture, timm/PyTorch parity."""
+
+import pytest
+import timm.layers
+import torch
+from torch import nn
+
+from vit.models import Attention, capture_attention
+
+
+@pytest.mark.parametrize("heads", [1, 4])
+def test_seed_shapes_token_attention_49_to_64(heads):
+    """The seed's example: 100 tokens of width 49 -> 64 channels, batch 13."""
+    attn = Attention(dim=49, chan=64, num_heads=heads)
+    x = torch.randn(13, 100, 49)
+    q, k, v = attn.split_heads(x)
+    for t in (q, k, v):
+        assert t.shape == (13, heads, 100, 64 // heads)
+    with capture_attention(attn) as maps:
+        out = attn(x)
+    assert maps[0].shape == (13, heads, 100, 100)
+    assert out.shape == (13, 100, 64)
+    # Each row of the attention matrix is a distribution over the 100 tokens.
+    torch.testing.assert_close(maps[0].sum(-1), torch.ones(13, heads, 100))
+
+
+def test_v_skip_connection_is_added_when_width_changes():
+    attn = Attention(dim=49, chan=64, num_heads=4)
+    x = torch.randn(2, 10, 49)
+    _, _, v = attn.split_heads(x)
+    nn.init.zeros_(attn.proj.weight)
+    nn.init.zeros_(attn.proj.bias)
+    # With a zero output projection only the skip from V (merged over heads) is left.
+    expected = v.transpose(1, 2).reshape(2, 10, 64)
+    torch.testing.assert_close(attn(x), expected)
+
+
+def _identity_qk_attention(qk_scale):
+    """One head, dim 4, Q = K = V = x: the scores are plain dot products of the tokens."""
+    attn = Attention(dim=4, num_heads=1, qkv_bias=False, qk_scale=qk_scale, backend="math")
+    with torch.no_grad():
+        attn.qkv.weight.copy_(torch.cat([torch.eye(4)] * 3))
+    return attn
+
+
+def test_seed_scale_example():
+    # Tokens whose dot products are [[2, 0], [0, 2]].
+    x = torch.tensor([[[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0]]])
+    unscaled = _identity_qk_attention(qk_scale=1.0)
+    with capture_attention(unscaled) as maps:
+        unscaled(x)
+    torch.testing.assert_close(maps[0][0, 0], torch.tensor([[0.88, 0.12], [0.12, 0.88]]), atol=5e-3, rtol=0)
+
+    scaled = _identity_qk_attention(qk_scale=None)  # head_dim ** -0.5 = 1 / sqrt(4)
+    assert scaled.scale == pytest.approx(0.5)
+    with capture_attention(scaled) as maps:
+        scaled(x)
+    torch.testing.assert_close(maps[0][0, 0], torch.tensor([[0.73, 0.27], [0.27, 0.73]]), atol=5e-3, rtol=0)
+
+
+def test_qk_scale_override_reaches_the_scores():
+    x = torch.randn(1, 5, 4)
+    a, b = _identity_qk_attention(0.25), _identity_qk_attention(1.0)
+    with capture_attention(a) as maps_a:
+        a(x)
+    with capture_attention(b) as maps_b:
+        b(x)
+    assert not torch.allclose(maps_a[0], maps_b[0])
+    scores = x @ x.transpose(-2, -1)
+    torch.testing.assert_close(maps_a[0][:, 0], (0.25 * scores).softmax(-1))
+
+
+def _masks(n):
+    bool_mask = torch.rand(2, 1, n, n) > 0.3
+    bool_mask |= torch.eye(n, dtype=torch.bool)  # every query keeps at least itself
+    float_mask = torch.randn(2, 1, n, n)
+    return [None, bool_mask, float_mask]
+
+
+@pytest.mark.parametrize("chan", [None, 48])
+@pytest.mark.parametrize("mask_index", [0, 1, 2, 3])
+def test_math_and_sdpa_backends_agree(chan, mask_index):
+    x = torch.randn(2, 7, 32)
+    math_attn = Attention(32, num_heads=4, qkv_bias=True, chan=chan, backend="math")
+    sdpa_attn = Attention(32, num_heads=4, qkv_bias=True, chan=chan, backend="sdpa")
+    sdpa_attn.load_state_dict(math_attn.state_dict())
+    if mask_index == 3:
+        kwargs = {"is_causal": True}
+    else:
+        kwargs = {"attn_mask": _masks(7)[mask_index]}
+    torch.testing.assert_close(math_attn(x, **kwargs), sdpa_attn(x, **kwargs), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa"])
+def test_causal_mask_hides_the_future(backend):
+    attn = Attention(16, num_heads=2, backend=backend)
+    x = torch.randn(1, 6, 16)
+    changed = x.clone()
+    changed[:, 4:] = torch.randn(1, 2, 16)  # change only tokens 4 and 5
+    out, out_changed = attn(x, is_causal=True), attn(changed, is_causal=True)
+    torch.testing.assert_close(out[:, :4], out_changed[:, :4])
+    assert not torch.allclose(out[:, 4:], out_changed[:, 4:])
+    # Without the mask, early tokens see the change.
+    assert not torch.allclose(attn(x)[:, :4], attn(changed)[:, :4])
+
+
+def test_causal_capture_is_lower_triangular():
+    attn = Attention(16, num_heads=2)
+    with capture_attention(attn) as maps:
+        attn(torch.randn(1, 5, 16), is_causal=True)
+    assert torch.all(maps[0].triu(diagonal=1) == 0)
+
+
+def test_capture_is_off_outside_the_block_and_uses_sdpa_otherwise(monkeypatch):
+    attn = Attention(16, num_heads=2)  # auto backend
+    with capture_attention(attn) as maps:
+        attn(torch.randn(1, 3, 16))
+    attn(torch.randn(1, 3, 16))
+    assert len(maps) == 1 and attn.attention_sink is None
+    calls = []
+    real_sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(
+        torch.nn.functional,
+        "scaled_dot_product_attention",
+        lambda *a, **k: calls.append(1) or real_sdpa(*a, **k),
+    )
+    attn(torch.randn(1, 3, 16))
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("qkv_bias", [True, False])
+def test_matches_timm_attention(qkv_bias):
+    ours = Attention(64, num_heads=4, qkv_bias=qkv_bias)
+    theirs = timm.layers.Attention(64, num_heads=4, qkv_bias=qkv_bias)
+    assert set(ours.state_dict()) == set(theirs.state_dict())
+    ours.load_state_dict(theirs.state_dict())
+    x = torch.randn(3, 11, 64, requires_grad=True)
+    out, ref = ours(x), theirs(x)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+    (grad_ours,) = torch.autograd.grad(out.square().sum(), x)
+    (grad_ref,) = torch.autograd.grad(ref.square().sum(), x)
+    torch.testing.assert_close(grad_ours, grad_ref, atol=1e-5, rtol=1e-5)
+
+
+def test_matches_torch_multihead_attention():
+    """PyTorch's built-in: its in_proj_weight is our qkv.weight, its out_proj our proj."""
+    ours = Attention(64, num_heads=8, qkv_bias=True)
+    mha = nn.MultiheadAttention(64, num_heads=8, bias=True, batch_first=True)
+    with torch.no_grad():
+        ours.qkv.weight.copy_(mha.in_proj_weight)
+        ours.qkv.bias.copy_(mha.in_proj_bias)
+        ours.proj.weight.copy_(mha.out_proj.weight)
+        ours.proj.bias.copy_(mha.out_proj.bias)
+    x = torch.randn(2, 9, 64)
+    ref, ref_weights = mha(x, x, x, need_weights=True, average_attn_weights=False)
+    with capture_attention(ours) as maps:
+        out = ours(x)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=0)
+    torch.testing.assert_close(maps[0], ref_weights, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [
+        ({"dim": 64, "num_heads": 5}, "num_heads=5"),
+        ({"dim": 49, "chan": 64, "num_heads": 3}, "chan=64"),
+        ({"dim": 64, "qk_scale": 0.0}, "qk_scale=0.0"),
+        ({"dim": 64, "qk_scale": -1.0}, "qk_scale=-1.0"),
+        ({"dim": 64, "attn_drop": 1.0}, "attn_drop=1.0"),
+        ({"dim": 64, "backend": "flash"}, "backend='flash'"),
+    ],
+)
+def test_bad_arguments_name_parameter_and_value(kwargs, needle):
+    with pytest.raises(ValueError, match=needle.replace("(", r"\(")):
+        Attention(**kwargs)
+
+
+def test_wrong_token_width_is_a_clear_error():
+    with pytest.raises(ValueError, match="dim=64"):
+        Attention(64, num_heads=4)(torch.randn(2, 5, 32))
