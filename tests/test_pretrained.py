@@ -1,4 +1,4 @@
-"""load_pretrained: timm names, .pth/.safetensors files, wrappers, resampling, head re-init, refusing pickle."""
+"""load_pretrained: timm names, .pth/.safetensors files, wrappers, resampling, head re-init, no pickle."""
 
 import logging
 
