@@ -1,0 +1,1 @@
+"""Looking inside models and runs: attention maps, complexity tables, figures, benchmarks."""
