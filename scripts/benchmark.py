@@ -1,0 +1,103 @@
+"""Training-step throughput of the project's models, optionally against timm side by side.
+
+    python scripts/benchmark.py --models vit_tiny_cifar,vit_base --compile both --vs-timm --memory \\
+        --json bench.json --md bench.md
+
+Prints a markdown table last. See vit/analysis/benchmark.py for the protocol, docs/BENCHMARKS.md for results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from vit.analysis.benchmark import CASES, bench_case, measure_peak_memory, to_json, to_markdown
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--models", default="vit_tiny_cifar", help=f"comma list of {', '.join(CASES)}")
+    parser.add_argument("--batch", default=None, help="batch size, or a comma list matching --models")
+    parser.add_argument("--compile", choices=["off", "on", "both"], default="off")
+    parser.add_argument("--compile-mode", default="default", help="torch.compile mode of our model")
+    parser.add_argument("--peer-compile-mode", default="default", help="torch.compile mode of the peer")
+    parser.add_argument(
+        "--vs-timm", action="store_true", help="time timm's model of the same shape, interleaved"
+    )
+    parser.add_argument(
+        "--memory", action="store_true", help="peak CUDA memory per side, in separate processes"
+    )
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--min-round-s", type=float, default=0.5)
+    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--md", type=Path, default=None, help="write the markdown table here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    names = [n for n in args.models.split(",") if n]
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        print(f"error: --models {unknown[0]!r} is not a benchmark case; choose from {', '.join(CASES)}")
+        return 2
+    batches = [int(b) for b in args.batch.split(",")] if args.batch else [None] * len(names)
+    if len(batches) == 1 and len(names) > 1:
+        batches *= len(names)
+    if len(batches) != len(names):
+        print(f"error: --batch has {len(batches)} values for {len(names)} models")
+        return 2
+    if args.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    modes = {"off": [None], "on": [args.compile_mode], "both": [None, args.compile_mode]}[args.compile]
+
+    results = []
+    for name, batch in zip(names, batches, strict=True):
+        case = CASES[name]
+        for mode in modes:
+            peer_mode = None if mode is None else args.peer_compile_mode
+            result = bench_case(
+                case,
+                device,
+                batch=batch,
+                compile_mode=mode,
+                peer_compile_mode=peer_mode,
+                vs_peer=args.vs_timm,
+                rounds=args.rounds,
+                warmup=args.warmup,
+                min_round_s=args.min_round_s,
+            )
+            if args.memory and device.type == "cuda":
+                for side in result.sides:
+                    side_mode = mode if side.side == "ours" else peer_mode
+                    side.peak_gib = measure_peak_memory(case, side.side, result.batch, side_mode)
+            results.append(result)
+            print(to_markdown([result]).splitlines()[-1], flush=True)
+
+    table = to_markdown(results)
+    if args.json:
+        args.json.write_text(to_json(results))
+    if args.md:
+        args.md.write_text(table + "\n")
+    print(
+        f"\ndevice: {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), "
+        f"torch {torch.__version__}"
+    )
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
