@@ -21,7 +21,7 @@ def test_toy_benchmark_against_timm_writes_json_and_table(tmp_path, capsys):
     assert code == 0
     (result,) = json.loads(out_json.read_text())
     assert result["case"] == "toy" and result["rounds"] == 2
-    assert [s["side"] for s in result["sides"]] == ["ours", "timm"]
+    assert [s["side"] for s in result["sides"]] == ["ours", "peer"]
     assert all(s["img_per_s"] > 0 for s in result["sides"])
     assert result["ratio_p10"] <= result["ratio_median"] <= result["ratio_p90"]
     assert "| toy | 32 | 8 | eager |" in out_md.read_text()

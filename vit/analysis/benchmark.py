@@ -12,6 +12,7 @@ process is unreliable, so `measure_peak_memory` runs each side in a process of i
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -39,7 +40,10 @@ class BenchCase:
     kwargs: dict
     img_size: int
     batch: int
-    peer: str | None  # "timm:<VisionTransformer kwargs>" is built from `peer_kwargs`; None: no peer here
+    # "timm": timm's VisionTransformer(**peer_kwargs); "official": the function of the same name in the
+    # official T2T-ViT code (models/t2t_vit.py of yitu-opensource/T2T-ViT, a checkout named by the
+    # environment variable VIT_T2T_OFFICIAL; never part of this project); None: no peer.
+    peer: str | None
     peer_kwargs: dict = field(default_factory=dict)
 
 
@@ -80,9 +84,9 @@ CASES: dict[str, BenchCase] = {
         BenchCase("vit_tiny", "vit_tiny", {}, 224, 256, "timm", _vit_peer(192, 12, 3, 224, 16)),
         BenchCase("vit_small", "vit_small", {}, 224, 256, "timm", _vit_peer(384, 12, 6, 224, 16)),
         BenchCase("vit_base", "vit_base", {}, 224, 128, "timm", _vit_peer(768, 12, 12, 224, 16)),
-        BenchCase("t2t_vit_7", "t2t_vit_7", {}, 224, 256, None),
-        BenchCase("t2t_vit_14", "t2t_vit_14", {}, 224, 128, None),
-        BenchCase("t2t_vit_t_14", "t2t_vit_t_14", {}, 224, 128, None),
+        BenchCase("t2t_vit_7", "t2t_vit_7", {}, 224, 256, "official"),
+        BenchCase("t2t_vit_14", "t2t_vit_14", {}, 224, 128, "official"),
+        BenchCase("t2t_vit_t_14", "t2t_vit_t_14", {}, 224, 128, "official"),
     ]
 }
 
@@ -90,11 +94,35 @@ CASES: dict[str, BenchCase] = {
 def build_side(case: BenchCase, side: str) -> nn.Module:
     if side == "ours":
         return create_model(case.ours, **case.kwargs)
-    if side == "timm":
+    if side == "peer" and case.peer == "timm":
         from timm.models.vision_transformer import VisionTransformer
 
         return VisionTransformer(**case.peer_kwargs)
-    raise ValueError(f"side={side!r} must be 'ours' or 'timm'")
+    if side == "peer" and case.peer == "official":
+        return official_t2t(case.ours)
+    raise ValueError(f"side={side!r} of case {case.name!r} has no model (peer: {case.peer})")
+
+
+def official_t2t(name: str) -> nn.Module:
+    """Build `name` (e.g. "t2t_vit_14") from the official T2T-ViT checkout at $VIT_T2T_OFFICIAL."""
+    import importlib
+
+    root = os.environ.get("VIT_T2T_OFFICIAL")
+    if not root or not os.path.isfile(os.path.join(root, "models", "t2t_vit.py")):
+        raise RuntimeError(
+            f"VIT_T2T_OFFICIAL={root!r} must name a checkout of yitu-opensource/T2T-ViT "
+            "(the folder holding models/t2t_vit.py)"
+        )
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return getattr(importlib.import_module("models.t2t_vit"), name)()
+
+
+def peer_available(case: BenchCase) -> bool:
+
+    if case.peer == "official":
+        return bool(os.environ.get("VIT_T2T_OFFICIAL"))
+    return case.peer is not None
 
 
 def num_classes_of(model: nn.Module) -> int:
@@ -164,7 +192,7 @@ def percentile(values: list[float], q: float) -> float:
 
 @dataclass
 class SideResult:
-    side: str
+    side: str  # "ours" or "peer"
     img_per_s: float
     step_ms: float
     mfu: float | None
@@ -200,7 +228,7 @@ def bench_case(
 ) -> CaseResult:
     batch = batch or case.batch
     peer_mode = compile_mode if peer_compile_mode == "same" else peer_compile_mode
-    sides = ["ours"] + (["timm"] if vs_peer and case.peer else [])
+    sides = ["ours"] + (["peer"] if vs_peer and peer_available(case) else [])
     steps, flops = {}, {}
     for side in sides:
         torch.manual_seed(0)
@@ -227,7 +255,7 @@ def bench_case(
         results.append(SideResult(side, img_s, 1000 * step_s, mfu))
     out = CaseResult(case.name, batch, case.img_size, compile_mode, str(device), results, rounds=rounds)
     if len(sides) == 2:
-        ratios = [a / b for a, b in zip(throughput["ours"], throughput["timm"], strict=True)]
+        ratios = [a / b for a, b in zip(throughput["ours"], throughput["peer"], strict=True)]
         out.ratio_median = statistics.median(ratios)
         out.ratio_p10, out.ratio_p90 = percentile(ratios, 0.1), percentile(ratios, 0.9)
     return out
@@ -236,7 +264,7 @@ def bench_case(
 def peak_memory_gib(
     case: BenchCase, side: str, batch: int, compile_mode: str | None, steps: int = 3
 ) -> float:
-    """Peak CUDA memory of `steps` training steps of one side, in this process (call in a fresh one)."""
+    """Peak CUDA memory of `steps` training steps of one side ("ours" or "peer"), in this process."""
     device = torch.device("cuda")
     torch.manual_seed(0)
     step = make_train_step(build_side(case, side), batch, case.img_size, device, compile_mode)
