@@ -18,20 +18,14 @@ from vit.analysis.benchmark import CASES, bench_case, measure_peak_memory, to_js
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="vit_tiny_cifar", help=f"comma list of {', '.join(CASES)}")
     parser.add_argument("--batch", default=None, help="batch size, or a comma list matching --models")
     parser.add_argument("--compile", choices=["off", "on", "both"], default="off")
     parser.add_argument("--compile-mode", default="default", help="torch.compile mode of our model")
     parser.add_argument("--peer-compile-mode", default="default", help="torch.compile mode of the peer")
-    parser.add_argument(
-        "--vs-timm", action="store_true", help="time timm's model of the same shape, interleaved"
-    )
-    parser.add_argument(
-        "--memory", action="store_true", help="peak CUDA memory per side, in separate processes"
-    )
+    parser.add_argument("--vs-timm", action="store_true", help="time timm's model of the same shape, interleaved")
+    parser.add_argument("--memory", action="store_true", help="peak CUDA memory per side, in separate processes")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--min-round-s", type=float, default=0.5)

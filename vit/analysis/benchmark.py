@@ -261,9 +261,7 @@ def bench_case(
     return out
 
 
-def peak_memory_gib(
-    case: BenchCase, side: str, batch: int, compile_mode: str | None, steps: int = 3
-) -> float:
+def peak_memory_gib(case: BenchCase, side: str, batch: int, compile_mode: str | None, steps: int = 3) -> float:
     """Peak CUDA memory of `steps` training steps of one side ("ours" or "peer"), in this process."""
     device = torch.device("cuda")
     torch.manual_seed(0)
@@ -299,11 +297,7 @@ def to_markdown(results: list[CaseResult]) -> str:
         def fmt(v, spec):
             return "-" if v is None else format(v, spec)
 
-        ratio = (
-            f"{r.ratio_median:.3f} ({r.ratio_p10:.3f}-{r.ratio_p90:.3f})"
-            if r.ratio_median is not None
-            else "-"
-        )
+        ratio = f"{r.ratio_median:.3f} ({r.ratio_p10:.3f}-{r.ratio_p90:.3f})" if r.ratio_median is not None else "-"
         lines.append(
             f"| {r.case} | {r.img_size} | {r.batch} | {r.compile_mode or 'eager'} | {ours.img_per_s:,.0f} | "
             f"{fmt(peer and peer.img_per_s, ',.0f')} | {ratio} | "

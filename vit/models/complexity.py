@@ -63,9 +63,7 @@ def _component(qualified_name: str) -> str:
     return parts[0] or "other"
 
 
-def complexity(
-    model: nn.Module, img_size: int | tuple[int, int] | None = None, in_chans: int = 3
-) -> Complexity:
+def complexity(model: nn.Module, img_size: int | tuple[int, int] | None = None, in_chans: int = 3) -> Complexity:
     """Count parameters and per-image multiply-adds of `model`.
 
     Layers report themselves: an `Attention` by `attention_macs`, a module with a `macs(x, out)` method (the

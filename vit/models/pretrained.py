@@ -93,9 +93,7 @@ def adapt_state_dict(state_dict: StateDict, model: nn.Module) -> StateDict:
             side = math.isqrt(new_patches)
             new_grid = getattr(getattr(model, "patch_embed", None), "grid_size", (side, side))
             state_dict["pos_embed"] = resample_pos_embed(pos, tuple(new_grid), num_prefix_tokens=prefix)
-            log.info(
-                "pos_embed resampled from %s to %s", tuple(pos.shape), tuple(state_dict["pos_embed"].shape)
-            )
+            log.info("pos_embed resampled from %s to %s", tuple(pos.shape), tuple(state_dict["pos_embed"].shape))
 
     own_head, ckpt_head = own.get("head.weight"), state_dict.get("head.weight")
     if ckpt_head is not None and (own_head is None or own_head.shape != ckpt_head.shape):

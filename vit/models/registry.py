@@ -22,9 +22,7 @@ class ModelEntry:
 _REGISTRY: dict[str, ModelEntry] = {}
 
 
-def register_model(
-    name: str, constructor: Callable[..., nn.Module], description: str = "", **defaults: Any
-) -> None:
+def register_model(name: str, constructor: Callable[..., nn.Module], description: str = "", **defaults: Any) -> None:
     """Register `name` as `constructor(**defaults)`; `create_model` overrides any default."""
     if name in _REGISTRY:
         raise ValueError(f"model name {name!r} is already registered")
@@ -56,9 +54,7 @@ def create_model(name: str, **overrides: Any) -> nn.Module:
     params = inspect.signature(entry.constructor).parameters
     unknown = sorted(k for k in overrides if k not in params)
     if unknown:
-        raise ValueError(
-            f"{unknown[0]} is not an argument of model {name!r}; valid arguments: {', '.join(params)}"
-        )
+        raise ValueError(f"{unknown[0]} is not an argument of model {name!r}; valid arguments: {', '.join(params)}")
     kwargs = dict(entry.defaults)
     for key, value in overrides.items():
         if value is None and key not in NONE_IS_A_VALUE:

@@ -1,0 +1,306 @@
+"""The data package on generated image trees, archives (safe extraction), synthetic data, both loaders."""
+
+import io
+import os
+import tarfile
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vit.data import DataError, build_data
+from vit.data.archive import COMPLETE_MARKER, ArchiveError, extract_archive
+from vit.data.datasets import to_rgb
+from vit.data.gpu_loader import random_pad_crop
+
+MODES = ["RGB", "L", "P", "RGBA", "CMYK", "I;16"]
+
+
+def _image(mode: str, size: int, seed: int) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    if mode == "I;16":
+        return Image.fromarray(rng.integers(0, 65535, (size, size), dtype=np.uint16))
+    rgb = Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8))
+    return rgb.convert(mode)
+
+
+def make_tree(root: Path, classes=("cat", "dog", "frog"), per_class=8, val="val", size=20) -> Path:
+    for split, count in (("train", per_class), (val, per_class // 2)):
+        for c, name in enumerate(classes):
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                mode = MODES[(i + c) % len(MODES)]
+                suffix = ".png" if mode in ("I;16", "RGBA", "P") else ".jpg"
+                image = _image(mode, size, seed=100 * c + i)
+                if suffix == ".jpg" and mode not in ("RGB", "L", "CMYK"):
+                    image = image.convert("RGB")
+                image.save(folder / f"img {i}{suffix}")  # a space in the name on purpose
+    return root
+
+
+def folder_cfg(root, **extra):
+    cfg = {
+        "name": "imagefolder",
+        "root": None if root is None else str(root),
+        "img_size": 16,
+        "batch_size": 4,
+        "num_workers": 0,
+        "augment": {"crop": "pad", "hflip": True, "auto_augment": "autoaug", "label_smoothing": 0.1},
+    }
+    cfg.update(extra)
+    return cfg
+
+
+@pytest.mark.parametrize("mode", MODES + ["LA", "I"])
+def test_every_mode_becomes_8bit_rgb(mode):
+    image = _image("L", 8, 0).convert(mode) if mode in ("LA", "I") else _image(mode, 8, 0)
+    rgb = to_rgb(image)
+    assert rgb.mode == "RGB" and rgb.size == (8, 8)
+    if mode == "I;16":  # the 16-bit range is scaled, not clipped to white
+        assert 0 < np.asarray(rgb).mean() < 255 and np.asarray(rgb).std() > 20
+
+
+def test_imagefolder_tree_batches_and_class_map(tmp_path):
+    bundle = build_data(folder_cfg(make_tree(tmp_path / "tree")))
+    assert bundle.class_to_idx == {"cat": 0, "dog": 1, "frog": 2}
+    assert bundle.num_classes == 3 and bundle.num_train == 24 and bundle.num_val == 12
+    x, y = next(iter(bundle.train_loader))
+    assert x.shape == (4, 3, 16, 16) and x.dtype == torch.float32 and y.dtype == torch.int64
+    assert len(bundle.train_loader) == 6 and len(bundle.val_loader) == 3
+    assert bundle.mixup_fn is None and "LabelSmoothing" in type(bundle.train_criterion).__name__
+
+
+@pytest.mark.parametrize("val_name", ["val", "validation", "test"])
+def test_val_split_is_found_by_name(tmp_path, val_name):
+    bundle = build_data(folder_cfg(make_tree(tmp_path / "t", val=val_name, per_class=4)))
+    assert bundle.num_val == 6
+
+
+def test_missing_root_and_missing_val_are_named(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        build_data(folder_cfg(tmp_path / "nowhere"))
+    with pytest.raises(DataError, match="data.root is not set"):
+        build_data(folder_cfg(None))
+    (tmp_path / "only" / "train" / "a").mkdir(parents=True)
+    with pytest.raises(DataError, match="no val/, validation/ or test/"):
+        build_data(folder_cfg(tmp_path / "only"))
+    (tmp_path / "empty" / "images").mkdir(parents=True)
+    with pytest.raises(DataError, match="has no train/ folder"):
+        build_data(folder_cfg(tmp_path / "empty"))
+
+
+def test_mismatched_classes_are_named(tmp_path):
+    root = make_tree(tmp_path / "t", per_class=2)
+    (root / "val" / "zebra").mkdir()
+    Image.new("RGB", (8, 8)).save(root / "val" / "zebra" / "z.png")
+    with pytest.raises(DataError, match="zebra"):
+        build_data(folder_cfg(root))
+
+
+def _tar_tree(tmp_path, suffix="tar.gz"):
+    tree = make_tree(tmp_path / "src" / "mydata", per_class=4)
+    archive = tmp_path / f"mydata.{suffix}"
+    with tarfile.open(archive, "w:gz" if suffix.endswith("gz") else "w") as tar:
+        tar.add(tree, arcname="mydata")
+    return archive
+
+
+def test_archive_is_extracted_once_and_reused(tmp_path):
+    archive = _tar_tree(tmp_path)
+    cache = tmp_path / "cache"
+    bundle = build_data(folder_cfg(archive, cache_dir=str(cache)))
+    assert bundle.num_train == 12
+    (extracted,) = cache.iterdir()
+    assert (extracted / COMPLETE_MARKER).is_file()
+    stamp = (extracted / COMPLETE_MARKER).stat().st_mtime_ns
+    assert extract_archive(archive, cache) == extracted
+    assert (extracted / COMPLETE_MARKER).stat().st_mtime_ns == stamp  # not extracted again
+
+
+def test_archive_beside_itself_when_writable(tmp_path):
+    archive = _tar_tree(tmp_path, "tar")
+    assert extract_archive(archive) == tmp_path / "mydata.extracted"
+
+
+def test_half_extracted_cache_is_redone(tmp_path):
+    archive = _tar_tree(tmp_path)
+    target = extract_archive(archive, tmp_path / "c")
+    (target / COMPLETE_MARKER).unlink()
+    (target / "mydata" / "train").rename(target / "mydata" / "broken")
+    again = extract_archive(archive, tmp_path / "c")
+    assert (again / "mydata" / "train").is_dir() and (again / COMPLETE_MARKER).is_file()
+
+
+def test_zip_archive_trains(tmp_path):
+    tree = make_tree(tmp_path / "src", per_class=4)
+    archive = tmp_path / "tree.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        for path in tree.rglob("*"):
+            zf.write(path, path.relative_to(tree))
+    bundle = build_data(folder_cfg(archive, cache_dir=str(tmp_path / "c")))
+    assert bundle.num_train == 12
+
+
+def _evil_tar(tmp_path, member: tarfile.TarInfo, data=b"x"):
+    archive = tmp_path / "evil.tar"
+    with tarfile.open(archive, "w") as tar:
+        tar.addfile(member, io.BytesIO(data) if member.isfile() else None)
+    return archive
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "link", "needle"),
+    [
+        ("../evil.txt", tarfile.REGTYPE, "", "escapes the target"),
+        ("/etc/evil.txt", tarfile.REGTYPE, "", "absolute path"),
+        ("train/link", tarfile.SYMTYPE, "../../outside", "link pointing outside"),
+        ("train/abs", tarfile.SYMTYPE, "/etc/passwd", "link pointing outside"),
+    ],
+)
+def test_tar_slip_is_refused(tmp_path, name, kind, link, needle):
+    member = tarfile.TarInfo(name)
+    member.type, member.linkname, member.size = kind, link, 1 if kind == tarfile.REGTYPE else 0
+    archive = _evil_tar(tmp_path, member)
+    with pytest.raises(ArchiveError, match=needle):
+        extract_archive(archive, tmp_path / "c")
+    assert not (tmp_path / "evil.txt").exists()
+    with pytest.raises(DataError, match="refusing to extract"):
+        build_data(folder_cfg(archive, cache_dir=str(tmp_path / "c2")))
+
+
+def test_zip_slip_is_refused(tmp_path):
+    archive = tmp_path / "evil.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("../evil.txt", "x")
+    with pytest.raises(ArchiveError, match="escapes the target"):
+        extract_archive(archive, tmp_path / "c")
+
+
+def test_synthetic_is_deterministic_and_balanced_limit():
+    cfg = {"name": "synthetic", "img_size": 16, "batch_size": 32, "num_workers": 0, "augment": {"crop": "none"}}
+    cfg["synthetic"] = {"num_train": 256, "num_val": 64}
+    a, b = build_data(cfg, seed=3), build_data(cfg, seed=3)
+    xa, ya = next(iter(a.val_loader))
+    xb, yb = next(iter(b.val_loader))
+    assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    limited = build_data({**cfg, "limit_train_samples": 100}, seed=3)
+    assert limited.num_train == 100
+    counts = np.bincount(limited.train_loader.dataset.dataset.targets, minlength=10)
+    assert counts.max() - counts.min() <= 1
+
+
+def test_mixup_gives_soft_targets_and_matching_loss():
+    cfg = {"name": "synthetic", "img_size": 16, "batch_size": 8, "num_workers": 0}
+    cfg["synthetic"] = {"num_train": 64, "num_val": 16}
+    cfg["augment"] = {"crop": "none", "mixup_alpha": 0.8, "cutmix_alpha": 1.0, "label_smoothing": 0.1}
+    bundle = build_data(cfg)
+    x, y = next(iter(bundle.train_loader))
+    mixed_x, soft_y = bundle.mixup_fn(x, y)
+    assert soft_y.shape == (8, 10) and torch.allclose(soft_y.sum(1), torch.ones(8))
+    assert type(bundle.train_criterion).__name__ == "SoftTargetCrossEntropy"
+
+
+def test_bad_settings_are_named():
+    base = {"name": "synthetic", "img_size": 16, "batch_size": 8, "num_workers": 0}
+    with pytest.raises(DataError, match="data.name='mnist'"):
+        build_data({**base, "name": "mnist"})
+    with pytest.raises(DataError, match="data.loader='fast'"):
+        build_data({**base, "loader": "fast"})
+    with pytest.raises(DataError, match="data.augment.crop='zoom'"):
+        build_data({**base, "augment": {"crop": "zoom"}})
+    with pytest.raises(DataError, match="data.augment.auto_augment='strong'"):
+        build_data({**base, "augment": {"auto_augment": "strong"}})
+    with pytest.raises(DataError, match="data.batch_size=4096"):
+        build_data({**base, "batch_size": 4096, "synthetic": {"num_train": 64, "num_val": 8}})
+
+
+def test_offline_cifar_says_where_it_looked(tmp_path):
+    cfg = {"name": "cifar10", "root": str(tmp_path), "img_size": 32, "batch_size": 8, "download": False}
+    with pytest.raises(DataError, match=r"cifar-10-batches-py.*data=imagefolder"):
+        build_data(cfg)
+
+
+# ---- the GPU-resident loader, run on the CPU here ----
+
+
+def gpu_cfg(**aug):
+    cfg = {"name": "synthetic", "img_size": 16, "batch_size": 16, "num_workers": 0, "loader": "gpu"}
+    cfg["synthetic"] = {"num_train": 64, "num_val": 20}
+    cfg["augment"] = {"crop": "pad", "pad": 4, "hflip": True, **aug}
+    return cfg
+
+
+def test_gpu_loader_val_batches_are_the_normalised_images():
+    bundle = build_data(gpu_cfg())
+    assert bundle.loader_kind == "gpu" and len(bundle.val_loader) == 2  # 20 images: 16 + 4
+    xs, ys = zip(*bundle.val_loader, strict=True)
+    x = torch.cat(xs)
+    raw = torch.from_numpy(bundle.val_loader.images.numpy()).float() / 255  # (N, 3, H, W)
+    mean, std = torch.tensor(bundle.mean).view(1, 3, 1, 1), torch.tensor(bundle.std).view(1, 3, 1, 1)
+    torch.testing.assert_close(x, (raw - mean) / std)
+    assert torch.cat(ys).tolist() == bundle.val_loader.targets.tolist()
+
+
+def test_gpu_loader_train_is_seeded_and_augments():
+    a, b = build_data(gpu_cfg(), seed=1), build_data(gpu_cfg(), seed=1)
+    xa, ya = next(iter(a.train_loader))
+    xb, yb = next(iter(b.train_loader))
+    assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert len(a.train_loader) == 4
+    # The second epoch shuffles differently.
+    loader = a.train_loader
+    loader.set_epoch(0)
+    first = torch.cat([y for _, y in loader])
+    loader.set_epoch(1)
+    second = torch.cat([y for _, y in loader])
+    assert not torch.equal(first, second)
+
+
+def test_gpu_policy_runs_on_uint8_batches():
+    bundle = build_data(gpu_cfg(auto_augment="autoaug"))
+    x, _ = next(iter(bundle.train_loader))
+    assert x.shape == (16, 3, 16, 16) and torch.isfinite(x).all()
+
+
+def test_random_pad_crop_is_a_shifted_window():
+    x = torch.arange(2 * 1 * 6 * 6, dtype=torch.uint8).view(2, 1, 6, 6)
+    generator = torch.Generator().manual_seed(0)
+    out = random_pad_crop(x, 2, generator)
+    padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
+    for b in range(2):  # each output is some 6x6 window of its own padded image
+        windows = padded[b, 0].unfold(0, 6, 1).unfold(1, 6, 1).reshape(-1, 6, 6)
+        assert any(torch.equal(out[b, 0], w) for w in windows)
+
+
+def test_gpu_decode_cache_is_reused(tmp_path):
+    root = make_tree(tmp_path / "tree", per_class=4)
+    cfg = folder_cfg(root, loader="gpu", cache_dir=str(tmp_path / "cache"))
+    build_data(cfg)
+    cached = sorted((tmp_path / "cache").glob("*.npy"))
+    assert len(cached) == 4  # images + targets, train + val
+    stamps = [p.stat().st_mtime_ns for p in cached]
+    build_data(cfg)
+    assert [p.stat().st_mtime_ns for p in cached] == stamps
+
+
+@pytest.mark.skipif(not os.environ.get("VIT_CIFAR10_ARCHIVE"), reason="VIT_CIFAR10_ARCHIVE not set (CI sets it)")
+def test_real_cifar10_archive(tmp_path_factory):
+    cfg = folder_cfg(
+        os.environ["VIT_CIFAR10_ARCHIVE"],
+        img_size=32,
+        batch_size=100,
+        limit_train_samples=2000,
+        limit_val_samples=500,
+        cache_dir=str(tmp_path_factory.mktemp("cifar")),
+    )
+    bundle = build_data(cfg)
+    assert sorted(bundle.class_to_idx) == sorted(
+        ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    )
+    assert bundle.num_train == 2000 and bundle.num_val == 500
+    x, y = next(iter(bundle.train_loader))
+    assert x.shape == (100, 3, 32, 32) and y.max() < 10

@@ -1,0 +1,213 @@
+"""The datasets behind `data.name`: CIFAR-10/100 (torchvision), ImageNet-style folders, synthetic images.
+
+Each builder returns the train and val datasets (without transforms; the loader adds them) and the
+class-to-index map that is saved with every checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset, Subset
+from torchvision import datasets as tv_datasets
+
+from vit.data.archive import ArchiveError, extract_archive, is_archive
+
+VAL_SPLIT_NAMES = ("val", "validation", "test")
+DATASET_NAMES = ("cifar10", "cifar100", "imagefolder", "synthetic")
+
+
+class DataError(ValueError):
+    """A data setting that cannot work: one message naming the key, value or path, and how to fix it."""
+
+
+@dataclass
+class Splits:
+    train: Dataset
+    val: Dataset
+    class_to_idx: dict[str, int]
+    # uint8 (N, H, W, 3) arrays of the whole split when the dataset already holds them (CIFAR, synthetic):
+    # the GPU loader uses them without decoding anything.
+    train_array: tuple[np.ndarray, np.ndarray] | None = None
+    val_array: tuple[np.ndarray, np.ndarray] | None = None
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Any PIL mode as 8-bit RGB: palette, alpha, CMYK, greyscale and 16/32-bit greyscale included."""
+    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+        # Scale the real range down to 8 bits; a plain convert("L") would clip everything above 255.
+        array = np.asarray(image, dtype=np.float64)
+        low, high = float(array.min()), float(array.max())
+        scaled = (array - low) / (high - low) * 255.0 if high > low else np.zeros_like(array)
+        image = Image.fromarray(scaled.round().astype(np.uint8), mode="L")
+    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
+        image = image.convert("RGBA")
+        background = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        image = Image.alpha_composite(background, image)
+    return image.convert("RGB")
+
+
+def load_rgb(path: str) -> Image.Image:
+    with open(path, "rb") as handle:
+        image = Image.open(handle)
+        image.load()
+    return to_rgb(image)
+
+
+def _cifar(cfg, name: str) -> Splits:
+    root = Path(cfg.get("root") or "data").expanduser()
+    cls = tv_datasets.CIFAR10 if name == "cifar10" else tv_datasets.CIFAR100
+    folder = root / cls.base_folder
+    try:
+        train = cls(str(root), train=True, download=bool(cfg.get("download", True)))
+        val = cls(str(root), train=False, download=False)
+    except Exception as err:  # RuntimeError "Dataset not found", URLError offline, corrupt files
+        raise DataError(
+            f"data.root={str(root)!r}: no {name} found at {folder.resolve()} and it could not be downloaded "
+            f"({type(err).__name__}: {err}). Point data.root at a folder that holds {cls.base_folder}, or use "
+            f"data=imagefolder data.root=<folder or archive with train/ and test/>"
+        ) from err
+    return Splits(
+        train,
+        val,
+        dict(train.class_to_idx),
+        (train.data, np.asarray(train.targets, dtype=np.int64)),
+        (val.data, np.asarray(val.targets, dtype=np.int64)),
+    )
+
+
+def find_tree_root(root: Path) -> Path:
+    """The folder holding `train/`: `root` itself, or its only subfolder that holds one (archives often
+    wrap the tree in a folder named after the dataset)."""
+    if (root / "train").is_dir():
+        return root
+    candidates = [p for p in root.iterdir() if p.is_dir() and (p / "train").is_dir()] if root.is_dir() else []
+    if len(candidates) == 1:
+        return candidates[0]
+    raise DataError(
+        f"data.root={str(root)!r} has no train/ folder (expected <root>/train/<class>/* and "
+        f"<root>/{{{','.join(VAL_SPLIT_NAMES)}}}/<class>/*)"
+    )
+
+
+def _imagefolder(cfg) -> Splits:
+    if not cfg.get("root"):
+        raise DataError("data.root is not set: data=imagefolder needs data.root=<folder or .tar/.tar.gz/.zip>")
+    root = Path(cfg["root"]).expanduser()
+    if not root.exists():
+        raise DataError(f"data.root={str(root)!r} does not exist")
+    if is_archive(root):
+        try:
+            root = extract_archive(root, cfg.get("cache_dir"))
+        except ArchiveError as err:
+            raise DataError(f"data.root: {err}") from err
+    root = find_tree_root(root)
+    val_name = cfg.get("val_split")
+    if val_name is None:
+        val_name = next((n for n in VAL_SPLIT_NAMES if (root / n).is_dir()), None)
+        if val_name is None:
+            raise DataError(f"data.root={str(root)!r} has no val/, validation/ or test/ folder; set data.val_split")
+    elif not (root / val_name).is_dir():
+        raise DataError(f"data.val_split={val_name!r}: {root / val_name} does not exist")
+    try:
+        train = tv_datasets.ImageFolder(str(root / "train"), loader=load_rgb)
+        val = tv_datasets.ImageFolder(str(root / val_name), loader=load_rgb)
+    except (FileNotFoundError, RuntimeError) as err:
+        raise DataError(f"data.root={str(root)!r}: {err}") from err
+    if val.class_to_idx != train.class_to_idx:
+        missing = sorted(set(train.classes) ^ set(val.classes))
+        raise DataError(
+            f"data.root={str(root)!r}: the classes of train/ and {val_name}/ differ ({', '.join(missing[:10])}); "
+            "both splits need the same class folders"
+        )
+    return Splits(train, val, dict(train.class_to_idx))
+
+
+class SyntheticImages(Dataset):
+    """Images with a learnable class signal: each class a fixed smooth colour pattern, plus noise.
+
+    Deterministic from the seed, so a tiny ViT on a CPU learns it well above chance in a couple of epochs.
+    """
+
+    def __init__(self, num_samples: int, num_classes: int, img_size: int, seed: int, noise: float = 0.35):
+        generator = torch.Generator().manual_seed(seed)
+        pattern_gen = torch.Generator().manual_seed(12345)  # the same class patterns for train and val
+        # (classes, 3, 4, 4) random colours upsampled to the image: low-frequency, patch-friendly signal.
+        coarse = torch.rand(num_classes, 3, 4, 4, generator=pattern_gen)
+        patterns = torch.nn.functional.interpolate(coarse, size=(img_size, img_size), mode="bilinear")
+        self.targets = torch.randint(0, num_classes, (num_samples,), generator=generator)
+        noise_t = noise * torch.randn(num_samples, 3, img_size, img_size, generator=generator)
+        images = (patterns[self.targets] + noise_t).clamp(0, 1)
+        self.data = (images * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().numpy()  # NHWC
+        self.classes = [f"class_{i}" for i in range(num_classes)]
+        self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int):
+        return Image.fromarray(self.data[index]), int(self.targets[index])
+
+
+def _synthetic(cfg, seed: int) -> Splits:
+    spec = cfg.get("synthetic") or {}
+    num_classes = int(cfg.get("num_classes") or 10)
+    img_size = int(cfg.get("img_size") or 32)
+    train = SyntheticImages(int(spec.get("num_train", 2048)), num_classes, img_size, seed=seed)
+    val = SyntheticImages(int(spec.get("num_val", 512)), num_classes, img_size, seed=seed + 1)
+    return Splits(
+        train,
+        val,
+        train.class_to_idx,
+        (train.data, train.targets.numpy()),
+        (val.data, val.targets.numpy()),
+    )
+
+
+def targets_of(dataset: Dataset) -> np.ndarray:
+    if isinstance(dataset, Subset):
+        return targets_of(dataset.dataset)[np.asarray(dataset.indices)]
+    return np.asarray(dataset.targets, dtype=np.int64)
+
+
+def balanced_subset_indices(targets: np.ndarray, limit: int, seed: int) -> np.ndarray:
+    """`limit` indices with the classes as equally represented as possible, fixed by the seed."""
+    rng = np.random.default_rng(seed)
+    classes = np.unique(targets)
+    per_class = math.ceil(limit / len(classes))
+    chosen = [rng.permutation(np.flatnonzero(targets == c))[:per_class] for c in classes]
+    picked = np.concatenate(chosen)
+    return np.sort(rng.permutation(picked)[:limit])
+
+
+def limit_split(dataset: Dataset, array, limit: int | None, seed: int):
+    if not limit or limit >= len(dataset):
+        return dataset, array
+    indices = balanced_subset_indices(targets_of(dataset), int(limit), seed)
+    subset = Subset(dataset, indices.tolist())
+    subset.targets = targets_of(dataset)[indices]  # type: ignore[attr-defined]
+    if array is not None:
+        array = (array[0][indices], array[1][indices])
+    return subset, array
+
+
+def build_splits(cfg, seed: int = 0) -> Splits:
+    name = cfg.get("name")
+    if name in ("cifar10", "cifar100"):
+        splits = _cifar(cfg, name)
+    elif name == "imagefolder":
+        splits = _imagefolder(cfg)
+    elif name == "synthetic":
+        splits = _synthetic(cfg, seed)
+    else:
+        raise DataError(f"data.name={name!r} must be one of {DATASET_NAMES}")
+    splits.train, splits.train_array = limit_split(
+        splits.train, splits.train_array, cfg.get("limit_train_samples"), seed
+    )
+    splits.val, splits.val_array = limit_split(splits.val, splits.val_array, cfg.get("limit_val_samples"), seed + 1)
+    return splits

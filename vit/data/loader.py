@@ -1,0 +1,179 @@
+"""`build_data(cfg.data)`: datasets, transforms and loaders assembled into one `DataBundle`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
+
+from vit.data.datasets import DataError, build_splits
+from vit.data.gpu_loader import GpuLoader, cached_split
+from vit.data.transforms import mean_std, mixup_and_criterion, train_transform, val_transform
+
+LOADERS = ("auto", "torch", "gpu")
+
+
+@dataclass
+class DataBundle:
+    train_loader: Iterable  # (images float (B, 3, H, W) normalised, targets int64 (B,)); len() = batches
+    val_loader: Iterable
+    num_classes: int
+    class_to_idx: dict[str, int]
+    mixup_fn: Callable | None  # timm Mixup, applied by the trainer on the device
+    train_criterion: torch.nn.Module
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    img_size: int
+    num_train: int
+    num_val: int
+    train_sampler: Sampler | None = None  # DistributedSampler to `set_epoch` on, when world_size > 1
+    loader_kind: str = "torch"
+
+
+class Transformed(Dataset):
+    """Apply a transform to the (PIL image, target) pairs of another dataset."""
+
+    def __init__(self, dataset: Dataset, transform: Callable) -> None:
+        self.dataset, self.transform = dataset, transform
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        image, target = self.dataset[index]
+        return self.transform(image), target
+
+
+def default_workers() -> int:
+    return min(8, os.cpu_count() or 1)
+
+
+def _seed_worker(worker_id: int) -> None:
+    # Each worker's numpy/random state from torch's per-worker seed, so augmentations are reproducible.
+    import random
+
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def _torch_loader(dataset, cfg, *, train, device, seed, rank, world_size, batch_size):
+    workers = cfg.get("num_workers")
+    workers = default_workers() if workers is None else int(workers)
+    sampler = None
+    if world_size > 1:
+        sampler = DistributedSampler(dataset, world_size, rank, shuffle=train, seed=seed, drop_last=train)
+    generator = torch.Generator().manual_seed(seed)
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=train and sampler is None,
+        sampler=sampler,
+        drop_last=train,
+        num_workers=workers,
+        pin_memory=bool(cfg.get("pin_memory", True)) and torch.device(device).type == "cuda",
+        persistent_workers=workers > 0,
+        worker_init_fn=_seed_worker,
+        generator=generator,
+    )
+    return loader, sampler
+
+
+def _gpu_fits(arrays, device: torch.device) -> bool:
+    if torch.device(device).type != "cuda":
+        return False
+    free, _ = torch.cuda.mem_get_info(device)
+    return sum(a[0].nbytes for a in arrays) < 0.25 * free
+
+
+def _cache_dir(cfg: Mapping) -> Path:
+    if cfg.get("cache_dir"):
+        return Path(cfg["cache_dir"]).expanduser()
+    root = Path(cfg.get("root") or "data").expanduser()
+    folder = root.parent if root.is_file() else root
+    if os.access(folder, os.W_OK):
+        return folder / ".vit-cache"
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vit" / "decoded"
+
+
+def build_data(
+    cfg: Mapping, *, device: torch.device | str = "cpu", seed: int = 0, rank: int = 0, world_size: int = 1
+) -> DataBundle:
+    """Build the train/val loaders described by the `data` config node."""
+    kind = cfg.get("loader", "auto")
+    if kind not in LOADERS:
+        raise DataError(f"data.loader={kind!r} must be one of {LOADERS}")
+    batch_size = int(cfg.get("batch_size", 128))
+    if batch_size <= 0:
+        raise DataError(f"data.batch_size={batch_size} must be positive")
+    img_size = int(cfg["img_size"])
+    device = torch.device(device)
+    splits = build_splits(cfg, seed=seed)
+    num_classes = int(cfg.get("num_classes") or len(splits.class_to_idx))
+    if num_classes < len(splits.class_to_idx):
+        raise DataError(f"data.num_classes={num_classes} but the data has {len(splits.class_to_idx)} classes")
+    mixup_fn, criterion = mixup_and_criterion(cfg, num_classes)
+    mean, std = mean_std(cfg)
+
+    if kind == "gpu" and device.type != "cuda":
+        # Allowed (tests, debugging): the same batched code runs on the CPU.
+        pass
+    use_gpu = kind == "gpu" or (kind == "auto" and device.type == "cuda")
+    if use_gpu:
+        arrays = []
+        for tag, dataset, array in (
+            ("train", splits.train, splits.train_array),
+            ("val", splits.val, splits.val_array),
+        ):
+            if array is None or array[0].shape[1] != img_size:
+                workers = cfg.get("num_workers")
+                workers = default_workers() if workers is None else int(workers)
+                array = cached_split(dataset, img_size, _cache_dir(cfg), tag, workers)
+            arrays.append(array)
+        if kind == "gpu" or _gpu_fits(arrays, device):
+            common = dict(cfg=cfg, device=device, seed=seed, rank=rank, world_size=world_size)
+            train_loader = GpuLoader(*arrays[0], batch_size=batch_size, train=True, **common)
+            val_loader = GpuLoader(*arrays[1], batch_size=batch_size, train=False, **common)
+            return DataBundle(
+                train_loader,
+                val_loader,
+                num_classes,
+                splits.class_to_idx,
+                mixup_fn,
+                criterion,
+                mean,
+                std,
+                img_size,
+                len(splits.train),
+                len(splits.val),
+                None,
+                "gpu",
+            )
+
+    common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
+    train_loader, sampler = _torch_loader(Transformed(splits.train, train_transform(cfg)), cfg, train=True, **common)
+    val_loader, _ = _torch_loader(Transformed(splits.val, val_transform(cfg)), cfg, train=False, **common)
+    if len(train_loader) == 0:
+        raise DataError(
+            f"data.batch_size={batch_size} is larger than the {len(splits.train)} training images: no full batch"
+        )
+    return DataBundle(
+        train_loader,
+        val_loader,
+        num_classes,
+        splits.class_to_idx,
+        mixup_fn,
+        criterion,
+        mean,
+        std,
+        img_size,
+        len(splits.train),
+        len(splits.val),
+        sampler,
+        "torch",
+    )
