@@ -1,0 +1,100 @@
+"""Checkpoints: written atomically (temporary file, fsync, rename), read with `weights_only=True`.
+
+A checkpoint is a dict of tensors and plain containers:
+    model, optimizer, scheduler, scaler, ema: state dicts (ema/scaler may be None)
+    rng: torch/CUDA/numpy/python generator states
+    epoch (finished epochs), step (optimizer steps), best_top1, class_to_idx, config (resolved, plain)
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read or does not fit the run: one message naming file and mismatch."""
+
+
+def atomic_save(obj: Any, path: str | Path) -> None:
+    """Write `obj` to `path` so that a crash at any moment leaves either the old file or the new one.
+
+    The bytes go to a temporary file in the same folder, are flushed to disk, and replace `path` in one
+    rename; the folder is synced so the rename itself survives a power cut.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as handle:
+            torch.save(obj, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise CheckpointError(f"cannot read checkpoint {str(path)!r} (weights_only=True): {err}") from err
+    if not isinstance(state, dict) or "model" not in state:
+        raise CheckpointError(f"checkpoint {str(path)!r} holds no 'model' state dict")
+    return state
+
+
+def rng_state() -> dict:
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *map(float, np_state[2:])],
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(gauss)))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+def find_resume_checkpoint(run_dir: Path, runs_root: Path | None, config_match: dict | None) -> Path | None:
+    """`trainer.resume=auto`: this run's last.pt, else the newest last.pt under `runs_root` whose saved
+    model and data config equal this run's (so rerunning the same command continues it)."""
+    own = run_dir / "checkpoints" / "last.pt"
+    if own.is_file():
+        return own
+    if runs_root is None or not runs_root.is_dir():
+        return None
+    candidates = sorted(runs_root.glob("**/checkpoints/last.pt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for candidate in candidates:
+        if config_match is None:
+            return candidate
+        try:
+            saved = load_checkpoint(candidate).get("config") or {}
+        except CheckpointError:
+            continue
+        if all(saved.get(k) == v for k, v in config_match.items()):
+            return candidate
+    return None

@@ -1,0 +1,101 @@
+"""Checking a composed config before any data is touched: one readable message naming the key and value."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from vit.data.archive import is_archive
+from vit.data.datasets import DATASET_NAMES
+from vit.models import create_model, list_models
+
+
+class ConfigError(ValueError):
+    """A setting that cannot work. The trainer prints it and exits with code 2."""
+
+
+AMP_MODES = ("bf16", "fp16", "none")
+DEVICES = ("auto", "cpu", "cuda")
+OPTIMIZERS = ("adamw", "sgd")
+SCHEDULES = ("cosine", "constant")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ConfigError(message)
+
+
+def model_kwargs(model_cfg: Mapping, num_classes: int | None = None) -> dict:
+    kwargs = {k: v for k, v in dict(model_cfg).items() if k != "name"}
+    if kwargs.get("num_classes") is None and num_classes is not None:
+        kwargs["num_classes"] = num_classes
+    return kwargs
+
+
+def build_model_from_config(model_cfg: Mapping, num_classes: int | None = None) -> nn.Module:
+    """`create_model` with the config's keys; a bad value becomes a ConfigError naming `model.<key>`."""
+    name = model_cfg.get("name")
+    if name not in list_models():
+        raise ConfigError(f"model.name={name!r} is not a known model; known models: {', '.join(list_models())}")
+    try:
+        return create_model(name, **model_kwargs(model_cfg, num_classes))
+    except ValueError as err:
+        raise ConfigError(f"model.{err}") from err
+
+
+def resolve_device(setting: str) -> torch.device:
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trainer.device=cuda but no CUDA device is available; use trainer.device=auto or cpu")
+    return torch.device(setting)
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError for the first impossible setting. The model itself is checked by building it."""
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except Exception as err:  # an interpolation that points nowhere
+        raise ConfigError(f"config cannot be resolved: {err}") from err
+    data, optim, sched, trainer = cfg.data, cfg.optim, cfg.sched, cfg.trainer
+
+    _require(data.name in DATASET_NAMES, f"data.name={data.name!r} must be one of {DATASET_NAMES}")
+    _require(int(data.img_size) > 0, f"data.img_size={data.img_size} must be positive")
+    _require(int(data.batch_size) > 0, f"data.batch_size={data.batch_size} must be positive")
+    if data.name == "imagefolder":
+        _require(data.root is not None, "data.root is not set: data=imagefolder needs data.root=<folder or archive>")
+        root = Path(str(data.root)).expanduser()
+        _require(root.is_dir() or is_archive(root), f"data.root={str(data.root)!r} does not exist")
+    aug = data.get("augment") or {}
+    for key in ("re_prob", "label_smoothing", "mixup_prob"):
+        value = float(aug.get(key, 0.0))
+        upper_ok = value <= 1.0 if key == "mixup_prob" else value < 1.0
+        _require(0.0 <= value and upper_ok, f"data.augment.{key}={value} must be in [0, 1)")
+    for key in ("mixup_alpha", "cutmix_alpha"):
+        _require(float(aug.get(key, 0.0)) >= 0, f"data.augment.{key}={aug.get(key)} must be >= 0")
+
+    _require(optim.name in OPTIMIZERS, f"optim.name={optim.name!r} must be one of {OPTIMIZERS}")
+    _require(float(optim.lr) > 0, f"optim.lr={optim.lr} must be > 0")
+    _require(float(optim.weight_decay) >= 0, f"optim.weight_decay={optim.weight_decay} must be >= 0")
+    _require(sched.name in SCHEDULES, f"sched.name={sched.name!r} must be one of {SCHEDULES}")
+    _require(float(sched.warmup_epochs) >= 0, f"sched.warmup_epochs={sched.warmup_epochs} must be >= 0")
+
+    _require(int(trainer.epochs) > 0, f"trainer.epochs={trainer.epochs} must be positive")
+    _require(trainer.amp in AMP_MODES, f"trainer.amp={trainer.amp!r} must be one of {AMP_MODES}")
+    _require(trainer.device in DEVICES, f"trainer.device={trainer.device!r} must be one of {DEVICES}")
+    _require(int(trainer.accum_steps) >= 1, f"trainer.accum_steps={trainer.accum_steps} must be >= 1")
+    _require(int(trainer.log_every_n_steps) >= 1, f"trainer.log_every_n_steps={trainer.log_every_n_steps} must be >= 1")
+    _require(0.0 < float(trainer.ema_decay) < 1.0, f"trainer.ema_decay={trainer.ema_decay} must be in (0, 1)")
+    if trainer.grad_clip is not None:
+        _require(float(trainer.grad_clip) > 0, f"trainer.grad_clip={trainer.grad_clip} must be > 0 or null")
+    for key in ("limit_train_batches", "limit_val_batches", "stop_after_epoch"):
+        value = trainer.get(key)
+        _require(value is None or int(value) >= 1, f"trainer.{key}={value} must be >= 1 or null")
+    resume = trainer.resume
+    if resume not in (None, "auto"):
+        _require(Path(str(resume)).is_file(), f"trainer.resume={str(resume)!r}: no such checkpoint file")
+    resolve_device(trainer.device)

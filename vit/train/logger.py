@@ -1,0 +1,95 @@
+"""What a run reports: TensorBoard scalars/images/hparams, and the console (a progress bar on a terminal,
+plain log lines otherwise)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+
+from torch.utils.tensorboard import SummaryWriter
+
+log = logging.getLogger("vit.train")
+
+
+def use_progress_bar(setting: str) -> bool:
+    if setting == "bar":
+        return True
+    if setting == "log":
+        return False
+    return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+class Console:
+    """Per-epoch progress: a tqdm bar (loss, lr, img/s, ETA) on a terminal, a log line every N steps elsewhere."""
+
+    def __init__(self, progress: str) -> None:
+        self.bar_enabled = use_progress_bar(progress)
+        self._bar = None
+
+    def start_epoch(self, epoch: int, epochs: int, steps: int) -> None:
+        self.epoch, self.epochs, self.steps = epoch, epochs, steps
+        self.start = time.perf_counter()
+        if self.bar_enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=steps, desc=f"epoch {epoch + 1}/{epochs}", leave=False, dynamic_ncols=True)
+
+    def update(self, step_in_epoch: int, done: int, loss: float, lr: float, img_s: float) -> None:
+        if self._bar is not None:
+            self._bar.n = step_in_epoch
+            self._bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", img_s=f"{img_s:,.0f}", refresh=False)
+            self._bar.refresh()
+            return
+        elapsed = time.perf_counter() - self.start
+        eta = elapsed / max(step_in_epoch, 1) * (self.steps - step_in_epoch)
+        log.info(
+            "epoch %d/%d step %d/%d loss %.4f lr %.2e %.0f img/s eta %.0fs",
+            self.epoch + 1,
+            self.epochs,
+            step_in_epoch,
+            self.steps,
+            loss,
+            lr,
+            img_s,
+            eta,
+        )
+
+    def end_epoch(self, summary: str) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        log.info(summary)
+
+
+class TensorBoard:
+    """Scalars under train/, val/, val_ema/, time/, sys/; attention-map images; the hparams table."""
+
+    def __init__(self, log_dir: str, enabled: bool = True) -> None:
+        self.writer = SummaryWriter(log_dir) if enabled else None
+
+    def scalars(self, values: Mapping[str, float], step: int) -> None:
+        if self.writer is None:
+            return
+        for tag, value in values.items():
+            if value is not None and math.isfinite(float(value)):
+                self.writer.add_scalar(tag, float(value), step)
+
+    def image(self, tag: str, image, step: int) -> None:
+        if self.writer is not None:
+            self.writer.add_image(tag, image, step)
+
+    def hparams(self, hparams: Mapping[str, object], metrics: Mapping[str, float]) -> None:
+        """One row of TensorBoard's HPARAMS view: the knobs of this run beside its final metrics."""
+        if self.writer is None:
+            return
+        clean = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in hparams.items()}
+        self.writer.add_hparams(clean, {f"hparam/{k}": float(v) for k, v in metrics.items()}, run_name=".")
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.flush()
+            self.writer.close()

@@ -1,0 +1,69 @@
+"""Optimizer with decay/no-decay parameter groups, learning-rate scaling and the per-step schedule."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+from timm.scheduler import CosineLRScheduler
+from timm.scheduler.scheduler import Scheduler
+from torch import nn
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on weight matrices only: norms, biases (1-d), position embeddings and the cls token
+    (`model.no_weight_decay()`) would only be pulled towards zero. Frozen parameters are left out."""
+    skip = set(getattr(model, "no_weight_decay", lambda: set())())
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        if param.ndim <= 1 or name in skip or name.endswith(".bias"):
+            no_decay.append(param)
+        else:
+            decay.append(param)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def scaled_lr(optim_cfg: Mapping, global_batch: int) -> float:
+    """`optim.lr` is given for `optim.lr_batch` images (512 by default) and scaled linearly: a global batch
+    of 256 trains with half of it (Goyal et al. 2017)."""
+    return float(optim_cfg["lr"]) * global_batch / float(optim_cfg.get("lr_batch") or 512)
+
+
+def build_optimizer(model: nn.Module, optim_cfg: Mapping, lr: float, device: torch.device) -> torch.optim.Optimizer:
+    groups = param_groups(model, float(optim_cfg["weight_decay"]))
+    if optim_cfg["name"] == "sgd":
+        momentum = float(optim_cfg.get("momentum") or 0.9)
+        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
+    # The fused kernel updates every parameter in one launch on CUDA.
+    return torch.optim.AdamW(
+        groups,
+        lr=lr,
+        betas=tuple(optim_cfg.get("betas") or (0.9, 0.999)),
+        eps=float(optim_cfg.get("eps") or 1e-8),
+        fused=device.type == "cuda",
+    )
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, sched_cfg: Mapping, epochs: int, steps_per_epoch: int
+) -> Scheduler:
+    """timm's cosine schedule counted in optimizer steps (`t_in_epochs=False`), stepped every update."""
+    total = max(1, epochs * steps_per_epoch)
+    warmup = min(total - 1, int(math.ceil(float(sched_cfg["warmup_epochs"]) * steps_per_epoch)))
+    base_lr = optimizer.param_groups[0]["lr"]
+    constant = sched_cfg["name"] == "constant"
+    return CosineLRScheduler(
+        optimizer,
+        t_initial=total if not constant else 10**12,  # "constant": a cosine too long to move
+        lr_min=float(sched_cfg.get("min_lr") or 0.0) if not constant else base_lr,
+        warmup_t=warmup,
+        warmup_lr_init=float(sched_cfg.get("warmup_lr_init") or 0.0),
+        warmup_prefix=True,
+        t_in_epochs=False,
+    )
