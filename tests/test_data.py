@@ -295,7 +295,7 @@ def test_real_cifar10_archive(tmp_path_factory):
         batch_size=100,
         limit_train_samples=2000,
         limit_val_samples=500,
-        cache_dir=str(tmp_path_factory.mktemp("cifar")),
+        cache_dir=str(tmp_path_factory.getbasetemp() / "cifar-cache"),  # shared with test_real_data
     )
     bundle = build_data(cfg)
     assert sorted(bundle.class_to_idx) == sorted(

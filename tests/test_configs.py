@@ -1,0 +1,85 @@
+"""Every model x data config composes and builds; overrides reach the modules; bad settings are named."""
+
+from pathlib import Path
+
+import pytest
+from trainer_utils import TINY_MODEL, compose_config, run_cli
+
+from vit.models import Attention
+from vit.train.config import ConfigError, build_model_from_config, validate
+
+MODELS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs" / "model").glob("*.yaml"))
+DATA = ["cifar10", "cifar100", "imagefolder", "synthetic"]
+
+
+@pytest.mark.parametrize("data", DATA)
+@pytest.mark.parametrize("model", MODELS)
+def test_every_model_and_data_config_composes_and_builds(model, data, tmp_path):
+    overrides = [f"model={model}", f"data={data}"]
+    if data == "imagefolder":
+        overrides.append(f"data.root={tmp_path}")
+    cfg = compose_config(overrides)
+    validate(cfg)
+    net = build_model_from_config(cfg.model, num_classes=cfg.data.num_classes or 1000)
+    assert net.img_size[0] == cfg.data.img_size
+    if cfg.data.num_classes:
+        assert net.num_classes == cfg.data.num_classes
+
+
+def test_cifar_gives_the_cifar_vit_and_folders_the_imagenet_one(tmp_path):
+    cifar = build_model_from_config(compose_config(["model=vit_tiny"]).model)
+    assert cifar.patch_embed.num_patches == 64 and cifar.num_classes == 10
+    folder = compose_config(["model=vit_tiny", "data=imagefolder", f"data.root={tmp_path}"])
+    net = build_model_from_config(folder.model, num_classes=1000)
+    assert net.patch_embed.num_patches == 196 and net.patch_embed.patch_size == (16, 16)
+
+
+def test_attention_overrides_reach_every_attention():
+    cfg = compose_config(["model.num_heads=4", "model.qkv_bias=false", "model.qk_scale=0.1"])
+    attns = [m for m in build_model_from_config(cfg.model).modules() if isinstance(m, Attention)]
+    assert len(attns) == 12
+    assert all(a.num_heads == 4 and a.qkv.bias is None and a.scale == 0.1 for a in attns)
+
+
+def test_shape_overrides_take_effect():
+    cfg = compose_config(
+        ["model.embed_dim=256", "model.num_heads=4", "model.depth=6", "model.mlp_ratio=2", "model.patch_size=2"]
+        + ["model.pos_embed=sinusoidal", "model.global_pool=avg", "model.attn_backend=math", "model.drop_path_rate=0.2"]
+    )
+    net = build_model_from_config(cfg.model)
+    assert net.embed_dim == 256 and len(net.blocks) == 6 and net.patch_embed.num_patches == 256
+    assert net.blocks[0].mlp.fc1.out_features == 512 and not net.pos_embed.requires_grad
+    assert net.global_pool == "avg" and net.blocks[0].attn.backend == "math"
+    assert net.blocks[-1].drop_path1.drop_prob == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["model.num_heads=5"], "model.num_heads=5"),
+        (["model.patch_size=5"], "model.img_size=32 is not divisible by patch_size=5"),
+        (["model.drop_path_rate=1.0"], "model.drop_path_rate=1.0"),
+        (["model.attn_drop_rate=-0.1"], "model.attn_drop_rate=-0.1"),
+        (["model.name=vit_huge"], "model.name='vit_huge' is not a known model"),
+        (["data=imagefolder"], "data.root is not set"),
+        (["data=imagefolder", "data.root=/no/such/folder"], "data.root='/no/such/folder' does not exist"),
+        (["data.augment.label_smoothing=1.5"], "data.augment.label_smoothing=1.5"),
+        (["optim.lr=0"], "optim.lr=0"),
+        (["trainer.amp=fp8"], "trainer.amp='fp8'"),
+        (["trainer.epochs=0"], "trainer.epochs=0"),
+        (["trainer.resume=/no/such.pt"], "trainer.resume='/no/such.pt'"),
+    ],
+)
+def test_bad_settings_name_key_and_value(overrides, needle):
+    cfg = compose_config(overrides)
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
+        validate(cfg)
+        build_model_from_config(cfg.model)
+
+
+def test_bad_config_exits_2_with_one_line(tmp_path):
+    done = run_cli(["model.num_heads=5", *TINY_MODEL[:1], f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+    assert lines[-1].startswith("config error: model.num_heads=5 must be a positive divisor of")
+    assert "Traceback" not in done.stderr

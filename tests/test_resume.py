@@ -1,0 +1,46 @@
+"""A run stopped after epoch 1 and resumed ends exactly where an uninterrupted run ends (CPU, deterministic)."""
+
+import torch
+from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config
+
+from vit.train import load_checkpoint, run
+
+BASE = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.epochs=3", "trainer.device=cpu", "trainer.deterministic=true"]
+BASE += ["data.augment.crop=pad", "data.augment.hflip=true", "model.drop_path_rate=0.1", "model.drop_rate=0.1"]
+
+
+def _compare(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_resume_after_epoch_1_equals_uninterrupted(tmp_path):
+    straight = run(compose_config(BASE), output_dir=tmp_path / "straight")
+
+    first = run(compose_config([*BASE, "trainer.stop_after_epoch=1"]), output_dir=tmp_path / "resumed")
+    assert first["epochs_done"] == 1
+    resumed = run(compose_config([*BASE, "trainer.resume=auto"]), output_dir=tmp_path / "resumed")
+
+    a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")
+    b = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")
+    _compare(a["model"], b["model"])
+    _compare(a["ema"], b["ema"])
+    assert a["step"] == b["step"] and a["epoch"] == b["epoch"] == 3
+    keys = ("train_loss", "val_top1", "val_top5", "val_loss", "val_ema_top1")
+    for x, y in zip(straight["history"], resumed["history"], strict=True):
+        assert {k: x[k] for k in keys} == {k: y[k] for k in keys}
+
+
+def test_resume_from_an_explicit_path(tmp_path):
+    run(compose_config([*BASE, "trainer.stop_after_epoch=2"]), output_dir=tmp_path / "a")
+    ckpt = tmp_path / "a" / "checkpoints" / "last.pt"
+    metrics = run(compose_config([*BASE, f"trainer.resume={ckpt}"]), output_dir=tmp_path / "b")
+    assert [r["epoch"] for r in metrics["history"]] == [1, 2, 3]
+
+
+def test_resume_auto_finds_the_newest_matching_run(tmp_path):
+    runs = tmp_path / "outputs" / "2026-01-01"
+    run(compose_config([*BASE, "trainer.stop_after_epoch=1"]), output_dir=runs / "10-00-00")
+    metrics = run(compose_config([*BASE, "trainer.resume=auto"]), output_dir=runs / "11-00-00")
+    assert [r["epoch"] for r in metrics["history"]] == [1, 2, 3]

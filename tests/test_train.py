@@ -1,0 +1,137 @@
+"""The trainer end to end: the real CLI, TensorBoard contents, image folders and archives, evaluation."""
+
+import json
+import math
+import subprocess
+import sys
+import tarfile
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from test_data import make_tree
+from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, compose_config, run_cli
+
+from vit.train import load_checkpoint, run
+
+EXPECTED_TAGS = {
+    "train/loss",
+    "train/lr",
+    "train/grad_norm",
+    "train/img_per_s",
+    "val/top1",
+    "val/top5",
+    "val/loss",
+    "val_ema/top1",
+    "time/epoch_s",
+}
+
+
+@pytest.fixture(scope="module")
+def cli_run(tmp_path_factory):
+    """One real `python train.py` run on synthetic data: 2 epochs of a tiny ViT."""
+    cwd = tmp_path_factory.mktemp("cli")
+    run_dir = cwd / "run"
+    args = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.epochs=2", "trainer.device=cpu", "trainer.log_every_n_steps=2"]
+    args += ["optim.lr=3e-3", "sched.warmup_epochs=0.25", "trainer.attn_maps_every_n_epochs=1"]
+    done = run_cli([*args, f"hydra.run.dir={run_dir}"], cwd=cwd)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir, done
+
+
+def test_cli_run_directory_layout(cli_run):
+    run_dir, done = cli_run
+    for path in (".hydra/config.yaml", "checkpoints/last.pt", "checkpoints/best.pt", "metrics.json"):
+        assert (run_dir / path).is_file(), path
+    assert list((run_dir / "tb").glob("events.out.tfevents.*"))
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert metrics["epochs_done"] == 2 and metrics["params"] > 0 and metrics["wall_time_s"] > 0
+    assert metrics["final"]["val_top1"] == metrics["history"][-1]["val_top1"]
+    assert metrics["best"]["val_top1"] >= metrics["final"]["val_top1"]
+    assert "epoch 2/2" in done.stdout  # plain log lines when not on a terminal
+
+
+def test_cli_tensorboard_holds_finite_scalars_and_a_falling_loss(cli_run):
+    run_dir, _ = cli_run
+    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0, "images": 0}).Reload()
+    tags = set(events.Tags()["scalars"])
+    assert EXPECTED_TAGS <= tags, EXPECTED_TAGS - tags
+    for tag in EXPECTED_TAGS:
+        assert all(math.isfinite(e.value) for e in events.Scalars(tag)), tag
+    losses = [e.value for e in events.Scalars("train/loss")]
+    assert len(losses) >= 4 and losses[-1] < losses[0]
+    assert "attention/last_layer_and_rollout" in events.Tags()["images"]
+
+
+def test_cli_checkpoint_contents(cli_run):
+    run_dir, _ = cli_run
+    state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    assert state["epoch"] == 2 and state["step"] == 16
+    assert state["config"]["model"]["embed_dim"] == 32
+    assert state["class_to_idx"] == {f"class_{i}": i for i in range(10)}
+    for key in ("optimizer", "scheduler", "ema", "rng"):
+        assert state[key] is not None, key
+
+
+def test_evaluate_script_reproduces_the_val_metrics(cli_run, tmp_path):
+    run_dir, _ = cli_run
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "evaluate.py"), f"checkpoint={run_dir / 'checkpoints' / 'last.pt'}"]
+        + [f"confusion={tmp_path / 'cm.png'}", "device=cpu"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    final = json.loads((run_dir / "metrics.json").read_text())["final"]
+    assert result["top1"] == pytest.approx(final["val_top1"]) and result["loss"] == pytest.approx(final["val_loss"])
+    assert len(result["per_class_top1"]) == 10 and (tmp_path / "cm.png").stat().st_size > 1000
+
+
+def test_evaluate_names_a_missing_checkpoint(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "evaluate.py"), f"checkpoint={tmp_path / 'none.pt'}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2 and "none.pt" in done.stderr and "Traceback" not in done.stderr
+
+
+def _folder_run(root, tmp_path, extra=()):
+    cfg = compose_config(
+        ["data=imagefolder", f"data.root={root}", "data.img_size=16", "data.patch_size=4", "data.batch_size=8"]
+        + ["data.num_workers=0", f"data.cache_dir={tmp_path / 'cache'}", *TINY_MODEL, "trainer=debug", *extra]
+    )
+    return run(cfg, output_dir=tmp_path / "run")
+
+
+def test_imagefolder_tree_trains(tmp_path):
+    metrics = _folder_run(make_tree(tmp_path / "tree"), tmp_path)
+    assert metrics["epochs_done"] == 2 and metrics["final"]["val_top1"] >= 0
+    state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert state["class_to_idx"] == {"cat": 0, "dog": 1, "frog": 2}
+
+
+def test_imagefolder_archive_trains(tmp_path):
+    tree = make_tree(tmp_path / "src" / "pets")
+    archive = tmp_path / "pets.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tree, arcname="pets")
+    metrics = _folder_run(archive, tmp_path, ["data.augment.mixup_alpha=0.8", "data.augment.cutmix_alpha=1.0"])
+    assert metrics["epochs_done"] == 2
+
+
+def test_multirun_sweep_gives_each_run_its_own_directory(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", "model.num_heads=1,2", *QUICK_SYNTHETIC, *TINY_MODEL[:2], "trainer=debug"]
+    done = run_cli([*args, f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for n, heads in ((0, 1), (1, 2)):
+        config = (sweep / str(n) / ".hydra" / "config.yaml").read_text()
+        assert f"num_heads: {heads}" in config
+        assert (sweep / str(n) / "metrics.json").is_file()
+        events = EventAccumulator(str(sweep / str(n) / "tb")).Reload()
+        assert "hparam/val_top1" in events.Tags()["scalars"] or any(
+            "hparams" in str(t) for t in events.Tags().get("tensors", [])
+        )
