@@ -6,6 +6,7 @@ from vit.models.layers import Block, DropPath, LayerScale, Mlp, PatchEmbed
 from vit.models.pos_embed import resample_pos_embed, sinusoid_table
 from vit.models.pretrained import load_pretrained, read_state_dict
 from vit.models.registry import create_model, list_models, register_model
+from vit.models.t2t import T2TModule, T2TViT
 from vit.models.vit import VisionTransformer
 
 __all__ = [
@@ -16,6 +17,8 @@ __all__ = [
     "LayerScale",
     "Mlp",
     "PatchEmbed",
+    "T2TModule",
+    "T2TViT",
     "VisionTransformer",
     "attention_macs",
     "capture_attention",

@@ -56,6 +56,8 @@ class Complexity:
 def _component(qualified_name: str) -> str:
     """Which part of the model a module belongs to, for the per-component table."""
     parts = qualified_name.split(".")
+    if parts[0] == "tokens_to_token":  # the whole T2T module is the tokeniser, like patch_embed
+        return "tokens_to_token"
     if ".attn" in f".{qualified_name}" or any(p.startswith("attention") for p in parts):
         return "attention"
     if "mlp" in parts:

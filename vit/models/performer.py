@@ -1,0 +1,77 @@
+"""The Performer-style token attention of T2T-ViT: softmax attention approximated in linear time.
+
+softmax(q·kᵀ) is a Gaussian kernel up to row scaling, and a Gaussian kernel is an expectation over random
+features (Choromanski et al. 2021, "FAVOR+"):
+
+    exp(q·k) = E_w[ φ(q) · φ(k) ],   φ(x) = exp(w·x − |x|²/2) / sqrt(m),   w ~ N(0, I), m features
+
+With a fixed (orthogonal, non-trainable) w of m rows, attention becomes
+
+    y_t = Σ_s φ(q_t)·φ(k_s) v_s / Σ_s φ(q_t)·φ(k_s) = φ(q_t)·(Σ_s φ(k_s) v_sᵀ) / φ(q_t)·(Σ_s φ(k_s))
+
+and the (N, N) matrix never exists: the cost is O(N·m·C) instead of O(N²·C). Like the token transformer,
+it changes the token width (dim -> emb) and adds V as the skip connection. Names follow the official
+T2T-ViT code (`kqv`, `proj`, `norm1`, `norm2`, `mlp.0`, `mlp.2`, `w`) so its checkpoints load.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+class TokenPerformer(nn.Module):
+    """(B, N, dim) -> (B, N, emb): LayerNorm -> performer attention (+V skip) -> LayerNorm -> MLP (+residual).
+
+    Args:
+        dim: input token width (e.g. 3·7·7 = 147 after the first soft split).
+        emb: output token width (`token_dim`, 64 in the paper).
+        kernel_ratio: m = emb · kernel_ratio random features.
+        drop: dropout after the attention projection and the MLP (0.1 in the official code).
+    """
+
+    def __init__(self, dim: int, emb: int, kernel_ratio: float = 0.5, drop: float = 0.1, eps: float = 1e-8) -> None:
+        super().__init__()
+        if not 0 < kernel_ratio:
+            raise ValueError(f"kernel_ratio={kernel_ratio} must be > 0")
+        self.dim, self.emb = dim, emb
+        self.kqv = nn.Linear(dim, 3 * emb)
+        self.dp = nn.Dropout(drop)
+        self.proj = nn.Linear(emb, emb)
+        self.norm1 = nn.LayerNorm(dim)
+        self.norm2 = nn.LayerNorm(emb)
+        self.mlp = nn.Sequential(nn.Linear(emb, emb), nn.GELU(), nn.Linear(emb, emb), nn.Dropout(drop))
+        self.eps = eps
+        self.m = int(emb * kernel_ratio)
+        # Orthogonal rows scaled to the norm of Gaussian rows: lower variance than i.i.d. features.
+        w = nn.init.orthogonal_(torch.empty(self.m, emb)) * math.sqrt(self.m)
+        self.w = nn.Parameter(w, requires_grad=False)
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        """Positive random features φ(x): (B, N, emb) -> (B, N, m), computed in fp32 (exp overflows in bf16)."""
+        x = x.float()
+        half_sq_norm = x.square().sum(dim=-1, keepdim=True) / 2  # (B, N, 1)
+        return torch.exp(x @ self.w.float().t() - half_sq_norm) / math.sqrt(self.m)
+
+    def attention(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, N, dim) -> (B, N, emb), linear in N."""
+        k, q, v = self.kqv(x).split(self.emb, dim=-1)  # each (B, N, emb); the official order is k, q, v
+        phi_k, phi_q = self.features(k), self.features(q)  # (B, N, m)
+        kv = torch.einsum("bnm,bne->bme", phi_k, v.float())  # Σ_s φ(k_s) v_sᵀ: (B, m, emb)
+        normaliser = phi_q @ phi_k.sum(dim=1).unsqueeze(-1)  # φ(q_t)·Σ_s φ(k_s): (B, N, 1)
+        y = (phi_q @ kv) / (normaliser + self.eps)  # (B, N, emb)
+        return v + self.dp(self.proj(y.to(v.dtype)))  # V is the skip connection: the width changed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.attention(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+    def macs(self, x: torch.Tensor, output: torch.Tensor) -> int:
+        """Multiply-adds for `complexity`: projections, random features, the two linear-attention products, MLP."""
+        tokens = x.shape[0] * x.shape[1]
+        linear = tokens * (self.dim * 3 * self.emb + self.emb * self.emb + 2 * self.emb * self.emb)
+        random_features = 2 * tokens * self.m * self.emb  # φ(q), φ(k)
+        attention = 2 * tokens * self.m * self.emb + tokens * self.m  # Σ φ(k) vᵀ, φ(q)·kv, normaliser
+        return linear + random_features + attention

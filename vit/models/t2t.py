@@ -1,0 +1,303 @@
+"""Tokens-to-Token ViT (Yuan et al. 2021): a ViT whose tokens come from overlapping soft splits, each followed
+by a small attention layer, instead of one hard cut into patches.
+
+The T2T module at 224 px with the official soft splits (kernel/stride/padding 7/4/2, 3/2/1, 3/2/1) and
+token_dim 64:
+
+    image                                  (B, 3, 224, 224)
+    soft split 0 (Unfold 7x7 / 4)          (B, 3136, 147)     3136 = 56²,  147 = 3·7·7
+    token attention 1   147 -> 64          (B, 3136, 64)
+    re-structurize                         (B, 64, 56, 56)
+    soft split 1 (Unfold 3x3 / 2)          (B, 784, 576)      576 = 64·3·3
+    token attention 2   576 -> 64          (B, 784, 64)
+    re-structurize + soft split 2          (B, 196, 576)
+    project                                (B, 196, embed_dim)
+
+then, as in ViT: cls token, position embedding (fixed sinusoid), encoder Blocks, LayerNorm, head.
+
+The token attention is either the core `Attention` with `chan != dim` (the token transformer, with the V skip
+connection) or the linear-time `TokenPerformer`. Parameter names follow the official code
+(`tokens_to_token.attention1.attn.qkv.weight`, ...) so its released checkpoints load with strict=True.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from einops import rearrange
+from torch import nn
+from torch.nn.init import trunc_normal_
+
+from vit.models.attention import Attention
+from vit.models.layers import Block, Mlp, check_rate
+from vit.models.performer import TokenPerformer
+from vit.models.pos_embed import make_pos_embed
+from vit.models.registry import register_model
+
+# (kernel, stride, padding) of the three soft splits.
+SOFT_SPLITS = {
+    "imagenet": ((7, 4, 2), (3, 2, 1), (3, 2, 1)),  # the paper's: 224 px -> 14 x 14 tokens
+    "cifar": ((3, 1, 1), (3, 2, 1), (3, 2, 1)),  # ours for 32 px: 32 -> 32 -> 16 -> 8 x 8 tokens
+}
+TOKEN_TYPES = ("performer", "transformer")
+SCALE_CONVENTIONS = ("input", "output")
+
+
+def resolve_soft_split(soft_split, img_size: int) -> tuple[tuple[int, int, int], ...]:
+    """ "auto" picks "cifar" below 64 px and "imagenet" otherwise; a name or three (k, s, p) triples also work."""
+    if soft_split == "auto":
+        soft_split = "cifar" if img_size < 64 else "imagenet"
+    if isinstance(soft_split, str):
+        if soft_split not in SOFT_SPLITS:
+            raise ValueError(f"soft_split={soft_split!r} must be 'auto', one of {list(SOFT_SPLITS)} or 3 (k, s, p)")
+        return SOFT_SPLITS[soft_split]
+    triples = tuple(tuple(int(v) for v in t) for t in soft_split)
+    if len(triples) != 3 or any(len(t) != 3 or t[0] <= 0 or t[1] <= 0 or t[2] < 0 for t in triples):
+        raise ValueError(f"soft_split={soft_split!r} must be three (kernel, stride, padding) triples")
+    return triples
+
+
+def soft_split_grids(img_size: int, splits: Sequence[tuple[int, int, int]]) -> list[int]:
+    """Side of the token grid after each soft split; ValueError unless every stage tiles its input exactly
+    (output side = input side / stride), which the re-structurization between stages relies on."""
+    total_stride = math.prod(s for _, s, _ in splits)
+    sides, side = [], img_size
+    for kernel, stride, padding in splits:
+        out = (side + 2 * padding - kernel) // stride + 1
+        if side % stride or out != side // stride:
+            lo = max(total_stride, img_size // total_stride * total_stride)
+            raise ValueError(
+                f"img_size={img_size} cannot be tiled by the soft splits {list(splits)} "
+                f"(kernel, stride, padding): choose a multiple of {total_stride}, e.g. {lo} or {lo + total_stride}"
+            )
+        side = out
+        sides.append(side)
+    return sides
+
+
+class TokenTransformer(nn.Module):
+    """(B, N, dim) -> (B, N, token_dim): LayerNorm -> Attention(dim -> token_dim, V skip) -> LayerNorm -> MLP."""
+
+    def __init__(
+        self, dim: int, token_dim: int, num_heads: int = 1, qk_scale: float | None = None, backend: str = "auto"
+    ) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, num_heads=num_heads, qk_scale=qk_scale, chan=token_dim, backend=backend)
+        self.norm2 = nn.LayerNorm(token_dim)
+        self.mlp = Mlp(token_dim, hidden_features=token_dim, out_features=token_dim)  # MLP ratio 1
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.attn(self.norm1(x))  # no residual around it: the width changes (V is the skip, inside)
+        return x + self.mlp(self.norm2(x))
+
+
+class T2TModule(nn.Module):
+    """Image -> tokens through three soft splits with two token-attention stages in between.
+
+    Args:
+        img_size: input side; the soft splits must tile it (see `soft_split_grids`).
+        tokens_type: "performer" (linear time) or "transformer" (the core Attention).
+        embed_dim: width of the output tokens.
+        token_dim: width of the tokens between the stages (64 in the paper).
+        soft_split: "auto", "imagenet", "cifar", or three (kernel, stride, padding) triples.
+        token_scale: "input" uses (input width // heads) ** -0.5 as the official code does (147 ** -0.5 in
+            the first stage; needed to reproduce its checkpoints); "output" uses (token_dim // heads) ** -0.5,
+            the usual head_dim convention of the explanation in the seeds. Only the transformer type scales.
+    """
+
+    def __init__(
+        self,
+        img_size: int = 224,
+        tokens_type: str = "performer",
+        in_chans: int = 3,
+        embed_dim: int = 768,
+        token_dim: int = 64,
+        soft_split="auto",
+        token_scale: str = "input",
+        attn_backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        if tokens_type not in TOKEN_TYPES:
+            raise ValueError(f"tokens_type={tokens_type!r} must be one of {TOKEN_TYPES}")
+        if token_scale not in SCALE_CONVENTIONS:
+            raise ValueError(f"token_scale={token_scale!r} must be one of {SCALE_CONVENTIONS}")
+        if token_dim <= 0 or embed_dim <= 0:
+            raise ValueError(f"token_dim={token_dim} and embed_dim={embed_dim} must be positive")
+        self.splits = resolve_soft_split(soft_split, img_size)
+        self.grid_sides = soft_split_grids(img_size, self.splits)
+        self.img_size = img_size
+        self.in_chans = in_chans
+        (k0, s0, p0), (k1, s1, p1), (k2, s2, p2) = self.splits
+        self.soft_split0 = nn.Unfold(kernel_size=k0, stride=s0, padding=p0)
+        self.soft_split1 = nn.Unfold(kernel_size=k1, stride=s1, padding=p1)
+        self.soft_split2 = nn.Unfold(kernel_size=k2, stride=s2, padding=p2)
+        widths = (in_chans * k0 * k0, token_dim * k1 * k1)  # token widths entering stage 1 and 2
+        self.attention1 = self._stage(tokens_type, widths[0], token_dim, token_scale, attn_backend)
+        self.attention2 = self._stage(tokens_type, widths[1], token_dim, token_scale, attn_backend)
+        self.project = nn.Linear(token_dim * k2 * k2, embed_dim)
+        self.grid_size = (self.grid_sides[-1], self.grid_sides[-1])
+        self.num_patches = self.grid_sides[-1] ** 2
+
+    @staticmethod
+    def _stage(tokens_type: str, dim: int, token_dim: int, token_scale: str, backend: str) -> nn.Module:
+        if tokens_type == "performer":
+            return TokenPerformer(dim, token_dim, kernel_ratio=0.5)
+        scale = (dim if token_scale == "input" else token_dim) ** -0.5  # one head
+        return TokenTransformer(dim, token_dim, num_heads=1, qk_scale=scale, backend=backend)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.ndim != 4 or x.shape[1] != self.in_chans or tuple(x.shape[-2:]) != (self.img_size, self.img_size):
+            raise ValueError(
+                f"input of shape {tuple(x.shape)} does not match the model: expected "
+                f"(batch, in_chans={self.in_chans}, {self.img_size}, {self.img_size})"
+            )
+        x = self.soft_split0(x).transpose(1, 2)  # (B, N0, C·k0²): one overlapping patch per token
+        x = self.attention1(x)  # (B, N0, token_dim)
+        x = rearrange(x, "b (h w) c -> b c h w", h=self.grid_sides[0])  # re-structurize: tokens -> image
+        x = self.soft_split1(x).transpose(1, 2)  # (B, N1, token_dim·k1²)
+        x = self.attention2(x)  # (B, N1, token_dim)
+        x = rearrange(x, "b (h w) c -> b c h w", h=self.grid_sides[1])
+        x = self.soft_split2(x).transpose(1, 2)  # (B, N2, token_dim·k2²)
+        return self.project(x)  # (B, N2, embed_dim)
+
+
+class T2TViT(nn.Module):
+    """T2T module -> cls token -> fixed sinusoid position embedding -> Blocks -> LayerNorm -> head.
+
+    `qkv_bias=False` and the encoder's `qk_scale` follow the official code: None means head_dim ** -0.5
+    (what it trains with); its released ImageNet weights were trained with `qk_scale = embed_dim ** -0.5`,
+    so build with that to reproduce them (docs/T2T.md).
+    """
+
+    def __init__(
+        self,
+        img_size: int = 224,
+        tokens_type: str = "performer",
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        embed_dim: int = 768,
+        depth: int = 12,
+        num_heads: int = 12,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = False,
+        qk_scale: float | None = None,
+        drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        token_dim: int = 64,
+        soft_split="auto",
+        token_scale: str = "input",
+        attn_backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        if depth <= 0:
+            raise ValueError(f"depth={depth} must be positive")
+        if num_classes < 0:
+            raise ValueError(f"num_classes={num_classes} must be >= 0")
+        if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
+            raise ValueError(f"num_heads={num_heads} must be a positive divisor of embed_dim={embed_dim}")
+        for name, rate in (
+            ("drop_rate", drop_rate),
+            ("attn_drop_rate", attn_drop_rate),
+            ("drop_path_rate", drop_path_rate),
+        ):
+            check_rate(name, rate)
+        self.num_classes = num_classes
+        self.embed_dim = self.num_features = embed_dim
+        self.num_prefix_tokens = 1
+        self.tokens_to_token = T2TModule(
+            img_size, tokens_type, in_chans, embed_dim, token_dim, soft_split, token_scale, attn_backend
+        )
+        self.grid_size = self.tokens_to_token.grid_size
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.pos_embed = make_pos_embed("sinusoidal", self.tokens_to_token.num_patches + 1, embed_dim)
+        self.pos_drop = nn.Dropout(drop_rate)
+        path_rates = torch.linspace(0, drop_path_rate, depth).tolist()
+        self.blocks = nn.Sequential(
+            *[
+                Block(
+                    embed_dim,
+                    num_heads,
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    qk_scale=qk_scale,
+                    drop=drop_rate,
+                    attn_drop=attn_drop_rate,
+                    drop_path=rate,
+                    attn_backend=attn_backend,
+                    norm_eps=1e-5,  # nn.LayerNorm's default, as in the official code
+                )
+                for rate in path_rates
+            ]
+        )
+        self.norm = nn.LayerNorm(embed_dim)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.init_weights()
+
+    @property
+    def img_size(self) -> tuple[int, int]:
+        side = self.tokens_to_token.img_size
+        return side, side
+
+    def init_weights(self) -> None:
+        """The official init: trunc-normal(0.02) cls token and Linears, zero biases."""
+        trunc_normal_(self.cls_token, std=0.02)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                trunc_normal_(module.weight, std=0.02)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+    def no_weight_decay(self) -> set[str]:
+        return {"cls_token", "pos_embed"}
+
+    def reset_classifier(self, num_classes: int) -> None:
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> (B, 1 + N, embed_dim)."""
+        x = self.tokens_to_token(x)  # (B, N, C)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, C)
+        x = self.pos_drop(x + self.pos_embed)
+        return self.norm(self.blocks(x))
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = x[:, 0]  # (B, C): the cls token
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+
+# name: (tokens_type, embed_dim, depth, num_heads, mlp_ratio), the paper's Table 1.
+T2T_SHAPES = {
+    "t2t_vit_7": ("performer", 256, 7, 4, 2.0),
+    "t2t_vit_10": ("performer", 256, 10, 4, 2.0),
+    "t2t_vit_12": ("performer", 256, 12, 4, 2.0),
+    "t2t_vit_14": ("performer", 384, 14, 6, 3.0),
+    "t2t_vit_19": ("performer", 448, 19, 7, 3.0),
+    "t2t_vit_24": ("performer", 512, 24, 8, 3.0),
+    "t2t_vit_t_14": ("transformer", 384, 14, 6, 3.0),
+    "t2t_vit_t_19": ("transformer", 448, 19, 7, 3.0),
+    "t2t_vit_t_24": ("transformer", 512, 24, 8, 3.0),
+}
+for _name, (_tokens, _dim, _depth, _heads, _ratio) in T2T_SHAPES.items():
+    register_model(
+        _name,
+        T2TViT,
+        f"T2T-ViT ({_tokens} tokens), {_dim} wide, {_depth} deep, {_heads} heads",
+        tokens_type=_tokens,
+        embed_dim=_dim,
+        depth=_depth,
+        num_heads=_heads,
+        mlp_ratio=_ratio,
+    )
+
+
+def official_qk_scale(name: str) -> float:
+    """The encoder scale the released checkpoints were trained with: embed_dim ** -0.5."""
+    return T2T_SHAPES[name][1] ** -0.5
