@@ -1,0 +1,36 @@
+"""Summarise a Hydra multirun: `python scripts/summarize_runs.py multirun/<date>/<time> [out=<folder>]`.
+
+Writes summary.md (one row per run: swept knobs, params, FLOPs, img/s, final/best val top-1, wall time) and
+summary.png (val top-1 against the swept knob) into the multirun folder (or `out=`), and prints the table.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from vit.analysis.figures import sweep_figure
+from vit.analysis.inputs import UsageError, parse_args, run_script
+from vit.analysis.runs import markdown_table, read_runs, summary_rows, swept_keys
+
+
+def main(argv: list[str]) -> int:
+    if not argv or "=" in argv[0]:
+        raise UsageError("usage: summarize_runs.py <multirun folder> [out=<folder>]")
+    sweep_dir = Path(argv[0])
+    options = parse_args(argv[1:], {"out": None})
+    records = read_runs(sweep_dir)
+    if not records:
+        raise UsageError(f"{str(sweep_dir)!r} holds no runs (no */.hydra/config.yaml)")
+    out = Path(options["out"]) if options["out"] else sweep_dir
+    out.mkdir(parents=True, exist_ok=True)
+    header, rows = summary_rows(records)
+    table = markdown_table(header, rows)
+    (out / "summary.md").write_text(f"# Sweep {sweep_dir}\n\n{table}\n")
+    sweep_figure(records, swept_keys(records), out / "summary.png")
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(main))

@@ -1,0 +1,92 @@
+"""What the analysis scripts read: `key=value` arguments, checkpoints (model + config + classes), images."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+class UsageError(ValueError):
+    """A bad script argument: the script prints it as one line and exits with code 2."""
+
+
+def parse_args(argv: list[str], known: dict[str, object], required: tuple[str, ...] = ()) -> dict:
+    """`key=value` arguments (Hydra style) with defaults from `known`; unknown keys and missing ones fail."""
+    values = dict(known)
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep:
+            raise UsageError(f"argument {arg!r} must look like key=value")
+        if key not in known:
+            raise UsageError(f"unknown argument {key!r}; known: {', '.join(known)}")
+        values[key] = value
+    missing = [k for k in required if values.get(k) in (None, "")]
+    if missing:
+        raise UsageError(f"{missing[0]}=<...> is required")
+    return values
+
+
+def run_script(main, argv: list[str] | None = None) -> int:
+    """Call `main(argv)`; a UsageError (or a missing file) becomes one line on stderr and exit code 2."""
+    from vit.data import DataError
+    from vit.train.checkpoint import CheckpointError
+    from vit.train.config import ConfigError
+
+    try:
+        return main(sys.argv[1:] if argv is None else argv) or 0
+    except (UsageError, CheckpointError, ConfigError, DataError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+def load_model(checkpoint: str | Path, use_ema: bool = False) -> tuple[nn.Module, dict, dict[str, int]]:
+    """Model (eval mode, fp32), resolved config and class map of a trainer checkpoint."""
+    from vit.train.checkpoint import CheckpointError, load_checkpoint
+    from vit.train.config import build_model_from_config
+
+    state = load_checkpoint(checkpoint)
+    config = state.get("config") or {}
+    if "model" not in config:
+        raise CheckpointError(f"checkpoint {str(checkpoint)!r} holds no model config")
+    classes = state.get("class_to_idx") or {}
+    model = build_model_from_config(OmegaConf.create(config["model"]), num_classes=len(classes) or None)
+    weights = state.get("ema") if use_ema else state["model"]
+    if weights is None:
+        raise CheckpointError(f"checkpoint {str(checkpoint)!r} has no EMA weights")
+    model.load_state_dict({k: v.float() for k, v in weights.items()})
+    return model.eval(), config, classes
+
+
+def image_paths(spec: str | Path) -> list[Path]:
+    path = Path(spec)
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        found = sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        if found:
+            return found
+        raise UsageError(f"image={str(spec)!r}: no images ({', '.join(IMAGE_SUFFIXES)}) in that folder")
+    raise UsageError(f"image={str(spec)!r} does not exist")
+
+
+def load_images(spec: str | Path, config: dict, limit: int | None = None) -> tuple[list[Path], torch.Tensor]:
+    """Images as the model's validation transform makes them: (B, 3, H, W), normalised."""
+    from vit.data.datasets import load_rgb
+    from vit.data.transforms import val_transform
+
+    paths = image_paths(spec)[:limit]
+    transform = val_transform(config["data"])
+    return paths, torch.stack([transform(load_rgb(str(p))) for p in paths])
+
+
+def denormalise(images: torch.Tensor, config: dict) -> torch.Tensor:
+    from vit.data.transforms import mean_std
+
+    mean, std = mean_std(config["data"])
+    return (images * torch.tensor(std).view(1, 3, 1, 1) + torch.tensor(mean).view(1, 3, 1, 1)).clamp(0, 1)

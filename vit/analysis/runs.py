@@ -1,0 +1,106 @@
+"""Reading a Hydra multirun folder: each run's overrides, resolved config, metrics.json and TensorBoard curve."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+
+@dataclass
+class RunRecord:
+    path: Path
+    overrides: dict[str, str]
+    config: dict
+    metrics: dict = field(default_factory=dict)
+    val_top1_curve: list[tuple[int, float]] = field(default_factory=list)  # (step, top-1) from TensorBoard
+
+    @property
+    def final_top1(self) -> float | None:
+        final = (self.metrics.get("final") or {}).get("val_top1")
+        return final if final is not None else (self.val_top1_curve[-1][1] if self.val_top1_curve else None)
+
+    @property
+    def best_top1(self) -> float | None:
+        best = (self.metrics.get("best") or {}).get("val_top1")
+        return best if best is not None else (max(v for _, v in self.val_top1_curve) if self.val_top1_curve else None)
+
+
+def _overrides(run_dir: Path) -> dict[str, str]:
+    path = run_dir / ".hydra" / "overrides.yaml"
+    items = yaml.safe_load(path.read_text()) if path.is_file() else []
+    return dict(item.split("=", 1) for item in items or [] if "=" in item)
+
+
+def _tb_curve(run_dir: Path) -> list[tuple[int, float]]:
+    if not (run_dir / "tb").is_dir():
+        return []
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0}).Reload()
+    if "val/top1" not in events.Tags()["scalars"]:
+        return []
+    return [(e.step, e.value) for e in events.Scalars("val/top1")]
+
+
+def read_runs(sweep_dir: str | Path) -> list[RunRecord]:
+    """Every run below `sweep_dir` (folders holding .hydra/config.yaml), in Hydra's job order."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir():
+        raise FileNotFoundError(f"multirun folder {str(sweep_dir)!r} does not exist")
+    run_dirs = sorted(
+        (p.parent.parent for p in sweep_dir.glob("**/.hydra/config.yaml")),
+        key=lambda p: [int(s) if s.isdigit() else s for s in p.relative_to(sweep_dir).parts],
+    )
+    records = []
+    for run_dir in run_dirs:
+        metrics_path = run_dir / "metrics.json"
+        records.append(
+            RunRecord(
+                path=run_dir,
+                overrides=_overrides(run_dir),
+                config=yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text()),
+                metrics=json.loads(metrics_path.read_text()) if metrics_path.is_file() else {},
+                val_top1_curve=_tb_curve(run_dir),
+            )
+        )
+    return records
+
+
+def swept_keys(records: list[RunRecord]) -> list[str]:
+    """Override keys whose value differs between runs: the knobs of the sweep."""
+    keys = sorted({k for r in records for k in r.overrides})
+    return [k for k in keys if len({r.overrides.get(k) for r in records}) > 1]
+
+
+def summary_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
+    knobs = swept_keys(records)
+    header = ["run", *knobs, "params (M)", "GFLOPs", "img/s", "final top-1", "best top-1", "wall s"]
+    rows = []
+    for record in records:
+        m = record.metrics
+
+        def fmt(value, spec):
+            return "-" if value is None else format(value, spec)
+
+        rows.append(
+            [
+                record.path.name,
+                *[record.overrides.get(k, "-") for k in knobs],
+                fmt(m.get("params") and m["params"] / 1e6, ".2f"),
+                fmt(m.get("macs") and 2 * m["macs"] / 1e9, ".3f"),
+                fmt(m.get("train_img_per_s"), ",.0f"),
+                fmt(record.final_top1, ".2f"),
+                fmt(record.best_top1, ".2f"),
+                fmt(m.get("wall_time_s"), ".0f"),
+            ]
+        )
+    return header, rows
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
