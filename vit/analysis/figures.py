@@ -78,3 +78,76 @@ def sweep_figure(records, knobs: list[str], path: Path) -> Path:
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def save(fig, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def attention_grid_figure(images, head_maps, rollout_maps, path: Path, titles=None, token_maps=None) -> Path:
+    """Rows: images. Columns: input | cls attention of each head of the chosen layer | rollout over all layers
+    [| first T2T token-attention stage]. images (B, 3, H, W) in [0, 1]; maps (B, k, H, W) in [0, 1]."""
+    batch, heads = head_maps.shape[:2]
+    extra = 1 if token_maps is not None else 0
+    cols = 2 + heads + extra
+    fig, axes = plt.subplots(batch, cols, figsize=(1.6 * cols, 1.7 * batch), dpi=100, squeeze=False)
+    for b in range(batch):
+        picture = images[b].permute(1, 2, 0).numpy()
+        panels = [("input", None)] + [(f"head {h + 1}", head_maps[b, h]) for h in range(heads)]
+        panels.append(("rollout", rollout_maps[b, 0]))
+        if token_maps is not None:
+            panels.append(("T2T stage 1", token_maps[b, 0]))
+        for c, (name, heat) in enumerate(panels):
+            ax = axes[b, c]
+            ax.imshow(picture)
+            if heat is not None:
+                ax.imshow(heat.numpy(), cmap="inferno", alpha=0.6)
+            ax.set_axis_off()
+            if b == 0:
+                ax.set_title(name, fontsize=8)
+        if titles:
+            axes[b, 0].set_title(titles[b], fontsize=7)
+    fig.tight_layout()
+    return save(fig, path)
+
+
+def pos_embed_similarity_figure(panels: list[tuple[str, np.ndarray]], path: Path) -> Path:
+    """The ViT paper's grid of grids: panel cell (i, j) shows the cosine similarity of position (i, j)'s
+    embedding with every position. Each panel: (gh, gw, gh, gw) array."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 5), dpi=100, squeeze=False)
+    for ax, (title, sim) in zip(axes[0], panels, strict=True):
+        gh, gw = sim.shape[:2]
+        # Tile the (gh*gw) small maps into one image with a 1-pixel gap between them.
+        canvas = np.full((gh * (gh + 1), gw * (gw + 1)), np.nan)
+        for i in range(gh):
+            for j in range(gw):
+                canvas[i * (gh + 1) : i * (gh + 1) + gh, j * (gw + 1) : j * (gw + 1) + gw] = sim[i, j]
+        image = ax.imshow(canvas, cmap="viridis", vmin=-1, vmax=1)
+        ax.set_title(title)
+        ax.set_axis_off()
+    fig.colorbar(image, ax=axes[0].tolist(), fraction=0.02, label="cosine similarity")
+    return save(fig, path)
+
+
+def flops_vs_size_figure(sizes, linear_flops, quadratic_flops, path: Path, title: str) -> Path:
+    """FLOPs against image size, split into the terms linear in the token count and the N² attention term."""
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    total = [a + b for a, b in zip(linear_flops, quadratic_flops, strict=True)]
+    ax.plot(sizes, np.asarray(total) / 1e9, marker="o", label="total")
+    ax.plot(sizes, np.asarray(linear_flops) / 1e9, marker=".", label="linear in N (projections, MLP, embed)")
+    ax.plot(sizes, np.asarray(quadratic_flops) / 1e9, marker=".", label="N² (Q·Kᵀ and attn·V)")
+    cross = next((s for s, a, b in zip(sizes, linear_flops, quadratic_flops, strict=True) if b >= a), None)
+    if cross is not None:
+        ax.axvline(cross, color="grey", linestyle="--", label=f"N² term takes over at {cross} px")
+    ax.set_xlabel("image size (px)")
+    ax.set_ylabel("GFLOPs per image (forward)")
+    ax.set_yscale("log")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return save(fig, path)

@@ -1,0 +1,34 @@
+"""Position-embedding similarity, the grid-of-grids figure of the ViT paper.
+
+    python scripts/plot_pos_embed.py checkpoint=<path> [out=pos_embed.png]
+
+Left: the checkpoint's embeddings (learned or sinusoidal); right: the fixed sinusoid table of the same shape,
+for comparison. Each small map shows how similar one patch position's embedding is to every other.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from vit.analysis.figures import pos_embed_similarity_figure
+from vit.analysis.inputs import load_model, parse_args, run_script
+from vit.analysis.pos_embed import position_similarity
+from vit.models import sinusoid_table
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv, {"checkpoint": None, "out": "pos_embed.png"}, required=("checkpoint",))
+    model, config, _ = load_model(args["checkpoint"])
+    grid = model.grid_size if hasattr(model, "grid_size") else model.patch_embed.grid_size
+    kind = "learned" if model.pos_embed.requires_grad else "sinusoidal"
+    ours = position_similarity(model.pos_embed.detach(), grid)
+    reference = position_similarity(sinusoid_table(model.pos_embed.shape[1], model.pos_embed.shape[2]), grid)
+    name = config["model"]["name"]
+    panels = [(f"{name}: {kind} ({grid[0]}x{grid[1]})", ours.numpy()), ("sinusoidal reference", reference.numpy())]
+    out = pos_embed_similarity_figure(panels, args["out"])
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(main))

@@ -1,0 +1,156 @@
+"""The analysis scripts on tiny checkpoints: PNGs that are not blank, tables with the expected rows, one-line
+errors for bad arguments."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, compose_config, run_cli
+
+from vit.analysis.attention_maps import rollout
+from vit.analysis.inputs import run_script
+from vit.train import run
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def assert_png(path: Path, min_side: int = 100):
+    image = np.asarray(Image.open(path).convert("RGB"), dtype=np.float32)
+    assert min(image.shape[:2]) >= min_side and image.std() > 1.0
+
+
+@pytest.fixture(scope="module")
+def vit_checkpoint(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ckpt")
+    run(compose_config([*QUICK_SYNTHETIC, *TINY_MODEL, "trainer=debug"]), output_dir=out)
+    return out / "checkpoints" / "last.pt"
+
+
+@pytest.fixture(scope="module")
+def t2t_checkpoint(tmp_path_factory):
+    cfg = compose_config(
+        ["model=t2t_vit_t_14", "model.depth=2", "model.embed_dim=48", "model.num_heads=2", "data=synthetic"]
+    )
+    from omegaconf import OmegaConf
+
+    from vit.train.config import build_model_from_config
+
+    model = build_model_from_config(cfg.model)
+    path = tmp_path_factory.mktemp("t2t") / "t2t.pt"
+    config = OmegaConf.to_container(cfg, resolve=True)
+    torch.save({"model": model.state_dict(), "config": config, "class_to_idx": {f"c{i}": i for i in range(10)}}, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        Image.fromarray(rng.integers(0, 255, (40, 40, 3), dtype=np.uint8)).save(folder / f"img{i}.png")
+    return folder
+
+
+def test_visualize_attention_vit(vit_checkpoint, images, tmp_path):
+    out = tmp_path / "att.png"
+    assert (
+        run_script(
+            _script("visualize_attention").main, [f"checkpoint={vit_checkpoint}", f"image={images}", f"out={out}"]
+        )
+        == 0
+    )
+    assert_png(out)
+
+
+def test_visualize_attention_t2t_adds_the_token_stage(t2t_checkpoint, images, tmp_path, capsys):
+    out = tmp_path / "att.png"
+    args = [f"checkpoint={t2t_checkpoint}", f"image={images / 'img0.png'}", f"out={out}", "layer=0"]
+    assert run_script(_script("visualize_attention").main, args) == 0
+    assert_png(out)
+    with Image.open(out) as picture:
+        width_t2t = picture.size[0]
+    assert "2 heads" in capsys.readouterr().out
+    # input + 2 heads + rollout + T2T stage = 5 columns of ~160 px
+    assert width_t2t >= 5 * 150
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["checkpoint={ckpt}", "image={images}", "layer=7"], "layer=7 is out of range: the model has 2"),
+        (["checkpoint={tmp}/none.pt", "image={images}"], "none.pt"),
+        (["checkpoint={ckpt}", "image={tmp}/no.png"], "no.png"),
+        (["checkpoint={ckpt}"], "image=<...> is required"),
+        (["checkpoint={ckpt}", "image={images}", "colour=red"], "unknown argument 'colour'"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(vit_checkpoint, images, tmp_path, capsys, args, needle):
+    argv = [a.format(ckpt=vit_checkpoint, images=images, tmp=tmp_path) for a in args]
+    assert run_script(_script("visualize_attention").main, argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
+
+
+def test_plot_pos_embed(vit_checkpoint, tmp_path):
+    out = tmp_path / "pos.png"
+    assert run_script(_script("plot_pos_embed").main, [f"checkpoint={vit_checkpoint}", f"out={out}"]) == 0
+    assert_png(out)
+
+
+def test_predict_top5_json(vit_checkpoint, images, tmp_path, capsys):
+    out = tmp_path / "pred.json"
+    assert run_script(_script("predict").main, [f"checkpoint={vit_checkpoint}", f"image={images}", f"json={out}"]) == 0
+    results = json.loads(out.read_text())
+    assert [Path(r["image"]).name for r in results] == ["img0.png", "img1.png", "img2.png"]
+    for r in results:
+        probs = [p["prob"] for p in r["top"]]
+        assert len(probs) == 5 and probs == sorted(probs, reverse=True) and sum(probs) <= 1.0001
+        assert all(p["class"].startswith("class_") for p in r["top"])
+    assert "img0.png: class_" in capsys.readouterr().out
+
+
+def test_complexity_table_and_figure(tmp_path, capsys):
+    out = tmp_path / "cx.png"
+    assert (
+        run_script(
+            _script("complexity").main, ["model=vit_tiny", "model.img_size=64", "model.patch_size=8", f"out={out}"]
+        )
+        == 0
+    )
+    text = capsys.readouterr().out
+    for row in ("patch_embed", "attention", "mlp", "head", "4·N·C²", "2·N²·C"):
+        assert row in text
+    assert_png(out)
+
+
+def test_complexity_unknown_model_is_one_line(capsys):
+    assert run_script(_script("complexity").main, ["model=vit_giant"]) == 2
+    assert "vit_giant" in capsys.readouterr().err
+
+
+def test_rollout_of_identity_attention_is_identity():
+    eye = torch.eye(5).expand(2, 3, 5, 5)
+    torch.testing.assert_close(rollout([eye, eye, eye]), torch.eye(5).expand(2, 5, 5))
+
+
+def test_summarize_runs_on_a_real_multirun(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", "experiment=ablation_qkv_bias", *QUICK_SYNTHETIC, *TINY_MODEL, "trainer=debug", "trainer.epochs=1"]
+    done = run_cli([*args, f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summarize = _script("summarize_runs")
+    assert run_script(summarize.main, [str(sweep)]) == 0
+    table = (sweep / "summary.md").read_text()
+    assert "| run | model.qkv_bias |" in table
+    assert "| 0 | True |" in table and "| 1 | False |" in table
+    assert_png(sweep / "summary.png")
+    assert run_script(summarize.main, [str(tmp_path / "nothing")]) == 2
