@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import sys
 
-import torch
-
-from vit.analysis.attention_maps import cls_attention, rollout, upsample
+from vit.analysis.attention_maps import attention_views
 from vit.analysis.figures import attention_grid_figure
 from vit.analysis.inputs import UsageError, denormalise, load_images, load_model, parse_args, run_script
-from vit.models import capture_attention
 
 ARGS = {"checkpoint": None, "image": None, "layer": "-1", "out": "attention.png", "max_images": "4", "ema": "false"}
 
@@ -26,24 +23,15 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv, ARGS, required=("checkpoint", "image"))
     model, config, _ = load_model(args["checkpoint"], use_ema=args["ema"].lower() == "true")
     paths, images = load_images(args["image"], config, limit=int(args["max_images"]))
-    with torch.no_grad(), capture_attention(model) as maps:
-        model(images)
-    tokens = maps[-1].shape[-1]
-    encoder = [m for m in maps if m.shape[-1] == tokens]  # T2T models also record their token stages
     layer = int(args["layer"])
-    if not -len(encoder) <= layer < len(encoder):
-        raise UsageError(f"layer={layer} is out of range: the model has {len(encoder)} attention layers")
-    grid = model.grid_size if hasattr(model, "grid_size") else model.patch_embed.grid_size
-    size = tuple(images.shape[-2:])
-    heads = upsample(cls_attention(encoder[layer], grid), size)  # (B, heads, H, W)
-    rolled = upsample(rollout(encoder)[:, 0, 1:].reshape(-1, 1, *grid), size)  # (B, 1, H, W)
-    token_maps = None
-    if len(maps) > len(encoder):  # first T2T stage: attention received per token, mean over queries
-        first = maps[0].mean(dim=(1, 2))  # (B, N0)
-        side = int(first.shape[-1] ** 0.5)
-        token_maps = upsample(first.reshape(-1, 1, side, side), size)
+    try:
+        views = attention_views(model, images, layer)
+    except IndexError as err:
+        raise UsageError(str(err)) from err
+    heads = views["heads"]
+    titles = [p.name for p in paths]
     out = attention_grid_figure(
-        denormalise(images, config), heads, rolled, args["out"], [p.name for p in paths], token_maps
+        denormalise(images, config), heads, views["rollout"], args["out"], titles, views.get("token_stage")
     )
     print(f"wrote {out} (layer {layer}, {heads.shape[1]} heads, {len(paths)} images)")
     return 0

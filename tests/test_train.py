@@ -59,7 +59,7 @@ def test_cli_tensorboard_holds_finite_scalars_and_a_falling_loss(cli_run):
         assert all(math.isfinite(e.value) for e in events.Scalars(tag)), tag
     losses = [e.value for e in events.Scalars("train/loss")]
     assert len(losses) >= 4 and losses[-1] < losses[0]
-    assert "attention/last_layer_and_rollout" in events.Tags()["images"]
+    assert "attention/heads_and_rollout" in events.Tags()["images"]
 
 
 def test_cli_checkpoint_contents(cli_run):

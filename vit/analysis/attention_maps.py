@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from vit.models import capture_attention
+
 
 def cls_attention(attn: torch.Tensor, grid: tuple[int, int], num_prefix: int = 1) -> torch.Tensor:
     """How much the cls token attends to each patch: (B, heads, N, N) -> (B, heads, gh, gw)."""
@@ -41,26 +43,28 @@ def upsample(heat: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return (heat - low) / (high - low).clamp_min(1e-12)
 
 
-def colorize(heat: torch.Tensor) -> torch.Tensor:
-    """[0, 1] maps (..., H, W) -> RGB (..., 3, H, W) with matplotlib's 'inferno' colormap."""
-    from matplotlib import colormaps
-
-    lut = torch.tensor(colormaps["inferno"](torch.linspace(0, 1, 256).numpy())[:, :3], dtype=torch.float32)
-    index = (heat.clamp(0, 1) * 255).round().long().cpu()
-    return lut[index].movedim(-1, -3)
-
-
-def attention_overlay(images: torch.Tensor, maps: list[torch.Tensor], grid: tuple[int, int]) -> torch.Tensor:
-    """One picture per image for TensorBoard: [image | last-layer cls attention (head mean) | rollout].
-
-    images: (B, 3, H, W) in [0, 1]. Returns a (3, B*H, 3*W) grid.
-    """
-    size = images.shape[-2:]
-    # T2T models also capture their token-attention stages (other token counts): keep the encoder's.
-    maps = [m for m in maps if m.shape[-1] == maps[-1].shape[-1]]
-    last = upsample(cls_attention(maps[-1], grid).mean(dim=1, keepdim=True), size)[:, 0]  # (B, H, W)
-    rolled = rollout(maps)[:, 0, 1:].reshape(-1, 1, *grid)
-    rolled = upsample(rolled, size)[:, 0]
-    blend = [images.cpu(), 0.4 * images.cpu() + 0.6 * colorize(last), 0.4 * images.cpu() + 0.6 * colorize(rolled)]
-    rows = torch.cat(blend, dim=-1)  # (B, 3, H, 3W)
-    return torch.cat(list(rows), dim=-2).clamp(0, 1)  # (3, B*H, 3W)
+@torch.no_grad()
+def attention_views(model, images: torch.Tensor, layer: int = -1) -> dict[str, torch.Tensor]:
+    """Everything the attention figure shows, each as (B, k, H, W) maps in [0, 1] over the image:
+    "heads" (cls attention of every head of `layer`), "rollout" (all layers), and for T2T-ViTs with transformer
+    tokens "token_stage" (the attention each token receives in the first T2T stage)."""
+    was_training = model.training
+    model.eval()
+    with capture_attention(model) as maps:
+        model(images)
+    model.train(was_training)
+    maps = [m.float().cpu() for m in maps]
+    encoder = [m for m in maps if m.shape[-1] == maps[-1].shape[-1]]  # T2T models also record token stages
+    if not -len(encoder) <= layer < len(encoder):
+        raise IndexError(f"layer={layer} is out of range: the model has {len(encoder)} attention layers")
+    grid = model.grid_size if hasattr(model, "grid_size") else model.patch_embed.grid_size
+    size = tuple(images.shape[-2:])
+    views = {
+        "heads": upsample(cls_attention(encoder[layer], grid), size),
+        "rollout": upsample(rollout(encoder)[:, 0, 1:].reshape(-1, 1, *grid), size),
+    }
+    if len(maps) > len(encoder):
+        received = maps[0].mean(dim=(1, 2))  # (B, N0): mean over heads and queries
+        side = int(round(received.shape[-1] ** 0.5))
+        views["token_stage"] = upsample(received.reshape(-1, 1, side, side), size)
+    return views

@@ -80,7 +80,12 @@ def sweep_figure(records, knobs: list[str], path: Path) -> Path:
     return path
 
 
-def save(fig, path: Path) -> Path:
+def save(fig, path):
+    """Write `fig` to a path, or into a binary buffer (for TensorBoard), and close it."""
+    if hasattr(path, "write"):
+        fig.savefig(path, format="png")
+        plt.close(fig)
+        return path
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)

@@ -18,9 +18,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from timm.utils import ModelEmaV3
 
-from vit.analysis.attention_maps import attention_overlay
 from vit.data import build_data
-from vit.models import capture_attention, complexity
+from vit.models import complexity
 from vit.train.checkpoint import (
     CheckpointError,
     atomic_save,
@@ -158,7 +157,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict:
     tb = TensorBoard(str(run_dir / "tb"))
     console = Console(str(tcfg.progress))
     ckpt_dir = run_dir / "checkpoints"
-    fixed_images = first_val_images(bundle, 8)
+    fixed_images = first_val_images(bundle, 4)
     train_stats: dict = {}
     val, val_ema = {}, None
     stop_after = int(tcfg.stop_after_epoch) if tcfg.stop_after_epoch else None
@@ -298,22 +297,25 @@ def first_val_images(bundle, count: int):
     return images[:count]
 
 
-@torch.no_grad()
 def log_attention_maps(tb: TensorBoard, model, images: torch.Tensor, bundle, step: int) -> None:
-    """The fixed validation images with last-layer cls attention and rollout, as one TensorBoard image."""
+    """The figure of scripts/visualize_attention.py for fixed validation images, as a TensorBoard image."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from vit.analysis.attention_maps import attention_views
+    from vit.analysis.figures import attention_grid_figure
+
     device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    with capture_attention(model) as maps:
-        model(images.to(device))
-    model.train(was_training)
-    grid = getattr(getattr(model, "patch_embed", None), "grid_size", None) or getattr(model, "grid_size", None)
-    if grid is None:
-        return
+    views = attention_views(model, images.to(device))
     mean = torch.tensor(bundle.mean).view(1, 3, 1, 1)
     std = torch.tensor(bundle.std).view(1, 3, 1, 1)
     pictures = (images.cpu().float() * std + mean).clamp(0, 1)
-    tb.image("attention/last_layer_and_rollout", attention_overlay(pictures, [m.cpu() for m in maps], grid), step)
+    buffer = io.BytesIO()
+    attention_grid_figure(pictures, views["heads"], views["rollout"], buffer, token_maps=views.get("token_stage"))
+    picture = np.array(Image.open(io.BytesIO(buffer.getvalue())).convert("RGB"))
+    tb.image("attention/heads_and_rollout", torch.from_numpy(picture).permute(2, 0, 1), step)
 
 
 def flat_hparams(config: dict, prefix: str = "") -> dict:
