@@ -10,6 +10,7 @@ import json
 import logging
 import math
 import random
+import signal
 import time
 from pathlib import Path
 
@@ -141,7 +142,10 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict:
     resume_path = None
     if tcfg.resume == "auto":
         match = {"model": resolved["model"], "data": resolved["data"]}
-        resume_path = find_resume_checkpoint(run_dir, run_dir.parent.parent, match)
+        # Other runs are searched only in Hydra's default layout, outputs/<date>/<time>: a run folder chosen by
+        # hand (hydra.run.dir=...) resumes from its own checkpoints only.
+        runs_root = run_dir.parent.parent if run_dir.parent.parent.name == "outputs" else None
+        resume_path = find_resume_checkpoint(run_dir, runs_root, match)
         if resume_path is None:
             log.info("trainer.resume=auto: no checkpoint of this run found, starting fresh")
     elif tcfg.resume:
@@ -161,6 +165,9 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict:
     train_stats: dict = {}
     val, val_ema = {}, None
     stop_after = int(tcfg.stop_after_epoch) if tcfg.stop_after_epoch else None
+    stop = StopSignal()
+    ctx.stop_requested = stop.requested
+    previous_handlers = stop.install()
     try:
         for epoch in range(start_epoch, epochs):
             seed_everything(epoch_seed(seed, epoch))
@@ -176,6 +183,16 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict:
             train_stats = train_one_epoch(
                 ctx, bundle.train_loader, limit_batches=tcfg.limit_train_batches, on_log=on_log
             )
+            if stop.signum is not None:
+                # The epoch is unfinished: its partial progress is dropped and last.pt stays the checkpoint of
+                # the last finished epoch, so a resumed run redoes this epoch exactly as it would have run.
+                print(
+                    f"stopped by {signal.Signals(stop.signum).name} during epoch {epoch + 1} at step {ctx.step}; "
+                    f"checkpoint of epoch {epoch} kept in {ckpt_dir}. Resume with the same command plus "
+                    "trainer.resume=auto",
+                    flush=True,
+                )
+                break
             limit_val = tcfg.limit_val_batches
             val = evaluate(model, bundle.val_loader, device, amp_dtype, limit_val)
             val_ema = evaluate(ema.module, bundle.val_loader, device, amp_dtype, limit_val) if ema else None
@@ -227,11 +244,11 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict:
             if stop_after is not None and epoch + 1 >= stop_after and epoch + 1 < epochs:
                 log.info("trainer.stop_after_epoch=%d reached; continue with trainer.resume=auto", stop_after)
                 break
-            if ctx.stop_requested():
-                break
     except BaseException:
         tb.close()
         raise
+    finally:
+        stop.restore(previous_handlers)
     best = max(history, key=lambda r: r["val_top1"]) if history else {}
     metrics = {
         "model": cfg.model.name,
@@ -246,6 +263,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict:
         "compiled": use_compile,
         "device": str(device),
         "history": history,
+        "stopped_by_signal": signal.Signals(stop.signum).name if stop.signum is not None else None,
     }
     (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     final = history[-1] if history else {}
@@ -255,6 +273,38 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict:
     )
     tb.close()
     return metrics
+
+
+class StopSignal:
+    """SIGTERM/SIGINT: the first asks the loop to stop after the current step; a second one exits at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:
+            raise SystemExit(128 + signum)
+        self.signum = signum
+        print(
+            f"{signal.Signals(signum).name} received: stopping after this step (send it again to exit now)", flush=True
+        )
+
+    def install(self) -> dict:
+        previous = {}
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            try:
+                previous[signum] = signal.signal(signum, self._handle)
+            except ValueError:  # not the main thread (e.g. a notebook worker): no handlers, no graceful stop
+                pass
+        return previous
+
+    @staticmethod
+    def restore(previous: dict) -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def restore(state, model, optimizer, scheduler, scaler, ema, path) -> None:

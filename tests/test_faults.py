@@ -1,0 +1,97 @@
+"""Surviving interruptions: SIGTERM stops cleanly with a resume hint; kill -9 at random moments (also during a
+checkpoint write) never leaves a broken last.pt, and resuming each time ends with the uninterrupted weights."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from trainer_utils import REPO, TINY_MODEL
+
+from vit.train import CheckpointError, load_checkpoint
+
+ARGS = ["data=synthetic", "data.synthetic.num_train=512", "data.synthetic.num_val=32", "data.batch_size=16"]
+ARGS += [*TINY_MODEL, "trainer.epochs=3", "trainer.device=cpu", "trainer.deterministic=true"]
+ARGS += ["trainer.log_every_n_steps=1000", "trainer.attn_maps_every_n_epochs=0", "data.augment.hflip=true"]
+
+
+def start(run_dir, extra=()):
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *ARGS, *extra, f"hydra.run.dir={run_dir}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+
+
+def finished_epochs(run_dir) -> int:
+    path = run_dir / "checkpoints" / "last.pt"
+    try:
+        return int(load_checkpoint(path)["epoch"]) if path.exists() else 0
+    except CheckpointError:
+        pytest.fail(f"{path} exists but cannot be read: a torn checkpoint")
+
+
+def wait_for_epoch(proc, run_dir, epoch, timeout=120) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            return False
+        if finished_epochs(run_dir) >= epoch:
+            return True
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail(f"epoch {epoch} not reached in {timeout}s")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("reference")
+    proc = start(run_dir)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-2000:]
+    return load_checkpoint(run_dir / "checkpoints" / "last.pt")
+
+
+def assert_same_weights(a, b):
+    assert a["epoch"] == b["epoch"] and a["step"] == b["step"]
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+
+
+def test_sigterm_stops_after_the_step_and_resumes_exactly(tmp_path, reference):
+    run_dir = tmp_path / "run"
+    proc = start(run_dir)
+    assert wait_for_epoch(proc, run_dir, 1)
+    time.sleep(0.15)  # into epoch 2
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-2000:]
+    if "SIGTERM received" in out:  # (if the run had already ended, there was nothing to stop)
+        assert "Resume with the same command plus trainer.resume=auto" in out
+        assert finished_epochs(run_dir) < 3
+    resumed = start(run_dir, ["trainer.resume=auto"])
+    out, _ = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, out[-2000:]
+    assert_same_weights(load_checkpoint(run_dir / "checkpoints" / "last.pt"), reference)
+
+
+def test_kill_9_at_random_moments_then_resume(tmp_path, reference):
+    rng = random.Random(7)
+    run_dir = tmp_path / "run"
+    for target_epoch in (1, 2):
+        proc = start(run_dir, ["trainer.resume=auto"])
+        if wait_for_epoch(proc, run_dir, target_epoch):
+            time.sleep(rng.uniform(0.0, 0.4))  # somewhere in the next epoch, or inside its checkpoint write
+            proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+        finished_epochs(run_dir)  # whatever is on disk must load
+    final = start(run_dir, ["trainer.resume=auto"])
+    out, _ = final.communicate(timeout=300)
+    assert final.returncode == 0, out[-2000:]
+    assert_same_weights(load_checkpoint(run_dir / "checkpoints" / "last.pt"), reference)
