@@ -120,44 +120,18 @@ def build_data(
     mixup_fn, criterion = mixup_and_criterion(cfg, num_classes)
     mean, std = mean_std(cfg)
 
-    if kind == "gpu" and device.type != "cuda":
-        # Allowed (tests, debugging): the same batched code runs on the CPU.
-        pass
-    use_gpu = kind == "gpu" or (kind == "auto" and device.type == "cuda")
-    if use_gpu:
-        arrays = []
-        for tag, dataset, array in (
-            ("train", splits.train, splits.train_array),
-            ("val", splits.val, splits.val_array),
-        ):
-            if array is None or array[0].shape[1] != img_size:
-                workers = cfg.get("num_workers")
-                workers = default_workers() if workers is None else int(workers)
-                array = cached_split(dataset, img_size, _cache_dir(cfg), tag, workers)
-            arrays.append(array)
-        if kind == "gpu" or _gpu_fits(arrays, device):
-            common = dict(cfg=cfg, device=device, seed=seed, rank=rank, world_size=world_size)
-            train_loader = GpuLoader(*arrays[0], batch_size=batch_size, train=True, **common)
-            val_loader = GpuLoader(*arrays[1], batch_size=batch_size, train=False, **common)
-            return DataBundle(
-                train_loader,
-                val_loader,
-                num_classes,
-                splits.class_to_idx,
-                mixup_fn,
-                criterion,
-                mean,
-                std,
-                img_size,
-                len(splits.train),
-                len(splits.val),
-                None,
-                "gpu",
-            )
-
-    common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
-    train_loader, sampler = _torch_loader(Transformed(splits.train, train_transform(cfg)), cfg, train=True, **common)
-    val_loader, _ = _torch_loader(Transformed(splits.val, val_transform(cfg)), cfg, train=False, **common)
+    # data.loader=gpu is allowed on a CPU too (tests, debugging): the same batched code runs there.
+    loaders = None
+    if kind == "gpu" or (kind == "auto" and device.type == "cuda"):
+        loaders = _gpu_loaders(cfg, splits, device, seed, rank, world_size, batch_size, force=kind == "gpu")
+    if loaders is None:
+        common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
+        train_loader, sampler = _torch_loader(
+            Transformed(splits.train, train_transform(cfg)), cfg, train=True, **common
+        )
+        val_loader, _ = _torch_loader(Transformed(splits.val, val_transform(cfg)), cfg, train=False, **common)
+        loaders = (train_loader, val_loader, sampler, "torch")
+    train_loader, val_loader, sampler, loader_kind = loaders
     if len(train_loader) == 0:
         raise DataError(
             f"data.batch_size={batch_size} is larger than the {len(splits.train)} training images: no full batch"
@@ -175,5 +149,21 @@ def build_data(
         len(splits.train),
         len(splits.val),
         sampler,
-        "torch",
+        loader_kind,
     )
+
+
+def _gpu_loaders(cfg, splits, device, seed, rank, world_size, batch_size, force: bool):
+    """GPU-resident loaders over decoded uint8 splits, or None when they would not fit (and not forced)."""
+    img_size = int(cfg["img_size"])
+    arrays = []
+    for tag, dataset, array in (("train", splits.train, splits.train_array), ("val", splits.val, splits.val_array)):
+        if array is None or array[0].shape[1] != img_size:
+            workers = cfg.get("num_workers")
+            workers = default_workers() if workers is None else int(workers)
+            array = cached_split(dataset, img_size, _cache_dir(cfg), tag, workers)
+        arrays.append(array)
+    if not force and not _gpu_fits(arrays, device):
+        return None
+    common = dict(cfg=cfg, device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
+    return GpuLoader(*arrays[0], train=True, **common), GpuLoader(*arrays[1], train=False, **common), None, "gpu"

@@ -173,3 +173,34 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+
+
+def check_encoder_args(
+    embed_dim: int,
+    depth: int,
+    num_heads: int,
+    num_classes: int,
+    drop_rate: float,
+    attn_drop_rate: float,
+    drop_path_rate: float,
+) -> None:
+    """The checks every encoder-stack model makes, each a ValueError naming the argument and value."""
+    if depth <= 0:
+        raise ValueError(f"depth={depth} must be positive")
+    if num_classes < 0:
+        raise ValueError(f"num_classes={num_classes} must be >= 0")
+    if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
+        raise ValueError(f"num_heads={num_heads} must be a positive divisor of embed_dim={embed_dim}")
+    for name, rate in (
+        ("drop_rate", drop_rate),
+        ("attn_drop_rate", attn_drop_rate),
+        ("drop_path_rate", drop_path_rate),
+    ):
+        check_rate(name, rate)
+
+
+def encoder_blocks(depth: int, dim: int, num_heads: int, drop_path_rate: float = 0.0, **block_kwargs) -> nn.Sequential:
+    """`depth` Blocks whose drop-path rates rise linearly: rate_i = drop_path_rate * i / (depth - 1), so deeper
+    blocks are dropped more often (stochastic depth, Huang et al. 2016)."""
+    rates = torch.linspace(0, drop_path_rate, depth).tolist()
+    return nn.Sequential(*[Block(dim, num_heads, drop_path=rate, **block_kwargs) for rate in rates])

@@ -31,7 +31,7 @@ from torch import nn
 from torch.nn.init import trunc_normal_
 
 from vit.models.attention import Attention
-from vit.models.layers import Block, Mlp, check_rate
+from vit.models.layers import Mlp, check_encoder_args, encoder_blocks
 from vit.models.performer import TokenPerformer
 from vit.models.pos_embed import make_pos_embed
 from vit.models.registry import register_model
@@ -193,18 +193,7 @@ class T2TViT(nn.Module):
         attn_backend: str = "auto",
     ) -> None:
         super().__init__()
-        if depth <= 0:
-            raise ValueError(f"depth={depth} must be positive")
-        if num_classes < 0:
-            raise ValueError(f"num_classes={num_classes} must be >= 0")
-        if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
-            raise ValueError(f"num_heads={num_heads} must be a positive divisor of embed_dim={embed_dim}")
-        for name, rate in (
-            ("drop_rate", drop_rate),
-            ("attn_drop_rate", attn_drop_rate),
-            ("drop_path_rate", drop_path_rate),
-        ):
-            check_rate(name, rate)
+        check_encoder_args(embed_dim, depth, num_heads, num_classes, drop_rate, attn_drop_rate, drop_path_rate)
         self.num_classes = num_classes
         self.embed_dim = self.num_features = embed_dim
         self.num_prefix_tokens = 1
@@ -215,23 +204,18 @@ class T2TViT(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = make_pos_embed("sinusoidal", self.tokens_to_token.num_patches + 1, embed_dim)
         self.pos_drop = nn.Dropout(drop_rate)
-        path_rates = torch.linspace(0, drop_path_rate, depth).tolist()
-        self.blocks = nn.Sequential(
-            *[
-                Block(
-                    embed_dim,
-                    num_heads,
-                    mlp_ratio=mlp_ratio,
-                    qkv_bias=qkv_bias,
-                    qk_scale=qk_scale,
-                    drop=drop_rate,
-                    attn_drop=attn_drop_rate,
-                    drop_path=rate,
-                    attn_backend=attn_backend,
-                    norm_eps=1e-5,  # nn.LayerNorm's default, as in the official code
-                )
-                for rate in path_rates
-            ]
+        self.blocks = encoder_blocks(
+            depth,
+            embed_dim,
+            num_heads,
+            drop_path_rate,
+            mlp_ratio=mlp_ratio,
+            qkv_bias=qkv_bias,
+            qk_scale=qk_scale,
+            drop=drop_rate,
+            attn_drop=attn_drop_rate,
+            attn_backend=attn_backend,
+            norm_eps=1e-5,  # nn.LayerNorm's default, as in the official code
         )
         self.norm = nn.LayerNorm(embed_dim)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()

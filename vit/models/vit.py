@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn.init import trunc_normal_
 
-from vit.models.layers import Block, PatchEmbed, check_rate
+from vit.models.layers import PatchEmbed, check_encoder_args, encoder_blocks
 from vit.models.pos_embed import make_pos_embed
 from vit.models.registry import register_model
 
@@ -66,18 +66,7 @@ class VisionTransformer(nn.Module):
         super().__init__()
         if global_pool not in GLOBAL_POOLS:
             raise ValueError(f"global_pool={global_pool!r} must be one of {GLOBAL_POOLS}")
-        if depth <= 0:
-            raise ValueError(f"depth={depth} must be positive")
-        if num_classes < 0:
-            raise ValueError(f"num_classes={num_classes} must be >= 0")
-        if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
-            raise ValueError(f"num_heads={num_heads} must be a positive divisor of embed_dim={embed_dim}")
-        for name, rate in (
-            ("drop_rate", drop_rate),
-            ("attn_drop_rate", attn_drop_rate),
-            ("drop_path_rate", drop_path_rate),
-        ):
-            check_rate(name, rate)
+        check_encoder_args(embed_dim, depth, num_heads, num_classes, drop_rate, attn_drop_rate, drop_path_rate)
 
         self.num_classes = num_classes
         self.embed_dim = self.num_features = embed_dim
@@ -90,24 +79,18 @@ class VisionTransformer(nn.Module):
         self.pos_embed_kind = pos_embed
         self.pos_drop = nn.Dropout(drop_rate)
 
-        # Deeper blocks are dropped more often: rate_i = drop_path_rate * i / (depth - 1).
-        path_rates = torch.linspace(0, drop_path_rate, depth).tolist()
-        self.blocks = nn.Sequential(
-            *[
-                Block(
-                    embed_dim,
-                    num_heads,
-                    mlp_ratio=mlp_ratio,
-                    qkv_bias=qkv_bias,
-                    qk_scale=qk_scale,
-                    drop=drop_rate,
-                    attn_drop=attn_drop_rate,
-                    drop_path=rate,
-                    init_values=init_values,
-                    attn_backend=attn_backend,
-                )
-                for rate in path_rates
-            ]
+        self.blocks = encoder_blocks(
+            depth,
+            embed_dim,
+            num_heads,
+            drop_path_rate,
+            mlp_ratio=mlp_ratio,
+            qkv_bias=qkv_bias,
+            qk_scale=qk_scale,
+            drop=drop_rate,
+            attn_drop=attn_drop_rate,
+            init_values=init_values,
+            attn_backend=attn_backend,
         )
         use_fc_norm = global_pool == "avg"
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(embed_dim, eps=1e-6)
