@@ -44,3 +44,16 @@ def test_resume_auto_finds_the_newest_matching_run(tmp_path):
     run(compose_config([*BASE, "trainer.stop_after_epoch=1"]), output_dir=runs / "10-00-00")
     metrics = run(compose_config([*BASE, "trainer.resume=auto"]), output_dir=runs / "11-00-00")
     assert [r["epoch"] for r in metrics["history"]] == [1, 2, 3]
+
+
+def test_gradient_accumulation_matches_the_large_batch(tmp_path):
+    """2 x 16 images with accumulation take the same steps as batches of 32 (same order, same lr)."""
+    common = [*QUICK_SYNTHETIC[:3], *TINY_MODEL, "trainer.epochs=1", "trainer.device=cpu", "trainer.ema=false"]
+    common += ["trainer.deterministic=true", "model.drop_path_rate=0.0", "trainer.grad_clip=null"]
+    big = run(compose_config([*common, "data.batch_size=32"]), output_dir=tmp_path / "big")
+    accum = run(compose_config([*common, "data.batch_size=16", "trainer.accum_steps=2"]), output_dir=tmp_path / "acc")
+    assert big["final"]["step"] == accum["final"]["step"] == 8
+    a = load_checkpoint(tmp_path / "big" / "checkpoints" / "last.pt")["model"]
+    b = load_checkpoint(tmp_path / "acc" / "checkpoints" / "last.pt")["model"]
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4)
