@@ -59,10 +59,10 @@ def test_seed_example_49_to_64_through_the_token_transformer():
 
 
 def test_token_scale_conventions():
-    official = create_model("t2t_vit_t_14").tokens_to_token
+    official = create_model("t2t_vit_t_14", depth=1).tokens_to_token  # one block: only the T2T module matters
     assert official.attention1.attn.scale == pytest.approx(147**-0.5)
     assert official.attention2.attn.scale == pytest.approx(576**-0.5)
-    seeds = create_model("t2t_vit_t_14", token_scale="output").tokens_to_token
+    seeds = create_model("t2t_vit_t_14", depth=1, token_scale="output").tokens_to_token
     assert seeds.attention1.attn.scale == pytest.approx(64**-0.5)
 
 
@@ -87,6 +87,17 @@ def test_performer_equals_the_direct_formula():
     expected = v + block.proj(y)
     torch.testing.assert_close(block.attention(x), expected, atol=1e-5, rtol=1e-4)
     assert block.m == 8 and not block.w.requires_grad
+
+
+def test_performer_kernel_stays_fp32_under_autocast():
+    """bf16 autocast would round w·k before exp (1-2% off); the kernel part must ignore it."""
+    block = TokenPerformer(dim=27, emb=64).eval()
+    q, k, v = (0.5 * torch.randn(3, 1, 500, 64)).unbind(0)  # |k| about 4, as LayerNorm-ed tokens give
+    expected = block.kernel_attention(q, k, v)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = block.kernel_attention(q, k, v)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
 
 
 # The paper's Table 1 (parameters, M) and MACs (G) at 224 px.
@@ -226,6 +237,16 @@ def test_bad_t2t_arguments():
         create_model("t2t_vit_7", soft_split="huge")
     with pytest.raises(ValueError, match="in_chans=3"):
         create_model("t2t_vit_7", img_size=32)(torch.randn(1, 3, 64, 64))
+    for size in (0, -32):
+        with pytest.raises(ValueError, match=f"img_size={size} must be positive"):
+            create_model("t2t_vit_7", img_size=size)
+    with pytest.raises(ValueError, match=r"img_size=\(32, 48\) must be"):
+        create_model("t2t_vit_7", img_size=(32, 48))
+    assert create_model("t2t_vit_7", img_size=[32, 32]).img_size == (32, 32)
+    with pytest.raises(ValueError, match="in_chans=0"):
+        create_model("t2t_vit_7", in_chans=0)
+    with pytest.raises(ValueError, match=r"soft_split=\[1, 2, 3\] must be three"):
+        create_model("t2t_vit_7", soft_split=[1, 2, 3])
 
 
 OFFICIAL = os.environ.get("VIT_T2T_OFFICIAL")

@@ -35,6 +35,7 @@ from vit.models.layers import Mlp, check_encoder_args, encoder_blocks
 from vit.models.performer import TokenPerformer
 from vit.models.pos_embed import make_pos_embed
 from vit.models.registry import register_model
+from vit.models.vit import init_linear_trunc_normal
 
 # (kernel, stride, padding) of the three soft splits.
 SOFT_SPLITS = {
@@ -53,10 +54,29 @@ def resolve_soft_split(soft_split, img_size: int) -> tuple[tuple[int, int, int],
         if soft_split not in SOFT_SPLITS:
             raise ValueError(f"soft_split={soft_split!r} must be 'auto', one of {list(SOFT_SPLITS)} or 3 (k, s, p)")
         return SOFT_SPLITS[soft_split]
-    triples = tuple(tuple(int(v) for v in t) for t in soft_split)
+    try:
+        triples = tuple(tuple(int(v) for v in t) for t in soft_split)
+    except (TypeError, ValueError):  # not a list of lists of ints
+        triples = ()
     if len(triples) != 3 or any(len(t) != 3 or t[0] <= 0 or t[1] <= 0 or t[2] < 0 for t in triples):
         raise ValueError(f"soft_split={soft_split!r} must be three (kernel, stride, padding) triples")
     return triples
+
+
+def square_side(img_size) -> int:
+    """The side of a square image given as an int or an (H, W) pair with H == W (the official code and the
+    re-structurization between stages assume square token grids)."""
+    if not isinstance(img_size, int):
+        try:
+            height, width = (int(v) for v in img_size)
+        except (TypeError, ValueError):
+            height, width = -1, 0
+        if height != width:
+            raise ValueError(f"img_size={img_size!r} must be a positive int or a square (H, W) pair")
+        img_size = height
+    if img_size <= 0:
+        raise ValueError(f"img_size={img_size} must be positive")
+    return img_size
 
 
 def soft_split_grids(img_size: int, splits: Sequence[tuple[int, int, int]]) -> list[int]:
@@ -126,6 +146,9 @@ class T2TModule(nn.Module):
             raise ValueError(f"token_scale={token_scale!r} must be one of {SCALE_CONVENTIONS}")
         if token_dim <= 0 or embed_dim <= 0:
             raise ValueError(f"token_dim={token_dim} and embed_dim={embed_dim} must be positive")
+        if in_chans <= 0:
+            raise ValueError(f"in_chans={in_chans} must be positive")
+        img_size = square_side(img_size)
         self.splits = resolve_soft_split(soft_split, img_size)
         self.grid_sides = soft_split_grids(img_size, self.splits)
         self.img_size = img_size
@@ -229,11 +252,7 @@ class T2TViT(nn.Module):
     def init_weights(self) -> None:
         """The official init: trunc-normal(0.02) cls token and Linears, zero biases."""
         trunc_normal_(self.cls_token, std=0.02)
-        for module in self.modules():
-            if isinstance(module, nn.Linear):
-                trunc_normal_(module.weight, std=0.02)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
+        self.apply(init_linear_trunc_normal)
 
     def no_weight_decay(self) -> set[str]:
         return {"cls_token", "pos_embed"}
@@ -241,6 +260,8 @@ class T2TViT(nn.Module):
     def reset_classifier(self, num_classes: int) -> None:
         self.num_classes = num_classes
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        if num_classes > 0:
+            init_linear_trunc_normal(self.head)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, 1 + N, embed_dim)."""
