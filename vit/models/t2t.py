@@ -47,7 +47,8 @@ SCALE_CONVENTIONS = ("input", "output")
 
 
 def resolve_soft_split(soft_split, img_size: int) -> tuple[tuple[int, int, int], ...]:
-    """ "auto" picks "cifar" below 64 px and "imagenet" otherwise; a name or three (k, s, p) triples also work."""
+    """Three (kernel, stride, padding) triples from `soft_split`: the triples as given, a name in SOFT_SPLITS,
+    or "auto", which picks "cifar" below 64 px and "imagenet" from 64 px up."""
     if soft_split == "auto":
         soft_split = "cifar" if img_size < 64 else "imagenet"
     if isinstance(soft_split, str):
