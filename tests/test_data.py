@@ -9,12 +9,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 from PIL import Image
+from torch.utils.data import DistributedSampler
+from torchvision import transforms as T
 
+import vit.data.archive as archive_module
+import vit.data.gpu_loader as gpu_module
 from vit.data import DataError, build_data
 from vit.data.archive import COMPLETE_MARKER, ArchiveError, extract_archive
 from vit.data.datasets import to_rgb
-from vit.data.gpu_loader import random_pad_crop
+from vit.data.gpu_loader import random_erasing, random_pad_crop, random_resized_crop
+from vit.data.transforms import auto_augment_op
 
 MODES = ["RGB", "L", "P", "RGBA", "CMYK", "I;16"]
 
@@ -62,6 +68,15 @@ def test_every_mode_becomes_8bit_rgb(mode):
     assert rgb.mode == "RGB" and rgb.size == (8, 8)
     if mode == "I;16":  # the 16-bit range is scaled, not clipped to white
         assert 0 < np.asarray(rgb).mean() < 255 and np.asarray(rgb).std() > 20
+
+
+def test_16bit_is_a_fixed_rescale_not_a_clip_or_stretch():
+    mid_grey = Image.fromarray(np.full((4, 4), 128 * 257, dtype=np.uint16))  # I;16
+    assert mid_grey.mode == "I;16"
+    assert np.asarray(to_rgb(mid_grey)).tolist() == np.full((4, 4, 3), 128).tolist()
+    ramp = Image.fromarray(np.linspace(0, 65535, 256).astype(np.uint16).reshape(16, 16))
+    values = np.asarray(to_rgb(ramp))[..., 0].ravel()
+    assert values[0] == 0 and values[-1] == 255 and (np.diff(values.astype(int)) >= 0).all()
 
 
 def test_imagefolder_tree_batches_and_class_map(tmp_path):
@@ -121,6 +136,29 @@ def test_archive_is_extracted_once_and_reused(tmp_path):
     assert (extracted / COMPLETE_MARKER).stat().st_mtime_ns == stamp  # not extracted again
 
 
+def test_second_call_does_not_extract(tmp_path, monkeypatch):
+    archive = _tar_tree(tmp_path)
+    first = extract_archive(archive, tmp_path / "c")
+
+    def fail(*args):
+        raise AssertionError("extracted again")
+
+    monkeypatch.setattr(archive_module, "_extract", fail)
+    assert extract_archive(archive, tmp_path / "c") == first
+    assert build_data(folder_cfg(archive, cache_dir=str(tmp_path / "c"))).num_train == 12
+
+
+def test_replaced_archive_is_extracted_again(tmp_path):
+    archive = _tar_tree(tmp_path, "tar")
+    target = extract_archive(archive)
+    with tarfile.open(archive, "w") as tar:  # a new archive under the same name: one class only
+        tar.add(tmp_path / "src" / "mydata" / "train" / "cat", arcname="mydata/train/cat")
+        tar.add(tmp_path / "src" / "mydata" / "val" / "cat", arcname="mydata/val/cat")
+    os.utime(archive, (1, 1))  # a different mtime, as a copied-over file would have
+    assert extract_archive(archive) == target
+    assert sorted(p.name for p in (target / "mydata" / "train").iterdir()) == ["cat"]
+
+
 def test_archive_beside_itself_when_writable(tmp_path):
     archive = _tar_tree(tmp_path, "tar")
     assert extract_archive(archive) == tmp_path / "mydata.extracted"
@@ -172,6 +210,25 @@ def test_tar_slip_is_refused(tmp_path, name, kind, link, needle):
         build_data(folder_cfg(archive, cache_dir=str(tmp_path / "c2")))
 
 
+def test_links_inside_the_tree_extract_but_chained_links_out_are_refused(tmp_path):
+    archive = _tar_tree(tmp_path, "tar")
+    with tarfile.open(archive, "a") as tar:  # a harmless link to a sibling file
+        link = tarfile.TarInfo("mydata/train/cat/alias.jpg")
+        link.type, link.linkname = tarfile.SYMTYPE, "img 0.jpg"
+        tar.addfile(link)
+    assert (extract_archive(archive, tmp_path / "c") / "mydata" / "train" / "cat" / "alias.jpg").is_file()
+    # sub/up -> .. is the root; sub/up/out -> .. looks like "sub" lexically but is the root's parent.
+    members = [("sub/up", ".."), ("sub/up/out", "..")]
+    evil = tmp_path / "chain.tar"
+    with tarfile.open(evil, "w") as tar:
+        for name, target in members:
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+    with pytest.raises(ArchiveError):
+        extract_archive(evil, tmp_path / "c3")
+
+
 def test_zip_slip_is_refused(tmp_path):
     archive = tmp_path / "evil.zip"
     with zipfile.ZipFile(archive, "w") as zf:
@@ -220,8 +277,61 @@ def test_bad_settings_are_named():
 
 def test_offline_cifar_says_where_it_looked(tmp_path):
     cfg = {"name": "cifar10", "root": str(tmp_path), "img_size": 32, "batch_size": 8, "download": False}
-    with pytest.raises(DataError, match=r"cifar-10-batches-py.*data=imagefolder"):
+    with pytest.raises(DataError, match=r"cifar-10-batches-py.*data=imagefolder") as err:
         build_data(cfg)
+    assert str((tmp_path / "cifar-10-batches-py").resolve()) in str(err.value)
+
+
+def test_synthetic_classes_are_learnable():
+    """Nearest class mean on raw pixels already beats chance by far: the signal a tiny ViT picks up."""
+    cfg = {"name": "synthetic", "img_size": 16, "batch_size": 64, "num_workers": 0, "augment": {"crop": "none"}}
+    cfg["synthetic"] = {"num_train": 512, "num_val": 256}
+    bundle = build_data(cfg, seed=0)
+    x, y = (torch.cat(t) for t in zip(*bundle.train_loader, strict=True))
+    means = torch.stack([x[y == c].mean(0) for c in range(10)])  # (classes, 3, H, W)
+    vx, vy = (torch.cat(t) for t in zip(*bundle.val_loader, strict=True))
+    predicted = torch.cdist(vx.flatten(1), means.flatten(1)).argmin(1)
+    assert (predicted == vy).float().mean() > 0.6
+    assert bundle.class_to_idx == {f"class_{i}": i for i in range(10)}
+
+
+def test_struct_dictconfig_with_missing_keys_works():
+    cfg = OmegaConf.create({"name": "synthetic", "img_size": 16, "batch_size": 8, "num_workers": 0})
+    cfg.synthetic = {"num_train": 32, "num_val": 8}
+    OmegaConf.set_struct(cfg, True)
+    bundle = build_data(cfg)
+    assert bundle.mean == (0.5, 0.5, 0.5) and len(bundle.train_loader) == 4
+
+
+def test_torch_loader_order_is_seeded():
+    cfg = {"name": "synthetic", "img_size": 16, "batch_size": 16, "num_workers": 0, "augment": {"crop": "none"}}
+    cfg["synthetic"] = {"num_train": 64, "num_val": 16}
+    order = lambda seed: torch.cat([y for _, y in build_data(cfg, seed=seed).train_loader]).tolist()
+    assert order(5) == order(5) and order(5) != order(6)
+
+
+def test_distributed_sampler_shards_the_train_split():
+    cfg = {"name": "synthetic", "img_size": 16, "batch_size": 8, "num_workers": 0, "loader": "torch"}
+    cfg["synthetic"] = {"num_train": 64, "num_val": 16}
+    bundle = build_data(cfg, rank=1, world_size=2)
+    assert isinstance(bundle.train_sampler, DistributedSampler) and len(bundle.train_loader) == 4
+
+
+@pytest.mark.parametrize("policy", ["autoaug", "trivial", "rand-m9-mstd0.5-inc1", "augmix-m5-w4-d2"])
+@pytest.mark.parametrize("loader", ["torch", "gpu"])
+def test_every_policy_on_both_loaders(policy, loader):
+    cfg = {"name": "synthetic", "img_size": 16, "batch_size": 8, "num_workers": 0, "loader": loader}
+    cfg["synthetic"] = {"num_train": 16, "num_val": 8}
+    cfg["augment"] = {"crop": "rrc", "scale_min": 0.3, "auto_augment": policy, "re_prob": 0.5}
+    x, y = next(iter(build_data(cfg).train_loader))
+    assert x.shape == (8, 3, 16, 16) and x.dtype == torch.float32 and torch.isfinite(x).all()
+
+
+def test_autoaugment_policy_follows_image_size():
+    assert auto_augment_op("autoaug", 32, (0.5,) * 3).policy == T.AutoAugmentPolicy.CIFAR10
+    assert auto_augment_op("autoaug", 224, (0.5,) * 3).policy == T.AutoAugmentPolicy.IMAGENET
+    assert gpu_module.policy_op("autoaug", 224).policy.name == "IMAGENET"
+    assert gpu_module.policy_op("rand-m9-mstd0.5-inc1", 32).magnitude == 9
 
 
 # ---- the GPU-resident loader, run on the CPU here ----
@@ -260,6 +370,49 @@ def test_gpu_loader_train_is_seeded_and_augments():
     assert not torch.equal(first, second)
 
 
+def _normalised(loader, images_uint8):
+    return (images_uint8.float() / 255 - loader.mean) / loader.std  # mean, std: (1, 3, 1, 1)
+
+
+def test_gpu_crop_and_flip_change_the_images_and_none_leaves_them():
+    for aug, changed in (({"crop": "none", "hflip": False}, False), ({}, True)):
+        loader = build_data(gpu_cfg(**aug), seed=2).train_loader
+        loader.set_epoch(0)
+        idx = loader._order()[:16]  # the first batch of epoch 0
+        x, y = next(iter(loader))
+        assert torch.equal(y, loader.targets[idx])
+        same = (x == _normalised(loader, loader.images[idx])).flatten(1).all(1)  # (B,) per sample
+        assert (same.float().mean() < 0.5) if changed else bool(same.all())
+
+
+def test_torch_and_gpu_val_batches_agree(tmp_path):
+    cfg = folder_cfg(make_tree(tmp_path / "tree", per_class=4), cache_dir=str(tmp_path / "cache"))
+    torch_val = torch.cat([x for x, _ in build_data({**cfg, "loader": "torch"}).val_loader])
+    gpu_val = torch.cat([x for x, _ in build_data({**cfg, "loader": "gpu"}).val_loader])
+    torch.testing.assert_close(torch_val, gpu_val)
+
+
+def test_gpu_ranks_take_disjoint_shards():
+    shards = [build_data(gpu_cfg(), seed=4, rank=r, world_size=2).train_loader for r in (0, 1)]
+    assert [len(s) for s in shards] == [2, 2]
+    for shard in shards:
+        shard.set_epoch(3)
+    first, second = (set(s._order().tolist()) for s in shards)
+    assert not first & second and len(first | second) == 64
+
+
+def test_batched_resized_crop_and_erasing():
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (8, 3, 16, 16), dtype=torch.uint8)
+    out = random_resized_crop(x, (0.2, 0.5), generator)
+    assert out.shape == x.shape and out.dtype == torch.uint8 and not torch.equal(out, x)
+    assert torch.equal(random_resized_crop(x, (1.0, 1.0), generator, ratio=(1.0, 1.0)), x)  # the whole image
+    z = torch.zeros(8, 3, 16, 16)
+    erased = random_erasing(z, 1.0, generator)
+    assert ((erased != 0).flatten(1).sum(1) > 0).all()  # every sample got a box
+    assert torch.equal(random_erasing(z, 0.0, generator), z)
+
+
 def test_gpu_policy_runs_on_uint8_batches():
     bundle = build_data(gpu_cfg(auto_augment="autoaug"))
     x, _ = next(iter(bundle.train_loader))
@@ -276,15 +429,25 @@ def test_random_pad_crop_is_a_shifted_window():
         assert any(torch.equal(out[b, 0], w) for w in windows)
 
 
-def test_gpu_decode_cache_is_reused(tmp_path):
+def test_gpu_decode_cache_is_reused(tmp_path, monkeypatch):
     root = make_tree(tmp_path / "tree", per_class=4)
     cfg = folder_cfg(root, loader="gpu", cache_dir=str(tmp_path / "cache"))
     build_data(cfg)
     cached = sorted((tmp_path / "cache").glob("*.npy"))
     assert len(cached) == 4  # images + targets, train + val
     stamps = [p.stat().st_mtime_ns for p in cached]
-    build_data(cfg)
+
+    def fail(*args):
+        raise AssertionError("decoded again")
+
+    monkeypatch.setattr(gpu_module, "decode_split", fail)
+    bundle = build_data(cfg)
     assert [p.stat().st_mtime_ns for p in cached] == stamps
+    assert bundle.loader_kind == "gpu" and bundle.num_train == 12
+    # Another subset of the same folder is a different split: decoded, not confused with the cached one.
+    monkeypatch.undo()
+    build_data({**cfg, "limit_train_samples": 6})
+    assert len(list((tmp_path / "cache").glob("train-*.images.npy"))) == 2
 
 
 @pytest.mark.skipif(not os.environ.get("VIT_CIFAR10_ARCHIVE"), reason="VIT_CIFAR10_ARCHIVE not set (CI sets it)")

@@ -36,11 +36,16 @@ def archive_stem(path: Path) -> str:
     return path.stem
 
 
+def archive_key(archive: Path) -> str:
+    """A short hash of the archive's absolute path, size and mtime: it changes when the archive does."""
+    stat = archive.stat()
+    return hashlib.sha1(f"{archive.resolve()}|{stat.st_size}|{int(stat.st_mtime)}".encode()).hexdigest()[:10]
+
+
 def cache_location(archive: Path, cache_dir: str | Path | None = None) -> Path:
     """Where `archive` is extracted: `cache_dir/<stem>-<key>` if given, else beside the archive when that
-    folder is writable, else under the user's cache folder. The key changes when the archive does."""
-    stat = archive.stat()
-    key = hashlib.sha1(f"{archive.resolve()}|{stat.st_size}|{int(stat.st_mtime)}".encode()).hexdigest()[:10]
+    folder is writable, else under the user's cache folder."""
+    key = archive_key(archive)
     if cache_dir is not None:
         return Path(cache_dir).expanduser() / f"{archive_stem(archive)}-{key}"
     if os.access(archive.parent, os.W_OK):
@@ -57,10 +62,13 @@ def _check_member_path(name: str, archive: Path) -> None:
         raise ArchiveError(f"archive {archive} has a member that escapes the target: {name!r}; refusing to extract")
 
 
-def _check_tar(tar: tarfile.TarFile, archive: Path) -> None:
+def _check_tar(tar: tarfile.TarFile, archive: Path) -> bool:
+    """Refuse members that escape the target; return whether the archive holds any links."""
+    has_links = False
     for member in tar.getmembers():
         _check_member_path(member.name, archive)
         if member.issym() or member.islnk():
+            has_links = True
             target = (
                 PurePosixPath(member.name).parent / member.linkname
                 if member.issym()
@@ -73,6 +81,16 @@ def _check_tar(tar: tarfile.TarFile, archive: Path) -> None:
                 )
         elif not (member.isfile() or member.isdir()):
             raise ArchiveError(f"archive {archive} has a special file {member.name!r}; refusing to extract")
+    return has_links
+
+
+def _plain_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo:
+    """Extraction filter for archives already checked and free of links: our own user, ordinary modes.
+
+    With no links in the archive, the lexical checks above are enough to keep every member inside the
+    target, so this skips the `data` filter's two realpath() calls per member (seconds on 60k files)."""
+    mode = 0o755 if member.isdir() else 0o644
+    return member.replace(mode=mode, uid=None, gid=None, uname=None, gname=None, deep=False)
 
 
 def _normalise(path: PurePosixPath) -> PurePosixPath:
@@ -97,30 +115,47 @@ def _extract(archive: Path, target: Path) -> None:
             zf.extractall(target)
         return
     with tarfile.open(archive) as tar:
-        _check_tar(tar, archive)
-        # The "data" filter (Python >= 3.12, backported to 3.10.12/3.11.4) repeats our checks in the library.
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(target, filter="data")
-        else:  # pragma: no cover - old Pythons, members already checked above
+        has_links = _check_tar(tar, archive)
+        if not hasattr(tarfile, "data_filter"):  # pragma: no cover - Python < 3.10.12/3.11.4: checked above
             tar.extractall(target)
+        elif has_links:
+            # Links can chain (a link inside a linked folder) in ways a lexical check cannot follow: let the
+            # library's "data" filter resolve every member's real path as well.
+            tar.extractall(target, filter="data")
+        else:
+            tar.extractall(target, filter=_plain_member)
+
+
+def _is_complete(folder: Path, key: str) -> bool:
+    marker = folder / COMPLETE_MARKER
+    return marker.is_file() and marker.read_text().strip() == key
 
 
 def extract_archive(archive: str | Path, cache_dir: str | Path | None = None) -> Path:
-    """Extract `archive` once and return the folder; later calls reuse it."""
+    """Extract `archive` once and return the folder; later calls reuse it.
+
+    The `.complete` marker holds the archive's key, so a folder beside an archive that has since been
+    replaced (new size or mtime) is extracted again, and so is one left without a marker.
+    """
     archive = Path(archive)
     if not archive.is_file():
         raise ArchiveError(f"data archive {archive} does not exist")
-    final = cache_location(archive, cache_dir)
-    if (final / COMPLETE_MARKER).is_file():
+    final, key = cache_location(archive, cache_dir), archive_key(archive)
+    if _is_complete(final, key):
         return final
-    if final.exists():  # a half-extracted cache from an interrupted run: redo it
+    if final.exists():  # interrupted, or from an older archive: redo it
         shutil.rmtree(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
         _extract(archive, staging)
-        (staging / COMPLETE_MARKER).write_text(str(archive.resolve()))
-        os.replace(staging, final)
+        (staging / COMPLETE_MARKER).write_text(key)  # last: only a whole tree carries the marker
+        try:
+            os.replace(staging, final)
+        except OSError:
+            # Another process (a second DDP rank) renamed its copy into place first: use that one.
+            if not _is_complete(final, key):
+                raise
     except (tarfile.TarError, zipfile.BadZipFile, OSError) as err:
         raise ArchiveError(f"cannot extract data archive {archive}: {err}") from err
     finally:

@@ -35,21 +35,39 @@ class Splits:
     # the GPU loader uses them without decoding anything.
     train_array: tuple[np.ndarray, np.ndarray] | None = None
     val_array: tuple[np.ndarray, np.ndarray] | None = None
+    # Where the GPU loader may keep its decoded .npy files by default: the folder holding train/ (after any
+    # archive extraction), or the CIFAR root.
+    root: Path | None = None
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
-    """Any PIL mode as 8-bit RGB: palette, alpha, CMYK, greyscale and 16/32-bit greyscale included."""
+    """Any PIL mode as 8-bit RGB: palette, alpha (over white), CMYK, greyscale and 16/32-bit greyscale."""
     if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
-        # Scale the real range down to 8 bits; a plain convert("L") would clip everything above 255.
-        array = np.asarray(image, dtype=np.float64)
-        low, high = float(array.min()), float(array.max())
-        scaled = (array - low) / (high - low) * 255.0 if high > low else np.zeros_like(array)
-        image = Image.fromarray(scaled.round().astype(np.uint8), mode="L")
+        image = Image.fromarray(_high_depth_to_uint8(np.asarray(image)), mode="L")
     if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
         image = image.convert("RGBA")
         background = Image.new("RGBA", image.size, (255, 255, 255, 255))
         image = Image.alpha_composite(background, image)
     return image.convert("RGB")
+
+
+def _high_depth_to_uint8(array: np.ndarray) -> np.ndarray:
+    """16-bit (and 32-bit int / float) greyscale (H, W) -> uint8 (H, W) by a fixed rescale, not a clip.
+
+    PIL's convert("L") clips every 16-bit value above 255 to white. We divide by 257 instead (65535 -> 255),
+    a fixed map rather than a per-image min/max stretch, so the same raw value gives the same grey in every
+    image. Mode "I" holding only 0..255 is already 8-bit; float images in [0, 1] are scaled by 255.
+    """
+    is_float = array.dtype.kind == "f"
+    array = array.astype(np.float64)
+    top = float(array.max()) if array.size else 0.0
+    if is_float and top <= 1.0:
+        scaled = array * 255.0
+    elif top > 255:
+        scaled = np.clip(array, 0, 65535) / 257.0
+    else:
+        scaled = array
+    return np.clip(scaled.round(), 0, 255).astype(np.uint8)
 
 
 def load_rgb(path: str) -> Image.Image:
@@ -78,6 +96,7 @@ def _cifar(cfg, name: str) -> Splits:
         dict(train.class_to_idx),
         (train.data, np.asarray(train.targets, dtype=np.int64)),
         (val.data, np.asarray(val.targets, dtype=np.int64)),
+        root=root,
     )
 
 
@@ -98,7 +117,7 @@ def find_tree_root(root: Path) -> Path:
 def _imagefolder(cfg) -> Splits:
     if not cfg.get("root"):
         raise DataError("data.root is not set: data=imagefolder needs data.root=<folder or .tar/.tar.gz/.zip>")
-    root = Path(cfg["root"]).expanduser()
+    root = Path(cfg["root"]).expanduser().resolve()
     if not root.exists():
         raise DataError(f"data.root={str(root)!r} does not exist")
     if is_archive(root):
@@ -125,13 +144,15 @@ def _imagefolder(cfg) -> Splits:
             f"data.root={str(root)!r}: the classes of train/ and {val_name}/ differ ({', '.join(missing[:10])}); "
             "both splits need the same class folders"
         )
-    return Splits(train, val, dict(train.class_to_idx))
+    return Splits(train, val, dict(train.class_to_idx), root=root)
 
 
 class SyntheticImages(Dataset):
     """Images with a learnable class signal: each class a fixed smooth colour pattern, plus noise.
 
-    Deterministic from the seed, so a tiny ViT on a CPU learns it well above chance in a couple of epochs.
+    The class patterns are the same for every seed (train and val must share them); the labels and the
+    per-pixel Gaussian noise (std `noise`, on a [0, 1] scale) come from `seed`. A tiny ViT on a CPU learns
+    it well above chance in a couple of epochs.
     """
 
     def __init__(self, num_samples: int, num_classes: int, img_size: int, seed: int, noise: float = 0.35):
@@ -158,8 +179,9 @@ def _synthetic(cfg, seed: int) -> Splits:
     spec = cfg.get("synthetic") or {}
     num_classes = int(cfg.get("num_classes") or 10)
     img_size = int(cfg.get("img_size") or 32)
-    train = SyntheticImages(int(spec.get("num_train", 2048)), num_classes, img_size, seed=seed)
-    val = SyntheticImages(int(spec.get("num_val", 512)), num_classes, img_size, seed=seed + 1)
+    noise = float(spec.get("noise", 0.35))
+    train = SyntheticImages(int(spec.get("num_train", 2048)), num_classes, img_size, seed=seed, noise=noise)
+    val = SyntheticImages(int(spec.get("num_val", 512)), num_classes, img_size, seed=seed + 1, noise=noise)
     return Splits(
         train,
         val,

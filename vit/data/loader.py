@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-from vit.data.datasets import DataError, build_splits
+from vit.data.datasets import DataError, Splits, build_splits
 from vit.data.gpu_loader import GpuLoader, cached_split
 from vit.data.transforms import mean_std, mixup_and_criterion, train_transform, val_transform
 
@@ -84,20 +84,23 @@ def _torch_loader(dataset, cfg, *, train, device, seed, rank, world_size, batch_
     return loader, sampler
 
 
-def _gpu_fits(arrays, device: torch.device) -> bool:
-    if torch.device(device).type != "cuda":
+def _gpu_fits(splits: Splits, img_size: int, device: torch.device) -> bool:
+    """Whether both splits as uint8 (N, 3, H, W) take under a quarter of the free GPU memory; estimated
+    before anything is decoded, so a split too large for the GPU is never decoded for nothing."""
+    if device.type != "cuda":
         return False
     free, _ = torch.cuda.mem_get_info(device)
-    return sum(a[0].nbytes for a in arrays) < 0.25 * free
+    needed = (len(splits.train) + len(splits.val)) * 3 * img_size * img_size
+    return needed < 0.25 * free
 
 
-def _cache_dir(cfg: Mapping) -> Path:
+def decoded_cache_dir(cfg: Mapping, splits: Splits) -> Path:
+    """Where the GPU loader keeps decoded splits: data.cache_dir, else `.vit-cache` in the folder holding
+    train/ (or the CIFAR root) when writable, else the user's cache folder."""
     if cfg.get("cache_dir"):
         return Path(cfg["cache_dir"]).expanduser()
-    root = Path(cfg.get("root") or "data").expanduser()
-    folder = root.parent if root.is_file() else root
-    if os.access(folder, os.W_OK):
-        return folder / ".vit-cache"
+    if splits.root is not None and os.access(splits.root, os.W_OK):
+        return splits.root / ".vit-cache"
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vit" / "decoded"
 
 
@@ -156,14 +159,15 @@ def build_data(
 def _gpu_loaders(cfg, splits, device, seed, rank, world_size, batch_size, force: bool):
     """GPU-resident loaders over decoded uint8 splits, or None when they would not fit (and not forced)."""
     img_size = int(cfg["img_size"])
+    if not force and not _gpu_fits(splits, img_size, device):
+        return None
     arrays = []
-    for tag, dataset, array in (("train", splits.train, splits.train_array), ("val", splits.val, splits.val_array)):
-        if array is None or array[0].shape[1] != img_size:
+    for train, dataset, array in ((True, splits.train, splits.train_array), (False, splits.val, splits.val_array)):
+        # CIFAR and synthetic splits are already uint8 arrays; decode (once, cached) when the size differs.
+        if array is None or array[0].shape[1:3] != (img_size, img_size):
             workers = cfg.get("num_workers")
             workers = default_workers() if workers is None else int(workers)
-            array = cached_split(dataset, img_size, _cache_dir(cfg), tag, workers)
+            array = cached_split(dataset, img_size, train, decoded_cache_dir(cfg, splits), workers)
         arrays.append(array)
-    if not force and not _gpu_fits(arrays, device):
-        return None
     common = dict(cfg=cfg, device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
     return GpuLoader(*arrays[0], train=True, **common), GpuLoader(*arrays[1], train=False, **common), None, "gpu"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import torch
-from timm.data import Mixup, rand_augment_transform
+from timm.data import Mixup
+from timm.data.auto_augment import augment_and_mix_transform, rand_augment_transform
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from torchvision import transforms as T
 
@@ -18,6 +20,7 @@ MEAN_STD = {
     "synthetic": ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)),
 }
 CROPS = ("pad", "rrc", "none")
+POLICY_HELP = "null, autoaug, trivial, or a timm string such as rand-m9-mstd0.5-inc1 or augmix-m5-w4-d2"
 
 
 def mean_std(cfg: Mapping) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -29,20 +32,41 @@ def mean_std(cfg: Mapping) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return mean, std
 
 
+def is_small(img_size: int) -> bool:
+    """CIFAR-like images: AutoAugment uses its CIFAR-10 policy for these, ImageNet's for larger ones."""
+    return img_size <= 64
+
+
+def policy_options(policy: str) -> dict[str, str]:
+    """The numeric sections of a timm policy string, as timm reads them:
+    "rand-m9-mstd0.5-inc1" -> {"m": "9", "mstd": "0.5", "inc": "1"} (the letters before the first digit)."""
+    options = {}
+    for section in policy.split("-")[1:]:
+        key, *value = re.split(r"(\d.*)", section)
+        if value:
+            options[key] = value[0]
+    return options
+
+
 def auto_augment_op(policy: str | None, img_size: int, mean: tuple[float, ...]):
-    """ "autoaug" (AutoAugment: CIFAR-10 policy for small images, ImageNet's otherwise), "trivial"
-    (TrivialAugmentWide), or a timm RandAugment string such as "rand-m9-mstd0.5-inc1"."""
+    """ "autoaug" (torchvision AutoAugment: CIFAR-10 policy for small images, ImageNet's otherwise),
+    "trivial" (TrivialAugmentWide), or a timm RandAugment ("rand-...") / AugMix ("augmix-...") string."""
     if not policy:
         return None
     if policy == "autoaug":
-        small = img_size <= 64
-        return T.AutoAugment(T.AutoAugmentPolicy.CIFAR10 if small else T.AutoAugmentPolicy.IMAGENET)
+        return T.AutoAugment(T.AutoAugmentPolicy.CIFAR10 if is_small(img_size) else T.AutoAugmentPolicy.IMAGENET)
     if policy == "trivial":
         return T.TrivialAugmentWide()
-    if policy.startswith("rand"):
-        fill = tuple(round(255 * m) for m in mean)
-        return rand_augment_transform(policy, {"translate_const": int(img_size * 0.45), "img_mean": fill})
-    raise DataError(f"data.augment.auto_augment={policy!r} must be null, autoaug, trivial or a rand-* string")
+    # timm's PIL ops fill uncovered pixels with the dataset mean and translate by up to 45% of the image.
+    hparams = {"translate_const": int(img_size * 0.45), "img_mean": tuple(round(255 * m) for m in mean)}
+    try:
+        if policy.startswith("rand-") or policy == "rand":
+            return rand_augment_transform(policy, hparams)
+        if policy.startswith("augmix-") or policy == "augmix":
+            return augment_and_mix_transform(policy, hparams)
+    except (AssertionError, KeyError, ValueError) as err:
+        raise DataError(f"data.augment.auto_augment={policy!r} is not a valid timm policy: {err}") from err
+    raise DataError(f"data.augment.auto_augment={policy!r} must be {POLICY_HELP}")
 
 
 def train_transform(cfg: Mapping) -> T.Compose:
