@@ -1,14 +1,18 @@
-"""Parameters and FLOPs per component of a configured model, the seed's formula beside the measured count,
+"""Parameters and FLOPs per component of a configured model, the seeds' formula beside the measured count,
 and FLOPs against image size.
 
     python scripts/complexity.py model=vit_tiny [model.img_size=64] [data=imagefolder] [out=complexity.png]
 
-`model=`/`data=` and `model.<key>=` overrides compose the real configs in configs/ (like train.py).
+`model=`/`data=` and `model.<key>=` overrides compose the real configs in configs/ (like train.py). The formula
+column is `vit.models.complexity` (each layer's multiply-adds from its token count and width); the measured
+column is `torch.utils.flop_counter` on a forward pass with attention on the math path, so Q·Kᵀ and attn·V are
+real matmuls it can see (the fused SDPA kernel of the CPU is invisible to it).
 """
 
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -17,6 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from vit.analysis.figures import flops_vs_size_figure
 from vit.analysis.inputs import UsageError, run_script
 from vit.models import Attention, complexity
+from vit.models.complexity import _component  # the grouping of the formula table, reused for params
 from vit.train.config import build_model_from_config
 
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
@@ -35,25 +40,82 @@ def compose(overrides: list[str]):
         raise UsageError(str(err).splitlines()[0]) from err
 
 
-def attention_split(model) -> tuple[int, int]:
-    """MACs of all self-attention layers split into the terms linear in N (4·N·C²) and quadratic (2·N²·C)."""
-    linear = quadratic = 0
-    hooks = []
+def image_shape(model) -> tuple[int, int]:
+    size = model.img_size
+    return (size, size) if isinstance(size, int) else tuple(size)
 
-    def hook(mod, inputs, _output):
-        nonlocal linear, quadratic
-        n = inputs[0].shape[1]
-        linear += n * mod.dim * 3 * mod.chan + n * mod.chan**2
-        quadratic += 2 * n * n * mod.chan
 
-    for module in model.modules():
+def attention_layers(model) -> list[tuple[str, int, int, int]]:
+    """(name, N, dim, chan) of every self-attention layer, from one forward pass of one image."""
+    found, hooks = [], []
+    for name, module in model.named_modules():
         if isinstance(module, Attention):
-            hooks.append(module.register_forward_hook(hook))
-    with torch.no_grad():
-        model.eval()(torch.zeros(1, 3, *model.img_size))
-    for h in hooks:
-        h.remove()
+            hook = module.register_forward_hook(
+                lambda m, i, o, name=name: found.append((name, i[0].shape[1], m.dim, m.chan))
+            )
+            hooks.append(hook)
+    try:
+        with torch.no_grad():
+            device = next(model.parameters()).device
+            model.eval()(torch.zeros(1, 3, *image_shape(model), device=device))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return found
+
+
+def attention_split(model) -> tuple[int, int]:
+    """MACs of all self-attention layers split into the terms linear in N (4·N·C² when dim == chan: the qkv and
+    output projections) and quadratic in N (2·N²·C: Q·Kᵀ and attn·V)."""
+    layers = attention_layers(model)
+    linear = sum(n * dim * 3 * chan + n * chan * chan for _, n, dim, chan in layers)
+    quadratic = sum(2 * n * n * chan for _, n, _, chan in layers)
     return linear, quadratic
+
+
+def measured_flops(model) -> tuple[int, dict[str, int]]:
+    """FLOPs counted by torch on one image: the total and the FLOPs inside each named module."""
+    attention = [m for m in model.modules() if isinstance(m, Attention)]
+    backends = [m.backend for m in attention]
+    for module in attention:
+        module.backend = "math"
+    try:
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            model.eval()(torch.zeros(1, 3, *image_shape(model)))
+    finally:
+        for module, backend in zip(attention, backends, strict=True):
+            module.backend = backend
+    prefix = type(model).__name__ + "."
+    per_module = {
+        name[len(prefix) :]: sum(ops.values())
+        for name, ops in counter.get_flop_counts().items()
+        if name.startswith(prefix)
+    }
+    return counter.get_total_flops(), per_module
+
+
+def component_roots(model) -> dict[str, str]:
+    """Module name -> component, for the outermost module of each component (blocks.0.attn, not .qkv)."""
+    roots = {}
+    for name, _ in model.named_modules():
+        if not name:
+            continue
+        parent = name.rpartition(".")[0]
+        if not parent or _component(parent) != _component(name):
+            roots[name] = _component(name)
+    return roots
+
+
+def crossover_size(sizes, linear, quadratic) -> float | None:
+    """The image side where the N² term equals the rest. Their ratio grows linearly in N ∝ side², so it is
+    interpolated in side² between the two sampled sizes around 1."""
+    ratios = [q / lin for lin, q in zip(linear, quadratic, strict=True)]
+    for i in range(len(sizes) - 1):
+        (s0, r0), (s1, r1) = (sizes[i], ratios[i]), (sizes[i + 1], ratios[i + 1])
+        if r0 < 1 <= r1:
+            area = s0**2 + (1 - r0) * (s1**2 - s0**2) / (r1 - r0)
+            return area**0.5
+    return None
 
 
 def main(argv: list[str]) -> int:
@@ -67,34 +129,72 @@ def main(argv: list[str]) -> int:
         else:
             overrides.append(arg)
     cfg = compose(overrides)
-    model = build_model_from_config(cfg.model, num_classes=cfg.data.num_classes or 1000)
+    num_classes = cfg.data.num_classes or 1000
+    model = build_model_from_config(cfg.model, num_classes=num_classes)
+    height, width = image_shape(model)
     cost = complexity(model)
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model.eval()(torch.zeros(1, 3, *model.img_size))
-    linear, quadratic = attention_split(model)
-    print(f"{cfg.model.name} at {model.img_size[0]} px: {cost.params / 1e6:.2f} M parameters")
-    print(f"{'component':<16}{'GFLOPs':>10}{'share':>8}")
-    for name, macs in cost.by_component.items():
-        print(f"{name:<16}{2 * macs / 1e9:>10.4f}{100 * macs / cost.macs:>7.1f}%")
-    print(f"{'total (formulas)':<16}{cost.flops / 1e9:>10.4f}")
-    print(f"{'torch flop count':<16}{counter.get_total_flops() / 1e9:>10.4f}  (SDPA on the CPU may go uncounted)")
-    print(f"self-attention: 4·N·C² = {2 * linear / 1e9:.4f} GFLOPs, 2·N²·C = {2 * quadratic / 1e9:.4f} GFLOPs")
+    measured_total, measured = measured_flops(model)
+    roots = component_roots(model)
+
+    # Parameters of each component; cls token, position table and norms outside the components go to "other".
+    params = Counter()
+    for name, param in model.named_parameters():
+        params[_component(name.rpartition(".")[0] or name)] += param.numel()
+    measured_by = Counter()
+    for name, component in roots.items():
+        measured_by[component] += measured.get(name, 0)
+
+    print(
+        f"{cfg.model.name} at {height}x{width} px: {cost.params / 1e6:.3f} M parameters, {cost.flops / 1e9:.4f} GFLOPs"
+    )
+    print(f"{'component':<16}{'params (M)':>11}{'GFLOPs formula':>16}{'GFLOPs measured':>17}{'share':>8}")
+    for component, macs in cost.by_component.items():
+        print(
+            f"{component:<16}{params.pop(component, 0) / 1e6:>11.3f}{2 * macs / 1e9:>16.4f}"
+            f"{measured_by[component] / 1e9:>17.4f}{100 * macs / cost.macs:>7.1f}%"
+        )
+    other = sum(params.values())
+    rest = ", ".join(sorted(params)).replace("blocks", "block norms")
+    print(f"{'other':<16}{other / 1e6:>11.3f}{'-':>16}{'-':>17}{'':>8}  ({rest})")
+    print(f"{'total':<16}{cost.params / 1e6:>11.3f}{cost.flops / 1e9:>16.4f}{measured_total / 1e9:>17.4f}")
+
+    # The seeds' formula for one self-attention layer, layer by layer shape, beside torch's count of those layers.
+    layers = attention_layers(model)
+    print("\nself-attention, seeds' formula 4·N·C² + 2·N²·C (MACs; FLOPs = 2 × MACs):")
+    for (n, dim, chan), count in Counter((n, d, c) for _, n, d, c in layers).items():
+        # A T2T token stage changes the width (dim -> C), so its projections are N·dim·3C + N·C², not 4·N·C².
+        shape, linear_name = (f"C={chan}", "4·N·C²") if dim == chan else (f"dim={dim}, C={chan}", "N·dim·3C + N·C²")
+        linear = n * dim * 3 * chan + n * chan * chan
+        quadratic = 2 * n * n * chan
+        print(
+            f"  {count:>2} x N={n}, {shape}: {linear_name} = {linear / 1e6:.3f} M, 2·N²·C = {quadratic / 1e6:.3f} M"
+            f"  -> {2 * count * (linear + quadratic) / 1e9:.4f} GFLOPs"
+        )
+    formula = sum(2 * (n * d * 3 * c + n * c * c + 2 * n * n * c) for _, n, d, c in layers)
+    counted = sum(measured.get(name, 0) for name, *_ in layers)
+    print(f"  all layers: formula {formula / 1e9:.4f} GFLOPs, measured {counted / 1e9:.4f} GFLOPs")
 
     patch = int(cfg.model.get("patch_size") or 16)
-    base = model.img_size[0]
+    base = width
     sizes = sorted({s for s in (base // 2, base, 2 * base, 3 * base, 4 * base, 6 * base, 8 * base) if s % patch == 0})
-    lin_flops, quad_flops = [], []
+    kept, lin_flops, quad_flops = [], [], []
     for size in sizes:
         try:
-            sized = build_model_from_config({**cfg.model, "img_size": size}, num_classes=cfg.data.num_classes or 1000)
+            sized = build_model_from_config({**cfg.model, "img_size": size}, num_classes=num_classes)
         except Exception:  # noqa: BLE001 - a size this model cannot take (T2T tiling) is left out
             continue
-        total = complexity(sized).macs
+        # Only shapes matter here: on the meta device the forward pass allocates and computes nothing, so
+        # 8x the image size (64x the tokens, 4096x the attention matrix) costs no memory.
+        sized = sized.to("meta")
         _, q = attention_split(sized)
-        lin_flops.append(2 * (total - q))
+        kept.append(size)
+        lin_flops.append(2 * (complexity(sized).macs - q))
         quad_flops.append(2 * q)
-    sizes = sizes[: len(lin_flops)]
-    figure = flops_vs_size_figure(sizes, lin_flops, quad_flops, out, f"{cfg.model.name}: FLOPs against image size")
+    cross = crossover_size(kept, lin_flops, quad_flops)
+    where = f"at about {cross:.0f} px" if cross else f"not within {kept[0]}-{kept[-1]} px"
+    print(f"\nthe N² attention term overtakes everything linear in N {where}")
+    title = f"{cfg.model.name}: FLOPs against image size"
+    figure = flops_vs_size_figure(kept, lin_flops, quad_flops, out, title, crossover=cross)
     print(f"wrote {figure}")
     return 0
 

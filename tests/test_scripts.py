@@ -100,9 +100,11 @@ def test_bad_arguments_exit_2_with_one_line(vit_checkpoint, images, tmp_path, ca
     assert len(err) == 1 and needle in err[0]
 
 
-def test_plot_pos_embed(vit_checkpoint, tmp_path):
+@pytest.mark.parametrize("which", ["vit", "t2t"])
+def test_plot_pos_embed(vit_checkpoint, t2t_checkpoint, tmp_path, which):
     out = tmp_path / "pos.png"
-    assert run_script(_script("plot_pos_embed").main, [f"checkpoint={vit_checkpoint}", f"out={out}"]) == 0
+    checkpoint = vit_checkpoint if which == "vit" else t2t_checkpoint
+    assert run_script(_script("plot_pos_embed").main, [f"checkpoint={checkpoint}", f"out={out}"]) == 0
     assert_png(out)
 
 
@@ -116,20 +118,58 @@ def test_predict_top5_json(vit_checkpoint, images, tmp_path, capsys):
         assert len(probs) == 5 and probs == sorted(probs, reverse=True) and sum(probs) <= 1.0001
         assert all(p["class"].startswith("class_") for p in r["top"])
     assert "img0.png: class_" in capsys.readouterr().out
+    assert run_script(_script("predict").main, [f"checkpoint={vit_checkpoint}", f"image={images}", "json=-"]) == 0
+    assert json.loads(capsys.readouterr().out) == results  # json=-: the same JSON on stdout, no text lines
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "needle"),
+    [
+        ("predict", ["checkpoint={tmp}/none.pt", "image={images}"], "none.pt' does not exist"),
+        ("predict", ["checkpoint={ckpt}", "image={tmp}/no.png"], "no.png' does not exist"),
+        ("predict", ["checkpoint={ckpt}", "image={images}", "top=0"], "top='0' must be a positive integer"),
+        ("predict", ["image={images}"], "checkpoint=<...> is required"),
+        ("plot_pos_embed", ["checkpoint={tmp}/none.pt"], "none.pt' does not exist"),
+        ("plot_pos_embed", ["checkpoint={ckpt}", "layer=1"], "unknown argument 'layer'"),
+        ("complexity", ["model=vit_tiny", "model.colour=red"], "model.colour"),
+        ("complexity", ["vit_tiny"], "argument 'vit_tiny' must look like key=value"),
+        ("summarize_runs", ["{tmp}/nothing"], "nothing' does not exist"),
+        ("summarize_runs", ["{tmp}"], "holds no runs"),
+        ("summarize_runs", ["{tmp}", "colour=red"], "unknown argument 'colour'"),
+    ],
+)
+def test_other_scripts_bad_arguments_exit_2_with_one_line(
+    vit_checkpoint, images, tmp_path, capsys, script, args, needle
+):
+    argv = [a.format(ckpt=vit_checkpoint, images=images, tmp=tmp_path) for a in args]
+    assert run_script(_script(script).main, argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
 
 
 def test_complexity_table_and_figure(tmp_path, capsys):
     out = tmp_path / "cx.png"
-    assert (
-        run_script(
-            _script("complexity").main, ["model=vit_tiny", "model.img_size=64", "model.patch_size=8", f"out={out}"]
-        )
-        == 0
-    )
+    args = ["model=vit_tiny", "model.img_size=64", "model.patch_size=8", "model.depth=2", f"out={out}"]
+    assert run_script(_script("complexity").main, args) == 0
     text = capsys.readouterr().out
-    for row in ("patch_embed", "attention", "mlp", "head", "4·N·C²", "2·N²·C"):
+    for row in ("patch_embed", "attention", "mlp", "head", "4·N·C²", "2·N²·C", "params (M)"):
         assert row in text
+    # 64 px / patch 8: 65 tokens of width 192 in 2 layers; torch's count on the math path agrees with the formula.
+    assert "2 x N=65, C=192: 4·N·C² = 9.585 M, 2·N²·C = 1.622 M" in text
+    attention = next(line.split() for line in text.splitlines() if line.startswith("attention"))
+    assert attention[2] == attention[3] == "0.0448"  # GFLOPs: formula, measured
+    formula, measured = [line for line in text.splitlines() if "all layers" in line][0].split(" GFLOPs")[:2]
+    assert formula.split()[-1] == measured.split()[-1] == "0.0448"
+    # Per layer 2·N²·C against 12·N·C² (projections + MLP), plus the patch embedding's N·C·192 once for both
+    # layers: equal at N = 6·C·(1 + 1/24) = 1200 tokens, 34.6 patches of 8 px a side.
+    assert "overtakes everything linear in N at about 277 px" in text
     assert_png(out)
+
+
+def test_crossover_interpolates_in_token_count():
+    crossover = _script("complexity").crossover_size
+    assert crossover([10, 20], [1.0, 1.0], [0.5, 2.0]) == pytest.approx((100 + 0.5 * 300 / 1.5) ** 0.5)
+    assert crossover([10, 20], [1.0, 1.0], [0.1, 0.2]) is None
 
 
 def test_complexity_unknown_model_is_one_line(capsys):
@@ -150,7 +190,9 @@ def test_summarize_runs_on_a_real_multirun(tmp_path):
     summarize = _script("summarize_runs")
     assert run_script(summarize.main, [str(sweep)]) == 0
     table = (sweep / "summary.md").read_text()
-    assert "| run | model.qkv_bias |" in table
-    assert "| 0 | True |" in table and "| 1 | False |" in table
+    assert "| run | model.qkv_bias | params (M) | GFLOPs | img/s | final top-1 | best top-1 | wall s |" in table
+    rows = [line for line in table.splitlines() if line.startswith("| 0 |") or line.startswith("| 1 |")]
+    assert rows[0].startswith("| 0 | True |") and rows[1].startswith("| 1 | False |") and len(rows) == 2
+    assert all("-" not in cell for row in rows for cell in row.split("|")[3:-1])  # every metric was found
     assert_png(sweep / "summary.png")
     assert run_script(summarize.main, [str(tmp_path / "nothing")]) == 2

@@ -37,47 +37,48 @@ def confusion_matrix_figure(matrix: np.ndarray, class_names: list[str], path: Pa
     return path
 
 
-def _as_number(value: str):
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
 def sweep_figure(records, knobs: list[str], path: Path) -> Path:
-    """Final val top-1 against the first swept knob; one line per combination of the other knobs."""
+    """Final val top-1 against the first swept knob; one line per combination of the other knobs.
+
+    The knob's values are evenly spaced ticks, in numeric order when every value is a number (`qk_scale=null`
+    sits at its head_dim ** -0.5), else in the order the runs give them (True before False, as swept).
+    """
+    from vit.analysis.runs import knob_value
+
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-    if not knobs:
-        knobs = ["run"]
-    main_knob, others = knobs[0], knobs[1:]
+    main_knob, others = (knobs[0], knobs[1:]) if knobs else ("run", [])
+
+    def raw(record) -> str:
+        return record.overrides.get(main_knob, record.name) if main_knob != "run" else record.name
+
+    labels: dict[str, str] = {}  # raw value -> tick label
+    numbers: dict[str, float | None] = {}
+    for record in records:
+        value, number = raw(record), knob_value(record, main_knob)
+        numbers[value] = number
+        shown_as_number = number is not None and value.replace(".", "", 1).lstrip("-").isdigit()
+        labels[value] = value if number is None or shown_as_number else f"{value}\n({number:.3g})"
+    order = list(labels)  # first appearance
+    if all(numbers[v] is not None for v in order):
+        order.sort(key=lambda v: numbers[v])
+
     groups: dict[tuple, list] = {}
     for record in records:
-        key = tuple(record.overrides.get(k, "-") for k in others)
-        groups.setdefault(key, []).append(record)
-    values = [r.overrides.get(main_knob, r.path.name) for r in records]
-    numeric = all(_as_number(v) is not None for v in values)
-    order = sorted(set(values), key=lambda v: _as_number(v) if numeric else str(v))
+        groups.setdefault(tuple(record.overrides.get(k, "-") for k in others), []).append(record)
     for key, group in groups.items():
-        points = sorted(
-            (order.index(r.overrides.get(main_knob, r.path.name)), r.final_top1)
-            for r in group
-            if r.final_top1 is not None
-        )
+        points = sorted((order.index(raw(r)), r.final_top1) for r in group if r.final_top1 is not None)
         if points:
             xs, ys = zip(*points, strict=True)
             label = ", ".join(f"{k}={v}" for k, v in zip(others, key, strict=True)) or None
             ax.plot(xs, ys, marker="o", label=label)
-    ax.set_xticks(range(len(order)), order)
+    ax.set_xticks(range(len(order)), [labels[v] for v in order])
     ax.set_xlabel(main_knob)
     ax.set_ylabel("final val top-1 (%)")
     ax.grid(alpha=0.3)
     if others:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def save(fig, path):
@@ -138,16 +139,21 @@ def pos_embed_similarity_figure(panels: list[tuple[str, np.ndarray]], path: Path
     return save(fig, path)
 
 
-def flops_vs_size_figure(sizes, linear_flops, quadratic_flops, path: Path, title: str) -> Path:
-    """FLOPs against image size, split into the terms linear in the token count and the N² attention term."""
+def flops_vs_size_figure(
+    sizes, linear_flops, quadratic_flops, path: Path, title: str, crossover: float | None = None
+) -> Path:
+    """FLOPs against image size, split into the terms linear in the token count and the N² attention term;
+    `crossover` (px) marks where the N² term overtakes (default: the first sampled size where it does)."""
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     total = [a + b for a, b in zip(linear_flops, quadratic_flops, strict=True)]
     ax.plot(sizes, np.asarray(total) / 1e9, marker="o", label="total")
     ax.plot(sizes, np.asarray(linear_flops) / 1e9, marker=".", label="linear in N (projections, MLP, embed)")
     ax.plot(sizes, np.asarray(quadratic_flops) / 1e9, marker=".", label="N² (Q·Kᵀ and attn·V)")
-    cross = next((s for s, a, b in zip(sizes, linear_flops, quadratic_flops, strict=True) if b >= a), None)
-    if cross is not None:
-        ax.axvline(cross, color="grey", linestyle="--", label=f"N² term takes over at {cross} px")
+    if crossover is None:
+        pairs = zip(sizes, linear_flops, quadratic_flops, strict=True)
+        crossover = next((s for s, a, b in pairs if b >= a), None)
+    if crossover is not None:
+        ax.axvline(crossover, color="grey", linestyle="--", label=f"N² term takes over at ~{crossover:.0f} px")
     ax.set_xlabel("image size (px)")
     ax.set_ylabel("GFLOPs per image (forward)")
     ax.set_yscale("log")

@@ -12,6 +12,7 @@ import yaml
 @dataclass
 class RunRecord:
     path: Path
+    name: str  # the run folder relative to the sweep folder: "3", or "a/0" when a sweep was split over folders
     overrides: dict[str, str]
     config: dict
     metrics: dict = field(default_factory=dict)
@@ -26,6 +27,27 @@ class RunRecord:
     def best_top1(self) -> float | None:
         best = (self.metrics.get("best") or {}).get("val_top1")
         return best if best is not None else (max(v for _, v in self.val_top1_curve) if self.val_top1_curve else None)
+
+
+NULLS = ("null", "None", "~", "")
+
+
+def knob_value(record: RunRecord, knob: str) -> float | None:
+    """The swept value of `knob` as a number, None when it is not one (True/False, names).
+
+    `model.qk_scale=null` means head_dim ** -0.5, so it is placed at that value: (embed_dim / num_heads) ** -0.5
+    from the run's resolved config.
+    """
+    raw = record.overrides.get(knob, record.name if knob == "run" else None)
+    if raw in NULLS and knob.endswith("qk_scale"):
+        model = record.config.get("model") or {}
+        if model.get("embed_dim") and model.get("num_heads"):
+            return (int(model["embed_dim"]) // int(model["num_heads"])) ** -0.5
+        return None
+    try:
+        return float(raw)
+    except (TypeError, ValueError):
+        return None
 
 
 def _overrides(run_dir: Path) -> dict[str, str]:
@@ -60,6 +82,7 @@ def read_runs(sweep_dir: str | Path) -> list[RunRecord]:
         records.append(
             RunRecord(
                 path=run_dir,
+                name=run_dir.relative_to(sweep_dir).as_posix() if run_dir != sweep_dir else run_dir.name,
                 overrides=_overrides(run_dir),
                 config=yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text()),
                 metrics=json.loads(metrics_path.read_text()) if metrics_path.is_file() else {},
@@ -87,7 +110,7 @@ def summary_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
 
         rows.append(
             [
-                record.path.name,
+                record.name,
                 *[record.overrides.get(k, "-") for k in knobs],
                 fmt(m.get("params") and m["params"] / 1e6, ".2f"),
                 fmt(m.get("macs") and 2 * m["macs"] / 1e9, ".3f"),

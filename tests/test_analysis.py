@@ -1,0 +1,296 @@
+"""The analysis library without the scripts: attention maps and rollout, position-embedding similarity, run
+folders, figures, and reading checkpoints and images."""
+
+import json
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from PIL import Image
+
+from vit.analysis import figures
+from vit.analysis.attention_maps import attention_views, cls_attention, rollout, upsample
+from vit.analysis.inputs import UsageError, denormalise, image_paths, load_images, load_model
+from vit.analysis.pos_embed import position_similarity
+from vit.analysis.runs import knob_value, markdown_table, read_runs, summary_rows, swept_keys
+from vit.models import Attention, create_model, sinusoid_table
+from vit.train.checkpoint import CheckpointError
+
+DATA_CFG = {"name": "cifar10", "img_size": 32, "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}
+MODEL_CFG = {
+    "name": "vit_tiny",
+    "img_size": 32,
+    "patch_size": 8,
+    "num_classes": 3,
+    "embed_dim": 32,
+    "depth": 2,
+    "num_heads": 2,
+}
+
+
+def assert_png(path: Path, min_side: int = 100):
+    """Written, small, of a sensible size, and not one flat colour."""
+    assert path.is_file() and 1_000 < path.stat().st_size < 300_000
+    image = np.asarray(Image.open(path).convert("RGB"), dtype=np.float32)
+    assert min(image.shape[:2]) >= min_side and image.var() > 1.0
+
+
+# Attention maps -----------------------------------------------------------------------------------------------
+
+
+def tiny_vit():
+    return create_model("vit_tiny", img_size=32, patch_size=8, num_classes=3, embed_dim=32, depth=3, num_heads=2)
+
+
+def test_rollout_of_an_identity_attention_model_is_the_identity():
+    model = tiny_vit().eval()
+    eye = torch.eye(1 + 16, dtype=torch.bool)  # each token may attend only to itself
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.forward = partial(type(module).forward, module, attn_mask=eye)
+    from vit.models import capture_attention
+
+    with capture_attention(model) as maps, torch.no_grad():
+        model(torch.randn(2, 3, 32, 32))
+    assert len(maps) == 3
+    torch.testing.assert_close(rollout(maps), torch.eye(17).expand(2, 17, 17))
+    # The cls token looks at no patch, so every picture of it is blank.
+    views = attention_views(model, torch.randn(2, 3, 32, 32))
+    assert views["heads"].shape == (2, 2, 32, 32) and views["rollout"].shape == (2, 1, 32, 32)
+    assert views["heads"].abs().max() == 0 and views["rollout"].abs().max() == 0
+
+
+def test_rollout_keeps_rows_stochastic_and_mixes_in_the_residual():
+    attn = torch.rand(2, 3, 5, 5).softmax(dim=-1)
+    result = rollout([attn, attn])
+    torch.testing.assert_close(result.sum(-1), torch.ones(2, 5))
+    one = 0.5 * torch.eye(5) + 0.5 * attn.mean(1)
+    torch.testing.assert_close(rollout([attn]), one)
+    torch.testing.assert_close(result, one @ one)
+    with pytest.raises(ValueError, match="at least one"):
+        rollout([])
+
+
+def test_cls_attention_reads_the_cls_row_over_the_patches():
+    attn = torch.zeros(1, 2, 1 + 6, 1 + 6)
+    attn[0, 1, 0, 1 + 4] = 1.0  # head 1: the cls token looks at patch 4 = grid cell (1, 1) of a 2x3 grid
+    attn[0, 0, 3, 1 + 4] = 1.0  # another query's row: must not show
+    maps = cls_attention(attn, (2, 3))
+    assert maps.shape == (1, 2, 2, 3)
+    assert maps[0, 0].sum() == 0 and maps[0, 1, 1, 1] == 1 and maps[0, 1].sum() == 1
+    wide = upsample(maps, (20, 30))
+    assert wide.shape == (1, 2, 20, 30) and wide[0, 1].max() == 1 and wide[0, 1].min() == 0
+
+
+def test_attention_views_reject_a_layer_out_of_range():
+    with pytest.raises(IndexError, match="layer=3 is out of range: the model has 3"):
+        attention_views(tiny_vit(), torch.randn(1, 3, 32, 32), layer=3)
+    assert attention_views(tiny_vit(), torch.randn(1, 3, 32, 32), layer=-3)["heads"].shape == (1, 2, 32, 32)
+
+
+# Position embeddings ------------------------------------------------------------------------------------------
+
+
+def test_position_similarity_is_a_symmetric_cosine_grid():
+    pos = torch.randn(1, 1 + 12, 8)
+    sim = position_similarity(pos, (3, 4))
+    assert sim.shape == (3, 4, 3, 4)
+    flat = sim.reshape(12, 12)
+    torch.testing.assert_close(flat.diagonal(), torch.ones(12))
+    torch.testing.assert_close(flat, flat.T)
+    expected = torch.nn.functional.cosine_similarity(pos[0, 1 + 5], pos[0, 1 + 7], dim=0)  # (1, 1) vs (1, 3)
+    torch.testing.assert_close(sim[1, 1, 1, 3], expected)
+    with pytest.raises(ValueError, match="13 patch rows"):
+        position_similarity(torch.randn(1, 14, 8), (3, 4))
+
+
+def test_sinusoid_similarity_falls_with_distance_along_the_sequence():
+    sim = position_similarity(sinusoid_table(1 + 64, 64), (8, 8))
+    assert sim[0, 0, 0, 1] > sim[0, 0, 0, 4] > sim[0, 0, 4, 4]
+
+
+# Run folders --------------------------------------------------------------------------------------------------
+
+
+def fake_run(run_dir: Path, overrides: list[str], model: dict, metrics: dict | None, tb_curve=()):
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"model": model, "data": DATA_CFG}))
+    if metrics is not None:
+        (run_dir / "metrics.json").write_text(json.dumps(metrics))
+    if tb_curve:
+        from torch.utils.tensorboard import SummaryWriter
+
+        with SummaryWriter(run_dir / "tb") as writer:
+            for step, value in tb_curve:
+                writer.add_scalar("val/top1", value, step)
+
+
+@pytest.fixture()
+def split_sweep(tmp_path):
+    """A qk_scale sweep split over two folders (as when it ran in two processes); run b/0 died before
+    metrics.json and left only its TensorBoard curve."""
+    model = {"name": "vit_tiny", "embed_dim": 192, "num_heads": 3}
+    base = {"params": 5_363_000, "macs": 365_000_000, "train_img_per_s": 4321.0, "wall_time_s": 99.4}
+    fake_run(
+        tmp_path / "a" / "0",
+        ["experiment=ablation_qk_scale", "model.qk_scale=null"],
+        model,
+        {**base, "final": {"val_top1": 62.5}, "best": {"val_top1": 63.0}},
+    )
+    fake_run(
+        tmp_path / "a" / "1",
+        ["experiment=ablation_qk_scale", "model.qk_scale=1.0"],
+        model,
+        {**base, "final": {"val_top1": 53.3}, "best": {"val_top1": 53.3}},
+    )
+    fake_run(
+        tmp_path / "b" / "0",
+        ["experiment=ablation_qk_scale", "model.qk_scale=0.0625"],
+        model,
+        None,
+        tb_curve=[(10, 40.0), (20, 61.0), (30, 60.0)],
+    )
+    (tmp_path / "multirun.yaml").write_text("not a run\n")
+    return tmp_path
+
+
+def test_read_runs_names_runs_by_their_folder_and_finds_the_knob(split_sweep):
+    records = read_runs(split_sweep)
+    assert [r.name for r in records] == ["a/0", "a/1", "b/0"]
+    assert swept_keys(records) == ["model.qk_scale"]  # experiment= is the same everywhere
+    assert [r.final_top1 for r in records] == [62.5, 53.3, 60.0]  # b/0: the last TensorBoard point
+    assert records[2].best_top1 == 61.0
+    assert knob_value(records[0], "model.qk_scale") == pytest.approx(64**-0.5)  # null = head_dim ** -0.5
+    assert knob_value(records[1], "model.qk_scale") == 1.0
+
+
+def test_summary_rows_hold_knobs_cost_and_accuracy(split_sweep):
+    header, rows = summary_rows(read_runs(split_sweep))
+    assert header == [
+        "run",
+        "model.qk_scale",
+        "params (M)",
+        "GFLOPs",
+        "img/s",
+        "final top-1",
+        "best top-1",
+        "wall s",
+    ]
+    assert rows[0] == ["a/0", "null", "5.36", "0.730", "4,321", "62.50", "63.00", "99"]
+    assert rows[2] == ["b/0", "0.0625", "-", "-", "-", "60.00", "61.00", "-"]
+    table = markdown_table(header, rows).splitlines()
+    assert len(table) == 2 + 3 and table[2].startswith("| a/0 | null | 5.36 |")
+
+
+def test_sweep_figure_orders_numeric_knobs(split_sweep, tmp_path, monkeypatch):
+    records = read_runs(split_sweep)
+    ticks = {}
+    real_subplots = figures.plt.subplots
+
+    def spy(*args, **kwargs):
+        fig, ax = real_subplots(*args, **kwargs)
+        monkeypatch.setattr(ax, "set_xticks", lambda positions, labels: ticks.update(labels=list(labels)))
+        return fig, ax
+
+    monkeypatch.setattr(figures.plt, "subplots", spy)
+    out = figures.sweep_figure(records, swept_keys(records), tmp_path / "sweep.png")
+    assert ticks["labels"] == ["0.0625", "null\n(0.125)", "1.0"]
+    assert_png(out)
+
+
+def test_read_runs_of_a_missing_folder_says_so(tmp_path):
+    with pytest.raises(FileNotFoundError, match="nothing"):
+        read_runs(tmp_path / "nothing")
+    assert read_runs(tmp_path) == []
+
+
+# Figures ------------------------------------------------------------------------------------------------------
+
+
+def test_confusion_matrix_figure(tmp_path):
+    matrix = np.array([[8, 1, 1], [0, 10, 0], [0, 0, 0]])  # the last class has no examples: no division by 0
+    out = figures.confusion_matrix_figure(matrix, ["cat", "dog", "ship"], tmp_path / "sub" / "cm.png")
+    assert out == tmp_path / "sub" / "cm.png"
+    assert_png(out)
+    many = np.random.default_rng(0).integers(0, 20, (30, 30))  # no numbers in the cells beyond 20 classes
+    assert_png(figures.confusion_matrix_figure(many, [f"c{i}" for i in range(30)], tmp_path / "cm30.png"))
+
+
+def test_position_and_complexity_figures(tmp_path):
+    sim = position_similarity(torch.randn(1, 1 + 16, 8), (4, 4)).numpy()
+    assert_png(figures.pos_embed_similarity_figure([("a", sim), ("b", sim)], tmp_path / "pos.png"))
+    sizes = [32, 64, 128, 256]
+    out = figures.flops_vs_size_figure(sizes, [1e9, 4e9, 16e9, 64e9], [1e8, 2e9, 3e10, 5e11], tmp_path / "f.png", "t")
+    assert_png(out)
+
+
+def test_attention_grid_figure_has_a_column_per_panel(tmp_path):
+    images = torch.rand(2, 3, 32, 32)
+    heads, roll = torch.rand(2, 3, 32, 32), torch.rand(2, 1, 32, 32)
+    narrow = figures.attention_grid_figure(images, heads, roll, tmp_path / "a.png")
+    wide = figures.attention_grid_figure(images, heads, roll, tmp_path / "b.png", token_maps=roll)
+    assert_png(narrow) and assert_png(wide)
+    with Image.open(narrow) as a, Image.open(wide) as b:
+        assert b.size[0] > a.size[0] * 1.1  # input + 3 heads + rollout, then + T2T stage
+
+
+# Checkpoints and images ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture()
+def checkpoint(tmp_path):
+    model = create_model(**MODEL_CFG)
+    path = tmp_path / "tiny.pt"
+    config = {"model": MODEL_CFG, "data": DATA_CFG}
+    torch.save({"model": model.state_dict(), "config": config, "class_to_idx": {"a": 0, "b": 1, "c": 2}}, path)
+    return path, model.eval()
+
+
+def test_load_model_rebuilds_the_trained_model(checkpoint):
+    path, original = checkpoint
+    model, config, classes = load_model(path)
+    assert not model.training and classes == {"a": 0, "b": 1, "c": 2} and config["model"]["name"] == "vit_tiny"
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), original(x))
+
+
+def test_load_model_errors_name_the_file(tmp_path, checkpoint):
+    with pytest.raises(CheckpointError, match="missing.pt' does not exist"):
+        load_model(tmp_path / "missing.pt")
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="cannot read checkpoint"):
+        load_model(garbage)
+    bare = tmp_path / "bare.pt"
+    torch.save({"model": checkpoint[1].state_dict()}, bare)
+    with pytest.raises(CheckpointError, match="no model config"):
+        load_model(bare)
+    with pytest.raises(CheckpointError, match="no EMA weights"):
+        load_model(checkpoint[0], use_ema=True)
+
+
+def test_load_images_applies_the_validation_transform(tmp_path):
+    folder = tmp_path / "imgs"
+    (folder / "nested").mkdir(parents=True)
+    Image.new("RGB", (40, 40), (255, 0, 0)).save(folder / "b.png")
+    Image.new("L", (64, 48), 128).save(folder / "nested" / "a.jpg")  # grey, not square
+    (folder / "notes.txt").write_text("not an image")
+    paths, batch = load_images(folder, {"data": DATA_CFG})
+    assert [p.name for p in paths] == ["b.png", "a.jpg"]  # sorted by path: b.png before nested/
+    assert batch.shape == (2, 3, 32, 32)
+    torch.testing.assert_close(batch[0, :, 0, 0], torch.tensor([2.0, -2.0, -2.0]))  # (1 - 0.5) / 0.25, ...
+    back = denormalise(batch, {"data": DATA_CFG})
+    torch.testing.assert_close(back[0, :, 5, 5], torch.tensor([1.0, 0.0, 0.0]))
+    assert load_images(folder / "b.png", {"data": DATA_CFG})[1].shape == (1, 3, 32, 32)
+
+
+def test_image_paths_errors(tmp_path):
+    with pytest.raises(UsageError, match="does not exist"):
+        image_paths(tmp_path / "nope.png")
+    with pytest.raises(UsageError, match="no images"):
+        image_paths(tmp_path)
