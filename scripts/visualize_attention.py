@@ -19,11 +19,20 @@ from vit.analysis.inputs import UsageError, denormalise, load_images, load_model
 ARGS = {"checkpoint": None, "image": None, "layer": "-1", "out": "attention.png", "max_images": "4", "ema": "false"}
 
 
+def integer(args: dict, key: str) -> int:
+    try:
+        return int(args[key])
+    except ValueError:
+        raise UsageError(f"{key}={args[key]!r} must be an integer") from None
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv, ARGS, required=("checkpoint", "image"))
+    layer, max_images = integer(args, "layer"), integer(args, "max_images")
+    if max_images < 1:
+        raise UsageError(f"max_images={max_images} must be at least 1")
     model, config, _ = load_model(args["checkpoint"], use_ema=args["ema"].lower() == "true")
-    paths, images = load_images(args["image"], config, limit=int(args["max_images"]))
-    layer = int(args["layer"])
+    paths, images = load_images(args["image"], config, limit=max_images)  # (B, 3, H, W), normalised
     try:
         views = attention_views(model, images, layer)
     except IndexError as err:

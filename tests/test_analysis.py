@@ -294,3 +294,48 @@ def test_image_paths_errors(tmp_path):
         image_paths(tmp_path / "nope.png")
     with pytest.raises(UsageError, match="no images"):
         image_paths(tmp_path)
+
+
+# Ablation experiments -----------------------------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize(
+    ("experiment", "knob", "values"),
+    [
+        ("ablation_heads", "num_heads", [1, 2, 3, 4, 6, 12]),
+        ("ablation_qk_scale", "qk_scale", [None, 1.0, 0.5, 0.25, 0.0625]),
+        ("ablation_qkv_bias", "qkv_bias", [True, False]),
+    ],
+)
+def test_ablation_experiments_sweep_one_knob_on_a_short_cifar10_schedule(experiment, knob, values):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from vit.train.config import build_model_from_config, validate
+
+    raw = yaml.safe_load((REPO / "configs" / "experiment" / f"{experiment}.yaml").read_text())
+    sweep = raw["hydra"]["sweeper"]["params"]
+    assert list(sweep) == [f"model.{knob}"]
+    parsed = OverridesParser.create().parse_overrides([f"model.{knob}={sweep[f'model.{knob}']}"])[0]
+    assert list(parsed.sweep_iterator()) == values  # as Hydra's basic sweeper will expand it
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        for value in values:
+            override = "null" if value is None else str(value).lower()
+            cfg = compose(
+                config_name="config",
+                overrides=[f"experiment={experiment}", f"model.{knob}={override}", "model.depth=1"],
+            )
+            validate(cfg)
+            assert cfg.data.name == "cifar10" and 0 < cfg.trainer.epochs <= 20 and cfg.model.embed_dim == 192
+            model = build_model_from_config(cfg.model)
+            attn = model.blocks[0].attn
+            if knob == "num_heads":
+                assert attn.num_heads == value
+            elif knob == "qk_scale":
+                assert attn.scale == pytest.approx(value if value is not None else (192 // 3) ** -0.5)
+            else:
+                assert (attn.qkv.bias is not None) == value
+        epochs = compose(config_name="config", overrides=[f"experiment={experiment}", "trainer.epochs=2"])
+        assert epochs.trainer.epochs == 2

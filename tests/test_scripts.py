@@ -91,6 +91,8 @@ def test_visualize_attention_t2t_adds_the_token_stage(t2t_checkpoint, images, tm
         (["checkpoint={ckpt}", "image={tmp}/no.png"], "no.png"),
         (["checkpoint={ckpt}"], "image=<...> is required"),
         (["checkpoint={ckpt}", "image={images}", "colour=red"], "unknown argument 'colour'"),
+        (["checkpoint={ckpt}", "image={images}", "layer=last"], "layer='last' must be an integer"),
+        (["checkpoint={ckpt}", "image={images}", "max_images=0"], "max_images=0 must be at least 1"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(vit_checkpoint, images, tmp_path, capsys, args, needle):
