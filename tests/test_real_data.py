@@ -17,31 +17,36 @@ ARCHIVE = os.environ.get("VIT_CIFAR10_ARCHIVE")
 @pytest.mark.skipif(not ARCHIVE, reason="VIT_CIFAR10_ARCHIVE is not set (CI sets it)")
 def test_small_vit_learns_real_cifar10_on_cpu(tmp_path_factory):
     out = tmp_path_factory.mktemp("real")
+    # Sized for about a minute on 2 CPU cores (measured: ~40% top-1, 5-7 s an epoch): 64 patch tokens as in the
+    # CIFAR ViT, but 64 wide and 4 deep; average pooling and no crop augmentation learn faster in 7 short epochs.
+    # optim.lr is per 512 images: 1.6e-2 -> 2e-3 at batch 64.
     overrides = [
         "data=imagefolder",
         f"data.root={ARCHIVE}",
         f"data.cache_dir={tmp_path_factory.getbasetemp() / 'cifar-cache'}",
         "data.img_size=32",
         "data.patch_size=4",
-        "data.batch_size=128",
-        "data.num_workers=2",
+        "data.batch_size=64",
+        "data.num_workers=0",
         "data.loader=gpu",  # decoded once into a tensor; batches augmented as tensors (here on the CPU)
-        "data.limit_train_samples=5000",
+        "data.limit_train_samples=5000",  # class-balanced subsets
         "data.limit_val_samples=1000",
-        "data.augment.crop=pad",
+        "data.augment.crop=none",
         "data.augment.auto_augment=null",
         "data.augment.label_smoothing=0.0",
-        "model.embed_dim=96",
+        "model.embed_dim=64",
         "model.depth=4",
-        "model.num_heads=3",
+        "model.num_heads=2",
         "model.mlp_ratio=2",
+        "model.global_pool=avg",
         "model.drop_path_rate=0.0",
-        "optim.lr=2e-3",
-        "sched.warmup_epochs=1",
-        "trainer.epochs=8",
+        "optim.lr=1.6e-2",
+        "sched.warmup_epochs=0.5",
+        "trainer.epochs=7",
         "trainer.device=cpu",
         "trainer.ema=false",
         "trainer.log_every_n_steps=20",
+        "trainer.attn_maps_every_n_epochs=0",
     ]
     metrics = run(compose_config(overrides), output_dir=out / "run")
     assert metrics["final"]["val_top1"] >= 30.0, metrics["history"]

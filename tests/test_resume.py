@@ -1,9 +1,10 @@
 """A run stopped after epoch 1 and resumed ends exactly where an uninterrupted run ends (CPU, deterministic)."""
 
+import pytest
 import torch
 from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config
 
-from vit.train import load_checkpoint, run
+from vit.train import atomic_save, load_checkpoint, run
 
 BASE = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.epochs=3", "trainer.device=cpu", "trainer.deterministic=true"]
 BASE += ["data.augment.crop=pad", "data.augment.hflip=true", "model.drop_path_rate=0.1", "model.drop_rate=0.1"]
@@ -21,6 +22,7 @@ def test_resume_after_epoch_1_equals_uninterrupted(tmp_path):
     first = run(compose_config([*BASE, "trainer.stop_after_epoch=1"]), output_dir=tmp_path / "resumed")
     assert first["epochs_done"] == 1
     resumed = run(compose_config([*BASE, "trainer.resume=auto"]), output_dir=tmp_path / "resumed")
+    assert not torch.are_deterministic_algorithms_enabled()  # the process-wide switch is put back after a run
 
     a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")
     b = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")
@@ -57,3 +59,19 @@ def test_gradient_accumulation_matches_the_large_batch(tmp_path):
     b = load_checkpoint(tmp_path / "acc" / "checkpoints" / "last.pt")["model"]
     for key in a:
         torch.testing.assert_close(a[key], b[key], atol=1e-5, rtol=1e-4)
+
+
+def test_a_failed_checkpoint_write_keeps_the_previous_file(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoints" / "last.pt"
+    atomic_save({"model": {"w": torch.ones(3)}, "epoch": 1}, path)
+
+    def torn_save(obj, handle):  # half a file, then the disk fills up
+        handle.write(b"PK\x03\x04 partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", torn_save)
+    with pytest.raises(OSError, match="No space"):
+        atomic_save({"model": {"w": torch.zeros(3)}, "epoch": 2}, path)
+    state = load_checkpoint(path)
+    assert state["epoch"] == 1 and torch.equal(state["model"]["w"], torch.ones(3))
+    assert [p.name for p in path.parent.iterdir()] == ["last.pt"]  # no temporary file left behind

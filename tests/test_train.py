@@ -2,16 +2,17 @@
 
 import json
 import math
-import subprocess
-import sys
 import tarfile
+from types import SimpleNamespace
 
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_data import make_tree
-from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, compose_config, run_cli
+from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config, run_cli
 
 from vit.train import load_checkpoint, run
+from vit.train.evaluate import main as evaluate_main
+from vit.train.loop import count_skipped_steps
 
 EXPECTED_TAGS = {
     "train/loss",
@@ -72,30 +73,42 @@ def test_cli_checkpoint_contents(cli_run):
         assert state[key] is not None, key
 
 
-def test_evaluate_script_reproduces_the_val_metrics(cli_run, tmp_path):
+def test_evaluate_reproduces_the_val_metrics(cli_run, tmp_path, capsys):
+    """`vit-eval` / scripts/evaluate.py (the same `main`, called in-process to spare a Python start-up)."""
     run_dir, _ = cli_run
-    done = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "evaluate.py"), f"checkpoint={run_dir / 'checkpoints' / 'last.pt'}"]
-        + [f"confusion={tmp_path / 'cm.png'}", "device=cpu"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout)
+    argv = [f"checkpoint={run_dir / 'checkpoints' / 'last.pt'}", f"confusion={tmp_path / 'cm.png'}", "device=cpu"]
+    assert evaluate_main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
     final = json.loads((run_dir / "metrics.json").read_text())["final"]
     assert result["top1"] == pytest.approx(final["val_top1"]) and result["loss"] == pytest.approx(final["val_loss"])
     assert len(result["per_class_top1"]) == 10 and (tmp_path / "cm.png").stat().st_size > 1000
 
 
-def test_evaluate_names_a_missing_checkpoint(tmp_path):
-    done = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "evaluate.py"), f"checkpoint={tmp_path / 'none.pt'}"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 2 and "none.pt" in done.stderr and "Traceback" not in done.stderr
+def test_evaluate_names_a_missing_checkpoint(tmp_path, capsys):
+    assert evaluate_main([f"checkpoint={tmp_path / 'none.pt'}"]) == 2
+    err = capsys.readouterr().err
+    assert "none.pt" in err and len(err.strip().splitlines()) == 1
+
+
+def test_fp16_skipped_steps_are_counted_from_the_scale_at_log_time():
+    """Each skipped fp16 step halves the GradScaler's scale; the loop counts skips without a per-step sync."""
+
+    class Scaler:  # the two GradScaler methods the count reads
+        def __init__(self, scales):
+            self.scales = iter(scales)
+
+        def get_scale(self):
+            return next(self.scales)
+
+        def get_backoff_factor(self):
+            return 0.5
+
+    ctx = SimpleNamespace(scaler=Scaler([65536.0, 16384.0, 32768.0, 32768.0]), last_scale=None, skipped_steps=0)
+    counts = []
+    for _ in range(4):
+        count_skipped_steps(ctx)
+        counts.append(ctx.skipped_steps)
+    assert counts == [0, 2, 2, 2]  # two skips, then a growth (not a skip), then nothing
 
 
 def _folder_run(root, tmp_path, extra=()):

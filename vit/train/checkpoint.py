@@ -3,7 +3,8 @@
 A checkpoint is a dict of tensors and plain containers:
     model, optimizer, scheduler, scaler, ema: state dicts (ema/scaler may be None)
     rng: torch/CUDA/numpy/python generator states
-    epoch (finished epochs), step (optimizer steps), best_top1, class_to_idx, config (resolved, plain)
+    epoch (finished epochs), step (optimizer steps), best_top1, class_to_idx, config (resolved, plain),
+    history (one dict of metrics per finished epoch)
 """
 
 from __future__ import annotations
@@ -57,6 +58,42 @@ def load_checkpoint(path: str | Path) -> dict:
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"checkpoint {str(path)!r} holds no 'model' state dict")
     return state
+
+
+def training_state(
+    *, model, optimizer, scheduler, scaler, ema, epoch: int, step: int, best_top1: float, class_to_idx, config, history
+) -> dict:
+    """Everything a resumed run needs to continue exactly where this one is (the layout in the module doc)."""
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "ema": ema.module.state_dict() if ema is not None else None,
+        "rng": rng_state(),
+        "epoch": epoch,
+        "step": step,
+        "best_top1": best_top1,
+        "class_to_idx": dict(class_to_idx),
+        "config": config,
+        "history": list(history),
+    }
+
+
+def restore_training_state(state: dict, *, model, optimizer, scheduler, scaler, ema, path) -> None:
+    """Load a `training_state` dict into freshly built objects; a model that does not fit names the file."""
+    try:
+        model.load_state_dict(state["model"])
+    except RuntimeError as err:
+        raise CheckpointError(f"checkpoint {str(path)!r} does not fit the configured model: {err}") from err
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    if scaler is not None and state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
+    if ema is not None and state.get("ema"):
+        ema.module.load_state_dict(state["ema"])
+    if state.get("rng"):
+        set_rng_state(state["rng"])
 
 
 def rng_state() -> dict:

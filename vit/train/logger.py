@@ -3,13 +3,17 @@ plain log lines otherwise)."""
 
 from __future__ import annotations
 
+import io
 import logging
 import math
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+import numpy as np
+import torch
+from PIL import Image
 from torch.utils.tensorboard import SummaryWriter
 
 log = logging.getLogger("vit.train")
@@ -93,3 +97,39 @@ class TensorBoard:
         if self.writer is not None:
             self.writer.flush()
             self.writer.close()
+
+
+def flat_hparams(config: Mapping, prefix: str = "") -> dict:
+    """Nested config -> {"model.num_heads": 3, ...} for TensorBoard's HPARAMS view: every model/optim/sched/data
+    key (lists left out) plus trainer.epochs/seed/amp, so the runs of a sweep line up column by column."""
+    out = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            if prefix or key in ("model", "optim", "sched", "data"):
+                out.update(flat_hparams(value, f"{name}."))
+        elif not isinstance(value, (list, tuple)):
+            out[name] = "null" if value is None else value
+    if not prefix:
+        trainer = config.get("trainer", {})
+        out.update({f"trainer.{k}": trainer.get(k) for k in ("epochs", "seed", "amp") if k in trainer})
+    return out
+
+
+def attention_image(
+    model: torch.nn.Module, images: torch.Tensor, mean: Sequence[float], std: Sequence[float]
+) -> torch.Tensor:
+    """The figure of scripts/visualize_attention.py (per-head cls maps and rollout) for `images` (B, 3, H, W),
+    normalised as the loader gives them, rendered to a (3, height, width) uint8 tensor for `add_image`."""
+    from vit.analysis.attention_maps import attention_views
+    from vit.analysis.figures import attention_grid_figure
+
+    device = next(model.parameters()).device
+    views = attention_views(model, images.to(device))
+    mean_t = torch.tensor(mean).view(1, 3, 1, 1)
+    std_t = torch.tensor(std).view(1, 3, 1, 1)
+    pictures = (images.cpu().float() * std_t + mean_t).clamp(0, 1)  # undo the normalisation for display
+    buffer = io.BytesIO()
+    attention_grid_figure(pictures, views["heads"], views["rollout"], buffer, token_maps=views.get("token_stage"))
+    picture = np.array(Image.open(io.BytesIO(buffer.getvalue())).convert("RGB"))  # (height, width, 3)
+    return torch.from_numpy(picture).permute(2, 0, 1)

@@ -34,7 +34,8 @@ class StepContext:
     max_bad_steps: int = 5
     step: int = 0  # optimizer steps so far
     bad_steps: int = 0
-    skipped_steps: int = 0  # fp16 steps the scaler skipped
+    skipped_steps: int = 0  # fp16 steps the scaler skipped (counted at log time, see count_skipped_steps)
+    last_scale: float | None = None  # the GradScaler's scale when it was last read
     stop_requested: Callable[[], bool] = field(default=lambda: False)
 
 
@@ -57,6 +58,7 @@ def train_one_epoch(
 ) -> dict:
     """Train over `loader`; returns the epoch's mean loss, images/s and seconds."""
     ctx.model.train()
+    count_skipped_steps(ctx)  # the scale before this epoch's first step
     steps = len(loader) if limit_batches is None else min(len(loader), limit_batches)
     loss_sum = torch.zeros((), device=ctx.device)
     window_loss = torch.zeros((), device=ctx.device)
@@ -99,6 +101,7 @@ def train_one_epoch(
                     )
             else:
                 ctx.bad_steps = 0
+            count_skipped_steps(ctx)
             now = time.perf_counter()
             on_log(
                 i + 1,
@@ -124,6 +127,19 @@ def train_one_epoch(
     }
 
 
+def count_skipped_steps(ctx: StepContext) -> None:
+    """fp16: every step the GradScaler skips (inf/NaN gradients) multiplies its scale by the backoff factor (0.5),
+    so the skips since the last read are log_{1/backoff}(old / new). Reading the scale is a host sync, so it
+    happens here, every `log_every` steps, not in the step. (A growth, every 2000 clean steps, landing in the
+    same window as a skip hides that one skip; the count is a diagnostic.)"""
+    if ctx.scaler is None:
+        return
+    scale = ctx.scaler.get_scale()
+    if ctx.last_scale is not None and scale < ctx.last_scale:
+        ctx.skipped_steps += round(math.log(ctx.last_scale / scale, 1.0 / ctx.scaler.get_backoff_factor()))
+    ctx.last_scale = scale
+
+
 def optimizer_step(ctx: StepContext) -> torch.Tensor:
     """Unscale, clip, step, schedule, EMA. Returns the gradient norm (a device tensor)."""
     if ctx.scaler is not None:
@@ -132,11 +148,8 @@ def optimizer_step(ctx: StepContext) -> torch.Tensor:
     max_norm = ctx.grad_clip if ctx.grad_clip else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
     if ctx.scaler is not None:
-        scale_before = ctx.scaler.get_scale()
-        ctx.scaler.step(ctx.optimizer)
+        ctx.scaler.step(ctx.optimizer)  # skipped when the unscaled gradients hold inf/NaN
         ctx.scaler.update()
-        if ctx.scaler.get_scale() < scale_before:  # the scaler found inf/NaN gradients and skipped
-            ctx.skipped_steps += 1
     else:
         ctx.optimizer.step()
     ctx.optimizer.zero_grad(set_to_none=True)
