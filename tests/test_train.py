@@ -6,13 +6,17 @@ import tarfile
 from types import SimpleNamespace
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import plugin_data_pb2
 from test_data import make_tree
 from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config, run_cli
 
 from vit.train import load_checkpoint, run
+from vit.train.config import build_model_from_config
 from vit.train.evaluate import main as evaluate_main
 from vit.train.loop import count_skipped_steps
+from vit.train.optim import build_optimizer, build_scheduler, param_groups, scaled_lr
 
 EXPECTED_TAGS = {
     "train/loss",
@@ -145,6 +149,38 @@ def test_multirun_sweep_gives_each_run_its_own_directory(tmp_path):
         assert f"num_heads: {heads}" in config
         assert (sweep / str(n) / "metrics.json").is_file()
         events = EventAccumulator(str(sweep / str(n) / "tb")).Reload()
-        assert "hparam/val_top1" in events.Tags()["scalars"] or any(
-            "hparams" in str(t) for t in events.Tags().get("tensors", [])
-        )
+        assert "hparam/val_top1" in events.Tags()["scalars"]
+        hparams = logged_hparams(events)  # what TensorBoard's HPARAMS view shows as this run's row
+        assert hparams["model.num_heads"].number_value == heads
+        assert hparams["model.embed_dim"].number_value == 32 and hparams["optim.name"].string_value == "adamw"
+
+
+def logged_hparams(events: EventAccumulator) -> dict:
+    content = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
+    return dict(plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams)
+
+
+def test_weight_decay_skips_norms_biases_pos_embed_and_cls_token():
+    net = build_model_from_config(compose_config(TINY_MODEL).model)
+    decay, no_decay = param_groups(net, 0.05)
+    name_of = {id(p): n for n, p in net.named_parameters()}
+    skipped = {name_of[id(p)] for p in no_decay["params"]}
+    assert {"cls_token", "pos_embed", "norm.weight", "blocks.0.norm1.weight", "blocks.0.attn.qkv.bias"} <= skipped
+    assert all(p.ndim == 2 or p.ndim == 4 for p in decay["params"])  # linear and patch-conv weights only
+    assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
+    assert len(decay["params"]) + len(no_decay["params"]) == len(list(net.parameters()))
+
+
+def test_lr_per_512_images_scaled_warmup_then_cosine_per_step():
+    cfg = compose_config(["optim.lr=1e-3", "sched.warmup_epochs=1", "sched.warmup_lr_init=0", "sched.min_lr=0"])
+    assert scaled_lr(cfg.optim, global_batch=256) == pytest.approx(5e-4)
+    assert scaled_lr(cfg.optim, global_batch=2048) == pytest.approx(4e-3)
+    optimizer = build_optimizer(torch.nn.Linear(4, 4), cfg.optim, lr=1e-3, device=torch.device("cpu"))
+    scheduler = build_scheduler(optimizer, cfg.sched, epochs=4, steps_per_epoch=10)
+    lrs = []  # the lr each of the 40 optimizer steps uses
+    for step in range(40):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        scheduler.step_update(num_updates=step + 1)
+    assert lrs[5] == pytest.approx(5e-4) and lrs[10] == pytest.approx(1e-3)  # linear warmup over epoch 1
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:], strict=False))  # then only down
+    assert lrs[25] == pytest.approx(5e-4, rel=0.06) and lrs[-1] < 1e-5  # half way, and ~min_lr at the end

@@ -53,14 +53,16 @@ def build_optimizer(model: nn.Module, optim_cfg: Mapping, lr: float, device: tor
 def build_scheduler(
     optimizer: torch.optim.Optimizer, sched_cfg: Mapping, epochs: int, steps_per_epoch: int
 ) -> Scheduler:
-    """timm's cosine schedule counted in optimizer steps (`t_in_epochs=False`), stepped every update."""
-    total = max(1, epochs * steps_per_epoch)
+    """timm's cosine schedule counted in optimizer steps (`t_in_epochs=False`), stepped every update:
+    `warmup` steps rising linearly from warmup_lr_init to the peak, then a cosine over the remaining steps that
+    reaches min_lr with the last one (`warmup_prefix`: the cosine's t counts from the end of the warmup)."""
+    total = max(2, epochs * steps_per_epoch)
     warmup = min(total - 1, int(math.ceil(float(sched_cfg["warmup_epochs"]) * steps_per_epoch)))
     base_lr = optimizer.param_groups[0]["lr"]
     constant = sched_cfg["name"] == "constant"
     return CosineLRScheduler(
         optimizer,
-        t_initial=total if not constant else 10**12,  # "constant": a cosine too long to move
+        t_initial=total - warmup if not constant else 10**12,  # "constant": a cosine too long to move
         lr_min=float(sched_cfg.get("min_lr") or 0.0) if not constant else base_lr,
         warmup_t=warmup,
         warmup_lr_init=float(sched_cfg.get("warmup_lr_init") or 0.0),
