@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 from trainer_utils import TINY_MODEL, compose_config, run_cli
 
+from vit.cli import check_group_choices
 from vit.models import Attention
 from vit.train.config import ConfigError, build_model_from_config, validate
 
@@ -83,3 +84,12 @@ def test_bad_config_exits_2_with_one_line(tmp_path):
     lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
     assert lines[-1].startswith("config error: model.num_heads=5 must be a positive divisor of")
     assert "Traceback" not in done.stderr
+
+
+def test_unknown_group_choice_exits_2_naming_the_options(capsys):
+    check_group_choices(["model=vit_small", "data=synthetic", "model.num_heads=4", "experiment=null"])  # all fine
+    with pytest.raises(SystemExit) as exit_info:
+        check_group_choices(["-m", "model=vit_tiny,vit_huge", "trainer.epochs=1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("config error: model=vit_huge is not a known model config; known:") and "vit_tiny" in err

@@ -33,9 +33,29 @@ def train_task(cfg) -> float | None:
     return (metrics.get("final") or {}).get("val_top1")
 
 
+def check_group_choices(args: list[str]) -> None:
+    """`model=vit_huge`: Hydra would stop with exit code 1; like every other bad setting it exits 2 here, naming
+    the known options. Comma lists (multirun sweeps over groups) are checked choice by choice."""
+    for arg in args:
+        group, sep, value = arg.partition("=")
+        group_dir = Path(CONFIG_DIR) / group
+        if not sep or not group.isidentifier() or not group_dir.is_dir() or "(" in value:
+            continue  # not a group choice (a key, hydra.*, +/~ edits), or a sweep function Hydra expands
+        known = sorted(p.stem for p in group_dir.glob("*.yaml"))
+        for choice in value.split(","):
+            if choice not in known and not (group == "experiment" and choice == "null"):
+                print(
+                    f"config error: {group}={choice} is not a known {group} config; known: {', '.join(known)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                raise SystemExit(2)
+
+
 def train_main() -> None:
     import hydra
 
+    check_group_choices(sys.argv[1:])
     hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")(train_task)()
 
 
