@@ -67,6 +67,8 @@ def test_shape_overrides_take_effect():
         (["data.augment.label_smoothing=1.5"], "data.augment.label_smoothing=1.5"),
         (["optim.lr=0"], "optim.lr=0"),
         (["trainer.amp=fp8"], "trainer.amp='fp8'"),
+        (["trainer.compile=yes"], "trainer.compile='yes' must be true, false or auto"),
+        (["data.augment.mixup_prob=1.5"], r"data.augment.mixup_prob=1.5 must be in \[0, 1\]"),
         (["trainer.epochs=0"], "trainer.epochs=0"),
         (["trainer.resume=/no/such.pt"], "trainer.resume='/no/such.pt'"),
     ],

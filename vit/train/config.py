@@ -20,6 +20,7 @@ class ConfigError(ValueError):
 
 AMP_MODES = ("bf16", "fp16", "none")
 DEVICES = ("auto", "cpu", "cuda")
+PROGRESS = ("auto", "bar", "log")
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("cosine", "constant")
 
@@ -71,10 +72,11 @@ def validate(cfg: DictConfig) -> None:
         root = Path(str(data.root)).expanduser()
         _require(root.is_dir() or is_archive(root), f"data.root={str(data.root)!r} does not exist")
     aug = data.get("augment") or {}
-    for key in ("re_prob", "label_smoothing", "mixup_prob"):
+    for key in ("re_prob", "label_smoothing"):
         value = float(aug.get(key, 0.0))
-        upper_ok = value <= 1.0 if key == "mixup_prob" else value < 1.0
-        _require(0.0 <= value and upper_ok, f"data.augment.{key}={value} must be in [0, 1)")
+        _require(0.0 <= value < 1.0, f"data.augment.{key}={value} must be in [0, 1)")
+    mixup_prob = float(aug.get("mixup_prob", 1.0))
+    _require(0.0 <= mixup_prob <= 1.0, f"data.augment.mixup_prob={mixup_prob} must be in [0, 1]")
     for key in ("mixup_alpha", "cutmix_alpha"):
         _require(float(aug.get(key, 0.0)) >= 0, f"data.augment.{key}={aug.get(key)} must be >= 0")
 
@@ -87,6 +89,10 @@ def validate(cfg: DictConfig) -> None:
     _require(int(trainer.epochs) > 0, f"trainer.epochs={trainer.epochs} must be positive")
     _require(trainer.amp in AMP_MODES, f"trainer.amp={trainer.amp!r} must be one of {AMP_MODES}")
     _require(trainer.device in DEVICES, f"trainer.device={trainer.device!r} must be one of {DEVICES}")
+    _require(
+        trainer.compile in (True, False, "auto"), f"trainer.compile={trainer.compile!r} must be true, false or auto"
+    )
+    _require(trainer.progress in PROGRESS, f"trainer.progress={trainer.progress!r} must be one of {PROGRESS}")
     _require(int(trainer.accum_steps) >= 1, f"trainer.accum_steps={trainer.accum_steps} must be >= 1")
     _require(int(trainer.log_every_n_steps) >= 1, f"trainer.log_every_n_steps={trainer.log_every_n_steps} must be >= 1")
     _require(0.0 < float(trainer.ema_decay) < 1.0, f"trainer.ema_decay={trainer.ema_decay} must be in (0, 1)")
