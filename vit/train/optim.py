@@ -62,7 +62,8 @@ def build_scheduler(
     constant = sched_cfg["name"] == "constant"
     return CosineLRScheduler(
         optimizer,
-        t_initial=total - warmup if not constant else 10**12,  # "constant": a cosine too long to move
+        # "constant": a cosine too long to move. (2 at least: timm warns that a 1-step cosine does nothing.)
+        t_initial=max(2, total - warmup) if not constant else 10**12,
         lr_min=float(sched_cfg.get("min_lr") or 0.0) if not constant else base_lr,
         warmup_t=warmup,
         warmup_lr_init=float(sched_cfg.get("warmup_lr_init") or 0.0),
