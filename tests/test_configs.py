@@ -5,8 +5,11 @@ from pathlib import Path
 import pytest
 from trainer_utils import TINY_MODEL, compose_config, run_cli
 
-from vit.cli import check_group_choices
+import vit.train
+from vit.cli import check_group_choices, train_task
+from vit.data import DataError
 from vit.models import Attention
+from vit.train import CheckpointError
 from vit.train.config import ConfigError, build_model_from_config, validate
 
 MODELS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs" / "model").glob("*.yaml"))
@@ -95,3 +98,20 @@ def test_unknown_group_choice_exits_2_naming_the_options(capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("config error: model=vit_huge is not a known model config; known:") and "vit_tiny" in err
+
+
+@pytest.mark.parametrize(
+    ("error", "line"),
+    [
+        (DataError("data.root='/x' holds no train/ folder"), "data error: data.root='/x' holds no train/ folder"),
+        (CheckpointError("checkpoint 'a.pt' does not fit"), "checkpoint error: checkpoint 'a.pt' does not fit"),
+    ],
+)
+def test_data_and_checkpoint_errors_exit_2_with_one_line(error, line, monkeypatch, capsys):
+    def failing_run(cfg):
+        raise error
+
+    monkeypatch.setattr(vit.train, "run", failing_run)  # what the Hydra task calls
+    with pytest.raises(SystemExit) as exit_info:
+        train_task(compose_config([]))
+    assert exit_info.value.code == 2 and capsys.readouterr().err.strip() == line

@@ -102,6 +102,8 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float) -> dict:
     elif device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    if device.type == "cuda":  # sys/gpu_mem_gib is this run's peak, also after earlier runs of a multirun sweep
+        torch.cuda.reset_peak_memory_stats(device)
 
     # The model first: a bad model setting fails here, before any data is read. With `num_classes: null` the
     # data decides, and the model is rebuilt with its class count (same seed, so the same initial weights).
