@@ -166,6 +166,11 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float) -> dict:
     attn_every = int(tcfg.attn_maps_every_n_epochs or 0)
     stop_after = int(tcfg.stop_after_epoch) if tcfg.stop_after_epoch else None
     limit_val = tcfg.limit_val_batches
+
+    def on_log(step_in_epoch: int, values: dict) -> None:  # every log_every_n_steps, with values already on the host
+        tb.scalars(values, ctx.step)
+        console.update(step_in_epoch, ctx.step, values["train/loss"], values["train/lr"], values["train/img_per_s"])
+
     stop = StopSignal()
     ctx.stop_requested = stop.requested
     previous_handlers = stop.install()
@@ -174,12 +179,6 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float) -> dict:
             seed_everything(epoch_seed(seed, epoch))
             set_loader_epoch(bundle.train_loader, bundle.train_sampler, seed, epoch)
             console.start_epoch(epoch, epochs, train_batches)
-
-            def on_log(step_in_epoch: int, values: dict) -> None:
-                tb.scalars(values, ctx.step)
-                console.update(
-                    step_in_epoch, ctx.step, values["train/loss"], values["train/lr"], values["train/img_per_s"]
-                )
 
             train = train_one_epoch(ctx, bundle.train_loader, limit_batches=tcfg.limit_train_batches, on_log=on_log)
             if stop.requested():
