@@ -31,7 +31,7 @@ class DataBundle:
     img_size: int
     num_train: int
     num_val: int
-    train_sampler: Sampler | None = None  # DistributedSampler to `set_epoch` on, when world_size > 1
+    train_sampler: Sampler | None = None  # the torch loader's DistributedSampler, to `set_epoch` on
     loader_kind: str = "torch"
 
 
@@ -62,17 +62,33 @@ def _seed_worker(worker_id: int) -> None:
     random.seed(seed)
 
 
+class ShardSampler(Sampler):
+    """Validation indices rank, rank + world_size, ...: every image evaluated exactly once over all ranks
+    (DistributedSampler would pad with repeats, skewing the all-reduced accuracy)."""
+
+    def __init__(self, size: int, rank: int = 0, world_size: int = 1) -> None:
+        self.size, self.rank, self.world_size = size, rank, world_size
+
+    def __iter__(self):
+        return iter(range(self.rank, self.size, self.world_size))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.size, self.world_size))
+
+
 def _torch_loader(dataset, cfg, *, train, device, seed, rank, world_size, batch_size):
     workers = cfg.get("num_workers")
     workers = default_workers() if workers is None else int(workers)
-    sampler = None
-    if world_size > 1:
-        sampler = DistributedSampler(dataset, world_size, rank, shuffle=train, seed=seed, drop_last=train)
+    if train:
+        # Also with one process: the permutation is then the same for every world size, and global batch k
+        # (rank r takes every world_size-th index) holds the same images whether 1 or N processes train.
+        sampler = DistributedSampler(dataset, world_size, rank, shuffle=True, seed=seed, drop_last=True)
+    else:
+        sampler = ShardSampler(len(dataset), rank, world_size)
     generator = torch.Generator().manual_seed(seed)
     loader = DataLoader(
         dataset,
         batch_size=batch_size,
-        shuffle=train and sampler is None,
         sampler=sampler,
         drop_last=train,
         num_workers=workers,

@@ -30,8 +30,9 @@ def use_progress_bar(setting: str) -> bool:
 class Console:
     """Per-epoch progress: a tqdm bar (loss, lr, img/s, ETA) on a terminal, a log line every N steps elsewhere."""
 
-    def __init__(self, progress: str) -> None:
-        self.bar_enabled = use_progress_bar(progress)
+    def __init__(self, progress: str, enabled: bool = True) -> None:
+        self.enabled = enabled  # off on torchrun ranks other than 0
+        self.bar_enabled = enabled and use_progress_bar(progress)
         self._bar = None
 
     def start_epoch(self, epoch: int, epochs: int, steps: int) -> None:
@@ -47,6 +48,8 @@ class Console:
             self._bar.n = step_in_epoch
             self._bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", img_s=f"{img_s:,.0f}", refresh=False)
             self._bar.refresh()
+            return
+        if not self.enabled:
             return
         elapsed = time.perf_counter() - self.start
         eta = elapsed / max(step_in_epoch, 1) * (self.steps - step_in_epoch)
@@ -66,7 +69,8 @@ class Console:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        log.info(summary)
+        if self.enabled:
+            log.info(summary)
 
 
 class TensorBoard:

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vit.train.distributed import Distributed
+
 
 @dataclass
 class StepContext:
@@ -32,8 +34,11 @@ class StepContext:
     accum_steps: int = 1
     log_every: int = 50
     max_bad_steps: int = 5
+    dist: Distributed = field(default_factory=Distributed)
+    ddp: nn.Module | None = None  # the DistributedDataParallel wrapper, for `no_sync` while accumulating
     step: int = 0  # optimizer steps so far
-    bad_steps: int = 0
+    bad_run: torch.Tensor | None = None  # (,) consecutive non-finite losses up to the latest step, on the device
+    worst_bad_run: torch.Tensor | None = None  # (,) the longest such run since the last log
     skipped_steps: int = 0  # fp16 steps the scaler skipped (counted at log time, see count_skipped_steps)
     last_scale: float | None = None  # the GradScaler's scale when it was last read
     stop_requested: Callable[[], bool] = field(default=lambda: False)
@@ -49,6 +54,48 @@ def autocast(ctx: StepContext):
     return torch.autocast(ctx.device.type, dtype=ctx.amp_dtype)
 
 
+def sync_context(ctx: StepContext, last_micro_step: bool):
+    """DDP all-reduces gradients in backward; while accumulating, only the last micro-batch needs to."""
+    if ctx.ddp is None or last_micro_step:
+        return nullcontext()
+    return ctx.ddp.no_sync()
+
+
+def stop_agreed(ctx: StepContext) -> bool:
+    """Whether to stop now. Every rank must leave the loop at the same step (or the others would wait for it in
+    the next all-reduce), so under torchrun the ranks' flags are combined; they are all asked at the same steps."""
+    return ctx.dist.any(ctx.stop_requested(), ctx.device)
+
+
+def check_finite(ctx: StepContext, loss: torch.Tensor) -> None:
+    """Count consecutive non-finite losses on the device, without a host sync (read at log time)."""
+    if ctx.bad_run is None:
+        ctx.bad_run = torch.zeros((), dtype=torch.long, device=ctx.device)
+        ctx.worst_bad_run = torch.zeros((), dtype=torch.long, device=ctx.device)
+    ctx.bad_run = torch.where(torch.isfinite(loss), 0, ctx.bad_run + 1)
+    ctx.worst_bad_run = torch.maximum(ctx.worst_bad_run, ctx.bad_run)
+
+
+def raise_if_diverged(ctx: StepContext) -> None:
+    """fp16: the GradScaler skips steps with inf/NaN gradients (counted, not fatal). Otherwise a non-finite loss
+    has already poisoned the weights, so `max_bad_steps` in a row stop the run before a checkpoint stores them."""
+    if ctx.worst_bad_run is None:
+        return
+    worst = int(ctx.dist.max_(ctx.worst_bad_run.clone()).item())
+    ctx.worst_bad_run.zero_()
+    if ctx.scaler is None and worst >= ctx.max_bad_steps:
+        raise NonFiniteLossError(
+            f"the loss was not finite for {worst} consecutive steps (trainer.max_bad_steps={ctx.max_bad_steps}), "
+            f"detected at step {ctx.step}; the checkpoints of the last finished epoch are kept"
+        )
+
+
+def weights_finite(model: nn.Module) -> bool:
+    """One host sync: whether every parameter is finite (checked before a checkpoint overwrites a good one)."""
+    params = [p.detach() for p in model.parameters()]
+    return bool(torch.isfinite(torch.stack(torch._foreach_norm(params))).all().item()) if params else True
+
+
 def train_one_epoch(
     ctx: StepContext,
     loader: Iterable,
@@ -56,10 +103,14 @@ def train_one_epoch(
     limit_batches: int | None,
     on_log: Callable[[int, dict], None],
 ) -> dict:
-    """Train over `loader`; returns the epoch's mean loss, images/s and seconds."""
+    """Train over `loader`; returns the epoch's mean loss, images/s, seconds, steps and whether a stop was
+    requested (then the epoch is unfinished)."""
     ctx.model.train()
     count_skipped_steps(ctx)  # the scale before this epoch's first step
     steps = len(loader) if limit_batches is None else min(len(loader), limit_batches)
+    if stop_agreed(ctx):  # a signal that came during the last evaluation or checkpoint
+        return {"loss": float("nan"), "img_per_s": 0.0, "seconds": 0.0, "steps": 0, "stopped": True}
+    stopped = False
     loss_sum = torch.zeros((), device=ctx.device)
     window_loss = torch.zeros((), device=ctx.device)
     window_grad = torch.zeros((), device=ctx.device)
@@ -73,34 +124,33 @@ def train_one_epoch(
         targets = targets.to(ctx.device, non_blocking=True)
         if ctx.mixup_fn is not None:
             images, targets = ctx.mixup_fn(images, targets)  # soft targets (B, classes)
-        with autocast(ctx):
-            loss = ctx.criterion(ctx.model(images), targets)
-        if ctx.scaler is not None:
-            ctx.scaler.scale(loss / ctx.accum_steps).backward()
-        else:
-            (loss / ctx.accum_steps).backward()
+        last_micro_step = (i + 1) % ctx.accum_steps == 0 or i + 1 == steps
+        with sync_context(ctx, last_micro_step):
+            with autocast(ctx):
+                loss = ctx.criterion(ctx.model(images), targets)
+            if ctx.scaler is not None:
+                ctx.scaler.scale(loss / ctx.accum_steps).backward()
+            else:
+                (loss / ctx.accum_steps).backward()
         loss = loss.detach()
+        check_finite(ctx, loss)
         loss_sum += loss
         window_loss += loss
         window_count += 1
         images_seen += images.shape[0]
         window_images += images.shape[0]
 
-        if (i + 1) % ctx.accum_steps == 0 or i + 1 == steps:
+        if last_micro_step:
             window_grad += optimizer_step(ctx)
             window_opt_steps += 1
 
-        if (i + 1) % ctx.log_every == 0 or i + 1 == steps:
-            mean_loss = (window_loss / window_count).item()  # the one host sync, every log_every steps
-            if not math.isfinite(mean_loss):
-                ctx.bad_steps += window_count
-                if ctx.scaler is None and ctx.bad_steps >= ctx.max_bad_steps:
-                    raise NonFiniteLossError(
-                        f"loss is {mean_loss} at step {ctx.step} ({ctx.bad_steps} non-finite steps in a row); "
-                        "stopping, the last good checkpoint is kept"
-                    )
-            else:
-                ctx.bad_steps = 0
+        log_step = (i + 1) % ctx.log_every == 0 or i + 1 == steps
+        if log_step:
+            raise_if_diverged(ctx)
+            # The host syncs, every log_every steps: the window's mean loss (over all ranks) and images seen.
+            totals = torch.stack([window_loss / window_count, window_loss.new_tensor(float(window_images))])
+            totals = ctx.dist.sum_(totals) / totals.new_tensor([ctx.dist.world_size, 1.0])
+            mean_loss, global_images = totals.tolist()
             count_skipped_steps(ctx)
             now = time.perf_counter()
             on_log(
@@ -109,21 +159,24 @@ def train_one_epoch(
                     "train/loss": mean_loss,
                     "train/lr": ctx.optimizer.param_groups[0]["lr"],
                     "train/grad_norm": (window_grad / max(1, window_opt_steps)).item(),
-                    "train/img_per_s": window_images / max(now - window_start, 1e-9),
+                    "train/img_per_s": global_images / max(now - window_start, 1e-9),
                 },
             )
             window_loss.zero_()
             window_grad.zero_()
             window_count, window_opt_steps, window_images, window_start = 0, 0, 0, now
-        if ctx.stop_requested():
+        # Single process: stop after any step. Under torchrun: at log steps, where the ranks compare flags.
+        if (log_step or not ctx.dist.enabled) and stop_agreed(ctx):
+            stopped = True
             break
     seconds = time.perf_counter() - start
     done = max(1, min(i + 1, steps)) if steps else 1
     return {
         "loss": (loss_sum / done).item(),
-        "img_per_s": images_seen / max(seconds, 1e-9),
+        "img_per_s": images_seen * ctx.dist.world_size / max(seconds, 1e-9),  # global
         "seconds": seconds,
         "steps": done,
+        "stopped": stopped,
     }
 
 
@@ -168,9 +221,11 @@ def evaluate(
     amp_dtype: torch.dtype | None,
     limit_batches: int | None = None,
     num_classes: int | None = None,
+    dist: Distributed | None = None,
 ) -> dict:
     """Top-1, top-5 and mean cross-entropy over the loader (sums kept on the device until the end).
-    With `num_classes`, also the confusion matrix (rows: true class, columns: predicted)."""
+    With `num_classes`, also the confusion matrix (rows: true class, columns: predicted).
+    Under torchrun each rank evaluates its shard and the sums are all-reduced: every rank gets the totals."""
     model.eval()
     correct1 = torch.zeros((), device=device, dtype=torch.long)
     correct5 = torch.zeros((), device=device, dtype=torch.long)
@@ -195,11 +250,17 @@ def evaluate(
                 num_classes, num_classes
             )
         count += targets.shape[0]
-    count = max(count, 1)
+    sums = torch.stack([correct1.double(), correct5.double(), loss_sum.double(), loss_sum.new_tensor(count).double()])
+    if dist is not None:
+        dist.sum_(sums)
+        if confusion is not None:
+            dist.sum_(confusion)
+    correct1, correct5, loss_total, count = sums.tolist()
+    count = max(int(count), 1)
     result = {
-        "top1": 100.0 * correct1.item() / count,
-        "top5": 100.0 * correct5.item() / count,
-        "loss": loss_sum.item() / count,
+        "top1": 100.0 * correct1 / count,
+        "top5": 100.0 * correct5 / count,
+        "loss": loss_total / count,
         "count": count,
     }
     if confusion is not None:

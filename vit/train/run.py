@@ -5,6 +5,9 @@ schedule, EMA, AMP, compile -> resume -> for each epoch: train, evaluate (raw an
 
 Run directory (Hydra's, or `output_dir`): .hydra/ (written by Hydra), tb/ (TensorBoard events),
 checkpoints/{last,best}.pt, metrics.json.
+
+Under `torchrun` (see vit/train/distributed.py) every rank runs this same function on its shard of the data;
+rank 0's run directory is the run's, and only rank 0 writes into it.
 """
 
 from __future__ import annotations
@@ -31,8 +34,9 @@ from vit.train.checkpoint import (
     training_state,
 )
 from vit.train.config import ConfigError, build_model_from_config, resolve_device, validate
+from vit.train.distributed import Distributed, setup_distributed
 from vit.train.logger import Console, TensorBoard, attention_image, flat_hparams
-from vit.train.loop import StepContext, evaluate, train_one_epoch
+from vit.train.loop import NonFiniteLossError, StepContext, evaluate, train_one_epoch, weights_finite
 from vit.train.optim import build_optimizer, build_scheduler, scaled_lr
 from vit.train.signals import StopSignal
 
@@ -54,14 +58,19 @@ def epoch_seed(seed: int, epoch: int) -> int:
     return seed * 100_003 + epoch
 
 
-def set_loader_epoch(loader, sampler, seed: int, epoch: int) -> None:
+def rank_seed(seed: int, rank: int) -> int:
+    """Rank 0 draws what a single process would; other ranks draw other augmentations and drop-path masks."""
+    return seed + 1_000_033 * rank
+
+
+def set_loader_epoch(loader, sampler, seed: int, epoch: int, rank: int = 0) -> None:
     if hasattr(loader, "set_epoch"):  # the GPU-resident loader
         loader.set_epoch(epoch)
-    if sampler is not None:
+    if sampler is not None:  # the shuffle order: (seed, epoch), the same on every rank
         sampler.set_epoch(epoch)
     generator = getattr(loader, "generator", None)
-    if generator is not None:  # torch DataLoader: its shuffle order and worker seeds come from here
-        generator.manual_seed(epoch_seed(seed, epoch))
+    if generator is not None:  # torch DataLoader: its worker seeds come from here
+        generator.manual_seed(rank_seed(epoch_seed(seed, epoch), rank))
 
 
 def hydra_output_dir() -> Path | None:
@@ -78,22 +87,31 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict:
     (`output_dir`, else Hydra's). Returns the metrics written to metrics.json."""
     wall_start = time.perf_counter()
     validate(cfg)
-    run_dir = Path(output_dir) if output_dir is not None else hydra_output_dir()
-    if run_dir is None:
+    own_dir = Path(output_dir) if output_dir is not None else hydra_output_dir()
+    if own_dir is None:
         raise ConfigError("no run directory: call run(cfg, output_dir=...) or start through train.py")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    dist = setup_distributed(resolve_device(cfg.trainer.device))
+    if not dist.is_main:  # the console is rank 0's; other ranks speak only of problems
+        logging.getLogger("vit").setLevel(logging.WARNING)
+    # Each torchrun worker's Hydra names its directory by its own clock: rank 0's is the run's.
+    run_dir = Path(dist.broadcast(str(own_dir)))
+    if dist.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    elif own_dir != run_dir and own_dir.is_dir() and not any(own_dir.iterdir()):
+        own_dir.rmdir()  # the empty directory this worker's Hydra made for itself
     # Deterministic mode is process-wide: put it back afterwards, so later work in this process (tests, notebooks)
     # is not slowed or broken by it.
     previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     try:
-        return _train(cfg, run_dir, wall_start)
+        return _train(cfg, run_dir, wall_start, dist)
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+        dist.close()
 
 
-def _train(cfg: DictConfig, run_dir: Path, wall_start: float) -> dict:
+def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed) -> dict:
     tcfg = cfg.trainer
-    device = resolve_device(tcfg.device)
+    device = dist.device(resolve_device(tcfg.device))
     seed = int(tcfg.seed)
     seed_everything(seed)
     if tcfg.deterministic:
@@ -109,7 +127,7 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float) -> dict:
     # data decides, and the model is rebuilt with its class count (same seed, so the same initial weights).
     num_classes_cfg = cfg.model.get("num_classes")
     model = build_model_from_config(cfg.model, num_classes=num_classes_cfg or 1000)
-    bundle = build_data(cfg.data, device=device, seed=seed)
+    bundle = build_data(cfg.data, device=device, seed=seed, rank=dist.rank, world_size=dist.world_size)
     if num_classes_cfg is None and getattr(model, "num_classes", None) != bundle.num_classes:
         seed_everything(seed)
         model = build_model_from_config(cfg.model, num_classes=bundle.num_classes)
@@ -118,7 +136,8 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float) -> dict:
     log.info("%s: %.2f M params, %.3f GMACs per image", cfg.model.name, cost.params / 1e6, cost.macs / 1e9)
 
     accum = int(tcfg.accum_steps)
-    lr = scaled_lr(cfg.optim, global_batch=int(cfg.data.batch_size) * accum)
+    global_batch = int(cfg.data.batch_size) * accum * dist.world_size  # data.batch_size is per process
+    lr = scaled_lr(cfg.optim, global_batch=global_batch)
     optimizer = build_optimizer(model, cfg.optim, lr, device)
     train_batches = len(bundle.train_loader)
     if tcfg.limit_train_batches:
@@ -130,8 +149,13 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float) -> dict:
     # EMA warmup (timm): the decay ramps up over the first steps, so short runs get a useful average too.
     ema = ModelEmaV3(model, decay=float(tcfg.ema_decay), use_warmup=bool(tcfg.ema_warmup)) if tcfg.ema else None
     use_compile = device.type == "cuda" if str(tcfg.compile) == "auto" else bool(tcfg.compile)
+    ddp = None
+    if dist.enabled:  # broadcasts rank 0's weights; all-reduces (averages) the gradients in backward
+        device_ids = [device.index] if device.type == "cuda" else None
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    step_model = ddp if ddp is not None else model
     ctx = StepContext(
-        model=torch.compile(model, mode=tcfg.compile_mode) if use_compile else model,
+        model=torch.compile(step_model, mode=tcfg.compile_mode) if use_compile else step_model,
         raw_model=model,
         optimizer=optimizer,
         scheduler=scheduler,
@@ -145,12 +169,14 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float) -> dict:
         accum_steps=accum,
         log_every=int(tcfg.log_every_n_steps),
         max_bad_steps=int(tcfg.max_bad_steps),
+        dist=dist,
+        ddp=ddp,
     )
     parts = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, "ema": ema}
 
     resolved = OmegaConf.to_container(cfg, resolve=True)
     start_epoch, best_top1, history = 0, -1.0, []
-    resume_path = resume_checkpoint_path(tcfg.resume, run_dir, resolved)
+    resume_path = dist.broadcast(resume_checkpoint_path(tcfg.resume, run_dir, resolved) if dist.is_main else None)
     if resume_path is not None:
         state = load_checkpoint(resume_path)
         restore_training_state(state, path=resume_path, **parts)
@@ -159,8 +185,9 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float) -> dict:
         history = list(state.get("history", []))
         log.info("resumed from %s at epoch %d (step %d)", resume_path, start_epoch, ctx.step)
 
-    tb = TensorBoard(str(run_dir / "tb"))
-    console = Console(str(tcfg.progress))
+    main = dist.is_main  # only rank 0 writes: events, checkpoints, console lines, metrics.json
+    tb = TensorBoard(str(run_dir / "tb"), enabled=main)
+    console = Console(str(tcfg.progress), enabled=main)
     ckpt_dir = run_dir / "checkpoints"
     fixed_images = first_val_images(bundle.val_loader, ATTENTION_IMAGES)
     attn_every = int(tcfg.attn_maps_every_n_epochs or 0)
@@ -176,25 +203,28 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float) -> dict:
     previous_handlers = stop.install()
     try:
         for epoch in range(start_epoch, epochs):
-            seed_everything(epoch_seed(seed, epoch))
-            set_loader_epoch(bundle.train_loader, bundle.train_sampler, seed, epoch)
+            seed_everything(rank_seed(epoch_seed(seed, epoch), dist.rank))
+            set_loader_epoch(bundle.train_loader, bundle.train_sampler, seed, epoch, dist.rank)
             console.start_epoch(epoch, epochs, train_batches)
 
             train = train_one_epoch(ctx, bundle.train_loader, limit_batches=tcfg.limit_train_batches, on_log=on_log)
-            if stop.requested():
+            if train["stopped"]:
                 # The epoch is unfinished: its partial progress is dropped and last.pt stays the checkpoint of
                 # the last finished epoch, so a resumed run redoes this epoch exactly as it would have run.
-                print(
-                    f"stopped by {stop.name} during epoch {epoch + 1} at step {ctx.step}; checkpoint of epoch "
-                    f"{epoch} kept in {ckpt_dir}. Resume with the same command plus trainer.resume=auto",
-                    flush=True,
-                )
+                if main:
+                    print(
+                        f"stopped by {stop.name or 'a signal'} during epoch {epoch + 1} at step {ctx.step}; "
+                        f"checkpoint of epoch {epoch} kept in {ckpt_dir}. Resume with the same command plus "
+                        "trainer.resume=auto",
+                        flush=True,
+                    )
                 break
-            val = evaluate(model, bundle.val_loader, device, amp_dtype, limit_val)
-            val_ema = evaluate(ema.module, bundle.val_loader, device, amp_dtype, limit_val) if ema else None
+            val = evaluate(model, bundle.val_loader, device, amp_dtype, limit_val, dist=dist)
+            val_ema = evaluate(ema.module, bundle.val_loader, device, amp_dtype, limit_val, dist=dist) if ema else None
             history.append(epoch_record(epoch, ctx.step, train, val, val_ema))
             tb.scalars(epoch_scalars(train, val, val_ema, device, ctx.skipped_steps), ctx.step)
-            if attn_every and fixed_images is not None and ((epoch + 1) % attn_every == 0 or epoch + 1 == epochs):
+            attn_due = attn_every and ((epoch + 1) % attn_every == 0 or epoch + 1 == epochs)
+            if main and attn_due and fixed_images is not None:
                 tb.image(
                     "attention/heads_and_rollout",
                     attention_image(model, fixed_images, bundle.mean, bundle.std),
@@ -207,7 +237,12 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float) -> dict:
             )
             is_best = val["top1"] > best_top1
             best_top1 = max(best_top1, val["top1"])
-            if tcfg.save_checkpoints:
+            if not weights_finite(model):  # non-finite steps too few to stop the loop, but the weights are lost
+                raise NonFiniteLossError(
+                    f"the weights are not finite after epoch {epoch + 1} (step {ctx.step}); the checkpoints of "
+                    f"epoch {epoch} are kept"
+                )
+            if tcfg.save_checkpoints and main:
                 state = training_state(
                     **parts,
                     epoch=epoch + 1,
@@ -231,6 +266,9 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float) -> dict:
 
     metrics = run_metrics(cfg, history, cost, time.perf_counter() - wall_start, bundle, use_compile, device)
     metrics["stopped_by_signal"] = stop.name
+    metrics["world_size"] = dist.world_size
+    if not main:
+        return metrics
     (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
     tb.hparams(
         flat_hparams(resolved),

@@ -1,0 +1,187 @@
+"""Data-parallel training under torchrun, on the CPU with gloo and 2 processes: the same global batch gives the
+weights of a single-process run (fp32 tolerance), with and without gradient accumulation (`no_sync`), and a
+stopped distributed run resumes to the weights of the uninterrupted one.
+
+Why they should agree: the train permutation is drawn from (seed, epoch) alone, rank r takes every 2nd index,
+so global batch k holds the same images in both runs; DDP averages the ranks' mean gradients, which is the mean
+over the global batch. Nothing random remains inside a step (no drop path, no augmentation, no mixup).
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from trainer_utils import REPO, TINY_MODEL
+
+from vit.train import load_checkpoint
+
+# 256 training images = 8 global batches of 32 per epoch.
+COMMON = ["data=synthetic", "data.synthetic.num_train=256", "data.synthetic.num_val=60", *TINY_MODEL]
+COMMON += ["model.drop_path_rate=0.0", "trainer.epochs=2", "trainer.device=cpu", "trainer.ema=true"]
+COMMON += ["trainer.log_every_n_steps=4", "trainer.attn_maps_every_n_epochs=0", "trainer.progress=log"]
+
+
+def train(run_dir, extra: list[str], nproc: int = 1) -> subprocess.CompletedProcess:
+    launcher = [sys.executable]
+    if nproc > 1:
+        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [*launcher, str(REPO / "train.py"), *COMMON, *extra, f"hydra.run.dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+
+
+def finished(run_dir, proc) -> dict:
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return load_checkpoint(run_dir / "checkpoints" / "last.pt")
+
+
+def assert_close_weights(a: dict, b: dict, atol=2e-5) -> None:
+    assert (a["epoch"], a["step"]) == (b["epoch"], b["step"])
+    for key in a["model"]:
+        torch.testing.assert_close(a["model"][key], b["model"][key], atol=atol, rtol=1e-4, msg=key)
+
+
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("single")
+    return finished(run_dir, train(run_dir, ["data.batch_size=32"]))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("ddp")
+    proc = train(run_dir, ["data.batch_size=16"], nproc=2)
+    return run_dir, proc, finished(run_dir, proc)
+
+
+def test_two_ranks_match_one_process_with_the_same_global_batch(single, two_ranks):
+    run_dir, proc, state = two_ranks
+    assert state["step"] == 16  # 2 epochs of 256 / (2 ranks x 16)
+    assert_close_weights(state, single)
+    torch.testing.assert_close(state["ema"], single["ema"], atol=2e-5, rtol=1e-4)
+    # Validation: each rank its shard, sums all-reduced -> the single process's numbers over all 60 images.
+    for ours, reference in zip(state["history"], single["history"], strict=True):
+        assert ours["val_top1"] == pytest.approx(reference["val_top1"], abs=1e-6)
+        assert ours["val_loss"] == pytest.approx(reference["val_loss"], rel=1e-4)
+
+
+def test_only_rank_0_writes(two_ranks):
+    run_dir, proc, _ = two_ranks
+    # events.out.tfevents.<time>.<host>.<pid>.<n>: the scalars file and the hparams file, both of one process
+    writers = {path.name.split(".")[-2] for path in (run_dir / "tb").glob("events.out.tfevents.*")}
+    assert len(writers) == 1
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["best.pt", "last.pt"]
+    for line in ("epoch 2/2: train loss", "M params"):  # console lines from rank 0 alone
+        assert proc.stdout.count(line) == 1, proc.stdout[-3000:]
+
+
+def test_accumulation_under_ddp_skips_the_sync_and_matches(single, tmp_path, monkeypatch):
+    # 2 ranks x 8 images x 2 micro-batches = the same global batch of 32.
+    proc = train(tmp_path, ["data.batch_size=8", "trainer.accum_steps=2"], nproc=2)
+    assert_close_weights(finished(tmp_path, proc), single)
+
+
+def test_stopped_distributed_run_resumes_to_the_same_weights(two_ranks, tmp_path):
+    _, _, uninterrupted = two_ranks
+    first = train(tmp_path, ["data.batch_size=16", "trainer.stop_after_epoch=1"], nproc=2)
+    assert finished(tmp_path, first)["epoch"] == 1
+    resumed = train(tmp_path, ["data.batch_size=16", "trainer.resume=auto"], nproc=2)
+    assert "resumed from" in resumed.stdout
+    assert_close_weights(finished(tmp_path, resumed), uninterrupted, atol=1e-6)
+
+
+def step_context(model, **kwargs):
+    from timm.scheduler import CosineLRScheduler
+
+    from vit.train.loop import StepContext
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    defaults = dict(
+        model=model,
+        raw_model=model,
+        optimizer=optimizer,
+        scheduler=CosineLRScheduler(optimizer, t_initial=100),
+        criterion=torch.nn.CrossEntropyLoss(),
+        device=torch.device("cpu"),
+        amp_dtype=None,
+        scaler=None,
+        log_every=4,
+    )
+    return StepContext(**{**defaults, **kwargs})
+
+
+def batches(count, poison=()):
+    gen = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(count):
+        x = torch.randn(4, 8, generator=gen)
+        out.append((x * float("nan") if i in poison else x, torch.randint(0, 3, (4,), generator=gen)))
+    return out
+
+
+def test_no_sync_on_every_micro_batch_but_the_last_of_a_step():
+    from contextlib import nullcontext
+
+    from vit.train.loop import train_one_epoch
+
+    class CountingDDP:
+        calls = 0
+
+        def no_sync(self):
+            CountingDDP.calls += 1
+            return nullcontext()
+
+    ctx = step_context(torch.nn.Linear(8, 3), ddp=CountingDDP(), accum_steps=4)
+    train_one_epoch(ctx, batches(10), limit_batches=None, on_log=lambda *a: None)
+    # steps of micro-batches [0-3], [4-7], [8-9]: the last of each syncs -> 3 + 3 + 1 without sync
+    assert CountingDDP.calls == 7 and ctx.step == 3
+
+
+def test_non_finite_losses_in_a_row_stop_with_the_step_named():
+    from vit.train.loop import NonFiniteLossError, train_one_epoch
+
+    ctx = step_context(torch.nn.Linear(8, 3), max_bad_steps=3, log_every=100)
+    with pytest.raises(NonFiniteLossError, match=r"3 consecutive steps .*max_bad_steps=3.*step 4"):
+        # batch 1 poisons the weights: every later loss is NaN; detected at the log step (the epoch's end)
+        train_one_epoch(ctx, batches(4, poison={1}), limit_batches=None, on_log=lambda *a: None)
+
+
+def test_isolated_non_finite_losses_below_the_limit_do_not_stop():
+    from vit.train.loop import train_one_epoch, weights_finite
+
+    class NanAtCalls(torch.nn.CrossEntropyLoss):
+        """Adds a detached NaN to the loss at some calls: the loss is NaN, the gradients stay finite."""
+
+        def __init__(self, bad_calls):
+            super().__init__()
+            self.bad_calls, self.calls = bad_calls, 0
+
+        def forward(self, logits, targets):
+            self.calls += 1
+            return super().forward(logits, targets) + (float("nan") if self.calls in self.bad_calls else 0.0)
+
+    model = torch.nn.Linear(8, 3)
+    ctx = step_context(model, max_bad_steps=2, log_every=100, criterion=NanAtCalls({2, 4}))
+    result = train_one_epoch(ctx, batches(6), limit_batches=None, on_log=lambda *a: None)
+    assert result["steps"] == 6 and weights_finite(model)
+
+    ctx = step_context(model, max_bad_steps=2, log_every=100, criterion=NanAtCalls({4, 5}))
+    with pytest.raises(Exception, match="2 consecutive steps"):
+        train_one_epoch(ctx, batches(6), limit_batches=None, on_log=lambda *a: None)
+
+
+def test_weights_finite_sees_one_bad_value():
+    from vit.train.loop import weights_finite
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    assert weights_finite(model)
+    with torch.no_grad():
+        model[1].bias[1] = float("inf")
+    assert not weights_finite(model)
