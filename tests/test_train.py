@@ -184,3 +184,19 @@ def test_lr_per_512_images_scaled_warmup_then_cosine_per_step():
     assert lrs[5] == pytest.approx(5e-4) and lrs[10] == pytest.approx(1e-3)  # linear warmup over epoch 1
     assert all(a >= b for a, b in zip(lrs[10:], lrs[11:], strict=False))  # then only down
     assert lrs[25] == pytest.approx(5e-4, rel=0.06) and lrs[-1] < 1e-5  # half way, and ~min_lr at the end
+
+
+def test_flip_evaluation_averages_the_probabilities_of_image_and_mirror():
+    from vit.train.loop import evaluate
+
+    gen = torch.Generator().manual_seed(0)
+    images, targets = torch.randn(32, 3, 4, 4, generator=gen), torch.randint(0, 5, (32,), generator=gen)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(48, 5))  # not mirror-symmetric
+    loader = [(images[:16], targets[:16]), (images[16:], targets[16:])]
+    with torch.no_grad():
+        probs = (model(images).softmax(-1) + model(images.flip(-1)).softmax(-1)) / 2
+    result = evaluate(model, loader, torch.device("cpu"), None, flip=True)
+    assert result["top1"] == pytest.approx(100.0 * (probs.argmax(-1) == targets).float().mean().item())
+    assert result["loss"] == pytest.approx(-probs.log()[torch.arange(32), targets].mean().item(), rel=1e-5)
+    plain = evaluate(model, loader, torch.device("cpu"), None)
+    assert plain["loss"] != pytest.approx(result["loss"])

@@ -1,7 +1,7 @@
 """Evaluate a checkpoint on the validation split: top-1, top-5, loss and per-class accuracy as JSON.
 
     python scripts/evaluate.py checkpoint=outputs/.../checkpoints/best.pt [data.root=...] [ema=true]
-        [confusion=confusion.png] [batch_size=256] [device=auto]
+        [confusion=confusion.png] [batch_size=256] [device=auto] [flip=true]
 
 The data settings are the checkpoint's own; `data.<key>=value` overrides any of them.
 """
@@ -20,7 +20,8 @@ from vit.train.config import ConfigError, build_model_from_config, resolve_devic
 from vit.train.loop import evaluate
 from vit.train.run import AMP_DTYPES
 
-KNOWN_KEYS = ("checkpoint", "ema", "confusion", "batch_size", "device", "limit_batches")
+KNOWN_KEYS = ("checkpoint", "ema", "confusion", "batch_size", "device", "limit_batches", "flip")
+TRUE = ("1", "true", "yes")
 
 
 def parse(argv: list[str]) -> tuple[dict, list[str]]:
@@ -50,7 +51,7 @@ def evaluate_checkpoint(argv: list[str]) -> dict:
     if "batch_size" in options:
         data_cfg.batch_size = int(options["batch_size"])
     device = resolve_device(options.get("device", "auto"))
-    use_ema = options.get("ema", "false").lower() in ("1", "true", "yes")
+    use_ema = options.get("ema", "false").lower() in TRUE
     weights = state.get("ema") if use_ema else state["model"]
     if weights is None:
         raise CheckpointError(
@@ -64,12 +65,14 @@ def evaluate_checkpoint(argv: list[str]) -> dict:
         raise DataError("the validation data's classes differ from the checkpoint's class map")
     amp = AMP_DTYPES.get(config.get("trainer", {}).get("amp", "none")) if device.type == "cuda" else None
     limit = int(options["limit_batches"]) if "limit_batches" in options else None
-    result = evaluate(model, bundle.val_loader, device, amp, limit, num_classes=bundle.num_classes)
+    flip = options.get("flip", "false").lower() in TRUE
+    result = evaluate(model, bundle.val_loader, device, amp, limit, num_classes=bundle.num_classes, flip=flip)
     confusion = result.pop("confusion")
     names = sorted(bundle.class_to_idx, key=bundle.class_to_idx.get)
     per_class = (confusion.diag().float() / confusion.sum(1).clamp_min(1).float() * 100).tolist()
     result["per_class_top1"] = {name: round(acc, 2) for name, acc in zip(names, per_class, strict=True)}
     result["weights"] = "ema" if use_ema else "model"
+    result["flip"] = flip
     result["checkpoint"] = str(options["checkpoint"])
     if options.get("confusion"):
         from vit.analysis.figures import confusion_matrix_figure

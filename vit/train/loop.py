@@ -222,10 +222,12 @@ def evaluate(
     limit_batches: int | None = None,
     num_classes: int | None = None,
     dist: Distributed | None = None,
+    flip: bool = False,
 ) -> dict:
     """Top-1, top-5 and mean cross-entropy over the loader (sums kept on the device until the end).
     With `num_classes`, also the confusion matrix (rows: true class, columns: predicted).
-    Under torchrun each rank evaluates its shard and the sums are all-reduced: every rank gets the totals."""
+    Under torchrun each rank evaluates its shard and the sums are all-reduced: every rank gets the totals.
+    `flip`: test-time augmentation, the class probabilities averaged over each image and its mirror image."""
     model.eval()
     correct1 = torch.zeros((), device=device, dtype=torch.long)
     correct5 = torch.zeros((), device=device, dtype=torch.long)
@@ -239,10 +241,16 @@ def evaluate(
         images = images.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
         with ctx:
-            logits = model(images)
-        logits = logits.float()
-        loss_sum += F.cross_entropy(logits, targets, reduction="sum")
-        top5 = logits.topk(min(5, logits.shape[-1]), dim=-1).indices  # (B, 5)
+            logits = model(images).float()  # (B, classes)
+            if flip:
+                mirrored = model(images.flip(-1)).float()
+        if flip:
+            scores = (logits.softmax(-1) + mirrored.softmax(-1)) / 2  # probabilities (B, classes)
+            loss_sum += F.nll_loss(scores.clamp_min(1e-12).log(), targets, reduction="sum")
+        else:
+            scores = logits
+            loss_sum += F.cross_entropy(logits, targets, reduction="sum")
+        top5 = scores.topk(min(5, scores.shape[-1]), dim=-1).indices  # (B, 5)
         correct1 += (top5[:, 0] == targets).sum()
         correct5 += (top5 == targets[:, None]).any(dim=-1).sum()
         if confusion is not None:

@@ -193,6 +193,7 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed)
     attn_every = int(tcfg.attn_maps_every_n_epochs or 0)
     stop_after = int(tcfg.stop_after_epoch) if tcfg.stop_after_epoch else None
     limit_val = tcfg.limit_val_batches
+    eval_flip = bool(tcfg.get("eval_flip", False))
 
     def on_log(step_in_epoch: int, values: dict) -> None:  # every log_every_n_steps, with values already on the host
         tb.scalars(values, ctx.step)
@@ -219,8 +220,12 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed)
                         flush=True,
                     )
                 break
-            val = evaluate(model, bundle.val_loader, device, amp_dtype, limit_val, dist=dist)
-            val_ema = evaluate(ema.module, bundle.val_loader, device, amp_dtype, limit_val, dist=dist) if ema else None
+            val = evaluate(model, bundle.val_loader, device, amp_dtype, limit_val, dist=dist, flip=eval_flip)
+            val_ema = None
+            if ema is not None:
+                val_ema = evaluate(
+                    ema.module, bundle.val_loader, device, amp_dtype, limit_val, dist=dist, flip=eval_flip
+                )
             history.append(epoch_record(epoch, ctx.step, train, val, val_ema))
             tb.scalars(epoch_scalars(train, val, val_ema, device, ctx.skipped_steps), ctx.step)
             attn_due = attn_every and ((epoch + 1) % attn_every == 0 or epoch + 1 == epochs)
