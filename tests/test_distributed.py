@@ -8,8 +8,10 @@ over the global batch. Nothing random remains inside a step (no drop path, no au
 """
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -95,6 +97,22 @@ def test_stopped_distributed_run_resumes_to_the_same_weights(two_ranks, tmp_path
     resumed = train(tmp_path, ["data.batch_size=16", "trainer.resume=auto"], nproc=2)
     assert "resumed from" in resumed.stdout
     assert_close_weights(finished(tmp_path, resumed), uninterrupted, atol=1e-6)
+
+
+def test_sigterm_to_torchrun_stops_every_rank_with_a_good_checkpoint(tmp_path):
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    args = [*COMMON, "trainer.epochs=1000", "data.batch_size=16", f"hydra.run.dir={tmp_path}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([*launcher, str(REPO / "train.py"), *args], stdout=subprocess.PIPE, text=True, env=env)
+    last = tmp_path / "checkpoints" / "last.pt"
+    deadline = time.time() + 120
+    while not last.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)  # torchrun passes it on to both ranks
+    out, _ = proc.communicate(timeout=120)
+    assert out.count("SIGTERM received") == 1 and out.count("stopped by SIGTERM") == 1, out[-3000:]
+    epoch = load_checkpoint(last)["epoch"]
+    assert 1 <= epoch < 1000
 
 
 def step_context(model, **kwargs):

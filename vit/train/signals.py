@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import signal
 
+from vit.train.distributed import env_rank
+
 
 class StopSignal:
     """Install with `install()`, poll `requested()` once per step, put the old handlers back with `restore()`.
@@ -26,7 +28,8 @@ class StopSignal:
         if self.signum is not None:
             raise SystemExit(128 + signum)
         self.signum = signum
-        print(f"{self.name} received: stopping after this step (send it again to exit now)", flush=True)
+        if env_rank() == 0:  # under torchrun every rank gets the signal; one line is enough
+            print(f"{self.name} received: stopping after this step (send it again to exit now)", flush=True)
 
     def install(self) -> dict:
         previous = {}
