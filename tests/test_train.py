@@ -200,3 +200,25 @@ def test_flip_evaluation_averages_the_probabilities_of_image_and_mirror():
     assert result["loss"] == pytest.approx(-probs.log()[torch.arange(32), targets].mean().item(), rel=1e-5)
     plain = evaluate(model, loader, torch.device("cpu"), None)
     assert plain["loss"] != pytest.approx(result["loss"])
+
+
+def test_weight_decay_cosine_from_start_to_end_on_decaying_groups_only():
+    cfg = compose_config(["optim.weight_decay=0.05", "optim.weight_decay_end=0.45"])
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    optimizer = build_optimizer(model, cfg.optim, lr=1e-3, device=torch.device("cpu"))
+    scheduler = build_scheduler(optimizer, cfg.sched, 2, 10, cfg.optim.weight_decay_end)
+    decays = []
+    for step in range(21):
+        scheduler.step_update(num_updates=step)
+        decays.append([group["weight_decay"] for group in optimizer.param_groups])
+    assert decays[0] == pytest.approx([0.05, 0.0])
+    assert decays[10] == pytest.approx([0.25, 0.0])  # the cosine's midpoint: (0.05 + 0.45) / 2
+    assert decays[20] == pytest.approx([0.45, 0.0])
+    assert all(a[0] <= b[0] for a, b in zip(decays, decays[1:], strict=False))
+    assert scheduler.state_dict()["base_values"] == [1e-3, 1e-3]  # the checkpointed state is the lr schedule's
+
+
+def test_metrics_report_the_first_step_apart(cli_run):
+    run_dir, _ = cli_run
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert 0 < metrics["first_step_seconds"] < metrics["wall_time_s"]

@@ -39,6 +39,7 @@ class StepContext:
     step: int = 0  # optimizer steps so far
     bad_run: torch.Tensor | None = None  # (,) consecutive non-finite losses up to the latest step, on the device
     worst_bad_run: torch.Tensor | None = None  # (,) the longest such run since the last log
+    first_step_seconds: float | None = None  # host time of this process's first step: torch.compile's cost
     skipped_steps: int = 0  # fp16 steps the scaler skipped (counted at log time, see count_skipped_steps)
     last_scale: float | None = None  # the GradScaler's scale when it was last read
     stop_requested: Callable[[], bool] = field(default=lambda: False)
@@ -120,6 +121,8 @@ def train_one_epoch(
     for i, (images, targets) in enumerate(loader):
         if i >= steps:
             break
+        if i == 0:
+            first_start = time.perf_counter()  # after the first batch arrived: the loader's start-up is not the step's
         images = images.to(ctx.device, non_blocking=True)
         targets = targets.to(ctx.device, non_blocking=True)
         if ctx.mixup_fn is not None:
@@ -143,6 +146,8 @@ def train_one_epoch(
         if last_micro_step:
             window_grad += optimizer_step(ctx)
             window_opt_steps += 1
+            if ctx.first_step_seconds is None:  # compiling blocks the host, so no sync is needed to time it
+                ctx.first_step_seconds = time.perf_counter() - first_start
 
         log_step = (i + 1) % ctx.log_every == 0 or i + 1 == steps
         if log_step:

@@ -50,9 +50,49 @@ def build_optimizer(model: nn.Module, optim_cfg: Mapping, lr: float, device: tor
     )
 
 
+class WeightDecayCosine:
+    """Weight decay moving along a cosine from `start` (step 0) to `end` (last step), as DINO and DeiT III raise
+    it late in training. Only the groups that decay are touched; the value is a function of the step alone, and
+    the optimizer's state dict carries the current one across a resume."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, start: float, end: float, total_steps: int) -> None:
+        self.groups = [group for group in optimizer.param_groups if group["weight_decay"] > 0]
+        self.start, self.end, self.total = start, end, max(1, total_steps)
+
+    def value(self, step: int) -> float:
+        progress = min(step / self.total, 1.0)
+        return self.end + (self.start - self.end) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    def step_update(self, num_updates: int) -> None:
+        for group in self.groups:
+            group["weight_decay"] = self.value(num_updates)
+
+
+class Schedules:
+    """The learning-rate scheduler plus per-step extras, stepped together; its state is the lr scheduler's."""
+
+    def __init__(self, lr: Scheduler, *extras) -> None:
+        self.lr, self.extras = lr, extras
+
+    def step_update(self, num_updates: int) -> None:
+        self.lr.step_update(num_updates=num_updates)
+        for extra in self.extras:
+            extra.step_update(num_updates)
+
+    def state_dict(self) -> dict:
+        return self.lr.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.lr.load_state_dict(state)
+
+
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, sched_cfg: Mapping, epochs: int, steps_per_epoch: int
-) -> Scheduler:
+    optimizer: torch.optim.Optimizer,
+    sched_cfg: Mapping,
+    epochs: int,
+    steps_per_epoch: int,
+    weight_decay_end: float | None = None,
+) -> Scheduler | Schedules:
     """timm's cosine schedule counted in optimizer steps (`t_in_epochs=False`), stepped every update:
     `warmup` steps rising linearly from warmup_lr_init to the peak, then a cosine over the remaining steps that
     reaches min_lr with the last one (`warmup_prefix`: the cosine's t counts from the end of the warmup)."""
@@ -60,7 +100,7 @@ def build_scheduler(
     warmup = min(total - 1, int(math.ceil(float(sched_cfg["warmup_epochs"]) * steps_per_epoch)))
     base_lr = optimizer.param_groups[0]["lr"]
     constant = sched_cfg["name"] == "constant"
-    return CosineLRScheduler(
+    lr = CosineLRScheduler(
         optimizer,
         # "constant": a cosine too long to move. (2 at least: timm warns that a 1-step cosine does nothing.)
         t_initial=max(2, total - warmup) if not constant else 10**12,
@@ -70,3 +110,7 @@ def build_scheduler(
         warmup_prefix=True,
         t_in_epochs=False,
     )
+    if weight_decay_end is None:
+        return lr
+    start = max(group["weight_decay"] for group in optimizer.param_groups)
+    return Schedules(lr, WeightDecayCosine(optimizer, start, float(weight_decay_end), total))

@@ -143,7 +143,8 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed)
     if tcfg.limit_train_batches:
         train_batches = min(train_batches, int(tcfg.limit_train_batches))
     epochs = int(tcfg.epochs)
-    scheduler = build_scheduler(optimizer, cfg.sched, epochs, steps_per_epoch=max(1, math.ceil(train_batches / accum)))
+    steps_per_epoch = max(1, math.ceil(train_batches / accum))
+    scheduler = build_scheduler(optimizer, cfg.sched, epochs, steps_per_epoch, cfg.optim.get("weight_decay_end"))
     amp_dtype = AMP_DTYPES[tcfg.amp] if device.type == "cuda" else None  # CPU runs in fp32
     scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
     # EMA warmup (timm): the decay ramps up over the first steps, so short runs get a useful average too.
@@ -272,6 +273,10 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed)
     metrics = run_metrics(cfg, history, cost, time.perf_counter() - wall_start, bundle, use_compile, device)
     metrics["stopped_by_signal"] = stop.name
     metrics["world_size"] = dist.world_size
+    # With torch.compile the first step holds the compilation (reported apart from the img/s of later steps).
+    metrics["first_step_seconds"] = ctx.first_step_seconds
+    if use_compile and ctx.first_step_seconds is not None:
+        log.info("first step (compilation included): %.1f s", ctx.first_step_seconds)
     if not main:
         return metrics
     (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
