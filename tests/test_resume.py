@@ -75,3 +75,42 @@ def test_a_failed_checkpoint_write_keeps_the_previous_file(tmp_path, monkeypatch
     state = load_checkpoint(path)
     assert state["epoch"] == 1 and torch.equal(state["model"]["w"], torch.ones(3))
     assert [p.name for p in path.parent.iterdir()] == ["last.pt"]  # no temporary file left behind
+
+
+@pytest.mark.parametrize(
+    ("loader", "extra", "calls", "stop_step"),
+    [
+        # The loop asks for a stop at each epoch start and after each optimizer step: 8 steps per epoch, so the
+        # 13th question is the one after step 11 (epoch 2, batch 3).
+        ("torch", [], 13, 11),
+        ("gpu", ["data.augment.auto_augment=trivial"], 13, 11),  # the batched loader on the CPU, with a policy
+        ("torch", ["trainer.accum_steps=2"], 8, 6),  # 4 steps per epoch: epoch 2, after its 2nd step
+    ],
+)
+def test_a_stop_inside_an_epoch_writes_that_step_and_resumes_exactly(
+    tmp_path, monkeypatch, loader, extra, calls, stop_step
+):
+    from vit.train.signals import StopSignal
+
+    args = [*BASE, "trainer.epochs=2", f"data.loader={loader}", *extra]
+    run(compose_config(args), output_dir=tmp_path / "straight")
+
+    asked = {"count": 0}
+
+    def requested(self) -> bool:  # a signal that arrives just before the `calls`-th question
+        asked["count"] += 1
+        return asked["count"] >= calls
+
+    with monkeypatch.context() as patch:
+        patch.setattr(StopSignal, "requested", requested)
+        run(compose_config(args), output_dir=tmp_path / "resumed")
+    stopped = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")
+    assert (stopped["epoch"], stopped["step"]) == (1, stop_step)  # 1 finished epoch, then part of the 2nd
+    assert stopped["batches_into_epoch"] > 0
+
+    run(compose_config([*args, "trainer.resume=auto"]), output_dir=tmp_path / "resumed")
+    a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")
+    b = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")
+    assert a["step"] == b["step"] and b.get("batches_into_epoch") is None
+    _compare(a["model"], b["model"])
+    _compare(a["ema"], b["ema"])

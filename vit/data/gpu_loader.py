@@ -161,6 +161,7 @@ class GpuLoader:
         self.seed = seed
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
+        self.skip = 0  # batches of the next epoch already trained (a resume inside an epoch)
         aug = cfg.get("augment") or {}
         self.crop = aug.get("crop", "pad") if train else "none"
         if self.crop not in CROPS:
@@ -177,6 +178,11 @@ class GpuLoader:
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
+        self.skip = 0
+
+    def skip_batches(self, count: int) -> None:
+        """Start the next pass after its first `count` batches, drawing exactly what the rest would have seen."""
+        self.skip = count
 
     def _order(self) -> torch.Tensor:
         n = len(self.targets)
@@ -187,18 +193,28 @@ class GpuLoader:
             order = torch.randperm(n, generator=generator).to(self.device)
         return order[self.rank :: self.world_size]
 
-    def __len__(self) -> int:
+    def _full_len(self) -> int:
         n = len(self.targets)
         if self.train:
             return (n // self.world_size) // self.batch_size
         return math.ceil(math.ceil(n / self.world_size) / self.batch_size)
 
+    def __len__(self) -> int:
+        return self._full_len() - min(self.skip, self._full_len())
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order = self._order()
         # Augmentation draws differ per epoch and per rank, and repeat exactly for the same (seed, epoch, rank).
         generator = torch.Generator(device=self.device).manual_seed((self.seed * 7919 + self.epoch) * 1009 + self.rank)
-        for b in range(len(self)):
+        skip, self.skip = self.skip, 0
+        for b in range(self._full_len()):
             idx = order[b * self.batch_size : (b + 1) * self.batch_size]
+            if b < skip:
+                # Trained before the resume: advance the batch generator as that pass did, but leave the global
+                # RNG (some policy ops draw from it) where the checkpoint put it.
+                with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                    self.augment(self.images[idx], generator)
+                continue
             yield self.augment(self.images[idx], generator), self.targets[idx]
         if self.train:
             self.epoch += 1

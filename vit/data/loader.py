@@ -76,13 +76,33 @@ class ShardSampler(Sampler):
         return len(range(self.rank, self.size, self.world_size))
 
 
+class EpochSampler(DistributedSampler):
+    """The train order: one permutation per (seed, epoch) shared by all ranks, rank r taking every
+    world_size-th index; `skip` starts the next epoch after samples already trained (a resume inside an epoch)."""
+
+    def __init__(self, dataset, world_size: int, rank: int, seed: int) -> None:
+        super().__init__(dataset, world_size, rank, shuffle=True, seed=seed, drop_last=True)
+        self.skip = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        super().set_epoch(epoch)
+        self.skip = 0
+
+    def __iter__(self):
+        indices = list(super().__iter__())
+        return iter(indices[self.skip :])
+
+    def __len__(self) -> int:
+        return max(0, self.num_samples - self.skip)
+
+
 def _torch_loader(dataset, cfg, *, train, device, seed, rank, world_size, batch_size):
     workers = cfg.get("num_workers")
     workers = default_workers() if workers is None else int(workers)
     if train:
         # Also with one process: the permutation is then the same for every world size, and global batch k
         # (rank r takes every world_size-th index) holds the same images whether 1 or N processes train.
-        sampler = DistributedSampler(dataset, world_size, rank, shuffle=True, seed=seed, drop_last=True)
+        sampler = EpochSampler(dataset, world_size, rank, seed)
     else:
         sampler = ShardSampler(len(dataset), rank, world_size)
     generator = torch.Generator().manual_seed(seed)

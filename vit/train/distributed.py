@@ -62,6 +62,14 @@ class Distributed:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def gather(self, obj) -> list:
+        """Every rank's value of a picklable object, in rank order, on every rank."""
+        if not self.enabled:
+            return [obj]
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()

@@ -170,14 +170,15 @@ def train_one_epoch(
             window_loss.zero_()
             window_grad.zero_()
             window_count, window_opt_steps, window_images, window_start = 0, 0, 0, now
-        # Single process: stop after any step. Under torchrun: at log steps, where the ranks compare flags.
-        if (log_step or not ctx.dist.enabled) and stop_agreed(ctx):
+        # Single process: stop after any optimizer step (never inside an accumulation, whose gradients a
+        # checkpoint would not hold). Under torchrun: at those of the log steps, where the ranks compare flags.
+        if last_micro_step and (log_step or not ctx.dist.enabled) and stop_agreed(ctx):
             stopped = True
             break
     seconds = time.perf_counter() - start
     done = max(1, min(i + 1, steps)) if steps else 1
     return {
-        "loss": (loss_sum / done).item(),
+        "loss": (loss_sum / done).item() if steps else float("nan"),  # nan: nothing left to train this epoch
         "img_per_s": images_seen * ctx.dist.world_size / max(seconds, 1e-9),  # global
         "seconds": seconds,
         "steps": done,

@@ -31,6 +31,8 @@ from vit.train.checkpoint import (
     find_resume_checkpoint,
     load_checkpoint,
     restore_training_state,
+    rng_state,
+    set_rng_state,
     training_state,
 )
 from vit.train.config import ConfigError, build_model_from_config, resolve_device, validate
@@ -177,6 +179,7 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed)
 
     resolved = OmegaConf.to_container(cfg, resolve=True)
     start_epoch, best_top1, history = 0, -1.0, []
+    skip_batches, resume_rng = 0, None  # a checkpoint written inside an epoch: batches done, RNG to go on with
     resume_path = dist.broadcast(resume_checkpoint_path(tcfg.resume, run_dir, resolved) if dist.is_main else None)
     if resume_path is not None:
         state = load_checkpoint(resume_path)
@@ -184,7 +187,11 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed)
         start_epoch, ctx.step = int(state["epoch"]), int(state["step"])
         best_top1 = float(state.get("best_top1", -1.0))
         history = list(state.get("history", []))
-        log.info("resumed from %s at epoch %d (step %d)", resume_path, start_epoch, ctx.step)
+        skip_batches = int(state.get("batches_into_epoch") or 0)
+        rng_ranks = state.get("rng_ranks") or []
+        resume_rng = rng_ranks[dist.rank] if len(rng_ranks) == dist.world_size else state.get("rng")
+        where = f" + {skip_batches} batches" if skip_batches else ""
+        log.info("resumed from %s at epoch %d%s (step %d)", resume_path, start_epoch, where, ctx.step)
 
     main = dist.is_main  # only rank 0 writes: events, checkpoints, console lines, metrics.json
     tb = TensorBoard(str(run_dir / "tb"), enabled=main)
@@ -205,19 +212,40 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed)
     previous_handlers = stop.install()
     try:
         for epoch in range(start_epoch, epochs):
-            seed_everything(rank_seed(epoch_seed(seed, epoch), dist.rank))
             set_loader_epoch(bundle.train_loader, bundle.train_sampler, seed, epoch, dist.rank)
+            limit_train = tcfg.limit_train_batches
+            done_before = skip_batches if epoch == start_epoch else 0
+            if done_before:  # inside this epoch: the loader skips what was trained, the RNG is the checkpoint's
+                skip_train_batches(bundle, done_before)
+                limit_train = max(0, int(limit_train) - done_before) if limit_train else None
+                set_rng_state(resume_rng)
+            else:
+                seed_everything(rank_seed(epoch_seed(seed, epoch), dist.rank))
             console.start_epoch(epoch, epochs, train_batches)
 
-            train = train_one_epoch(ctx, bundle.train_loader, limit_batches=tcfg.limit_train_batches, on_log=on_log)
+            train = train_one_epoch(ctx, bundle.train_loader, limit_batches=limit_train, on_log=on_log)
             if train["stopped"]:
-                # The epoch is unfinished: its partial progress is dropped and last.pt stays the checkpoint of
-                # the last finished epoch, so a resumed run redoes this epoch exactly as it would have run.
+                # Stopped after an optimizer step: last.pt records the step (and the batches of this epoch done),
+                # so a resumed run continues with the next batch as the uninterrupted run would have.
+                batches_done = done_before + train["steps"]
+                rng_ranks = dist.gather(rng_state())
+                if tcfg.save_checkpoints and main and train["steps"]:
+                    state = training_state(
+                        **parts,
+                        epoch=epoch,
+                        step=ctx.step,
+                        best_top1=best_top1,
+                        class_to_idx=bundle.class_to_idx,
+                        config=resolved,
+                        history=history,
+                    )
+                    state.update(batches_into_epoch=batches_done, rng=rng_ranks[0], rng_ranks=rng_ranks)
+                    atomic_save(state, ckpt_dir / "last.pt")
                 if main:
                     print(
-                        f"stopped by {stop.name or 'a signal'} during epoch {epoch + 1} at step {ctx.step}; "
-                        f"checkpoint of epoch {epoch} kept in {ckpt_dir}. Resume with the same command plus "
-                        "trainer.resume=auto",
+                        f"stopped by {stop.name or 'a signal'} in epoch {epoch + 1} after batch {batches_done} "
+                        f"(step {ctx.step}); last.pt in {ckpt_dir} holds this step. Resume with the same command "
+                        "plus trainer.resume=auto",
                         flush=True,
                     )
                 break
@@ -302,6 +330,14 @@ def resume_checkpoint_path(setting, run_dir: Path, resolved: dict) -> Path | Non
     if path is None:
         log.info("trainer.resume=auto: no checkpoint of this run found, starting fresh")
     return path
+
+
+def skip_train_batches(bundle, count: int) -> None:
+    """Make the next train epoch start after its first `count` batches (a resume inside an epoch)."""
+    if hasattr(bundle.train_loader, "skip_batches"):  # the GPU-resident loader
+        bundle.train_loader.skip_batches(count)
+    else:  # the torch loader: its sampler skips those batches' samples
+        bundle.train_sampler.skip = count * bundle.train_loader.batch_size
 
 
 def first_val_images(loader, count: int) -> torch.Tensor | None:
