@@ -48,6 +48,8 @@ def evaluate_checkpoint(argv: list[str]) -> dict:
     if "model" not in config or "data" not in config:
         raise CheckpointError(f"checkpoint {options['checkpoint']!r} holds no model/data config")
     data_cfg = OmegaConf.merge(config.data, OmegaConf.from_dotlist(data_overrides))
+    if not any(o.startswith("num_workers=") for o in data_overrides):
+        data_cfg.num_workers = None  # this machine's default, not the training machine's worker count
     if "batch_size" in options:
         data_cfg.batch_size = int(options["batch_size"])
     device = resolve_device(options.get("device", "auto"))
