@@ -14,7 +14,15 @@ from pathlib import Path
 
 import torch
 
-from vit.analysis.benchmark import CASES, bench_case, measure_peak_memory, to_json, to_markdown
+from vit.analysis.benchmark import (
+    CASES,
+    bench_case,
+    measure_peak_memory,
+    profile_case,
+    profile_markdown,
+    to_json,
+    to_markdown,
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -32,6 +40,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--md", type=Path, default=None, help="write the markdown table here")
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="instead of timing: profile our model's step, markdown here"
+    )
+    parser.add_argument("--profile-steps", type=int, default=10)
     return parser.parse_args(argv)
 
 
@@ -56,6 +68,16 @@ def main(argv: list[str] | None = None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     modes = {"off": [None], "on": [args.compile_mode], "both": [None, args.compile_mode]}[args.compile]
+
+    if args.profile:
+        sections = []
+        for name, batch in zip(names, batches, strict=True):
+            for mode in modes:
+                summary = profile_case(CASES[name], device, batch, mode, args.profile_steps, args.warmup)
+                sections.append(profile_markdown(summary))
+                print(sections[-1] + "\n", flush=True)
+        args.profile.write_text("\n\n".join(sections) + "\n")
+        return 0
 
     results = []
     for name, batch in zip(names, batches, strict=True):
