@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -29,22 +30,42 @@ def atomic_save(obj: Any, path: str | Path) -> None:
     rename; the folder is synced so the rename itself survives a power cut.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as handle:
             torch.save(obj, handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+    except BaseException as err:
+        free = free_space(path.parent)  # before the partial file goes: what the write met
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # the folder itself is what failed
+        if isinstance(err, (OSError, RuntimeError)):
+            # A full disk, a read-only or unwritable folder, a file where the folder should be. (torch.save
+            # reports a full disk as a RuntimeError of its zip writer, hence the free space in the message.)
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err).strip().splitlines()[0]
+            kept = "the previous file is intact" if path.is_file() else "there was no earlier file"
+            raise CheckpointError(
+                f"cannot write checkpoint {str(path)!r}: {reason} ({free} free there); {kept}"
+            ) from err
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def free_space(folder: Path) -> str:
+    """The free space of the disk holding `folder` (or its nearest existing parent), for error messages."""
+    for candidate in (folder, *folder.parents):
+        if candidate.is_dir():
+            return f"{shutil.disk_usage(candidate).free / 2**20:,.1f} MiB"
+    return "unknown"
 
 
 def load_checkpoint(path: str | Path) -> dict:
@@ -54,6 +75,7 @@ def load_checkpoint(path: str | Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
+        # A truncated or foreign file, or one whose unpickling would run code (refused by weights_only).
         raise CheckpointError(f"cannot read checkpoint {str(path)!r} (weights_only=True): {err}") from err
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"checkpoint {str(path)!r} holds no 'model' state dict")
@@ -81,11 +103,17 @@ def training_state(
 
 
 def restore_training_state(state: dict, *, model, optimizer, scheduler, scaler, ema, path) -> None:
-    """Load a `training_state` dict into freshly built objects; a model that does not fit names the file."""
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as err:
-        raise CheckpointError(f"checkpoint {str(path)!r} does not fit the configured model: {err}") from err
+    """Load a `training_state` dict into freshly built objects; a model that does not fit names the file and
+    the first differing keys and shapes (another model, another class count)."""
+    from vit.models.pretrained import describe_mismatch
+
+    problem = describe_mismatch(state["model"], model)
+    if problem is not None:
+        saved = (state.get("config") or {}).get("model", {}).get("name", "another model")
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} ({saved}) does not fit the configured {type(model).__name__}: {problem}"
+        )
+    model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     if scaler is not None and state.get("scaler"):

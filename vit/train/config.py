@@ -30,6 +30,74 @@ def _require(ok: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+# The numeric knobs of each config group: a value that is not a number (`model.img_size=abc`) is named as such
+# before any range check or constructor sees it. "int" also refuses 32.5; None is allowed where the YAML says null.
+NUMERIC_KEYS = {
+    "model": {
+        "int": ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "token_dim"),
+        "float": ("mlp_ratio", "qk_scale", "drop_rate", "attn_drop_rate", "drop_path_rate", "init_values"),
+    },
+    "data": {
+        "int": (
+            "img_size",
+            "patch_size",
+            "num_classes",
+            "batch_size",
+            "num_workers",
+            "limit_train_samples",
+            "limit_val_samples",
+            "augment.pad",
+            "augment.policy_chunk",
+            "synthetic.num_train",
+            "synthetic.num_val",
+        ),
+        "float": (
+            "augment.scale_min",
+            "augment.re_prob",
+            "augment.mixup_alpha",
+            "augment.cutmix_alpha",
+            "augment.mixup_prob",
+            "augment.label_smoothing",
+        ),
+    },
+    "optim": {"int": ("lr_batch",), "float": ("lr", "weight_decay", "weight_decay_end", "eps", "momentum")},
+    "sched": {"int": (), "float": ("warmup_epochs", "warmup_lr_init", "min_lr")},
+    "trainer": {
+        "int": (
+            "epochs",
+            "seed",
+            "accum_steps",
+            "limit_train_batches",
+            "limit_val_batches",
+            "log_every_n_steps",
+            "attn_maps_every_n_epochs",
+            "stop_after_epoch",
+            "max_bad_steps",
+        ),
+        "float": ("grad_clip", "ema_decay"),
+    },
+}
+
+
+def check_types(cfg: DictConfig) -> None:
+    """Every numeric knob holds a number (or null): `config error: model.img_size='abc' must be an integer`."""
+    for group, kinds in NUMERIC_KEYS.items():
+        node = cfg.get(group)
+        if node is None:
+            continue
+        for kind, keys in kinds.items():
+            for key in keys:
+                value = OmegaConf.select(node, key, default=None)
+                if value is None:
+                    continue
+                is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+                if kind == "int":
+                    ok = is_number and float(value).is_integer()
+                    _require(ok, f"{group}.{key}={value!r} must be an integer")
+                else:
+                    _require(is_number, f"{group}.{key}={value!r} must be a number")
+
+
 def model_kwargs(model_cfg: Mapping, num_classes: int | None = None) -> dict:
     kwargs = {k: v for k, v in dict(model_cfg).items() if k != "name"}
     if kwargs.get("num_classes") is None and num_classes is not None:
@@ -40,6 +108,7 @@ def model_kwargs(model_cfg: Mapping, num_classes: int | None = None) -> dict:
 def build_model_from_config(model_cfg: Mapping, num_classes: int | None = None) -> nn.Module:
     """`create_model` with the config's keys; a bad value becomes a ConfigError naming `model.<key>`."""
     name = model_cfg.get("name")
+    check_types(OmegaConf.create({"model": dict(model_cfg)}))
     if name not in list_models():
         raise ConfigError(f"model.name={name!r} is not a known model; known models: {', '.join(list_models())}")
     try:
@@ -62,6 +131,7 @@ def validate(cfg: DictConfig) -> None:
         OmegaConf.to_container(cfg, resolve=True)
     except Exception as err:  # an interpolation that points nowhere
         raise ConfigError(f"config cannot be resolved: {err}") from err
+    check_types(cfg)
     data, optim, sched, trainer = cfg.data, cfg.optim, cfg.sched, cfg.trainer
 
     _require(data.name in DATASET_NAMES, f"data.name={data.name!r} must be one of {DATASET_NAMES}")
@@ -79,12 +149,37 @@ def validate(cfg: DictConfig) -> None:
     _require(0.0 <= mixup_prob <= 1.0, f"data.augment.mixup_prob={mixup_prob} must be in [0, 1]")
     for key in ("mixup_alpha", "cutmix_alpha"):
         _require(float(aug.get(key, 0.0)) >= 0, f"data.augment.{key}={aug.get(key)} must be >= 0")
+    scale_min = float(aug.get("scale_min", 0.08))
+    _require(0.0 < scale_min <= 1.0, f"data.augment.scale_min={scale_min} must be in (0, 1]")
+    _require(int(aug.get("pad", 0)) >= 0, f"data.augment.pad={aug.get('pad')} must be >= 0")
+    _require(int(aug.get("policy_chunk", 1)) >= 1, f"data.augment.policy_chunk={aug.get('policy_chunk')} must be >= 1")
+    if data.get("num_workers") is not None:
+        _require(int(data.num_workers) >= 0, f"data.num_workers={data.num_workers} must be >= 0 or null")
+    if data.get("num_classes") is not None:
+        _require(int(data.num_classes) >= 1, f"data.num_classes={data.num_classes} must be >= 1 or null")
+    for key in ("limit_train_samples", "limit_val_samples"):
+        value = data.get(key)
+        _require(value is None or int(value) >= 1, f"data.{key}={value} must be >= 1 or null")
+    for key in ("num_train", "num_val"):
+        value = (data.get("synthetic") or {}).get(key)
+        _require(value is None or int(value) >= 1, f"data.synthetic.{key}={value} must be >= 1")
 
     _require(optim.name in OPTIMIZERS, f"optim.name={optim.name!r} must be one of {OPTIMIZERS}")
     _require(float(optim.lr) > 0, f"optim.lr={optim.lr} must be > 0")
     _require(float(optim.weight_decay) >= 0, f"optim.weight_decay={optim.weight_decay} must be >= 0")
+    if optim.get("weight_decay_end") is not None:
+        _require(float(optim.weight_decay_end) >= 0, f"optim.weight_decay_end={optim.weight_decay_end} must be >= 0")
+    if optim.get("lr_batch") is not None:
+        _require(int(optim.lr_batch) >= 1, f"optim.lr_batch={optim.lr_batch} must be >= 1")
+    if optim.get("eps") is not None:
+        _require(float(optim.eps) > 0, f"optim.eps={optim.eps} must be > 0")
+    if optim.get("momentum") is not None:
+        _require(0.0 <= float(optim.momentum) < 1.0, f"optim.momentum={optim.momentum} must be in [0, 1)")
     _require(sched.name in SCHEDULES, f"sched.name={sched.name!r} must be one of {SCHEDULES}")
     _require(float(sched.warmup_epochs) >= 0, f"sched.warmup_epochs={sched.warmup_epochs} must be >= 0")
+    for key in ("warmup_lr_init", "min_lr"):
+        value = sched.get(key)
+        _require(value is None or float(value) >= 0, f"sched.{key}={value} must be >= 0")
 
     _require(int(trainer.epochs) > 0, f"trainer.epochs={trainer.epochs} must be positive")
     _require(trainer.amp in AMP_MODES, f"trainer.amp={trainer.amp!r} must be one of {AMP_MODES}")
@@ -98,6 +193,9 @@ def validate(cfg: DictConfig) -> None:
     _require(0.0 < float(trainer.ema_decay) < 1.0, f"trainer.ema_decay={trainer.ema_decay} must be in (0, 1)")
     if trainer.grad_clip is not None:
         _require(float(trainer.grad_clip) > 0, f"trainer.grad_clip={trainer.grad_clip} must be > 0 or null")
+    _require(int(trainer.max_bad_steps) >= 1, f"trainer.max_bad_steps={trainer.max_bad_steps} must be >= 1")
+    attn_every = trainer.get("attn_maps_every_n_epochs")
+    _require(attn_every is None or int(attn_every) >= 0, f"trainer.attn_maps_every_n_epochs={attn_every} must be >= 0")
     for key in ("limit_train_batches", "limit_val_batches", "stop_after_epoch"):
         value = trainer.get(key)
         _require(value is None or int(value) >= 1, f"trainer.{key}={value} must be >= 1 or null")

@@ -84,6 +84,14 @@ def env_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+def worker_hydra_overrides() -> list[str]:
+    """Extra Hydra overrides for torchrun ranks other than 0: no .hydra/ copy of the config and no log file,
+    so a worker whose clock named a different run folder leaves it empty (`run` then removes it)."""
+    if env_rank() == 0:
+        return []
+    return ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
+
+
 def setup_distributed(device: torch.device) -> Distributed:
     """Join (or create) the process group torchrun describes: nccl on CUDA, gloo on CPU."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
