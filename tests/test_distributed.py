@@ -72,6 +72,7 @@ def test_two_ranks_match_one_process_with_the_same_global_batch(single, two_rank
     for ours, reference in zip(state["history"], single["history"], strict=True):
         assert ours["val_top1"] == pytest.approx(reference["val_top1"], abs=1e-6)
         assert ours["val_loss"] == pytest.approx(reference["val_loss"], rel=1e-4)
+        assert ours["train_loss"] == pytest.approx(reference["train_loss"], rel=1e-4)  # averaged over the ranks
 
 
 def test_only_rank_0_writes(two_ranks):

@@ -178,7 +178,8 @@ def train_one_epoch(
     seconds = time.perf_counter() - start
     done = max(1, min(i + 1, steps)) if steps else 1
     return {
-        "loss": (loss_sum / done).item() if steps else float("nan"),  # nan: nothing left to train this epoch
+        # The mean over all ranks' batches; nan when nothing was left to train this epoch.
+        "loss": (ctx.dist.sum_(loss_sum / done) / ctx.dist.world_size).item() if steps else float("nan"),
         "img_per_s": images_seen * ctx.dist.world_size / max(seconds, 1e-9),  # global
         "seconds": seconds,
         "steps": done,
