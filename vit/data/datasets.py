@@ -1,12 +1,15 @@
 """The datasets behind `data.name`: CIFAR-10/100 (torchvision), ImageNet-style folders, synthetic images.
 
 Each builder returns the train and val datasets (without transforms; the loader adds them) and the
-class-to-index map that is saved with every checkpoint.
+class-to-index map that is saved with every checkpoint. Image folders are scanned for files that cannot be
+decoded (`data.on_bad_image`, `data.scan_images`).
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,9 +20,14 @@ from torch.utils.data import Dataset, Subset
 from torchvision import datasets as tv_datasets
 
 from vit.data.archive import ArchiveError, extract_archive, is_archive
+from vit.data.scan import find_unreadable
 
 VAL_SPLIT_NAMES = ("val", "validation", "test")
 DATASET_NAMES = ("cifar10", "cifar100", "imagefolder", "synthetic")
+BAD_IMAGE_MODES = ("error", "skip")
+BAD_IMAGES_LISTED = 20  # paths named in the data.on_bad_image=error message; the count covers all of them
+
+log = logging.getLogger("vit.data")
 
 
 class DataError(ValueError):
@@ -133,9 +141,13 @@ def _imagefolder(cfg) -> Splits:
             raise DataError(f"data.root={str(root)!r} has no val/, validation/ or test/ folder; set data.val_split")
     elif not (root / val_name).is_dir():
         raise DataError(f"data.val_split={val_name!r}: {root / val_name} does not exist")
+    on_bad = cfg.get("on_bad_image") or "error"
+    if on_bad not in BAD_IMAGE_MODES:
+        raise DataError(f"data.on_bad_image={on_bad!r} must be one of {BAD_IMAGE_MODES}")
     try:
-        train = tv_datasets.ImageFolder(str(root / "train"), loader=load_rgb)
-        val = tv_datasets.ImageFolder(str(root / val_name), loader=load_rgb)
+        # allow_empty: an empty class folder is reported below by its split and name.
+        train = tv_datasets.ImageFolder(str(root / "train"), loader=load_rgb, allow_empty=True)
+        val = tv_datasets.ImageFolder(str(root / val_name), loader=load_rgb, allow_empty=True)
     except (FileNotFoundError, RuntimeError) as err:
         raise DataError(f"data.root={str(root)!r}: {err}") from err
     if val.class_to_idx != train.class_to_idx:
@@ -144,7 +156,76 @@ def _imagefolder(cfg) -> Splits:
             f"data.root={str(root)!r}: the classes of train/ and {val_name}/ differ ({', '.join(missing[:10])}); "
             "both splits need the same class folders"
         )
+    for split, dataset in (("train", train), (val_name, val)):
+        _check_no_empty_class(root, split, dataset, "holds no image files")
+    if cfg.get("scan_images", True):
+        _drop_unreadable(cfg, root, {"train": train, val_name: val}, on_bad)
     return Splits(train, val, dict(train.class_to_idx), root=root)
+
+
+def _printable(path: str) -> str:
+    """A path as text that can always be printed (undecodable bytes in a name shown as escapes)."""
+    return path.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _check_no_empty_class(root: Path, split: str, dataset: tv_datasets.ImageFolder, why: str) -> None:
+    counts = np.bincount(np.asarray(dataset.targets, dtype=np.int64), minlength=len(dataset.classes))
+    empty = [f"{split}/{_printable(c)}/" for c, n in zip(dataset.classes, counts, strict=True) if n == 0]
+    if empty:
+        raise DataError(
+            f"data.root={str(root)!r}: class folder {', '.join(empty)} {why} "
+            f"({', '.join(tv_datasets.folder.IMG_EXTENSIONS)}); every class needs images in train/ and "
+            f"the validation split: add some, or remove the class folder from every split"
+        )
+
+
+def scan_cache_dir(cfg, root: Path) -> Path:
+    """Where the scan results of the tree under `root` are kept: `.vit-cache` beside train/ when that folder
+    is writable (the result describes this tree, so it lives and goes with it), else data.cache_dir, else the
+    user's cache folder."""
+    if os.access(root, os.W_OK):
+        return root / ".vit-cache"
+    if cfg.get("cache_dir"):
+        return Path(cfg["cache_dir"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vit" / "scan"
+
+
+def _drop_unreadable(cfg, root: Path, splits: dict[str, tv_datasets.ImageFolder], on_bad: str) -> None:
+    """Scan every split (cached); `error`: raise naming the unreadable files; `skip`: drop them and warn."""
+    workers = cfg.get("num_workers")
+    workers = int(workers) if workers else min(8, os.cpu_count() or 1)  # threads, whatever the loader uses
+    cache_dir = scan_cache_dir(cfg, root)
+    bad = {
+        split: find_unreadable([p for p, _ in ds.samples], root / split, workers=workers, cache_dir=cache_dir)
+        for split, ds in splits.items()
+    }
+    rows = [(os.path.relpath(p, root), why) for found in bad.values() for p, why in sorted(found.items())]
+    if not rows:
+        return
+    total = sum(len(ds.samples) for ds in splits.values())
+    listed = "\n".join(f"  {_printable(rel)}: {why}" for rel, why in rows[:BAD_IMAGES_LISTED])
+    more = f"\n  ... and {len(rows) - BAD_IMAGES_LISTED} more" if len(rows) > BAD_IMAGES_LISTED else ""
+    if on_bad == "error":
+        shown = f"the first {BAD_IMAGES_LISTED}" if len(rows) > BAD_IMAGES_LISTED else "listed"
+        raise DataError(
+            f"data.root={str(root)!r}: {len(rows)} of {total} image files cannot be read ({shown} below). "
+            f"Fix or delete them, or set data.on_bad_image=skip to train on the rest:\n{listed}{more}"
+        )
+    per_split = ", ".join(f"{split}: {len(found)}" for split, found in bad.items() if found)
+    log.warning(
+        "data.on_bad_image=skip: leaving out %d unreadable image files of %d (%s):\n%s%s",
+        len(rows),
+        total,
+        per_split,
+        listed,
+        more,
+    )
+    for split, dataset in splits.items():
+        if bad[split]:
+            dataset.samples = [s for s in dataset.samples if s[0] not in bad[split]]
+            dataset.imgs = dataset.samples
+            dataset.targets = [target for _, target in dataset.samples]
+            _check_no_empty_class(root, split, dataset, "has no readable image left after data.on_bad_image=skip")
 
 
 class SyntheticImages(Dataset):

@@ -1,0 +1,269 @@
+"""Unreadable images in folder trees (data.on_bad_image, data.scan_images, the cached scan)."""
+
+import builtins
+import json
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import vit.data.scan as scan_module
+from vit.data import DataError, build_data
+from vit.data.datasets import scan_cache_dir
+
+# Odd names on purpose: spaces, non-ASCII letters (NFC), a name starting with a dash.
+CLASSES = ("chat noir", "chien", "grenouille été")
+NAMES = ("img 0.jpg", "ñandú 1.png", "-x 2.jpg", "日本 3.jpeg", "plain4.png", "café 5.jpg")
+
+
+def _save(path: Path, seed: int, size: int = 12) -> None:
+    rng = np.random.default_rng(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(path)
+
+
+def good_tree(root: Path, per_class: int = 6, val: str = "val", val_per_class: int = 2) -> Path:
+    for split, count in (("train", per_class), (val, val_per_class)):
+        for c, name in enumerate(CLASSES):
+            for i in range(count):
+                stem, suffix = os.path.splitext(NAMES[i % len(NAMES)])
+                _save(root / split / name / f"{stem}-{i}{suffix}", seed=1000 * c + i + (0 if split == "train" else 500))
+    return root
+
+
+def _encoded(seed: int, fmt: str) -> bytes:
+    path = Path(f"/tmp/_vit_scan_{os.getpid()}_{seed}.{fmt}")
+    _save(path, seed, size=24)
+    data = path.read_bytes()
+    path.unlink()
+    return data
+
+
+def add_bad_files(root: Path) -> dict[str, str]:
+    """Write one file of every kind of damage; {path relative to root: a word its reason must hold}."""
+    jpeg, png = _encoded(1, "jpg"), _encoded(2, "png")
+    idat = png.find(b"IDAT")
+    corrupt_png = png[: idat + 20] + bytes(40) + png[idat + 60 :]
+    bad = {
+        "train/chien/truncated photo.jpg": (jpeg[: len(jpeg) // 2], "truncated"),
+        "train/chat noir/corrupt é.png": (corrupt_png, "corrupt"),
+        "train/chien/empty.jpg": (b"", "empty"),
+        "val/grenouille été/notes.jpg": (b"just some text, not a JPEG\n", "not an image"),
+        "train/grenouille été/locked.png": (png, "permission denied"),  # made unreadable by deny_read()
+    }
+    for rel, (data, _) in bad.items():
+        (root / rel).write_bytes(data)
+    return {rel: word for rel, (_, word) in bad.items()}
+
+
+@pytest.fixture
+def deny_read(monkeypatch):
+    """Files named locked.* raise PermissionError when opened, as a mode-000 file does for a normal user
+    (the tests run as root, which chmod does not stop). Patches builtins.open, which PIL and load_rgb use."""
+    real_open = builtins.open
+
+    def guarded(file, *args, **kwargs):
+        if isinstance(file, str | Path) and os.path.basename(file).startswith("locked."):
+            raise PermissionError(13, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", guarded)
+
+
+def folder_cfg(root, **extra):
+    cfg = {
+        "name": "imagefolder",
+        "root": str(root),
+        "img_size": 8,
+        "batch_size": 2,
+        "num_workers": 0,
+        "loader": "torch",
+        "augment": {"crop": "pad", "pad": 1, "hflip": True, "auto_augment": None},
+    }
+    cfg.update(extra)
+    return cfg
+
+
+def _all_images(root: Path, split: str) -> set[str]:
+    return {str(p) for p in (root / split).rglob("*") if p.is_file()}
+
+
+def count_decodes(monkeypatch) -> list[str]:
+    calls: list[str] = []
+    real = scan_module.decode_image
+
+    def counting(path):
+        calls.append(path)
+        return real(path)
+
+    monkeypatch.setattr(scan_module, "decode_image", counting)
+    return calls
+
+
+# ---- the scan, data.on_bad_image ----
+
+
+def test_error_mode_names_every_bad_file_its_reason_and_the_count(tmp_path, deny_read):
+    root = good_tree(tmp_path / "tree")
+    bad = add_bad_files(root)
+    total = len(_all_images(root, "train") | _all_images(root, "val"))
+    with pytest.raises(DataError) as err:
+        build_data(folder_cfg(root))
+    message = str(err.value)
+    assert f"{len(bad)} of {total} image files cannot be read" in message
+    assert "data.on_bad_image=skip" in message
+    listed = {line.strip().split(": ", 1)[0]: line for line in message.splitlines()[1:]}
+    assert set(listed) == set(bad)  # every bad file, and no good one (odd names included)
+    for rel, word in bad.items():
+        assert word in listed[rel].split(": ", 1)[1], listed[rel]
+
+
+def test_error_lists_20_paths_but_counts_them_all(tmp_path):
+    root = good_tree(tmp_path / "tree", per_class=2)
+    for i in range(25):
+        (root / "train" / "chien" / f"text {i:02d}.jpg").write_text("not an image")
+    with pytest.raises(DataError) as err:
+        build_data(folder_cfg(root))
+    message = str(err.value)
+    listed = [line for line in message.splitlines() if line.startswith("  train/")]
+    assert len(listed) == 20 and len(set(listed)) == 20
+    assert "25 of" in message and "and 5 more" in message
+
+
+def test_skip_mode_trains_on_the_rest_and_logs_the_count(tmp_path, deny_read, caplog):
+    root = good_tree(tmp_path / "tree")
+    bad = add_bad_files(root)
+    bad_paths = {str(root / rel) for rel in bad}
+    with caplog.at_level(logging.WARNING, logger="vit.data"):
+        bundle = build_data(folder_cfg(root, on_bad_image="skip"))
+    train, val = bundle.train_loader.dataset.dataset, bundle.val_loader.dataset.dataset
+    assert {p for p, _ in train.samples} == _all_images(root, "train") - bad_paths
+    assert {p for p, _ in val.samples} == _all_images(root, "val") - bad_paths
+    assert train.imgs == train.samples and train.targets == [t for _, t in train.samples]
+    assert bundle.num_train == len(train.samples) and bundle.num_val == len(val.samples)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and f"leaving out {len(bad)} unreadable" in warnings[0]
+    # Every remaining image decodes, through the loaders and one by one.
+    assert sum(len(y) for _, y in bundle.val_loader) == bundle.num_val
+    assert sum(len(y) for _, y in bundle.train_loader) == bundle.num_train // 2 * 2
+    for dataset in (bundle.train_loader.dataset, bundle.val_loader.dataset):
+        for i in range(len(dataset)):
+            x, _ = dataset[i]
+            assert x.shape == (3, 8, 8)
+    # The second run reads the scan from its cache and leaves out the same files.
+    again = build_data(folder_cfg(root, on_bad_image="skip")).train_loader.dataset.dataset
+    assert again.samples == train.samples
+
+
+def test_odd_names_simply_work(tmp_path):
+    root = good_tree(tmp_path / "tree ü")
+    bundle = build_data(folder_cfg(root))
+    assert bundle.class_to_idx == {name: i for i, name in enumerate(sorted(CLASSES))}
+    assert bundle.num_train == len(_all_images(root, "train"))
+    assert sum(len(y) for _, y in bundle.val_loader) == len(_all_images(root, "val"))
+
+
+def test_scan_runs_once_per_tree_and_again_when_a_file_changes(tmp_path, monkeypatch):
+    root = good_tree(tmp_path / "tree")
+    calls = count_decodes(monkeypatch)
+    build_data(folder_cfg(root))
+    assert sorted(calls) == sorted(_all_images(root, "train") | _all_images(root, "val"))
+    cached = sorted((root / ".vit-cache").glob("scan-*.json"))
+    assert len(cached) == 2 and all(json.loads(p.read_text())["bad"] == [] for p in cached)
+    calls.clear()
+    build_data(folder_cfg(root))
+    assert calls == []  # nothing decoded again
+    # A file rewritten in place (new size and mtime): its split is scanned again, and the damage is found.
+    victim = root / "train" / "chien" / "img 0-0.jpg"
+    victim.write_bytes(victim.read_bytes()[:100])
+    with pytest.raises(DataError, match="train/chien/img 0-0.jpg: truncated"):
+        build_data(folder_cfg(root))
+    assert sorted(calls) == sorted(_all_images(root, "train"))  # only the changed split
+    _save(victim, seed=7)
+    calls.clear()
+    build_data(folder_cfg(root))
+    assert len(calls) == len(_all_images(root, "train"))
+    # Only the mtime changes (touch): scanned again.
+    calls.clear()
+    stat = victim.stat()
+    os.utime(victim, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+    build_data(folder_cfg(root))
+    assert len(calls) == len(_all_images(root, "train"))
+    # An added file: scanned again.
+    calls.clear()
+    _save(root / "val" / "chien" / "new one.png", seed=8)
+    build_data(folder_cfg(root))
+    assert sorted(calls) == sorted(_all_images(root, "val"))
+    # One result per split is kept, written whole (no temporary files left behind).
+    assert len(list((root / ".vit-cache").iterdir())) == 2
+
+
+def test_cached_result_still_reports_the_bad_files(tmp_path, monkeypatch):
+    root = good_tree(tmp_path / "tree", per_class=2)
+    (root / "train" / "chien" / "fake.jpg").write_text("text")
+    total = len(_all_images(root, "train") | _all_images(root, "val"))
+    with pytest.raises(DataError, match=f"(?s)1 of {total} image files.*train/chien/fake.jpg: not an image"):
+        build_data(folder_cfg(root))
+    calls = count_decodes(monkeypatch)
+    with pytest.raises(DataError, match=f"(?s)1 of {total} image files.*train/chien/fake.jpg: not an image"):
+        build_data(folder_cfg(root))
+    assert calls == []  # from the cache
+
+
+def test_scan_cache_leaves_a_read_only_tree_alone(tmp_path, monkeypatch):
+    root = good_tree(tmp_path / "tree", per_class=2)
+    writable = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == root else writable(path, mode))
+    assert scan_cache_dir({"cache_dir": str(tmp_path / "c")}, root) == tmp_path / "c"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert scan_cache_dir({}, root) == tmp_path / "xdg" / "vit" / "scan"
+    build_data(folder_cfg(root))
+    assert not (root / ".vit-cache").exists() and len(list((tmp_path / "xdg" / "vit" / "scan").iterdir())) == 2
+
+
+def test_scan_images_false_skips_the_scan(tmp_path, monkeypatch):
+    root = good_tree(tmp_path / "tree", per_class=2)
+    (root / "train" / "chien" / "fake.jpg").write_text("text")
+    calls = count_decodes(monkeypatch)
+    bundle = build_data(folder_cfg(root, scan_images=False))
+    assert calls == [] and bundle.num_train == len(_all_images(root, "train"))  # the bad file is kept
+    assert not (root / ".vit-cache").exists()
+
+
+def test_bad_on_bad_image_value_is_named(tmp_path):
+    root = good_tree(tmp_path / "tree", per_class=2)
+    with pytest.raises(DataError, match=r"data.on_bad_image='ignore' must be one of \('error', 'skip'\)"):
+        build_data(folder_cfg(root, on_bad_image="ignore"))
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_empty_class_folder_is_named_with_its_split(tmp_path, split):
+    root = good_tree(tmp_path / "tree", per_class=2)
+    for name in ("train", "val"):
+        (root / name / "zèbre").mkdir()
+        _save(root / name / "zèbre" / "z.png", seed=3)
+    (root / split / "zèbre" / "z.png").unlink()
+    (root / split / "zèbre" / "readme.txt").write_text("not an image extension")
+    with pytest.raises(DataError, match=f"class folder {split}/zèbre/ holds no image files"):
+        build_data(folder_cfg(root))
+
+
+def test_skip_that_empties_a_class_is_named(tmp_path):
+    root = good_tree(tmp_path / "tree", per_class=2)
+    for path in (root / "train" / "chien").iterdir():
+        path.write_bytes(b"")
+    with pytest.raises(DataError, match="class folder train/chien/ has no readable image left"):
+        build_data(folder_cfg(root, on_bad_image="skip"))
+
+
+def test_unreadable_paths_and_reasons_from_the_scan_function(tmp_path, deny_read):
+    root = good_tree(tmp_path / "tree", per_class=1)
+    bad = add_bad_files(root)
+    paths = sorted(str(p) for p in (root / "train").rglob("*") if p.is_file())
+    found = scan_module.find_unreadable(paths, root / "train", workers=3)
+    expected = {str(root / rel): word for rel, word in bad.items() if rel.startswith("train/")}
+    assert set(found) == set(expected)
+    assert all(word in found[path] for path, word in expected.items())
