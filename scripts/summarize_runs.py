@@ -1,7 +1,8 @@
 """Summarise a Hydra multirun: `python scripts/summarize_runs.py multirun/<date>/<time> [out=<folder>]`.
 
-Writes summary.md (one row per run: swept knobs, params, FLOPs, img/s, final/best val top-1, wall time) and
-summary.png (val top-1 against the swept knob) into the multirun folder (or `out=`), and prints the table.
+Writes summary.md (one row per run: swept knobs, params, FLOPs, img/s, final/best val top-1, wall time; when
+`trainer.seed` is swept too, each setting's mean and min-max over the seeds) and summary.png (val top-1 against
+the swept knob) into the multirun folder (or `out=`), and prints the table.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from vit.analysis.figures import sweep_figure
 from vit.analysis.inputs import UsageError, parse_args, run_script
-from vit.analysis.runs import markdown_table, read_runs, summary_rows, swept_keys
+from vit.analysis.runs import markdown_table, read_runs, seed_rows, summary_rows, swept_keys
 
 
 def main(argv: list[str]) -> int:
@@ -26,8 +27,12 @@ def main(argv: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     header, rows = summary_rows(records)
     table = markdown_table(header, rows)
+    seeds = seed_rows(records)
+    if seeds is not None:  # a sweep over seeds too: each setting's mean and range
+        table += "\n\nOver seeds:\n\n" + markdown_table(*seeds)
     (out / "summary.md").write_text(f"# Sweep {sweep_dir}\n\n{table}\n")
-    sweep_figure(records, swept_keys(records), out / "summary.png")
+    knobs = [k for k in swept_keys(records) if k != "trainer.seed"] or swept_keys(records)
+    sweep_figure(records, knobs, out / "summary.png")
     print(table)
     return 0
 

@@ -339,3 +339,17 @@ def test_ablation_experiments_sweep_one_knob_on_a_short_cifar10_schedule(experim
                 assert (attn.qkv.bias is not None) == value
         epochs = compose(config_name="config", overrides=[f"experiment={experiment}", "trainer.epochs=2"])
         assert epochs.trainer.epochs == 2
+
+
+def test_seed_rows_give_mean_and_range_per_setting(tmp_path):
+    from vit.analysis.runs import read_runs, seed_rows
+
+    model = {"name": "vit_tiny", "embed_dim": 192, "num_heads": 3}
+    finals = {("4", "0"): 80.0, ("4", "1"): 81.0, ("8", "0"): 70.0, ("8", "1"): 73.0}
+    for i, ((patch, seed), top1) in enumerate(finals.items()):
+        metrics = {"final": {"val_top1": top1}, "wall_time_s": 60.0 + i}
+        fake_run(tmp_path / str(i), [f"model.patch_size={patch}", f"trainer.seed={seed}"], model, metrics)
+    header, rows = seed_rows(read_runs(tmp_path))
+    assert header == ["model.patch_size", "seeds", "final top-1 mean", "min - max", "wall s mean"]
+    assert rows == [["4", "2", "80.50", "80.00 - 81.00", "60"], ["8", "2", "71.50", "70.00 - 73.00", "62"]]
+    assert seed_rows(read_runs(tmp_path / "0")) is None  # one run: no seed sweep

@@ -127,3 +127,33 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+SEED_KEY = "trainer.seed"
+
+
+def seed_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]] | None:
+    """The runs of a sweep that also varies `trainer.seed`, grouped by their other knobs: the number of seeds,
+    the mean final top-1 with its min-max range, and the mean wall time. None when the seed is not swept."""
+    knobs = swept_keys(records)
+    if SEED_KEY not in knobs:
+        return None
+    others = [k for k in knobs if k != SEED_KEY]
+    groups: dict[tuple, list[RunRecord]] = {}
+    for record in records:
+        groups.setdefault(tuple(record.overrides.get(k, "-") for k in others), []).append(record)
+    header = [*others, "seeds", "final top-1 mean", "min - max", "wall s mean"]
+    rows = []
+    for key, group in groups.items():
+        finals = [r.final_top1 for r in group if r.final_top1 is not None]
+        walls = [r.metrics["wall_time_s"] for r in group if r.metrics.get("wall_time_s") is not None]
+        rows.append(
+            [
+                *key,
+                str(len(finals)),
+                f"{sum(finals) / len(finals):.2f}" if finals else "-",
+                f"{min(finals):.2f} - {max(finals):.2f}" if finals else "-",
+                f"{sum(walls) / len(walls):.0f}" if walls else "-",
+            ]
+        )
+    return header, rows
