@@ -1,4 +1,5 @@
-"""Unreadable images in folder trees (data.on_bad_image, data.scan_images, the cached scan)."""
+"""Unreadable images in folder trees (data.on_bad_image, data.scan_images, the cached scan) and the held-out
+selection slice (data.holdout)."""
 
 import builtins
 import json
@@ -8,11 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
+from torch.utils.data import Dataset
 
+import vit.data.datasets as datasets_module
 import vit.data.scan as scan_module
 from vit.data import DataError, build_data
-from vit.data.datasets import scan_cache_dir
+from vit.data.datasets import build_splits, scan_cache_dir, targets_of
 
 # Odd names on purpose: spaces, non-ASCII letters (NFC), a name starting with a dash.
 CLASSES = ("chat noir", "chien", "grenouille été")
@@ -267,3 +271,114 @@ def test_unreadable_paths_and_reasons_from_the_scan_function(tmp_path, deny_read
     expected = {str(root / rel): word for rel, word in bad.items() if rel.startswith("train/")}
     assert set(found) == set(expected)
     assert all(word in found[path] for path, word in expected.items())
+
+
+# ---- data.holdout ----
+
+
+def _paths(dataset) -> list[str]:
+    base, indices = dataset, None
+    while hasattr(base, "indices"):
+        indices = np.asarray(base.indices) if indices is None else np.asarray(base.indices)[indices]
+        base = base.dataset
+    return [base.samples[i][0] for i in (range(len(base.samples)) if indices is None else indices)]
+
+
+def test_holdout_imagefolder_is_a_fixed_balanced_slice_of_train(tmp_path):
+    root = good_tree(tmp_path / "tree", per_class=10, val="test")
+    cfg = folder_cfg(root, holdout=6)
+    plain = build_splits(folder_cfg(root), seed=0)
+    assert plain.val_name == "test"
+    a, b = build_splits(cfg, seed=1), build_splits(cfg, seed=7)
+    assert a.val_name == "holdout" and _paths(a.val) == _paths(b.val) and _paths(a.train) == _paths(b.train)
+    train, held = set(_paths(a.train)), set(_paths(a.val))
+    assert len(held) == 6 and len(train) == 24 and not train & held
+    assert train | held == _all_images(root, "train")
+    assert np.bincount(targets_of(a.val), minlength=3).tolist() == [2, 2, 2]
+    for dataset in (a.train, a.val):  # the targets carried by the subset are those of its images
+        assert targets_of(dataset).tolist() == [dataset[i][1] for i in range(len(dataset))]
+
+
+def test_holdout_gets_the_val_transform(tmp_path):
+    root = good_tree(tmp_path / "tree", per_class=10)
+    cfg = folder_cfg(root, holdout=0.2, augment={"crop": "rrc", "hflip": True, "auto_augment": "trivial"})
+    bundle = build_data(cfg)
+    assert bundle.num_val == 6 and bundle.num_train == 24
+    first, second = (torch.cat([x for x, _ in bundle.val_loader]) for _ in range(2))
+    assert torch.equal(first, second)  # not augmented
+
+
+def test_holdout_fraction_on_arrays_keeps_images_and_labels_together():
+    cfg = {"name": "synthetic", "img_size": 8, "batch_size": 16, "num_workers": 0, "augment": {"crop": "none"}}
+    cfg["synthetic"] = {"num_train": 200, "num_val": 40}
+    full = build_splits(cfg, seed=3)
+    splits = build_splits({**cfg, "holdout": 0.25}, seed=3)
+    assert splits.val_name == "holdout" and len(splits.val) == 50 and len(splits.train) == 150
+    for dataset, (images, labels) in ((splits.train, splits.train_array), (splits.val, splits.val_array)):
+        assert len(images) == len(labels) == len(dataset)
+        for i in range(0, len(dataset), 7):
+            image, label = dataset[i]
+            assert np.array_equal(np.asarray(image), images[i]) and label == labels[i]
+    # Each class held out in proportion to its size (the synthetic classes are not exactly balanced).
+    sizes = np.bincount(targets_of(full.train), minlength=10)
+    held = np.bincount(splits.val_array[1], minlength=10)
+    assert held.sum() == 50 and (np.abs(held - 50 * sizes / sizes.sum()) < 1).all()
+    # Both loaders see the same held-out images.
+    gpu = build_data({**cfg, "holdout": 0.25, "loader": "gpu"}, seed=3)
+    cpu = build_data({**cfg, "holdout": 0.25, "loader": "torch"}, seed=3)
+    assert gpu.num_val == cpu.num_val == 50
+    torch.testing.assert_close(torch.cat([x for x, _ in gpu.val_loader]), torch.cat([x for x, _ in cpu.val_loader]))
+
+
+class FakeCifar(Dataset):
+    """Stands in for torchvision's CIFAR10 (which needs the real, checksummed files)."""
+
+    base_folder = "cifar-10-batches-py"
+
+    def __init__(self, root, train=True, download=False):
+        rng = np.random.default_rng(0 if train else 1)
+        count = 300 if train else 50
+        self.data = rng.integers(0, 255, (count, 8, 8, 3), dtype=np.uint8)
+        self.targets = [i % 10 for i in range(count)]
+        self.class_to_idx = {f"c{i}": i for i in range(10)}
+
+    def __len__(self):
+        return len(self.targets)
+
+    def __getitem__(self, index):
+        return Image.fromarray(self.data[index]), self.targets[index]
+
+
+def test_holdout_cifar_same_images_for_every_seed_and_disjoint(monkeypatch, tmp_path):
+    monkeypatch.setattr(datasets_module.tv_datasets, "CIFAR10", FakeCifar)
+    cfg = {"name": "cifar10", "root": str(tmp_path), "img_size": 8, "download": False, "holdout": 50}
+    a, b = build_splits(cfg, seed=0), build_splits(cfg, seed=5)
+    assert build_splits({**cfg, "holdout": None}).val_name == "test" and a.val_name == "holdout"
+    assert a.val.indices == b.val.indices and a.train.indices == b.train.indices
+    assert not set(a.val.indices) & set(a.train.indices) and len(a.val) + len(a.train) == 300
+    assert np.bincount(a.val_array[1], minlength=10).tolist() == [5] * 10
+    assert np.array_equal(a.val_array[0], FakeCifar(None).data[a.val.indices])
+    # With the sample limits, the limited holdout is still the same images for every seed.
+    limited = {**cfg, "limit_train_samples": 100, "limit_val_samples": 20}
+    c, d = build_splits(limited, seed=0), build_splits(limited, seed=9)
+    assert len(c.train) == 100 and len(c.val) == 20 and np.array_equal(c.val_array[0], d.val_array[0])
+    assert not set(_indices(c.val)) & set(_indices(c.train))
+
+
+def _indices(subset) -> list[int]:
+    return [subset.dataset.indices[i] for i in subset.indices]
+
+
+@pytest.mark.parametrize("value", [0, -3, 0.0, 1.0, 1.5, "abc", True, [5], 300, 291])
+def test_bad_holdout_values_are_named(monkeypatch, tmp_path, value):
+    monkeypatch.setattr(datasets_module.tv_datasets, "CIFAR10", FakeCifar)
+    cfg = {"name": "cifar10", "root": str(tmp_path), "img_size": 8, "download": False, "holdout": value}
+    with pytest.raises(DataError, match=r"data\.holdout="):
+        build_splits(cfg)
+
+
+def test_holdout_as_large_as_allowed_keeps_one_image_per_class(monkeypatch, tmp_path):
+    monkeypatch.setattr(datasets_module.tv_datasets, "CIFAR10", FakeCifar)
+    cfg = {"name": "cifar10", "root": str(tmp_path), "img_size": 8, "download": False, "holdout": 290}
+    splits = build_splits(cfg)
+    assert len(splits.val) == 290 and sorted(splits.train_array[1].tolist()) == list(range(10))

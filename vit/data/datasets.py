@@ -2,13 +2,15 @@
 
 Each builder returns the train and val datasets (without transforms; the loader adds them) and the
 class-to-index map that is saved with every checkpoint. Image folders are scanned for files that cannot be
-decoded (`data.on_bad_image`, `data.scan_images`).
+decoded (`data.on_bad_image`, `data.scan_images`), and `data.holdout` turns a fixed slice of the training
+set into the validation split, so that epochs and settings are never chosen by their test accuracy.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import numbers
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,8 @@ VAL_SPLIT_NAMES = ("val", "validation", "test")
 DATASET_NAMES = ("cifar10", "cifar100", "imagefolder", "synthetic")
 BAD_IMAGE_MODES = ("error", "skip")
 BAD_IMAGES_LISTED = 20  # paths named in the data.on_bad_image=error message; the count covers all of them
+HOLDOUT_SEED = 0  # fixed, not trainer.seed: every run holds out the same images
+HOLDOUT_NAME = "holdout"
 
 log = logging.getLogger("vit.data")
 
@@ -46,6 +50,10 @@ class Splits:
     # Where the GPU loader may keep its decoded .npy files by default: the folder holding train/ (after any
     # archive extraction), or the CIFAR root.
     root: Path | None = None
+    # What `val` is, for labelling its accuracy: "holdout" (data.holdout: a slice of the training set, the
+    # one to select epochs and settings on), else the split it came from: "test" (CIFAR), the folder name
+    # (imagefolder: val, validation or test), "val" (synthetic).
+    val_name: str = "val"
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
@@ -105,6 +113,7 @@ def _cifar(cfg, name: str) -> Splits:
         (train.data, np.asarray(train.targets, dtype=np.int64)),
         (val.data, np.asarray(val.targets, dtype=np.int64)),
         root=root,
+        val_name="test",
     )
 
 
@@ -160,7 +169,7 @@ def _imagefolder(cfg) -> Splits:
         _check_no_empty_class(root, split, dataset, "holds no image files")
     if cfg.get("scan_images", True):
         _drop_unreadable(cfg, root, {"train": train, val_name: val}, on_bad)
-    return Splits(train, val, dict(train.class_to_idx), root=root)
+    return Splits(train, val, dict(train.class_to_idx), root=root, val_name=val_name)
 
 
 def _printable(path: str) -> str:
@@ -269,6 +278,7 @@ def _synthetic(cfg, seed: int) -> Splits:
         train.class_to_idx,
         (train.data, train.targets.numpy()),
         (val.data, val.targets.numpy()),
+        val_name="val",
     )
 
 
@@ -299,8 +309,80 @@ def limit_split(dataset: Dataset, array, limit: int | None, seed: int):
     return subset, array
 
 
+def parse_holdout(value) -> int | float | None:
+    """data.holdout as None, an image count (int >= 1) or a fraction (float in (0, 1))."""
+    if value is None:
+        return None
+    text = f"data.holdout={value!r} must be null, a count of training images (an int >= 1) or a fraction in (0, 1)"
+    if isinstance(value, str):
+        try:
+            value = float(value) if any(c in value for c in ".eE") else int(value)
+        except ValueError:
+            raise DataError(text) from None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise DataError(text)
+    if isinstance(value, numbers.Integral):
+        if value < 1:
+            raise DataError(text)
+        return int(value)
+    if not 0 < value < 1:
+        raise DataError(text)
+    return float(value)
+
+
+def holdout_indices(targets: np.ndarray, count: int, seed: int = HOLDOUT_SEED) -> np.ndarray:
+    """`count` indices, each class held out in proportion to its size (equal counts for balanced classes,
+    then the remainder to the classes with the largest fractional share), never a class's last image;
+    which images within a class is fixed by `seed`. Sorted."""
+    targets = np.asarray(targets)
+    classes, sizes = np.unique(targets, return_counts=True)
+    if not 0 <= count <= int((sizes - 1).sum()):
+        raise ValueError(f"cannot hold out {count} of {len(targets)} images and keep one per class")
+    share = count * sizes / sizes.sum()
+    quota = np.floor(share).astype(np.int64)
+    order = sorted(range(len(classes)), key=lambda i: (-(share[i] - quota[i]), i))
+    while quota.sum() < count:
+        for i in order:
+            if quota.sum() < count and quota[i] < sizes[i] - 1:
+                quota[i] += 1
+    rng = np.random.default_rng(seed)
+    chosen = [rng.permutation(np.flatnonzero(targets == c))[:q] for c, q in zip(classes, quota, strict=True)]
+    return np.sort(np.concatenate(chosen))
+
+
+def _subset(dataset: Dataset, indices: np.ndarray) -> Subset:
+    subset = Subset(dataset, indices.tolist())
+    subset.targets = targets_of(dataset)[indices]  # type: ignore[attr-defined]
+    return subset
+
+
+def hold_out(splits: Splits, holdout: int | float) -> Splits:
+    """The validation split becomes a fixed, class-balanced slice of the training set, removed from it."""
+    targets = targets_of(splits.train)
+    size, num_classes = len(targets), len(np.unique(targets))
+    count = holdout if isinstance(holdout, int) else round(holdout * size)
+    if count < 1 or count > size - num_classes:
+        raise DataError(
+            f"data.holdout={holdout!r} holds out {count} of the {size} training images: it must hold out at "
+            f"least 1 and leave every one of the {num_classes} classes at least one training image "
+            f"(at most {size - num_classes})"
+        )
+    held = holdout_indices(targets, count)
+    keep = np.setdiff1d(np.arange(size), held)
+    array = splits.train_array
+    splits.train, splits.val = _subset(splits.train, keep), _subset(splits.train, held)
+    if array is not None:
+        splits.train_array = (array[0][keep], array[1][keep])
+        splits.val_array = (array[0][held], array[1][held])
+    else:
+        splits.val_array = None
+    splits.val_name = HOLDOUT_NAME
+    return splits
+
+
 def build_splits(cfg, seed: int = 0) -> Splits:
     name = cfg.get("name")
+    holdout = parse_holdout(cfg.get("holdout"))  # before any data is read: a typo fails at once
     if name in ("cifar10", "cifar100"):
         splits = _cifar(cfg, name)
     elif name == "imagefolder":
@@ -309,8 +391,12 @@ def build_splits(cfg, seed: int = 0) -> Splits:
         splits = _synthetic(cfg, seed)
     else:
         raise DataError(f"data.name={name!r} must be one of {DATASET_NAMES}")
+    val_seed = seed + 1
+    if holdout is not None:
+        splits = hold_out(splits, holdout)
+        val_seed = HOLDOUT_SEED + 1  # a limited holdout is also the same images in every run
     splits.train, splits.train_array = limit_split(
         splits.train, splits.train_array, cfg.get("limit_train_samples"), seed
     )
-    splits.val, splits.val_array = limit_split(splits.val, splits.val_array, cfg.get("limit_val_samples"), seed + 1)
+    splits.val, splits.val_array = limit_split(splits.val, splits.val_array, cfg.get("limit_val_samples"), val_seed)
     return splits
