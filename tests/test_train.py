@@ -222,3 +222,23 @@ def test_metrics_report_the_first_step_apart(cli_run):
     run_dir, _ = cli_run
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert 0 < metrics["first_step_seconds"] < metrics["wall_time_s"]
+
+
+@pytest.mark.parametrize("loader", ["torch", "gpu"])
+def test_holdout_selects_and_the_test_split_is_reported_once_at_the_end(tmp_path, loader):
+    from vit.train import run
+
+    args = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.epochs=2", "trainer.device=cpu", "data.holdout=32"]
+    metrics = run(compose_config([*args, f"data.loader={loader}", "trainer.ema=true"]), output_dir=tmp_path)
+    assert metrics["val_split"] == "holdout" and metrics["test"]["split"] == "val"
+    # The report is the final weights on the untouched val split: what evaluate.py says with the holdout off.
+    from vit.train.evaluate import evaluate_checkpoint
+
+    ckpt = tmp_path / "checkpoints" / "last.pt"
+    for weights, key in (("false", "top1"), ("true", "ema_top1")):
+        direct = evaluate_checkpoint([f"checkpoint={ckpt}", "data.holdout=null", f"ema={weights}"])
+        assert direct["count"] == 64 and direct["top1"] == pytest.approx(metrics["test"][key])
+    plain = run(compose_config([*args[:-1], f"data.loader={loader}"]), output_dir=tmp_path / "plain")
+    assert "test" not in plain and plain["val_split"] == "val"
+    events = EventAccumulator(str(tmp_path / "tb")).Reload()
+    assert "test/top1" in events.Tags()["scalars"]

@@ -54,6 +54,10 @@ class Splits:
     # one to select epochs and settings on), else the split it came from: "test" (CIFAR), the folder name
     # (imagefolder: val, validation or test), "val" (synthetic).
     val_name: str = "val"
+    # With data.holdout: the split `val` was before (its name in `test_name`), evaluated once after training.
+    test: Dataset | None = None
+    test_array: tuple[np.ndarray, np.ndarray] | None = None
+    test_name: str | None = None
 
 
 def to_rgb(image: Image.Image) -> Image.Image:
@@ -369,6 +373,7 @@ def hold_out(splits: Splits, holdout: int | float) -> Splits:
         )
     held = holdout_indices(targets, count)
     keep = np.setdiff1d(np.arange(size), held)
+    splits.test, splits.test_array, splits.test_name = splits.val, splits.val_array, splits.val_name
     array = splits.train_array
     splits.train, splits.val = _subset(splits.train, keep), _subset(splits.train, held)
     if array is not None:

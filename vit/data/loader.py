@@ -33,6 +33,9 @@ class DataBundle:
     num_val: int
     train_sampler: Sampler | None = None  # the torch loader's DistributedSampler, to `set_epoch` on
     loader_kind: str = "torch"
+    val_name: str = "val"  # "holdout" with data.holdout, else the split's own name
+    test_loader: Iterable | None = None  # with data.holdout: the split the holdout replaced, for the final report
+    test_name: str | None = None
 
 
 class Transformed(Dataset):
@@ -121,12 +124,13 @@ def _torch_loader(dataset, cfg, *, train, device, seed, rank, world_size, batch_
 
 
 def _gpu_fits(splits: Splits, img_size: int, device: torch.device) -> bool:
-    """Whether both splits as uint8 (N, 3, H, W) take under a quarter of the free GPU memory; estimated
+    """Whether the splits as uint8 (N, 3, H, W) take under a quarter of the free GPU memory; estimated
     before anything is decoded, so a split too large for the GPU is never decoded for nothing."""
     if device.type != "cuda":
         return False
     free, _ = torch.cuda.mem_get_info(device)
-    needed = (len(splits.train) + len(splits.val)) * 3 * img_size * img_size
+    images = len(splits.train) + len(splits.val) + (len(splits.test) if splits.test is not None else 0)
+    needed = images * 3 * img_size * img_size
     return needed < 0.25 * free
 
 
@@ -169,8 +173,11 @@ def build_data(
             Transformed(splits.train, train_transform(cfg)), cfg, train=True, **common
         )
         val_loader, _ = _torch_loader(Transformed(splits.val, val_transform(cfg)), cfg, train=False, **common)
-        loaders = (train_loader, val_loader, sampler, "torch")
-    train_loader, val_loader, sampler, loader_kind = loaders
+        test_loader = None
+        if splits.test is not None:
+            test_loader, _ = _torch_loader(Transformed(splits.test, val_transform(cfg)), cfg, train=False, **common)
+        loaders = (train_loader, val_loader, test_loader, sampler, "torch")
+    train_loader, val_loader, test_loader, sampler, loader_kind = loaders
     if len(train_loader) == 0:
         raise DataError(
             f"data.batch_size={batch_size} is larger than the {len(splits.train)} training images: no full batch"
@@ -189,6 +196,9 @@ def build_data(
         len(splits.val),
         sampler,
         loader_kind,
+        splits.val_name,
+        test_loader,
+        splits.test_name,
     )
 
 
@@ -198,7 +208,10 @@ def _gpu_loaders(cfg, splits, device, seed, rank, world_size, batch_size, force:
     if not force and not _gpu_fits(splits, img_size, device):
         return None
     arrays = []
-    for train, dataset, array in ((True, splits.train, splits.train_array), (False, splits.val, splits.val_array)):
+    parts = [(True, splits.train, splits.train_array), (False, splits.val, splits.val_array)]
+    if splits.test is not None:
+        parts.append((False, splits.test, splits.test_array))
+    for train, dataset, array in parts:
         # CIFAR and synthetic splits are already uint8 arrays; decode (once, cached) when the size differs.
         if array is None or array[0].shape[1:3] != (img_size, img_size):
             workers = cfg.get("num_workers")
@@ -206,4 +219,6 @@ def _gpu_loaders(cfg, splits, device, seed, rank, world_size, batch_size, force:
             array = cached_split(dataset, img_size, train, decoded_cache_dir(cfg, splits), workers)
         arrays.append(array)
     common = dict(cfg=cfg, device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
-    return GpuLoader(*arrays[0], train=True, **common), GpuLoader(*arrays[1], train=False, **common), None, "gpu"
+    train_loader, val_loader = GpuLoader(*arrays[0], train=True, **common), GpuLoader(*arrays[1], train=False, **common)
+    test_loader = GpuLoader(*arrays[2], train=False, **common) if len(arrays) > 2 else None
+    return train_loader, val_loader, test_loader, None, "gpu"

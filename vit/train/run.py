@@ -266,7 +266,7 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed)
                 )
             console.end_epoch(
                 f"epoch {epoch + 1}/{epochs}: train loss {train['loss']:.4f}, {train['img_per_s']:,.0f} img/s, "
-                f"{train['seconds']:.1f}s; val top-1 {val['top1']:.2f}%"
+                f"{train['seconds']:.1f}s; {bundle.val_name} top-1 {val['top1']:.2f}%"
                 + (f" (EMA {val_ema['top1']:.2f}%)" if val_ema else "")
             )
             is_best = val["top1"] > best_top1
@@ -299,6 +299,15 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed)
         stop.restore(previous_handlers)
 
     metrics = run_metrics(cfg, history, cost, time.perf_counter() - wall_start, bundle, use_compile, device)
+    metrics["val_split"] = bundle.val_name
+    if bundle.test_loader is not None and history and history[-1]["epoch"] == epochs:
+        # data.holdout: epochs and settings are chosen on the holdout; the test split is looked at once, here.
+        metrics["test"] = final_test(model, ema, bundle, device, amp_dtype, limit_val, dist, eval_flip)
+        tb.scalars({f"test/{k}": v for k, v in metrics["test"].items() if k != "split"}, ctx.step)
+        console.end_epoch(
+            f"{bundle.test_name} split after training: top-1 {metrics['test']['top1']:.2f}%"
+            + (f" (EMA {metrics['test']['ema_top1']:.2f}%)" if ema is not None else "")
+        )
     metrics["stopped_by_signal"] = stop.name
     metrics["world_size"] = dist.world_size
     # With torch.compile the first step holds the compilation (reported apart from the img/s of later steps).
@@ -383,6 +392,16 @@ def epoch_scalars(train: dict, val: dict, val_ema: dict | None, device: torch.de
     if skipped_steps:
         scalars["train/skipped_steps"] = skipped_steps
     return scalars
+
+
+def final_test(model, ema, bundle, device, amp_dtype, limit, dist, flip: bool) -> dict:
+    """Top-1/top-5/loss of the final weights (and the EMA's) on the test split that data.holdout set aside."""
+    result = evaluate(model, bundle.test_loader, device, amp_dtype, limit, dist=dist, flip=flip)
+    test = {"split": bundle.test_name, "top1": result["top1"], "top5": result["top5"], "loss": result["loss"]}
+    if ema is not None:
+        ema_result = evaluate(ema.module, bundle.test_loader, device, amp_dtype, limit, dist=dist, flip=flip)
+        test.update(ema_top1=ema_result["top1"], ema_top5=ema_result["top5"], ema_loss=ema_result["loss"])
+    return test
 
 
 def run_metrics(cfg, history: list[dict], cost, wall_time_s: float, bundle, compiled: bool, device) -> dict:
