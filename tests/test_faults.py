@@ -95,3 +95,22 @@ def test_kill_9_at_random_moments_then_resume(tmp_path, reference):
     out, _ = final.communicate(timeout=300)
     assert final.returncode == 0, out[-2000:]
     assert_same_weights(load_checkpoint(run_dir / "checkpoints" / "last.pt"), reference)
+
+
+def test_a_second_signal_exits_at_once():
+    """The first SIGTERM only asks for a stop after the step; a second one raises SystemExit(128 + 15) at once,
+    wherever the program is (real signals sent to this process)."""
+    from vit.train.signals import StopSignal
+
+    stop = StopSignal()
+    previous = stop.install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler runs at the next bytecode boundary
+        assert stop.requested() and stop.name == "SIGTERM"
+        with pytest.raises(SystemExit) as exit_info:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+        assert exit_info.value.code == 128 + signal.SIGTERM
+    finally:
+        stop.restore(previous)
