@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,10 @@ def atomic_save(obj: Any, path: str | Path) -> None:
         if isinstance(err, (OSError, RuntimeError)):
             # A full disk, a read-only or unwritable folder, a file where the folder should be. (torch.save
             # reports a full disk as a RuntimeError of its zip writer, hence the free space in the message.)
-            reason = err.strerror if isinstance(err, OSError) and err.strerror else str(err).strip().splitlines()[0]
+            reason = err.strerror if isinstance(err, OSError) and err.strerror else first_line(err)
+            blocker = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
+            if blocker is not None and not blocker.is_dir():
+                reason = f"{reason}: {str(blocker)!r} is a file, not a folder"
             kept = "the previous file is intact" if path.is_file() else "there was no earlier file"
             raise CheckpointError(
                 f"cannot write checkpoint {str(path)!r}: {reason} ({free} free there); {kept}"
@@ -64,19 +68,50 @@ def free_space(folder: Path) -> str:
     """The free space of the disk holding `folder` (or its nearest existing parent), for error messages."""
     for candidate in (folder, *folder.parents):
         if candidate.is_dir():
-            return f"{shutil.disk_usage(candidate).free / 2**20:,.1f} MiB"
+            try:
+                return f"{shutil.disk_usage(candidate).free / 2**20:,.1f} MiB"
+            except OSError:
+                break
     return "unknown"
+
+
+def first_line(err: BaseException) -> str:
+    """An exception's first line, without terminal colour codes: error messages here are one line."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip()
+    return text.splitlines()[0].strip() if text else type(err).__name__
+
+
+def read_error_reason(err: Exception) -> str:
+    """Why torch.load(weights_only=True) refused a file, in one line (torch's own text runs to a dozen lines and
+    suggests weights_only=False, which would run whatever code the file carries)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(err))
+    refused = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    if refused:
+        return (
+            f"it holds pickled objects other than tensors and plain containers (GLOBAL {refused.group(1)}), which "
+            "weights_only=True refuses without running them; a checkpoint written by this trainer holds none"
+        )
+    if "WeightsUnpickler error" in text:
+        detail = " ".join(text.split("WeightsUnpickler error:", 1)[1].split()).split(" Check the documentation")[0]
+        return f"not a checkpoint weights_only=True can read ({detail})"
+    if "central directory" in text or "PytorchStreamReader" in text or isinstance(err, EOFError):
+        return f"the file is truncated or corrupted ({first_line(err).split('. ')[0].rstrip('.') or 'empty'})"
+    return f"not a torch checkpoint ({type(err).__name__}: {first_line(err)})"
 
 
 def load_checkpoint(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"cannot read checkpoint {str(path)!r}: the file is empty (0 bytes)")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:
         # A truncated or foreign file, or one whose unpickling would run code (refused by weights_only).
-        raise CheckpointError(f"cannot read checkpoint {str(path)!r} (weights_only=True): {err}") from err
+        raise CheckpointError(
+            f"cannot read checkpoint {str(path)!r} (weights_only=True): {read_error_reason(err)}"
+        ) from err
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"checkpoint {str(path)!r} holds no 'model' state dict")
     return state
@@ -107,15 +142,37 @@ def restore_training_state(state: dict, *, model, optimizer, scheduler, scaler, 
     the first differing keys and shapes (another model, another class count)."""
     from vit.models.pretrained import describe_mismatch
 
-    problem = describe_mismatch(state["model"], model)
+    weights = state["model"]
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise CheckpointError(f"checkpoint {str(path)!r}: its 'model' entry is not a state dict of tensors")
+    missing = [key for key in ("optimizer", "scheduler") if not state.get(key)]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} holds no {' or '.join(missing)} state: a resume needs a last.pt or best.pt "
+            "written by this trainer (a file of weights alone cannot continue a training)"
+        )
+    saved_config = state.get("config") or {}
+    problem = describe_mismatch(weights, model)
     if problem is not None:
-        saved = (state.get("config") or {}).get("model", {}).get("name", "another model")
+        saved = saved_config.get("model", {}).get("name", "another model")
         raise CheckpointError(
             f"checkpoint {str(path)!r} ({saved}) does not fit the configured {type(model).__name__}: {problem}"
         )
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
+    saved_optim = (saved_config.get("optim") or {}).get("name")
+    if saved_optim and str(saved_optim).lower() != type(optimizer).__name__.lower():
+        # The other optimizer's state (momentum buffers for AdamW's moments) would fail at the first step.
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} was trained with optim.name={saved_optim}, this run uses "
+            f"{type(optimizer).__name__}: resume with optim={saved_optim}"
+        )
+    model.load_state_dict(weights)
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: its optimizer or schedule state does not fit this run: {first_line(err)}"
+        ) from err
     if scaler is not None and state.get("scaler"):
         scaler.load_state_dict(state["scaler"])
     if ema is not None and state.get("ema"):
