@@ -10,7 +10,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from vit.data.archive import is_archive
-from vit.data.datasets import DATASET_NAMES
+from vit.data.datasets import DATASET_NAMES, DataError, parse_holdout
 from vit.models import create_model, list_models
 
 
@@ -31,12 +31,10 @@ def _require(ok: bool, message: str) -> None:
 
 
 # The numeric knobs of each config group: a value that is not a number (`model.img_size=abc`) is named as such
-# before any range check or constructor sees it. "int" also refuses 32.5; None is allowed where the YAML says null.
+# before any range check or constructor sees it. "int" refuses 32.5 and also 32.0 or 1e3 (floats that torch's
+# layer constructors would reject later with a traceback); None is allowed where the YAML says null. The model
+# comes last: its img_size and num_classes repeat data's (`${data.img_size}`), which are named first.
 NUMERIC_KEYS = {
-    "model": {
-        "int": ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "token_dim"),
-        "float": ("mlp_ratio", "qk_scale", "drop_rate", "attn_drop_rate", "drop_path_rate", "init_values"),
-    },
     "data": {
         "int": (
             "img_size",
@@ -76,11 +74,30 @@ NUMERIC_KEYS = {
         ),
         "float": ("grad_clip", "ema_decay"),
     },
+    "model": {
+        "int": ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "token_dim"),
+        "float": ("mlp_ratio", "qk_scale", "drop_rate", "attn_drop_rate", "drop_path_rate", "init_values"),
+    },
 }
+
+# Switches: `trainer.ema=maybe` would otherwise count as true (a non-empty string).
+BOOL_KEYS = {
+    "model": ("qkv_bias",),
+    "data": ("pin_memory", "download", "scan_images", "augment.hflip"),
+    "trainer": ("deterministic", "ema", "ema_warmup", "save_checkpoints", "eval_flip"),
+}
+
+# Lists of numbers: (key, length); their values' ranges are checked in validate.
+NUMBER_LISTS = {"optim": (("betas", 2),), "data": (("mean", 3), ("std", 3))}
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def check_types(cfg: DictConfig) -> None:
-    """Every numeric knob holds a number (or null): `config error: model.img_size='abc' must be an integer`."""
+    """Every numeric knob holds a number (or null): `config error: model.img_size='abc' must be an integer`;
+    switches hold true/false, and number lists hold that many numbers."""
     for group, kinds in NUMERIC_KEYS.items():
         node = cfg.get(group)
         if node is None:
@@ -90,12 +107,28 @@ def check_types(cfg: DictConfig) -> None:
                 value = OmegaConf.select(node, key, default=None)
                 if value is None:
                     continue
-                is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
                 if kind == "int":
-                    ok = is_number and float(value).is_integer()
-                    _require(ok, f"{group}.{key}={value!r} must be an integer")
+                    _require(
+                        isinstance(value, int) and not isinstance(value, bool),
+                        f"{group}.{key}={value!r} must be an integer",
+                    )
                 else:
-                    _require(is_number, f"{group}.{key}={value!r} must be a number")
+                    _require(_is_number(value), f"{group}.{key}={value!r} must be a number")
+    for group, keys in BOOL_KEYS.items():
+        node = cfg.get(group)
+        for key in keys if node is not None else ():
+            value = OmegaConf.select(node, key, default=None)
+            _require(value is None or isinstance(value, bool), f"{group}.{key}={value!r} must be true or false")
+    for group, lists in NUMBER_LISTS.items():
+        node = cfg.get(group)
+        for key, length in lists if node is not None else ():
+            value = OmegaConf.select(node, key, default=None)
+            if value is None:
+                continue
+            values = list(value) if OmegaConf.is_list(value) or isinstance(value, (list, tuple)) else [value]
+            ok = len(values) == length and all(_is_number(v) for v in values)
+            shown = OmegaConf.to_container(value) if OmegaConf.is_list(value) else value
+            _require(ok, f"{group}.{key}={shown!r} must be a list of {length} numbers or null")
 
 
 def model_kwargs(model_cfg: Mapping, num_classes: int | None = None) -> dict:
@@ -111,10 +144,15 @@ def build_model_from_config(model_cfg: Mapping, num_classes: int | None = None) 
     check_types(OmegaConf.create({"model": dict(model_cfg)}))
     if name not in list_models():
         raise ConfigError(f"model.name={name!r} is not a known model; known models: {', '.join(list_models())}")
+    init_values = model_cfg.get("init_values")
+    if init_values is not None:
+        _require(float(init_values) >= 0, f"model.init_values={init_values} must be >= 0 (LayerScale; 0 or null: off)")
     try:
         return create_model(name, **model_kwargs(model_cfg, num_classes))
     except ValueError as err:
         raise ConfigError(f"model.{err}") from err
+    except TypeError as err:  # a value of the wrong shape for its argument (a list where a number belongs, ...)
+        raise ConfigError(f"model settings do not build {name}: {str(err).strip().splitlines()[0]}") from err
 
 
 def resolve_device(setting: str) -> torch.device:
@@ -137,6 +175,14 @@ def validate(cfg: DictConfig) -> None:
     _require(data.name in DATASET_NAMES, f"data.name={data.name!r} must be one of {DATASET_NAMES}")
     _require(int(data.img_size) > 0, f"data.img_size={data.img_size} must be positive")
     _require(int(data.batch_size) > 0, f"data.batch_size={data.batch_size} must be positive")
+    if data.get("patch_size") is not None:
+        _require(int(data.patch_size) > 0, f"data.patch_size={data.patch_size} must be positive")
+    try:
+        parse_holdout(data.get("holdout"))
+    except DataError as err:
+        raise ConfigError(str(err)) from None
+    if data.get("std") is not None:
+        _require(all(float(v) > 0 for v in data.std), f"data.std={list(data.std)} must be > 0 in every channel")
     if data.name == "imagefolder":
         _require(data.root is not None, "data.root is not set: data=imagefolder needs data.root=<folder or archive>")
         root = Path(str(data.root)).expanduser()
@@ -157,6 +203,14 @@ def validate(cfg: DictConfig) -> None:
         _require(int(data.num_workers) >= 0, f"data.num_workers={data.num_workers} must be >= 0 or null")
     if data.get("num_classes") is not None:
         _require(int(data.num_classes) >= 1, f"data.num_classes={data.num_classes} must be >= 1 or null")
+    model_classes = cfg.model.get("num_classes")
+    if model_classes is not None and data.get("num_classes") is not None:
+        # Fewer outputs than classes: the loss would fail on the first label the head has no output for.
+        _require(
+            int(model_classes) >= int(data.num_classes),
+            f"model.num_classes={model_classes} is less than data.num_classes={data.num_classes}: training needs "
+            "an output per class (null: the data's count)",
+        )
     for key in ("limit_train_samples", "limit_val_samples"):
         value = data.get(key)
         _require(value is None or int(value) >= 1, f"data.{key}={value} must be >= 1 or null")
@@ -175,13 +229,24 @@ def validate(cfg: DictConfig) -> None:
         _require(float(optim.eps) > 0, f"optim.eps={optim.eps} must be > 0")
     if optim.get("momentum") is not None:
         _require(0.0 <= float(optim.momentum) < 1.0, f"optim.momentum={optim.momentum} must be in [0, 1)")
+    if optim.get("betas") is not None:
+        betas = list(optim.betas)
+        _require(all(0.0 <= float(b) < 1.0 for b in betas), f"optim.betas={betas} must both be in [0, 1)")
     _require(sched.name in SCHEDULES, f"sched.name={sched.name!r} must be one of {SCHEDULES}")
     _require(float(sched.warmup_epochs) >= 0, f"sched.warmup_epochs={sched.warmup_epochs} must be >= 0")
     for key in ("warmup_lr_init", "min_lr"):
         value = sched.get(key)
         _require(value is None or float(value) >= 0, f"sched.{key}={value} must be >= 0")
+    if sched.get("min_lr") is not None:
+        # The cosine would climb from the peak up to min_lr. (Compared with optim.lr as configured, before the
+        # batch-size scaling.)
+        _require(
+            float(sched.min_lr) <= float(optim.lr),
+            f"sched.min_lr={sched.min_lr} must be <= optim.lr={optim.lr} (the schedule decays towards it)",
+        )
 
     _require(int(trainer.epochs) > 0, f"trainer.epochs={trainer.epochs} must be positive")
+    _require(0 <= int(trainer.seed) < 2**32, f"trainer.seed={trainer.seed} must be in [0, 2**32)")
     _require(trainer.amp in AMP_MODES, f"trainer.amp={trainer.amp!r} must be one of {AMP_MODES}")
     _require(trainer.device in DEVICES, f"trainer.device={trainer.device!r} must be one of {DEVICES}")
     _require(
