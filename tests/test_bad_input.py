@@ -49,11 +49,41 @@ def test_unknown_key_exits_2_suggesting_the_nearest(arg, suggestion, capsys):
         ["model.num_heads=4", "data.augment.re_prob=0.2"],
         ["experiment=ablation_heads", "model.num_heads=1,2"],  # a sweep's values, an experiment's keys
         ["model=t2t_vit_7", "model.token_dim=32"],  # a key only the T2T configs have
-        ["+model.new_knob=1", "~trainer.eval_flip", "hydra.run.dir=x", "-m", "--cfg", "job"],
+        ["-m", "--cfg", "job", "+model.new_knob=1", "~trainer.eval_flip", "hydra.run.dir=x", "++model.depth=3"],
+        ["-m", "model=glob(t2t*)", "model.token_dim=32"],  # every model the glob picks has the key
+        ["-m", "experiment=ablation_heads,ablation_qk_scale", "model.qk_scale=0.5"],
+        ["experiment=null", "model.depth=1"],
+        ["--help"],
     ],
 )
 def test_known_keys_and_hydra_syntax_pass(args):
     check_override_keys(args)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["+model.num_heads=4"], "model.num_heads already exists: set it with model.num_heads=... (+ adds new keys"),
+        (["~model.zebra"], "unknown key model.zebra"),
+        (["model.num_heads=["], "cannot parse the override 'model.num_heads=[': no viable alternative at input"),
+        # A sweep over models: each of its runs must have the key (Hydra would fail in the first run without it).
+        (["-m", "model=vit_tiny,t2t_vit_7", "model.token_dim=32"], "unknown key model.token_dim in the sweep's run"),
+        (["experiment=null", "model.dept=1"], "unknown key model.dept; did you mean model.depth?"),
+    ],
+)
+def test_override_forms_hydra_would_refuse_exit_2(args, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        check_override_keys(args)
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"config error: {message}")
+
+
+def test_experiment_null_written_out_runs(tmp_path):
+    """`experiment=null` is the default; Hydra alone stops on it with a ValueError traceback."""
+    done = run_cli(["experiment=null", "data=synthetic", "--cfg", "job"], cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "name: vit_tiny" in done.stdout
 
 
 def test_unknown_key_through_the_cli_exits_2_before_training(tmp_path):

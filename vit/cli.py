@@ -74,51 +74,166 @@ def dotted_keys(node, prefix: str = "") -> list[str]:
     return keys
 
 
-def check_override_keys(args: list[str]) -> None:
-    """`model.num_head=4`: Hydra would stop with exit code 1 and a traceback-like message; here it exits 2 naming
-    the nearest existing key. The config is composed from the command line's group choices (the first of a sweep)
-    so an experiment's keys count; `+key=`, `++key=`, `~key`, hydra.* and sweep functions are left to Hydra."""
+MAX_SWEEP_COMPOSITIONS = 32  # a sweep over more group combinations is checked one group at a time
+
+
+def parse_command_line(args: list[str]):
+    """The command line as Hydra reads it: (flags, overrides), or None where Hydra itself refuses it (it then says
+    why) or where the config comes from elsewhere (--config-path, --config-dir) or nothing runs (--help, --info)."""
+    import contextlib
+    import io
+
+    from hydra._internal.utils import get_args_parser
+
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            flags = get_args_parser().parse_args(args)
+    except SystemExit:
+        return None
+    if flags.config_path or flags.config_dir or flags.help or flags.hydra_help or flags.shell_completion:
+        return None
+    if flags.info is not None or flags.experimental_rerun is not None:
+        return None
+    if not (Path(CONFIG_DIR) / f"{flags.config_name or 'config'}.yaml").is_file():
+        return None
+    return flags, list(flags.overrides or [])
+
+
+def parse_overrides(args: list[str]) -> list:
+    """Hydra's override objects; one that does not parse exits 2 naming it (Hydra would exit 1)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    parsed = []
+    for arg in args:
+        try:
+            parsed.extend(parser.parse_overrides([arg]))
+        except OverrideParseException as err:
+            reason = str(err).strip().splitlines()[0]
+            print(f"config error: cannot parse the override {arg!r}: {reason}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+    return parsed
+
+
+def group_compositions(overrides: list) -> list[list[str]] | None:
+    """The group choices to compose the config with: one list for a plain run, one per combination of a sweep's
+    group choices (`model=vit_tiny,t2t_vit_7` runs jobs with different keys). None: a sweep form left to Hydra."""
+    import itertools
+
+    from hydra.core.override_parser.types import ChoiceSweep, Glob, OverrideType
+
+    fixed, swept = [], []
+    for override in overrides:
+        group = override.key_or_group
+        group_dir = Path(CONFIG_DIR) / group
+        if override.package is not None or group.startswith("hydra") or not group_dir.is_dir():
+            continue
+        if override.type != OverrideType.CHANGE:
+            fixed.append(override.input_line)  # +group=..., ~group: as given
+            continue
+        value = override.value()
+        if isinstance(value, ChoiceSweep):
+            values = value.list
+        elif isinstance(value, Glob):
+            values = value.filter(sorted(p.stem for p in group_dir.glob("*.yaml")))
+        elif override.is_sweep_override():
+            return None  # range(...) or interval(...) over config names: Hydra's business
+        else:
+            values = [value]
+        # `experiment=null` (no experiment) is composed as Hydra runs it, `~experiment` (see without_null_groups).
+        swept.append([f"~{group}" if v is None or v == "null" else f"{group}={v}" for v in values] or [f"~{group}"])
+    combos = [list(combo) for combo in itertools.product(*swept)]
+    if len(combos) > MAX_SWEEP_COMPOSITIONS:  # the first choices, and each other choice of one group at a time
+        base = [choices[0] for choices in swept]
+        combos = [base] + [
+            [*base[:i], choice, *base[i + 1 :]] for i, choices in enumerate(swept) for choice in choices[1:]
+        ]
+    return [[*fixed, *combo] for combo in combos]
+
+
+def nearest_key(key: str, known: list[str]) -> str | None:
+    """The existing key `key` most likely meant: among its siblings first, then whole paths, then the same last part
+    elsewhere (`num_heads` for model.num_heads)."""
     import difflib
 
+    parent, _, leaf = key.rpartition(".")
+    siblings = [k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent]
+    if siblings:  # compare the last part (the shared "model." would make every key look close)
+        matches = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.6)
+        close = [f"{parent}.{m}" if parent else m for m in matches]
+    else:  # the parent itself is misspelt: compare whole paths
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if not close:
+        leaves = {k.rpartition(".")[2]: k for k in reversed(known)}
+        close = [leaves[m] for m in difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.8)]
+    return close[0] if close else None
+
+
+def check_override_keys(args: list[str]) -> None:
+    """`model.num_head=4`: Hydra would stop with exit code 1 and a traceback-like message; here it exits 2 naming
+    the nearest existing key. The config is composed with the command line's group choices (every combination of
+    a sweep's, as each of its jobs must take the key) so an experiment's or a model's own keys count. `+key=` must
+    be new and `~key` must exist, as Hydra requires; `++key=`, hydra.* and `key@package` are left to Hydra."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.override_parser.types import OverrideType
     from omegaconf import OmegaConf
 
-    choices, keys = [], []
-    for arg in args:
-        if arg.startswith(("-", "+", "~")) or "=" not in arg:
-            continue
-        key, _, value = arg.partition("=")
-        if key.startswith("hydra.") or key.startswith("hydra/") or "@" in key:
-            continue
-        if (Path(CONFIG_DIR) / key).is_dir():
-            choices.append(f"{key}={value.split(',')[0]}")
-        else:
-            keys.append(key)
-    if not keys:
+    command_line = parse_command_line(args)
+    if command_line is None:
         return
+    flags, raw = command_line
+    overrides = parse_overrides(raw)
+    keys = [
+        o
+        for o in overrides
+        if o.package is None
+        and o.type != OverrideType.FORCE_ADD
+        and not o.key_or_group.startswith("hydra")
+        and not (Path(CONFIG_DIR) / o.key_or_group).is_dir()
+    ]
+    compositions = group_compositions(overrides) if keys else None
+    if not compositions:
+        return
+    absent = object()
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name="check"):
-        cfg = compose(config_name="config", overrides=choices)
-    known = dotted_keys(cfg)
-    for key in keys:
-        if OmegaConf.select(cfg, key, default="<missing>") == "<missing>" and key not in known:
-            # Compare the last part among the siblings (the shared "model." would make every key look close).
-            parent, _, leaf = key.rpartition(".")
-            siblings = [k.rpartition(".")[2] for k in known if k.rpartition(".")[0] == parent]
-            if siblings:
-                matches = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.6)
-                close = [f"{parent}.{m}" if parent else m for m in matches]
-            else:  # the parent itself is misspelt: compare whole paths
-                close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-            if not close:  # the right name in another place (`num_heads=3` for model.num_heads)
-                leaves = {k.rpartition(".")[2]: k for k in reversed(known)}
-                close = [leaves[m] for m in difflib.get_close_matches(leaf, list(leaves), n=1, cutoff=0.8)]
-            hint = f"; did you mean {close[0]}?" if close else ""
-            print(
-                f"config error: unknown key {key}{hint} (a new key would be +{key}=...)",
-                file=sys.stderr,
-                flush=True,
-            )
-            raise SystemExit(2)
+        for choices in compositions:
+            try:
+                cfg = compose(config_name=flags.config_name or "config", overrides=choices)
+            except Exception:
+                return  # a composition Hydra refuses: it says why itself
+            known = dotted_keys(cfg)
+            where = f" in the sweep's run with {' '.join(choices)}" if len(compositions) > 1 else ""
+            for override in keys:
+                key = override.key_or_group
+                exists = (
+                    key in known
+                    or OmegaConf.select(cfg, key, default=absent, throw_on_resolution_failure=False) is not absent
+                )
+                if override.type == OverrideType.ADD and exists:
+                    _exit_config_error(f"{key} already exists{where}: set it with {key}=... (+ adds new keys only)")
+                if exists or override.type not in (OverrideType.CHANGE, OverrideType.DEL):
+                    continue
+                close = nearest_key(key, known)
+                hint = f"; did you mean {close}?" if close else ""
+                new = "" if where or override.type == OverrideType.DEL else f" (a new key would be +{key}=...)"
+                _exit_config_error(f"unknown key {key}{hint}{where}{new}")
+
+
+def _exit_config_error(message: str) -> None:
+    print(f"config error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(2)
+
+
+def without_null_groups(args: list[str]) -> list[str]:
+    """`experiment=null` (the default, written out) as `~experiment`: Hydra itself stops with a ValueError
+    traceback on a null group choice from the command line."""
+    out = []
+    for arg in args:
+        group, _, value = arg.partition("=")
+        is_group = group.isidentifier() and (Path(CONFIG_DIR) / group).is_dir()
+        out.append(f"~{group}" if is_group and value == "null" else arg)
+    return out
 
 
 def train_main() -> None:
@@ -127,6 +242,7 @@ def train_main() -> None:
     from vit.train.distributed import worker_hydra_overrides
 
     check_group_choices(sys.argv[1:])
+    sys.argv[1:] = without_null_groups(sys.argv[1:])
     check_override_keys(sys.argv[1:])
     sys.argv.extend(worker_hydra_overrides())  # torchrun ranks > 0: no config copy or log file of their own
     hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")(train_task)()
