@@ -14,6 +14,14 @@ Walk through one call with the seed's shapes (batch B=13, N=100 tokens of width 
 When ``chan == dim`` (every ViT block) this is timm's ``Attention`` with the same parameter names, so timm's
 weights load unchanged.  When ``chan != dim`` (the Tokens-to-Token token attention, which changes the token
 width), the input cannot be added back as a residual, so V, merged over heads, is added instead.
+
+Locality Self-Attention (``lsa=True``, Lee, Lee & Song 2021, "Vision Transformer for Small-Size Datasets")
+changes two things in the score matrix, and nothing else:
+
+    scores = (q * scale_h) @ k^T   scale_h: a learnable temperature per head, (heads,), starts at head_dim ** -0.5
+    scores[..., i, i] = -inf       diagonal masking: a token takes nothing from itself, only from the others
+
+so the softmax is sharper where the model learns to want it and every token has to look at its neighbours.
 """
 
 from __future__ import annotations
@@ -44,6 +52,9 @@ class Attention(nn.Module):
         backend: ``"math"`` writes out softmax(Q Kᵀ · scale) V (readable, and the only path that can hand
             out the attention weights); ``"sdpa"`` calls ``F.scaled_dot_product_attention`` (fused, flash
             where available, no (N, N) matrix in memory); ``"auto"`` is sdpa unless maps are captured.
+        lsa: Locality Self-Attention: ``scale`` becomes a learnable parameter of shape (heads,), started at
+            ``qk_scale`` or ``head_dim ** -0.5``, and no token attends to itself. Off: no parameter is added
+            and the state dict is timm's.
     """
 
     def __init__(
@@ -56,6 +67,7 @@ class Attention(nn.Module):
         proj_drop: float = 0.0,
         chan: int | None = None,
         backend: str = "auto",
+        lsa: bool = False,
     ) -> None:
         super().__init__()
         chan = dim if chan is None else chan
@@ -71,12 +83,17 @@ class Attention(nn.Module):
                 raise ValueError(f"{name}={rate} must be in [0, 1)")
         if backend not in BACKENDS:
             raise ValueError(f"backend={backend!r} must be one of {BACKENDS}")
+        if not isinstance(lsa, bool):
+            raise ValueError(f"lsa={lsa!r} must be true or false")
 
         self.dim = dim
         self.chan = chan
         self.num_heads = num_heads
         self.head_dim = chan // num_heads
-        self.scale = qk_scale if qk_scale is not None else self.head_dim**-0.5
+        scale = qk_scale if qk_scale is not None else self.head_dim**-0.5
+        self.lsa = lsa
+        # LSA: the temperature is learned, one per head (as in the authors' code); otherwise a fixed float.
+        self.scale = nn.Parameter(torch.full((num_heads,), float(scale))) if lsa else scale
         self.backend = backend
         self.v_skip = chan != dim
 
@@ -90,10 +107,8 @@ class Attention(nn.Module):
         self.attention_sink: list[torch.Tensor] | None = None
 
     def extra_repr(self) -> str:
-        return (
-            f"dim={self.dim}, chan={self.chan}, num_heads={self.num_heads}, "
-            f"scale={self.scale:.4g}, backend={self.backend}"
-        )
+        scale = "learned (lsa)" if self.lsa else f"{self.scale:.4g}"
+        return f"dim={self.dim}, chan={self.chan}, num_heads={self.num_heads}, scale={scale}, backend={self.backend}"
 
     def split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(B, N, dim) -> q, k, v, each (B, heads, N, head_dim)."""
@@ -117,10 +132,20 @@ class Attention(nn.Module):
         q, k, v = self.split_heads(x)  # each (B, heads, N, head_dim)
         if attn_mask is not None and is_causal:
             raise ValueError("pass either attn_mask or is_causal=True, not both")
+        scale = self.scale
+        if self.lsa:
+            if is_causal:
+                # Token 0 may see only itself, and LSA hides exactly that: its row would be all -inf.
+                raise ValueError("lsa=True cannot be combined with is_causal=True: token 0 would attend to nothing")
+            # SDPA's `scale=` takes a float, so the learned temperature multiplies q instead, in both paths.
+            # Cast to q's dtype: under autocast a float32 temperature would turn a bf16 q back into float32.
+            q = q * self.scale.to(q.dtype)[:, None, None]  # (B, heads, N, head_dim) * (heads, 1, 1)
+            scale = 1.0
+            attn_mask = self._mask_diagonal(attn_mask, q.shape[-2], q.device)
 
         use_math = self.backend == "math" or self.attention_sink is not None
         if use_math:
-            out = self._math_attention(q, k, v, attn_mask, is_causal)
+            out = self._math_attention(q, k, v, attn_mask, is_causal, scale)
         else:
             out = F.scaled_dot_product_attention(
                 q,
@@ -129,7 +154,7 @@ class Attention(nn.Module):
                 attn_mask=attn_mask,
                 dropout_p=self.attn_drop.p if self.training else 0.0,
                 is_causal=is_causal,
-                scale=self.scale,
+                scale=scale,
             )
         out = rearrange(out, "b h n d -> b n (h d)")  # (B, N, chan): heads merged
         out = self.proj_drop(self.proj(out))
@@ -138,6 +163,18 @@ class Attention(nn.Module):
             out = rearrange(v, "b h n d -> b n (h d)") + out
         return out
 
+    @staticmethod
+    def _mask_diagonal(attn_mask: torch.Tensor | None, num_tokens: int, device: torch.device) -> torch.Tensor:
+        """LSA's diagonal masking folded into the caller's mask, in the mask's own form:
+        bool (True = may attend) gets ``& ~eye``; additive float gets -inf on the diagonal. (N, N) or broadcast."""
+        eye = torch.eye(num_tokens, dtype=torch.bool, device=device)  # (N, N), True on the diagonal
+        if attn_mask is None:
+            return ~eye
+        if attn_mask.dtype == torch.bool:
+            return attn_mask & ~eye
+        diagonal = torch.zeros(num_tokens, num_tokens, dtype=attn_mask.dtype, device=device)
+        return attn_mask + diagonal.masked_fill(eye, float("-inf"))  # (N, N) + (..., N, N): -inf on the diagonal
+
     def _math_attention(
         self,
         q: torch.Tensor,
@@ -145,8 +182,9 @@ class Attention(nn.Module):
         v: torch.Tensor,
         attn_mask: torch.Tensor | None,
         is_causal: bool,
+        scale: float,
     ) -> torch.Tensor:
-        scores = (q * self.scale) @ k.transpose(-2, -1)  # (B, heads, N, N)
+        scores = (q * scale) @ k.transpose(-2, -1)  # (B, heads, N, N)
         n_q, n_k = scores.shape[-2:]
         if is_causal:
             attn_mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril()
