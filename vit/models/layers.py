@@ -7,6 +7,8 @@ in both directions.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+from einops import rearrange
 from torch import nn
 
 from vit.models.attention import Attention
@@ -26,20 +28,11 @@ def to_2tuple(value: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     return int(value), int(value)
 
 
-class PatchEmbed(nn.Module):
-    """Cut the image into non-overlapping p x p patches and project each to `embed_dim`.
+class PatchGrid(nn.Module):
+    """What every patch embedding shares: the checked image and patch sizes, the (H / p, W / p) grid of patches
+    the ViT sizes its position table by (`grid_size`, `num_patches`), and the check of an input image."""
 
-    A Conv2d with kernel = stride = p is exactly a Linear applied to every flattened patch, done in one op.
-    (B, C, H, W) -> (B, N, embed_dim) with N = (H / p) * (W / p).
-    """
-
-    def __init__(
-        self,
-        img_size: int | tuple[int, int] = 224,
-        patch_size: int | tuple[int, int] = 16,
-        in_chans: int = 3,
-        embed_dim: int = 768,
-    ) -> None:
+    def __init__(self, img_size: int | tuple[int, int], patch_size: int | tuple[int, int], in_chans: int) -> None:
         super().__init__()
         self.img_size = to_2tuple(img_size)
         self.patch_size = to_2tuple(patch_size)
@@ -55,16 +48,90 @@ class PatchEmbed(nn.Module):
         self.in_chans = in_chans
         self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
         self.num_patches = self.grid_size[0] * self.grid_size[1]
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def check_input(self, x: torch.Tensor) -> None:
         if x.ndim != 4 or x.shape[1] != self.in_chans or tuple(x.shape[-2:]) != self.img_size:
             raise ValueError(
                 f"input of shape {tuple(x.shape)} does not match the model: expected "
                 f"(batch, in_chans={self.in_chans}, {self.img_size[0]}, {self.img_size[1]})"
             )
+
+
+class PatchEmbed(PatchGrid):
+    """Cut the image into non-overlapping p x p patches and project each to `embed_dim`.
+
+    A Conv2d with kernel = stride = p is exactly a Linear applied to every flattened patch, done in one op.
+    (B, C, H, W) -> (B, N, embed_dim) with N = (H / p) * (W / p).
+    """
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int | tuple[int, int] = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+    ) -> None:
+        super().__init__(img_size, patch_size, in_chans)
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
         x = self.proj(x)  # (B, embed_dim, H/p, W/p)
         return x.flatten(2).transpose(1, 2)  # (B, N, embed_dim), patches in row-major order
+
+
+class ShiftedPatchEmbed(PatchGrid):
+    """Shifted Patch Tokenization (SPT, Lee, Lee & Song 2021): each patch also sees a strip of its neighbours.
+
+    The image is stacked with four copies of itself shifted diagonally by half a patch, s = p // 2, with zeros
+    where a copy runs past the border; the 5·C-channel stack is cut into p x p patches, and every flattened
+    patch is LayerNorm'ed and projected to `embed_dim`. For ViT-Ti/4 on CIFAR (C=3, p=4, 32 px, N=64):
+
+        x                              (B, 3, 32, 32)
+        stack [x, lu, ru, lb, rb]      (B, 15, 32, 32)      lu[c, i, j] = x[c, i - s, j - s], ru: x[c, i - s, j + s],
+                                                            lb: x[c, i + s, j - s], rb: x[c, i + s, j + s]; 0 outside
+        cut into patches, flatten      (B, 64, 240)         each patch flattened as (p_row, p_col, channel)
+        norm (LayerNorm over 240)      (B, 64, 240)
+        proj (Linear 240 -> C)         (B, 64, embed_dim)
+
+    The copies are named (and ordered) as in the authors' code: "lu" holds, at every pixel, the pixel s rows up
+    and s columns left. Same `img_size`, `patch_size`, `grid_size`, `num_patches` as `PatchEmbed`; parameters
+    `norm` and `proj` (a Linear, not timm's Conv2d, so timm's patch weights do not load into it).
+    """
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int | tuple[int, int] = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+    ) -> None:
+        super().__init__(img_size, patch_size, in_chans)
+        if min(self.patch_size) < 2:
+            raise ValueError(
+                f"patch_embed='spt' needs patch_size >= 2 (it shifts by patch_size // 2), got patch_size={patch_size}"
+            )
+        self.shift = (self.patch_size[0] // 2, self.patch_size[1] // 2)
+        patch_dim = 5 * in_chans * self.patch_size[0] * self.patch_size[1]
+        self.norm = nn.LayerNorm(patch_dim)  # PyTorch's eps 1e-5, as the authors' code
+        self.proj = nn.Linear(patch_dim, embed_dim)
+
+    def shifted_stack(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W) -> (B, 5C, H, W): [x, lu, ru, lb, rb], each copy shifted by (±s_h, ±s_w), zero-filled."""
+        sh, sw = self.shift
+        height, width = x.shape[-2:]
+        padded = F.pad(x, (sw, sw, sh, sh))  # (B, C, H + 2·sh, W + 2·sw); padded[i + sh, j + sw] = x[i, j]
+        # The copy that holds x[i + dy, j + dx] at (i, j) is the H x W window of `padded` at (sh + dy, sw + dx).
+        offsets = ((-sh, -sw), (-sh, sw), (sh, -sw), (sh, sw))  # lu, ru, lb, rb
+        copies = [padded[:, :, sh + dy : sh + dy + height, sw + dx : sw + dx + width] for dy, dx in offsets]
+        return torch.cat([x, *copies], dim=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        x = self.shifted_stack(x)  # (B, 5C, H, W)
+        ph, pw = self.patch_size
+        x = rearrange(x, "b c (gh ph) (gw pw) -> b (gh gw) (ph pw c)", ph=ph, pw=pw)  # (B, N, p·p·5C), row-major
+        return self.proj(self.norm(x))  # (B, N, embed_dim)
 
 
 class Mlp(nn.Module):
@@ -132,7 +199,8 @@ class Block(nn.Module):
         x = x + drop_path(ls2(mlp(norm2(x))))
 
     `norm_eps` is 1e-6 in timm's ViTs and 1e-5 (PyTorch's default) in the official T2T-ViT code;
-    `init_values` switches on LayerScale (None: off, as in plain ViT).
+    `init_values` switches on LayerScale (None: off, as in plain ViT); `lsa` Locality Self-Attention (see
+    `Attention`).
     """
 
     def __init__(
@@ -148,6 +216,7 @@ class Block(nn.Module):
         init_values: float | None = None,
         attn_backend: str = "auto",
         norm_eps: float = 1e-6,
+        lsa: bool = False,
     ) -> None:
         super().__init__()
         if mlp_ratio <= 0:
@@ -162,6 +231,7 @@ class Block(nn.Module):
             attn_drop=attn_drop,
             proj_drop=drop,
             backend=attn_backend,
+            lsa=lsa,
         )
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
