@@ -3,7 +3,7 @@
 For one image, with N tokens of width C:
     multi-head self-attention  4·N·C² + 2·N²·C   (Q, K, V and output projections; Q·Kᵀ and attn·V)
     MLP                        2·N·C·hidden      (fc1 and fc2)
-    patch embedding            N·C·(in_chans·p²)
+    patch embedding            N·C·(in_chans·p²)   (N·C·(5·in_chans·p²) with Shifted Patch Tokenization)
 A forward pass of one image records each layer's token count and width; the formulas do the rest. FLOPs
 are counted as 2 per multiply-add, the convention of `torch.utils.flop_counter`. Norms, softmax, GELU and
 additions are left out, as they are there.

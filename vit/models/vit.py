@@ -18,11 +18,13 @@ import torch
 from torch import nn
 from torch.nn.init import trunc_normal_
 
-from vit.models.layers import PatchEmbed, check_encoder_args, encoder_blocks
+from vit.models.layers import PatchEmbed, ShiftedPatchEmbed, check_encoder_args, encoder_blocks
 from vit.models.pos_embed import make_pos_embed
 from vit.models.registry import register_model
 
 GLOBAL_POOLS = ("token", "avg")
+# How the image becomes tokens: timm's Conv2d patches, or Shifted Patch Tokenization (docs/LEVERS.md).
+PATCH_EMBEDS = {"standard": PatchEmbed, "spt": ShiftedPatchEmbed}
 
 
 class VisionTransformer(nn.Module):
@@ -41,6 +43,10 @@ class VisionTransformer(nn.Module):
             moves the final LayerNorm after the pooling (`fc_norm`).
         init_values: LayerScale init (None: off).
         attn_backend: "auto" | "math" | "sdpa", see `Attention`.
+        patch_embed: "standard" (timm's PatchEmbed) or "spt" (Shifted Patch Tokenization, `ShiftedPatchEmbed`).
+        lsa: Locality Self-Attention in every block: learned temperature, no token attends to itself.
+            `patch_embed` and `lsa` are the two levers of Lee, Lee & Song 2021 for small data sets
+            (docs/LEVERS.md); both off, the model and its state dict are timm's.
     """
 
     def __init__(
@@ -62,10 +68,16 @@ class VisionTransformer(nn.Module):
         global_pool: str = "token",
         init_values: float | None = None,
         attn_backend: str = "auto",
+        patch_embed: str = "standard",
+        lsa: bool = False,
     ) -> None:
         super().__init__()
         if global_pool not in GLOBAL_POOLS:
             raise ValueError(f"global_pool={global_pool!r} must be one of {GLOBAL_POOLS}")
+        if patch_embed not in PATCH_EMBEDS:
+            raise ValueError(f"patch_embed={patch_embed!r} must be one of {tuple(PATCH_EMBEDS)}")
+        if not isinstance(lsa, bool):
+            raise ValueError(f"lsa={lsa!r} must be true or false")
         check_encoder_args(embed_dim, depth, num_heads, num_classes, drop_rate, attn_drop_rate, drop_path_rate)
 
         self.num_classes = num_classes
@@ -73,7 +85,8 @@ class VisionTransformer(nn.Module):
         self.global_pool = global_pool
         self.num_prefix_tokens = 1
 
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        self.patch_embed = PATCH_EMBEDS[patch_embed](img_size, patch_size, in_chans, embed_dim)
+        self.patch_embed_kind = patch_embed
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = make_pos_embed(pos_embed, self.patch_embed.num_patches + 1, embed_dim)
         self.pos_embed_kind = pos_embed
@@ -91,6 +104,7 @@ class VisionTransformer(nn.Module):
             attn_drop=attn_drop_rate,
             init_values=init_values,
             attn_backend=attn_backend,
+            lsa=lsa,
         )
         use_fc_norm = global_pool == "avg"
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(embed_dim, eps=1e-6)
