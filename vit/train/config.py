@@ -82,7 +82,7 @@ NUMERIC_KEYS = {
 
 # Switches: `trainer.ema=maybe` would otherwise count as true (a non-empty string).
 BOOL_KEYS = {
-    "model": ("qkv_bias",),
+    "model": ("qkv_bias", "lsa"),
     "data": ("pin_memory", "download", "scan_images", "augment.hflip"),
     "trainer": ("deterministic", "ema", "ema_warmup", "save_checkpoints", "eval_flip"),
 }
