@@ -37,8 +37,13 @@ def test_resume_after_epoch_1_equals_uninterrupted(tmp_path):
 def test_resume_from_an_explicit_path(tmp_path):
     run(compose_config([*BASE, "trainer.stop_after_epoch=2"]), output_dir=tmp_path / "a")
     ckpt = tmp_path / "a" / "checkpoints" / "last.pt"
+    first_part = load_checkpoint(ckpt)["history"]
     metrics = run(compose_config([*BASE, f"trainer.resume={ckpt}"]), output_dir=tmp_path / "b")
     assert [r["epoch"] for r in metrics["history"]] == [1, 2, 3]
+    # The wall-clock record goes on from the earlier process's: it keeps rising, and the run's total holds both.
+    elapsed = [r["elapsed_s"] for r in metrics["history"]]
+    assert elapsed[:2] == [r["elapsed_s"] for r in first_part]
+    assert 0 < elapsed[0] < elapsed[1] < elapsed[2] <= metrics["wall_time_s"]
 
 
 def test_resume_auto_finds_the_newest_matching_run(tmp_path):
