@@ -152,6 +152,18 @@ RANGE_CASES = {
     "trainer.max_bad_steps": (["trainer.max_bad_steps=0"], "trainer.max_bad_steps=0 must be >= 1"),
     "trainer.grad_clip": (["trainer.grad_clip=0"], "trainer.grad_clip=0 must be > 0 or null"),
     "trainer.ema_decay": (["trainer.ema_decay=1.0"], "trainer.ema_decay=1.0 must be in (0, 1)"),
+    "trainer.progressive_resize.min_size": (
+        ["trainer.progressive_resize.min_size=0"],
+        "trainer.progressive_resize.min_size=0 must be in [1, data.img_size=32]",
+    ),
+    "trainer.progressive_resize.start": (
+        ["trainer.progressive_resize.min_size=16", "trainer.progressive_resize.start=-0.1"],
+        "trainer.progressive_resize.start=-0.1",
+    ),
+    "trainer.progressive_resize.end": (
+        ["trainer.progressive_resize.min_size=16", "trainer.progressive_resize.end=1.1"],
+        "trainer.progressive_resize.end=1.1",
+    ),
 }
 
 

@@ -49,12 +49,27 @@ class PatchGrid(nn.Module):
         self.grid_size = (self.img_size[0] // self.patch_size[0], self.img_size[1] // self.patch_size[1])
         self.num_patches = self.grid_size[0] * self.grid_size[1]
 
+    # Any input whose sides are multiples of the patch size, not only `img_size` (the ViT resamples its position
+    # table to the input's grid): set by `VisionTransformer(dynamic_img_size=True)`, e.g. for progressive resizing.
+    dynamic_img_size: bool = False
+
     def check_input(self, x: torch.Tensor) -> None:
+        if self.dynamic_img_size and x.ndim == 4 and x.shape[1] == self.in_chans:
+            if x.shape[-2] % self.patch_size[0] == 0 and x.shape[-1] % self.patch_size[1] == 0 and x.shape[-1] > 0:
+                return
+            raise ValueError(
+                f"input of shape {tuple(x.shape)} does not match the model: its height and width must be positive "
+                f"multiples of the patch size {self.patch_size}"
+            )
         if x.ndim != 4 or x.shape[1] != self.in_chans or tuple(x.shape[-2:]) != self.img_size:
             raise ValueError(
                 f"input of shape {tuple(x.shape)} does not match the model: expected "
                 f"(batch, in_chans={self.in_chans}, {self.img_size[0]}, {self.img_size[1]})"
             )
+
+    def input_grid(self, x: torch.Tensor) -> tuple[int, int]:
+        """The (rows, columns) of patches an input image of this size is cut into."""
+        return x.shape[-2] // self.patch_size[0], x.shape[-1] // self.patch_size[1]
 
 
 class PatchEmbed(PatchGrid):

@@ -19,7 +19,7 @@ from torch import nn
 from torch.nn.init import trunc_normal_
 
 from vit.models.layers import PatchEmbed, ShiftedPatchEmbed, check_encoder_args, encoder_blocks
-from vit.models.pos_embed import make_pos_embed
+from vit.models.pos_embed import make_pos_embed, resample_pos_embed
 from vit.models.registry import register_model
 
 GLOBAL_POOLS = ("token", "avg")
@@ -43,6 +43,9 @@ class VisionTransformer(nn.Module):
             moves the final LayerNorm after the pooling (`fc_norm`).
         init_values: LayerScale init (None: off).
         attn_backend: "auto" | "math" | "sdpa", see `Attention`.
+        dynamic_img_size: accept images of other sizes (sides multiples of `patch_size`): the position table is
+            resampled (bicubic) to the input's patch grid in `forward`, as timm's `dynamic_img_size` does. The
+            trainer switches it on for progressive resizing; the parameters and state dict do not change.
         patch_embed: "standard" (timm's PatchEmbed) or "spt" (Shifted Patch Tokenization, `ShiftedPatchEmbed`).
         lsa: Locality Self-Attention in every block: learned temperature, no token attends to itself.
             `patch_embed` and `lsa` are the two levers of Lee, Lee & Song 2021 for small data sets
@@ -70,6 +73,7 @@ class VisionTransformer(nn.Module):
         attn_backend: str = "auto",
         patch_embed: str = "standard",
         lsa: bool = False,
+        dynamic_img_size: bool = False,
     ) -> None:
         super().__init__()
         if global_pool not in GLOBAL_POOLS:
@@ -78,6 +82,8 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"patch_embed={patch_embed!r} must be one of {tuple(PATCH_EMBEDS)}")
         if not isinstance(lsa, bool):
             raise ValueError(f"lsa={lsa!r} must be true or false")
+        if not isinstance(dynamic_img_size, bool):
+            raise ValueError(f"dynamic_img_size={dynamic_img_size!r} must be true or false")
         check_encoder_args(embed_dim, depth, num_heads, num_classes, drop_rate, attn_drop_rate, drop_path_rate)
 
         self.num_classes = num_classes
@@ -87,6 +93,7 @@ class VisionTransformer(nn.Module):
 
         self.patch_embed = PATCH_EMBEDS[patch_embed](img_size, patch_size, in_chans, embed_dim)
         self.patch_embed_kind = patch_embed
+        self.patch_embed.dynamic_img_size = dynamic_img_size
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         self.pos_embed = make_pos_embed(pos_embed, self.patch_embed.num_patches + 1, embed_dim)
         self.pos_embed_kind = pos_embed
@@ -135,10 +142,14 @@ class VisionTransformer(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C_in, H, W) -> all tokens after the last block and norm, (B, 1 + N, C)."""
-        x = self.patch_embed(x)  # (B, N, C)
-        cls = self.cls_token.expand(x.shape[0], -1, -1)  # (B, 1, C)
-        x = torch.cat([cls, x], dim=1)  # (B, 1 + N, C)
-        x = self.pos_drop(x + self.pos_embed)
+        tokens = self.patch_embed(x)  # (B, N, C); the input's shape is checked there
+        grid = self.patch_embed.input_grid(x)
+        cls = self.cls_token.expand(tokens.shape[0], -1, -1)  # (B, 1, C)
+        x = torch.cat([cls, tokens], dim=1)  # (B, 1 + N, C)
+        pos_embed = self.pos_embed  # (1, 1 + N_table, C)
+        if grid != self.patch_embed.grid_size:  # dynamic_img_size: the table resampled to this grid, (1, 1 + N, C)
+            pos_embed = resample_pos_embed(pos_embed, grid, self.num_prefix_tokens, self.patch_embed.grid_size)
+        x = self.pos_drop(x + pos_embed)
         x = self.blocks(x)
         return self.norm(x)
 

@@ -71,8 +71,9 @@ NUMERIC_KEYS = {
             "attn_maps_every_n_epochs",
             "stop_after_epoch",
             "max_bad_steps",
+            "progressive_resize.min_size",
         ),
-        "float": ("grad_clip", "ema_decay"),
+        "float": ("grad_clip", "ema_decay", "progressive_resize.start", "progressive_resize.end"),
     },
     "model": {
         "int": ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "token_dim"),
@@ -138,8 +139,11 @@ def model_kwargs(model_cfg: Mapping, num_classes: int | None = None) -> dict:
     return kwargs
 
 
-def build_model_from_config(model_cfg: Mapping, num_classes: int | None = None) -> nn.Module:
-    """`create_model` with the config's keys; a bad value becomes a ConfigError naming `model.<key>`."""
+def build_model_from_config(
+    model_cfg: Mapping, num_classes: int | None = None, dynamic_img_size: bool = False
+) -> nn.Module:
+    """`create_model` with the config's keys; a bad value becomes a ConfigError naming `model.<key>`.
+    `dynamic_img_size`: a ViT that also takes other image sizes (progressive resizing)."""
     name = model_cfg.get("name")
     check_types(OmegaConf.create({"model": dict(model_cfg)}))
     if name not in list_models():
@@ -148,7 +152,8 @@ def build_model_from_config(model_cfg: Mapping, num_classes: int | None = None) 
     if init_values is not None:
         _require(float(init_values) >= 0, f"model.init_values={init_values} must be >= 0 (LayerScale; 0 or null: off)")
     try:
-        return create_model(name, **model_kwargs(model_cfg, num_classes))
+        extra = {"dynamic_img_size": True} if dynamic_img_size else {}
+        return create_model(name, **model_kwargs(model_cfg, num_classes), **extra)
     except ValueError as err:
         raise ConfigError(f"model.{err}") from err
     except TypeError as err:  # a value of the wrong shape for its argument (a list where a number belongs, ...)
@@ -264,7 +269,35 @@ def validate(cfg: DictConfig) -> None:
     for key in ("limit_train_batches", "limit_val_batches", "stop_after_epoch"):
         value = trainer.get(key)
         _require(value is None or int(value) >= 1, f"trainer.{key}={value} must be >= 1 or null")
+    check_progressive_resize(cfg)
     resume = trainer.resume
     if resume not in (None, "auto"):
         _require(Path(str(resume)).is_file(), f"trainer.resume={str(resume)!r}: no such checkpoint file")
     resolve_device(trainer.device)
+
+
+def check_progressive_resize(cfg: DictConfig) -> None:
+    """`trainer.progressive_resize`: a ViT, a first size that is a whole number of patches below the full size,
+    and a ramp inside the run."""
+    setting = cfg.trainer.get("progressive_resize")
+    if not setting or setting.get("min_size") is None:
+        return
+    key = "trainer.progressive_resize"
+    min_size, full = int(setting.min_size), int(cfg.data.img_size)
+    patch = cfg.model.get("patch_size")
+    _require(
+        str(cfg.model.get("name", "")).startswith("vit"),
+        f"{key}.min_size={min_size} needs a ViT model, not model.name={cfg.model.get('name')!r}: T2T-ViT's soft "
+        "split and position table are built for one image size",
+    )
+    _require(0 < min_size <= full, f"{key}.min_size={min_size} must be in [1, data.img_size={full}]")
+    if patch is not None:
+        _require(
+            min_size % int(patch) == 0,
+            f"{key}.min_size={min_size} must be a multiple of model.patch_size={patch} (whole patches)",
+        )
+    start, end = float(setting.get("start", 0.0)), float(setting.get("end", 0.5))
+    _require(
+        0.0 <= start <= end <= 1.0,
+        f"{key}.start={start} and {key}.end={end} must satisfy 0 <= start <= end <= 1 (fractions of trainer.epochs)",
+    )

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vit.train.distributed import Distributed
+from vit.train.progressive import resize_batch
 
 
 @dataclass
@@ -43,6 +44,7 @@ class StepContext:
     skipped_steps: int = 0  # fp16 steps the scaler skipped (counted at log time, see count_skipped_steps)
     last_scale: float | None = None  # the GradScaler's scale when it was last read
     stop_requested: Callable[[], bool] = field(default=lambda: False)
+    train_img_size: int | None = None  # progressive resizing: this epoch's image size (None: as the loader gives)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -125,6 +127,8 @@ def train_one_epoch(
             first_start = time.perf_counter()  # after the first batch arrived: the loader's start-up is not the step's
         images = images.to(ctx.device, non_blocking=True)
         targets = targets.to(ctx.device, non_blocking=True)
+        if ctx.train_img_size is not None:
+            images = resize_batch(images, ctx.train_img_size)  # (B, 3, s, s)
         if ctx.mixup_fn is not None:
             images, targets = ctx.mixup_fn(images, targets)  # soft targets (B, classes)
         last_micro_step = (i + 1) % ctx.accum_steps == 0 or i + 1 == steps

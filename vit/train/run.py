@@ -41,6 +41,7 @@ from vit.train.distributed import Distributed, setup_distributed
 from vit.train.logger import Console, TensorBoard, attention_image, flat_hparams
 from vit.train.loop import NonFiniteLossError, StepContext, evaluate, train_one_epoch, weights_finite
 from vit.train.optim import build_optimizer, build_scheduler, scaled_lr
+from vit.train.progressive import resize_schedule
 from vit.train.signals import StopSignal
 
 log = logging.getLogger("vit.train")
@@ -148,11 +149,13 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed)
     # The model first: a bad model setting fails here, before any data is read. With `num_classes: null` the
     # data decides, and the model is rebuilt with its class count (same seed, so the same initial weights).
     num_classes_cfg = cfg.model.get("num_classes")
-    model = build_model_from_config(cfg.model, num_classes=num_classes_cfg or 1000)
+    resize = resize_schedule(tcfg.get("progressive_resize"), cfg.data.img_size, cfg.model.get("patch_size") or 1)
+    dynamic = resize is not None  # progressive resizing: the ViT takes the smaller images too
+    model = build_model_from_config(cfg.model, num_classes=num_classes_cfg or 1000, dynamic_img_size=dynamic)
     bundle = build_data(cfg.data, device=device, seed=seed, rank=dist.rank, world_size=dist.world_size)
     if num_classes_cfg is None and getattr(model, "num_classes", None) != bundle.num_classes:
         seed_everything(seed)
-        model = build_model_from_config(cfg.model, num_classes=bundle.num_classes)
+        model = build_model_from_config(cfg.model, num_classes=bundle.num_classes, dynamic_img_size=dynamic)
     model = model.to(device)
     cost = complexity(model)
     log.info("%s: %.2f M params, %.3f GMACs per image", cfg.model.name, cost.params / 1e6, cost.macs / 1e9)
@@ -178,7 +181,10 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed)
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     step_model = ddp if ddp is not None else model
     ctx = StepContext(
-        model=torch.compile(step_model, mode=tcfg.compile_mode) if use_compile else step_model,
+        # Progressive resizing: one static-shape graph per image size (dynamic shapes would cost speed every step).
+        model=torch.compile(step_model, mode=tcfg.compile_mode, dynamic=False if dynamic else None)
+        if use_compile
+        else step_model,
         raw_model=model,
         optimizer=optimizer,
         scheduler=scheduler,
@@ -243,6 +249,8 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed)
                 set_rng_state(resume_rng)
             else:
                 seed_everything(rank_seed(epoch_seed(seed, epoch), dist.rank))
+            if resize is not None:
+                ctx.train_img_size = resize.size_at(epoch, epochs)
             console.start_epoch(epoch, epochs, train_batches)
 
             train = train_one_epoch(ctx, bundle.train_loader, limit_batches=limit_train, on_log=on_log)
@@ -278,7 +286,10 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed)
                     ema.module, bundle.val_loader, device, amp_dtype, limit_val, dist=dist, flip=eval_flip
                 )
             history.append(epoch_record(epoch, ctx.step, train, val, val_ema, time.perf_counter() - wall_start))
-            tb.scalars(epoch_scalars(train, val, val_ema, device, ctx.skipped_steps), ctx.step)
+            scalars = epoch_scalars(train, val, val_ema, device, ctx.skipped_steps)
+            if ctx.train_img_size is not None:
+                history[-1]["train_img_size"] = scalars["train/img_size"] = ctx.train_img_size
+            tb.scalars(scalars, ctx.step)
             attn_due = attn_every and ((epoch + 1) % attn_every == 0 or epoch + 1 == epochs)
             if main and attn_due and fixed_images is not None:
                 tb.image(
@@ -287,8 +298,9 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed)
                     ctx.step,
                 )
             console.end_epoch(
-                f"epoch {epoch + 1}/{epochs}: train loss {train['loss']:.4f}, {train['img_per_s']:,.0f} img/s, "
-                f"{train['seconds']:.1f}s; {bundle.val_name} top-1 {val['top1']:.2f}%"
+                f"epoch {epoch + 1}/{epochs}: train loss {train['loss']:.4f}, {train['img_per_s']:,.0f} img/s"
+                + (f" at {ctx.train_img_size} px" if ctx.train_img_size is not None else "")
+                + f", {train['seconds']:.1f}s; {bundle.val_name} top-1 {val['top1']:.2f}%"
                 + (f" (EMA {val_ema['top1']:.2f}%)" if val_ema else "")
             )
             is_best = val["top1"] > best_top1
