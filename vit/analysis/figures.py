@@ -162,3 +162,70 @@ def flops_vs_size_figure(
     ax.legend(fontsize=8)
     fig.tight_layout()
     return save(fig, path)
+
+
+def recipes_figure(recipes, anchors, goals, path: Path) -> Path:
+    """Top-1 against wall-clock seconds (log scale), one colour per recipe (see vit/analysis/recipes.py).
+
+    Per run: a thin line through its per-epoch validation top-1 at the seconds each epoch's evaluation ended, and a
+    dot at its final test top-1 and wall time. `anchors`: outside results (black stars and other filled shapes);
+    `goals`: targets (open red diamonds). Each point has `seconds`, `top1` and `label`.
+    """
+    from matplotlib.lines import Line2D
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+    colours = plt.get_cmap("tab10")
+    xs_seen = []
+    for i, recipe in enumerate(recipes):
+        colour = colours(i % 10)
+        done = recipe.done
+        seeds = len(recipe.seeds)
+        label = f"{recipe.name} ({seeds} seed{'s' if seeds != 1 else ''})"
+        for run in done:
+            curve = [(s, v) for s, v in run.curve if s > 0]
+            if curve:
+                xs, ys = zip(*curve, strict=True)
+                ax.plot(xs, ys, color=colour, linewidth=0.9, alpha=0.6, label=label)
+                label = None  # one legend entry per recipe: its seeds share the colour
+                xs_seen += xs
+            if run.wall_time_s and run.wall_time_s > 0:
+                ax.scatter(run.wall_time_s, run.test_top1, color=colour, edgecolor="black", s=40, zorder=3)
+                xs_seen.append(run.wall_time_s)
+        if label is not None:  # no curve drawn: the legend still names the recipe
+            ax.plot([], [], color=colour, label=label)
+    handles = [
+        Line2D([], [], linestyle="", marker="o", color="grey", markeredgecolor="black", label="final test top-1")
+    ]
+    markers = ["*", "P", "X", "h", "p", "v"]
+    for k, point in enumerate(anchors):
+        marker = markers[k % len(markers)]
+        ax.scatter(point.seconds, point.top1, marker=marker, s=170, color="black", zorder=4, label=point.label)
+        xs_seen.append(point.seconds)
+    for k, point in enumerate(goals):
+        ax.scatter(
+            point.seconds,
+            point.top1,
+            marker="D",
+            s=60,
+            facecolor="none",
+            edgecolor="crimson",
+            linewidth=1.5,
+            zorder=4,
+            label="goals" if k == 0 else None,
+        )
+        ax.annotate(point.label, (point.seconds, point.top1), xytext=(6, -10), textcoords="offset points", fontsize=7)
+        xs_seen.append(point.seconds)
+    if xs_seen:
+        ax.set_xscale("log")
+        ax.margins(x=0.12)  # room for the goals' labels at the right
+    ax.set_xlabel("wall-clock seconds from the process start (log scale)")
+    ax.set_ylabel("top-1 (%)")
+    ax.set_title(
+        "lines: per-epoch validation top-1 (the holdout slice, or the test split without one); dots: final test top-1",
+        fontsize=8,
+    )
+    ax.grid(alpha=0.3, which="both")
+    items, names = ax.get_legend_handles_labels()
+    ax.legend(items + handles, names + [h.get_label() for h in handles], fontsize=8, loc="best")
+    fig.tight_layout()
+    return save(fig, path)
