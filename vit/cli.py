@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -23,6 +24,7 @@ def train_task(cfg) -> float | None:
     training with code 3."""
     from vit.data import DataError
     from vit.train import CheckpointError, ConfigError, run
+    from vit.train.checkpoint import OutputError
     from vit.train.loop import NonFiniteLossError
 
     logging.getLogger("vit").setLevel(logging.INFO)
@@ -34,6 +36,8 @@ def train_task(cfg) -> float | None:
         _fail("data", err)
     except CheckpointError as err:
         _fail("checkpoint", err)
+    except OutputError as err:
+        _fail("output", err)
     except NonFiniteLossError as err:
         print(f"training stopped: {err}", file=sys.stderr, flush=True)
         raise SystemExit(DIVERGED_EXIT_CODE) from None
@@ -220,6 +224,37 @@ def check_override_keys(args: list[str]) -> None:
                 _exit_config_error(f"unknown key {key}{hint}{where}{new}")
 
 
+def check_output_dir(args: list[str]) -> None:
+    """`hydra.run.dir=<a file>`, a folder under a file, an unwritable or full disk: Hydra would stop with a
+    traceback when it makes the folder; here it exits 2 with one line naming the path, before any data is read.
+    A multirun checks hydra.sweep.dir; a path with interpolations (the default outputs/${now:...}) is checked up
+    to its first `${`. Nothing is created (`--cfg` prints the config and writes nothing)."""
+    from omegaconf import OmegaConf
+
+    from vit.train.checkpoint import OutputError, check_run_dir
+
+    command_line = parse_command_line(args)
+    if command_line is None or command_line[0].cfg:
+        return
+    flags, raw = command_line
+    key = "hydra.sweep.dir" if flags.multirun else "hydra.run.dir"
+    given = [o.value() for o in parse_overrides(raw) if o.key_or_group == key and o.package is None]
+    if given:
+        value = given[-1]
+    else:
+        config = OmegaConf.load(Path(CONFIG_DIR) / f"{flags.config_name or 'config'}.yaml")
+        value = OmegaConf.to_container(config, resolve=False).get("hydra", {}).get(key.split(".")[1], {}).get("dir")
+    if not isinstance(value, str) or not value:
+        return  # a sweep over run folders, or none set: Hydra's business
+    path = value
+    if "${" in value:  # the literal part: the folder the interpolated names will be made in
+        path = os.path.dirname(value.split("${", 1)[0]) or "."
+    try:
+        check_run_dir(path, create=False, setting=f"{key}={value}")
+    except OutputError as err:
+        _fail("output", err)
+
+
 def _exit_config_error(message: str) -> None:
     print(f"config error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(2)
@@ -244,6 +279,7 @@ def train_main() -> None:
     check_group_choices(sys.argv[1:])
     sys.argv[1:] = without_null_groups(sys.argv[1:])
     check_override_keys(sys.argv[1:])
+    check_output_dir(sys.argv[1:])
     sys.argv.extend(worker_hydra_overrides())  # torchrun ranks > 0: no config copy or log file of their own
     hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")(train_task)()
 

@@ -1,4 +1,6 @@
-"""Checkpoints: written atomically (temporary file, fsync, rename), read with `weights_only=True`.
+"""Checkpoints: written atomically (temporary file, fsync, rename), read with `weights_only=True`. The run
+directory's other files (metrics.json) are written the same way, and a run directory that cannot hold them is
+named before anything is read.
 
 A checkpoint is a dict of tensors and plain containers:
     model, optimizer, scheduler, scaler, ema: state dicts (ema/scaler may be None)
@@ -9,12 +11,15 @@ A checkpoint is a dict of tensors and plain containers:
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import re
 import shutil
+import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -24,18 +29,37 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be read or does not fit the run: one message naming file and mismatch."""
 
 
+class OutputError(ValueError):
+    """The run directory, or a file of it (metrics.json, TensorBoard events), cannot be written: one message naming
+    the path and the reason."""
+
+
 def atomic_save(obj: Any, path: str | Path) -> None:
     """Write `obj` to `path` so that a crash at any moment leaves either the old file or the new one.
 
     The bytes go to a temporary file in the same folder, are flushed to disk, and replace `path` in one
     rename; the folder is synced so the rename itself survives a power cut.
     """
+    atomic_write(path, lambda handle: torch.save(obj, handle), "checkpoint", CheckpointError)
+
+
+def atomic_write_text(text: str, path: str | Path) -> None:
+    """`atomic_save` for a text file (metrics.json): a failed write raises OutputError and keeps the old file."""
+    atomic_write(path, lambda handle: handle.write(text.encode()), "file", OutputError)
+
+
+def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any], what: str, error: type[ValueError]) -> None:
+    """Call `write(handle)` on a temporary file beside `path`, fsync it, rename it over `path`, sync the folder.
+
+    Any failure (a full disk, a read-only or unwritable folder, a file where the folder should be) removes the
+    temporary file and raises `error` naming `what`, the path, the reason and the free space there.
+    """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "wb") as handle:
-            torch.save(obj, handle)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -46,15 +70,10 @@ def atomic_save(obj: Any, path: str | Path) -> None:
         except OSError:
             pass  # the folder itself is what failed
         if isinstance(err, (OSError, RuntimeError)):
-            # A full disk, a read-only or unwritable folder, a file where the folder should be. (torch.save
-            # reports a full disk as a RuntimeError of its zip writer, hence the free space in the message.)
-            reason = err.strerror if isinstance(err, OSError) and err.strerror else first_line(err)
-            blocker = next((p for p in (path.parent, *path.parent.parents) if p.exists()), None)
-            if blocker is not None and not blocker.is_dir():
-                reason = f"{reason}: {str(blocker)!r} is a file, not a folder"
+            # torch.save reports a full disk as a RuntimeError of its zip writer, hence the free space in the message.
             kept = "the previous file is intact" if path.is_file() else "there was no earlier file"
-            raise CheckpointError(
-                f"cannot write checkpoint {str(path)!r}: {reason} ({free} free there); {kept}"
+            raise error(
+                f"cannot write {what} {str(path)!r}: {write_error_reason(err, path.parent)} ({free} free there); {kept}"
             ) from err
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
@@ -62,6 +81,44 @@ def atomic_save(obj: Any, path: str | Path) -> None:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
+
+
+def write_error_reason(err: BaseException, folder: Path) -> str:
+    """Why writing into `folder` failed, in one line: which path is a file where a folder should be, if one is,
+    else the OS's words ("No space left on device", "Permission denied")."""
+    blocker = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        return f"{str(blocker)!r} is a file, not a folder"
+    return err.strerror if isinstance(err, OSError) and err.strerror else first_line(err)
+
+
+PROBE_BYTES = 64 * 1024  # what a run directory must take at once: .hydra/'s config copies, the first events
+
+
+def check_run_dir(path: str | Path, *, create: bool, setting: str = "") -> None:
+    """Make sure `path` can be the run directory: it (or, with `create=False`, the nearest folder that exists on
+    its way, where it would be created) takes a file of PROBE_BYTES, which is then removed. Raises OutputError
+    naming the path, the setting it came from, the reason and the free space: a file in the way, no write
+    permission, a read-only or full disk."""
+    path = Path(path)
+    folder = path
+    try:
+        if create:
+            path.mkdir(parents=True, exist_ok=True)
+        folder = next(p for p in (path, *path.parents) if p.exists())
+        if not folder.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+        with tempfile.TemporaryFile(dir=folder) as probe:  # no name in the folder, gone when closed
+            probe.write(bytes(PROBE_BYTES))
+            probe.flush()
+    except OSError as err:
+        reason = write_error_reason(err, path)
+        if err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            reason = f"{reason}: cannot create files in {str(folder)!r}"
+        source = f" ({setting})" if setting else ""
+        raise OutputError(
+            f"cannot use the run directory {str(path)!r}{source}: {reason} ({free_space(path)} free there)"
+        ) from err
 
 
 def free_space(folder: Path) -> str:
@@ -137,9 +194,13 @@ def training_state(
     }
 
 
-def restore_training_state(state: dict, *, model, optimizer, scheduler, scaler, ema, path) -> None:
+def restore_training_state(
+    state: dict, *, model, optimizer, scheduler, scaler, ema, path, class_to_idx: Mapping[str, int] | None = None
+) -> None:
     """Load a `training_state` dict into freshly built objects; a model that does not fit names the file and
-    the first differing keys and shapes (another model, another class count)."""
+    the first differing keys and shapes (another model, another class count), and a checkpoint trained on other
+    classes than the data's `class_to_idx` (other names, or the same names in another order) names the first
+    index where they part. Every check comes before any weight is loaded."""
     from vit.models.pretrained import describe_mismatch
 
     weights = state["model"]
@@ -158,6 +219,16 @@ def restore_training_state(state: dict, *, model, optimizer, scheduler, scaler, 
         raise CheckpointError(
             f"checkpoint {str(path)!r} ({saved}) does not fit the configured {type(model).__name__}: {problem}"
         )
+    saved_classes = state.get("class_to_idx")
+    if saved_classes and class_to_idx:  # older checkpoints, and data without class names, have no map to compare
+        difference = class_difference(saved_classes, class_to_idx, path)
+        if difference is not None:
+            same = set(saved_classes) == set(class_to_idx)
+            trained_on = f"the same {len(saved_classes)} classes in another order" if same else "other classes"
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} was trained on {trained_on} than the data's: {difference}; a resume needs "
+                "the data it was trained on"
+            )
     saved_optim = (saved_config.get("optim") or {}).get("name")
     if saved_optim and str(saved_optim).lower() != type(optimizer).__name__.lower():
         # The other optimizer's state (momentum buffers for AdamW's moments) would fail at the first step.
@@ -179,6 +250,26 @@ def restore_training_state(state: dict, *, model, optimizer, scheduler, scaler, 
         ema.module.load_state_dict(state["ema"])
     if state.get("rng"):
         set_rng_state(state["rng"])
+
+
+def class_difference(saved: Mapping, data: Mapping[str, int], path) -> str | None:
+    """The first index at which the checkpoint's class map and the data's name different classes ("index 3 is
+    'cat' in the checkpoint but 'dog' in the data"), or None where they agree."""
+    try:
+        saved_names = {int(index): name for name, index in saved.items()}
+    except (AttributeError, TypeError, ValueError):
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: its class_to_idx is not a map of class names to indices"
+        ) from None
+    data_names = {index: name for name, index in data.items()}
+    for index in sorted(saved_names.keys() | data_names.keys()):
+        ours, theirs = saved_names.get(index), data_names.get(index)
+        if ours != theirs:
+            return (
+                f"index {index} is {'unused' if ours is None else repr(ours)} in the checkpoint but "
+                f"{'unused' if theirs is None else repr(theirs)} in the data"
+            )
+    return None
 
 
 def rng_state() -> dict:

@@ -8,13 +8,17 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import numpy as np
 import torch
 from PIL import Image
 from torch.utils.tensorboard import SummaryWriter
+
+from vit.train.checkpoint import OutputError, free_space, write_error_reason
 
 log = logging.getLogger("vit.train")
 
@@ -74,33 +78,92 @@ class Console:
 
 
 class TensorBoard:
-    """Scalars under train/, val/, val_ema/, time/, sys/; attention-map images; the hparams table."""
+    """Scalars under train/, val/, val_ema/, time/, sys/; attention-map images; the hparams table.
+
+    TensorBoard's writer appends each event to the file from a background thread; a failed write (full disk,
+    folder removed) ends that thread, and the next add_* or flush raises its OSError in the training thread. Here
+    that error becomes one OutputError naming the folder, and the thread's own traceback is not printed.
+    """
 
     def __init__(self, log_dir: str, enabled: bool = True) -> None:
-        self.writer = SummaryWriter(log_dir) if enabled else None
+        self.log_dir = log_dir
+        self.writer = None
+        if not enabled:
+            return
+        self._previous_hook = threading.excepthook
+        threading.excepthook = self._quiet_writer_thread
+        try:
+            self.writer = SummaryWriter(log_dir)  # creates log_dir and writes the file's first event
+        except OSError as err:
+            self._restore_hook()
+            raise self._error(err) from err
 
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         if self.writer is None:
             return
-        for tag, value in values.items():
-            if value is not None and math.isfinite(float(value)):
-                self.writer.add_scalar(tag, float(value), step)
+        try:
+            for tag, value in values.items():
+                if value is not None and math.isfinite(float(value)):
+                    self.writer.add_scalar(tag, float(value), step)
+        except OSError as err:
+            raise self._error(err) from err
 
     def image(self, tag: str, image, step: int) -> None:
-        if self.writer is not None:
+        if self.writer is None:
+            return
+        try:
             self.writer.add_image(tag, image, step)
+        except OSError as err:
+            raise self._error(err) from err
 
     def hparams(self, hparams: Mapping[str, object], metrics: Mapping[str, float]) -> None:
         """One row of TensorBoard's HPARAMS view: the knobs of this run beside its final metrics."""
         if self.writer is None:
             return
         clean = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in hparams.items()}
-        self.writer.add_hparams(clean, {f"hparam/{k}": float(v) for k, v in metrics.items()}, run_name=".")
+        try:
+            self.writer.add_hparams(clean, {f"hparam/{k}": float(v) for k, v in metrics.items()}, run_name=".")
+        except OSError as err:
+            raise self._error(err) from err
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.flush()
-            self.writer.close()
+        """Flush and close the event files. A failure raises OutputError, except while another exception is on its
+        way up (the run's own error, or this writer's): that one is the news, and is not replaced."""
+        if self.writer is None:
+            return
+        writer, self.writer = self.writer, None
+        failure = None
+        try:
+            writer.flush()  # raises the writer thread's error, if it met one
+        except OSError as err:
+            failure = err
+        for file_writer in (writer.all_writers or {}).values():  # each one, even after a failure: stop its thread
+            try:
+                file_writer.close()
+            except OSError as err:
+                failure = failure or err
+        writer.file_writer = writer.all_writers = None
+        self._restore_hook()
+        if failure is not None and sys.exc_info()[1] is None:
+            raise self._error(failure) from failure
+
+    def _error(self, err: OSError) -> OutputError:
+        folder = Path(self.log_dir)
+        return OutputError(
+            f"cannot write TensorBoard events in {str(folder)!r}: {write_error_reason(err, folder)} "
+            f"({free_space(folder)} free there)"
+        )
+
+    def _quiet_writer_thread(self, args) -> None:
+        """threading.excepthook while the writer is open: a dead event-writer thread prints nothing (its error comes
+        back as an OutputError in the training thread); any other thread's exception goes to the previous hook."""
+        if type(args.thread).__module__.startswith("tensorboard.summary.writer"):
+            return
+        self._previous_hook(args)
+
+    def _restore_hook(self) -> None:
+        if threading.excepthook == self._quiet_writer_thread:  # (a bound method: equal, not identical)
+            threading.excepthook = self._previous_hook
 
 
 def flat_hparams(config: Mapping, prefix: str = "") -> dict:

@@ -29,6 +29,8 @@ from vit.data import build_data
 from vit.models import complexity
 from vit.train.checkpoint import (
     atomic_save,
+    atomic_write_text,
+    check_run_dir,
     find_resume_checkpoint,
     load_checkpoint,
     restore_training_state,
@@ -119,7 +121,7 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict:
     # Each torchrun worker's Hydra names its directory by its own clock: rank 0's is the run's.
     run_dir = Path(dist.broadcast(str(own_dir)))
     if dist.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        check_run_dir(run_dir, create=True)  # a file in the way, a read-only or full disk: OutputError, no data read
     elif own_dir != run_dir and own_dir.is_dir() and not any(own_dir.iterdir()):
         own_dir.rmdir()  # the empty directory this worker's Hydra made for itself
     # Deterministic mode is process-wide: put it back afterwards, so later work in this process (tests, notebooks)
@@ -209,7 +211,7 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed)
     resume_path = dist.broadcast(resume_checkpoint_path(tcfg.resume, run_dir, resolved) if dist.is_main else None)
     if resume_path is not None:
         state = load_checkpoint(resume_path)
-        restore_training_state(state, path=resume_path, **parts)
+        restore_training_state(state, path=resume_path, class_to_idx=bundle.class_to_idx, **parts)
         start_epoch, ctx.step = int(state["epoch"]), int(state["step"])
         best_top1 = float(state.get("best_top1", -1.0))
         history = list(state.get("history", []))
@@ -352,7 +354,11 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed)
         log.info("first step (compilation included): %.1f s", ctx.first_step_seconds)
     if not main:
         return metrics
-    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    try:
+        atomic_write_text(json.dumps(metrics, indent=2), run_dir / "metrics.json")  # a failed write keeps the old one
+    except BaseException:
+        tb.close()  # the events so far are kept; the metrics error is the one reported
+        raise
     tb.hparams(
         flat_hparams(resolved),
         {"val_top1": metrics["final"].get("val_top1", 0.0), "best_val_top1": metrics["best"]["val_top1"] or 0.0},
