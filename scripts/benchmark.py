@@ -1,14 +1,19 @@
-"""Training-step throughput of the project's models, optionally against timm side by side.
+"""Training-step throughput of the project's models, optionally against timm side by side; or, with --e2e, a
+real training run through the trainer and what its data path costs over the step alone.
 
     python scripts/benchmark.py --models vit_tiny_cifar,vit_base --compile both --vs-timm --memory \\
         --json bench.json --md bench.md
+    python scripts/benchmark.py --e2e --epochs 9 data=imagefolder data.root=<cifar10> data.img_size=32 \\
+        data.patch_size=4 model=vit_tiny
 
-Prints a markdown table last. See vit/analysis/benchmark.py for the protocol, docs/BENCHMARKS.md for results.
+Prints a markdown table last. See vit/analysis/benchmark.py and vit/analysis/e2e.py for the protocols,
+docs/BENCHMARKS.md for results.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -44,11 +49,53 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--profile", type=Path, default=None, help="instead of timing: profile our model's step, markdown here"
     )
     parser.add_argument("--profile-steps", type=int, default=10)
+    parser.add_argument(
+        "--e2e", action="store_true", help="train through the trainer with the overrides given; real vs static epochs"
+    )
+    parser.add_argument("--epochs", type=int, default=9, help="--e2e: epochs (real and static alternate; >= 4)")
+    parser.add_argument("--e2e-dir", type=Path, default=None, help="--e2e: run folder (default: a temporary one)")
+    parser.add_argument("overrides", nargs="*", help="--e2e: trainer config overrides, as for train.py")
     return parser.parse_args(argv)
+
+
+def run_e2e(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from hydra import compose, initialize_config_dir
+
+    from vit.analysis.e2e import e2e_markdown, end_to_end
+    from vit.cli import CONFIG_DIR, check_group_choices, check_override_keys
+
+    if args.epochs < 4:
+        print(
+            f"error: --epochs {args.epochs}: the end-to-end benchmark needs >= 4 (one real/static pair after warm-up)"
+        )
+        return 2
+    defaults = [f"trainer.epochs={args.epochs}", "trainer.save_checkpoints=false", "trainer.attn_maps_every_n_epochs=0"]
+    overrides = [*defaults, *args.overrides]  # the user's come last and win
+    check_group_choices(overrides)
+    check_override_keys(overrides)
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+    out = args.e2e_dir or Path(tempfile.mkdtemp(prefix="vit-e2e-"))
+    result = end_to_end(cfg, out)
+    table = e2e_markdown(result, " ".join(args.overrides) or "defaults")
+    if args.json:
+        args.json.write_text(json.dumps(result.to_dict(), indent=2))
+    if args.md:
+        args.md.write_text(table + "\n")
+    print(f"\nrun folder: {out}; device: {result.device}, torch {torch.__version__}")
+    print(table)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.e2e:
+        return run_e2e(args)
+    if args.overrides:
+        print(f"error: {args.overrides[0]!r}: config overrides only go with --e2e")
+        return 2
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in CASES]
     if unknown:

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import benchmark  # noqa: E402
@@ -73,3 +74,65 @@ def test_profile_writes_families_and_top_kernels(tmp_path):
     assert "| matmul |" in text and "| attention |" in text  # the linear layers and SDPA of the toy ViT
     times = [float(line.split("|")[2]) for line in text.splitlines() if line.startswith("| `")]
     assert len(times) == 15 and times == sorted(times, reverse=True)
+
+
+# End to end through the trainer ------------------------------------------------------------------------------
+
+
+def test_alternating_loader_replays_the_first_real_batch_on_odd_passes():
+    from vit.analysis.e2e import AlternatingStaticLoader
+
+    class Loader(list):
+        epoch = None
+
+        def set_epoch(self, epoch):
+            self.epoch = epoch
+
+    batches = Loader([(torch.full((2, 3), float(i)), torch.tensor([i, i])) for i in range(3)])
+    wrapped = AlternatingStaticLoader(batches)
+    assert len(wrapped) == 3
+    wrapped.set_epoch(7)  # what the trainer calls reaches the real loader
+    assert batches.epoch == 7
+    real = list(wrapped)
+    assert [int(y[0]) for _, y in real] == [0, 1, 2]
+    static = list(wrapped)
+    assert len(static) == 3 and all(torch.equal(x, real[0][0]) and torch.equal(y, real[0][1]) for x, y in static)
+    assert [int(y[0]) for _, y in wrapped] == [0, 1, 2]  # the third pass is real again
+
+
+def test_pairs_skip_the_warm_up_epochs():
+    from vit.analysis.e2e import pair_overheads
+
+    history = [{"train_img_per_s": v} for v in (10.0, 99.0, 100.0, 125.0, 110.0, 121.0, 5.0)]
+    # Epoch 0 (compile) and 1 are not counted; (2, 3) and (4, 5) are pairs; 6 has no static partner.
+    assert pair_overheads(history) == ([100.0, 110.0], [125.0, 121.0])
+
+
+def test_e2e_benchmark_trains_through_the_trainer_and_reports_the_data_path_cost(tmp_path, capsys):
+    out_json, run_dir = tmp_path / "e2e.json", tmp_path / "run"
+    overrides = ["data=synthetic", "data.synthetic.num_train=128", "data.synthetic.num_val=32", "data.batch_size=32"]
+    overrides += ["model.embed_dim=32", "model.depth=1", "model.num_heads=2", "trainer.device=cpu"]
+    args = ["--e2e", "--epochs", "6", "--e2e-dir", str(run_dir), "--json", str(out_json), *overrides]
+    assert benchmark.main(args) == 0
+    result = json.loads(out_json.read_text())
+    # Recomputed from the run's own metrics.json: epochs 2 and 4 real, 3 and 5 static.
+    rates = [r["train_img_per_s"] for r in json.loads((run_dir / "metrics.json").read_text())["history"]]
+    assert len(rates) == 6
+    assert result["real_img_per_s"] == [rates[2], rates[4]] and result["static_img_per_s"] == [rates[3], rates[5]]
+    ratios = sorted([rates[3] / rates[2] - 1, rates[5] / rates[4] - 1])
+    assert result["overhead"] == pytest.approx(sum(ratios) / 2)
+    assert result["overhead_p10"] <= result["overhead"] <= result["overhead_p90"]
+    assert result["loader"] == "torch" and result["batch"] == 32 and not result["compiled"]
+    assert "| torch | off | 32 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--e2e", "--epochs", "3", "data=synthetic"], "--epochs 3: the end-to-end benchmark needs >= 4"),
+        (["--models", "toy", "data=synthetic"], "'data=synthetic': config overrides only go with --e2e"),
+    ],
+)
+def test_e2e_arguments_are_checked(args, message, capsys):
+    assert benchmark.main(args) == 2
+    assert message in capsys.readouterr().out

@@ -18,6 +18,7 @@ import math
 import os
 import random
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -105,9 +106,15 @@ def startup_seconds() -> float:
         return 0.0
 
 
-def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict:
+def run(
+    cfg: DictConfig,
+    output_dir: str | Path | None = None,
+    train_loader_wrapper: Callable[[Iterable], Iterable] | None = None,
+) -> dict:
     """Train as `cfg` says; write checkpoints, TensorBoard events and metrics.json into the run directory
-    (`output_dir`, else Hydra's). Returns the metrics written to metrics.json."""
+    (`output_dir`, else Hydra's). Returns the metrics written to metrics.json.
+    `train_loader_wrapper`: wraps the train loader (the end-to-end benchmark's real and static epochs,
+    vit/analysis/e2e.py)."""
     # Wall time counts from the process start (imports, config composition) for the first run of a process: the
     # recipes' time goals are "process start to final evaluation". Later runs of a multirun sweep count from here.
     wall_start = time.perf_counter() - startup_seconds()
@@ -128,13 +135,13 @@ def run(cfg: DictConfig, output_dir: str | Path | None = None) -> dict:
     # is not slowed or broken by it.
     previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     try:
-        return _train(cfg, run_dir, wall_start, dist)
+        return _train(cfg, run_dir, wall_start, dist, train_loader_wrapper)
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
         dist.close()
 
 
-def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed) -> dict:
+def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed, train_loader_wrapper=None) -> dict:
     tcfg = cfg.trainer
     device = dist.device(resolve_device(tcfg.device))
     seed = int(tcfg.seed)
@@ -155,6 +162,8 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed)
     dynamic = resize is not None  # progressive resizing: the ViT takes the smaller images too
     model = build_model_from_config(cfg.model, num_classes=num_classes_cfg or 1000, dynamic_img_size=dynamic)
     bundle = build_data(cfg.data, device=device, seed=seed, rank=dist.rank, world_size=dist.world_size)
+    if train_loader_wrapper is not None:
+        bundle.train_loader = train_loader_wrapper(bundle.train_loader)
     if num_classes_cfg is None and getattr(model, "num_classes", None) != bundle.num_classes:
         seed_everything(seed)
         model = build_model_from_config(cfg.model, num_classes=bundle.num_classes, dynamic_img_size=dynamic)
