@@ -65,6 +65,9 @@ def run_e2e(args: argparse.Namespace) -> int:
 
     from vit.analysis.e2e import e2e_markdown, end_to_end
     from vit.cli import CONFIG_DIR, check_group_choices, check_override_keys
+    from vit.data import DataError
+    from vit.train import ConfigError
+    from vit.train.checkpoint import OutputError
 
     if args.epochs < 4:
         print(
@@ -78,7 +81,11 @@ def run_e2e(args: argparse.Namespace) -> int:
     with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
         cfg = compose(config_name="config", overrides=overrides)
     out = args.e2e_dir or Path(tempfile.mkdtemp(prefix="vit-e2e-"))
-    result = end_to_end(cfg, out)
+    try:
+        result = end_to_end(cfg, out)
+    except (ConfigError, DataError, OutputError) as err:  # bad settings: one line, as train.py says them
+        print(f"error: {err}")
+        return 2
     table = e2e_markdown(result, " ".join(args.overrides) or "defaults")
     if args.json:
         args.json.write_text(json.dumps(result.to_dict(), indent=2))

@@ -131,6 +131,7 @@ def test_e2e_benchmark_trains_through_the_trainer_and_reports_the_data_path_cost
     [
         (["--e2e", "--epochs", "3", "data=synthetic"], "--epochs 3: the end-to-end benchmark needs >= 4"),
         (["--models", "toy", "data=synthetic"], "'data=synthetic': config overrides only go with --e2e"),
+        (["--e2e", "model.embed_dim=64", "trainer.device=cpu"], "model.num_heads=3 must be a positive divisor"),
     ],
 )
 def test_e2e_arguments_are_checked(args, message, capsys):
