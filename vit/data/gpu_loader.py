@@ -6,8 +6,10 @@ draw per sample unless noted:
     uint8 (B, 3, H, W)
       --crop: pad-and-crop (one gather) or random-resized-crop (one grid_sample)-->
       --horizontal flip-->
-      --policy (torchvision v2 AutoAugment / RandAugment / TrivialAugmentWide / AugMix on uint8 tensors; these
-        draw one op per call, so we call them on chunks of `augment.policy_chunk` images)-->
+      --policy (`augment.policy_impl`: batched, vit/data/batched_policy.py: AutoAugment / RandAugment /
+        TrivialAugmentWide with per-sample draws from the loader's generator, a fixed number of launches per op
+        family; or torchvision: the v2 transforms, which draw one op per call from the global RNG, called on chunks
+        of `augment.policy_chunk` images. AugMix always runs on torchvision's)-->
     float (B, 3, H, W), normalised
       --random erasing (per-pixel Gaussian noise in a random box, like RandomErasing(value="random"))-->
 The decoded split is cached on disk as .npy (beside the data, or in `data.cache_dir`) and reused across runs.
@@ -30,27 +32,40 @@ from torch.utils.data import DataLoader, Dataset, Subset
 from torchvision import transforms as T
 from torchvision.transforms import v2
 
+from vit.data.batched_policy import BatchedAutoAugment, BatchedPolicy, BatchedRandAugment, BatchedTrivialAugmentWide
 from vit.data.datasets import DataError
 from vit.data.transforms import CROPS, POLICY_HELP, is_small, mean_std, policy_options
 
+POLICY_IMPLS = ("batched", "torchvision")
 
-def policy_op(policy: str | None, img_size: int):
-    """The torchvision v2 (uint8 tensor, batch-capable) counterpart of `data.augment.auto_augment`.
+
+def policy_op(policy: str | None, img_size: int, impl: str = "torchvision"):
+    """The uint8-batch counterpart of `data.augment.auto_augment`: torchvision's v2 transform, or with
+    impl="batched" its per-sample version from vit/data/batched_policy.py (called as `op(x, generator)`).
 
     timm strings map to their nearest torchvision op: "rand-mM-nN" -> RandAugment(num_ops=N, magnitude=M on
-    timm's 0..10 scale); "augmix-mM-wW-dD-aA" -> AugMix(severity=M, width=W, depth=D, alpha=A). timm's extras
-    (mstd magnitude noise, inc, per-op probability) have no counterpart here and are ignored.
+    timm's 0..10 scale); "augmix-mM-wW-dD-aA" -> AugMix(severity=M, width=W, depth=D, alpha=A), torchvision's in
+    both impls. timm's extras (mstd magnitude noise, inc, per-op probability) have no counterpart here and are
+    ignored.
     """
+    if impl not in POLICY_IMPLS:
+        raise DataError(f"data.augment.policy_impl={impl!r} must be one of {POLICY_IMPLS}")
     if not policy:
         return None
+    batched = impl == "batched"
     if policy == "autoaug":
+        if batched:
+            return BatchedAutoAugment("cifar10" if is_small(img_size) else "imagenet")
         return v2.AutoAugment(v2.AutoAugmentPolicy.CIFAR10 if is_small(img_size) else v2.AutoAugmentPolicy.IMAGENET)
     if policy == "trivial":
-        return v2.TrivialAugmentWide()
+        return BatchedTrivialAugmentWide() if batched else v2.TrivialAugmentWide()
     options = policy_options(policy)
     if policy.split("-")[0] == "rand":
         magnitude = min(10, max(0, round(float(options.get("m", 10)))))
-        return v2.RandAugment(num_ops=int(options.get("n", 2)), magnitude=magnitude, num_magnitude_bins=11)
+        num_ops = int(options.get("n", 2))
+        if batched:
+            return BatchedRandAugment(num_ops=num_ops, magnitude=magnitude, num_magnitude_bins=11)
+        return v2.RandAugment(num_ops=num_ops, magnitude=magnitude, num_magnitude_bins=11)
     if policy.split("-")[0] == "augmix":
         return v2.AugMix(
             severity=min(10, max(1, round(float(options.get("m", 3))))),
@@ -169,8 +184,9 @@ class GpuLoader:
         self.pad = int(aug.get("pad", 4))
         self.scale_min = float(aug.get("scale_min", 0.08))
         self.hflip = bool(aug.get("hflip", True)) and train
-        self.policy = policy_op(aug.get("auto_augment"), self.images.shape[-1]) if train else None
-        self.policy_chunk = int(aug.get("policy_chunk", 16))
+        impl = aug.get("policy_impl", "batched")
+        self.policy = policy_op(aug.get("auto_augment"), self.images.shape[-1], impl) if train else None
+        self.policy_chunk = int(aug.get("policy_chunk", 16))  # torchvision's policies only
         self.re_prob = float(aug.get("re_prob", 0.0)) if train else 0.0
         mean, std = mean_std(cfg)
         self.mean = torch.tensor(mean, device=device).view(1, 3, 1, 1)
@@ -227,7 +243,9 @@ class GpuLoader:
             x = random_resized_crop(x, (self.scale_min, 1.0), generator)
         if self.hflip:
             x = random_hflip(x, generator)
-        if self.policy is not None:  # torchvision's policies draw from the global RNG (seeded by the trainer)
+        if isinstance(self.policy, BatchedPolicy):  # per-sample draws from the batch generator
+            x = self.policy(x, generator)
+        elif self.policy is not None:  # torchvision's policies draw from the global RNG (seeded by the trainer)
             x = torch.cat([self.policy(chunk) for chunk in x.split(self.policy_chunk)])
         x = (x.float().div_(255) - self.mean) / self.std
         if self.re_prob > 0:

@@ -11,6 +11,7 @@ from torch import nn
 
 from vit.data.archive import is_archive
 from vit.data.datasets import DATASET_NAMES, DataError, parse_holdout
+from vit.data.gpu_loader import POLICY_IMPLS
 from vit.models import create_model, list_models
 
 
@@ -204,6 +205,8 @@ def validate(cfg: DictConfig) -> None:
     _require(0.0 < scale_min <= 1.0, f"data.augment.scale_min={scale_min} must be in (0, 1]")
     _require(int(aug.get("pad", 0)) >= 0, f"data.augment.pad={aug.get('pad')} must be >= 0")
     _require(int(aug.get("policy_chunk", 1)) >= 1, f"data.augment.policy_chunk={aug.get('policy_chunk')} must be >= 1")
+    impl = aug.get("policy_impl", "batched")
+    _require(impl in POLICY_IMPLS, f"data.augment.policy_impl={impl!r} must be one of {POLICY_IMPLS}")
     if data.get("num_workers") is not None:
         _require(int(data.num_workers) >= 0, f"data.num_workers={data.num_workers} must be >= 0 or null")
     if data.get("num_classes") is not None:
