@@ -9,19 +9,22 @@ from vit.models.pos_embed import resample_pos_embed
 from vit.train import load_checkpoint, run
 from vit.train.config import ConfigError, validate
 from vit.train.loop import StepContext, train_one_epoch
-from vit.train.progressive import ResizeSchedule, resize_batch
+from vit.train.progressive import ResizeSchedule, allow_recompiles, resize_batch
 
 BASE = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.device=cpu", "trainer.deterministic=true", "data.img_size=32"]
 BASE += ["data.patch_size=4", "data.augment.crop=pad", "model.drop_path_rate=0.1"]
 
 
 def test_schedule_ramps_linearly_in_whole_patches():
-    # 10 epochs, 16 -> 32 px over the first half: 16 + 16 * e / 5 for e = 0..4, rounded down to a multiple of 4.
+    # 10 epochs (last index 9), 16 -> 32 px by index 4.5: 16 + 16 * e / 4.5, rounded down to a multiple of 4.
     schedule = ResizeSchedule(min_size=16, full_size=32, start=0.0, end=0.5, multiple=4)
     assert schedule.sizes(10) == [16, 16, 20, 24, 28, 32, 32, 32, 32, 32]
-    # Held at the minimum until 40%, full from 80%: 16 + 16 * (e - 4) / 4 for e = 4..7.
+    # Held at the minimum until index 3.6, full from 7.2: 16 + 16 * (e - 3.6) / 3.6 for e = 4..7.
     later = ResizeSchedule(min_size=16, full_size=32, start=0.4, end=0.8, multiple=4)
     assert later.sizes(10) == [16, 16, 16, 16, 16, 20, 24, 28, 32, 32]
+    # end=1.0: the last epoch is the first at full size (16 + 16 * e / 4 for e = 0..4).
+    whole = ResizeSchedule(min_size=16, full_size=32, start=0.0, end=1.0, multiple=4)
+    assert whole.sizes(5) == [16, 20, 24, 28, 32]
     # start == end: a single jump.
     jump = ResizeSchedule(min_size=24, full_size=32, start=0.5, end=0.5, multiple=8)
     assert jump.sizes(4) == [24, 24, 32, 32]
@@ -130,3 +133,16 @@ def test_a_run_trains_on_the_scheduled_sizes_and_resumes_exactly(tmp_path):
 def test_bad_progressive_settings_name_the_key(overrides, needle):
     with pytest.raises(ConfigError, match=needle):
         validate(compose_config([*BASE, *overrides]))
+
+
+def test_a_ramp_over_many_sizes_raises_the_compile_limit(monkeypatch):
+    import torch._dynamo.config as dynamo_config
+
+    monkeypatch.setattr(dynamo_config, "recompile_limit", 8)
+    allow_recompiles(5)  # within the limit: left alone
+    assert dynamo_config.recompile_limit == 8
+    # 4 -> 64 px in steps of 4: 16 sizes, each a compilation; at the default limit the last 8 would run eagerly.
+    sizes = set(ResizeSchedule(min_size=4, full_size=64, start=0.0, end=1.0, multiple=4).sizes(100))
+    assert len(sizes) == 16
+    allow_recompiles(len(sizes))
+    assert dynamo_config.recompile_limit >= 17

@@ -30,8 +30,9 @@ class ResizeSchedule:
     multiple: int
 
     def size_at(self, epoch: int, epochs: int) -> int:
-        """The training image size of `epoch` (counted from 0) of `epochs`."""
-        first, last = self.start * epochs, self.end * epochs
+        """The training image size of `epoch` (counted from 0) of `epochs`. The fractions are of the last epoch's
+        index, so `end=1.0` puts the full size on the last epoch."""
+        first, last = self.start * (epochs - 1), self.end * (epochs - 1)
         if epoch >= last:
             progress = 1.0
         elif epoch < first:
@@ -64,3 +65,13 @@ def resize_batch(images: torch.Tensor, size: int) -> torch.Tensor:
     if images.shape[-2:] == (size, size):
         return images
     return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+
+
+def allow_recompiles(num_sizes: int) -> None:
+    """torch.compile gives up on a function after `recompile_limit` (8) recompilations and runs it eagerly from
+    then on, silently slow; a ramp over more image sizes than that raises the limit to cover every size."""
+    import torch._dynamo.config as dynamo_config
+
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else "cache_size_limit"
+    if getattr(dynamo_config, name) < num_sizes + 1:
+        setattr(dynamo_config, name, num_sizes + 1)

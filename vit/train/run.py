@@ -44,7 +44,7 @@ from vit.train.distributed import Distributed, setup_distributed
 from vit.train.logger import Console, TensorBoard, attention_image, flat_hparams
 from vit.train.loop import NonFiniteLossError, StepContext, evaluate, train_one_epoch, weights_finite
 from vit.train.optim import build_optimizer, build_scheduler, scaled_lr
-from vit.train.progressive import resize_schedule
+from vit.train.progressive import allow_recompiles, resize_schedule
 from vit.train.signals import StopSignal
 
 log = logging.getLogger("vit.train")
@@ -191,6 +191,8 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed,
         device_ids = [device.index] if device.type == "cuda" else None
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     step_model = ddp if ddp is not None else model
+    if use_compile and resize is not None:
+        allow_recompiles(len(set(resize.sizes(epochs))))
     ctx = StepContext(
         # Progressive resizing: one static-shape graph per image size (dynamic shapes would cost speed every step).
         model=torch.compile(step_model, mode=tcfg.compile_mode, dynamic=False if dynamic else None)
