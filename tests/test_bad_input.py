@@ -152,6 +152,7 @@ RANGE_CASES = {
     "trainer.max_bad_steps": (["trainer.max_bad_steps=0"], "trainer.max_bad_steps=0 must be >= 1"),
     "trainer.grad_clip": (["trainer.grad_clip=0"], "trainer.grad_clip=0 must be > 0 or null"),
     "trainer.ema_decay": (["trainer.ema_decay=1.0"], "trainer.ema_decay=1.0 must be in (0, 1)"),
+    "trainer.val_every_n_epochs": (["trainer.val_every_n_epochs=0"], "trainer.val_every_n_epochs=0 must be >= 1"),
     "trainer.progressive_resize.min_size": (
         ["trainer.progressive_resize.min_size=0"],
         "trainer.progressive_resize.min_size=0 must be in [1, data.img_size=32]",

@@ -242,3 +242,17 @@ def test_holdout_selects_and_the_test_split_is_reported_once_at_the_end(tmp_path
     assert "test" not in plain and plain["val_split"] == "val"
     events = EventAccumulator(str(tmp_path / "tb")).Reload()
     assert "test/top1" in events.Tags()["scalars"]
+
+
+def test_val_every_n_epochs_evaluates_only_when_due(tmp_path):
+    base = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.device=cpu", "trainer.epochs=5", "trainer.val_every_n_epochs=2"]
+    metrics = run(compose_config(base), output_dir=tmp_path / "every2")
+    evaluated = [r["epoch"] for r in metrics["history"] if r["val_top1"] is not None]
+    assert evaluated == [2, 4, 5]  # every second epoch, and the last one
+    assert all(r["val_loss"] is None and "val_ema_top1" not in r for r in metrics["history"] if r["epoch"] in (1, 3))
+    assert metrics["best"]["epoch"] in evaluated and metrics["final"]["val_top1"] is not None
+    events = EventAccumulator(str(tmp_path / "every2" / "tb")).Reload()
+    assert len(events.Scalars("val/top1")) == 3 and len(events.Scalars("time/epoch_s")) == 5
+    # A run stopped by trainer.stop_after_epoch is evaluated where it stops, so each slice reports.
+    sliced = run(compose_config([*base, "trainer.stop_after_epoch=3"]), output_dir=tmp_path / "sliced")
+    assert [r["epoch"] for r in sliced["history"] if r["val_top1"] is not None] == [2, 3]

@@ -57,7 +57,11 @@ class RecipeRun:
     def curve(self) -> list[tuple[float, float]]:
         """(seconds from the process start, val top-1) at the end of each epoch's evaluation."""
         history = self.metrics.get("history") or []
-        return [(r["elapsed_s"], r["val_top1"]) for r in history if r.get("elapsed_s") is not None]
+        return [
+            (r["elapsed_s"], r["val_top1"])
+            for r in history
+            if r.get("elapsed_s") is not None and r.get("val_top1") is not None  # epochs without an evaluation
+        ]
 
 
 @dataclass

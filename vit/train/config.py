@@ -72,6 +72,7 @@ NUMERIC_KEYS = {
             "attn_maps_every_n_epochs",
             "stop_after_epoch",
             "max_bad_steps",
+            "val_every_n_epochs",
             "progressive_resize.min_size",
         ),
         "float": ("grad_clip", "ema_decay", "progressive_resize.start", "progressive_resize.end"),
@@ -267,6 +268,8 @@ def validate(cfg: DictConfig) -> None:
     if trainer.grad_clip is not None:
         _require(float(trainer.grad_clip) > 0, f"trainer.grad_clip={trainer.grad_clip} must be > 0 or null")
     _require(int(trainer.max_bad_steps) >= 1, f"trainer.max_bad_steps={trainer.max_bad_steps} must be >= 1")
+    val_every = trainer.get("val_every_n_epochs")
+    _require(val_every is None or int(val_every) >= 1, f"trainer.val_every_n_epochs={val_every} must be >= 1")
     attn_every = trainer.get("attn_maps_every_n_epochs")
     _require(attn_every is None or int(attn_every) >= 0, f"trainer.attn_maps_every_n_epochs={attn_every} must be >= 0")
     for key in ("limit_train_batches", "limit_val_batches", "stop_after_epoch"):

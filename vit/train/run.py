@@ -243,6 +243,7 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed,
     stop_after = int(tcfg.stop_after_epoch) if tcfg.stop_after_epoch else None
     limit_val = tcfg.limit_val_batches
     eval_flip = bool(tcfg.get("eval_flip", False))
+    val_every = int(tcfg.get("val_every_n_epochs") or 1)
 
     def on_log(step_in_epoch: int, values: dict) -> None:  # every log_every_n_steps, with values already on the host
         tb.scalars(values, ctx.step)
@@ -292,12 +293,15 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed,
                         flush=True,
                     )
                 break
-            val = evaluate(model, bundle.val_loader, device, amp_dtype, limit_val, dist=dist, flip=eval_flip)
-            val_ema = None
-            if ema is not None:
-                val_ema = evaluate(
-                    ema.module, bundle.val_loader, device, amp_dtype, limit_val, dist=dist, flip=eval_flip
-                )
+            # trainer.val_every_n_epochs: a short recipe cannot spare an evaluation every epoch; the last is always due.
+            val, val_ema = None, None
+            last_here = epoch + 1 == epochs or (stop_after is not None and epoch + 1 >= stop_after)
+            if (epoch + 1) % val_every == 0 or last_here:
+                val = evaluate(model, bundle.val_loader, device, amp_dtype, limit_val, dist=dist, flip=eval_flip)
+                if ema is not None:
+                    val_ema = evaluate(
+                        ema.module, bundle.val_loader, device, amp_dtype, limit_val, dist=dist, flip=eval_flip
+                    )
             history.append(epoch_record(epoch, ctx.step, train, val, val_ema, time.perf_counter() - wall_start))
             scalars = epoch_scalars(train, val, val_ema, device, ctx.skipped_steps)
             if ctx.train_img_size is not None:
@@ -313,11 +317,13 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed,
             console.end_epoch(
                 f"epoch {epoch + 1}/{epochs}: train loss {train['loss']:.4f}, {train['img_per_s']:,.0f} img/s"
                 + (f" at {ctx.train_img_size} px" if ctx.train_img_size is not None else "")
-                + f", {train['seconds']:.1f}s; {bundle.val_name} top-1 {val['top1']:.2f}%"
+                + f", {train['seconds']:.1f}s"
+                + (f"; {bundle.val_name} top-1 {val['top1']:.2f}%" if val else "")
                 + (f" (EMA {val_ema['top1']:.2f}%)" if val_ema else "")
             )
-            is_best = val["top1"] > best_top1
-            best_top1 = max(best_top1, val["top1"])
+            is_best = val is not None and val["top1"] > best_top1
+            if val is not None:
+                best_top1 = max(best_top1, val["top1"])
             if not weights_finite(model):  # non-finite steps too few to stop the loop, but the weights are lost
                 raise NonFiniteLossError(
                     f"the weights are not finite after epoch {epoch + 1} (step {ctx.step}); the checkpoints of "
@@ -372,7 +378,7 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed,
         raise
     tb.hparams(
         flat_hparams(resolved),
-        {"val_top1": metrics["final"].get("val_top1", 0.0), "best_val_top1": metrics["best"]["val_top1"] or 0.0},
+        {"val_top1": metrics["final"].get("val_top1") or 0.0, "best_val_top1": metrics["best"]["val_top1"] or 0.0},
     )
     tb.close()
     return metrics
@@ -411,9 +417,10 @@ def first_val_images(loader, count: int) -> torch.Tensor | None:
     return images[:count]
 
 
-def epoch_record(epoch: int, step: int, train: dict, val: dict, val_ema: dict | None, elapsed_s: float) -> dict:
+def epoch_record(epoch: int, step: int, train: dict, val: dict | None, val_ema: dict | None, elapsed_s: float) -> dict:
     """One entry of the run's history (metrics.json, checkpoints): epoch counted from 1; `elapsed_s` is the run's
-    wall time at the end of this epoch's evaluation (from the process start, over resumes)."""
+    wall time at the end of this epoch's evaluation (from the process start, over resumes). An epoch without an
+    evaluation (trainer.val_every_n_epochs) has val_top1/val_top5/val_loss null."""
     record = {
         "epoch": epoch + 1,
         "step": step,
@@ -421,25 +428,26 @@ def epoch_record(epoch: int, step: int, train: dict, val: dict, val_ema: dict | 
         "train_loss": train["loss"],
         "train_img_per_s": train["img_per_s"],
         "epoch_seconds": train["seconds"],
-        "val_top1": val["top1"],
-        "val_top5": val["top5"],
-        "val_loss": val["loss"],
+        "val_top1": val["top1"] if val else None,
+        "val_top5": val["top5"] if val else None,
+        "val_loss": val["loss"] if val else None,
     }
     if val_ema:
         record.update(val_ema_top1=val_ema["top1"], val_ema_top5=val_ema["top5"], val_ema_loss=val_ema["loss"])
     return record
 
 
-def epoch_scalars(train: dict, val: dict, val_ema: dict | None, device: torch.device, skipped_steps: int) -> dict:
+def epoch_scalars(
+    train: dict, val: dict | None, val_ema: dict | None, device: torch.device, skipped_steps: int
+) -> dict:
     """The once-per-epoch TensorBoard scalars (the per-step ones come from the loop's `on_log`)."""
     scalars = {
-        "val/top1": val["top1"],
-        "val/top5": val["top5"],
-        "val/loss": val["loss"],
         "time/epoch_s": train["seconds"],
         "train/epoch_img_per_s": train["img_per_s"],
         "train/epoch_loss": train["loss"],
     }
+    if val:
+        scalars.update({f"val/{k}": val[k] for k in ("top1", "top5", "loss")})
     if val_ema:
         scalars.update({f"val_ema/{k}": val_ema[k] for k in ("top1", "top5", "loss")})
     if device.type == "cuda":
@@ -461,7 +469,8 @@ def final_test(model, ema, bundle, device, amp_dtype, limit, dist, flip: bool) -
 
 def run_metrics(cfg, history: list[dict], cost, bundle, compiled: bool, device) -> dict:
     """metrics.json: final and best epoch, mean throughput, model size, and the whole history."""
-    best = max(history, key=lambda r: r["val_top1"]) if history else {}
+    evaluated = [r for r in history if r.get("val_top1") is not None]
+    best = max(evaluated, key=lambda r: r["val_top1"]) if evaluated else {}
     return {
         "model": cfg.model.name,
         "params": cost.params,
