@@ -112,8 +112,11 @@ def test_a_stop_inside_an_epoch_writes_that_step_and_resumes_exactly(
     stopped = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")
     assert (stopped["epoch"], stopped["step"]) == (1, stop_step)  # 1 finished epoch, then part of the 2nd
     assert stopped["batches_into_epoch"] > 0
+    # The run's clock was saved with the step: the part-epoch's seconds count in the resumed run's times.
+    assert stopped["elapsed_s"] > stopped["history"][-1]["elapsed_s"]
 
-    run(compose_config([*args, "trainer.resume=auto"]), output_dir=tmp_path / "resumed")
+    resumed = run(compose_config([*args, "trainer.resume=auto"]), output_dir=tmp_path / "resumed")
+    assert resumed["history"][-1]["elapsed_s"] > stopped["elapsed_s"]
     a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")
     b = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")
     assert a["step"] == b["step"] and b.get("batches_into_epoch") is None

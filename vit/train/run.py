@@ -226,8 +226,9 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed,
         start_epoch, ctx.step = int(state["epoch"]), int(state["step"])
         best_top1 = float(state.get("best_top1", -1.0))
         history = list(state.get("history", []))
-        # The time of the earlier processes counts too (not the pause between them): elapsed_s goes on from there.
-        wall_start -= float((history[-1] if history else {}).get("elapsed_s") or 0.0)
+        # The time of the earlier processes counts too (not the pause between them): the run's clock goes on from the
+        # moment the checkpoint was written (inside an epoch too), else from the last finished epoch.
+        wall_start -= float(state.get("elapsed_s") or (history[-1] if history else {}).get("elapsed_s") or 0.0)
         skip_batches = int(state.get("batches_into_epoch") or 0)
         rng_ranks = state.get("rng_ranks") or []
         resume_rng = rng_ranks[dist.rank] if len(rng_ranks) == dist.world_size else state.get("rng")
@@ -284,6 +285,7 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed,
                         history=history,
                     )
                     state.update(batches_into_epoch=batches_done, rng=rng_ranks[0], rng_ranks=rng_ranks)
+                    state["elapsed_s"] = time.perf_counter() - wall_start
                     atomic_save(state, ckpt_dir / "last.pt")
                 if main:
                     print(
@@ -339,6 +341,7 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed,
                     config=resolved,
                     history=history,
                 )
+                state["elapsed_s"] = time.perf_counter() - wall_start
                 atomic_save(state, ckpt_dir / "last.pt")
                 if is_best:
                     atomic_save(state, ckpt_dir / "best.pt")
