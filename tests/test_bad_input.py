@@ -118,6 +118,7 @@ RANGE_CASES = {
     "data.num_workers": (["data.num_workers=-2"], "data.num_workers=-2 must be >= 0"),
     "data.limit_train_samples": (["data.limit_train_samples=0"], "data.limit_train_samples=0 must be >= 1"),
     "data.limit_val_samples": (["data.limit_val_samples=0"], "data.limit_val_samples=0 must be >= 1"),
+    "data.repeated_aug": (["data.repeated_aug=0"], "data.repeated_aug=0 must be >= 1"),
     "data.holdout": (["data.holdout=1.5"], "data.holdout=1.5 must be null, a count"),
     "data.mean": (["data.mean=[0.5]"], "data.mean=[0.5] must be a list of 3 numbers"),
     "data.std": (["data.std=[0.2,0,0.2]"], "data.std=[0.2, 0, 0.2] must be > 0 in every channel"),

@@ -467,3 +467,50 @@ def test_real_cifar10_archive(tmp_path_factory):
     assert bundle.num_train == 2000 and bundle.num_val == 500
     x, y = next(iter(bundle.train_loader))
     assert x.shape == (100, 3, 32, 32) and y.max() < 10
+
+
+# Repeated augmentation ------------------------------------------------------------------------------------------
+
+
+def test_repeat_order_repeats_a_slice_of_the_permutation_in_place():
+    from vit.data.sampling import repeat_order
+
+    order = torch.tensor([5, 2, 7, 0, 1, 3, 6, 4])
+    assert repeat_order(order, 1) is order
+    # The first ceil(8 / 3) images of the permutation, three times each, cut to the epoch's 8 samples.
+    assert repeat_order(order, 3).tolist() == [5, 5, 5, 2, 2, 2, 7, 7]
+
+
+@pytest.mark.parametrize("loader", ["torch", "gpu"])
+def test_repeated_aug_shows_each_image_k_times_and_shards_the_copies(loader):
+    cfg = {"name": "synthetic", "img_size": 16, "batch_size": 8, "num_workers": 0, "loader": loader}
+    cfg.update(synthetic={"num_train": 64, "num_val": 16}, repeated_aug=4, augment={"crop": "pad", "hflip": True})
+
+    def epoch_indices(rank, world):
+        bundle = build_data(cfg, seed=3, rank=rank, world_size=world)
+        if loader == "gpu":
+            bundle.train_loader.set_epoch(2)
+            return bundle.train_loader._order().tolist()
+        bundle.train_sampler.set_epoch(2)
+        return list(bundle.train_sampler)
+
+    single = epoch_indices(0, 1)
+    assert len(single) == 64 and len(set(single)) == 16  # the epoch's length, a quarter of the images
+    assert all(single[i] == single[i + 1] == single[i + 2] == single[i + 3] for i in range(0, 64, 4))
+    # Two ranks: every other index of the same order, so each image's copies are split between them.
+    assert epoch_indices(0, 2) == single[0::2] and epoch_indices(1, 2) == single[1::2]
+    bundle = build_data({**cfg, "repeated_aug": 1}, seed=3)
+    if loader == "torch":
+        bundle.train_sampler.set_epoch(2)
+        assert len(set(bundle.train_sampler)) == 64  # off: every image once
+
+
+def test_repeated_copies_are_augmented_differently():
+    cfg = {"name": "synthetic", "img_size": 16, "batch_size": 16, "num_workers": 0, "loader": "gpu"}
+    cfg.update(synthetic={"num_train": 64, "num_val": 16}, repeated_aug=2, augment={"crop": "pad", "pad": 4})
+    loader = build_data(cfg, seed=0).train_loader
+    loader.set_epoch(0)
+    x, y = next(iter(loader))
+    assert torch.equal(y[0::2], y[1::2])  # consecutive copies of the same images
+    differs = (x[0::2] != x[1::2]).flatten(1).any(1)  # (8,) a copy pair with different pixels
+    assert differs.float().mean() >= 0.75  # two random 9x9 crop offsets rarely coincide (1 in 81 per pair)

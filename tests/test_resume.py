@@ -90,6 +90,7 @@ def test_a_failed_checkpoint_write_keeps_the_previous_file(tmp_path, monkeypatch
         ("torch", [], 13, 11),
         ("gpu", ["data.augment.auto_augment=trivial"], 13, 11),  # the batched loader on the CPU, with a policy
         ("torch", ["trainer.accum_steps=2"], 8, 6),  # 4 steps per epoch: epoch 2, after its 2nd step
+        ("torch", ["data.repeated_aug=2"], 13, 11),  # the sampler's repeated order, skipped into
     ],
 )
 def test_a_stop_inside_an_epoch_writes_that_step_and_resumes_exactly(

@@ -34,6 +34,7 @@ from torchvision.transforms import v2
 
 from vit.data.batched_policy import BatchedAutoAugment, BatchedPolicy, BatchedRandAugment, BatchedTrivialAugmentWide
 from vit.data.datasets import DataError
+from vit.data.sampling import repeat_order
 from vit.data.transforms import CROPS, POLICY_HELP, is_small, mean_std, policy_options
 
 POLICY_IMPLS = ("batched", "torchvision")
@@ -188,6 +189,7 @@ class GpuLoader:
         self.policy = policy_op(aug.get("auto_augment"), self.images.shape[-1], impl) if train else None
         self.policy_chunk = int(aug.get("policy_chunk", 16))  # torchvision's policies only
         self.re_prob = float(aug.get("re_prob", 0.0)) if train else 0.0
+        self.repeats = int(cfg.get("repeated_aug") or 1) if train else 1
         mean, std = mean_std(cfg)
         self.mean = torch.tensor(mean, device=device).view(1, 3, 1, 1)
         self.std = torch.tensor(std, device=device).view(1, 3, 1, 1)
@@ -206,7 +208,7 @@ class GpuLoader:
             order = torch.arange(n, device=self.device)
         else:  # the same permutation on every rank (same seed), so the strided shards are disjoint
             generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-            order = torch.randperm(n, generator=generator).to(self.device)
+            order = repeat_order(torch.randperm(n, generator=generator), self.repeats).to(self.device)
         return order[self.rank :: self.world_size]
 
     def _full_len(self) -> int:

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from vit.data.datasets import DataError, Splits, build_splits
 from vit.data.gpu_loader import GpuLoader, cached_split
+from vit.data.sampling import repeat_order
 from vit.data.transforms import mean_std, mixup_and_criterion, train_transform, val_transform
 
 LOADERS = ("auto", "torch", "gpu")
@@ -81,18 +82,25 @@ class ShardSampler(Sampler):
 
 class EpochSampler(DistributedSampler):
     """The train order: one permutation per (seed, epoch) shared by all ranks, rank r taking every
-    world_size-th index; `skip` starts the next epoch after samples already trained (a resume inside an epoch)."""
+    world_size-th index; `skip` starts the next epoch after samples already trained (a resume inside an epoch);
+    `repeats` > 1: repeated augmentation (`repeat_order`)."""
 
-    def __init__(self, dataset, world_size: int, rank: int, seed: int) -> None:
+    def __init__(self, dataset, world_size: int, rank: int, seed: int, repeats: int = 1) -> None:
         super().__init__(dataset, world_size, rank, shuffle=True, seed=seed, drop_last=True)
         self.skip = 0
+        self.repeats = repeats
 
     def set_epoch(self, epoch: int) -> None:
         super().set_epoch(epoch)
         self.skip = 0
 
     def __iter__(self):
-        indices = list(super().__iter__())
+        if self.repeats <= 1:
+            indices = list(super().__iter__())
+        else:  # DistributedSampler's permutation and sharding, with the repeats in between
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = repeat_order(torch.randperm(len(self.dataset), generator=generator), self.repeats)
+            indices = order[: self.total_size][self.rank : self.total_size : self.num_replicas].tolist()
         return iter(indices[self.skip :])
 
     def __len__(self) -> int:
@@ -105,7 +113,7 @@ def _torch_loader(dataset, cfg, *, train, device, seed, rank, world_size, batch_
     if train:
         # Also with one process: the permutation is then the same for every world size, and global batch k
         # (rank r takes every world_size-th index) holds the same images whether 1 or N processes train.
-        sampler = EpochSampler(dataset, world_size, rank, seed)
+        sampler = EpochSampler(dataset, world_size, rank, seed, repeats=int(cfg.get("repeated_aug") or 1))
     else:
         sampler = ShardSampler(len(dataset), rank, world_size)
     generator = torch.Generator().manual_seed(seed)

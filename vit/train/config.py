@@ -45,6 +45,7 @@ NUMERIC_KEYS = {
             "num_workers",
             "limit_train_samples",
             "limit_val_samples",
+            "repeated_aug",
             "augment.pad",
             "augment.policy_chunk",
             "synthetic.num_train",
@@ -220,6 +221,8 @@ def validate(cfg: DictConfig) -> None:
             f"model.num_classes={model_classes} is less than data.num_classes={data.num_classes}: training needs "
             "an output per class (null: the data's count)",
         )
+    repeats = data.get("repeated_aug")
+    _require(repeats is None or int(repeats) >= 1, f"data.repeated_aug={repeats} must be >= 1 (1: off)")
     for key in ("limit_train_samples", "limit_val_samples"):
         value = data.get(key)
         _require(value is None or int(value) >= 1, f"data.{key}={value} must be >= 1 or null")
