@@ -3,6 +3,7 @@
 import json
 import math
 import tarfile
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -256,3 +257,22 @@ def test_val_every_n_epochs_evaluates_only_when_due(tmp_path):
     # A run stopped by trainer.stop_after_epoch is evaluated where it stops, so each slice reports.
     sliced = run(compose_config([*base, "trainer.stop_after_epoch=3"]), output_dir=tmp_path / "sliced")
     assert [r["epoch"] for r in sliced["history"] if r["val_top1"] is not None] == [2, 3]
+
+
+MODULE_IMPORTED_AT = time.perf_counter()
+
+
+def test_the_command_line_clock_starts_with_the_process_and_a_python_call_at_the_call(tmp_path, monkeypatch):
+    import importlib
+
+    run_module = importlib.import_module("vit.train.run")  # the module (vit.train's `run` is the function)
+
+    monkeypatch.setattr(run_module, "_count_from_process_start", False)
+    # Called from Python (notebook, test): the clock starts at the call, not when the interpreter started.
+    start = time.perf_counter()
+    metrics = run(compose_config([*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.device=cpu", "trainer.epochs=1"]), tmp_path)
+    assert 0 < metrics["wall_time_s"] <= time.perf_counter() - start
+    # train.py's process: the first run's clock includes the process's life before it (imports, composition)...
+    run_module.count_from_process_start()
+    assert run_module.startup_seconds() >= time.perf_counter() - MODULE_IMPORTED_AT
+    assert run_module.startup_seconds() == 0.0  # ...and only the first run's (a multirun's later jobs start at 0)

@@ -275,6 +275,9 @@ def train_main() -> None:
     import hydra
 
     from vit.train.distributed import worker_hydra_overrides
+    from vit.train.run import count_from_process_start
+
+    count_from_process_start()  # this process exists for the run: its wall time counts from the process start
 
     check_group_choices(sys.argv[1:])
     sys.argv[1:] = without_null_groups(sys.argv[1:])

@@ -89,15 +89,23 @@ def hydra_output_dir() -> Path | None:
         return None
 
 
-_first_run_in_process = True
+# Set by the command line (train.py, vit-train): its process exists for the run, so the run's clock starts with
+# the process. A `run()` called from a notebook or a test starts its clock at the call.
+_count_from_process_start = False
+
+
+def count_from_process_start() -> None:
+    global _count_from_process_start
+    _count_from_process_start = True
 
 
 def startup_seconds() -> float:
-    """Seconds this process lived before its first `run` (0 for later runs, and where /proc is not there)."""
-    global _first_run_in_process
-    if not _first_run_in_process:
+    """Seconds the command-line process lived before its first `run` (imports, config composition); 0 for later
+    runs (a multirun sweep's), for `run()` called from Python, and where /proc is not there."""
+    global _count_from_process_start
+    if not _count_from_process_start:
         return 0.0
-    _first_run_in_process = False
+    _count_from_process_start = False
     try:  # field 22 of /proc/self/stat: the start time in clock ticks after boot; /proc/uptime: now after boot
         start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
         uptime = float(Path("/proc/uptime").read_text().split()[0])
@@ -115,8 +123,8 @@ def run(
     (`output_dir`, else Hydra's). Returns the metrics written to metrics.json.
     `train_loader_wrapper`: wraps the train loader (the end-to-end benchmark's real and static epochs,
     vit/analysis/e2e.py)."""
-    # Wall time counts from the process start (imports, config composition) for the first run of a process: the
-    # recipes' time goals are "process start to final evaluation". Later runs of a multirun sweep count from here.
+    # Wall time counts from the process start (imports, config composition) for the first run of a train.py process:
+    # the recipes' time goals are "process start to final evaluation". Other runs count from here.
     wall_start = time.perf_counter() - startup_seconds()
     validate(cfg)
     own_dir = Path(output_dir) if output_dir is not None else hydra_output_dir()
