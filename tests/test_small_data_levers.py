@@ -267,3 +267,50 @@ def test_both_levers_overfit_a_fixed_batch():
         losses.append(loss.item())
     assert losses[-1] < 0.25 * losses[0], losses
     assert not torch.equal(model.blocks[0].attn.scale.detach(), start)  # the temperature is trained too
+
+
+# ---------------------------------------------------------------- T2T-style overlapping soft split
+
+
+@pytest.mark.parametrize("patch", [1, 2, 3, 4, 16])
+def test_overlapping_tokens_are_t2ts_unfold_windows_projected(patch):
+    """Built the way the official T2T code builds its soft split: nn.Unfold(kernel, stride, padding), then a Linear
+    on each column, then LayerNorm; the conv's weights reshaped into that Linear must give the same tokens."""
+    from vit.models.layers import OverlappingPatchEmbed
+
+    torch.manual_seed(0)
+    size = 6 * patch  # a 6 x 6 grid of patches
+    embed = OverlappingPatchEmbed(size, patch, in_chans=3, embed_dim=24)
+    x = torch.randn(2, 3, size, size)
+    kernel = 2 * patch - 1
+    columns = nn.Unfold(kernel_size=kernel, stride=patch, padding=patch // 2)(x)  # (B, 3 * k * k, N)
+    assert columns.shape[-1] == (size // patch) ** 2 == embed.num_patches  # the plain ViT's grid
+    linear = embed.proj.weight.reshape(24, -1)  # (C, 3 * k * k), unfold's (channel, row, col) order
+    tokens = columns.transpose(1, 2) @ linear.T + embed.proj.bias  # (B, N, C)
+    expected = nn.functional.layer_norm(tokens, (24,), embed.norm.weight, embed.norm.bias)
+    torch.testing.assert_close(embed(x), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_overlap_at_patch_4_is_t2ts_first_soft_split():
+    from vit.models.layers import OverlappingPatchEmbed
+
+    proj = OverlappingPatchEmbed(32, 4, 3, 64).proj
+    assert (proj.kernel_size, proj.stride, proj.padding) == ((7, 7), (4, 4), (2, 2))  # T2T: Unfold(7, 4, 2)
+
+
+def test_overlap_is_a_config_choice_and_keeps_the_encoder():
+    cfg = compose_config(["model.patch_embed=overlap", "model.embed_dim=48", "model.depth=1", "model.num_heads=3"])
+    model = build_model_from_config(cfg.model, num_classes=10)
+    plain = build_model_from_config(
+        compose_config(["model.embed_dim=48", "model.depth=1", "model.num_heads=3"]).model, num_classes=10
+    )
+    ours = {k: v.shape for k, v in model.state_dict().items() if not k.startswith("patch_embed.")}
+    assert ours == {k: v.shape for k, v in plain.state_dict().items() if not k.startswith("patch_embed.")}
+    # Weights: (2p - 1)^2 * 3 * C + C (conv) + 2C (norm), against p^2 * 3 * C + C.
+    count = lambda m: sum(p.numel() for p in m.patch_embed.parameters())  # noqa: E731
+    assert count(model) == 49 * 3 * 48 + 48 + 2 * 48 and count(plain) == 16 * 3 * 48 + 48
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    model.patch_embed.dynamic_img_size = True  # progressive resizing: smaller images, still whole patches
+    assert model.patch_embed(torch.randn(2, 3, 16, 16)).shape == (2, 16, 48)
+    with pytest.raises(ConfigError, match=r"patch_embed='overlapping' must be one of \('standard', 'spt', 'overlap'\)"):
+        build_model_from_config(compose_config(["model.patch_embed=overlapping"]).model, num_classes=10)

@@ -149,6 +149,43 @@ class ShiftedPatchEmbed(PatchGrid):
         return self.proj(self.norm(x))  # (B, N, embed_dim)
 
 
+class OverlappingPatchEmbed(PatchGrid):
+    """T2T-style soft split as a ViT tokeniser: each token sees a (2p - 1) x (2p - 1) window centred on its p x p
+    patch, overlapping each neighbour's by p - 1 pixels, instead of the patch alone.
+
+    The first soft split of T2T-ViT (Yuan et al. 2021) is an unfold with kernel 7, stride 4, padding 2; here the
+    same window for any patch size (kernel 2p - 1, stride p, padding p // 2, so the grid stays (H / p, W / p)),
+    projected by a Conv2d (an unfold followed by a Linear, in one op) and LayerNorm'ed as the token transformer
+    that follows T2T's unfold would. For CIFAR's ViT/4 (32 px, N = 64):
+
+        x                                  (B, 3, 32, 32)
+        proj: Conv2d k=7, s=4, p=2         (B, C, 8, 8)        each output sees 7 x 7 pixels, 3 shared per side
+        flatten, norm                      (B, 64, C)
+
+    Same `grid_size` and `num_patches` as `PatchEmbed`, so the position table and the encoder are unchanged; the
+    projection has (2p - 1)^2 / p^2 (3.1x at p = 4) the weights of the plain one, and timm's patch weights do not
+    load into it.
+    """
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int | tuple[int, int] = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+    ) -> None:
+        super().__init__(img_size, patch_size, in_chans)
+        kernel = tuple(2 * p - 1 for p in self.patch_size)
+        padding = tuple(p // 2 for p in self.patch_size)
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=kernel, stride=self.patch_size, padding=padding)
+        self.norm = nn.LayerNorm(embed_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        x = self.proj(x)  # (B, embed_dim, H/p, W/p)
+        return self.norm(x.flatten(2).transpose(1, 2))  # (B, N, embed_dim), patches in row-major order
+
+
 class Mlp(nn.Module):
     """Token-wise feed-forward: fc1 -> GELU -> dropout -> fc2 -> dropout. (B, N, C) -> (B, N, out)."""
 

@@ -18,13 +18,20 @@ import torch
 from torch import nn
 from torch.nn.init import trunc_normal_
 
-from vit.models.layers import PatchEmbed, ShiftedPatchEmbed, check_encoder_args, encoder_blocks
+from vit.models.layers import (
+    OverlappingPatchEmbed,
+    PatchEmbed,
+    ShiftedPatchEmbed,
+    check_encoder_args,
+    encoder_blocks,
+)
 from vit.models.pos_embed import make_pos_embed, resample_pos_embed
 from vit.models.registry import register_model
 
 GLOBAL_POOLS = ("token", "avg")
-# How the image becomes tokens: timm's Conv2d patches, or Shifted Patch Tokenization (docs/LEVERS.md).
-PATCH_EMBEDS = {"standard": PatchEmbed, "spt": ShiftedPatchEmbed}
+# How the image becomes tokens: timm's Conv2d patches, Shifted Patch Tokenization, or T2T-style overlapping
+# windows (docs/LEVERS.md).
+PATCH_EMBEDS = {"standard": PatchEmbed, "spt": ShiftedPatchEmbed, "overlap": OverlappingPatchEmbed}
 
 
 class VisionTransformer(nn.Module):
@@ -46,7 +53,8 @@ class VisionTransformer(nn.Module):
         dynamic_img_size: accept images of other sizes (sides multiples of `patch_size`): the position table is
             resampled (bicubic) to the input's patch grid in `forward`, as timm's `dynamic_img_size` does. The
             trainer switches it on for progressive resizing; the parameters and state dict do not change.
-        patch_embed: "standard" (timm's PatchEmbed) or "spt" (Shifted Patch Tokenization, `ShiftedPatchEmbed`).
+        patch_embed: "standard" (timm's PatchEmbed), "spt" (Shifted Patch Tokenization, `ShiftedPatchEmbed`) or
+            "overlap" (T2T-style overlapping windows, `OverlappingPatchEmbed`).
         lsa: Locality Self-Attention in every block: learned temperature, no token attends to itself.
             `patch_embed` and `lsa` are the two levers of Lee, Lee & Song 2021 for small data sets
             (docs/LEVERS.md); both off, the model and its state dict are timm's.
