@@ -22,6 +22,7 @@ class ConfigError(ValueError):
 AMP_MODES = ("bf16", "fp16", "none")
 DEVICES = ("auto", "cpu", "cuda")
 PROGRESS = ("auto", "bar", "log")
+COMPILE_SCOPES = ("model", "blocks")
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("cosine", "constant")
 
@@ -265,6 +266,8 @@ def validate(cfg: DictConfig) -> None:
         trainer.compile in (True, False, "auto"), f"trainer.compile={trainer.compile!r} must be true, false or auto"
     )
     _require(trainer.progress in PROGRESS, f"trainer.progress={trainer.progress!r} must be one of {PROGRESS}")
+    scope = trainer.get("compile_scope", "model")
+    _require(scope in COMPILE_SCOPES, f"trainer.compile_scope={scope!r} must be one of {COMPILE_SCOPES}")
     _require(int(trainer.accum_steps) >= 1, f"trainer.accum_steps={trainer.accum_steps} must be >= 1")
     _require(int(trainer.log_every_n_steps) >= 1, f"trainer.log_every_n_steps={trainer.log_every_n_steps} must be >= 1")
     _require(0.0 < float(trainer.ema_decay) < 1.0, f"trainer.ema_decay={trainer.ema_decay} must be in (0, 1)")

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vit.train.compile import eager
 from vit.train.distributed import Distributed
 from vit.train.progressive import resize_batch
 
@@ -240,12 +241,17 @@ def evaluate(
     Under torchrun each rank evaluates its shard and the sums are all-reduced: every rank gets the totals.
     `flip`: test-time augmentation, the class probabilities averaged over each image and its mirror image."""
     model.eval()
+    ctx = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
+    with eager():  # blocks compiled in place for training (trainer.compile_scope=blocks) evaluate eagerly
+        return _evaluate(model, loader, device, ctx, limit_batches, num_classes, dist, flip)
+
+
+def _evaluate(model, loader, device, ctx, limit_batches, num_classes, dist, flip) -> dict:
     correct1 = torch.zeros((), device=device, dtype=torch.long)
     correct5 = torch.zeros((), device=device, dtype=torch.long)
     loss_sum = torch.zeros((), device=device)
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.long, device=device) if num_classes else None
     count = 0
-    ctx = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
     for i, (images, targets) in enumerate(loader):
         if limit_batches is not None and i >= limit_batches:
             break

@@ -39,6 +39,7 @@ from vit.train.checkpoint import (
     set_rng_state,
     training_state,
 )
+from vit.train.compile import compile_blocks, eager
 from vit.train.config import ConfigError, build_model_from_config, resolve_device, validate
 from vit.train.distributed import Distributed, setup_distributed
 from vit.train.logger import Console, TensorBoard, attention_image, flat_hparams
@@ -201,11 +202,15 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed,
     step_model = ddp if ddp is not None else model
     if use_compile and resize is not None:
         allow_recompiles(len(set(resize.sizes(epochs))))
+    # Progressive resizing: one static-shape graph per image size (dynamic shapes would cost speed every step).
+    compile_dynamic = False if dynamic else None
+    compiled = step_model
+    if use_compile and tcfg.get("compile_scope", "model") == "blocks":  # in place: same state dict, EMA untouched
+        compile_blocks(model, mode=tcfg.compile_mode, dynamic=compile_dynamic)
+    elif use_compile:
+        compiled = torch.compile(step_model, mode=tcfg.compile_mode, dynamic=compile_dynamic)
     ctx = StepContext(
-        # Progressive resizing: one static-shape graph per image size (dynamic shapes would cost speed every step).
-        model=torch.compile(step_model, mode=tcfg.compile_mode, dynamic=False if dynamic else None)
-        if use_compile
-        else step_model,
+        model=compiled,
         raw_model=model,
         optimizer=optimizer,
         scheduler=scheduler,
@@ -319,11 +324,9 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed,
             tb.scalars(scalars, ctx.step)
             attn_due = attn_every and ((epoch + 1) % attn_every == 0 or epoch + 1 == epochs)
             if main and attn_due and fixed_images is not None:
-                tb.image(
-                    "attention/heads_and_rollout",
-                    attention_image(model, fixed_images, bundle.mean, bundle.std),
-                    ctx.step,
-                )
+                with eager():  # blocks compiled in place (compile_scope=blocks) run eagerly for the figure
+                    image = attention_image(model, fixed_images, bundle.mean, bundle.std)
+                tb.image("attention/heads_and_rollout", image, ctx.step)
             console.end_epoch(
                 f"epoch {epoch + 1}/{epochs}: train loss {train['loss']:.4f}, {train['img_per_s']:,.0f} img/s"
                 + (f" at {ctx.train_img_size} px" if ctx.train_img_size is not None else "")
