@@ -182,13 +182,14 @@ def _per_sample(values: torch.Tensor, dims: int = 4) -> torch.Tensor:
 @functools.lru_cache(maxsize=16)
 def _grid_constants(height: int, width: int, device: torch.device) -> dict[str, torch.Tensor]:
     """Made once per image size and device (a tensor made from Python values on CUDA is a blocking copy: a host
-    sync per batch otherwise): x_out (1, W) and y_out (H, 1), the output pixels' coordinates relative to the image
-    centre, and half_size (2,), the divisor to grid_sample's [-1, 1] (torchvision's `_affine_grid`)."""
-    constants = {
-        "x_out": torch.linspace((1.0 - width) * 0.5, (width - 1.0) * 0.5, steps=width).view(1, width),
-        "y_out": torch.linspace((1.0 - height) * 0.5, (height - 1.0) * 0.5, steps=height).view(height, 1),
-        "half_size": torch.tensor([0.5 * width, 0.5 * height]),
-    }
+    sync per batch otherwise), as torchvision's `_affine_grid` makes them: base (1, H * W, 3), each output pixel's
+    homogeneous coordinates (x, y, 1) relative to the image centre, and half_size (1, 1, 2), the divisor to
+    grid_sample's [-1, 1]."""
+    base = torch.empty(1, height, width, 3)
+    base[..., 0].copy_(torch.linspace((1.0 - width) * 0.5, (width - 1.0) * 0.5, steps=width))
+    base[..., 1].copy_(torch.linspace((1.0 - height) * 0.5, (height - 1.0) * 0.5, steps=height).unsqueeze(-1))
+    base[..., 2].fill_(1.0)
+    constants = {"base": base.view(1, height * width, 3), "half_size": torch.tensor([[[0.5 * width, 0.5 * height]]])}
     return {name: t.to(device) for name, t in constants.items()}
 
 
@@ -206,7 +207,7 @@ def _member(names: tuple[str, ...], device: torch.device) -> torch.Tensor:
 
 def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """a * b + c for float32 tensors, rounded once to float32, as the fused multiply-add that torch's
-    `c.add_(a, alpha=b)` is on AVX2/AVX-512 CPUs and CUDA (and a GEMM's accumulation). Done in float64, where the
+    `c.add_(a, alpha=b)` is on AVX2/AVX-512 CPUs and CUDA. Done in float64, where the
     product of two float32 values is exact. A separate multiply and add would differ on ~0.04% of the pixels."""
     return (a.double() * b.double() + c.double()).float()
 
@@ -265,15 +266,15 @@ def affine_theta(ops: torch.Tensor, magnitude: torch.Tensor, height: int, width:
 def warp(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     """uint8 (n, C, H, W) and float32 (n, 2, 3) inverse matrices -> uint8 (n, C, H, W): nearest neighbour, 0 outside
     the image (torchvision's `_affine_grid` + `_apply_grid_transform` with fill=None)."""
-    constants = _grid_constants(*x.shape[-2:], x.device)
+    n, _, height, width = x.shape
+    constants = _grid_constants(height, width, x.device)
     # A tensor divisor, as torchvision's: CUDA divides by a Python scalar as a multiply by its reciprocal.
-    rescaled = theta.div(constants["half_size"].view(1, 2, 1))[..., None, None]  # (n, 2, 3, 1, 1): to [-1, 1]
-    # torchvision multiplies (x, y, 1) by the matrix in a bmm, which sums as a GEMM does: x * m0, then a fused
-    # multiply-add of y * m1, then + m2. The same here elementwise: a bmm would run in TF32 on CUDA where the
-    # trainer allows it, moving coordinates by ~0.01 px.
-    x_part = constants["x_out"] * rescaled[:, :, 0]  # (n, 2, 1, W)
-    partial = _fma(constants["y_out"], rescaled[:, :, 1], x_part)  # (n, 2, H, W)
-    grid = (partial + rescaled[:, :, 2]).permute(0, 2, 3, 1)  # (n, H, W, 2): the input (x, y) of each output pixel
+    rescaled = theta.transpose(1, 2).div(constants["half_size"])  # (n, 3, 2): to [-1, 1]
+    # The same float32 bmm as torchvision's: how a GEMM sums x * m0 + y * m1 + m2 (the order, fused multiply-adds
+    # or not) depends on the BLAS and the CPU: an elementwise copy of one dev machine's order picked the neighbouring
+    # pixel for ~0.01% of the sheared pixels on another (an AMD EPYC); only the same operation gives the same grid
+    # everywhere. Like torchvision's, it runs in TF32 on CUDA where the process allows TF32.
+    grid = constants["base"].expand(n, -1, -1).bmm(rescaled).view(n, height, width, 2)  # input (x, y) per pixel
     out = F.grid_sample(x.float(), grid, mode="nearest", padding_mode="zeros", align_corners=False)
     return out.round_().to(torch.uint8)
 
