@@ -353,3 +353,51 @@ def test_seed_rows_give_mean_and_range_per_setting(tmp_path):
     assert header == ["model.patch_size", "seeds", "final top-1 mean", "min - max", "wall s mean"]
     assert rows == [["4", "2", "80.50", "80.00 - 81.00", "60"], ["8", "2", "71.50", "70.00 - 73.00", "62"]]
     assert seed_rows(read_runs(tmp_path / "0")) is None  # one run: no seed sweep
+
+
+def test_holdout_runs_show_their_split_ema_and_test_accuracy(tmp_path):
+    """Runs with data.holdout and EMA: the per-epoch columns say "holdout", and the EMA's final accuracy and the
+    test split (read once after training) get columns and seed means of their own."""
+    from vit.analysis.runs import read_runs, seed_rows
+
+    model = {"name": "vit_tiny", "embed_dim": 96, "num_heads": 3}
+    values = {
+        ("standard", "0"): (60.0, 61.0, 58.0),
+        ("standard", "1"): (62.0, 64.0, 59.0),
+        ("spt", "0"): (65.0, 66.0, 63.0),
+    }
+    for i, ((embed, seed), (val, ema, test)) in enumerate(values.items()):
+        metrics = {
+            "val_split": "holdout",
+            "final": {"val_top1": val, "val_ema_top1": ema},
+            "best": {"val_top1": val},
+            "test": {"split": "test", "top1": test, "ema_top1": test + 1.0},
+            "wall_time_s": 100.0,
+        }
+        fake_run(tmp_path / str(i), [f"model.patch_embed={embed}", f"trainer.seed={seed}"], model, metrics)
+    records = read_runs(tmp_path)
+    header, rows = summary_rows(records)
+    assert header[-6:] == [
+        "final holdout top-1",
+        "best holdout top-1",
+        "final EMA top-1",
+        "test top-1",
+        "test EMA top-1",
+        "wall s",
+    ]
+    assert rows[1][-6:] == ["62.00", "62.00", "64.00", "59.00", "60.00", "100"]
+    header, rows = seed_rows(records)
+    assert header == [
+        "model.patch_embed",
+        "seeds",
+        "final holdout top-1 mean",
+        "min - max",
+        "final EMA top-1 mean",
+        "test top-1 mean",
+        "test EMA top-1 mean",
+        "wall s mean",
+    ]
+    assert rows == [
+        ["standard", "2", "61.00", "60.00 - 62.00", "62.50", "58.50", "59.50", "100"],
+        ["spt", "1", "65.00", "65.00 - 65.00", "66.00", "63.00", "64.00", "100"],
+    ]

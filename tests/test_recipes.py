@@ -70,3 +70,29 @@ def test_recipe_trains_a_few_steps_on_cpu(name, cifar_like_tree, tmp_path):
         assert sizes[0] == resize["min_size"] and sizes[-1] == 32
     else:
         assert all("train_img_size" not in r for r in metrics["history"])
+
+
+def test_cpu_proxy_screens_on_a_holdout_and_reports_the_test_split_once(cifar_like_tree, tmp_path):
+    """experiment=cifar10_proxy (docs/RESULTS.md, lever screening on the CPU): per-epoch numbers on a slice held out
+    of the training set, the test split read once after training, EMA measured beside the raw weights."""
+    cfg = compose_config(["experiment=cifar10_proxy", "data=imagefolder", f"data.root={cifar_like_tree}"])
+    validate(cfg)
+    assert (cfg.data.holdout, cfg.data.limit_train_samples, cfg.data.loader) == (2000, 10000, "gpu")
+    overrides = [
+        "experiment=cifar10_proxy",
+        "data=imagefolder",
+        f"data.root={cifar_like_tree}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "data.holdout=10",  # of the tree's 40 training images
+        "data.limit_train_samples=20",
+        "data.num_workers=0",
+        "data.batch_size=8",
+        "trainer.device=cpu",
+        "trainer.epochs=2",
+        "trainer.save_checkpoints=false",
+    ]
+    metrics = run(compose_config(overrides), output_dir=tmp_path / "run")
+    assert metrics["val_split"] == "holdout" and metrics["test"]["split"] == "test"
+    assert metrics["loader"] == "gpu"
+    assert [r["val_top1"] is None for r in metrics["history"]] == [True, False]  # val_every_n_epochs: 2
+    assert "ema_top1" in metrics["test"]

@@ -28,6 +28,20 @@ class RunRecord:
         best = (self.metrics.get("best") or {}).get("val_top1")
         return best if best is not None else (max(v for _, v in self.val_top1_curve) if self.val_top1_curve else None)
 
+    @property
+    def final_ema_top1(self) -> float | None:
+        """The EMA weights' top-1 after the last epoch (trainer.ema), evaluated beside the raw weights."""
+        return (self.metrics.get("final") or {}).get("val_ema_top1")
+
+    @property
+    def test_top1(self) -> float | None:
+        """With data.holdout: the test split, read once after training (the per-epoch numbers are the holdout's)."""
+        return (self.metrics.get("test") or {}).get("top1")
+
+    @property
+    def test_ema_top1(self) -> float | None:
+        return (self.metrics.get("test") or {}).get("ema_top1")
+
 
 NULLS = ("null", "None", "~", "")
 
@@ -98,26 +112,55 @@ def swept_keys(records: list[RunRecord]) -> list[str]:
     return [k for k in keys if len({r.overrides.get(k) for r in records}) > 1]
 
 
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _split_label(records: list[RunRecord]) -> str:
+    """ "holdout " when every run evaluated a slice held out of the training set (data.holdout), else ""."""
+    splits = {r.metrics.get("val_split") for r in records}
+    return "holdout " if splits == {"holdout"} else ""
+
+
+def _extra_accuracies(records: list[RunRecord]) -> list[tuple[str, str]]:
+    """(column, RunRecord property) for the accuracies some run has: EMA, and the test split read after training."""
+    columns = [
+        ("final EMA top-1", "final_ema_top1"),
+        ("test top-1", "test_top1"),
+        ("test EMA top-1", "test_ema_top1"),
+    ]
+    return [(name, attr) for name, attr in columns if any(getattr(r, attr) is not None for r in records)]
+
+
 def summary_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
     knobs = swept_keys(records)
-    header = ["run", *knobs, "params (M)", "GFLOPs", "img/s", "final top-1", "best top-1", "wall s"]
+    split = _split_label(records)
+    extras = _extra_accuracies(records)
+    header = [
+        "run",
+        *knobs,
+        "params (M)",
+        "GFLOPs",
+        "img/s",
+        f"final {split}top-1",
+        f"best {split}top-1",
+        *[name for name, _ in extras],
+        "wall s",
+    ]
     rows = []
     for record in records:
         m = record.metrics
-
-        def fmt(value, spec):
-            return "-" if value is None else format(value, spec)
-
         rows.append(
             [
                 record.name,
                 *[record.overrides.get(k, "-") for k in knobs],
-                fmt(m.get("params") and m["params"] / 1e6, ".2f"),
-                fmt(m.get("macs") and 2 * m["macs"] / 1e9, ".3f"),
-                fmt(m.get("train_img_per_s"), ",.0f"),
-                fmt(record.final_top1, ".2f"),
-                fmt(record.best_top1, ".2f"),
-                fmt(m.get("wall_time_s"), ".0f"),
+                _fmt(m.get("params") and m["params"] / 1e6, ".2f"),
+                _fmt(m.get("macs") and 2 * m["macs"] / 1e9, ".3f"),
+                _fmt(m.get("train_img_per_s"), ",.0f"),
+                _fmt(record.final_top1, ".2f"),
+                _fmt(record.best_top1, ".2f"),
+                *[_fmt(getattr(record, attr), ".2f") for _, attr in extras],
+                _fmt(m.get("wall_time_s"), ".0f"),
             ]
         )
     return header, rows
@@ -134,7 +177,8 @@ SEED_KEY = "trainer.seed"
 
 def seed_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]] | None:
     """The runs of a sweep that also varies `trainer.seed`, grouped by their other knobs: the number of seeds,
-    the mean final top-1 with its min-max range, and the mean wall time. None when the seed is not swept."""
+    the mean final top-1 with its min-max range, the means of the EMA and test-split accuracies where the runs have
+    them, and the mean wall time. None when the seed is not swept."""
     knobs = swept_keys(records)
     if SEED_KEY not in knobs:
         return None
@@ -142,18 +186,35 @@ def seed_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]] | N
     groups: dict[tuple, list[RunRecord]] = {}
     for record in records:
         groups.setdefault(tuple(record.overrides.get(k, "-") for k in others), []).append(record)
-    header = [*others, "seeds", "final top-1 mean", "min - max", "wall s mean"]
+    extras = _extra_accuracies(records)
+    split = _split_label(records)
+    header = [
+        *others,
+        "seeds",
+        f"final {split}top-1 mean",
+        "min - max",
+        *[f"{n} mean" for n, _ in extras],
+        "wall s mean",
+    ]
+
+    def mean(values: list[float], spec: str) -> str:
+        return format(sum(values) / len(values), spec) if values else "-"
+
     rows = []
     for key, group in groups.items():
         finals = [r.final_top1 for r in group if r.final_top1 is not None]
         walls = [r.metrics["wall_time_s"] for r in group if r.metrics.get("wall_time_s") is not None]
+        extra_means = []
+        for _, attr in extras:
+            extra_means.append(mean([v for r in group if (v := getattr(r, attr)) is not None], ".2f"))
         rows.append(
             [
                 *key,
                 str(len(finals)),
-                f"{sum(finals) / len(finals):.2f}" if finals else "-",
+                mean(finals, ".2f"),
                 f"{min(finals):.2f} - {max(finals):.2f}" if finals else "-",
-                f"{sum(walls) / len(walls):.0f}" if walls else "-",
+                *extra_means,
+                mean(walls, ".0f"),
             ]
         )
     return header, rows
