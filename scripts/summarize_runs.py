@@ -1,7 +1,8 @@
 """Summarise a Hydra multirun: `python scripts/summarize_runs.py multirun/<date>/<time> [out=<folder>]`.
 
-Writes summary.md (one row per run: swept knobs, params, FLOPs, img/s, final/best val top-1, wall time; when
-`trainer.seed` is swept too, each setting's mean and min-max over the seeds) and summary.png (val top-1 against
+Writes summary.md (one row per run: swept knobs, params, FLOPs, img/s, final/best val top-1, the EMA's and the
+test split's top-1 where runs have them, wall time; when `trainer.seed` is swept too, each setting's mean and
+min-max over the seeds; a screen of more than three unrelated knobs gets one "overrides" column) and summary.png (val top-1 against
 the swept knob) into the multirun folder (or `out=`), and prints the table.
 """
 

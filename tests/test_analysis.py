@@ -401,3 +401,40 @@ def test_holdout_runs_show_their_split_ema_and_test_accuracy(tmp_path):
         ["standard", "2", "61.00", "60.00 - 62.00", "62.50", "58.50", "59.50", "100"],
         ["spt", "1", "65.00", "65.00 - 65.00", "66.00", "63.00", "64.00", "100"],
     ]
+
+
+def test_a_screen_of_many_levers_gets_one_overrides_column(tmp_path):
+    """Runs that each set other keys (a lever screen, not a sweep of one knob): one column naming each run's own
+    swept overrides, and the seeds of a lever grouped together."""
+    from vit.analysis.runs import read_runs, seed_rows
+
+    model = {"name": "vit_tiny", "embed_dim": 96, "num_heads": 3}
+    levers = {
+        "base": [],
+        "spt_lsa": ["model.patch_embed=spt", "model.lsa=true"],
+        "erase": ["data.augment.re_prob=0.25"],
+        "noaug": ["data.augment.auto_augment=null"],
+    }
+    for i, (name, overrides) in enumerate(levers.items()):
+        for seed in (0, 1):
+            metrics = {"final": {"val_top1": 50.0 + i + seed}, "wall_time_s": 10.0}
+            fake_run(
+                tmp_path / name / f"seed{seed}",
+                ["experiment=cifar10_proxy", *overrides, f"trainer.seed={seed}"],
+                model,
+                metrics,
+            )
+    records = read_runs(tmp_path)
+    header, rows = summary_rows(records)
+    assert header[:2] == ["run", "overrides"]
+    by_run = {row[0]: row[1] for row in rows}
+    assert by_run["base/seed0"] == "trainer.seed=0"
+    assert by_run["spt_lsa/seed1"] == "model.lsa=true model.patch_embed=spt trainer.seed=1"
+    header, rows = seed_rows(records)
+    assert header[:3] == ["overrides", "seeds", "final top-1 mean"]
+    assert [row[:4] for row in rows] == [
+        ["-", "2", "50.50", "50.00 - 51.00"],
+        ["data.augment.re_prob=0.25", "2", "52.50", "52.00 - 53.00"],
+        ["data.augment.auto_augment=null", "2", "53.50", "53.00 - 54.00"],
+        ["model.lsa=true model.patch_embed=spt", "2", "51.50", "51.00 - 52.00"],
+    ]

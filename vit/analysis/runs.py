@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -132,13 +133,28 @@ def _extra_accuracies(records: list[RunRecord]) -> list[tuple[str, str]]:
     return [(name, attr) for name, attr in columns if any(getattr(r, attr) is not None for r in records)]
 
 
+MAX_KNOB_COLUMNS = 3  # more swept keys than this (a screen of unrelated levers): one "overrides" column instead
+
+
+def knob_cells(records: list[RunRecord], knobs: list[str]) -> tuple[list[str], Callable[[RunRecord], list[str]]]:
+    """The header and a row's cells for the swept `knobs`: a column each, or, for a screen of many unrelated levers
+    (each run setting one or two of many keys), one column with the run's own swept overrides ("-": none of them)."""
+    if len(knobs) <= MAX_KNOB_COLUMNS:
+        return knobs, lambda record: [record.overrides.get(k, "-") for k in knobs]
+
+    def overrides(record: RunRecord) -> list[str]:
+        return [" ".join(f"{k}={record.overrides[k]}" for k in knobs if k in record.overrides) or "-"]
+
+    return ["overrides"], overrides
+
+
 def summary_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
-    knobs = swept_keys(records)
+    knob_header, cells = knob_cells(records, swept_keys(records))
     split = _split_label(records)
     extras = _extra_accuracies(records)
     header = [
         "run",
-        *knobs,
+        *knob_header,
         "params (M)",
         "GFLOPs",
         "img/s",
@@ -153,7 +169,7 @@ def summary_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
         rows.append(
             [
                 record.name,
-                *[record.overrides.get(k, "-") for k in knobs],
+                *cells(record),
                 _fmt(m.get("params") and m["params"] / 1e6, ".2f"),
                 _fmt(m.get("macs") and 2 * m["macs"] / 1e9, ".3f"),
                 _fmt(m.get("train_img_per_s"), ",.0f"),
@@ -182,14 +198,14 @@ def seed_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]] | N
     knobs = swept_keys(records)
     if SEED_KEY not in knobs:
         return None
-    others = [k for k in knobs if k != SEED_KEY]
+    knob_header, cells = knob_cells(records, [k for k in knobs if k != SEED_KEY])
     groups: dict[tuple, list[RunRecord]] = {}
     for record in records:
-        groups.setdefault(tuple(record.overrides.get(k, "-") for k in others), []).append(record)
+        groups.setdefault(tuple(cells(record)), []).append(record)
     extras = _extra_accuracies(records)
     split = _split_label(records)
     header = [
-        *others,
+        *knob_header,
         "seeds",
         f"final {split}top-1 mean",
         "min - max",
