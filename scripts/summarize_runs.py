@@ -2,8 +2,8 @@
 
 Writes summary.md (one row per run: swept knobs, params, FLOPs, img/s, final/best val top-1, the EMA's and the
 test split's top-1 where runs have them, wall time; when `trainer.seed` is swept too, each setting's mean and
-min-max over the seeds; a screen of more than three unrelated knobs gets one "overrides" column) and summary.png (val top-1 against
-the swept knob) into the multirun folder (or `out=`), and prints the table.
+min-max over the seeds; a screen of more than three unrelated knobs gets one "overrides" column) and summary.png
+(val top-1 against the swept knob) into the multirun folder (or `out=`), and prints the table.
 """
 
 from __future__ import annotations
