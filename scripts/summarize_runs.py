@@ -3,7 +3,8 @@
 Writes summary.md (one row per run: swept knobs, params, FLOPs, img/s, final/best val top-1, the EMA's and the
 test split's top-1 where runs have them, wall time; when `trainer.seed` is swept too, each setting's mean and
 min-max over the seeds; a screen of more than three unrelated knobs gets one "overrides" column) and summary.png
-(val top-1 against the swept knob) into the multirun folder (or `out=`), and prints the table.
+(val top-1 against the swept knob; for a screen, each setting's seeds in a row) into the multirun folder (or
+`out=`), and prints the table.
 """
 
 from __future__ import annotations
@@ -11,9 +12,17 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from vit.analysis.figures import sweep_figure
+from vit.analysis.figures import screen_figure, sweep_figure
 from vit.analysis.inputs import UsageError, parse_args, run_script
-from vit.analysis.runs import markdown_table, read_runs, seed_rows, summary_rows, swept_keys
+from vit.analysis.runs import (
+    MAX_KNOB_COLUMNS,
+    knob_cells,
+    markdown_table,
+    read_runs,
+    seed_rows,
+    summary_rows,
+    swept_keys,
+)
 
 
 def main(argv: list[str]) -> int:
@@ -33,7 +42,16 @@ def main(argv: list[str]) -> int:
         table += "\n\nOver seeds:\n\n" + markdown_table(*seeds)
     (out / "summary.md").write_text(f"# Sweep {sweep_dir}\n\n{table}\n")
     knobs = [k for k in swept_keys(records) if k != "trainer.seed"] or swept_keys(records)
-    sweep_figure(records, knobs, out / "summary.png")
+    if len(knobs) > MAX_KNOB_COLUMNS:  # a screen of unrelated levers: each setting's seeds in a row
+        _, cells = knob_cells(records, knobs)
+        settings: dict[str, list[float]] = {}
+        for record in records:
+            values = settings.setdefault(cells(record)[0], [])
+            if record.final_top1 is not None:
+                values.append(record.final_top1)
+        screen_figure(list(settings.items()), out / "summary.png")
+    else:
+        sweep_figure(records, knobs, out / "summary.png")
     print(table)
     return 0
 

@@ -198,3 +198,25 @@ def test_summarize_runs_on_a_real_multirun(tmp_path):
     assert all("-" not in cell for row in rows for cell in row.split("|")[3:-1])  # every metric was found
     assert_png(sweep / "summary.png")
     assert run_script(summarize.main, [str(tmp_path / "nothing")]) == 2
+
+
+def test_summarize_runs_of_a_lever_screen_plots_each_setting_in_a_row(tmp_path):
+    from test_analysis import fake_run
+
+    model = {"name": "vit_tiny", "embed_dim": 96, "num_heads": 3}
+    levers = {
+        "base": [],
+        "spt": ["model.patch_embed=spt"],
+        "lsa": ["model.lsa=true"],
+        "erase": ["data.augment.re_prob=0.25"],
+        "noaug": ["data.augment.auto_augment=null"],
+    }
+    for name, overrides in levers.items():
+        for seed in (0, 1):
+            metrics = {"final": {"val_top1": 40.0 + seed}, "wall_time_s": 10.0}
+            fake_run(tmp_path / name / f"seed{seed}", [*overrides, f"trainer.seed={seed}"], model, metrics)
+    assert run_script(_script("summarize_runs").main, [str(tmp_path)]) == 0
+    table = (tmp_path / "summary.md").read_text()
+    assert "| overrides | seeds | final top-1 mean |" in table and "| model.lsa=true | 2 | 40.50 |" in table
+    assert_png(tmp_path / "summary.png")
+    assert Image.open(tmp_path / "summary.png").height >= 0.4 * 5 * 100  # a row per setting

@@ -81,6 +81,25 @@ def sweep_figure(records, knobs: list[str], path: Path) -> Path:
     return save(fig, path)
 
 
+def screen_figure(settings: list[tuple[str, list[float]]], path: Path, xlabel: str = "final val top-1 (%)") -> Path:
+    """A lever screen: one row per setting (label, its seeds' final top-1), each seed a dot and the mean a bar,
+    with the first setting's mean (the baseline) as a dashed line, so each lever's gain reads against the seeds'
+    spread."""
+    fig, ax = plt.subplots(figsize=(7, 0.4 * len(settings) + 1.2), dpi=100)
+    for row, (_, values) in enumerate(settings):
+        ax.scatter(values, [row] * len(values), s=18, color="tab:blue", alpha=0.7, zorder=3)
+        if values:
+            ax.plot([np.mean(values)] * 2, [row - 0.3, row + 0.3], color="black", linewidth=2, zorder=4)
+    if settings and settings[0][1]:
+        ax.axvline(np.mean(settings[0][1]), color="grey", linestyle="--", linewidth=1)
+    ax.set_yticks(range(len(settings)), [label for label, _ in settings], fontsize=8)
+    ax.invert_yaxis()  # the baseline on top, in the table's order
+    ax.set_xlabel(xlabel)
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return save(fig, path)
+
+
 def save(fig, path):
     """Write `fig` to a path, or into a binary buffer (for TensorBoard), and close it."""
     if hasattr(path, "write"):

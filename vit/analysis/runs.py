@@ -133,13 +133,14 @@ def _extra_accuracies(records: list[RunRecord]) -> list[tuple[str, str]]:
     return [(name, attr) for name, attr in columns if any(getattr(r, attr) is not None for r in records)]
 
 
+SEED_KEY = "trainer.seed"
 MAX_KNOB_COLUMNS = 3  # more swept keys than this (a screen of unrelated levers): one "overrides" column instead
 
 
 def knob_cells(records: list[RunRecord], knobs: list[str]) -> tuple[list[str], Callable[[RunRecord], list[str]]]:
     """The header and a row's cells for the swept `knobs`: a column each, or, for a screen of many unrelated levers
     (each run setting one or two of many keys), one column with the run's own swept overrides ("-": none of them)."""
-    if len(knobs) <= MAX_KNOB_COLUMNS:
+    if len([k for k in knobs if k != SEED_KEY]) <= MAX_KNOB_COLUMNS:  # seeds are grouped, not levers
         return knobs, lambda record: [record.overrides.get(k, "-") for k in knobs]
 
     def overrides(record: RunRecord) -> list[str]:
@@ -186,9 +187,6 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
-
-
-SEED_KEY = "trainer.seed"
 
 
 def seed_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]] | None:
