@@ -239,6 +239,10 @@ def test_holdout_selects_and_the_test_split_is_reported_once_at_the_end(tmp_path
     for weights, key in (("false", "top1"), ("true", "ema_top1")):
         direct = evaluate_checkpoint([f"checkpoint={ckpt}", "data.holdout=null", f"ema={weights}"])
         assert direct["count"] == 64 and direct["top1"] == pytest.approx(metrics["test"][key])
+        assert direct["split"] == "val"
+    on_holdout = evaluate_checkpoint([f"checkpoint={ckpt}"])  # the run's own selection split
+    assert on_holdout["split"] == "holdout" and on_holdout["count"] == 32
+    assert on_holdout["top1"] == pytest.approx(metrics["final"]["val_top1"])
     plain = run(compose_config([*args[:-1], f"data.loader={loader}"]), output_dir=tmp_path / "plain")
     assert "test" not in plain and plain["val_split"] == "val"
     events = EventAccumulator(str(tmp_path / "tb")).Reload()

@@ -1,5 +1,8 @@
 """Evaluate a checkpoint on the validation split: top-1, top-5, loss and per-class accuracy as JSON.
 
+The split is the run's own: the slice it held out of the training set when it trained with data.holdout
+(`data.holdout=null` evaluates its test split instead); the JSON's "split" names it.
+
     python scripts/evaluate.py checkpoint=outputs/.../checkpoints/best.pt [data.root=...] [ema=true]
         [confusion=confusion.png] [batch_size=256] [device=auto] [flip=true]
 
@@ -73,6 +76,7 @@ def evaluate_checkpoint(argv: list[str]) -> dict:
     names = sorted(bundle.class_to_idx, key=bundle.class_to_idx.get)
     per_class = (confusion.diag().float() / confusion.sum(1).clamp_min(1).float() * 100).tolist()
     result["per_class_top1"] = {name: round(acc, 2) for name, acc in zip(names, per_class, strict=True)}
+    result["split"] = bundle.val_name  # "holdout" (data.holdout) or the validation split's own name
     result["weights"] = "ema" if use_ema else "model"
     result["flip"] = flip
     result["checkpoint"] = str(options["checkpoint"])
