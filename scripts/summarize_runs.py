@@ -49,7 +49,9 @@ def main(argv: list[str]) -> int:
             values = settings.setdefault(cells(record)[0], [])
             if record.final_top1 is not None:
                 values.append(record.final_top1)
-        screen_figure(list(settings.items()), out / "summary.png")
+        rows = sorted(settings.items(), key=lambda item: item[0] != "-")  # the baseline (no override) first
+        split = "holdout " if {r.metrics.get("val_split") for r in records} == {"holdout"} else "val "
+        screen_figure(rows, out / "summary.png", xlabel=f"final {split}top-1 (%)")
     else:
         sweep_figure(records, knobs, out / "summary.png")
     print(table)

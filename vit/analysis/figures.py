@@ -84,15 +84,17 @@ def sweep_figure(records, knobs: list[str], path: Path) -> Path:
 def screen_figure(settings: list[tuple[str, list[float]]], path: Path, xlabel: str = "final val top-1 (%)") -> Path:
     """A lever screen: one row per setting (label, its seeds' final top-1), each seed a dot and the mean a bar,
     with the first setting's mean (the baseline) as a dashed line, so each lever's gain reads against the seeds'
-    spread."""
-    fig, ax = plt.subplots(figsize=(7, 0.4 * len(settings) + 1.2), dpi=100)
+    spread. A label's overrides go one per line; "-" (no override) reads "baseline"."""
+    labels = ["baseline" if label == "-" else label.replace(" ", "\n") for label, _ in settings]
+    lines = sum(label.count("\n") + 1 for label in labels)
+    fig, ax = plt.subplots(figsize=(9, 0.22 * lines + 0.25 * len(settings) + 1.0), dpi=100)
     for row, (_, values) in enumerate(settings):
         ax.scatter(values, [row] * len(values), s=18, color="tab:blue", alpha=0.7, zorder=3)
         if values:
             ax.plot([np.mean(values)] * 2, [row - 0.3, row + 0.3], color="black", linewidth=2, zorder=4)
     if settings and settings[0][1]:
         ax.axvline(np.mean(settings[0][1]), color="grey", linestyle="--", linewidth=1)
-    ax.set_yticks(range(len(settings)), [label for label, _ in settings], fontsize=8)
+    ax.set_yticks(range(len(settings)), labels, fontsize=7)
     ax.invert_yaxis()  # the baseline on top, in the table's order
     ax.set_xlabel(xlabel)
     ax.grid(axis="x", alpha=0.3)
