@@ -431,10 +431,11 @@ def test_a_screen_of_many_levers_gets_one_overrides_column(tmp_path):
     assert by_run["base/seed0"] == "trainer.seed=0"
     assert by_run["spt_lsa/seed1"] == "model.lsa=true model.patch_embed=spt trainer.seed=1"
     header, rows = seed_rows(records)
-    assert header[:3] == ["overrides", "seeds", "final top-1 mean"]
+    assert header[:5] == ["overrides", "seeds", "final top-1 mean", "min - max", "vs baseline"]
     assert [row[:4] for row in rows] == [
         ["-", "2", "50.50", "50.00 - 51.00"],
         ["data.augment.re_prob=0.25", "2", "52.50", "52.00 - 53.00"],
         ["data.augment.auto_augment=null", "2", "53.50", "53.00 - 54.00"],
         ["model.lsa=true model.patch_embed=spt", "2", "51.50", "51.00 - 52.00"],
     ]
+    assert [row[4] for row in rows] == ["+0.00", "+2.00", "+3.00", "+1.00"]  # each mean minus the baseline's

@@ -191,8 +191,9 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
 
 def seed_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]] | None:
     """The runs of a sweep that also varies `trainer.seed`, grouped by their other knobs: the number of seeds,
-    the mean final top-1 with its min-max range, the means of the EMA and test-split accuracies where the runs have
-    them, and the mean wall time. None when the seed is not swept."""
+    the mean final top-1 with its min-max range (and its difference to the baseline's mean where one setting sets
+    none of the swept keys: a lever screen's baseline), the means of the EMA and test-split accuracies where the
+    runs have them, and the mean wall time. None when the seed is not swept."""
     knobs = swept_keys(records)
     if SEED_KEY not in knobs:
         return None
@@ -202,11 +203,15 @@ def seed_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]] | N
         groups.setdefault(tuple(cells(record)), []).append(record)
     extras = _extra_accuracies(records)
     split = _split_label(records)
+    baseline_key = tuple("-" for _ in knob_header)  # the setting with none of the swept keys
+    baseline = [r.final_top1 for r in groups.get(baseline_key, []) if r.final_top1 is not None]
+    baseline_mean = sum(baseline) / len(baseline) if baseline and len(groups) > 1 else None
     header = [
         *knob_header,
         "seeds",
         f"final {split}top-1 mean",
         "min - max",
+        *(["vs baseline"] if baseline_mean is not None else []),
         *[f"{n} mean" for n, _ in extras],
         "wall s mean",
     ]
@@ -227,6 +232,11 @@ def seed_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]] | N
                 str(len(finals)),
                 mean(finals, ".2f"),
                 f"{min(finals):.2f} - {max(finals):.2f}" if finals else "-",
+                *(
+                    [_fmt(sum(finals) / len(finals) - baseline_mean if finals else None, "+.2f")]
+                    if baseline_mean is not None
+                    else []
+                ),
                 *extra_means,
                 mean(walls, ".0f"),
             ]
