@@ -15,11 +15,12 @@ from pathlib import Path
 from vit.analysis.figures import screen_figure, sweep_figure
 from vit.analysis.inputs import UsageError, parse_args, run_script
 from vit.analysis.runs import (
-    MAX_KNOB_COLUMNS,
-    knob_cells,
+    SEED_KEY,
     markdown_table,
     read_runs,
+    screen_settings,
     seed_rows,
+    split_label,
     summary_rows,
     swept_keys,
 )
@@ -41,18 +42,11 @@ def main(argv: list[str]) -> int:
     if seeds is not None:  # a sweep over seeds too: each setting's mean and range
         table += "\n\nOver seeds:\n\n" + markdown_table(*seeds)
     (out / "summary.md").write_text(f"# Sweep {sweep_dir}\n\n{table}\n")
-    knobs = [k for k in swept_keys(records) if k != "trainer.seed"] or swept_keys(records)
-    if len(knobs) > MAX_KNOB_COLUMNS:  # a screen of unrelated levers: each setting's seeds in a row
-        _, cells = knob_cells(records, knobs)
-        settings: dict[str, list[float]] = {}
-        for record in records:
-            values = settings.setdefault(cells(record)[0], [])
-            if record.final_top1 is not None:
-                values.append(record.final_top1)
-        rows = sorted(settings.items(), key=lambda item: item[0] != "-")  # the baseline (no override) first
-        split = "holdout " if {r.metrics.get("val_split") for r in records} == {"holdout"} else "val "
-        screen_figure(rows, out / "summary.png", xlabel=f"final {split}top-1 (%)")
+    screen = screen_settings(records)
+    if screen is not None:  # a screen of unrelated levers: each setting's seeds in a row
+        screen_figure(screen, out / "summary.png", xlabel=f"final {split_label(records) or 'val '}top-1 (%)")
     else:
+        knobs = [k for k in swept_keys(records) if k != SEED_KEY] or swept_keys(records)
         sweep_figure(records, knobs, out / "summary.png")
     print(table)
     return 0

@@ -117,7 +117,7 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _split_label(records: list[RunRecord]) -> str:
+def split_label(records: list[RunRecord]) -> str:
     """ "holdout " when every run evaluated a slice held out of the training set (data.holdout), else ""."""
     splits = {r.metrics.get("val_split") for r in records}
     return "holdout " if splits == {"holdout"} else ""
@@ -149,9 +149,24 @@ def knob_cells(records: list[RunRecord], knobs: list[str]) -> tuple[list[str], C
     return ["overrides"], overrides
 
 
+def screen_settings(records: list[RunRecord]) -> list[tuple[str, list[float]]] | None:
+    """For a screen of unrelated levers (more than MAX_KNOB_COLUMNS swept keys besides the seed): each setting's
+    overrides ("-" for the baseline, listed first) and its runs' final top-1; None for a sweep of a few knobs."""
+    knobs = [k for k in swept_keys(records) if k != SEED_KEY]
+    if len(knobs) <= MAX_KNOB_COLUMNS:
+        return None
+    _, cells = knob_cells(records, knobs)
+    settings: dict[str, list[float]] = {}
+    for record in records:
+        finals = settings.setdefault(cells(record)[0], [])
+        if record.final_top1 is not None:
+            finals.append(record.final_top1)
+    return sorted(settings.items(), key=lambda item: item[0] != "-")
+
+
 def summary_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
     knob_header, cells = knob_cells(records, swept_keys(records))
-    split = _split_label(records)
+    split = split_label(records)
     extras = _extra_accuracies(records)
     header = [
         "run",
@@ -202,10 +217,14 @@ def seed_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]] | N
     for record in records:
         groups.setdefault(tuple(cells(record)), []).append(record)
     extras = _extra_accuracies(records)
-    split = _split_label(records)
+    split = split_label(records)
+
+    def mean(values: list[float]) -> float | None:
+        return sum(values) / len(values) if values else None
+
     baseline_key = tuple("-" for _ in knob_header)  # the setting with none of the swept keys
     baseline = [r.final_top1 for r in groups.get(baseline_key, []) if r.final_top1 is not None]
-    baseline_mean = sum(baseline) / len(baseline) if baseline and len(groups) > 1 else None
+    baseline_mean = mean(baseline) if len(groups) > 1 else None
     header = [
         *knob_header,
         "seeds",
@@ -216,29 +235,21 @@ def seed_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]] | N
         "wall s mean",
     ]
 
-    def mean(values: list[float], spec: str) -> str:
-        return format(sum(values) / len(values), spec) if values else "-"
-
     rows = []
     for key, group in groups.items():
         finals = [r.final_top1 for r in group if r.final_top1 is not None]
         walls = [r.metrics["wall_time_s"] for r in group if r.metrics.get("wall_time_s") is not None]
-        extra_means = []
-        for _, attr in extras:
-            extra_means.append(mean([v for r in group if (v := getattr(r, attr)) is not None], ".2f"))
+        final_mean = mean(finals)
+        vs_baseline = None if final_mean is None or baseline_mean is None else final_mean - baseline_mean
         rows.append(
             [
                 *key,
                 str(len(finals)),
-                mean(finals, ".2f"),
+                _fmt(final_mean, ".2f"),
                 f"{min(finals):.2f} - {max(finals):.2f}" if finals else "-",
-                *(
-                    [_fmt(sum(finals) / len(finals) - baseline_mean if finals else None, "+.2f")]
-                    if baseline_mean is not None
-                    else []
-                ),
-                *extra_means,
-                mean(walls, ".0f"),
+                *([_fmt(vs_baseline, "+.2f")] if baseline_mean is not None else []),
+                *[_fmt(mean([v for r in group if (v := getattr(r, attr)) is not None]), ".2f") for _, attr in extras],
+                _fmt(mean(walls), ".0f"),
             ]
         )
     return header, rows

@@ -207,8 +207,8 @@ def _member(names: tuple[str, ...], device: torch.device) -> torch.Tensor:
 
 def _fma(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """a * b + c for float32 tensors, rounded once to float32, as the fused multiply-add that torch's
-    `c.add_(a, alpha=b)` is on AVX2/AVX-512 CPUs and CUDA. Done in float64, where the
-    product of two float32 values is exact. A separate multiply and add would differ on ~0.04% of the pixels."""
+    `c.add_(a, alpha=b)` is on AVX2/AVX-512 CPUs and CUDA. Done in float64, where the product of two float32
+    values is exact. A separate multiply and add would differ on ~0.04% of the pixels."""
     return (a.double() * b.double() + c.double()).float()
 
 
