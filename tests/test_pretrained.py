@@ -64,14 +64,19 @@ def test_timm_source_goes_through_timm(monkeypatch, timm_tiny):
         return timm_tiny
 
     monkeypatch.setattr(timm, "create_model", fake_create_model)
+    monkeypatch.setattr(pretrained, "host_reachable", lambda host: True)  # as if a network were there
     model = load_pretrained(create_model("vit_tiny"), "timm:vit_tiny_patch16_224.augreg_in21k_ft_in1k")
     assert asked == {"name": "vit_tiny_patch16_224.augreg_in21k_ft_in1k", "pretrained": True}
     _features_agree(model, timm_tiny)
 
 
 def test_another_model_names_the_mismatch(timm_tiny):
-    with pytest.raises(ValueError, match=r"shape mismatches \(cls_token: checkpoint \(1, 1, 192\) vs model"):
+    with pytest.raises(ValueError, match=r"192 wide and 12 deep, the configured one has model.embed_dim=384"):
         load_pretrained(create_model("vit_small"), timm_tiny.state_dict())
+    state_dict = timm_tiny.state_dict()
+    state_dict["blocks.0.attn.qkv.bias"] = state_dict["blocks.0.attn.qkv.bias"][:10]
+    with pytest.raises(ValueError, match=r"shape mismatches \(blocks.0.attn.qkv.bias: checkpoint \(10,\) vs model"):
+        load_pretrained(create_model("vit_tiny"), state_dict)
 
 
 def test_missing_file_is_named(tmp_path):

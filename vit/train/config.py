@@ -13,6 +13,7 @@ from vit.data.archive import is_archive
 from vit.data.datasets import DATASET_NAMES, DataError, parse_holdout
 from vit.data.gpu_loader import POLICY_IMPLS
 from vit.models import create_model, list_models
+from vit.train.finetune import FREEZE_MODES
 
 
 class ConfigError(ValueError):
@@ -61,7 +62,10 @@ NUMERIC_KEYS = {
             "augment.label_smoothing",
         ),
     },
-    "optim": {"int": ("lr_batch",), "float": ("lr", "weight_decay", "weight_decay_end", "eps", "momentum")},
+    "optim": {
+        "int": ("lr_batch",),
+        "float": ("lr", "weight_decay", "weight_decay_end", "eps", "momentum", "layer_decay"),
+    },
     "sched": {"int": (), "float": ("warmup_epochs", "warmup_lr_init", "min_lr")},
     "trainer": {
         "int": (
@@ -87,7 +91,7 @@ NUMERIC_KEYS = {
 
 # Switches: `trainer.ema=maybe` would otherwise count as true (a non-empty string).
 BOOL_KEYS = {
-    "model": ("qkv_bias", "lsa"),
+    "model": ("qkv_bias", "lsa", "pretrained_ema"),
     "data": ("pin_memory", "download", "scan_images", "augment.hflip"),
     "trainer": ("deterministic", "ema", "ema_warmup", "save_checkpoints", "eval_flip"),
 }
@@ -136,8 +140,12 @@ def check_types(cfg: DictConfig) -> None:
             _require(ok, f"{group}.{key}={shown!r} must be a list of {length} numbers or null")
 
 
+# Model keys that say how a run starts (vit/train/finetune.py), not how the model is built.
+FINETUNE_MODEL_KEYS = ("pretrained", "pretrained_ema", "freeze")
+
+
 def model_kwargs(model_cfg: Mapping, num_classes: int | None = None) -> dict:
-    kwargs = {k: v for k, v in dict(model_cfg).items() if k != "name"}
+    kwargs = {k: v for k, v in dict(model_cfg).items() if k != "name" and k not in FINETUNE_MODEL_KEYS}
     if kwargs.get("num_classes") is None and num_classes is not None:
         kwargs["num_classes"] = num_classes
     return kwargs
@@ -245,6 +253,7 @@ def validate(cfg: DictConfig) -> None:
     if optim.get("betas") is not None:
         betas = list(optim.betas)
         _require(all(0.0 <= float(b) < 1.0 for b in betas), f"optim.betas={betas} must both be in [0, 1)")
+    check_finetune(cfg)
     _require(sched.name in SCHEDULES, f"sched.name={sched.name!r} must be one of {SCHEDULES}")
     _require(float(sched.warmup_epochs) >= 0, f"sched.warmup_epochs={sched.warmup_epochs} must be >= 0")
     for key in ("warmup_lr_init", "min_lr"):
@@ -286,6 +295,20 @@ def validate(cfg: DictConfig) -> None:
     if resume not in (None, "auto"):
         _require(Path(str(resume)).is_file(), f"trainer.resume={str(resume)!r}: no such checkpoint file")
     resolve_device(trainer.device)
+
+
+def check_finetune(cfg: DictConfig) -> None:
+    """`model.pretrained` (a source string or null), `model.freeze` and `optim.layer_decay`; whether the source
+    can be read and fits the model is checked when the run reads it (vit/train/finetune.py), still before data."""
+    source = cfg.model.get("pretrained")
+    _require(
+        source is None or (isinstance(source, str) and source.strip() != "" and source != "timm:"),
+        f"model.pretrained={source!r} must be null, timm:<model name> or a path to a weight file",
+    )
+    mode = cfg.model.get("freeze", "none")
+    _require(mode in FREEZE_MODES, f"model.freeze={mode!r} must be one of {FREEZE_MODES}")
+    decay = cfg.optim.get("layer_decay")
+    _require(decay is None or 0.0 < float(decay) <= 1.0, f"optim.layer_decay={decay} must be in (0, 1] or null")
 
 
 def check_progressive_resize(cfg: DictConfig) -> None:

@@ -29,6 +29,43 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     ]
 
 
+# timm's layer grouping for its ViT (`VisionTransformer.group_matcher`), which our ViT's parameter names follow:
+# layer 0 the stem (cls token, position table, patch embedding; T2T-ViT's tokens-to-token module with them),
+# layer i + 1 the block `blocks.i`, the final norm with the last block, and everything unmatched (head, fc_norm)
+# in the top layer.
+LAYER_MATCHER = {
+    "stem": r"^cls_token|pos_embed|patch_embed|tokens_to_token",
+    "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
+}
+
+
+class _Grouped:
+    """What timm's `param_groups_layer_decay` asks of a model: its parameters and a `group_matcher`."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def named_parameters(self):
+        return self.model.named_parameters()
+
+    def group_matcher(self, coarse: bool = False) -> dict:
+        return LAYER_MATCHER
+
+
+def layer_decay_groups(model: nn.Module, weight_decay: float, layer_decay: float) -> list[dict]:
+    """BEiT/MAE layer-wise learning-rate decay through timm's `param_groups_layer_decay`: with L blocks the head
+    gets `lr_scale` 1, block i `layer_decay ** (L - i)`, the stem `layer_decay ** (L + 1)`; the schedule multiplies
+    each group's rate by its `lr_scale`. Weight decay as in `param_groups`. Groups are ordered by scale, highest
+    first, so the logged `train/lr` (group 0) is the head's rate."""
+    from timm.optim import param_groups_layer_decay
+
+    skip = set(getattr(model, "no_weight_decay", lambda: set())())
+    groups = param_groups_layer_decay(
+        _Grouped(model), weight_decay=weight_decay, no_weight_decay_list=sorted(skip), layer_decay=layer_decay
+    )
+    return sorted(groups, key=lambda g: -g["lr_scale"])
+
+
 def scaled_lr(optim_cfg: Mapping, global_batch: int) -> float:
     """`optim.lr` is given for `optim.lr_batch` images (512 by default) and scaled linearly: a global batch
     of 256 trains with half of it (Goyal et al. 2017)."""
@@ -36,7 +73,11 @@ def scaled_lr(optim_cfg: Mapping, global_batch: int) -> float:
 
 
 def build_optimizer(model: nn.Module, optim_cfg: Mapping, lr: float, device: torch.device) -> torch.optim.Optimizer:
-    groups = param_groups(model, float(optim_cfg["weight_decay"]))
+    layer_decay = optim_cfg.get("layer_decay")
+    if layer_decay is not None:
+        groups = layer_decay_groups(model, float(optim_cfg["weight_decay"]), float(layer_decay))
+    else:
+        groups = param_groups(model, float(optim_cfg["weight_decay"]))
     if optim_cfg["name"] == "sgd":
         momentum = float(optim_cfg.get("momentum") or 0.9)
         return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
@@ -110,6 +151,8 @@ def build_scheduler(
         warmup_prefix=True,
         t_in_epochs=False,
     )
+    if any("lr_scale" in group for group in optimizer.param_groups):
+        lr.step_update(num_updates=0)  # layer decay: the first step runs at the scaled rates too (no-op otherwise)
     if weight_decay_end is None:
         return lr
     start = max(group["weight_decay"] for group in optimizer.param_groups)

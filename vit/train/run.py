@@ -42,6 +42,7 @@ from vit.train.checkpoint import (
 from vit.train.compile import compile_blocks, eager
 from vit.train.config import ConfigError, build_model_from_config, resolve_device, validate
 from vit.train.distributed import Distributed, setup_distributed
+from vit.train.finetune import freeze, load_pretrained_weights, read_pretrained
 from vit.train.logger import Console, TensorBoard, attention_image, flat_hparams
 from vit.train.loop import NonFiniteLossError, StepContext, evaluate, train_one_epoch, weights_finite
 from vit.train.optim import build_optimizer, build_scheduler, scaled_lr
@@ -170,12 +171,20 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed,
     resize = resize_schedule(tcfg.get("progressive_resize"), cfg.data.img_size, cfg.model.get("patch_size") or 1)
     dynamic = resize is not None  # progressive resizing: the ViT takes the smaller images too
     model = build_model_from_config(cfg.model, num_classes=num_classes_cfg or 1000, dynamic_img_size=dynamic)
+    # model.pretrained: read and checked against this model before any data is read. A resumed run continues from
+    # its own checkpoint and does not read them again.
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resume_path = dist.broadcast(resume_checkpoint_path(tcfg.resume, run_dir, resolved) if dist.is_main else None)
+    pretrained = read_pretrained(cfg.model, model) if resume_path is None else None
     bundle = build_data(cfg.data, device=device, seed=seed, rank=dist.rank, world_size=dist.world_size)
     if train_loader_wrapper is not None:
         bundle.train_loader = train_loader_wrapper(bundle.train_loader)
     if num_classes_cfg is None and getattr(model, "num_classes", None) != bundle.num_classes:
         seed_everything(seed)
         model = build_model_from_config(cfg.model, num_classes=bundle.num_classes, dynamic_img_size=dynamic)
+    if pretrained is not None:
+        load_pretrained_weights(model, pretrained, bundle.class_to_idx)
+    freeze(model, cfg.model.get("freeze"))  # frozen parameters get no optimizer state and no weight decay
     model = model.to(device)
     cost = complexity(model)
     log.info("%s: %.2f M params, %.3f GMACs per image", cfg.model.name, cost.params / 1e6, cost.macs / 1e9)
@@ -229,10 +238,8 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed,
     )
     parts = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, "ema": ema}
 
-    resolved = OmegaConf.to_container(cfg, resolve=True)
     start_epoch, best_top1, history = 0, -1.0, []
     skip_batches, resume_rng = 0, None  # a checkpoint written inside an epoch: batches done, RNG to go on with
-    resume_path = dist.broadcast(resume_checkpoint_path(tcfg.resume, run_dir, resolved) if dist.is_main else None)
     if resume_path is not None:
         state = load_checkpoint(resume_path)
         restore_training_state(state, path=resume_path, class_to_idx=bundle.class_to_idx, **parts)
@@ -494,6 +501,7 @@ def run_metrics(cfg, history: list[dict], cost, bundle, compiled: bool, device) 
         "best": {"val_top1": best.get("val_top1"), "epoch": best.get("epoch")},
         "train_img_per_s": float(np.mean([r["train_img_per_s"] for r in history])) if history else None,
         "loader": bundle.loader_kind,
+        "loader_reason": bundle.loader_reason,
         "compiled": compiled,
         "device": str(device),
         "history": history,

@@ -1,0 +1,207 @@
+"""Does fine-tuning transfer knowledge? A CPU-sized experiment on CIFAR-10 (docs/FINETUNE.md).
+
+A small ViT/4 is pretrained on 5 of CIFAR-10's classes (all their training images); then, on the other 5 classes
+with a small labelled set, three ways of training the same model for the same steps are compared, each with
+several seeds:
+    finetune   start from the pretrained weights (new head, layer-wise lr decay), train everything
+    probe      start from the pretrained weights, train only the head (model.freeze=backbone)
+    scratch    start from a random init, train everything
+Every per-epoch number is measured on a class-balanced holdout taken from the target classes' training images
+(data.holdout); the settings were fixed before any run. The test split of the target classes (1,000 images a
+class), which no choice looked at, is evaluated once after training: that is the reported number.
+
+    python scripts/transfer_experiment.py --data /tmp/cifar10 --work /tmp/transfer --out docs/img/finetune_transfer.png
+
+`--data` is the extracted CIFAR-10 JPEG tree (cifar10/train/<class>/, cifar10/test/<class>/); the split trees are
+made of hard links under `--work`, and every run is a `train.py` process with one thread (`--jobs` at a time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCE_CLASSES = ("airplane", "automobile", "bird", "cat", "deer")
+TARGET_CLASSES = ("dog", "frog", "horse", "ship", "truck")
+METHODS = ("finetune", "probe", "scratch")
+
+# The small ViT/4 of every run (0.46 M parameters with a 5-class head) and the data settings they share.
+MODEL = ["model=vit_tiny", "model.embed_dim=96", "model.depth=6", "model.num_heads=3", "model.mlp_ratio=2.0"]
+MODEL += ["model.drop_path_rate=0.0"]
+DATA = ["data=imagefolder", "data.img_size=32", "data.patch_size=4", "data.loader=gpu", "data.num_workers=0"]
+DATA += ["data.mean=[0.4914,0.4822,0.4465]", "data.std=[0.2470,0.2435,0.2616]", "data.augment.crop=pad"]
+DATA += ["data.augment.hflip=true", "data.augment.auto_augment=null", "data.augment.label_smoothing=0.0"]
+TRAINER = ["trainer.device=cpu", "trainer.compile=false", "trainer.ema=false", "trainer.progress=log"]
+TRAINER += ["trainer.attn_maps_every_n_epochs=0", "optim=adamw", "sched=cosine"]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, required=True, help="extracted CIFAR-10 JPEG tree (train/, test/)")
+    parser.add_argument("--work", type=Path, required=True, help="folder for the split trees, runs and results")
+    parser.add_argument("--out", type=Path, default=None, help="figure of holdout top-1 against steps (.png)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the target runs")
+    parser.add_argument("--per-class", type=int, default=200, help="labelled training images per target class")
+    parser.add_argument("--holdout-per-class", type=int, default=100, help="holdout images per target class")
+    parser.add_argument("--source-per-class", type=int, default=None, help="source images per class (all)")
+    parser.add_argument("--pretrain-epochs", type=int, default=8, help="epochs over the source classes")
+    parser.add_argument("--epochs", type=int, default=40, help="epochs of every target run")
+    parser.add_argument("--jobs", type=int, default=2, help="train.py processes at a time (one thread each)")
+    parser.add_argument("--plot-only", action="store_true", help="redraw the figure from <work>/results.json")
+    return parser.parse_args(argv)
+
+
+def link_tree(src: Path, dst: Path, classes: tuple[str, ...], count: int | None) -> None:
+    """dst/<class>/ holding hard links to the first `count` images (sorted names) of src/<class>/."""
+    for name in classes:
+        (dst / name).mkdir(parents=True, exist_ok=True)
+        for image in sorted((src / name).iterdir())[:count]:
+            target = dst / name / image.name
+            if not target.exists():
+                os.link(image, target)
+
+
+def make_trees(data: Path, work: Path, per_class: int, source_per_class: int | None) -> tuple[Path, Path]:
+    """work/source: the 5 source classes (all their images by default); work/target: the target classes' first `per_class`
+    training images (labelled set and holdout together) and their whole test split."""
+    source, target = work / "source", work / "target"
+    link_tree(data / "train", source / "train", SOURCE_CLASSES, source_per_class)
+    link_tree(data / "test", source / "test", SOURCE_CLASSES, None)
+    link_tree(data / "train", target / "train", TARGET_CLASSES, per_class)
+    link_tree(data / "test", target / "test", TARGET_CLASSES, None)
+    return source, target
+
+
+def pretrain_args(source: Path, epochs: int) -> list[str]:
+    return [*MODEL, *DATA, *TRAINER, f"data.root={source}", "data.batch_size=128", f"trainer.epochs={epochs}"] + [
+        "optim.lr=1e-3",
+        "optim.lr_batch=128",
+        "optim.weight_decay=0.05",
+        "sched.warmup_epochs=1",
+        "trainer.val_every_n_epochs=2",
+    ]
+
+
+def target_args(method: str, target: Path, seed: int, args: argparse.Namespace, source_ckpt: Path) -> list[str]:
+    """The same model, data, steps and schedule for the three methods; only the start and what trains differ."""
+    common = [*MODEL, *DATA, *TRAINER, f"data.root={target}", "data.batch_size=64", f"trainer.epochs={args.epochs}"]
+    common += [f"data.holdout={args.holdout_per_class * len(TARGET_CLASSES)}", f"trainer.seed={seed}"]
+    common += ["sched.warmup_epochs=2", "optim.lr_batch=64", "trainer.val_every_n_epochs=2"]
+    if method == "scratch":
+        return [*common, "optim.lr=5e-4", "optim.weight_decay=0.05"]
+    start = [f"model.pretrained={source_ckpt}"]
+    if method == "finetune":
+        return [*common, *start, "optim.lr=5e-4", "optim.weight_decay=0.05", "optim.layer_decay=0.75"]
+    return [*common, *start, "model.freeze=backbone", "optim.lr=5e-3", "optim.weight_decay=0.0"]
+
+
+def train(name: str, overrides: list[str], work: Path) -> dict:
+    """One `train.py` process with one thread; its metrics.json (kept: a finished run is not trained again)."""
+    run_dir = work / "runs" / name
+    metrics = run_dir / "metrics.json"
+    if metrics.is_file():
+        return json.loads(metrics.read_text())
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    command = [sys.executable, str(REPO / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
+    start = time.time()
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    (work / "runs").mkdir(parents=True, exist_ok=True)
+    (work / "runs" / f"{name}.log").write_text(" ".join(command) + "\n\n" + done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(f"{name} failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
+    print(f"{name}: {time.time() - start:.0f} s", flush=True)
+    return json.loads(metrics.read_text())
+
+
+def run_all(args: argparse.Namespace) -> dict:
+    source, target = make_trees(args.data, args.work, args.per_class + args.holdout_per_class, args.source_per_class)
+    source_ckpt = args.work / "runs" / "pretrain" / "checkpoints" / "last.pt"
+    results: dict = {"commands": {}, "runs": {}}
+
+    def job(name: str, overrides: list[str]) -> None:
+        results["commands"][name] = overrides
+        results["runs"][name] = train(name, overrides, args.work)
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:  # the scratch runs need no pretrained weights
+        waiting = [pool.submit(job, "pretrain", pretrain_args(source, args.pretrain_epochs))]
+        for seed in args.seeds:
+            waiting.append(pool.submit(job, f"scratch-{seed}", target_args("scratch", target, seed, args, source_ckpt)))
+        waiting[0].result()
+        for method in ("finetune", "probe"):
+            for seed in args.seeds:
+                overrides = target_args(method, target, seed, args, source_ckpt)
+                waiting.append(pool.submit(job, f"{method}-{seed}", overrides))
+        for future in waiting:
+            future.result()
+    return results
+
+
+def summary(results: dict) -> dict:
+    """Per method: test top-1 of each seed, mean, sample standard deviation, min and max."""
+    table = {}
+    for method in METHODS:
+        runs = {k: v for k, v in results["runs"].items() if k.startswith(f"{method}-")}
+        tops = [runs[k]["test"]["top1"] for k in sorted(runs)]
+        spread = statistics.stdev(tops) if len(tops) > 1 else 0.0
+        table[method] = {"test_top1": tops, "mean": statistics.mean(tops), "std": spread}
+        table[method] |= {"min": min(tops), "max": max(tops), "seconds": [runs[k]["wall_time_s"] for k in sorted(runs)]}
+    pre = results["runs"]["pretrain"]
+    table["pretrain"] = {"val_top1": pre["final"]["val_top1"], "seconds": pre["wall_time_s"]}
+    return table
+
+
+def plot(results: dict, out: Path) -> None:
+    """Holdout top-1 against optimizer steps: each method's seed mean, with the seeds' range shaded."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for method, color in zip(METHODS, ("tab:blue", "tab:orange", "tab:gray"), strict=True):
+        runs = [v for k, v in sorted(results["runs"].items()) if k.startswith(f"{method}-")]
+        curves = [[(r["step"], r["val_top1"]) for r in run["history"] if r["val_top1"] is not None] for run in runs]
+        steps = [s for s, _ in curves[0]]
+        values = list(zip(*[[v for _, v in curve] for curve in curves], strict=True))
+        mean = [statistics.mean(v) for v in values]
+        ax.plot(steps, mean, color=color, label=f"{method} (mean of {len(runs)} seeds)")
+        ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=color, alpha=0.2)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("holdout top-1 (%)")
+    per_class = results.get("settings", {}).get("per_class", "?")
+    ax.set_title(f"5 new CIFAR-10 classes, {per_class} labelled images each (CPU, ViT/4 0.46 M)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    path = args.work / "results.json"
+    if args.plot_only:
+        results = json.loads(path.read_text())
+    else:
+        start = time.time()
+        results = run_all(args)
+        results["wall_time_s"] = time.time() - start
+        results["settings"] = {k: v for k, v in vars(args).items() if isinstance(v, int) and not isinstance(v, bool)}
+        results["summary"] = summary(results)
+        path.write_text(json.dumps(results, indent=1))
+    print(json.dumps(results["summary"], indent=1))
+    if args.out is not None:
+        plot(results, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
