@@ -1,8 +1,15 @@
-"""Evaluate a checkpoint: `python scripts/evaluate.py checkpoint=<path> [data.root=...] [confusion=cm.png]`."""
+"""Evaluate a checkpoint of ours, or a model name with foreign weights, on a dataset (see vit/deploy/evaluate.py):
+
+    python scripts/evaluate.py checkpoint=<best.pt> [data.root=...] [ema=true] [flip=true] [confusion=cm.png]
+    python scripts/evaluate.py model=<name> model.pretrained=<timm:name | file> data=imagefolder data.root=<folder>
+        [preprocess=data|timm:<name>] [class_map=imagenet|<file>] [json=<path>]
+
+`--help` prints every option.
+"""
 
 import sys
 
-from vit.train.evaluate import main
+from vit.deploy.evaluate import cli
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(cli())

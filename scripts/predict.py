@@ -1,8 +1,12 @@
 """Top-5 predictions of a trained model with class names and probabilities.
 
-    python scripts/predict.py checkpoint=<path> image=<file or dir> [json=<path> | json=-] [top=5] [ema=false]
+    python scripts/predict.py checkpoint=<path> image=<file, folder or a.jpg,b.png> [json=<path> | json=-]
+        [top=5] [ema=false]
 
-Prints one line per image; `json=<path>` also writes them as JSON, `json=-` prints the JSON instead of the lines.
+`checkpoint` is a checkpoint of the trainer (best.pt, last.pt) or an exported ONNX file (best.onnx, with the
+best.onnx.json that scripts/export.py writes beside it); an ONNX file runs through onnxruntime with the
+preprocessing and class names of its side JSON, without the model code. Prints one line per image;
+`json=<path>` also writes them as JSON, `json=-` prints the JSON instead of the lines.
 """
 
 from __future__ import annotations
@@ -11,9 +15,36 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from vit.analysis.inputs import UsageError, load_images, load_model, parse_args, run_script
+from vit.analysis.inputs import UsageError, image_paths, load_images, load_model, parse_args, run_script
+
+
+def probabilities(checkpoint: str, spec: str, use_ema: bool) -> tuple[list[Path], np.ndarray, list[str]]:
+    """(image paths, (B, classes) probabilities, class names) from a checkpoint or an ONNX file."""
+    if checkpoint.endswith(".onnx"):
+        from vit.deploy.export import ExportError, require_export_extra
+        from vit.deploy.runtime import OnnxClassifier
+
+        try:
+            require_export_extra()
+        except ExportError as err:
+            raise UsageError(str(err).replace("format=onnx", f"checkpoint={checkpoint}")) from None
+        paths = [p for part in spec.split(",") for p in image_paths(part)]
+        classifier = OnnxClassifier(checkpoint)
+        probs = classifier.predict_proba(paths)
+        names = classifier.classes or [str(i) for i in range(probs.shape[-1])]
+        return paths, probs, names
+    model, config, classes = load_model(checkpoint, use_ema=use_ema)
+    names = sorted(classes, key=classes.get) if classes else [str(i) for i in range(model.num_classes)]
+    paths, chunks = [], []
+    for part in spec.split(","):
+        found, images = load_images(part, config)  # (B, 3, H, W), the validation transform
+        paths += found
+        with torch.no_grad():
+            chunks += [model(chunk).softmax(dim=-1) for chunk in images.split(64)]
+    return paths, torch.cat(chunks).numpy(), names
 
 
 def main(argv: list[str]) -> int:
@@ -22,18 +53,12 @@ def main(argv: list[str]) -> int:
     )
     if not args["top"].isdigit() or int(args["top"]) < 1:
         raise UsageError(f"top={args['top']!r} must be a positive integer")
-    model, config, classes = load_model(args["checkpoint"], use_ema=args["ema"].lower() == "true")
-    names = sorted(classes, key=classes.get) if classes else [str(i) for i in range(model.num_classes)]
-    paths, images = load_images(args["image"], config)  # (B, 3, H, W), the validation transform
-    with torch.no_grad():
-        probs = torch.cat([model(chunk).softmax(dim=-1) for chunk in images.split(64)])  # (B, classes)
-    top = probs.topk(min(int(args["top"]), probs.shape[-1]), dim=-1)  # values, indices: (B, k)
+    paths, probs, names = probabilities(args["checkpoint"], args["image"], args["ema"].lower() == "true")
+    k = min(int(args["top"]), probs.shape[-1])
+    order = np.argsort(-probs, axis=-1, kind="stable")[:, :k]  # (B, k), most probable first
     results = []
-    for path, values, indices in zip(paths, top.values, top.indices, strict=True):
-        preds = [
-            {"class": names[i], "index": int(i), "prob": round(float(p), 4)}
-            for p, i in zip(values, indices, strict=True)
-        ]
+    for path, row, indices in zip(paths, probs, order, strict=True):
+        preds = [{"class": names[i], "index": int(i), "prob": round(float(row[i]), 4)} for i in indices]
         results.append({"image": str(path), "top": preds})
         if args["json"] != "-":
             print(path.name + ": " + ", ".join(f"{p['class']} {100 * p['prob']:.1f}%" for p in preds))
@@ -45,4 +70,7 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        print(__doc__.strip())
+        sys.exit(0)
     sys.exit(run_script(main))

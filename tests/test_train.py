@@ -13,9 +13,9 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 from test_data import make_tree
 from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config, run_cli
 
+from vit.deploy.evaluate import cli as evaluate_main
 from vit.train import load_checkpoint, run
 from vit.train.config import build_model_from_config
-from vit.train.evaluate import main as evaluate_main
 from vit.train.loop import count_skipped_steps
 from vit.train.optim import build_optimizer, build_scheduler, param_groups, scaled_lr
 

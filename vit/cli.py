@@ -288,6 +288,7 @@ def train_main() -> None:
 
 
 def evaluate_main() -> None:
-    from vit.train.evaluate import main
+    """`vit-eval`: scripts/evaluate.py (a checkpoint of ours, or a model name with foreign weights)."""
+    from vit.deploy.evaluate import cli
 
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(cli(sys.argv[1:]))

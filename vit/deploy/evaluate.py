@@ -1,0 +1,226 @@
+"""Evaluate any weights on a dataset: a checkpoint of this trainer, or a model name with foreign weights.
+
+    python scripts/evaluate.py checkpoint=outputs/.../checkpoints/best.pt [data.root=...] [ema=true] [flip=true]
+    python scripts/evaluate.py model=vit_small model.pretrained=timm:vit_small_patch16_224.augreg_in1k \\
+        data=imagefolder data.root=/data/imagenet [class_map=imagenet]
+    python scripts/evaluate.py model=t2t_vit_14 model.pretrained=81.5_T2T_ViT_14.pth.tar model.qk_scale=0.05103 \\
+        data=imagefolder data.root=/data/imagenet
+
+A checkpoint of ours is evaluated on its own data config (data.<key>=value overrides any key; a run trained with
+data.holdout on its holdout unless data.holdout=null). Foreign weights take `data=<config>` (default imagefolder)
+with data.<key> overrides, and the model is the registry's `model` with `model.<key>=value` overrides, the class
+count of the weights and the image size of the preprocessing.
+
+Preprocessing: `preprocess=timm:<name>` is timm's pretrained config of those weights (resize ratio, interpolation,
+mean/std), `preprocess=data` the data config's validation transform; by default a `timm:` source uses timm's
+config, everything else the data config's. The JSON names the one used.
+
+Classes: when the weights know more classes than the data has (ImageNet weights on a folder of some of its
+synsets), each data class is looked up among the weights' by name and only those logits compete (top-1, top-5
+and the loss are over the data's classes). The names come from the checkpoint (ours), from `class_map=<file>`
+(the weights' class names, one a line, in output order) or `class_map=imagenet` (the 1000 ImageNet-1k synsets,
+chosen by default for 1000-class weights on folders named like synsets). Equal counts and no names: in order.
+
+Output: JSON on stdout (top1, top5, loss, per-class top-1, images/s of the evaluation loop with decoding, the
+split, the preprocessing and the class mapping; `json=<path>` also writes it) and a one-line summary on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from vit.deploy.options import UsageError, parse_options, run_main
+from vit.deploy.weights import resolve
+
+KNOWN_KEYS = (
+    "checkpoint",
+    "model",
+    "data",
+    "ema",
+    "flip",
+    "class_map",
+    "preprocess",
+    "batch_size",
+    "device",
+    "limit_batches",
+    "confusion",
+    "json",
+)
+SYNSET = re.compile(r"^n\d{8}$")
+
+
+class Preprocessed(Dataset):
+    """(PIL image, target) pairs of another dataset through a transform."""
+
+    def __init__(self, dataset: Dataset, transform) -> None:
+        self.dataset, self.transform = dataset, transform
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        image, target = self.dataset[index]
+        return self.transform(image), target
+
+
+class SelectLogits(nn.Module):
+    """A classifier whose logits are cut down to `indices` (one per data class, in the data's order)."""
+
+    def __init__(self, model: nn.Module, indices: list[int]) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("indices", torch.tensor(indices, dtype=torch.long), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x).index_select(-1, self.indices)
+
+
+def imagenet_synsets() -> list[str]:
+    from timm.data import ImageNetInfo
+
+    return list(ImageNetInfo().label_names())
+
+
+def weight_class_names(option: str | None, known: list[str] | None, outputs: int, data_classes: list[str]):
+    """(the weights' class names in output order or None, how they were found)."""
+    if option == "imagenet":
+        return imagenet_synsets(), "class_map=imagenet (ImageNet-1k synsets)"
+    if option:
+        path = Path(option)
+        if not path.is_file():
+            raise UsageError(f"class_map={option}: no such file (the weights' class names, one a line, or imagenet)")
+        names = [line.strip() for line in path.read_text().splitlines() if line.strip()]
+        return names, f"class_map={option}"
+    if known:
+        return known, "the checkpoint's class names"
+    if outputs == 1000 and data_classes and all(SYNSET.match(c) for c in data_classes):
+        return imagenet_synsets(), "ImageNet-1k synsets (1000-class weights, folders named like synsets)"
+    return None, "in order (the weights carry no class names)"
+
+
+def class_indices(names: list[str] | None, outputs: int, data_classes: list[str], how: str) -> list[int] | None:
+    """For each data class, the weights' output index; None when it is the identity."""
+    if names is None:
+        if outputs != len(data_classes):
+            raise UsageError(
+                f"the weights have {outputs} classes and the data {len(data_classes)}, and the weights carry no class "
+                "names: give class_map=<file with the weights' class names, one a line> (or class_map=imagenet)"
+            )
+        return None
+    if len(names) != outputs:
+        raise UsageError(f"{how} lists {len(names)} classes but the weights have {outputs}")
+    position = {name: i for i, name in enumerate(names)}
+    missing = [c for c in data_classes if c not in position]
+    if missing:
+        raise UsageError(
+            f"{len(missing)} of the data's {len(data_classes)} classes are not among the weights' ({how}), "
+            f"e.g. {missing[0]!r}"
+        )
+    indices = [position[c] for c in data_classes]
+    return None if indices == list(range(outputs)) else indices
+
+
+def evaluate_weights(argv: list[str]) -> dict:
+    from vit.data.datasets import build_splits
+    from vit.train.config import resolve_device
+    from vit.train.loop import evaluate
+    from vit.train.run import AMP_DTYPES
+
+    options = parse_options(argv, KNOWN_KEYS)
+    weights, pre, data_cfg = resolve(options)
+    if weights.config is not None and not any(o.startswith("num_workers=") for o in options.data):
+        data_cfg.num_workers = None  # this machine's default, not the training machine's worker count
+    batch_size = options.integer("batch_size", int(data_cfg.get("batch_size") or 256))
+    device = resolve_device(options.get("device", "auto"))
+    flip = options.flag("flip")
+
+    splits = build_splits(data_cfg)
+    data_classes = sorted(splits.class_to_idx, key=splits.class_to_idx.get)
+    outputs = int(weights.model.num_classes)
+    names, how = weight_class_names(options.get("class_map"), weights.classes, outputs, data_classes)
+    indices = class_indices(names, outputs, data_classes, how)
+    model = weights.model if indices is None else SelectLogits(weights.model, indices)
+    model.to(device)
+
+    workers = data_cfg.get("num_workers")
+    workers = min(8, os.cpu_count() or 1) if workers is None else int(workers)
+    loader = DataLoader(
+        Preprocessed(splits.val, pre.transform()),
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+    )
+    amp = None
+    if weights.config is not None and device.type == "cuda":
+        amp = AMP_DTYPES.get((weights.config.get("trainer") or {}).get("amp", "none"))
+    start = time.perf_counter()
+    result = evaluate(
+        model, loader, device, amp, options.integer("limit_batches"), num_classes=len(data_classes), flip=flip
+    )
+    seconds = time.perf_counter() - start
+    confusion = result.pop("confusion")
+    per_class = (confusion.diag().float() / confusion.sum(1).clamp_min(1).float() * 100).tolist()
+    result["per_class_top1"] = {name: round(acc, 2) for name, acc in zip(data_classes, per_class, strict=True)}
+    result["images_per_s"] = round(result["count"] / seconds, 1)
+    result["seconds"] = round(seconds, 2)
+    result["split"] = splits.val_name
+    result["data"] = str(data_cfg.get("name"))
+    result["model"] = weights.name
+    result["source"] = weights.source
+    result["weights"] = "ema" if options.flag("ema") else "model"
+    result["flip"] = flip
+    result["preprocessing"] = pre.to_dict()
+    result["classes"] = {
+        "data": len(data_classes),
+        "weights": outputs,
+        "mapping": "identity" if indices is None else f"by name, {how}",
+    }
+    if weights.config is not None:
+        result["checkpoint"] = weights.source
+    if options.get("confusion"):
+        from vit.analysis.figures import confusion_matrix_figure
+
+        confusion_matrix_figure(confusion.numpy(), data_classes, Path(options.get("confusion")))
+        result["confusion_png"] = options.get("confusion")
+    return result
+
+
+def summary_line(result: dict) -> str:
+    pre = result["preprocessing"]
+    return (
+        f"{result['model']} ({result['source']}) on {result['data']} {result['split']}, {result['count']:,} images: "
+        f"top-1 {result['top1']:.2f}%, top-5 {result['top5']:.2f}%, loss {result['loss']:.4f}, "
+        f"{result['images_per_s']:,.0f} img/s{', flip' if result['flip'] else ''}; preprocessing: {pre['origin']} "
+        f"(resize {pre['resize']} {pre['interpolation']}, crop {pre['img_size']})"
+    )
+
+
+def main(argv: list[str]) -> int:
+    out = parse_options(argv, KNOWN_KEYS).get("json")
+    if out and not Path(out).resolve().parent.is_dir():
+        raise UsageError(f"json={out}: the folder {str(Path(out).resolve().parent)!r} does not exist")
+    result = evaluate_weights(argv)
+    text = json.dumps(result, indent=2)
+    if out:
+        try:
+            Path(out).write_text(text + "\n")
+        except OSError as err:
+            raise UsageError(f"json={out}: cannot write it: {err.strerror or err}") from err
+    print(text)
+    print(summary_line(result), file=sys.stderr)
+    return 0
+
+
+def cli(argv: list[str] | None = None) -> int:
+    """`python scripts/evaluate.py ...` and `vit-eval ...`: exit code 0, or 2 with one line for a bad setting."""
+    return run_main(main, argv, usage=__doc__)

@@ -1,0 +1,223 @@
+"""Write a trained classifier to a file a server can run: ONNX, TorchScript or a torch.export program, with a
+side JSON (`<file>.json`: preprocessing constants, class names, input/output names, batch size), for a fixed
+or a dynamic batch size.
+
+An ONNX file is checked before it is kept: onnxruntime runs it on a batch of images and its logits must match
+the PyTorch model's (max |diff| <= `atol`, 1e-4 in fp32); the file is written beside its final name and renamed
+only then. TorchScript and exported programs are loaded back and checked the same way with PyTorch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import json
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from vit.deploy.preprocessing import Preprocessing
+from vit.deploy.runtime import side_json_path
+
+FORMATS = {"onnx": ".onnx", "torchscript": ".torchscript.pt", "exported-program": ".pt2"}
+INPUT_NAME, OUTPUT_NAME = "images", "logits"
+ONNX_OPSET = 17  # onnxruntime runs it everywhere; LayerNormalization is a single op from 17 on
+ATOL = 1e-4  # fp32: the largest |onnxruntime - PyTorch| logit difference an export may have
+
+
+class ExportError(ValueError):
+    """An export that cannot be done as asked: one line naming the setting or path (exit code 2)."""
+
+
+class VerificationError(RuntimeError):
+    """The exported file does not compute what the PyTorch model computes (exit code 1, nothing kept)."""
+
+
+def require_export_extra() -> None:
+    """onnx and onnxruntime come with the optional `export` extra; say how to get them if they are missing."""
+    missing = []
+    for module in ("onnx", "onnxruntime"):
+        try:
+            __import__(module)
+        except ImportError:
+            missing.append(module)
+    if missing:
+        raise ExportError(
+            f"format=onnx needs {' and '.join(missing)}, which the optional 'export' extra installs: "
+            "pip install -e '.[export]' (make install does it)"
+        )
+
+
+def default_output(weights_path: str | Path, fmt: str) -> Path:
+    """`.../best.pt` -> `.../best.onnx` (or .torchscript.pt, .pt2) beside it."""
+    path = Path(weights_path)
+    stem = path.name.split(".")[0] or path.name
+    return path.with_name(stem + FORMATS[fmt])
+
+
+def check_writable(path: Path) -> None:
+    """The folder of `path` exists (or can be made) and takes a file; else ExportError naming the path."""
+    from vit.train.checkpoint import write_error_reason
+
+    folder = path.parent
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, f"{str(path)!r} is a folder")
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        raise ExportError(f"cannot write the export to {str(path)!r}: {write_error_reason(err, folder)}") from err
+
+
+@dataclass
+class ExportResult:
+    path: Path
+    side_json: Path
+    max_abs_diff: float
+    checked_with: str  # "onnxruntime" or "torch"
+    checked_batches: list[int]
+
+
+def _export_onnx(model: nn.Module, example: torch.Tensor, path: Path, dynamic: bool) -> None:
+    # The TorchScript-based exporter (dynamo=False): torch >= 2.9's default torch.export-based exporter needs the
+    # onnxscript package on top of onnx, and this one exports ViT and T2T-ViT (SDPA, Unfold, einsum) to opset 17
+    # with onnxruntime matching PyTorch to ~1e-6. Its deprecation warning is silenced here, not its errors.
+    axes = {INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}} if dynamic else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model,
+            (example,),
+            str(path),
+            input_names=[INPUT_NAME],
+            output_names=[OUTPUT_NAME],
+            dynamic_axes=axes,
+            opset_version=ONNX_OPSET,
+            dynamo=False,
+        )
+
+
+def _export_torchscript(model: nn.Module, example: torch.Tensor, path: Path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings about shape checks, fixed for the traced sizes
+        traced = torch.jit.trace(model, (example,), check_trace=False)
+    torch.jit.save(traced, str(path))
+
+
+def _export_program(model: nn.Module, example: torch.Tensor, path: Path, dynamic: bool) -> None:
+    shapes = {"x": {0: torch.export.Dim("batch", min=1, max=4096)}} if dynamic else None
+    program = torch.export.export(model, (example,), dynamic_shapes=shapes)
+    torch.export.save(program, str(path))
+
+
+def run_exported(path: Path, fmt: str, images: torch.Tensor) -> np.ndarray:
+    """Logits of the exported file on `images` (B, 3, H, W), by the runtime a user would run it with."""
+    if fmt == "onnx":
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return session.run(None, {INPUT_NAME: images.numpy()})[0]
+    with torch.no_grad():
+        if fmt == "torchscript":
+            return torch.jit.load(str(path)).eval()(images).numpy()
+        return torch.export.load(str(path)).module()(images).numpy()
+
+
+def export_model(
+    model: nn.Module,
+    path: str | Path,
+    fmt: str,
+    preprocessing: Preprocessing,
+    classes: list[str] | None,
+    images: torch.Tensor,
+    *,
+    batch: int | None = None,
+    model_name: str = "",
+    source: str = "",
+    atol: float = ATOL,
+) -> ExportResult:
+    """Export `model` (fp32, eval) to `path` in `fmt` for a fixed `batch` (None: dynamic), check it on
+    `images` (normalised, (N, 3, H, W)) against the PyTorch logits, then write the side JSON."""
+    if fmt not in FORMATS:
+        raise ExportError(f"format={fmt} is not a known format; choose from {', '.join(FORMATS)}")
+    if fmt == "onnx":
+        require_export_extra()
+    path = Path(path)
+    check_writable(path)
+    model = model.float().eval().cpu()
+    size = preprocessing.img_size
+    # Two batch sizes for a dynamic export (neither the example's), the fixed one otherwise.
+    example_batch = batch or 2
+    if batch:
+        checks = [batch]
+    else:
+        checks = sorted({1, max(3, min(len(images), 8))})
+    pool = images if len(images) >= max(checks) else images.repeat(-(-max(checks) // len(images)), 1, 1, 1)
+    example = pool[:example_batch].contiguous()
+    if example.shape[1:] != (3, size, size):
+        raise ExportError(f"images of shape {tuple(example.shape[1:])} do not fit the model's (3, {size}, {size})")
+
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with torch.no_grad():
+            if fmt == "onnx":
+                _export_onnx(model, example, tmp, dynamic=batch is None)
+            elif fmt == "torchscript":
+                _export_torchscript(model, example, tmp)
+            else:
+                _export_program(model, example, tmp, dynamic=batch is None)
+        worst = 0.0
+        for n in checks:
+            chunk = pool[:n].contiguous()
+            with torch.no_grad():
+                expected = model(chunk).numpy()
+            got = run_exported(tmp, fmt, chunk)
+            if got.shape != expected.shape:
+                raise VerificationError(f"the exported file gives logits of shape {got.shape}, not {expected.shape}")
+            worst = max(worst, float(np.abs(got - expected).max()))
+        if not worst <= atol:
+            raise VerificationError(
+                f"the {fmt} file's logits differ from PyTorch's by up to {worst:.3g} (> {atol:g}) on batches of "
+                f"{checks}; nothing was written"
+            )
+        os.replace(tmp, path)
+    except OSError as err:
+        from vit.train.checkpoint import write_error_reason
+
+        raise ExportError(f"cannot write the export to {str(path)!r}: {write_error_reason(err, path.parent)}") from err
+    finally:
+        tmp.unlink(missing_ok=True)
+
+    names = list(classes) if classes else [str(i) for i in range(int(getattr(model, "num_classes", 0)))]
+    meta = {
+        "format": fmt,
+        "file": path.name,
+        "model": model_name,
+        "source": source,
+        "input": {
+            "name": INPUT_NAME,
+            "shape": ["batch" if batch is None else batch, 3, size, size],
+            "dtype": "float32",
+        },
+        "output": {"name": OUTPUT_NAME, "shape": ["batch" if batch is None else batch, len(names)]},
+        "batch": "dynamic" if batch is None else batch,
+        "preprocessing": preprocessing.to_dict(),
+        "classes": names,
+        "opset": ONNX_OPSET if fmt == "onnx" else None,
+        "checked": {"runtime": "onnxruntime" if fmt == "onnx" else "torch", "batches": checks, "max_abs_diff": worst},
+        "torch": torch.__version__,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+    side = side_json_path(path)
+    try:
+        side.write_text(json.dumps(meta, indent=2) + "\n")
+    except OSError as err:
+        raise ExportError(f"cannot write {str(side)!r}: {err.strerror or err}") from err
+    return ExportResult(path, side, worst, meta["checked"]["runtime"], checks)

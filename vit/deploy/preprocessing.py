@@ -1,0 +1,93 @@
+"""The evaluation preprocessing of a set of weights: resize the shorter side, centre-crop, scale to [0, 1],
+normalise. Written out as plain numbers (the side JSON of an export holds them) so that it can be rebuilt
+anywhere: from a data config (the trainer's validation transform) or from timm's pretrained config of a model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+
+import torch
+from torchvision import transforms as T
+
+INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
+
+
+@dataclass(frozen=True)
+class Preprocessing:
+    img_size: int  # side of the square centre crop the model sees
+    resize: int  # the shorter side is resized to this before the crop
+    interpolation: str  # one of INTERPOLATIONS
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    origin: str  # where these numbers come from, for reports
+
+    def __post_init__(self) -> None:
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"interpolation={self.interpolation!r} must be one of {INTERPOLATIONS}")
+
+    def transform(self) -> T.Compose:
+        """PIL image -> normalised float tensor (3, img_size, img_size)."""
+        return T.Compose(
+            [
+                T.Resize(self.resize, interpolation=T.InterpolationMode(self.interpolation), antialias=True),
+                T.CenterCrop(self.img_size),
+                T.PILToTensor(),
+                T.ConvertImageDtype(torch.float32),
+                T.Normalize(self.mean, self.std),
+            ]
+        )
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["mean"], out["std"] = list(self.mean), list(self.std)
+        return out
+
+    @classmethod
+    def from_dict(cls, values: Mapping) -> Preprocessing:
+        return cls(
+            img_size=int(values["img_size"]),
+            resize=int(values["resize"]),
+            interpolation=str(values["interpolation"]),
+            mean=tuple(float(v) for v in values["mean"]),
+            std=tuple(float(v) for v in values["std"]),
+            origin=str(values.get("origin", "")),
+        )
+
+
+def from_data_config(cfg: Mapping) -> Preprocessing:
+    """The trainer's validation transform (vit.data.transforms.val_transform) as numbers: bilinear resize to
+    img_size / 0.875 from 128 px up (the central 87.5%), the whole image below."""
+    from vit.data.transforms import mean_std
+
+    size = int(cfg["img_size"])
+    mean, std = mean_std(cfg)
+    resize = int(round(size / 0.875)) if size >= 128 else size
+    return Preprocessing(size, resize, "bilinear", mean, std, f"data config {cfg.get('name')!r}")
+
+
+def from_timm(name: str) -> Preprocessing:
+    """What timm's pretrained config prescribes for the weights `name` (e.g. vit_small_patch16_224.augreg_in1k):
+    input size, crop_pct (resize to floor(size / crop_pct)), interpolation, mean and std. Needs no download."""
+    import timm
+    from timm.data import resolve_data_config
+
+    try:
+        model = timm.create_model(name, pretrained=False)
+    except RuntimeError as err:  # "Unknown model (...)"
+        raise ValueError(f"timm has no model {name!r}: {err}") from err
+    cfg = resolve_data_config({}, model=model)
+    size = int(cfg["input_size"][-1])
+    crop_pct = float(cfg.get("crop_pct") or 1.0)
+    if cfg.get("crop_mode", "center") != "center":
+        raise ValueError(f"timm's config of {name!r} uses crop_mode={cfg['crop_mode']!r}; only 'center' is supported")
+    return Preprocessing(
+        size,
+        math.floor(size / crop_pct),
+        str(cfg["interpolation"]),
+        tuple(float(v) for v in cfg["mean"]),
+        tuple(float(v) for v in cfg["std"]),
+        f"timm pretrained config of {name!r}",
+    )

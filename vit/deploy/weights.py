@@ -1,0 +1,222 @@
+"""The weights a finished model is evaluated, exported or served with: a checkpoint of this trainer (its config
+builds the model), or a model name with a source of foreign weights (`model=vit_small
+model.pretrained=<source>`).
+
+`weights_from_source` is the one place that turns a source into a state dict: a timm name (`timm:<name>`,
+downloaded by timm where a network exists), a local .pth/.pt/.pth.tar/.safetensors file in timm's or the
+official T2T-ViT layout (read with `torch.load(weights_only=True)` or safetensors), or a checkpoint of ours.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vit.deploy.preprocessing import Preprocessing, from_data_config, from_timm
+
+
+class WeightsError(ValueError):
+    """Weights that cannot be used as asked: one line naming the setting, file or mismatch (exit code 2)."""
+
+
+@dataclass
+class Weights:
+    model: nn.Module  # eval mode, fp32, on the CPU
+    name: str  # registry name of the model
+    classes: list[str] | None  # class names in output order, when the weights carry them
+    preprocessing: Preprocessing | None  # what the weights prescribe (our data config, timm's config), if anything
+    source: str  # the file or name the weights came from, for reports
+    config: dict | None = None  # the resolved training config (checkpoints of ours)
+
+
+@dataclass
+class SourceWeights:
+    state_dict: dict[str, torch.Tensor]
+    classes: list[str] | None = None
+    preprocessing: Preprocessing | None = None
+    config: dict | None = None  # a checkpoint of ours: its config
+
+
+def is_our_checkpoint(obj: object) -> bool:
+    return isinstance(obj, dict) and isinstance(obj.get("config"), dict) and "model" in obj["config"]
+
+
+def classes_of(state: Mapping) -> list[str] | None:
+    class_to_idx = state.get("class_to_idx") or {}
+    return sorted(class_to_idx, key=class_to_idx.get) if class_to_idx else None
+
+
+def weights_from_source(source: str, use_ema: bool = False, key: str = "model.pretrained") -> SourceWeights:
+    """A state dict (plus what the source says about classes and preprocessing) from `source`; errors name it
+    as `key=source`."""
+    from vit.models import pretrained
+
+    if source.startswith("timm:"):
+        name = source[len("timm:") :]
+        try:
+            state_dict = pretrained.timm_state_dict(name)
+        except Exception as err:  # unknown name, no network
+            raise WeightsError(f"{key}={source}: timm cannot provide these weights: {err}") from err
+        return SourceWeights(state_dict, preprocessing=from_timm(name))
+    path = Path(source)
+    if not path.is_file():
+        raise WeightsError(f"{key}={source}: no such file (a .pth/.pt/.safetensors file or timm:<name>)")
+    if path.suffix == ".safetensors":
+        try:
+            return SourceWeights(pretrained.read_state_dict(path))
+        except (ValueError, OSError) as err:
+            raise WeightsError(f"{key}={source}: {err}") from err
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated, pickled code, not a torch file
+        raise WeightsError(f"{key}={source}: cannot read it with weights_only=True: {err}") from err
+    if is_our_checkpoint(obj):
+        weights = obj.get("ema") if use_ema else obj["model"]
+        if weights is None:
+            raise WeightsError(f"checkpoint {source!r} has no EMA weights (trained with trainer.ema=false)")
+        config = obj["config"]
+        pre = from_data_config(config["data"]) if "data" in config else None
+        return SourceWeights(dict(weights), classes_of(obj), pre, config)
+    try:
+        return SourceWeights(pretrained.unwrap_state_dict(obj, source=source))
+    except ValueError as err:
+        raise WeightsError(f"{key}={source}: {err}") from err
+
+
+def model_from_config(config: dict, state_dict: dict, num_classes: int | None) -> nn.Module:
+    from omegaconf import OmegaConf
+
+    from vit.train.config import build_model_from_config
+
+    model = build_model_from_config(OmegaConf.create(config["model"]), num_classes=num_classes)
+    model.load_state_dict({k: v.float() for k, v in state_dict.items()})
+    return model
+
+
+def load_weights(
+    checkpoint: str | None = None,
+    model_name: str | None = None,
+    source: str | None = None,
+    overrides: Mapping | None = None,
+    use_ema: bool = False,
+    img_size: int | None = None,
+) -> Weights:
+    """Our checkpoint (`checkpoint=`), or `model_name` built with the registry's defaults, `overrides` and the
+    weights of `source`. A checkpoint that is not ours needs a model name. The classifier takes the weights'
+    class count and the image size is `img_size` (else the registry's) unless `overrides` say otherwise."""
+    if checkpoint and source:
+        raise WeightsError("give checkpoint=<our checkpoint> or model=<name> model.pretrained=<source>, not both")
+    given = checkpoint or source
+    if not given:
+        raise WeightsError("checkpoint=<path> or model=<name> model.pretrained=<source> is required")
+    found = weights_from_source(given, use_ema=use_ema, key="checkpoint" if checkpoint else "model.pretrained")
+    return build_model(found, given, model_name, overrides, img_size)
+
+
+def build_model(
+    found: SourceWeights,
+    given: str,
+    model_name: str | None = None,
+    overrides: Mapping | None = None,
+    img_size: int | None = None,
+) -> Weights:
+    """The model for weights already read from `given` (see load_weights)."""
+    from vit.models import create_model, list_models, load_pretrained
+
+    if found.config is not None:  # ours: the config inside builds the model
+        name = found.config["model"].get("name")
+        if model_name and model_name != name:
+            raise WeightsError(f"model={model_name} but checkpoint {given!r} holds a {name}")
+        model = model_from_config(found.config, found.state_dict, len(found.classes or []) or None)
+        return Weights(model.eval(), name, found.classes, found.preprocessing, given, found.config)
+    if not model_name:
+        raise WeightsError(
+            f"checkpoint {given!r} is not a checkpoint of this trainer (no config inside): name the model and give "
+            f"the file as its weights, model=<name> model.pretrained={given}"
+        )
+    if model_name not in list_models():
+        raise WeightsError(f"model={model_name} is not a known model; known models: {', '.join(list_models())}")
+    kwargs = dict(overrides or {})
+    head = found.state_dict.get("head.weight")
+    if "num_classes" not in kwargs and head is not None:
+        kwargs["num_classes"] = int(head.shape[0])
+    if "img_size" not in kwargs and (img_size or found.preprocessing):
+        kwargs["img_size"] = int(img_size or found.preprocessing.img_size)
+    try:
+        model = create_model(model_name, **kwargs)
+        load_pretrained(model, found.state_dict)
+    except (ValueError, TypeError) as err:
+        raise WeightsError(f"model={model_name} with model.pretrained={given}: {err}") from err
+    model.float()
+    return Weights(model.eval(), model_name, found.classes, found.preprocessing, given)
+
+
+DATA_CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs" / "data"
+
+
+def compose_data_config(name: str, overrides: list[str]):
+    """configs/data/<name>.yaml with `key=value` overrides (the `data.` prefix already removed)."""
+    from hydra import compose, initialize_config_dir
+
+    known = sorted(p.stem for p in DATA_CONFIGS_DIR.glob("*.yaml"))
+    if name not in known:
+        raise WeightsError(f"data={name} is not a known data config; known: {', '.join(known)}")
+    with initialize_config_dir(config_dir=str(DATA_CONFIGS_DIR.parent), version_base="1.3"):
+        try:
+            cfg = compose(config_name="config", overrides=[f"data={name}", *(f"data.{o}" for o in overrides)])
+        except Exception as err:  # an unknown key, a value that does not parse
+            reason = str(err).strip().splitlines()[0]
+            raise WeightsError(f"data overrides {' '.join(overrides)}: {reason}") from None
+    return cfg.data
+
+
+def preprocessing_option(value: str | None, data_cfg) -> Preprocessing | None:
+    """`preprocess=timm:<name>` (timm's pretrained config of those weights) or `preprocess=data` (the data
+    config's validation transform); None when not given."""
+    if not value:
+        return None
+    if value == "data":
+        return from_data_config(data_cfg)
+    if value.startswith("timm:"):
+        try:
+            return from_timm(value[len("timm:") :])
+        except ValueError as err:
+            raise WeightsError(f"preprocess={value}: {err}") from err
+    raise WeightsError(f"preprocess={value!r} must be 'data' or timm:<model name>")
+
+
+def resolve(options, default_data: str = "imagefolder") -> tuple[Weights, Preprocessing, object]:
+    """The weights, the preprocessing to feed them and the data config, from a script's options: ours from the
+    checkpoint (its data config, with data.<key> overrides), foreign ones from model=/model.pretrained= with
+    data=<config> (default `default_data`). The preprocessing is `preprocess=` if given, else what the weights
+    prescribe (our data config, timm's config of a timm: source), else the data config's."""
+    from omegaconf import OmegaConf
+
+    checkpoint, source = options.get("checkpoint"), options.source
+    if checkpoint and source:
+        raise WeightsError("give checkpoint=<our checkpoint> or model=<name> model.pretrained=<source>, not both")
+    given = checkpoint or source
+    if not given:
+        raise WeightsError("checkpoint=<path> or model=<name> model.pretrained=<source> is required")
+    key = "checkpoint" if checkpoint else "model.pretrained"
+    found = weights_from_source(given, use_ema=options.flag("ema"), key=key)  # read once
+    if found.config is not None and "data" in found.config and not options.get("data"):
+        data_cfg = OmegaConf.merge(OmegaConf.create(found.config["data"]), OmegaConf.from_dotlist(options.data))
+    else:
+        data_cfg = compose_data_config(options.get("data") or default_data, options.data)
+    explicit = preprocessing_option(options.get("preprocess"), data_cfg)
+    img_size = explicit.img_size if explicit else None
+    if img_size is None and found.config is None and found.preprocessing is None:
+        img_size = int(data_cfg.img_size)
+    weights = build_model(found, given, options.get("model"), options.model, img_size)
+    if explicit is not None:
+        pre = explicit
+    elif weights.preprocessing is not None and found.config is None:
+        pre = weights.preprocessing  # timm's config for a timm: source
+    else:
+        pre = from_data_config(data_cfg)  # ours (with any data.* override) or a foreign file
+    return weights, pre, data_cfg
