@@ -1,0 +1,224 @@
+"""scripts/evaluate.py on weights that are not a checkpoint of ours: a timm-layout file gives the top-1 and loss that
+timm's own model gives on the same images with timm's preprocessing (computed here with timm), an official-layout
+T2T-ViT file those of our model loaded directly, 1000-class weights on a folder of a few synsets compare only those
+classes; and on our checkpoints the numbers of the trainer's own evaluation."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from PIL import Image
+from timm.data import ImageNetInfo, create_transform, resolve_data_config
+from trainer_utils import compose_config
+
+from vit.data.datasets import load_rgb
+from vit.data.transforms import val_transform
+from vit.deploy.evaluate import cli
+from vit.models import create_model
+from vit.models.t2t import official_qk_scale
+from vit.train.config import build_model_from_config
+
+TIMM_NAME = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"  # bicubic, crop_pct 0.9, mean = std = 0.5
+ARCHIVE = os.environ.get("VIT_CIFAR10_ARCHIVE")
+
+
+def make_folder(root, classes, per_class=3, size=(90, 70), seed=0):
+    """root/{train,val}/<class>/*.png: smooth colour blobs plus noise, one colour scheme per class."""
+    rng = np.random.default_rng(seed)
+    for split, count in (("train", 1), ("val", per_class)):
+        for c, name in enumerate(classes):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(count):
+                coarse = rng.integers(0, 255, (3, 4, 3)).astype(np.float64)
+                coarse[..., c % 3] = 255 - 40 * (c // 3)
+                image = Image.fromarray(coarse.astype(np.uint8)).resize(size, Image.Resampling.BICUBIC)
+                image.save(folder / f"{i}.png")
+    return root
+
+
+def evaluate(argv, capsys):
+    code = cli([*argv, "device=cpu", "data.num_workers=0"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    return json.loads(captured.out), captured.err.strip()
+
+
+def val_images(root):
+    """(paths, labels) of root/val in ImageFolder order."""
+    classes = sorted(p.name for p in (root / "val").iterdir())
+    items = [(p, c) for c, name in enumerate(classes) for p in sorted((root / "val" / name).glob("*.png"))]
+    return [p for p, _ in items], torch.tensor([c for _, c in items])
+
+
+def reference(logits, labels):
+    """top-1 (%), mean cross-entropy and per-class top-1 of logits against labels, computed here."""
+    hits = logits.argmax(-1) == labels
+    per_class = [100.0 * hits[labels == c].float().mean().item() for c in range(int(labels.max()) + 1)]
+    return 100.0 * hits.float().mean().item(), F.cross_entropy(logits, labels).item(), per_class
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return make_folder(tmp_path_factory.mktemp("folder"), ["ant", "bee", "cat", "dog"])
+
+
+@pytest.fixture(scope="module")
+def timm_file(tmp_path_factory):
+    """A 4-class, 2-block ViT-Ti/16 of timm saved as a plain state dict, and the timm model itself."""
+    torch.manual_seed(1)
+    model = timm.create_model(TIMM_NAME, pretrained=False, num_classes=4, depth=2).eval()
+    path = tmp_path_factory.mktemp("timm") / "vit_tiny.pth"
+    torch.save(model.state_dict(), path)
+    return path, model
+
+
+def test_a_timm_file_gives_timms_top1_with_timms_preprocessing(folder, timm_file, capsys):
+    path, model = timm_file
+    paths, labels = val_images(folder)
+    transform = create_transform(**resolve_data_config({}, model=model))  # timm's eval transform for those weights
+    with torch.no_grad():
+        logits = model(torch.stack([transform(Image.open(p).convert("RGB")) for p in paths]))
+    top1, loss, per_class = reference(logits, labels)
+
+    argv = ["model=vit_tiny", "model.depth=2", f"model.pretrained={path}", "data=imagefolder", f"data.root={folder}"]
+    result, summary = evaluate([*argv, f"preprocess=timm:{TIMM_NAME}"], capsys)
+    assert result["top1"] == pytest.approx(top1) and result["loss"] == pytest.approx(loss, abs=1e-5)
+    assert list(result["per_class_top1"].values()) == pytest.approx(per_class, abs=0.01)
+    assert result["count"] == len(paths) and result["images_per_s"] > 0 and result["split"] == "val"
+    pre = result["preprocessing"]
+    assert (pre["resize"], pre["interpolation"], pre["mean"]) == (248, "bicubic", [0.5, 0.5, 0.5])
+    assert f"timm pretrained config of '{TIMM_NAME}'" in summary and "top-1" in summary
+    assert len(summary.splitlines()) == 1
+
+    # The data config's preprocessing (bilinear, 0.875, ImageNet mean/std) is another input: another loss.
+    other, _ = evaluate(argv, capsys)
+    assert other["preprocessing"]["interpolation"] == "bilinear" and other["loss"] != pytest.approx(loss, abs=1e-5)
+
+
+def test_1000_class_weights_on_a_folder_of_some_synsets(tmp_path, capsys):
+    synsets = ImageNetInfo().label_names()
+    chosen = [synsets[i] for i in (7, 300, 951)]  # folders sort in this order too
+    root = make_folder(tmp_path / "in", chosen, per_class=2)
+    torch.manual_seed(2)
+    model = timm.create_model(TIMM_NAME, pretrained=False, depth=2).eval()
+    path = tmp_path / "in1k.safetensors"
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    paths, labels = val_images(root)
+    transform = create_transform(**resolve_data_config({}, model=model))
+    with torch.no_grad():
+        logits = model(torch.stack([transform(Image.open(p).convert("RGB")) for p in paths]))[:, [7, 300, 951]]
+    top1, loss, _ = reference(logits, labels)
+
+    argv = ["model=vit_tiny", "model.depth=2", f"model.pretrained={path}", f"data.root={root}"]
+    result, _ = evaluate([*argv, f"preprocess=timm:{TIMM_NAME}"], capsys)
+    assert result["classes"]["weights"] == 1000 and result["classes"]["data"] == 3
+    assert "ImageNet-1k synsets" in result["classes"]["mapping"]
+    assert result["top1"] == pytest.approx(top1) and result["loss"] == pytest.approx(loss, abs=1e-5)
+
+
+def test_an_official_t2t_file_gives_our_models_numbers(folder, tmp_path, capsys):
+    scale = official_qk_scale("t2t_vit_7")
+    torch.manual_seed(3)
+    ema = create_model("t2t_vit_7", depth=2, num_classes=4, qk_scale=scale).state_dict()
+    raw = {k: v + 0.01 * torch.randn_like(v) if v.is_floating_point() else v for k, v in ema.items()}
+    path = tmp_path / "81.5_T2T_ViT_7.pth.tar"  # the release's layout: EMA and raw weights side by side
+    torch.save({"state_dict_ema": ema, "state_dict": raw, "epoch": 310}, path)
+
+    direct = create_model("t2t_vit_7", depth=2, num_classes=4, qk_scale=scale).eval()
+    direct.load_state_dict(ema)
+    paths, labels = val_images(folder)
+    transform = val_transform(compose_config(["data=imagefolder"]).data)  # the trainer's validation transform
+    with torch.no_grad():
+        logits = direct(torch.stack([transform(load_rgb(str(p))) for p in paths]))
+    top1, loss, _ = reference(logits, labels)
+
+    argv = ["model=t2t_vit_7", "model.depth=2", f"model.qk_scale={scale}", f"model.pretrained={path}"]
+    result, _ = evaluate([*argv, f"data.root={folder}"], capsys)
+    assert result["top1"] == pytest.approx(top1) and result["loss"] == pytest.approx(loss, abs=1e-5)
+    assert result["preprocessing"]["origin"] == "data config 'imagefolder'"
+
+
+@pytest.fixture(scope="module")
+def our_checkpoint(tmp_path_factory):
+    """A checkpoint as the trainer writes it, on generated data (no files), random 2-block weights."""
+    cfg = compose_config(["data=synthetic", "model.embed_dim=32", "model.depth=2", "model.num_heads=2"])
+    cfg.data.synthetic.num_val = 48
+    torch.manual_seed(4)
+    model = build_model_from_config(cfg.model, num_classes=10)
+    path = tmp_path_factory.mktemp("ours") / "best.pt"
+    config = OmegaConf.to_container(cfg, resolve=True)
+    classes = {f"class_{i}": i for i in range(10)}
+    torch.save({"model": model.state_dict(), "config": config, "class_to_idx": classes, "ema": None}, path)
+    return path
+
+
+def test_our_checkpoint_gives_the_trainers_evaluation(our_checkpoint, tmp_path, capsys):
+    from vit.train.evaluate import evaluate_checkpoint
+
+    expected = evaluate_checkpoint([f"checkpoint={our_checkpoint}", "device=cpu", "data.num_workers=0"])
+    out = tmp_path / "eval.json"
+    result, summary = evaluate([f"checkpoint={our_checkpoint}", f"json={out}"], capsys)
+    assert json.loads(out.read_text()) == result
+    for key in ("top1", "top5", "loss", "count", "split"):
+        assert result[key] == pytest.approx(expected[key]), key
+    assert result["per_class_top1"] == pytest.approx(expected["per_class_top1"])
+    # The same file as the weights of a named model: the same numbers.
+    named, _ = evaluate(["model=vit_tiny", f"model.pretrained={our_checkpoint}"], capsys)
+    assert named["top1"] == pytest.approx(expected["top1"]) and named["loss"] == pytest.approx(expected["loss"])
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["checkpoint={timm}"], "is not a checkpoint of this trainer (no config inside): name the model"),
+        (["model=vit_tiny", "model.depth=2", "model.pretrained={timm}", "data=synthetic"], "give class_map="),
+        (["model=vit_huge", "model.pretrained={timm}"], "model=vit_huge is not a known model"),
+        (["checkpoint={ours}", "data=mnist"], "data=mnist is not a known data config"),
+        (["checkpoint={ours}", "colour=red"], "unknown argument 'colour'"),
+        (["checkpoint={ours}", "class_map={tmp}/none.txt"], "class_map="),
+        (["model=vit_tiny", "model.pretrained={tmp}/none.pth"], "model.pretrained={tmp}/none.pth: no such file"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(timm_file, our_checkpoint, tmp_path, capsys, args, needle):
+    fill = {"timm": timm_file[0], "ours": our_checkpoint, "tmp": tmp_path}
+    assert cli([a.format(**fill) for a in args] + ["device=cpu"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and needle.format(**fill) in lines[0], lines
+
+
+def test_help(capsys):
+    assert cli(["--help"]) == 0
+    assert "model.pretrained=" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not ARCHIVE, reason="VIT_CIFAR10_ARCHIVE is not set (CI sets it)")
+def test_a_timm_file_on_real_cifar10_images(timm_file, tmp_path_factory, capsys):
+    """100 real CIFAR-10 test images (class-balanced), upsampled by timm's preprocessing: timm's numbers."""
+    from vit.data.datasets import build_splits
+
+    torch.manual_seed(5)
+    model = timm.create_model(TIMM_NAME, pretrained=False, num_classes=10, depth=2).eval()
+    path = tmp_path_factory.mktemp("cifar-timm") / "w.pth"
+    torch.save(model.state_dict(), path)
+    cache = tmp_path_factory.getbasetemp() / "cifar-cache"
+    data = [f"data.root={ARCHIVE}", f"data.cache_dir={cache}", "data.limit_val_samples=100", "data.scan_images=false"]
+    argv = ["model=vit_tiny", "model.depth=2", f"model.pretrained={path}", *data, f"preprocess=timm:{TIMM_NAME}"]
+    result, _ = evaluate(argv, capsys)
+
+    cfg = compose_config(["data=imagefolder", *data])
+    val = build_splits(cfg.data).val
+    transform = create_transform(**resolve_data_config({}, model=model))
+    images, labels = zip(*(val[i] for i in range(len(val))), strict=True)
+    with torch.no_grad():
+        logits = torch.cat([model(torch.stack([transform(im) for im in images[i : i + 50]])) for i in (0, 50)])
+    top1, loss, _ = reference(logits, torch.tensor(labels))
+    assert result["count"] == 100 and result["split"] == "test"
+    assert result["top1"] == pytest.approx(top1) and result["loss"] == pytest.approx(loss, abs=1e-5)
