@@ -1,13 +1,17 @@
-"""Training-step throughput of the project's models, optionally against timm side by side; or, with --e2e, a
-real training run through the trainer and what its data path costs over the step alone.
+"""Training-step throughput of the project's models, optionally against timm side by side; with --e2e, a
+real training run through the trainer and what its data path costs over the step alone; with --inference, the
+inference latency and img/s (PyTorch eager, torch.compile, the ONNX export in onnxruntime) at batch 1 and a large
+batch, interleaved with timm's model of the same shape.
 
     python scripts/benchmark.py --models vit_tiny_cifar,vit_base --compile both --vs-timm --memory \\
         --json bench.json --md bench.md
     python scripts/benchmark.py --e2e --epochs 9 data=imagefolder data.root=<cifar10> data.img_size=32 \\
         data.patch_size=4 model=vit_tiny
+    python scripts/benchmark.py --inference --models vit_tiny,vit_tiny_cifar --batches 1,64 \
+        --runtimes eager,compiled,onnxruntime --vs-timm --device cpu --md inference.md
 
-Prints a markdown table last. See vit/analysis/benchmark.py and vit/analysis/e2e.py for the protocols,
-docs/BENCHMARKS.md for results.
+Prints a markdown table last. See vit/analysis/benchmark.py, vit/analysis/e2e.py and vit/analysis/inference.py
+for the protocols, docs/BENCHMARKS.md for results.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--peer-compile-mode", default="default", help="torch.compile mode of the peer")
     parser.add_argument("--vs-timm", action="store_true", help="time timm's model of the same shape, interleaved")
     parser.add_argument("--memory", action="store_true", help="peak CUDA memory per side, in separate processes")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 5; --inference: 15)")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--min-round-s", type=float, default=0.5)
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
@@ -54,6 +58,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--epochs", type=int, default=9, help="--e2e: epochs (real and static alternate; >= 4)")
     parser.add_argument("--e2e-dir", type=Path, default=None, help="--e2e: run folder (default: a temporary one)")
+    parser.add_argument("--inference", action="store_true", help="time inference (no grad) instead of training steps")
+    parser.add_argument(
+        "--batches", default=None, help="--inference: comma list of batch sizes (default 1,64 on CPU, 1,256 on CUDA)"
+    )
+    parser.add_argument(
+        "--runtimes",
+        default="eager,compiled,onnxruntime",
+        help="--inference: comma list of eager, compiled, onnxruntime (the ONNX export; CPU only)",
+    )
+    parser.add_argument("--threads", type=int, default=None, help="torch (and onnxruntime) CPU threads")
     parser.add_argument("overrides", nargs="*", help="--e2e: trainer config overrides, as for train.py")
     return parser.parse_args(argv)
 
@@ -96,8 +110,66 @@ def run_e2e(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_inference(args: argparse.Namespace, names: list[str], device: torch.device) -> int:
+    from vit.analysis.inference import RUNTIMES, bench_inference, inference_json, inference_markdown
+
+    runtimes = tuple(r for r in args.runtimes.split(",") if r)
+    unknown = [r for r in runtimes if r not in RUNTIMES]
+    if unknown:
+        print(f"error: --runtimes {unknown[0]!r} is not a runtime; choose from {', '.join(RUNTIMES)}")
+        return 2
+    if "onnxruntime" in runtimes:
+        from vit.deploy.export import ExportError, require_export_extra
+
+        try:
+            require_export_extra()
+        except ExportError as err:
+            print(f"error: --runtimes onnxruntime: {str(err).replace('format=onnx ', '')}")
+            return 2
+    try:
+        batches = [int(b) for b in (args.batches or ("1,64" if device.type == "cpu" else "1,256")).split(",")]
+    except ValueError:
+        batches = [0]
+    if min(batches) < 1:
+        print(f"error: --batches {args.batches!r} must be a comma list of positive integers")
+        return 2
+    results = []
+    for name in names:
+        for batch in batches:
+            result = bench_inference(
+                CASES[name],
+                device,
+                batch,
+                runtimes=runtimes,
+                vs_peer=args.vs_timm,
+                rounds=args.rounds or 15,
+                warmup=args.warmup,
+                min_round_s=args.min_round_s,
+            )
+            results.append(result)
+            print(inference_markdown([result]).split("\n", 2)[-1], flush=True)
+    table = inference_markdown(results)
+    if args.json:
+        args.json.write_text(inference_json(results))
+    if args.md:
+        args.md.write_text(table + "\n")
+    print(f"\ndevice: {device}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(table)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        return run(args)
+    finally:
+        torch.set_num_threads(threads)  # a caller in the same process (a test) keeps its own setting
+
+
+def run(args: argparse.Namespace) -> int:
     if args.e2e:
         return run_e2e(args)
     if args.overrides:
@@ -118,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
         device = torch.device(args.device)
+    if args.inference:
+        return run_inference(args, names, device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -145,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                 compile_mode=mode,
                 peer_compile_mode=peer_mode,
                 vs_peer=args.vs_timm,
-                rounds=args.rounds,
+                rounds=args.rounds or 5,
                 warmup=args.warmup,
                 min_round_s=args.min_round_s,
             )

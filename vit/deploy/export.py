@@ -85,7 +85,7 @@ class ExportResult:
     checked_batches: list[int]
 
 
-def _export_onnx(model: nn.Module, example: torch.Tensor, path: Path, dynamic: bool) -> None:
+def write_onnx(model: nn.Module, example: torch.Tensor, path: Path, dynamic: bool) -> None:
     # The TorchScript-based exporter (dynamo=False): torch >= 2.9's default torch.export-based exporter needs the
     # onnxscript package on top of onnx, and this one exports ViT and T2T-ViT (SDPA, Unfold, einsum) to opset 17
     # with onnxruntime matching PyTorch to ~1e-6. Its deprecation warning is silenced here, not its errors.
@@ -168,7 +168,7 @@ def export_model(
     try:
         with torch.no_grad():
             if fmt == "onnx":
-                _export_onnx(model, example, tmp, dynamic=batch is None)
+                write_onnx(model, example, tmp, dynamic=batch is None)
             elif fmt == "torchscript":
                 _export_torchscript(model, example, tmp)
             else:

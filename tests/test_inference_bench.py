@@ -1,0 +1,72 @@
+"""scripts/benchmark.py --inference on the toy shape: every runtime asked for gets a row beside timm's, the ONNX
+sessions compute the models' logits, bad arguments exit 2 (no timing assertions: speed lives in the docs)."""
+
+import importlib.util
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+from trainer_utils import REPO
+
+from vit.analysis.benchmark import CASES
+from vit.analysis.inference import build_variants
+
+spec = importlib.util.spec_from_file_location("benchmark_script", REPO / "scripts" / "benchmark.py")
+benchmark = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(benchmark)
+
+
+def test_toy_inference_against_timm_writes_json_and_table(tmp_path, capsys):
+    out_json, out_md = tmp_path / "i.json", tmp_path / "i.md"
+    args = ["--inference", "--models", "toy", "--batches", "1,4", "--vs-timm", "--runtimes", "eager,onnxruntime"]
+    # One thread: two-threaded calls of a tiny model wait on each other when neighbours load the cores.
+    args += ["--rounds", "3", "--warmup", "1", "--min-round-s", "0.02", "--device", "cpu", "--threads", "1"]
+    assert benchmark.main([*args, "--json", str(out_json), "--md", str(out_md)]) == 0
+    results = json.loads(out_json.read_text())
+    assert [(r["case"], r["batch"]) for r in results] == [("toy", 1), ("toy", 4)]
+    for result in results:
+        assert [row["runtime"] for row in result["runtimes"]] == ["eager", "onnxruntime"]
+        for row in result["runtimes"]:
+            assert row["ours_ms"] > 0 and row["peer_ms"] > 0
+            assert row["ratio_p10"] <= row["ratio_median"] <= row["ratio_p90"]
+    table = out_md.read_text()
+    assert "| toy | 32 | 4 | onnxruntime |" in table and "| toy | 32 | 1 | eager |" in table
+    assert "| toy | 32 | 4 | onnxruntime |" in capsys.readouterr().out
+    assert torch.get_num_threads() == 2  # the test process's setting (conftest) is back
+
+
+def test_the_timed_onnx_sessions_compute_the_models_logits(tmp_path):
+    """What is timed is the model: each ONNX variant's output equals the eager variant's of the same side."""
+    variants = build_variants(CASES["toy"], 3, torch.device("cpu"), ("eager", "onnxruntime"), True, tmp_path)
+    assert [(v.side, v.runtime) for v in variants] == [
+        ("ours", "eager"),
+        ("peer", "eager"),
+        ("ours", "onnxruntime"),
+        ("peer", "onnxruntime"),
+    ]
+    outputs = {(v.side, v.runtime): v.call() for v in variants}
+    for side in ("ours", "peer"):
+        eager = outputs[(side, "eager")].numpy()
+        assert eager.shape == (3, 10)
+        assert np.abs(outputs[(side, "onnxruntime")][0] - eager).max() <= 1e-4
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--runtimes", "tensorrt"], "--runtimes 'tensorrt' is not a runtime"),
+        (["--batches", "0"], "--batches '0' must be a comma list of positive integers"),
+    ],
+)
+def test_bad_arguments_exit_2(capsys, args, needle):
+    assert benchmark.main(["--inference", "--models", "toy", "--device", "cpu", *args]) == 2
+    assert needle in capsys.readouterr().out
+
+
+def test_onnxruntime_without_the_export_extra(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    assert benchmark.main(["--inference", "--models", "toy", "--device", "cpu"]) == 2
+    out = capsys.readouterr().out.strip()
+    assert out.startswith("error: --runtimes onnxruntime: needs onnxruntime") and "'.[export]'" in out

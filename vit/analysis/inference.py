@@ -1,0 +1,172 @@
+"""Inference speed of our models against timm's of the same shape: PyTorch eager, torch.compile, and the ONNX
+export run by onnxruntime, at batch 1 (latency) and a large batch (throughput).
+
+Protocol: fixed random inputs (fp32) already on the device, `torch.no_grad()`, the model in eval mode. Every
+variant (ours and the peer, per runtime) is warmed up, then timed in interleaved rounds (ours eager, peer eager,
+ours compiled, peer compiled, ours onnxruntime, peer onnxruntime, then again), each round at least `min_round_s`
+of back-to-back calls; a variant's latency is the median over rounds of its mean call time, and the ratio column
+the median of the per-round throughput ratios ours/peer with its 10th-90th percentile spread, so that a
+neighbour's load or a clock change hits both sides alike. onnxruntime gets the same number of threads as torch.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vit.analysis.benchmark import BenchCase, build_side, peer_available, percentile, synchronize
+
+RUNTIMES = ("eager", "compiled", "onnxruntime")
+
+
+@dataclass
+class Variant:
+    side: str  # "ours" or "peer"
+    runtime: str  # one of RUNTIMES
+    call: Callable[[], object]
+
+
+@dataclass
+class RuntimeResult:
+    runtime: str
+    ours_ms: float
+    peer_ms: float | None = None
+    ratio_median: float | None = None  # throughput ours / peer
+    ratio_p10: float | None = None
+    ratio_p90: float | None = None
+
+
+@dataclass
+class InferenceResult:
+    case: str
+    img_size: int
+    batch: int
+    device: str
+    threads: int
+    rounds: int
+    runtimes: list[RuntimeResult] = field(default_factory=list)
+
+
+def onnx_session(model: nn.Module, example: torch.Tensor, folder: Path, name: str, threads: int):
+    """Export `model` with the project's exporter (dynamic batch) and open it in onnxruntime on the CPU."""
+    import onnxruntime as ort
+
+    from vit.deploy.export import write_onnx
+
+    path = folder / f"{name}.onnx"
+    with torch.no_grad():
+        write_onnx(model, example, path, dynamic=True)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def build_variants(
+    case: BenchCase, batch: int, device: torch.device, runtimes: tuple[str, ...], vs_peer: bool, folder: Path
+) -> list[Variant]:
+    sides = ["ours"] + (["peer"] if vs_peer and peer_available(case) else [])
+    x = torch.randn(batch, 3, case.img_size, case.img_size, device=device)
+    threads = torch.get_num_threads()
+    variants = []
+    for side in sides:
+        torch.manual_seed(0)
+        model = build_side(case, side).to(device).eval()
+        for runtime in runtimes:
+            if runtime == "eager":
+                variants.append(Variant(side, runtime, _torch_call(model, x)))
+            elif runtime == "compiled":
+                variants.append(Variant(side, runtime, _torch_call(torch.compile(model), x)))
+            elif runtime == "onnxruntime" and device.type == "cpu":
+                session = onnx_session(model, x[:2].contiguous(), folder, f"{case.name}_{side}", threads)
+                feed = {session.get_inputs()[0].name: x.numpy()}
+                variants.append(Variant(side, runtime, lambda s=session, f=feed: s.run(None, f)))
+    # Interleaved by runtime: ours eager, peer eager, ours compiled, peer compiled, ...
+    return sorted(variants, key=lambda v: (RUNTIMES.index(v.runtime), sides.index(v.side)))
+
+
+def _torch_call(model: nn.Module, x: torch.Tensor) -> Callable[[], object]:
+    def call() -> object:
+        with torch.no_grad():
+            return model(x)
+
+    return call
+
+
+def time_calls(call: Callable[[], object], calls: int, device: torch.device) -> float:
+    """Seconds per call over `calls` back-to-back calls."""
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    synchronize(device)
+    return (time.perf_counter() - start) / calls
+
+
+def bench_inference(
+    case: BenchCase,
+    device: torch.device,
+    batch: int,
+    *,
+    runtimes: tuple[str, ...] = ("eager",),
+    vs_peer: bool = True,
+    rounds: int = 15,
+    warmup: int = 3,
+    min_round_s: float = 0.3,
+) -> InferenceResult:
+    """Median latency of each (side, runtime) at `batch`, timed in interleaved rounds (module docstring)."""
+    with tempfile.TemporaryDirectory(prefix="vit-infer-") as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer and deprecation warnings of the exporters
+        variants = build_variants(case, batch, device, runtimes, vs_peer, Path(tmp))
+        for variant in variants:  # compiles, fills caches, lets onnxruntime allocate
+            for _ in range(warmup):
+                variant.call()
+        calls = {id(v): max(1, int(min_round_s / max(time_calls(v.call, 2, device), 1e-9)) + 1) for v in variants}
+        seconds: dict[tuple[str, str], list[float]] = {(v.side, v.runtime): [] for v in variants}
+        for _ in range(rounds):
+            for variant in variants:
+                seconds[(variant.side, variant.runtime)].append(time_calls(variant.call, calls[id(variant)], device))
+    result = InferenceResult(case.name, case.img_size, batch, str(device), torch.get_num_threads(), rounds)
+    for runtime in runtimes:
+        ours = seconds.get(("ours", runtime))
+        if not ours:
+            continue
+        peer = seconds.get(("peer", runtime))
+        row = RuntimeResult(runtime, 1000 * statistics.median(ours))
+        if peer:
+            row.peer_ms = 1000 * statistics.median(peer)
+            ratios = [p / o for o, p in zip(ours, peer, strict=True)]  # throughput ours / peer, per round
+            row.ratio_median = statistics.median(ratios)
+            row.ratio_p10, row.ratio_p90 = percentile(ratios, 0.1), percentile(ratios, 0.9)
+        result.runtimes.append(row)
+    return result
+
+
+def inference_markdown(results: list[InferenceResult]) -> str:
+    columns = ["model", "img px", "batch", "runtime", "ours ms", "ours img/s", "timm ms", "timm img/s"]
+    columns.append("ratio ours/timm (p10-p90)")
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for r in results:
+        for row in r.runtimes:
+            peer = "- | -" if row.peer_ms is None else f"{row.peer_ms:.2f} | {1000 * r.batch / row.peer_ms:,.0f}"
+            ratio = "-"
+            if row.ratio_median is not None:
+                ratio = f"{row.ratio_median:.3f} ({row.ratio_p10:.3f}-{row.ratio_p90:.3f})"
+            lines.append(
+                f"| {r.case} | {r.img_size} | {r.batch} | {row.runtime} | {row.ours_ms:.2f} | "
+                f"{1000 * r.batch / row.ours_ms:,.0f} | {peer} | {ratio} |"
+            )
+    return "\n".join(lines)
+
+
+def inference_json(results: list[InferenceResult]) -> str:
+    return json.dumps([asdict(r) for r in results], indent=2)
