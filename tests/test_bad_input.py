@@ -138,6 +138,7 @@ RANGE_CASES = {
     "optim.weight_decay_end": (["optim.weight_decay_end=-0.1"], "optim.weight_decay_end=-0.1 must be >= 0"),
     "optim.eps": (["optim.eps=0"], "optim.eps=0 must be > 0"),
     "optim.momentum": (["optim=sgd", "optim.momentum=1.0"], "optim.momentum=1.0 must be in [0, 1)"),
+    "optim.layer_decay": (["optim.layer_decay=0"], "optim.layer_decay=0 must be in (0, 1] or null"),
     "optim.betas": (["optim.betas=[0.9,1.0]"], "optim.betas=[0.9, 1.0] must both be in [0, 1)"),
     "sched.warmup_epochs": (["sched.warmup_epochs=-1"], "sched.warmup_epochs=-1 must be >= 0"),
     "sched.warmup_lr_init": (["sched.warmup_lr_init=-1e-6"], "sched.warmup_lr_init=-1e-06 must be >= 0"),

@@ -94,7 +94,10 @@ def read_file(path: str | Path, use_ema: bool = True) -> Pretrained:
     except Exception as err:  # truncated file, pickled code, not a torch file at all
         from vit.train.checkpoint import read_error_reason  # here: vit.train imports this package
 
-        raise PretrainedError(f"cannot read {str(path)!r} with weights_only=True: {read_error_reason(err)}") from err
+        reason = read_error_reason(err)
+        if reason.startswith("not a torch checkpoint") and path.open("rb").read(2) == b"PK":  # a cut zip archive
+            reason = f"the file is truncated or corrupted ({_first_line(err)})"
+        raise PretrainedError(f"cannot read {str(path)!r} with weights_only=True: {reason}") from err
     if is_trainer_checkpoint(obj):
         return trainer_weights(obj, str(path), use_ema)
     return Pretrained(unwrap_state_dict(obj, str(path), use_ema), str(path))
@@ -158,7 +161,7 @@ def timm_weights(name: str) -> Pretrained:
     online = host_reachable(timm_host(name))
     if not (cached or online):
         raise PretrainedError(
-            f"timm:{name}: cannot download the weights (no network: {timm_host(name)} is unreachable, or offline "
+            f"cannot download the weights of {name} (no network: {timm_host(name)} is unreachable, or offline "
             f"mode is on) and they are not in timm's cache {cache}; download them where a network exists, or give a "
             "file: model.pretrained=/path/to/weights.safetensors"
         )
@@ -167,7 +170,7 @@ def timm_weights(name: str) -> Pretrained:
             model = timm.create_model(name, pretrained=True)
     except Exception as err:  # the download or the cached file failed in timm / huggingface_hub
         raise PretrainedError(
-            f"timm:{name}: timm could not load the weights ({_first_line(err)}); looked in {cache}; give a file "
+            f"timm could not load the weights of {name} ({_first_line(err)}); looked in {cache}; give a file "
             "instead: model.pretrained=/path/to/weights.safetensors"
         ) from err
     blocks = getattr(model, "blocks", None)
@@ -183,12 +186,12 @@ def check_timm_name(name: str) -> None:
     if not timm.is_model(base):
         close = difflib.get_close_matches(base, timm.list_models(), n=3, cutoff=0.6)
         hint = f"; close names: {', '.join(close)}" if close else ""
-        raise PretrainedError(f"timm:{name}: timm has no model {base!r}{hint}")
+        raise PretrainedError(f"timm has no model {base!r}{hint}")
     tags = timm.list_pretrained(f"{base}.*")
     if not tags:
-        raise PretrainedError(f"timm:{name}: timm has no pretrained weights for {base!r}")
+        raise PretrainedError(f"timm has no pretrained weights for {base!r}")
     if "." in name and name not in tags:
-        raise PretrainedError(f"timm:{name}: timm has no such pretrained tag; known: {', '.join(tags[:6])}")
+        raise PretrainedError(f"timm has no pretrained weights {name!r}; known tags: {', '.join(tags[:6])}")
 
 
 def timm_cache(name: str) -> tuple[str, bool]:
