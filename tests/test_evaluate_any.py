@@ -101,6 +101,25 @@ def test_a_timm_file_gives_timms_top1_with_timms_preprocessing(folder, timm_file
     assert other["preprocessing"]["interpolation"] == "bilinear" and other["loss"] != pytest.approx(loss, abs=1e-5)
 
 
+def test_a_timm_source_uses_timms_preprocessing_unless_told(folder, timm_file, monkeypatch, capsys):
+    """`model.pretrained=timm:<name>` (the download stood in for: no network here) takes timm's eval config of
+    those weights by default, and `preprocess=data` the data config's."""
+    path, model = timm_file
+    asked = []
+    monkeypatch.setattr("vit.deploy.weights.timm_source", lambda name: asked.append(name) or model.state_dict())
+    paths, labels = val_images(folder)
+    transform = create_transform(**resolve_data_config({}, model=model))
+    with torch.no_grad():
+        top1, loss, _ = reference(model(torch.stack([transform(Image.open(p).convert("RGB")) for p in paths])), labels)
+    argv = ["model=vit_tiny", "model.depth=2", f"model.pretrained=timm:{TIMM_NAME}", f"data.root={folder}"]
+    result, summary = evaluate(argv, capsys)
+    assert asked == [TIMM_NAME] and result["source"] == f"timm:{TIMM_NAME}"
+    assert result["top1"] == pytest.approx(top1) and result["loss"] == pytest.approx(loss, abs=1e-5)
+    assert f"preprocessing: timm pretrained config of '{TIMM_NAME}' (resize 248 bicubic, crop 224)" in summary
+    own, _ = evaluate([*argv, "preprocess=data"], capsys)
+    assert own["preprocessing"]["origin"] == "data config 'imagefolder'" and own["preprocessing"]["resize"] == 256
+
+
 def test_1000_class_weights_on_a_folder_of_some_synsets(tmp_path, capsys):
     synsets = ImageNetInfo().label_names()
     chosen = [synsets[i] for i in (7, 300, 951)]  # folders sort in this order too
@@ -170,6 +189,10 @@ def test_our_checkpoint_gives_the_trainers_evaluation(our_checkpoint, tmp_path, 
     for key in ("top1", "top5", "loss", "count", "split"):
         assert result[key] == pytest.approx(expected[key]), key
     assert result["per_class_top1"] == pytest.approx(expected["per_class_top1"])
+    flipped = evaluate_checkpoint([f"checkpoint={our_checkpoint}", "device=cpu", "data.num_workers=0", "flip=true"])
+    result_flip, _ = evaluate([f"checkpoint={our_checkpoint}", "flip=true"], capsys)
+    assert result_flip["flip"] and result_flip["loss"] == pytest.approx(flipped["loss"])
+    assert result_flip["loss"] != pytest.approx(result["loss"])
     # The same file as the weights of a named model: the same numbers.
     named, _ = evaluate(["model=vit_tiny", f"model.pretrained={our_checkpoint}"], capsys)
     assert named["top1"] == pytest.approx(expected["top1"]) and named["loss"] == pytest.approx(expected["loss"])

@@ -50,6 +50,13 @@ def classes_of(state: Mapping) -> list[str] | None:
     return sorted(class_to_idx, key=class_to_idx.get) if class_to_idx else None
 
 
+def timm_source(name: str) -> dict[str, torch.Tensor]:
+    """The weights of timm's pretrained `name` (downloaded by timm where a network exists, else from its cache)."""
+    from vit.models import pretrained
+
+    return pretrained.timm_state_dict(name)
+
+
 def weights_from_source(source: str, use_ema: bool = False, key: str = "model.pretrained") -> SourceWeights:
     """A state dict (plus what the source says about classes and preprocessing) from `source`; errors name it
     as `key=source`."""
@@ -58,7 +65,7 @@ def weights_from_source(source: str, use_ema: bool = False, key: str = "model.pr
     if source.startswith("timm:"):
         name = source[len("timm:") :]
         try:
-            state_dict = pretrained.timm_state_dict(name)
+            state_dict = timm_source(name)
         except Exception as err:  # unknown name, no network
             raise WeightsError(f"{key}={source}: timm cannot provide these weights: {err}") from err
         return SourceWeights(state_dict, preprocessing=from_timm(name))
