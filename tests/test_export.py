@@ -265,3 +265,19 @@ def test_the_export_extra_missing(checkpoints, monkeypatch, capsys, missing):
 def test_help_prints_the_usage(capsys):
     assert export(["--help"]) == 0
     assert "format=onnx|torchscript|exported-program" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("weights", "fmt", "expected"),
+    [
+        ("run/checkpoints/best.pt", "onnx", "run/checkpoints/best.onnx"),
+        ("81.5_T2T_ViT_7.pth.tar", "torchscript", "81.5_T2T_ViT_7.torchscript.pt"),
+        ("vit.safetensors", "exported-program", "vit.pt2"),
+    ],
+)
+def test_the_default_output_sits_beside_the_weights(weights, fmt, expected):
+    from pathlib import Path
+
+    from vit.deploy.export import default_output
+
+    assert default_output(weights, fmt) == Path(expected)

@@ -55,9 +55,14 @@ def require_export_extra() -> None:
 
 
 def default_output(weights_path: str | Path, fmt: str) -> Path:
-    """`.../best.pt` -> `.../best.onnx` (or .torchscript.pt, .pt2) beside it."""
+    """`.../best.pt` -> `.../best.onnx` (or .torchscript.pt, .pt2) beside it; `81.5_T2T_ViT_7.pth.tar` ->
+    `81.5_T2T_ViT_7.onnx`."""
     path = Path(weights_path)
-    stem = path.name.split(".")[0] or path.name
+    stem = path.name
+    for suffix in (".pth.tar", ".safetensors", ".pth", ".pt", ".bin", ".tar"):
+        if stem.endswith(suffix) and len(stem) > len(suffix):
+            stem = stem[: -len(suffix)]
+            break
     return path.with_name(stem + FORMATS[fmt])
 
 
