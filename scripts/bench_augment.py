@@ -1,12 +1,13 @@
-"""What the GPU loader's augmentation costs per batch with `data.augment.policy_impl=torchvision` (v2 policies on
-chunks of `policy_chunk` images) and `batched` (vit/data/batched_policy.py): wall time of `GpuLoader.augment` and
-the number of aten ops it dispatches, the proxy for kernel launches on a GPU.
+"""What the batch augmentation (vit/data/augment.py's `BatchAugment`: pad-crop, flip, policy, normalisation) costs
+per batch, against torchvision's v2 policies called on chunks of 16 images (one draw per call: the way a loader
+uses them on batches): wall time and the number of aten ops dispatched, the proxy for kernel launches on a GPU.
 
     python scripts/bench_augment.py --batch 512 --size 32 --repeats 15
 
 Every policy and implementation is timed in one process, interleaved, on fresh random uint8 batches; the table
-reports medians. "batched (whole batch)" is the CUDA code path (each op on the whole batch, kept by torch.where:
-no host sync) forced on this device; "batched" is the device's own path. Prints a markdown table.
+reports medians. "ours (whole batch)" is the CUDA code path (each op on the whole batch, kept by torch.where: no
+host sync) forced on this device; "ours" is the device's own path. torchvision has no counterpart of timm's
+RandAugment strings, so those rows have no torchvision line. Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -19,16 +20,18 @@ from collections import Counter
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torchvision.transforms import v2
 
-from vit.data.batched_policy import BatchedPolicy
-from vit.data.gpu_loader import GpuLoader
+from vit.data.augment import AugmentSpec, BatchAugment, is_small
+from vit.data.transforms import MEAN_STD
 
-# (label, policy_impl, force the whole-batch path)
+# (label, implementation, force the whole-batch path)
 IMPLS = (
     ("torchvision", "torchvision", False),
-    ("batched", "batched", False),
-    ("batched (whole batch)", "batched", True),
+    ("ours", "ours", False),
+    ("ours (whole batch)", "ours", True),
 )
+CHUNK = 16  # images per torchvision policy call
 
 
 class CountOps(TorchDispatchMode):
@@ -51,15 +54,34 @@ class CountOps(TorchDispatchMode):
         return out
 
 
-def make_loader(policy: str, impl: str, whole_batch: bool, images: np.ndarray, device: torch.device) -> GpuLoader:
-    aug = {"crop": "pad", "pad": 4, "hflip": True, "auto_augment": policy, "policy_impl": impl}
-    loader = GpuLoader(
-        images, np.zeros(len(images)), {"name": "cifar10", "augment": aug}, batch_size=len(images), device=device,
-        train=True, seed=0,
+def torchvision_policy(policy: str, size: int):
+    if policy == "autoaug":
+        return v2.AutoAugment(v2.AutoAugmentPolicy.CIFAR10 if is_small(size) else v2.AutoAugmentPolicy.IMAGENET)
+    return v2.TrivialAugmentWide() if policy == "trivial" else None
+
+
+def make_augment(policy: str | None, impl: str, whole_batch: bool, size: int):
+    """(uint8 batch, generator) -> float batch, for one row of the table; None where there is no such row."""
+    spec = AugmentSpec.from_config(
+        {"crop": "pad", "pad": 4, "scale_min": 0.08, "hflip": True, "re_prob": 0.0, "mixup_alpha": 0.0,
+         "cutmix_alpha": 0.0, "mixup_prob": 1.0, "label_smoothing": 0.0,
+         "auto_augment": policy if impl == "ours" else None}
     )  # fmt: skip
-    if whole_batch and isinstance(loader.policy, BatchedPolicy):
-        loader.policy.subsets = False
-    return loader
+    augment = BatchAugment(spec, *MEAN_STD["cifar10"], size, train=True)
+    if impl == "ours":
+        if whole_batch and augment.policy is not None:
+            augment.policy.subsets = False
+        return augment
+    reference = torchvision_policy(policy, size) if policy else None
+    if policy and reference is None:
+        return None
+
+    def with_torchvision(x, generator):  # the policy per chunk (before the crop and flip: the same cost), then ours
+        if reference is not None:
+            x = torch.cat([reference(chunk) for chunk in x.split(CHUNK)])
+        return augment(x, generator)
+
+    return with_torchvision
 
 
 def sync(device: torch.device) -> None:
@@ -69,7 +91,9 @@ def sync(device: torch.device) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--policies", default="autoaug,trivial,rand-m9-n2", help="comma list of auto_augment values")
+    parser.add_argument(
+        "--policies", default="autoaug,trivial,rand-m9-mstd0.5-inc1", help="comma list of auto_augment values"
+    )
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=15, help="timed batches per policy and implementation")
@@ -86,32 +110,32 @@ def main(argv: list[str] | None = None) -> None:
     torch.manual_seed(0)
 
     cases = [(p, *impl) for p in ["none", *args.policies.split(",")] for impl in (IMPLS if p != "none" else IMPLS[:1])]
-    loaders = {
-        (p, label): make_loader(None if p == "none" else p, impl, whole, images, device)
-        for p, label, impl, whole in cases
+    augments = {
+        (p, label): make_augment(None if p == "none" else p, impl, whole, args.size) for p, label, impl, whole in cases
     }
+    augments = {key: fn for key, fn in augments.items() if fn is not None}
     generator = torch.Generator(device=device).manual_seed(0)
-    batch = loaders[cases[0][0], cases[0][1]].images  # (B, 3, H, W) uint8 on the device
+    batch = torch.from_numpy(images).permute(0, 3, 1, 2).contiguous().to(device)  # (B, 3, H, W) uint8
 
     def run(key) -> float:
         x = batch[torch.randperm(len(batch), device=device)]
         sync(device)
         start = time.perf_counter()
-        loaders[key].augment(x, generator)
+        augments[key](x, generator)
         sync(device)
         return time.perf_counter() - start
 
     ops = {}
-    for key in loaders:
+    for key in augments:
         for _ in range(args.warmup):
             run(key)
         with CountOps() as counter:  # the draws decide which ops run: a mean over several batches
             for _ in range(args.count_batches):
-                loaders[key].augment(batch, generator)
+                augments[key](batch, generator)
         ops[key] = {name: count / args.count_batches for name, count in counter.counts.items()}
-    times: dict[tuple, list[float]] = {key: [] for key in loaders}
+    times: dict[tuple, list[float]] = {key: [] for key in augments}
     for _ in range(args.repeats):  # interleaved: a slow phase of the machine hits every case alike
-        for key in loaders:
+        for key in augments:
             times[key].append(run(key))
 
     print(
@@ -119,9 +143,11 @@ def main(argv: list[str] | None = None) -> None:
         f"threads; time: median of {args.repeats}, interleaved; ops: mean of {args.count_batches} batches"
     )
     print()
-    print("| policy | policy_impl | ms / batch (median) | aten ops / batch | of them views | of them < 16 elements |")
+    print(
+        "| policy | implementation | ms / batch (median) | aten ops / batch | of them views | of them < 16 elements |"
+    )
     print("|---|---|---|---|---|---|")
-    for key in loaders:
+    for key in augments:
         policy, label = key
         count = {name: round(ops[key].get(name, 0)) for name in ("all", "views", "small")}
         impl = "-" if policy == "none" else label

@@ -1,6 +1,6 @@
 """The batched AutoAugment / RandAugment / TrivialAugmentWide (vit/data/batched_policy.py) against torchvision:
 every op image by image, exactly; the magnitude tables and sub-policies; the draw frequencies; seeding; and the
-GPU loader with `data.augment.policy_impl`."""
+policies as the loaders build them."""
 
 import importlib.util
 import math
@@ -13,7 +13,8 @@ from trainer_utils import REPO, compose_config
 
 from vit.data import DataError, build_data
 from vit.data import batched_policy as bp
-from vit.data.gpu_loader import GpuLoader, policy_op
+from vit.data.augment import build_policy
+from vit.data.gpu_loader import GpuLoader
 from vit.train.config import ConfigError, validate
 
 NEAREST = v2.InterpolationMode.NEAREST
@@ -269,42 +270,33 @@ def gpu_cfg(**aug):
     return cfg
 
 
-def test_policy_impl_picks_the_implementation():
-    assert isinstance(policy_op("autoaug", 32, "batched"), bp.BatchedAutoAugment)
-    assert policy_op("autoaug", 224, "batched").policy == "imagenet"
-    rand = policy_op("rand-m7-n3-mstd0.5", 32, "batched")
-    assert isinstance(rand, bp.BatchedRandAugment) and (rand.num_ops, rand.magnitude, rand.num_bins) == (3, 7, 11)
-    assert isinstance(policy_op("trivial", 32, "batched"), bp.BatchedTrivialAugmentWide)
-    assert isinstance(policy_op("augmix-m5-w4-d2", 32, "batched"), v2.AugMix)  # no batched AugMix
-    assert isinstance(policy_op("autoaug", 32, "torchvision"), v2.AutoAugment)
-    assert isinstance(build_data(gpu_cfg()).train_loader.policy, bp.BatchedAutoAugment)  # the default
-    with pytest.raises(
-        DataError, match=r"^data.augment.policy_impl='fast' must be one of \('batched', 'torchvision'\)$"
-    ):
-        build_data(gpu_cfg(policy_impl="fast"))
+def test_the_policy_strings_pick_the_batched_policies():
+    assert isinstance(build_policy("autoaug", 32, (0.5,) * 3), bp.BatchedAutoAugment)
+    assert build_policy("autoaug", 224, (0.5,) * 3).policy == "imagenet"
+    assert isinstance(build_policy("trivial", 32, (0.5,) * 3), bp.BatchedTrivialAugmentWide)
+    assert isinstance(build_data(gpu_cfg()).train_loader.augment.policy, bp.BatchedAutoAugment)
 
 
-def test_a_bad_policy_impl_is_one_config_error_line():
-    with pytest.raises(ConfigError) as err:
-        validate(compose_config(["data=synthetic", "data.augment.policy_impl=fast"]))
-    assert str(err.value) == "data.augment.policy_impl='fast' must be one of ('batched', 'torchvision')"
+@pytest.mark.parametrize("key", ["policy_impl", "policy_chunk"])
+def test_the_removed_implementation_switches_are_unknown_keys(key):
+    """One implementation per policy: there is no switch left that would give a config a second meaning."""
+    with pytest.raises(ConfigError, match=rf"unknown key data.augment.{key}|data.augment.{key} is not a known key"):
+        validate(compose_config(["data=synthetic", f"+data.augment.{key}=1"]))
 
 
-@pytest.mark.parametrize("impl", ["batched", "torchvision"])
-def test_gpu_loader_resumes_mid_epoch_exactly(impl):
-    """The batches after a skip are the ones an uninterrupted pass yields: the skipped batches advance the
-    generator as that pass did (torchvision's policy also needs the global RNG the checkpoint stored)."""
-    loader = build_data(gpu_cfg(policy_impl=impl, auto_augment="trivial", re_prob=0.5), seed=3).train_loader
+@pytest.mark.parametrize("policy", ["trivial", "rand-m9-mstd0.5-inc1", "augmix-m2-w2-d1"])
+def test_gpu_loader_resumes_mid_epoch_exactly(policy):
+    """The batches after a skip are the ones an uninterrupted pass yields, without replaying the skipped ones:
+    every batch draws from its own generator; the global RNG is not used."""
+    loader = build_data(gpu_cfg(auto_augment=policy, re_prob=0.5), seed=3).train_loader
     assert isinstance(loader, GpuLoader) and len(loader) == 4
     loader.set_epoch(1)
-    torch.manual_seed(0)
     batches = iter(loader)
     next(batches), next(batches)
-    rng_at_stop = torch.random.get_rng_state()  # what a checkpoint after 2 batches holds
     straight = [x for x, _ in batches]
     loader.set_epoch(1)
     loader.skip_batches(2)
-    torch.random.set_rng_state(rng_at_stop)
+    torch.manual_seed(12345)  # whatever the global RNG holds
     resumed = [x for x, _ in loader]
     assert len(resumed) == len(straight) == 2
     for a, b in zip(straight, resumed, strict=True):
@@ -317,7 +309,8 @@ def test_bench_script_prints_its_table(capsys):
     spec.loader.exec_module(module)
     module.main(["--batch", "16", "--size", "8", "--repeats", "1", "--warmup", "0", "--count-batches", "1"])
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-12].startswith("| policy | policy_impl | ms / batch (median) | aten ops / batch |")
-    rows = [line.split(" | ") for line in lines[-10:]]
+    assert lines[-11].startswith("| policy | implementation | ms / batch (median) | aten ops / batch |")
+    rows = [line.split(" | ") for line in lines[-9:]]
     assert [(r[0][2:], r[1]) for r in rows[:4]] == [("none", "-"), *[("autoaug", i) for i, _, _ in module.IMPLS]]
+    assert [r[1] for r in rows[-2:]] == ["ours", "ours (whole batch)"]  # timm's RandAugment: no torchvision row
     assert all(int(r[3]) > 0 for r in rows)  # op counts

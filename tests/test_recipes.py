@@ -93,6 +93,6 @@ def test_cpu_proxy_screens_on_a_holdout_and_reports_the_test_split_once(cifar_li
     ]
     metrics = run(compose_config(overrides), output_dir=tmp_path / "run")
     assert metrics["val_split"] == "holdout" and metrics["test"]["split"] == "test"
-    assert metrics["loader"] == "gpu"
+    assert metrics["loader"] == "gpu" and metrics["loader_reason"] == "data.loader=gpu"
     assert [r["val_top1"] is None for r in metrics["history"]] == [True, False]  # val_every_n_epochs: 2
     assert "ema_top1" in metrics["test"]

@@ -1,9 +1,15 @@
-"""`build_data(cfg.data)`: datasets, transforms and loaders assembled into one `DataBundle`."""
+"""`build_data(cfg.data)`: datasets, transforms and loaders assembled into one `DataBundle`.
+
+Two loaders, one augmentation. The torch loader decodes and crops in CPU workers and hands uint8 batches to the
+device; the GPU-resident loader keeps the decoded split on the device. Either way a batch then goes through the
+same `BatchAugment` (vit/data/augment.py) on the device, so a config means the same augmented images on both.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,10 +17,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
+from vit.data.augment import AugmentSpec, BatchAugment
 from vit.data.datasets import DataError, Splits, build_splits
 from vit.data.gpu_loader import GpuLoader, cached_split
-from vit.data.sampling import repeat_order
-from vit.data.transforms import mean_std, mixup_and_criterion, train_transform, val_transform
+from vit.data.sampling import epoch_order
+from vit.data.transforms import mean_std, mixup_and_criterion, train_geometry, val_geometry
+
+log = logging.getLogger(__name__)
 
 LOADERS = ("auto", "torch", "gpu")
 
@@ -34,6 +43,7 @@ class DataBundle:
     num_val: int
     train_sampler: Sampler | None = None  # the torch loader's DistributedSampler, to `set_epoch` on
     loader_kind: str = "torch"
+    loader_reason: str = ""  # why this loader (data.loader=auto decides by device and memory)
     val_name: str = "val"  # "holdout" with data.holdout, else the split's own name
     test_loader: Iterable | None = None  # with data.holdout: the split the holdout replaced, for the final report
     test_name: str | None = None
@@ -53,8 +63,25 @@ class Transformed(Dataset):
         return self.transform(image), target
 
 
-def default_workers() -> int:
-    return min(8, os.cpu_count() or 1)
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one, e.g. under a CPU quota)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def num_workers(cfg: Mapping) -> int:
+    """data.num_workers, or min(8, CPUs) when null; more workers than CPUs only queue for them, so a larger value
+    is lowered to the CPU count, said once."""
+    cpus = available_cpus()
+    requested = cfg.get("num_workers")
+    if requested is None:
+        return min(8, cpus)
+    if int(requested) > cpus:
+        log.info("data.num_workers=%d but this process has %d CPUs: using %d workers", int(requested), cpus, cpus)
+        return cpus
+    return int(requested)
 
 
 def _seed_worker(worker_id: int) -> None:
@@ -81,9 +108,9 @@ class ShardSampler(Sampler):
 
 
 class EpochSampler(DistributedSampler):
-    """The train order: one permutation per (seed, epoch) shared by all ranks, rank r taking every
-    world_size-th index; `skip` starts the next epoch after samples already trained (a resume inside an epoch);
-    `repeats` > 1: repeated augmentation (`repeat_order`)."""
+    """The train order: `epoch_order` (one permutation per (seed, epoch), the GPU-resident loader's too) shared by
+    all ranks, rank r taking every world_size-th index; `skip` starts the next epoch after samples already trained
+    (a resume inside an epoch); `repeats` > 1: repeated augmentation."""
 
     def __init__(self, dataset, world_size: int, rank: int, seed: int, repeats: int = 1) -> None:
         super().__init__(dataset, world_size, rank, shuffle=True, seed=seed, drop_last=True)
@@ -95,12 +122,8 @@ class EpochSampler(DistributedSampler):
         self.skip = 0
 
     def __iter__(self):
-        if self.repeats <= 1:
-            indices = list(super().__iter__())
-        else:  # DistributedSampler's permutation and sharding, with the repeats in between
-            generator = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = repeat_order(torch.randperm(len(self.dataset), generator=generator), self.repeats)
-            indices = order[: self.total_size][self.rank : self.total_size : self.num_replicas].tolist()
+        order = epoch_order(len(self.dataset), self.seed, self.epoch, self.repeats)
+        indices = order[: self.total_size][self.rank : self.total_size : self.num_replicas].tolist()
         return iter(indices[self.skip :])
 
     def __len__(self) -> int:
@@ -108,8 +131,7 @@ class EpochSampler(DistributedSampler):
 
 
 def _torch_loader(dataset, cfg, *, train, device, seed, rank, world_size, batch_size):
-    workers = cfg.get("num_workers")
-    workers = default_workers() if workers is None else int(workers)
+    workers = num_workers(cfg)
     if train:
         # Also with one process: the permutation is then the same for every world size, and global batch k
         # (rank r takes every world_size-th index) holds the same images whether 1 or N processes train.
@@ -131,15 +153,58 @@ def _torch_loader(dataset, cfg, *, train, device, seed, rank, world_size, batch_
     return loader, sampler
 
 
-def _gpu_fits(splits: Splits, img_size: int, device: torch.device) -> bool:
-    """Whether the splits as uint8 (N, 3, H, W) take under a quarter of the free GPU memory; estimated
-    before anything is decoded, so a split too large for the GPU is never decoded for nothing."""
+class DeviceBatches:
+    """The torch loader as the trainer sees it: the DataLoader's uint8 (B, 3, H, W) batches moved to the device
+    and through `augment` there, float32 (B, 3, H, W) normalised out. `set_epoch`, `skip_batches` and
+    `generator` (the DataLoader's, seeding its workers) are what the trainer drives each epoch."""
+
+    def __init__(self, loader: DataLoader, sampler, augment: BatchAugment, *, device, seed: int, rank: int) -> None:
+        self.loader, self.sampler, self.augment = loader, sampler, augment
+        self.device, self.seed, self.rank = torch.device(device), seed, rank
+        self.train = augment.train
+        self.epoch, self.start = 0, 0
+        self.dataset, self.batch_size, self.generator = loader.dataset, loader.batch_size, loader.generator
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self.start = epoch, 0
+        if hasattr(self.sampler, "set_epoch"):  # the train split's order
+            self.sampler.set_epoch(epoch)
+
+    def skip_batches(self, count: int) -> None:
+        """Start the next pass after its first `count` batches (their samples skipped by the sampler)."""
+        self.sampler.skip = count * self.batch_size
+        self.start = count
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        start, self.start = self.start, 0
+        for index, (images, targets) in enumerate(self.loader, start):
+            images = images.to(self.device, non_blocking=True)
+            targets = targets.to(self.device, non_blocking=True)
+            generator = (
+                self.augment.generator(self.device, self.seed, self.epoch, self.rank, index) if self.train else None
+            )
+            yield self.augment(images, generator), targets
+        if self.train:  # as the GPU-resident loader: a full pass moves on to the next epoch
+            self.epoch += 1
+            self.sampler.set_epoch(self.epoch)
+
+
+def _gpu_fits(splits: Splits, img_size: int, device: torch.device) -> tuple[bool, str]:
+    """Whether the splits as uint8 (N, 3, H, W) take under a quarter of the free GPU memory, and the reason in
+    words; estimated before anything is decoded, so a split too large for the GPU is never decoded for nothing."""
     if device.type != "cuda":
-        return False
+        return False, f"the device is {device.type}, not cuda"
     free, _ = torch.cuda.mem_get_info(device)
     images = len(splits.train) + len(splits.val) + (len(splits.test) if splits.test is not None else 0)
     needed = images * 3 * img_size * img_size
-    return needed < 0.25 * free
+    verdict = "under" if needed < 0.25 * free else "over"
+    return needed < 0.25 * free, (
+        f"{images} images at {img_size} px take {needed / 2**30:.2f} GiB, {verdict} a quarter of the "
+        f"{free / 2**30:.1f} GiB free on {device}"
+    )
 
 
 def decoded_cache_dir(cfg: Mapping, splits: Splits) -> Path:
@@ -152,40 +217,40 @@ def decoded_cache_dir(cfg: Mapping, splits: Splits) -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vit" / "decoded"
 
 
+def choose_loader(cfg: Mapping, splits: Splits, device: torch.device) -> tuple[str, str]:
+    """("torch" or "gpu", why): data.loader=gpu|torch as asked; auto: the GPU-resident loader on CUDA when the
+    decoded splits fit (`_gpu_fits`), else the torch loader."""
+    kind = cfg.get("loader", "auto")
+    if kind != "auto":
+        return kind, f"data.loader={kind}"
+    fits, why = _gpu_fits(splits, int(cfg["img_size"]), device)
+    return ("gpu" if fits else "torch"), f"data.loader=auto: {why}"
+
+
 def build_data(
     cfg: Mapping, *, device: torch.device | str = "cpu", seed: int = 0, rank: int = 0, world_size: int = 1
 ) -> DataBundle:
     """Build the train/val loaders described by the `data` config node."""
-    kind = cfg.get("loader", "auto")
-    if kind not in LOADERS:
-        raise DataError(f"data.loader={kind!r} must be one of {LOADERS}")
     batch_size = int(cfg.get("batch_size", 128))
     if batch_size <= 0:
         raise DataError(f"data.batch_size={batch_size} must be positive")
+    spec = AugmentSpec.from_config(cfg.get("augment"))
     img_size = int(cfg["img_size"])
     device = torch.device(device)
+    if cfg.get("loader", "auto") not in LOADERS:
+        raise DataError(f"data.loader={cfg.get('loader')!r} must be one of {LOADERS}")
     splits = build_splits(cfg, seed=seed)
     num_classes = int(cfg.get("num_classes") or len(splits.class_to_idx))
     if num_classes < len(splits.class_to_idx):
         raise DataError(f"data.num_classes={num_classes} but the data has {len(splits.class_to_idx)} classes")
-    mixup_fn, criterion = mixup_and_criterion(cfg, num_classes)
+    mixup_fn, criterion = mixup_and_criterion(spec, num_classes)
     mean, std = mean_std(cfg)
-
+    kind, reason = choose_loader(cfg, splits, device)
+    log.info("loader: %s (%s)", kind, reason)
     # data.loader=gpu is allowed on a CPU too (tests, debugging): the same batched code runs there.
-    loaders = None
-    if kind == "gpu" or (kind == "auto" and device.type == "cuda"):
-        loaders = _gpu_loaders(cfg, splits, device, seed, rank, world_size, batch_size, force=kind == "gpu")
-    if loaders is None:
-        common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
-        train_loader, sampler = _torch_loader(
-            Transformed(splits.train, train_transform(cfg)), cfg, train=True, **common
-        )
-        val_loader, _ = _torch_loader(Transformed(splits.val, val_transform(cfg)), cfg, train=False, **common)
-        test_loader = None
-        if splits.test is not None:
-            test_loader, _ = _torch_loader(Transformed(splits.test, val_transform(cfg)), cfg, train=False, **common)
-        loaders = (train_loader, val_loader, test_loader, sampler, "torch")
-    train_loader, val_loader, test_loader, sampler, loader_kind = loaders
+    common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
+    build = _gpu_loaders if kind == "gpu" else _torch_loaders
+    train_loader, val_loader, test_loader, sampler = build(cfg, splits, spec, mean, std, **common)
     if len(train_loader) == 0:
         raise DataError(
             f"data.batch_size={batch_size} is larger than the {len(splits.train)} training images: no full batch"
@@ -203,18 +268,35 @@ def build_data(
         len(splits.train),
         len(splits.val),
         sampler,
-        loader_kind,
+        kind,
+        reason,
         splits.val_name,
         test_loader,
         splits.test_name,
     )
 
 
-def _gpu_loaders(cfg, splits, device, seed, rank, world_size, batch_size, force: bool):
-    """GPU-resident loaders over decoded uint8 splits, or None when they would not fit (and not forced)."""
+def _torch_loaders(cfg, splits, spec, mean, std, *, device, seed, rank, world_size, batch_size):
+    """DataLoaders over the files (workers decode and, for crop=rrc, crop), each wrapped in `DeviceBatches`."""
     img_size = int(cfg["img_size"])
-    if not force and not _gpu_fits(splits, img_size, device):
-        return None
+    common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
+    train_aug = BatchAugment(spec, mean, std, img_size, train=True, crop_done=True)
+    val_aug = BatchAugment(spec, mean, std, img_size, train=False)
+    train, sampler = _torch_loader(Transformed(splits.train, train_geometry(cfg, spec)), cfg, train=True, **common)
+    wrap = dict(device=device, seed=seed, rank=rank)
+    loaders = [DeviceBatches(train, sampler, train_aug, **wrap)]
+    for split in (splits.val, splits.test):
+        if split is None:
+            loaders.append(None)
+            continue
+        loader, shards = _torch_loader(Transformed(split, val_geometry(cfg)), cfg, train=False, **common)
+        loaders.append(DeviceBatches(loader, shards, val_aug, **wrap))
+    return *loaders, sampler
+
+
+def _gpu_loaders(cfg, splits, spec, mean, std, *, device, seed, rank, world_size, batch_size):
+    """GPU-resident loaders over decoded uint8 splits."""
+    img_size = int(cfg["img_size"])
     arrays = []
     parts = [(True, splits.train, splits.train_array), (False, splits.val, splits.val_array)]
     if splits.test is not None:
@@ -222,11 +304,13 @@ def _gpu_loaders(cfg, splits, device, seed, rank, world_size, batch_size, force:
     for train, dataset, array in parts:
         # CIFAR and synthetic splits are already uint8 arrays; decode (once, cached) when the size differs.
         if array is None or array[0].shape[1:3] != (img_size, img_size):
-            workers = cfg.get("num_workers")
-            workers = default_workers() if workers is None else int(workers)
-            array = cached_split(dataset, img_size, train, decoded_cache_dir(cfg, splits), workers)
+            array = cached_split(dataset, img_size, train, decoded_cache_dir(cfg, splits), num_workers(cfg))
         arrays.append(array)
-    common = dict(cfg=cfg, device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
-    train_loader, val_loader = GpuLoader(*arrays[0], train=True, **common), GpuLoader(*arrays[1], train=False, **common)
-    test_loader = GpuLoader(*arrays[2], train=False, **common) if len(arrays) > 2 else None
-    return train_loader, val_loader, test_loader, None, "gpu"
+    common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
+    train_aug = BatchAugment(spec, mean, std, img_size, train=True)
+    val_aug = BatchAugment(spec, mean, std, img_size, train=False)
+    repeats = int(cfg.get("repeated_aug") or 1)
+    train_loader = GpuLoader(*arrays[0], train_aug, train=True, repeats=repeats, **common)
+    val_loader = GpuLoader(*arrays[1], val_aug, train=False, **common)
+    test_loader = GpuLoader(*arrays[2], val_aug, train=False, **common) if len(arrays) > 2 else None
+    return train_loader, val_loader, test_loader, None

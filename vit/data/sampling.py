@@ -12,3 +12,11 @@ def repeat_order(order: torch.Tensor, repeats: int) -> torch.Tensor:
     if repeats <= 1:
         return order
     return order.repeat_interleave(repeats)[: len(order)]
+
+
+def epoch_order(size: int, seed: int, epoch: int, repeats: int = 1) -> torch.Tensor:
+    """The training order of `epoch`, int64 (size,): one permutation per (seed, epoch), DistributedSampler's
+    (seeded with seed + epoch), with repeated augmentation's copies in between. Both loaders take it, so with the
+    same seed they visit the same images in the same batches."""
+    generator = torch.Generator().manual_seed(seed + epoch)
+    return repeat_order(torch.randperm(size, generator=generator), repeats)

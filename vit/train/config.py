@@ -11,7 +11,8 @@ from torch import nn
 
 from vit.data.archive import is_archive
 from vit.data.datasets import DATASET_NAMES, DataError, parse_holdout
-from vit.data.gpu_loader import POLICY_IMPLS
+from vit.data.augment import AugmentSpec
+from vit.data.loader import LOADERS
 from vit.models import create_model, list_models
 from vit.train.finetune import FREEZE_MODES
 
@@ -49,7 +50,6 @@ NUMERIC_KEYS = {
             "limit_val_samples",
             "repeated_aug",
             "augment.pad",
-            "augment.policy_chunk",
             "synthetic.num_train",
             "synthetic.num_val",
         ),
@@ -204,20 +204,11 @@ def validate(cfg: DictConfig) -> None:
         _require(data.root is not None, "data.root is not set: data=imagefolder needs data.root=<folder or archive>")
         root = Path(str(data.root)).expanduser()
         _require(root.is_dir() or is_archive(root), f"data.root={str(data.root)!r} does not exist")
-    aug = data.get("augment") or {}
-    for key in ("re_prob", "label_smoothing"):
-        value = float(aug.get(key, 0.0))
-        _require(0.0 <= value < 1.0, f"data.augment.{key}={value} must be in [0, 1)")
-    mixup_prob = float(aug.get("mixup_prob", 1.0))
-    _require(0.0 <= mixup_prob <= 1.0, f"data.augment.mixup_prob={mixup_prob} must be in [0, 1]")
-    for key in ("mixup_alpha", "cutmix_alpha"):
-        _require(float(aug.get(key, 0.0)) >= 0, f"data.augment.{key}={aug.get(key)} must be >= 0")
-    scale_min = float(aug.get("scale_min", 0.08))
-    _require(0.0 < scale_min <= 1.0, f"data.augment.scale_min={scale_min} must be in (0, 1]")
-    _require(int(aug.get("pad", 0)) >= 0, f"data.augment.pad={aug.get('pad')} must be >= 0")
-    _require(int(aug.get("policy_chunk", 1)) >= 1, f"data.augment.policy_chunk={aug.get('policy_chunk')} must be >= 1")
-    impl = aug.get("policy_impl", "batched")
-    _require(impl in POLICY_IMPLS, f"data.augment.policy_impl={impl!r} must be one of {POLICY_IMPLS}")
+    try:
+        AugmentSpec.from_config(data.get("augment"))
+    except DataError as err:
+        raise ConfigError(str(err)) from None
+    _require(data.get("loader", "auto") in LOADERS, f"data.loader={data.get('loader')!r} must be one of {LOADERS}")
     if data.get("num_workers") is not None:
         _require(int(data.num_workers) >= 0, f"data.num_workers={data.num_workers} must be >= 0 or null")
     if data.get("num_classes") is not None:

@@ -1,0 +1,356 @@
+"""The augmentation both loaders apply (vit/data/augment.py, vit/data/rand_augment.py): every policy at every
+magnitude on both code paths, timm's RandAugment op by op against timm's own Pillow ops and its sampling, the two
+loaders giving the same batches, the defaults declared once, the loader choice, and bad policy strings."""
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from PIL import Image
+from timm.data import auto_augment as timm_aa
+from trainer_utils import REPO, compose_config, run_cli
+
+import vit.data.loader as loader_module
+from vit.data import DataError, build_data
+from vit.data import rand_augment as ra
+from vit.data.augment import AugmentSpec, BatchAugment, build_policy, declared_defaults
+from vit.train.config import ConfigError, validate
+
+FILL = (124, 116, 104)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def smooth_images(n: int, height: int = 24, width: int = 28, seed: int = 0) -> torch.Tensor:
+    """uint8 (n, 3, H, W): blurry shapes plus noise, so geometric ops move visible structure."""
+    generator = torch.Generator().manual_seed(seed)
+    base = torch.rand(n, 3, height // 4, width // 4, generator=generator) * 255
+    x = torch.nn.functional.interpolate(base, (height, width), mode="bilinear", align_corners=False)
+    x = x + torch.randn(x.shape, generator=generator) * 20
+    return x.clamp(0, 255).round().to(torch.uint8)
+
+
+# ---- every policy, every magnitude, both code paths ----
+
+RAND_STRINGS = [
+    f"rand-m{m}-mstd{std}-inc{inc}" for m in range(0, 11) for std in (0, 0.5, 100, 101) for inc in (0, 1)
+] + ["rand-m15-mmax20-mstd1", "rand-m30-mmax30-inc1", "rand-m10-n4-p1.0-mstd101", "rand-m9-mstd0.5-inc1-tweights-n3"]
+POLICIES = ["autoaug", "trivial", *RAND_STRINGS, *[f"augmix-m{m}-w2" for m in (1, 5, 10)], "augmix-m3-w3-d3-a0.5"]
+
+
+@pytest.mark.parametrize("whole_batch", [False, True], ids=["cpu-path", "cuda-path"])
+def test_every_policy_and_magnitude_runs_on_both_code_paths(whole_batch):
+    """The CPU's per-op subsets and the CUDA path (whole batch, torch.where), at every magnitude bin, the
+    extremes, the largest noise (mstd > 100 is uniform; mstd 100 clips to 0 and 10 half the time) and 0-bit
+    posterize: no exception, uint8 in, uint8 out, shape kept."""
+    x = smooth_images(24)
+    for text in POLICIES:
+        policy = build_policy(text, 24, (0.5, 0.45, 0.4))
+        if hasattr(policy, "subsets"):
+            policy.subsets = not whole_batch
+        out = policy(x, torch.Generator().manual_seed(1))
+        assert out.shape == x.shape and out.dtype == torch.uint8, text
+
+
+@pytest.mark.parametrize("loader", ["torch", "gpu"])
+def test_the_strongest_settings_train_batches_on_both_loaders(loader):
+    """What crashed the torch loader with Pillow 13 (timm's PosterizeIncreasing at magnitude 10: 0 bits)."""
+    for text in ("rand-m10-mstd101-inc1", "rand-m10-n4-p1.0-inc1", "rand-m0-mstd100", "augmix-m10-w3-d3"):
+        cfg = synthetic_cfg(loader, crop="rrc", auto_augment=text, re_prob=0.5)
+        for x, _ in build_data(cfg).train_loader:
+            assert x.dtype == torch.float32 and torch.isfinite(x).all()
+            assert x.abs().max() < 10  # normalised uint8 images, not garbage
+
+
+# ---- timm's RandAugment: the ops against timm's Pillow ops ----
+
+
+def timm_reference(name: str, level: float, negate: bool, increasing: bool, image: Image.Image) -> Image.Image:
+    """timm's own op (bilinear, as its training transforms ask) at `level`, with the sign forced."""
+    if increasing and name in ("Posterize", "Solarize", *ra.ENHANCE):
+        name += "Increasing"
+    op = timm_aa.AugmentOp(name, prob=1.0, magnitude=level, hparams={"img_mean": FILL, "interpolation": 2})
+    original = timm_aa._randomly_negate
+    timm_aa._randomly_negate = (lambda v: -v) if negate else (lambda v: v)
+    try:
+        return op(image)
+    finally:
+        timm_aa._randomly_negate = original
+
+
+def ours(name: str, level: float, negate: bool, increasing: bool, x: torch.Tensor) -> torch.Tensor:
+    op = torch.tensor([ra.OP_INDEX[name]])
+    argument = ra.op_argument(op, torch.tensor([float(level)], dtype=torch.float64), torch.tensor([negate]), increasing)
+    if name in ra.GEOMETRIC:
+        return ra.warp_bilinear(x, ra.pillow_inverse_affine(op, argument, *x.shape[-2:]), FILL)
+    if name in ra.BLENDS:
+        return ra.apply_blends(x, op, argument, {name})
+    return ra.apply_tables(x, op, ra.static_tables(op, argument), {name})
+
+
+@pytest.mark.parametrize("increasing", [False, True], ids=["plain", "inc1"])
+@pytest.mark.parametrize("name", ra.OPS)
+def test_each_op_matches_timms_pillow_op(name, increasing):
+    """Tables and blends equal Pillow's exactly; the geometric ops are within 1 (bilinear rounding)."""
+    tolerance = 1 if name in ra.GEOMETRIC else 0
+    compared = 0
+    for i, level in enumerate((0, 1.3, 5, 7.5, 9, 9.7, 10)):
+        for negate in (False, True):
+            x = smooth_images(1, seed=i)
+            image = Image.fromarray(x[0].permute(1, 2, 0).numpy())
+            try:
+                expected = timm_reference(name, level, negate, increasing, image)
+            except ValueError:  # Pillow 13 refuses 0 bits: timm's own op cannot run here
+                assert name == "Posterize"
+                assert ours(name, level, negate, increasing, x).max() == 0  # 0 bits kept: black, as Pillow < 13
+                continue
+            expected = torch.from_numpy(np.array(expected)).permute(2, 0, 1)
+            diff = (ours(name, level, negate, increasing, x)[0].int() - expected.int()).abs()
+            assert diff.max() <= tolerance, (name, level, negate)
+            compared += 1
+    assert compared >= 10
+
+
+def test_posterize_at_full_increasing_magnitude_keeps_no_bits():
+    op = torch.tensor([ra.OP_INDEX["Posterize"]])
+    argument = ra.op_argument(op, torch.tensor([10.0], dtype=torch.float64), torch.tensor([False]), True)
+    assert argument.item() == 0
+    assert ours("Posterize", 10, False, True, smooth_images(1)).max() == 0
+
+
+# ---- timm's RandAugment: the sampling against timm's ----
+
+
+def test_op_and_level_draws_follow_timms_policy():
+    """Over many draws: each op 1/15 of the slots, applied with probability p, level ~ N(m, mstd) clipped to
+    [0, 10]; timm's RandAugment object (its op list and settings) is what the expectations come from."""
+    reference = timm_aa.rand_augment_transform("rand-m9-mstd0.5-inc1-p0.7", {"img_mean": FILL})
+    assert [op.name.replace("Increasing", "") for op in reference.ops] == list(ra.OPS)
+    expected_p, magnitude, std = reference.ops[0].prob, reference.ops[0].magnitude, reference.ops[0].magnitude_std
+    policy = build_policy("rand-m9-mstd0.5-inc1-p0.7", 32, (0.5,) * 3)
+    slots = policy.draw(60_000, torch.device("cpu"), torch.Generator().manual_seed(0))
+    assert len(slots) == reference.num_layers
+    op, argument = slots[0]
+    applied = op >= 0
+    assert abs(applied.float().mean().item() - expected_p) < 0.01
+    counts = torch.bincount(op[applied], minlength=len(ra.OPS)).float() / applied.sum()
+    assert (counts - 1 / len(ra.OPS)).abs().max() < 0.01
+    # Rotate's argument is level / 10 * 30 with a random sign: |argument| / 3 is the level.
+    level = argument[op == ra.OP_INDEX["Rotate"]].abs() / 3
+    samples = np.clip(np.random.default_rng(0).normal(magnitude, std, 100_000), 0, 10)
+    assert abs(level.mean().item() - samples.mean()) < 0.02 and abs(level.std().item() - samples.std()) < 0.02
+    assert 0.45 < (argument[op == ra.OP_INDEX["Rotate"]] < 0).float().mean().item() < 0.55
+
+
+def test_weighted_choice_follows_timms_weights_without_repeats():
+    reference = timm_aa.rand_augment_transform("rand-m9-n1-tweights", {"img_mean": FILL})
+    weights = dict(
+        zip([op.name.replace("Increasing", "") for op in reference.ops], reference.choice_weights, strict=True)
+    )
+    policy = build_policy("rand-m9-n1-p1.0-tweights", 32, (0.5,) * 3)
+    (op, _), *_ = policy.draw(60_000, torch.device("cpu"), torch.Generator().manual_seed(0))
+    counts = torch.bincount(op, minlength=len(ra.OPS)).double() / len(op)
+    for name, weight in weights.items():
+        assert abs(counts[ra.OP_INDEX[name]].item() - weight) < 0.01, name
+    two = build_policy("rand-m9-n2-p1.0-tweights", 32, (0.5,) * 3).draw(5000, torch.device("cpu"), None)
+    assert (two[0][0] != two[1][0]).all()  # no op twice in one image
+
+
+def test_draws_come_from_the_generator_alone():
+    policy = build_policy("rand-m9-mstd0.5-inc1", 24, (0.5,) * 3)
+    x = smooth_images(16)
+    state = torch.random.get_rng_state()
+    a = policy(x, torch.Generator().manual_seed(5))
+    b = policy(x, torch.Generator().manual_seed(5))
+    assert torch.equal(a, b) and not torch.equal(a, policy(x, torch.Generator().manual_seed(6)))
+    assert torch.equal(torch.random.get_rng_state(), state)
+
+
+# ---- one augmentation, whichever loader ----
+
+
+def synthetic_cfg(loader: str, **augment) -> dict:
+    cfg = {"name": "synthetic", "img_size": 16, "batch_size": 8, "num_workers": 0, "loader": loader}
+    cfg["synthetic"] = {"num_train": 32, "num_val": 8}
+    cfg["augment"] = augment
+    return cfg
+
+
+@pytest.mark.parametrize(
+    "augment",
+    [
+        {"crop": "pad", "hflip": True, "auto_augment": "rand-m9-mstd0.5-inc1", "re_prob": 0.5},
+        {"crop": "pad", "pad": 2, "auto_augment": "autoaug"},
+        {"crop": "none", "auto_augment": "trivial", "re_prob": 0.25},
+        {"crop": "pad", "auto_augment": "augmix-m3-w2-d1"},
+    ],
+    ids=["rand", "autoaug", "trivial", "augmix"],
+)
+def test_both_loaders_yield_the_same_batches(augment):
+    """Same seed and config: the torch DataLoader (decoding in workers) and the GPU-resident loader give equal
+    training batches, epoch after epoch, and equal validation batches."""
+    torch_bundle = build_data(synthetic_cfg("torch", **augment), seed=7)
+    gpu_bundle = build_data(synthetic_cfg("gpu", **augment), seed=7)
+    assert (torch_bundle.loader_kind, gpu_bundle.loader_kind) == ("torch", "gpu")
+    for epoch in (0, 1):
+        for bundle in (torch_bundle, gpu_bundle):
+            bundle.train_loader.set_epoch(epoch)
+            if bundle.train_sampler is not None:
+                bundle.train_sampler.set_epoch(epoch)
+        pairs = list(zip(torch_bundle.train_loader, gpu_bundle.train_loader, strict=True))
+        assert len(pairs) == 4
+        for (xa, ya), (xb, yb) in pairs:
+            assert torch.equal(ya, yb) and torch.equal(xa, xb)
+    for (xa, ya), (xb, yb) in zip(torch_bundle.val_loader, gpu_bundle.val_loader, strict=True):
+        assert torch.equal(ya, yb) and torch.equal(xa, xb)
+
+
+def test_torch_loader_resumes_mid_epoch_exactly_with_workers():
+    """Every batch draws from its own generator, so skipping batches (a resume) leaves the rest as they were,
+    also with worker processes (the crop here happens on the batch, not in the workers)."""
+    cfg = synthetic_cfg("torch", crop="pad", auto_augment="rand-m9-mstd0.5-inc1", re_prob=0.5)
+    cfg["num_workers"] = 2
+    loader = build_data(cfg, seed=3).train_loader
+    loader.set_epoch(2)
+    straight = [x for x, _ in loader][2:]
+    loader.set_epoch(2)
+    loader.skip_batches(2)
+    resumed = [x for x, _ in loader]
+    assert len(resumed) == len(straight) == 2
+    assert all(torch.equal(a, b) for a, b in zip(straight, resumed, strict=True))
+
+
+# ---- declared once ----
+
+
+def test_the_augment_defaults_are_declared_once_in_the_base_data_config():
+    declared = OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "data" / "cifar10.yaml").augment)
+    assert declared == declared_defaults()
+    assert set(declared) == set(AugmentSpec.__dataclass_fields__)
+    for path in (REPO / "configs" / "data").glob("*.yaml"):
+        if path.name != "cifar10.yaml":  # the others inherit it and override a few keys
+            assert "- cifar10" in path.read_text(), path.name
+    spec = AugmentSpec.from_config({"re_prob": 0.25})
+    assert spec.re_prob == 0.25 and spec.crop == declared["crop"] and spec.pad == declared["pad"]
+    cifar100 = compose_config(["data=cifar100"]).data
+    assert cifar100.name == "cifar100" and cifar100.num_classes == 100
+    assert OmegaConf.to_container(cifar100.augment) == declared
+
+
+def test_an_unknown_augment_key_is_named():
+    with pytest.raises(DataError, match=r"^data.augment.policy_chunk is not a known key \(known: crop, pad"):
+        AugmentSpec.from_config({"policy_chunk": 16})
+
+
+# ---- bad policy strings: one line, exit 2 ----
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("strong", "data.augment.auto_augment='strong' must be null, autoaug, trivial, rand-<sections>"),
+        ("rand-m11", "data.augment.auto_augment='rand-m11': m11 must be in [0, mmax=10] (raise the bound with mmax)"),
+        ("rand-m9-x3", "data.augment.auto_augment='rand-m9-x3': section 'x3' is not one of m<int>, n<int>, p<float>"),
+        ("rand-m9.5", "data.augment.auto_augment='rand-m9.5': section 'm9.5' is not one of m<int>"),
+        ("rand-m9-p1.5", "data.augment.auto_augment='rand-m9-p1.5': p1.5 must be in [0, 1]"),
+        ("rand-m9-n0", "data.augment.auto_augment='rand-m9-n0': n0 must be between 1 and 15 ops"),
+        ("rand-m9-t3a", "data.augment.auto_augment='rand-m9-t3a': t3a must be tweights"),
+        ("augmix-m0", "data.augment.auto_augment='augmix-m0': needs m (severity) in [1, 10]"),
+        ("augmix-m3-b1", "data.augment.auto_augment='augmix-m3-b1': section 'b1' is not one of m<int>, w<int>"),
+    ],
+)
+def test_a_bad_policy_is_one_config_error_line(text, message):
+    with pytest.raises(ConfigError) as err:
+        validate(compose_config(["data=synthetic", f"data.augment.auto_augment={text}"]))
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_a_bad_policy_exits_2_before_any_data_is_read(tmp_path):
+    result = run_cli(["data=synthetic", "trainer=debug", "data.augment.auto_augment=rand-m12-inc1"], tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines == ["config error: data.augment.auto_augment='rand-m12-inc1': m12 must be in [0, mmax=10] (raise "
+                     "the bound with mmax)"]  # fmt: skip
+    assert not (tmp_path / "outputs").exists() or not list((tmp_path / "outputs").rglob("*.pt"))
+
+
+# ---- the loader choice and the worker count ----
+
+
+def test_loader_choice_is_logged_and_said_why(caplog):
+    caplog.set_level("INFO", logger="vit.data.loader")
+    bundle = build_data(synthetic_cfg("auto", crop="none"))
+    assert bundle.loader_kind == "torch" and bundle.loader_reason == "data.loader=auto: the device is cpu, not cuda"
+    assert "loader: torch (data.loader=auto: the device is cpu, not cuda)" in caplog.text
+    assert build_data(synthetic_cfg("gpu", crop="none")).loader_reason == "data.loader=gpu"
+
+
+def test_more_workers_than_cpus_are_lowered_once(monkeypatch, caplog):
+    monkeypatch.setattr(loader_module, "available_cpus", lambda: 2)
+    caplog.set_level("INFO", logger="vit.data.loader")
+    assert loader_module.num_workers({"num_workers": 12}) == 2
+    assert "data.num_workers=12 but this process has 2 CPUs: using 2 workers" in caplog.text
+    assert loader_module.num_workers({"num_workers": 1}) == 1
+    assert loader_module.num_workers({"num_workers": None}) == 2
+
+
+# ---- a real image-folder run with its default augmentation ----
+
+
+def image_folder_root(tmp_path: Path) -> str:
+    """The CIFAR-10 JPEG archive CI provides, else a small generated tree of ImageNet-like sizes."""
+    if os.environ.get("VIT_CIFAR10_ARCHIVE"):
+        return os.environ["VIT_CIFAR10_ARCHIVE"]
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 40), ("val", 10)):
+        for c in range(4):
+            folder = tmp_path / "tree" / split / f"class{c}"
+            folder.mkdir(parents=True)
+            for i in range(count):
+                pixels = rng.integers(0, 255, (3, 4, 3), dtype=np.uint8)
+                image = Image.fromarray(pixels).resize((50 + 7 * i % 40, 40 + 5 * i % 30), Image.BILINEAR)
+                image.save(folder / f"{i}.jpg", quality=90)
+    return str(tmp_path / "tree")
+
+
+def test_image_folder_trains_with_its_default_augmentation(tmp_path):
+    """data=imagefolder's own augmentation (random-resized crop, flip, rand-m9-mstd0.5-inc1 at 224 px) through
+    train.py on real JPEGs: finishes, and the run says which policy and loader it used."""
+    args = [
+        "data=imagefolder",
+        f"data.root={image_folder_root(tmp_path)}",
+        "data.limit_train_samples=80",
+        "data.limit_val_samples=20",
+        "data.batch_size=20",
+        "data.num_workers=0",
+        "model.depth=1",
+        "model.embed_dim=48",
+        "model.num_heads=3",
+        "trainer=debug",
+        "trainer.epochs=1",
+        f"hydra.run.dir={tmp_path / 'run'}",
+    ]
+    result = run_cli(args, tmp_path, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["loader"] == "torch" and math.isfinite(metrics["final"]["val_loss"])
+    config = OmegaConf.load(tmp_path / "run" / ".hydra" / "config.yaml")
+    assert config.data.augment.auto_augment == "rand-m9-mstd0.5-inc1" and config.data.img_size == 224
+
+
+def test_batch_augment_only_normalises_for_evaluation():
+    spec = AugmentSpec.from_config({"auto_augment": "rand-m9-mstd0.5-inc1", "re_prob": 0.5})
+    augment = BatchAugment(spec, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), 16, train=False)
+    x = smooth_images(4, 16, 16)
+    torch.testing.assert_close(augment(x), (x.float() / 255 - 0.5) / 0.25)

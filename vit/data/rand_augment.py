@@ -1,0 +1,329 @@
+"""timm's RandAugment (`rand-m9-mstd0.5-inc1` and the other `rand-...` strings) for whole uint8 (B, 3, H, W)
+batches, every sample with its own draws: the one implementation both loaders apply.
+
+timm applies its RandAugment to one PIL image at a time with Pillow's ops. This module keeps timm's policy (its
+15 ops, their level-to-argument formulas, the magnitude noise, the per-op probability, the "increasing" variants,
+the weighted op choice) and reproduces each op's arithmetic on uint8 tensors, so the CPU workers' batches and the
+GPU-resident loader's batches come out of the same code. Per sample and per slot (`n` slots):
+
+    op ~ uniform over the 15 ops (with replacement; `tweights`: timm's weights, without replacement)
+    applied with probability p (timm: skipped when random() > p)
+    level = m, or ~ N(m, mstd) (mstd > 100: U(0, m)), clipped to [0, mmax] (mmax: 10 unless given)
+    argument = the op's formula of level (below), with a random sign for the signed ops
+
+Where the ops' arithmetic lives, and how close it is to Pillow's (tests/test_rand_augment.py measures it):
+  tables (Posterize, Solarize, SolarizeAdd, Invert, Brightness, AutoContrast, Equalize): integer lookup tables, the
+    same values as Pillow's `point`/`ImageOps`. Posterize keeping 0 bits gives a black image, as Pillow before 13
+    did (Pillow 13 refuses 0 bits, which crashed timm's own policy at magnitude 10; here it is one more table);
+  blends (Color, Contrast, Sharpness): Pillow's `Image.blend(degenerate, image, factor)` in float32, truncated,
+    with Pillow's degenerate images (its luma, the rounded luma mean, its 3x3 SMOOTH filter); within 1 of Pillow;
+  geometric (ShearX/Y, TranslateXRel/YRel, Rotate): the inverse affine map of Pillow's `transform`/`rotate` in
+    pixel-edge coordinates, bilinear (timm's training default), pixels mapped from outside the image filled with
+    the dataset's mean colour (timm's `img_mean`), in one grid_sample per batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from vit.data.batched_policy import _per_sample, _ramp, _update, apply_lut, equalize_lut
+
+OPS = (
+    "AutoContrast",
+    "Equalize",
+    "Invert",
+    "Rotate",
+    "Posterize",
+    "Solarize",
+    "SolarizeAdd",
+    "Color",
+    "Contrast",
+    "Brightness",
+    "Sharpness",
+    "ShearX",
+    "ShearY",
+    "TranslateXRel",
+    "TranslateYRel",
+)
+OP_INDEX = {name: i for i, name in enumerate(OPS)}
+GEOMETRIC = ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
+STATIC_TABLES = ("Invert", "Posterize", "Solarize", "SolarizeAdd", "Brightness")
+IMAGE_TABLES = ("AutoContrast", "Equalize")
+BLENDS = ("Color", "Contrast", "Sharpness")
+SIGNED = ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
+ENHANCE = ("Color", "Contrast", "Brightness", "Sharpness")
+# timm's `tweights` op weights (with `inc1` spelled as the increasing variants), drawn without replacement.
+CHOICE_WEIGHTS = {
+    "Rotate": 3,
+    "ShearX": 2,
+    "ShearY": 2,
+    "TranslateXRel": 1,
+    "TranslateYRel": 1,
+    "Color": 0.25,
+    "Sharpness": 0.25,
+    "AutoContrast": 0.25,
+    "Solarize": 0.05,
+    "SolarizeAdd": 0.05,
+    "Contrast": 0.05,
+    "Brightness": 0.05,
+    "Equalize": 0.05,
+    "Posterize": 0.05,
+    "Invert": 0.05,
+}
+LEVEL_DENOM = 10.0  # timm's magnitude scale: m10 is the full strength of every op
+
+
+def _is(op: torch.Tensor, names: tuple[str, ...]) -> torch.Tensor:
+    """bool, op's shape: whether each op index is one of `names`."""
+    out = torch.zeros_like(op, dtype=torch.bool)
+    for name in names:
+        out |= op == OP_INDEX[name]
+    return out
+
+
+def op_argument(op: torch.Tensor, level: torch.Tensor, negate: torch.Tensor, increasing: bool) -> torch.Tensor:
+    """float64 (n,): timm's `level_to_arg` of each sample's op at its level (float64, as Python's floats).
+
+    Rotate: degrees, level / 10 * 30; ShearX/Y: level / 10 * 0.3; TranslateX/YRel: a fraction of the side,
+    level / 10 * 0.45 (these five negated where `negate`). Posterize: bits kept, int(level / 10 * 4) (increasing:
+    4 minus that); Solarize: threshold, min(256, int(level / 10 * 256)) (increasing: 256 minus that); SolarizeAdd:
+    min(128, int(level / 10 * 110)); Color/Contrast/Brightness/Sharpness: the blend factor level / 10 * 1.8 + 0.1
+    (increasing: max(0.1, 1 +- level / 10 * 0.9)). The table-free ops (AutoContrast, Equalize, Invert): 0.
+    """
+    fraction = level / LEVEL_DENOM
+    sign = torch.where(negate, -1.0, 1.0).double()
+    bits = (fraction * 4).trunc()
+    threshold = (fraction * 256).trunc().clamp(max=256)
+    if increasing:
+        bits, threshold = 4 - bits, 256 - threshold
+        enhance = (1.0 + sign * (fraction * 0.9)).clamp(min=0.1)
+    else:
+        enhance = fraction * 1.8 + 0.1
+    values = {
+        "Rotate": sign * (fraction * 30.0),
+        "ShearX": sign * (fraction * 0.3),
+        "ShearY": sign * (fraction * 0.3),
+        "TranslateXRel": sign * (fraction * 0.45),
+        "TranslateYRel": sign * (fraction * 0.45),
+        "Posterize": bits,
+        "Solarize": threshold,
+        "SolarizeAdd": (fraction * 110).trunc().clamp(max=128),
+        **{name: enhance for name in ENHANCE},
+    }
+    argument = torch.zeros_like(level)
+    for name, value in values.items():
+        argument = torch.where(op == OP_INDEX[name], value, argument)
+    return argument
+
+
+# ---- geometric: Pillow's inverse affine maps, one bilinear grid_sample ----
+
+
+def pillow_inverse_affine(op: torch.Tensor, argument: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """float64 (n, 3, 3): for each sample, output pixel -> input pixel in Pillow's pixel-edge coordinates (pixel
+    (i, j) spans [i, i + 1)), as timm calls Pillow: shear `(1, f, 0, 0, 1, 0)`, translate `(1, 0, pct * W, ...)`,
+    `rotate(degrees)` about the centre (W / 2, H / 2), counter-clockwise. Identity for other ops."""
+    n = len(op)
+    matrix = torch.eye(3, dtype=torch.float64, device=op.device).repeat(n, 1, 1)
+    matrix[:, 0, 1] = torch.where(op == OP_INDEX["ShearX"], argument, 0.0)
+    matrix[:, 1, 0] = torch.where(op == OP_INDEX["ShearY"], argument, 0.0)
+    matrix[:, 0, 2] = torch.where(op == OP_INDEX["TranslateXRel"], argument * width, 0.0)
+    matrix[:, 1, 2] = torch.where(op == OP_INDEX["TranslateYRel"], argument * height, 0.0)
+    rotate = op == OP_INDEX["Rotate"]
+    angle = -torch.where(rotate, argument, 0.0) * (math.pi / 180.0)  # Pillow: angle = -radians(degrees)
+    cos, sin = torch.cos(angle), torch.sin(angle)
+    cx, cy = width / 2.0, height / 2.0
+    rotation = torch.stack(
+        [
+            torch.stack([cos, sin, cx - cos * cx - sin * cy], dim=1),
+            torch.stack([-sin, cos, cy + sin * cx - cos * cy], dim=1),
+            torch.tensor([0.0, 0.0, 1.0], dtype=torch.float64, device=op.device).expand(n, 3),
+        ],
+        dim=1,
+    )  # in = R (out - c) + c
+    return torch.where(_per_sample(rotate, 3), rotation, matrix)
+
+
+def warp_bilinear(x: torch.Tensor, matrix: torch.Tensor, fill: tuple[int, ...]) -> torch.Tensor:
+    """uint8 (n, C, H, W) through the inverse maps float64 (n, 3, 3) -> uint8 (n, C, H, W).
+
+    Like Pillow's bilinear transform: each output pixel's centre is mapped into the input; inside the image it is
+    interpolated from its four neighbours (clamped at the edges), outside it takes the colour `fill` (C values)."""
+    n, _, height, width = x.shape
+    # grid_sample's [-1, 1] (align_corners=False: -1 is the left edge) from pixel-edge coordinates and back.
+    to_unit = torch.tensor(
+        [[2.0 / width, 0.0, -1.0], [0.0, 2.0 / height, -1.0], [0.0, 0.0, 1.0]], dtype=torch.float64, device=x.device
+    )
+    theta = (to_unit @ matrix @ torch.linalg.inv(to_unit))[:, :2].float()  # (n, 2, 3), unit out -> unit in
+    # The sampling grid as two broadcast multiply-adds over the pixel centres: a batched GEMM with 3 x 2 matrices
+    # (affine_grid) spends most of its time on overhead on the CPU.
+    u = torch.linspace(-1 + 1 / width, 1 - 1 / width, width, device=x.device).view(1, 1, width)
+    v = torch.linspace(-1 + 1 / height, 1 - 1 / height, height, device=x.device).view(1, height, 1)
+    t = theta.view(n, 6, 1, 1)
+    grid_x = t[:, 0] * u + t[:, 1] * v + t[:, 2]  # (n, H, W)
+    grid_y = t[:, 3] * u + t[:, 4] * v + t[:, 5]
+    sampled = F.grid_sample(
+        x.float(), torch.stack([grid_x, grid_y], dim=-1), mode="bilinear", padding_mode="border", align_corners=False
+    )
+    inside = ((grid_x >= -1) & (grid_x < 1) & (grid_y >= -1) & (grid_y < 1)).unsqueeze(1)  # (n, 1, H, W)
+    fill_colour = torch.tensor(fill, dtype=torch.float32, device=x.device).view(1, -1, 1, 1)
+    return torch.where(inside, sampled.add_(0.5), fill_colour).clamp_(0, 255).to(torch.uint8)  # rounded
+
+
+# ---- tables: one uint8 (n, 1 or C, 256) lookup table per sample, one gather ----
+
+
+def static_tables(op: torch.Tensor, argument: torch.Tensor) -> torch.Tensor:
+    """uint8 (n, 1, 256): Pillow's table for each sample's op if it depends on the argument alone, else identity.
+    Invert 255 - v; Posterize keeps the top `bits` bits; Solarize inverts v >= threshold; SolarizeAdd adds to
+    v < 128, capped at 255; Brightness blends with black: trunc(float32(factor) * v), capped."""
+    ramp = _ramp(op.device)  # (1, 1, 256) int64
+    arg = _per_sample(argument, 3)  # (n, 1, 1)
+    bits = arg.long().clamp(0, 8)
+    tables = {
+        "Invert": (255 - ramp).expand(len(op), 1, 256),
+        "Posterize": ramp & (torch.bitwise_left_shift(torch.full_like(bits, 255), 8 - bits) & 255),
+        "Solarize": torch.where(ramp < arg, ramp, 255 - ramp),
+        "SolarizeAdd": torch.where(ramp < 128, (ramp + arg.long()).clamp(max=255), ramp),
+        "Brightness": (ramp.float() * arg.float()).clamp(0, 255).trunc().long(),
+    }
+    lut = ramp.expand(len(op), 1, 256)
+    for name, table in tables.items():
+        lut = torch.where(_per_sample(op == OP_INDEX[name], 3), table, lut)
+    return lut.to(torch.uint8)
+
+
+def autocontrast_table(x: torch.Tensor) -> torch.Tensor:
+    """uint8 (n, C, 256): Pillow's `ImageOps.autocontrast` (no cutoff): per channel, lo/hi = the darkest and
+    brightest value present, v -> int(v * 255 / (hi - lo) - lo * 255 / (hi - lo)) clipped; identity where hi <= lo."""
+    low = x.amin(dim=(-2, -1)).double().unsqueeze(-1)  # (n, C, 1)
+    high = x.amax(dim=(-2, -1)).double().unsqueeze(-1)
+    # A tensor numerator: `255.0 / tensor` would multiply by the reciprocal, an ulp off Python's division.
+    scale = torch.full_like(low, 255.0) / (high - low).clamp(min=1)
+    ramp = _ramp(x.device).double()
+    stretched = (ramp * scale + (-low * scale)).trunc().clamp(0, 255)
+    return torch.where(high > low, stretched, ramp).to(torch.uint8)
+
+
+def apply_tables(x: torch.Tensor, op: torch.Tensor, lut: torch.Tensor, kinds: set[str]) -> torch.Tensor:
+    """The table ops in `kinds`: `lut` (n, 1, 256) from `static_tables`, replaced by the image's own table where
+    the op is AutoContrast or Equalize (Pillow's histogram equalisation, shared with the AutoAugment policies)."""
+    for name, build in (("AutoContrast", autocontrast_table), ("Equalize", equalize_lut)):
+        if name in kinds:
+            table = build(x)
+            lut = table if kinds == {name} else torch.where(_per_sample(op == OP_INDEX[name], 3), table, lut)
+    return apply_lut(x, lut)
+
+
+# ---- blends: Pillow's Image.blend(degenerate, image, factor) ----
+
+
+def pillow_luma(x: torch.Tensor) -> torch.Tensor:
+    """int64 (n, 1, H, W): Pillow's RGB -> L, (299 R + 587 G + 114 B) / 1000 in its 16-bit fixed point, rounded."""
+    r, g, b = x.long().unbind(dim=-3)
+    return ((r * 19595 + g * 38470 + b * 7471 + 0x8000) >> 16).unsqueeze(-3)
+
+
+def pillow_smooth(x: torch.Tensor) -> torch.Tensor:
+    """float32 (n, C, H, W): Pillow's ImageFilter.SMOOTH (3x3: 1s around a 5, / 13), rounded; the one-pixel border
+    keeps the image's own values, as Pillow's 3x3 filter leaves it."""
+    height, width = x.shape[-2:]
+    pixels = x.float()
+    if height <= 2 or width <= 2:
+        return pixels
+    rows = pixels[..., :-2] + pixels[..., 1:-1] + pixels[..., 2:]  # (n, C, H, W - 2), exact integer sums
+    window = rows[..., :-2, :] + rows[..., 1:-1, :] + rows[..., 2:, :]  # (n, C, H - 2, W - 2)
+    smoothed = (pixels[..., 1:-1, 1:-1] * 4 + window).div_(13).round_()
+    out = pixels.clone()
+    out[..., 1:-1, 1:-1] = smoothed
+    return out
+
+
+def apply_blends(x: torch.Tensor, op: torch.Tensor, factor: torch.Tensor, kinds: set[str]) -> torch.Tensor:
+    """Color (degenerate: the luma image), Contrast (the rounded mean luma), Sharpness (the smoothed image), those
+    in `kinds`: degenerate + factor * (image - degenerate) in float32, truncated and clipped, as Pillow's blend."""
+    degenerate = torch.zeros(1, device=x.device)
+    if kinds & {"Color", "Contrast"}:
+        luma = pillow_luma(x)  # (n, 1, H, W)
+        if "Color" in kinds:
+            degenerate = torch.where(_per_sample(op == OP_INDEX["Color"]), luma.float(), degenerate)
+        if "Contrast" in kinds:
+            mean = luma.double().mean(dim=(-3, -2, -1), keepdim=True).add_(0.5).floor_().float()  # int(mean + 0.5)
+            degenerate = torch.where(_per_sample(op == OP_INDEX["Contrast"]), mean, degenerate)
+    if "Sharpness" in kinds:
+        degenerate = torch.where(_per_sample(op == OP_INDEX["Sharpness"]), pillow_smooth(x), degenerate)
+    out = degenerate + _per_sample(factor.float()) * (x.float() - degenerate)
+    return out.clamp_(0, 255).to(torch.uint8)  # the cast truncates, as Pillow's
+
+
+# ---- the policy ----
+
+
+class TimmRandAugment:
+    """timm's RandAugment on uint8 (B, C, H, W) batches, drawing from a torch.Generator (see the module docstring).
+
+    num_ops: `n`; magnitude: `m` (0..magnitude_max); magnitude_std: `mstd` (0: none, inf: uniform in [0, m]);
+    magnitude_max: `mmax`; increasing: `inc1`; prob: `p`; weighted: `tweights`; fill: uint8 (C,) for the pixels
+    a geometric op brings in from outside the image (the dataset mean).
+    """
+
+    def __init__(
+        self,
+        num_ops: int = 2,
+        magnitude: float = 10,
+        magnitude_std: float = 0.0,
+        magnitude_max: float = LEVEL_DENOM,
+        increasing: bool = False,
+        prob: float = 0.5,
+        weighted: bool = False,
+        fill: tuple[int, ...] = (128, 128, 128),
+    ) -> None:
+        self.num_ops, self.magnitude, self.magnitude_std = num_ops, float(magnitude), float(magnitude_std)
+        self.magnitude_max, self.increasing, self.prob = float(magnitude_max), increasing, float(prob)
+        self.weights = torch.tensor([float(CHOICE_WEIGHTS[name]) for name in OPS]) if weighted else None
+        self.fill = tuple(int(v) for v in fill)
+        self.subsets: bool | None = None  # as batched_policy.apply_ops: None -> on the CPU
+
+    def draw(self, batch: int, device: torch.device, generator: torch.Generator | None) -> list[tuple]:
+        """Per slot: (op int64 (B,), or -1 where the op is skipped; argument float64 (B,)). A fixed number of random
+        values per batch, so the generator advances the same whatever is drawn."""
+        if self.weights is None:
+            ops = torch.randint(len(OPS), (batch, self.num_ops), device=device, generator=generator)
+        else:
+            weights = self.weights.to(device).expand(batch, -1)
+            ops = torch.multinomial(weights, self.num_ops, replacement=False, generator=generator)
+        slots = []
+        for k in range(self.num_ops):
+            applied = torch.rand(batch, device=device, generator=generator, dtype=torch.float64) <= self.prob
+            noise = torch.randn(batch, device=device, generator=generator, dtype=torch.float64)
+            uniform = torch.rand(batch, device=device, generator=generator, dtype=torch.float64)
+            negate = torch.rand(batch, device=device, generator=generator, dtype=torch.float64) > 0.5
+            level = torch.full((batch,), self.magnitude, dtype=torch.float64, device=device)
+            if math.isinf(self.magnitude_std):
+                level = uniform * self.magnitude
+            elif self.magnitude_std > 0:
+                level = level + noise * self.magnitude_std
+            level = level.clamp(0.0, self.magnitude_max)
+            op = ops[:, k]
+            slots.append((torch.where(applied, op, -1), op_argument(op, level, negate, self.increasing)))
+        return slots
+
+    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """uint8 (B, C, H, W) -> uint8 (B, C, H, W)."""
+        subsets = x.device.type == "cpu" if self.subsets is None else self.subsets
+        if subsets:
+            x = x.clone(memory_format=torch.contiguous_format)  # rows are written in place
+        height, width = x.shape[-2:]
+        for op, argument in self.draw(len(x), x.device, generator):
+            matrix = pillow_inverse_affine(op, argument, height, width)
+            x = _update(x, _is(op, GEOMETRIC), warp_bilinear, (x, matrix, self.fill), subsets)
+            lut = static_tables(op, argument)
+            groups = [STATIC_TABLES, *[(name,) for name in IMAGE_TABLES]] if subsets else [STATIC_TABLES + IMAGE_TABLES]
+            for group in groups:
+                x = _update(x, _is(op, group), apply_tables, (x, op, lut, set(group)), subsets)
+            for group in [(name,) for name in BLENDS] if subsets else [BLENDS]:
+                x = _update(x, _is(op, group), apply_blends, (x, op, argument, set(group)), subsets)
+        return x
