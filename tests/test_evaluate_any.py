@@ -105,8 +105,15 @@ def test_a_timm_source_uses_timms_preprocessing_unless_told(folder, timm_file, m
     """`model.pretrained=timm:<name>` (the download stood in for: no network here) takes timm's eval config of
     those weights by default, and `preprocess=data` the data config's."""
     path, model = timm_file
+    from vit.models.pretrained import Pretrained
+
     asked = []
-    monkeypatch.setattr("vit.deploy.weights.timm_source", lambda name: asked.append(name) or model.state_dict())
+
+    def download(name):
+        asked.append(name)
+        return Pretrained(model.state_dict(), f"timm:{name}", num_heads=3)
+
+    monkeypatch.setattr("vit.deploy.weights.timm_source", download)
     paths, labels = val_images(folder)
     transform = create_transform(**resolve_data_config({}, model=model))
     with torch.no_grad():

@@ -31,6 +31,7 @@ class Weights:
     preprocessing: Preprocessing | None  # what the weights prescribe (our data config, timm's config), if anything
     source: str  # the file or name the weights came from, for reports
     config: dict | None = None  # the resolved training config (checkpoints of ours)
+    which: str = ""  # "ema" or "model" for a checkpoint of ours
 
 
 @dataclass
@@ -39,6 +40,8 @@ class SourceWeights:
     classes: list[str] | None = None
     preprocessing: Preprocessing | None = None
     config: dict | None = None  # a checkpoint of ours: its config
+    which: str = ""  # "ema" or "model": which weights of a checkpoint of ours
+    num_heads: int | None = None  # where the source records it (timm), checked against the model
 
 
 def is_our_checkpoint(obj: object) -> bool:
@@ -50,28 +53,31 @@ def classes_of(state: Mapping) -> list[str] | None:
     return sorted(class_to_idx, key=class_to_idx.get) if class_to_idx else None
 
 
-def timm_source(name: str) -> dict[str, torch.Tensor]:
-    """The weights of timm's pretrained `name` (downloaded by timm where a network exists, else from its cache)."""
+def timm_source(name: str):
+    """timm's pretrained `name` (a `vit.models.pretrained.Pretrained`): downloaded by timm where a network exists,
+    else from its cache; no network and no cache is one line naming the cache."""
     from vit.models import pretrained
 
-    return pretrained.timm_state_dict(name)
+    return pretrained.read_source(f"timm:{name}")
 
 
-def weights_from_source(source: str, use_ema: bool = False, key: str = "model.pretrained") -> SourceWeights:
+def weights_from_source(source: str, use_ema: bool | None = None, key: str = "model.pretrained") -> SourceWeights:
     """A state dict (plus what the source says about classes and preprocessing) from `source`; errors name it
-    as `key=source`."""
+    as `key=source`. `use_ema`: of a source holding EMA and raw weights (our checkpoints, official T2T-ViT
+    releases) the EMA ones (True: they must be there), the raw ones (False), or None: the EMA ones where there are
+    any, as `model.pretrained` starts a run."""
     from vit.models import pretrained
 
     if source.startswith("timm:"):
         name = source[len("timm:") :]
         try:
-            state_dict = timm_source(name)
-        except Exception as err:  # unknown name, no network
-            raise WeightsError(f"{key}={source}: timm cannot provide these weights: {err}") from err
-        return SourceWeights(state_dict, preprocessing=from_timm(name))
+            found = timm_source(name)
+        except ValueError as err:  # unknown name or tag, no network and nothing cached
+            raise WeightsError(f"{key}={source}: {err}") from err
+        return SourceWeights(found.state_dict, preprocessing=from_timm(name), num_heads=found.num_heads)
     path = Path(source)
     if not path.is_file():
-        raise WeightsError(f"{key}={source}: no such file (a .pth/.pt/.safetensors file or timm:<name>)")
+        raise WeightsError(f"{key}={source}: no such file ({pretrained.SOURCE_FORMS})")
     if path.suffix == ".safetensors":
         try:
             return SourceWeights(pretrained.read_state_dict(path))
@@ -80,18 +86,22 @@ def weights_from_source(source: str, use_ema: bool = False, key: str = "model.pr
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # truncated, pickled code, not a torch file
-        raise WeightsError(f"{key}={source}: cannot read it with weights_only=True: {err}") from err
+        from vit.train.checkpoint import read_error_reason
+
+        raise WeightsError(f"{key}={source}: cannot read it with weights_only=True: {read_error_reason(err)}") from err
     if is_our_checkpoint(obj):
-        weights = obj.get("ema") if use_ema else obj["model"]
-        if weights is None:
+        ema = obj.get("ema")
+        if use_ema and ema is None:
             raise WeightsError(f"checkpoint {source!r} has no EMA weights (trained with trainer.ema=false)")
+        weights = ema if (use_ema or (use_ema is None and ema)) else obj["model"]
         config = obj["config"]
         pre = from_data_config(config["data"]) if "data" in config else None
-        return SourceWeights(dict(weights), classes_of(obj), pre, config)
+        return SourceWeights(dict(weights), classes_of(obj), pre, config, "ema" if weights is ema else "model")
     try:
-        return SourceWeights(pretrained.unwrap_state_dict(obj, source=source))
+        state_dict = pretrained.unwrap_state_dict(obj, source, use_ema=use_ema is not False)
     except ValueError as err:
         raise WeightsError(f"{key}={source}: {err}") from err
+    return SourceWeights(state_dict)
 
 
 def model_from_config(config: dict, state_dict: dict, num_classes: int | None) -> nn.Module:
@@ -133,13 +143,14 @@ def build_model(
 ) -> Weights:
     """The model for weights already read from `given` (see load_weights)."""
     from vit.models import create_model, list_models, load_pretrained
+    from vit.models.pretrained import Pretrained
 
     if found.config is not None:  # ours: the config inside builds the model
         name = found.config["model"].get("name")
         if model_name and model_name != name:
             raise WeightsError(f"model={model_name} but checkpoint {given!r} holds a {name}")
         model = model_from_config(found.config, found.state_dict, len(found.classes or []) or None)
-        return Weights(model.eval(), name, found.classes, found.preprocessing, given, found.config)
+        return Weights(model.eval(), name, found.classes, found.preprocessing, given, found.config, found.which)
     if not model_name:
         raise WeightsError(
             f"checkpoint {given!r} is not a checkpoint of this trainer (no config inside): name the model and give "
@@ -155,7 +166,8 @@ def build_model(
         kwargs["img_size"] = int(img_size or found.preprocessing.img_size)
     try:
         model = create_model(model_name, **kwargs)
-        load_pretrained(model, found.state_dict)
+        # Width, depth and heads checked first (naming the model.<key> to set), then every key and shape.
+        load_pretrained(model, Pretrained(found.state_dict, given, found.num_heads))
     except (ValueError, TypeError) as err:
         raise WeightsError(f"model={model_name} with model.pretrained={given}: {err}") from err
     model.float()
@@ -210,7 +222,14 @@ def resolve(options, default_data: str = "imagefolder") -> tuple[Weights, Prepro
     if not given:
         raise WeightsError("checkpoint=<path> or model=<name> model.pretrained=<source> is required")
     key = "checkpoint" if checkpoint else "model.pretrained"
-    found = weights_from_source(given, use_ema=options.flag("ema"), key=key)  # read once
+    # ema=: given, else a checkpoint's raw weights (as the trainer evaluates its model) and a source's EMA ones
+    # where it holds both (as model.pretrained starts a run, model.pretrained_ema=true).
+    use_ema = options.flag("ema") if options.get("ema") is not None else (None if source else False)
+    ema_setting = options.model.pop("pretrained_ema", None)
+    if ema_setting is not None and options.get("ema") is None:
+        use_ema = bool(ema_setting)
+    options.model.pop("freeze", None)  # a training setting, not the model's
+    found = weights_from_source(given, use_ema=use_ema, key=key)  # read once
     if found.config is not None and "data" in found.config and not options.get("data"):
         data_cfg = OmegaConf.merge(OmegaConf.create(found.config["data"]), OmegaConf.from_dotlist(options.data))
     else:
