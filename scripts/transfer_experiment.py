@@ -70,8 +70,8 @@ def link_tree(src: Path, dst: Path, classes: tuple[str, ...], count: int | None)
 
 
 def make_trees(data: Path, work: Path, per_class: int, source_per_class: int | None) -> tuple[Path, Path]:
-    """work/source: the 5 source classes (all their images by default); work/target: the target classes' first `per_class`
-    training images (labelled set and holdout together) and their whole test split."""
+    """work/source: the 5 source classes (all their images by default); work/target: the target classes' first
+    `per_class` training images (labelled set and holdout together) and their whole test split."""
     source, target = work / "source", work / "target"
     link_tree(data / "train", source / "train", SOURCE_CLASSES, source_per_class)
     link_tree(data / "test", source / "test", SOURCE_CLASSES, None)
