@@ -204,12 +204,15 @@ def test_the_schedule_runs_every_group_at_its_scale():
 def test_a_frozen_backbone_trains_the_head_alone(timm_source, tmp_path, monkeypatch, caplog):
     path = save_safetensors(timm_source, tmp_path / "w.safetensors")
     args = [*TARGET, "model=vit_tiny", "model.depth=2", f"model.pretrained={path}", "model.freeze=backbone"]
+    args += ["optim.layer_decay=0.75", "trainer.accum_steps=2", "trainer.ema=true", "trainer.ema_decay=0.5"]
     with caplog.at_level(logging.INFO, logger="vit.train"):
-        _, step0 = train_from([*args, "optim.layer_decay=0.75"], tmp_path / "run", monkeypatch)
+        metrics, step0 = train_from(args, tmp_path / "run", monkeypatch)
     assert "training 965 of " in caplog.text  # 5 x 192 + 5
     state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
-    changed = {k for k in step0 if not torch.equal(step0[k], state["model"][k])}
-    assert changed == {"head.weight", "head.bias"}
+    assert metrics["final"]["step"] == 2  # 4 batches, 2 accumulated per step
+    for weights in (state["model"], state["ema"]):  # the EMA of frozen weights is the weights
+        changed = {k for k in step0 if not torch.equal(step0[k], weights[k])}
+        assert changed == {"head.weight", "head.bias"}
     groups = state["optimizer"]["param_groups"]
     assert sum(len(g["params"]) for g in groups) == 2 and len(state["optimizer"]["state"]) == 2
 
