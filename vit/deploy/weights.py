@@ -104,34 +104,21 @@ def weights_from_source(source: str, use_ema: bool | None = None, key: str = "mo
     return SourceWeights(state_dict)
 
 
-def model_from_config(config: dict, state_dict: dict, num_classes: int | None) -> nn.Module:
+def model_from_config(config: dict, state_dict: dict, num_classes: int | None, overrides: Mapping) -> nn.Module:
+    """The model a checkpoint of ours was trained as; `overrides` change keys that keep the weights
+    (model.attn_backend=math, model.img_size for another resolution)."""
     from omegaconf import OmegaConf
 
     from vit.train.config import build_model_from_config
 
-    model = build_model_from_config(OmegaConf.create(config["model"]), num_classes=num_classes)
-    model.load_state_dict({k: v.float() for k, v in state_dict.items()})
+    model_cfg = OmegaConf.merge(OmegaConf.create(config["model"]), OmegaConf.create(dict(overrides)))
+    model = build_model_from_config(model_cfg, num_classes=num_classes)
+    try:
+        model.load_state_dict({k: v.float() for k, v in state_dict.items()})
+    except RuntimeError as err:  # an override that changes a weight's shape
+        detail = " ".join(str(err).split())[:300]
+        raise WeightsError(f"the checkpoint's weights do not fit model overrides {dict(overrides)}: {detail}") from err
     return model
-
-
-def load_weights(
-    checkpoint: str | None = None,
-    model_name: str | None = None,
-    source: str | None = None,
-    overrides: Mapping | None = None,
-    use_ema: bool = False,
-    img_size: int | None = None,
-) -> Weights:
-    """Our checkpoint (`checkpoint=`), or `model_name` built with the registry's defaults, `overrides` and the
-    weights of `source`. A checkpoint that is not ours needs a model name. The classifier takes the weights'
-    class count and the image size is `img_size` (else the registry's) unless `overrides` say otherwise."""
-    if checkpoint and source:
-        raise WeightsError("give checkpoint=<our checkpoint> or model=<name> model.pretrained=<source>, not both")
-    given = checkpoint or source
-    if not given:
-        raise WeightsError("checkpoint=<path> or model=<name> model.pretrained=<source> is required")
-    found = weights_from_source(given, use_ema=use_ema, key="checkpoint" if checkpoint else "model.pretrained")
-    return build_model(found, given, model_name, overrides, img_size)
 
 
 def build_model(
@@ -141,7 +128,9 @@ def build_model(
     overrides: Mapping | None = None,
     img_size: int | None = None,
 ) -> Weights:
-    """The model for weights already read from `given` (see load_weights)."""
+    """The model for the weights read from `given`: a checkpoint of ours builds the model its config describes;
+    other weights need `model_name`, built with the registry's defaults, `overrides`, the weights' class count and
+    `img_size` (else the preprocessing's), then loaded through the model.pretrained source checks."""
     from vit.models import create_model, list_models, load_pretrained
     from vit.models.pretrained import Pretrained
 
@@ -149,7 +138,8 @@ def build_model(
         name = found.config["model"].get("name")
         if model_name and model_name != name:
             raise WeightsError(f"model={model_name} but checkpoint {given!r} holds a {name}")
-        model = model_from_config(found.config, found.state_dict, len(found.classes or []) or None)
+        num_classes = len(found.classes or []) or None
+        model = model_from_config(found.config, found.state_dict, num_classes, overrides or {})
         return Weights(model.eval(), name, found.classes, found.preprocessing, given, found.config, found.which)
     if not model_name:
         raise WeightsError(
