@@ -9,7 +9,9 @@
 A checkpoint of ours is evaluated on its own data config (data.<key>=value overrides any key; a run trained with
 data.holdout on its holdout unless data.holdout=null). Foreign weights take `data=<config>` (default imagefolder)
 with data.<key> overrides, and the model is the registry's `model` with `model.<key>=value` overrides, the class
-count of the weights and the image size of the preprocessing.
+count of the weights and the image size of the preprocessing. The split is the data config's validation split:
+`data.val_split=<folder>` for image folders (default val/, validation/ or test/), CIFAR's test split, or with
+`data.holdout=<n>` a class-balanced slice of the training images; `data.limit_val_samples=<n>` a balanced subset.
 
 Preprocessing: `preprocess=timm:<name>` is timm's pretrained config of those weights (resize ratio, interpolation,
 mean/std), `preprocess=data` the data config's validation transform; by default a `timm:` source uses timm's
