@@ -330,9 +330,9 @@ def test_image_folder_trains_with_its_default_augmentation(tmp_path):
     args = [
         "data=imagefolder",
         f"data.root={image_folder_root(tmp_path)}",
-        "data.limit_train_samples=80",
-        "data.limit_val_samples=20",
-        "data.batch_size=20",
+        "data.limit_train_samples=200",
+        "data.limit_val_samples=50",
+        "data.batch_size=50",
         "data.num_workers=0",
         "model.depth=1",
         "model.embed_dim=48",

@@ -123,7 +123,6 @@ RANGE_CASES = {
     "data.mean": (["data.mean=[0.5]"], "data.mean=[0.5] must be a list of 3 numbers"),
     "data.std": (["data.std=[0.2,0,0.2]"], "data.std=[0.2, 0, 0.2] must be > 0 in every channel"),
     "data.augment.pad": (["data.augment.pad=-1"], "data.augment.pad=-1 must be >= 0"),
-    "data.augment.policy_chunk": (["data.augment.policy_chunk=0"], "data.augment.policy_chunk=0 must be >= 1"),
     "data.augment.scale_min": (["data.augment.scale_min=0"], "data.augment.scale_min=0.0 must be in (0, 1]"),
     "data.augment.re_prob": (["data.augment.re_prob=1.0"], "data.augment.re_prob=1.0 must be in [0, 1)"),
     "data.augment.mixup_alpha": (["data.augment.mixup_alpha=-1"], "data.augment.mixup_alpha=-1 must be >= 0"),
