@@ -71,6 +71,7 @@ def make_augment(policy: str | None, impl: str, whole_batch: bool, size: int):
     if impl == "ours":
         if whole_batch and augment.policy is not None:
             augment.policy.subsets = False
+            augment.policy.pillow = False  # timm's RandAugment: its tensor kernels, not Pillow's
         return augment
     reference = torchvision_policy(policy, size) if policy else None
     if policy and reference is None:

@@ -4,8 +4,9 @@ against timm's `create_transform(224, is_training=True, auto_augment=...)` on th
 
     python scripts/bench_cpu_loader.py --images 300 --repeats 5
 
-One process, one thread (torch and Pillow), so the figures are per core; ours and timm's alternate over the same
-files in every repeat (which goes first alternates too), and the table gives medians over the repeats. Two rows:
+One process, one thread (torch and Pillow), so the figures are per core; both end in batches of --batch images
+(stacked as a DataLoader collates them); ours and timm's alternate over the same files in every repeat (which goes
+first alternates too), and the table gives medians over the repeats. Two rows:
   full pipeline on the CPU  ours: worker transform + `BatchAugment` on the CPU in batches of --batch;
                             timm: its transform with ToTensor and Normalize (what its CPU loader workers run);
   loader workers only       what the CPU workers do when a GPU trains: ours decodes and crops (flip, policy and
@@ -75,24 +76,34 @@ def ours(paths: list[Path], policy: str, batch: int, with_batch_stage: bool) -> 
     pending = []
     for path in paths:
         pending.append(worker(load_rgb(str(path))))
-        if len(pending) == batch and with_batch_stage:
-            stage(torch.stack(pending), generator)
+        if len(pending) == batch:  # collated as the DataLoader does, then the batch stage where the CPU runs it
+            collated = torch.stack(pending)
+            if with_batch_stage:
+                stage(collated, generator)
             pending = []
-    if pending and with_batch_stage:
-        stage(torch.stack(pending), generator)
+    if pending:
+        collated = torch.stack(pending)
+        if with_batch_stage:
+            stage(collated, generator)
     return len(paths) / (time.perf_counter() - start)
 
 
-def timm_pipeline(paths: list[Path], policy: str, prefetcher: bool) -> float:
+def timm_pipeline(paths: list[Path], policy: str, prefetcher: bool, batch: int) -> float:
     mean, std = MEAN_STD["imagenet"]
     transform = create_transform(
         224, is_training=True, auto_augment=policy, interpolation="bilinear", mean=mean, std=std,
         use_prefetcher=prefetcher,
     )  # fmt: skip
     start = time.perf_counter()
+    pending = []
     for path in paths:
         with open(path, "rb") as handle:  # timm's default loader: open, convert to RGB
-            transform(Image.open(handle).convert("RGB"))
+            pending.append(transform(Image.open(handle).convert("RGB")))
+        if len(pending) == batch:  # collated as its DataLoader would (float32, or uint8 with the prefetcher)
+            torch.stack(pending)
+            pending = []
+    if pending:
+        torch.stack(pending)
     return len(paths) / (time.perf_counter() - start)
 
 
@@ -111,11 +122,11 @@ def main(argv: list[str] | None = None) -> None:
         cases = {
             "full pipeline on the CPU": (
                 lambda: ours(paths, args.policy, args.batch, True),
-                lambda: timm_pipeline(paths, args.policy, False),
+                lambda: timm_pipeline(paths, args.policy, False, args.batch),
             ),
             "loader workers only (GPU training)": (
                 lambda: ours(paths, args.policy, args.batch, False),
-                lambda: timm_pipeline(paths, args.policy, True),
+                lambda: timm_pipeline(paths, args.policy, True, args.batch),
             ),
         }
         rates = {(row, side): [] for row in cases for side in ("ours", "timm")}

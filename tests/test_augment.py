@@ -49,18 +49,37 @@ RAND_STRINGS = [
 POLICIES = ["autoaug", "trivial", *RAND_STRINGS, *[f"augmix-m{m}-w2" for m in (1, 5, 10)], "augmix-m3-w3-d3-a0.5"]
 
 
-@pytest.mark.parametrize("whole_batch", [False, True], ids=["cpu-path", "cuda-path"])
-def test_every_policy_and_magnitude_runs_on_both_code_paths(whole_batch):
-    """The CPU's per-op subsets and the CUDA path (whole batch, torch.where), at every magnitude bin, the
-    extremes, the largest noise (mstd > 100 is uniform; mstd 100 clips to 0 and 10 half the time) and 0-bit
-    posterize: no exception, uint8 in, uint8 out, shape kept."""
+@pytest.mark.parametrize("path", ["pillow", "tensor-subsets", "tensor-whole-batch"])
+def test_every_policy_and_magnitude_runs_on_every_code_path(path):
+    """timm's RandAugment through Pillow (the CPU's path) and the tensor kernels on gathered samples or on the whole
+    batch (the CUDA path), the other policies on both of theirs, at every magnitude bin, the extremes, the largest
+    noise (mstd > 100 is uniform; mstd 100 clips to 0 and 10 half the time) and 0-bit posterize: no exception,
+    uint8 in, uint8 out, shape kept."""
     x = smooth_images(24)
     for text in POLICIES:
         policy = build_policy(text, 24, (0.5, 0.45, 0.4))
         if hasattr(policy, "subsets"):
-            policy.subsets = not whole_batch
+            policy.subsets = path == "tensor-subsets"
+        if hasattr(policy, "pillow"):
+            policy.pillow = path == "pillow"
         out = policy(x, torch.Generator().manual_seed(1))
         assert out.shape == x.shape and out.dtype == torch.uint8, text
+
+
+def test_pillow_and_tensor_paths_agree():
+    """The same draws through Pillow and through the tensor kernels: one op per image (n1, p1.0), every op
+    drawn many times, equal to the pixel except the geometric ops' bilinear rounding (within 1)."""
+    x = smooth_images(120)
+    policy = build_policy("rand-m8-n1-p1.0-mstd3", 24, (0.5, 0.45, 0.4))
+    outputs = {}
+    for pillow in (True, False):
+        policy.pillow = pillow
+        outputs[pillow] = policy(x, torch.Generator().manual_seed(3)).int()
+    (op, _), *_ = policy.draw(120, torch.device("cpu"), torch.Generator().manual_seed(3))
+    assert set(op.tolist()) == set(range(len(ra.OPS)))
+    diff = (outputs[True] - outputs[False]).abs().amax(dim=(1, 2, 3))  # (B,)
+    geometric = ra._is(op, ra.GEOMETRIC)
+    assert diff[~geometric].max() == 0 and diff[geometric].max() <= 1
 
 
 @pytest.mark.parametrize("loader", ["torch", "gpu"])

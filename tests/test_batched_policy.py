@@ -11,8 +11,8 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 from trainer_utils import REPO, compose_config
 
-from vit.data import DataError, build_data
 from vit.data import batched_policy as bp
+from vit.data import build_data
 from vit.data.augment import build_policy
 from vit.data.gpu_loader import GpuLoader
 from vit.train.config import ConfigError, validate

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image, ImageEnhance, ImageOps
 
 from vit.data.batched_policy import _per_sample, _ramp, _update, apply_lut, equalize_lut
 
@@ -285,7 +287,11 @@ class TimmRandAugment:
         self.magnitude_max, self.increasing, self.prob = float(magnitude_max), increasing, float(prob)
         self.weights = torch.tensor([float(CHOICE_WEIGHTS[name]) for name in OPS]) if weighted else None
         self.fill = tuple(int(v) for v in fill)
-        self.subsets: bool | None = None  # as batched_policy.apply_ops: None -> on the CPU
+        # How the ops are computed: with Pillow image by image (None: on the CPU, where its C loops are several
+        # times faster than tensor kernels on one image), else with the tensor kernels, gathering each op's samples
+        # (subsets; None: on the CPU) or on the whole batch.
+        self.pillow: bool | None = None
+        self.subsets: bool | None = None
 
     def draw(self, batch: int, device: torch.device, generator: torch.Generator | None) -> list[tuple]:
         """Per slot: (op int64 (B,), or -1 where the op is skipped; argument float64 (B,)). A fixed number of random
@@ -313,11 +319,19 @@ class TimmRandAugment:
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """uint8 (B, C, H, W) -> uint8 (B, C, H, W)."""
-        subsets = x.device.type == "cpu" if self.subsets is None else self.subsets
+        slots = self.draw(len(x), x.device, generator)
+        on_cpu = x.device.type == "cpu"
+        if (on_cpu if self.pillow is None else self.pillow) and x.shape[1] == 3:
+            return apply_with_pillow(x, slots, self.fill)
+        return self.apply_with_tensors(x, slots, on_cpu if self.subsets is None else self.subsets)
+
+    def apply_with_tensors(self, x: torch.Tensor, slots: list[tuple], subsets: bool) -> torch.Tensor:
+        """The drawn ops as batched tensor kernels (above): each op family once per slot, on the samples that drew
+        it (subsets) or on the whole batch kept by torch.where (no host sync: the CUDA path)."""
         if subsets:
             x = x.clone(memory_format=torch.contiguous_format)  # rows are written in place
         height, width = x.shape[-2:]
-        for op, argument in self.draw(len(x), x.device, generator):
+        for op, argument in slots:
             matrix = pillow_inverse_affine(op, argument, height, width)
             x = _update(x, _is(op, GEOMETRIC), warp_bilinear, (x, matrix, self.fill), subsets)
             lut = static_tables(op, argument)
@@ -327,3 +341,58 @@ class TimmRandAugment:
             for group in [(name,) for name in BLENDS] if subsets else [BLENDS]:
                 x = _update(x, _is(op, group), apply_blends, (x, op, argument, set(group)), subsets)
         return x
+
+
+# ---- the same ops with Pillow, image by image: the CPU's path ----
+
+
+def _point(image: Image.Image, table: list[int]) -> Image.Image:
+    return image.point(table * len(image.getbands()))
+
+
+PILLOW_OPS = {
+    "AutoContrast": lambda image, arg, fill: ImageOps.autocontrast(image),
+    "Equalize": lambda image, arg, fill: ImageOps.equalize(image),
+    "Invert": lambda image, arg, fill: ImageOps.invert(image),
+    "Rotate": lambda image, arg, fill: image.rotate(arg, resample=Image.BILINEAR, fillcolor=fill),
+    # Posterize through its table: Pillow 13's ImageOps.posterize refuses 0 bits, which keep nothing (black).
+    "Posterize": lambda image, arg, fill: _point(image, [v & (0xFF << (8 - int(arg)) & 0xFF) for v in range(256)]),
+    "Solarize": lambda image, arg, fill: _point(image, [v if v < arg else 255 - v for v in range(256)]),
+    "SolarizeAdd": lambda image, arg, fill: _point(
+        image, [min(255, v + int(arg)) if v < 128 else v for v in range(256)]
+    ),
+    "Color": lambda image, arg, fill: ImageEnhance.Color(image).enhance(arg),
+    "Contrast": lambda image, arg, fill: ImageEnhance.Contrast(image).enhance(arg),
+    "Brightness": lambda image, arg, fill: ImageEnhance.Brightness(image).enhance(arg),
+    "Sharpness": lambda image, arg, fill: ImageEnhance.Sharpness(image).enhance(arg),
+    "ShearX": lambda image, arg, fill: _affine(image, (1, arg, 0, 0, 1, 0), fill),
+    "ShearY": lambda image, arg, fill: _affine(image, (1, 0, 0, arg, 1, 0), fill),
+    "TranslateXRel": lambda image, arg, fill: _affine(image, (1, 0, arg * image.size[0], 0, 1, 0), fill),
+    "TranslateYRel": lambda image, arg, fill: _affine(image, (1, 0, 0, 0, 1, arg * image.size[1]), fill),
+}
+
+
+def _affine(image: Image.Image, data: tuple, fill: tuple[int, ...]) -> Image.Image:
+    return image.transform(image.size, Image.AFFINE, data, resample=Image.BILINEAR, fillcolor=fill)
+
+
+def apply_with_pillow(x: torch.Tensor, slots: list[tuple], fill: tuple[int, ...]) -> torch.Tensor:
+    """The drawn ops with Pillow, one image at a time: uint8 (B, 3, H, W) on the CPU -> the same. What timm's
+    RandAugment computes for the same ops and arguments, to the pixel; the tensor kernels agree within 1 level."""
+    ops = torch.stack([op for op, _ in slots], dim=1).tolist()  # (B, n)
+    arguments = torch.stack([argument for _, argument in slots], dim=1).tolist()
+    out = x.contiguous().clone()
+    planes = out.numpy()  # (B, 3, H, W): each channel plane is one contiguous Pillow "L" image
+    height, width = planes.shape[-2:]
+    for b, (row_ops, row_args) in enumerate(zip(ops, arguments, strict=True)):
+        drawn = [(OPS[op], arg) for op, arg in zip(row_ops, row_args, strict=True) if op >= 0]
+        if not drawn:
+            continue
+        image = Image.merge(
+            "RGB", [Image.frombuffer("L", (width, height), plane, "raw", "L", 0, 1) for plane in planes[b]]
+        )
+        for name, arg in drawn:
+            image = PILLOW_OPS[name](image, arg, fill)
+        for c, band in enumerate(image.split()):
+            planes[b, c] = np.asarray(band)
+    return out

@@ -10,8 +10,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from vit.data.archive import is_archive
-from vit.data.datasets import DATASET_NAMES, DataError, parse_holdout
 from vit.data.augment import AugmentSpec
+from vit.data.datasets import DATASET_NAMES, DataError, parse_holdout
 from vit.data.loader import LOADERS
 from vit.models import create_model, list_models
 from vit.train.finetune import FREEZE_MODES
