@@ -11,7 +11,10 @@ GPU-resident loader's batches come out of the same code. Per sample and per slot
     level = m, or ~ N(m, mstd) (mstd > 100: U(0, m)), clipped to [0, mmax] (mmax: 10 unless given)
     argument = the op's formula of level (below), with a random sign for the signed ops
 
-Where the ops' arithmetic lives, and how close it is to Pillow's (tests/test_rand_augment.py measures it):
+The draws come from the batch's generator on any device. The ops then run where the batch is: on the CPU through
+Pillow itself, image by image (`apply_with_pillow`: Pillow's C loops beat tensor kernels on single images several
+times over), so they are exactly timm's; on a GPU as batched tensor kernels that reproduce Pillow's arithmetic
+(`TimmRandAugment.apply_with_tensors`), how closely measured in tests/test_augment.py:
   tables (Posterize, Solarize, SolarizeAdd, Invert, Brightness, AutoContrast, Equalize): integer lookup tables, the
     same values as Pillow's `point`/`ImageOps`. Posterize keeping 0 bits gives a black image, as Pillow before 13
     did (Pillow 13 refuses 0 bits, which crashed timm's own policy at magnitude 10; here it is one more table);
