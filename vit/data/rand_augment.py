@@ -27,6 +27,7 @@ times over), so they are exactly timm's; on a GPU as batched tensor kernels that
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -349,8 +350,21 @@ class TimmRandAugment:
 # ---- the same ops with Pillow, image by image: the CPU's path ----
 
 
-def _point(image: Image.Image, table: list[int]) -> Image.Image:
-    return image.point(table * len(image.getbands()))
+@functools.lru_cache(maxsize=1024)
+def _table(name: str, arg: int) -> tuple[int, ...]:
+    """Pillow's 256-entry table of a table op at an integer argument, repeated for the 3 bands of an RGB image."""
+    ramp = range(256)
+    if name == "Posterize":  # Pillow 13's ImageOps.posterize refuses 0 bits, which keep nothing (black)
+        table = [v & (0xFF << (8 - arg) & 0xFF) for v in ramp]
+    elif name == "Solarize":
+        table = [v if v < arg else 255 - v for v in ramp]
+    else:  # SolarizeAdd
+        table = [min(255, v + arg) if v < 128 else v for v in ramp]
+    return tuple(table * 3)
+
+
+def _point(name: str, image: Image.Image, arg: float, fill) -> Image.Image:
+    return image.point(list(_table(name, int(arg))))
 
 
 PILLOW_OPS = {
@@ -358,12 +372,9 @@ PILLOW_OPS = {
     "Equalize": lambda image, arg, fill: ImageOps.equalize(image),
     "Invert": lambda image, arg, fill: ImageOps.invert(image),
     "Rotate": lambda image, arg, fill: image.rotate(arg, resample=Image.BILINEAR, fillcolor=fill),
-    # Posterize through its table: Pillow 13's ImageOps.posterize refuses 0 bits, which keep nothing (black).
-    "Posterize": lambda image, arg, fill: _point(image, [v & (0xFF << (8 - int(arg)) & 0xFF) for v in range(256)]),
-    "Solarize": lambda image, arg, fill: _point(image, [v if v < arg else 255 - v for v in range(256)]),
-    "SolarizeAdd": lambda image, arg, fill: _point(
-        image, [min(255, v + int(arg)) if v < 128 else v for v in range(256)]
-    ),
+    "Posterize": functools.partial(_point, "Posterize"),
+    "Solarize": functools.partial(_point, "Solarize"),
+    "SolarizeAdd": functools.partial(_point, "SolarizeAdd"),
     "Color": lambda image, arg, fill: ImageEnhance.Color(image).enhance(arg),
     "Contrast": lambda image, arg, fill: ImageEnhance.Contrast(image).enhance(arg),
     "Brightness": lambda image, arg, fill: ImageEnhance.Brightness(image).enhance(arg),
@@ -396,6 +407,5 @@ def apply_with_pillow(x: torch.Tensor, slots: list[tuple], fill: tuple[int, ...]
         )
         for name, arg in drawn:
             image = PILLOW_OPS[name](image, arg, fill)
-        for c, band in enumerate(image.split()):
-            planes[b, c] = np.asarray(band)
+        planes[b] = np.asarray(image).transpose(2, 0, 1)  # (H, W, 3) -> (3, H, W)
     return out
