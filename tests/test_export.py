@@ -281,3 +281,13 @@ def test_the_default_output_sits_beside_the_weights(weights, fmt, expected):
     from vit.deploy.export import default_output
 
     assert default_output(weights, fmt) == Path(expected)
+
+
+def test_predict_with_an_onnx_file_needs_the_export_extra(checkpoints, monkeypatch, capsys):
+    from vit.analysis.inputs import run_script
+
+    checkpoint, images = checkpoints["vit_tiny_cifar"]
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    assert run_script(predict_script.main, [f"checkpoint={checkpoint.with_name('x.onnx')}", f"image={images}"]) == 2
+    line = _one_error_line(capsys)
+    assert "x.onnx needs onnxruntime" in line and "pip install -e '.[export]'" in line
