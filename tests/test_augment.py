@@ -2,6 +2,7 @@
 magnitude on both code paths, timm's RandAugment op by op against timm's own Pillow ops and its sampling, the two
 loaders giving the same batches, the defaults declared once, the loader choice, and bad policy strings."""
 
+import importlib.util
 import json
 import math
 import os
@@ -373,3 +374,15 @@ def test_batch_augment_only_normalises_for_evaluation():
     augment = BatchAugment(spec, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), 16, train=False)
     x = smooth_images(4, 16, 16)
     torch.testing.assert_close(augment(x), (x.float() / 255 - 0.5) / 0.25)
+
+
+def test_cpu_loader_benchmark_prints_its_table(capsys):
+    spec = importlib.util.spec_from_file_location("bench_cpu_loader", REPO / "scripts" / "bench_cpu_loader.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--images", "6", "--repeats", "1", "--batch", "3"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "6 JPEGs x 1 repeats, batches of 3, 1 thread, policy rand-m9-mstd0.5-inc1"
+    rows = [line.split(" | ") for line in lines[-2:]]
+    assert [row[0] for row in rows] == ["| full pipeline on the CPU", "| loader workers only (GPU training)"]
+    assert all(float(row[1]) > 0 and float(row[2]) > 0 for row in rows)
