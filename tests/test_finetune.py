@@ -315,6 +315,40 @@ def test_timm_names_are_checked_and_offline_is_said_in_one_line(tmp_path, monkey
     assert line.endswith("or give a file: model.pretrained=/path/to/weights.safetensors")
 
 
+def test_cached_timm_weights_load_without_a_network(tmp_path, monkeypatch):
+    """timm's weights in the hub cache (the layout huggingface_hub writes) and no network: read from the cache
+    at once, with the head count timm's model records."""
+    from huggingface_hub import constants
+
+    from vit.models.pretrained import read_source
+
+    source = timm.create_model("vit_tiny_patch16_224", pretrained=False)
+    repo = tmp_path / "hub" / "models--timm--vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("0" * 40)
+    (repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
+    save_safetensors(source.state_dict(), repo / "snapshots" / ("0" * 40) / "model.safetensors")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    weights = read_source("timm:vit_tiny_patch16_224.augreg_in21k_ft_in1k")
+    assert weights.num_heads == 3 and weights.where == "timm:vit_tiny_patch16_224.augreg_in21k_ft_in1k"
+    assert_equal_except(weights.state_dict, source.state_dict(), set())
+
+
+def test_a_checkpoint_trained_on_other_classes_gets_a_fresh_head_at_the_same_count():
+    from vit.models.pretrained import Pretrained
+    from vit.train.finetune import load_pretrained_weights
+
+    source = create_model("vit_tiny", depth=1, num_classes=2).state_dict()
+    for classes, kept in ((["cat", "dog"], True), (["car", "ship"], False)):
+        weights = Pretrained(source, "last.pt", 3, class_to_idx={"cat": 0, "dog": 1})
+        model = create_model("vit_tiny", depth=1, num_classes=2)
+        fresh = model.head.weight.detach().clone()
+        load_pretrained_weights(model, weights, {name: i for i, name in enumerate(classes)})
+        assert torch.equal(model.head.weight, source["head.weight"] if kept else fresh), classes
+        assert torch.equal(model.blocks[0].attn.qkv.weight, source["blocks.0.attn.qkv.weight"])
+
+
 @pytest.mark.slow
 def test_timm_offline_through_the_cli(tmp_path):
     """The real command line: no download attempt, no traceback, one line, exit 2."""
