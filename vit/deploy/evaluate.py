@@ -179,7 +179,7 @@ def evaluate_weights(argv: list[str]) -> dict:
     result["data"] = str(data_cfg.get("name"))
     result["model"] = weights.name
     result["source"] = weights.source
-    result["weights"] = weights.which or "as the source gives them (EMA first where it holds both)"
+    result["weights"] = weights.which or "the source's"
     result["flip"] = flip
     result["preprocessing"] = pre.to_dict()
     result["classes"] = {

@@ -31,7 +31,7 @@ class Weights:
     preprocessing: Preprocessing | None  # what the weights prescribe (our data config, timm's config), if anything
     source: str  # the file or name the weights came from, for reports
     config: dict | None = None  # the resolved training config (checkpoints of ours)
-    which: str = ""  # "ema" or "model" for a checkpoint of ours
+    which: str = ""  # "ema" or "model" for a checkpoint of ours; for a file, which of its weights were taken
 
 
 @dataclass
@@ -40,7 +40,7 @@ class SourceWeights:
     classes: list[str] | None = None
     preprocessing: Preprocessing | None = None
     config: dict | None = None  # a checkpoint of ours: its config
-    which: str = ""  # "ema" or "model": which weights of a checkpoint of ours
+    which: str = ""  # "ema" or "model": which weights of a checkpoint of ours; for other files, which first
     num_heads: int | None = None  # where the source records it (timm), checked against the model
 
 
@@ -101,7 +101,8 @@ def weights_from_source(source: str, use_ema: bool | None = None, key: str = "mo
         state_dict = pretrained.unwrap_state_dict(obj, source, use_ema=use_ema is not False)
     except ValueError as err:
         raise WeightsError(f"{key}={source}: {err}") from err
-    return SourceWeights(state_dict)
+    which = "raw first where the file holds EMA ones too" if use_ema is False else "EMA first where the file holds both"
+    return SourceWeights(state_dict, which=which)
 
 
 def model_from_config(config: dict, state_dict: dict, num_classes: int | None, overrides: Mapping) -> nn.Module:
@@ -161,7 +162,7 @@ def build_model(
     except (ValueError, TypeError) as err:
         raise WeightsError(f"model={model_name} with model.pretrained={given}: {err}") from err
     model.float()
-    return Weights(model.eval(), model_name, found.classes, found.preprocessing, given)
+    return Weights(model.eval(), model_name, found.classes, found.preprocessing, given, which=found.which)
 
 
 DATA_CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs" / "data"
