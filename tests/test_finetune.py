@@ -438,3 +438,29 @@ def test_vit_small_fine_tunes_from_a_timm_file_at_224_px_through_the_cli(tmp_pat
     assert "classifier: checkpoint has 1000 classes, model has 3; head re-initialised" in done.stdout + done.stderr
     trained = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
     assert trained["step"] == 3 and trained["model"]["head.weight"].shape == (3, 384)
+
+
+@pytest.mark.slow
+def test_two_ranks_fine_tune_to_the_weights_of_one_process(tmp_path):
+    """torchrun, gloo, 2 ranks of 16 against 1 process of 32: the same pretrained start (read by every rank), layer
+    decay and EMA, the same weights to fp32 tolerance."""
+    source = create_model("vit_tiny", embed_dim=32, depth=2, num_heads=2, img_size=64, patch_size=8).state_dict()
+    path = save_safetensors(source, tmp_path / "source.safetensors")
+    common = ["data=synthetic", "data.synthetic.num_train=128", "data.synthetic.num_val=32", *TINY_MODEL]
+    common += ["model.drop_path_rate=0.0", "trainer.epochs=1", "trainer.device=cpu", "trainer.ema=true"]
+    common += ["trainer.attn_maps_every_n_epochs=0", f"model.pretrained={path}", "optim.layer_decay=0.75"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    states = []
+    for nproc, batch in ((1, 32), (2, 16)):
+        launcher = [sys.executable] + (
+            ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"] * (nproc > 1)
+        )
+        run_dir = tmp_path / f"ranks{nproc}"
+        args = [str(REPO / "train.py"), *common, f"data.batch_size={batch}", f"hydra.run.dir={run_dir}"]
+        done = subprocess.run([*launcher, *args], capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        states.append(load_checkpoint(run_dir / "checkpoints" / "last.pt"))
+    assert states[0]["step"] == states[1]["step"] == 4
+    for part in ("model", "ema"):
+        for key in states[0][part]:
+            torch.testing.assert_close(states[1][part][key], states[0][part][key], atol=2e-5, rtol=1e-4, msg=key)
