@@ -213,11 +213,12 @@ def test_a_frozen_backbone_trains_the_head_alone(timm_source, tmp_path, monkeypa
     path = save_safetensors(timm_source, tmp_path / "w.safetensors")
     args = [*TARGET, "model=vit_tiny", "model.depth=2", f"model.pretrained={path}", "model.freeze=backbone"]
     args += ["optim.layer_decay=0.75", "trainer.accum_steps=2", "trainer.ema=true", "trainer.ema_decay=0.5"]
+    args += ["data.synthetic.num_train=64"]
     with caplog.at_level(logging.INFO, logger="vit.train"):
         metrics, step0 = train_from(args, tmp_path / "run", monkeypatch)
     assert "training 965 of " in caplog.text  # 5 x 192 + 5
     state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
-    assert metrics["final"]["step"] == 1  # 2 batches, accumulated into one step
+    assert metrics["final"]["step"] == 2  # 4 batches, 2 accumulated into each step
     for weights in (state["model"], state["ema"]):  # the EMA of frozen weights is the weights
         changed = {k for k in step0 if not torch.equal(step0[k], weights[k])}
         assert changed == {"head.weight", "head.bias"}
