@@ -1,9 +1,9 @@
 """AutoAugment, RandAugment and TrivialAugmentWide for whole uint8 (B, 3, H, W) batches, every sample with its own
-draw: the GPU loader's policy (`data.augment.policy_impl=batched`).
+draw: what `data.augment.auto_augment=autoaug|trivial` means on both loaders (vit/data/augment.py builds them).
 
-torchvision's v2 policies draw ONE op per call, from the global RNG, so the loader used to call them on chunks of
-`policy_chunk` images: 32 calls per batch of 512, each a handful of small kernels (and host syncs) launched from
-Python. Here a batch costs a fixed number of launches per op family, whatever its size:
+torchvision's v2 policies draw ONE op per call, from the global RNG, so a loader calling them on a batch either
+shares one draw among many images or makes a call per chunk of images, each a handful of small kernels (and host
+syncs) launched from Python. Here a batch costs a fixed number of launches per op family, whatever its size:
 
     uint8 (B, 3, H, W), generator
       --draw, per sample and per slot (1 for TrivialAugmentWide, N for RandAugment, 2 for AutoAugment): a row of
