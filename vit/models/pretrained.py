@@ -361,7 +361,7 @@ def adapt_head(state_dict: StateDict, own: StateDict, reset: bool = False) -> No
     log.warning(
         "classifier: checkpoint has %d classes, model has %d%s; head re-initialised", ckpt_head.shape[0], want, other
     )
-    for key in ("head.weight", "head.bias"):
+    for key in ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias"):  # head_dist: distilled models
         if key in own:
             state_dict[key] = own[key]
         else:

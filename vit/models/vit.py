@@ -10,6 +10,10 @@ An image's path through `forward`, for ViT-Ti/16 at 224 px (C = 192, N = 14 * 14
     norm                       (B, 197, C)
     pool: cls token / mean     (B, C)
     head                       (B, num_classes)
+
+With `distill_token=True` (DeiT's distilled ViT, timm's `VisionTransformerDistilled`): a second learned token
+sits after the cls token, (B, 2 + N, C) through the blocks, with its own position row and its own classifier
+`head_dist`; in training mode `forward` returns both heads' logits (cls, dist), in eval mode their average.
 """
 
 from __future__ import annotations
@@ -58,6 +62,9 @@ class VisionTransformer(nn.Module):
         lsa: Locality Self-Attention in every block: learned temperature, no token attends to itself.
             `patch_embed` and `lsa` are the two levers of Lee, Lee & Song 2021 for small data sets
             (docs/LEVERS.md); both off, the model and its state dict are timm's.
+        distill_token: DeiT's distillation token and second head (`dist_token`, `head_dist`: the names of timm's
+            distilled DeiT models, whose weights load as they are); needs `global_pool="token"`. The trainer
+            trains `head_dist` towards a teacher (docs/DISTILLATION.md).
     """
 
     def __init__(
@@ -82,6 +89,7 @@ class VisionTransformer(nn.Module):
         patch_embed: str = "standard",
         lsa: bool = False,
         dynamic_img_size: bool = False,
+        distill_token: bool = False,
     ) -> None:
         super().__init__()
         if global_pool not in GLOBAL_POOLS:
@@ -92,18 +100,27 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"lsa={lsa!r} must be true or false")
         if not isinstance(dynamic_img_size, bool):
             raise ValueError(f"dynamic_img_size={dynamic_img_size!r} must be true or false")
+        if not isinstance(distill_token, bool):
+            raise ValueError(f"distill_token={distill_token!r} must be true or false")
+        if distill_token and global_pool != "token":
+            raise ValueError(
+                f"distill_token=true needs global_pool=token (the heads read the two tokens), not {global_pool!r}"
+            )
         check_encoder_args(embed_dim, depth, num_heads, num_classes, drop_rate, attn_drop_rate, drop_path_rate)
 
         self.num_classes = num_classes
         self.embed_dim = self.num_features = embed_dim
         self.global_pool = global_pool
-        self.num_prefix_tokens = 1
+        self.distilled = distill_token
+        self.num_prefix_tokens = 2 if distill_token else 1  # cls (and dist) tokens before the patches
 
         self.patch_embed = PATCH_EMBEDS[patch_embed](img_size, patch_size, in_chans, embed_dim)
         self.patch_embed_kind = patch_embed
         self.patch_embed.dynamic_img_size = dynamic_img_size
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-        self.pos_embed = make_pos_embed(pos_embed, self.patch_embed.num_patches + 1, embed_dim)
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if distill_token else None
+        # One row per prefix token (cls, dist), then the patches: (1, prefix + N, C).
+        self.pos_embed = make_pos_embed(pos_embed, self.patch_embed.num_patches + self.num_prefix_tokens, embed_dim)
         self.pos_embed_kind = pos_embed
         self.pos_drop = nn.Dropout(drop_rate)
 
@@ -125,6 +142,7 @@ class VisionTransformer(nn.Module):
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(embed_dim, eps=1e-6)
         self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if use_fc_norm else nn.Identity()
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head_dist = self._dist_head() if distill_token else None
         self.init_weights()
 
     @property
@@ -136,33 +154,48 @@ class VisionTransformer(nn.Module):
         if self.pos_embed.requires_grad:
             trunc_normal_(self.pos_embed, std=0.02)
         nn.init.normal_(self.cls_token, std=1e-6)
+        if self.dist_token is not None:
+            trunc_normal_(self.dist_token, std=0.02)  # timm's VisionTransformerDistilled init
         self.apply(init_linear_trunc_normal)
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that weight decay would only pull towards zero for no benefit."""
-        return {"pos_embed", "cls_token"}
+        return {"pos_embed", "cls_token", "dist_token"} if self.distilled else {"pos_embed", "cls_token"}
+
+    def _dist_head(self) -> nn.Module:
+        return nn.Linear(self.embed_dim, self.num_classes) if self.num_classes > 0 else nn.Identity()
 
     def reset_classifier(self, num_classes: int) -> None:
         self.num_classes = num_classes
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        if self.distilled:
+            self.head_dist = self._dist_head()
         if num_classes > 0:
             init_linear_trunc_normal(self.head)
+            if self.distilled:
+                init_linear_trunc_normal(self.head_dist)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C_in, H, W) -> all tokens after the last block and norm, (B, 1 + N, C)."""
+        """(B, C_in, H, W) -> all tokens after the last block and norm, (B, P + N, C) with P prefix tokens."""
         tokens = self.patch_embed(x)  # (B, N, C); the input's shape is checked there
         grid = self.patch_embed.input_grid(x)
-        cls = self.cls_token.expand(tokens.shape[0], -1, -1)  # (B, 1, C)
-        x = torch.cat([cls, tokens], dim=1)  # (B, 1 + N, C)
-        pos_embed = self.pos_embed  # (1, 1 + N_table, C)
+        prefix = [self.cls_token] if self.dist_token is None else [self.cls_token, self.dist_token]
+        prefix = [t.expand(tokens.shape[0], -1, -1) for t in prefix]  # P x (B, 1, C)
+        x = torch.cat([*prefix, tokens], dim=1)  # (B, P + N, C)
+        pos_embed = self.pos_embed  # (1, P + N_table, C)
         if grid != self.patch_embed.grid_size:  # dynamic_img_size: the table resampled to this grid, (1, 1 + N, C)
             pos_embed = resample_pos_embed(pos_embed, grid, self.num_prefix_tokens, self.patch_embed.grid_size)
         x = self.pos_drop(x + pos_embed)
         x = self.blocks(x)
         return self.norm(x)
 
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        """(B, 1 + N, C) -> logits (B, num_classes), or the pooled (B, C) with `pre_logits`."""
+    def forward_head(
+        self, x: torch.Tensor, pre_logits: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """(B, P + N, C) -> logits (B, num_classes), or the pooled (B, C) with `pre_logits`. With the distillation
+        token: in training mode the pair (cls logits, dist logits), each (B, num_classes); else their average."""
+        if self.dist_token is not None:
+            return self._distilled_head(x, pre_logits)
         if self.global_pool == "avg":
             x = x[:, self.num_prefix_tokens :].mean(dim=1)  # (B, C): mean over the patch tokens
         else:
@@ -170,7 +203,16 @@ class VisionTransformer(nn.Module):
         x = self.fc_norm(x)
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _distilled_head(self, x: torch.Tensor, pre_logits: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        x, x_dist = x[:, 0], x[:, 1]  # (B, C) each: the cls and the distillation token
+        if pre_logits:
+            return (x + x_dist) / 2
+        logits, logits_dist = self.head(x), self.head_dist(x_dist)  # (B, num_classes) each
+        if self.training:  # the trainer's loss reads the two heads apart (vit/train/distill.py)
+            return logits, logits_dist
+        return (logits + logits_dist) / 2  # evaluation: the heads averaged, as DeiT does
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         return self.forward_head(self.forward_features(x))
 
 
