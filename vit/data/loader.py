@@ -84,13 +84,19 @@ def num_workers(cfg: Mapping) -> int:
     return int(requested)
 
 
-def _seed_worker(worker_id: int) -> None:
-    # Each worker's numpy/random state from torch's per-worker seed, so augmentations are reproducible.
+def _init_worker(worker_id: int) -> None:
+    """In each loader worker: numpy/random seeded from torch's per-worker seed (reproducible augmentation), and
+    SIGINT/SIGTERM ignored. Ctrl-C, `timeout` or a scheduler signal the whole process group; the trainer then
+    finishes its step, writes last.pt and shuts the workers down itself. A worker killed by the signal first would
+    take the run down with a traceback instead."""
     import random
+    import signal
 
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 class ShardSampler(Sampler):
@@ -147,7 +153,7 @@ def _torch_loader(dataset, cfg, *, train, device, seed, rank, world_size, batch_
         num_workers=workers,
         pin_memory=bool(cfg.get("pin_memory", True)) and torch.device(device).type == "cuda",
         persistent_workers=workers > 0,
-        worker_init_fn=_seed_worker,
+        worker_init_fn=_init_worker,
         generator=generator,
     )
     return loader, sampler
