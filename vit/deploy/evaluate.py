@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from vit.deploy.options import UsageError, parse_options, run_main
 from vit.deploy.weights import resolve
@@ -58,20 +58,6 @@ KNOWN_KEYS = (
     "json",
 )
 SYNSET = re.compile(r"^n\d{8}$")
-
-
-class Preprocessed(Dataset):
-    """(PIL image, target) pairs of another dataset through a transform."""
-
-    def __init__(self, dataset: Dataset, transform) -> None:
-        self.dataset, self.transform = dataset, transform
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int):
-        image, target = self.dataset[index]
-        return self.transform(image), target
 
 
 class SelectLogits(nn.Module):
@@ -133,6 +119,7 @@ def class_indices(names: list[str] | None, outputs: int, data_classes: list[str]
 
 def evaluate_weights(argv: list[str]) -> dict:
     from vit.data.datasets import build_splits
+    from vit.data.loader import Transformed
     from vit.train.config import resolve_device
     from vit.train.loop import evaluate
     from vit.train.run import AMP_DTYPES
@@ -156,7 +143,7 @@ def evaluate_weights(argv: list[str]) -> dict:
     workers = data_cfg.get("num_workers")
     workers = min(8, os.cpu_count() or 1) if workers is None else int(workers)
     loader = DataLoader(
-        Preprocessed(splits.val, pre.transform()),
+        Transformed(splits.val, pre.transform()),
         batch_size=batch_size,
         shuffle=False,
         num_workers=workers,
