@@ -3,6 +3,7 @@ teacher's input adapter, a run with a teacher (no gradients, student-only checkp
 settings (exit 2, one line)."""
 
 import importlib
+import math
 
 import pytest
 import timm
@@ -10,10 +11,15 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed
-from trainer_utils import TINY_MODEL, compose_config
+from torch import nn
+from torchvision.transforms import functional as TF
+from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config, run_cli
 
 from vit.models import create_model, load_pretrained
-from vit.train.config import ConfigError, build_model_from_config
+from vit.train import load_checkpoint, run
+from vit.train.checkpoint import CheckpointError
+from vit.train.config import ConfigError, build_model_from_config, validate
+from vit.train.distill import Distiller, TeacherView, load_teacher
 
 run_module = importlib.import_module("vit.train.run")
 CPU = ["trainer.device=cpu", "trainer.attn_maps_every_n_epochs=0", "trainer.ema=false"]
@@ -90,3 +96,197 @@ def test_t2t_vit_refuses_the_token_and_avg_pool_too():
         build_model_from_config(
             compose_config(["model.distill_token=true", "model.global_pool=avg", *TINY_MODEL]).model, 10
         )
+
+
+# --- the loss against a hand computation -----------------------------------------------------------------------
+
+
+class FixedTeacher(nn.Module):
+    """Returns the same logits whatever it is given; remembers its input."""
+
+    def __init__(self, logits):
+        super().__init__()
+        self.logits = logits
+        self.seen = None
+
+    def forward(self, x):
+        self.seen = x
+        return self.logits
+
+
+def log_softmax_row(row):
+    top = max(row)
+    log_sum = top + math.log(sum(math.exp(v - top) for v in row))
+    return [v - log_sum for v in row]
+
+
+def hand_cross_entropy(logits, labels):
+    return sum(-log_softmax_row(row)[y] for row, y in zip(logits.tolist(), labels, strict=True)) / len(labels)
+
+
+def hand_soft(student, teacher, tau):
+    """sum over batch and classes of p_t (log p_t - log p_s) at temperature tau, times tau^2 / (B * K)."""
+    total = 0.0
+    for s_row, t_row in zip(student.tolist(), teacher.tolist(), strict=True):
+        log_s = log_softmax_row([v / tau for v in s_row])
+        log_t = log_softmax_row([v / tau for v in t_row])
+        total += sum(math.exp(lt) * (lt - ls) for ls, lt in zip(log_s, log_t, strict=True))
+    return total * tau * tau / student.numel()
+
+
+def hand_hard(student, teacher):
+    argmax = [row.index(max(row)) for row in teacher.tolist()]
+    return hand_cross_entropy(student, argmax)
+
+
+@pytest.fixture
+def batch():
+    g = torch.Generator().manual_seed(1)
+    cls, dist = torch.randn(4, 5, generator=g), torch.randn(4, 5, generator=g)
+    teacher = 3 * torch.randn(4, 5, generator=g)
+    return cls, dist, teacher, [0, 2, 4, 1]
+
+
+@pytest.mark.parametrize(("kind", "alpha", "tau"), [("soft", 0.3, 2.0), ("soft", 0.5, 1.0), ("hard", 0.5, 1.0)])
+def test_the_loss_is_the_hand_computation(kind, alpha, tau, batch):
+    cls, dist, teacher_logits, labels = batch
+    distiller = Distiller(nn.CrossEntropyLoss(), FixedTeacher(teacher_logits), kind, alpha, tau)
+    loss = distiller.loss(torch.zeros(4, 3, 8, 8), (cls, dist), torch.tensor(labels))
+    term = hand_soft(dist, teacher_logits, tau) if kind == "soft" else hand_hard(dist, teacher_logits)
+    label_loss = hand_cross_entropy(cls, labels)
+    assert loss.item() == pytest.approx((1 - alpha) * label_loss + alpha * term, rel=1e-5)
+    logged = distiller.log_values()
+    assert logged["train/loss_label"] == pytest.approx(label_loss, rel=1e-5)
+    assert logged["train/loss_distill"] == pytest.approx(term, rel=1e-5)
+
+
+def test_without_the_token_the_class_head_learns_both(batch):
+    cls, _, teacher_logits, labels = batch
+    distiller = Distiller(nn.CrossEntropyLoss(), FixedTeacher(teacher_logits), "hard", 0.25, 1.0)
+    loss = distiller.loss(torch.zeros(4, 3, 8, 8), cls, torch.tensor(labels))
+    expected = 0.75 * hand_cross_entropy(cls, labels) + 0.25 * hand_hard(cls, teacher_logits)
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_without_a_teacher_both_heads_learn_the_labels_through_their_average(batch):
+    cls, dist, _, labels = batch
+    loss = Distiller(nn.CrossEntropyLoss(), None, "none", 0.5, 1.0).loss(None, (cls, dist), torch.tensor(labels))
+    assert loss.item() == pytest.approx(hand_cross_entropy((cls + dist) / 2, labels), rel=1e-5)
+
+
+def test_the_teacher_sees_the_batch_resized_and_renormalised():
+    """A 16 px student batch, normalised with the student's statistics, becomes the 32 px image the teacher's
+    own preprocessing would give: pixels resized, then normalised with the teacher's mean and std."""
+    pixels = torch.rand(2, 3, 16, 16)
+    s_mean, s_std, t_mean, t_std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3), (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    student_batch = TF.normalize(pixels, s_mean, s_std)
+    teacher = FixedTeacher(torch.zeros(2, 10))
+    view = TeacherView(teacher, 32, t_mean, t_std, s_mean, s_std)
+    view.train()
+    assert not teacher.training  # eval mode whatever is asked
+    view(student_batch)
+    expected = TF.normalize(TF.resize(pixels, [32, 32], antialias=False), t_mean, t_std)
+    torch.testing.assert_close(teacher.seen, expected, rtol=1e-4, atol=1e-5)
+
+
+# --- a run with a teacher ----------------------------------------------------------------------------------------
+
+RUN = [*QUICK_SYNTHETIC, *TINY_MODEL, *CPU, "data.synthetic.num_train=128", "trainer.epochs=2"]
+RUN += ["trainer.deterministic=true", "model.distill_token=true"]
+
+
+@pytest.fixture(scope="module")
+def resnet_file(tmp_path_factory):
+    """A small timm ResNet (random weights, 10 classes) saved as a state dict file."""
+    torch.manual_seed(3)
+    model = timm.create_model("test_resnet", pretrained=False, num_classes=10)
+    return save_safetensors(model.state_dict(), tmp_path_factory.mktemp("teacher") / "resnet.safetensors")
+
+
+def teacher_overrides(path, kind="soft"):
+    return [f"distill.teacher={path}", "distill.teacher_model=test_resnet", f"distill.type={kind}"]
+
+
+def test_a_distillation_run_leaves_the_teacher_alone_and_resumes_exactly(resnet_file, tmp_path, monkeypatch):
+    captured = []
+    real = run_module.build_distiller
+    monkeypatch.setattr(run_module, "build_distiller", lambda *a, **k: captured.append(real(*a, **k)) or captured[-1])
+    args = [*RUN, *teacher_overrides(resnet_file), "distill.teacher_img_size=48", "distill.tau=2.0"]
+    whole = run(compose_config(args), output_dir=tmp_path / "whole")
+
+    from safetensors.torch import load_file
+
+    teacher = captured[0].teacher.teacher
+    for name, value in teacher.state_dict().items():  # weights and BatchNorm statistics: the file's
+        assert torch.equal(value, load_file(str(resnet_file))[name]), name
+    assert all(p.grad is None and not p.requires_grad for p in teacher.parameters())
+    state = load_checkpoint(tmp_path / "whole" / "checkpoints" / "last.pt")
+    student_keys = set(create_model("vit_tiny", embed_dim=32, depth=2, num_heads=2, distill_token=True).state_dict())
+    assert set(state["model"]) == student_keys  # the student only: no conv1.*, fc.* of the teacher
+    assert not any("teacher" in key for key in state)
+    assert 0 <= whole["teacher"]["top1"] <= 100 and whole["teacher"]["count"] == 64
+    assert all(0 <= r["val_teacher_agreement"] <= 100 for r in whole["history"])
+
+    half = [*args, "trainer.stop_after_epoch=1"]
+    run(compose_config(half), output_dir=tmp_path / "halves")
+    run(compose_config([*args, "trainer.resume=auto"]), output_dir=tmp_path / "halves")
+    resumed = load_checkpoint(tmp_path / "halves" / "checkpoints" / "last.pt")
+    for key, value in state["model"].items():
+        assert torch.equal(resumed["model"][key], value), key
+
+
+def test_a_checkpoint_of_ours_teaches_and_its_top1_is_its_own(tmp_path):
+    """The teacher's logged top-1 on the validation split equals the one its own run measured there."""
+    first = run(compose_config([*RUN, "trainer.epochs=1"]), output_dir=tmp_path / "teacher")
+    ckpt = tmp_path / "teacher" / "checkpoints" / "last.pt"
+    args = [*RUN, "trainer.epochs=1", "model.distill_token=false", f"distill.teacher={ckpt}", "distill.type=hard"]
+    second = run(compose_config(args), output_dir=tmp_path / "student")
+    assert second["teacher"]["top1"] == pytest.approx(first["final"]["val_top1"])
+
+
+# --- bad settings: one line, exit code 2, before any data is read ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (["distill.type=hard"], "distill.type=hard needs a teacher: set distill.teacher=<source>"),
+        (["distill.teacher=x.pt", "distill.type=soft", "distill.tau=-1"], "distill.tau=-1.0 must be > 0"),
+        (["distill.teacher=x.pt", "distill.type=soft", "distill.alpha=1.5"], "distill.alpha=1.5 must be in [0, 1]"),
+        (["distill.type=medium"], "distill.type='medium' must be one of"),
+        (["distill.teacher=x.pt"], "is set but distill.type=none"),
+    ],
+)
+def test_bad_distillation_settings_are_named(override, message):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        validate(compose_config([*QUICK_SYNTHETIC, *override]))
+
+
+def test_an_unreadable_or_unnamed_teacher_file_is_named(tmp_path):
+    broken = tmp_path / "teacher.pth"
+    broken.write_bytes(b"not a torch file")
+    with pytest.raises(CheckpointError, match=r"distill.teacher='.*teacher.pth': cannot read .* with weights_only"):
+        load_teacher({"teacher": str(broken)})
+    with pytest.raises(CheckpointError, match="no such file"):
+        load_teacher({"teacher": str(tmp_path / "missing.pt")})
+    bare = save_safetensors(timm.create_model("test_resnet", num_classes=10).state_dict(), tmp_path / "r.safetensors")
+    with pytest.raises(CheckpointError, match="set distill.teacher_model=<timm model name>"):
+        load_teacher({"teacher": str(bare)})
+
+
+def test_a_teacher_of_other_classes_stops_before_the_data(resnet_file, tmp_path, monkeypatch):
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data was read")
+
+    monkeypatch.setattr(run_module, "build_data", no_data)
+    cfg = compose_config([*RUN, "data.num_classes=7", *teacher_overrides(resnet_file)])
+    with pytest.raises(CheckpointError, match="the teacher predicts 10 classes, the data has 7"):
+        run(cfg, output_dir=tmp_path / "run")
+
+
+def test_the_command_line_says_it_in_one_line_with_exit_code_2(resnet_file, tmp_path):
+    done = run_cli([*RUN, "data.num_classes=7", *teacher_overrides(resnet_file, "hard")], cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("checkpoint error: distill.teacher="), lines
+    assert "predicts 10 classes, the data has 7" in lines[0]

@@ -27,6 +27,7 @@ PROGRESS = ("auto", "bar", "log")
 COMPILE_SCOPES = ("model", "blocks")
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("cosine", "constant")
+DISTILL_TYPES = ("none", "hard", "soft")
 
 
 def _require(ok: bool, message: str) -> None:
@@ -87,17 +88,23 @@ NUMERIC_KEYS = {
         "int": ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "token_dim"),
         "float": ("mlp_ratio", "qk_scale", "drop_rate", "attn_drop_rate", "drop_path_rate", "init_values"),
     },
+    "distill": {"int": ("teacher_img_size",), "float": ("alpha", "tau")},
 }
 
 # Switches: `trainer.ema=maybe` would otherwise count as true (a non-empty string).
 BOOL_KEYS = {
-    "model": ("qkv_bias", "lsa", "pretrained_ema"),
+    "model": ("qkv_bias", "lsa", "pretrained_ema", "distill_token"),
+    "distill": ("teacher_ema",),
     "data": ("pin_memory", "download", "scan_images", "augment.hflip"),
     "trainer": ("deterministic", "ema", "ema_warmup", "save_checkpoints", "eval_flip"),
 }
 
 # Lists of numbers: (key, length); their values' ranges are checked in validate.
-NUMBER_LISTS = {"optim": (("betas", 2),), "data": (("mean", 3), ("std", 3))}
+NUMBER_LISTS = {
+    "optim": (("betas", 2),),
+    "data": (("mean", 3), ("std", 3)),
+    "distill": (("teacher_mean", 3), ("teacher_std", 3)),
+}
 
 
 def _is_number(value) -> bool:
@@ -146,6 +153,8 @@ FINETUNE_MODEL_KEYS = ("pretrained", "pretrained_ema", "freeze")
 
 def model_kwargs(model_cfg: Mapping, num_classes: int | None = None) -> dict:
     kwargs = {k: v for k, v in dict(model_cfg).items() if k != "name" and k not in FINETUNE_MODEL_KEYS}
+    if not kwargs.get("distill_token", True):  # off: not passed, so models without the token (T2T-ViT) build
+        kwargs.pop("distill_token")
     if kwargs.get("num_classes") is None and num_classes is not None:
         kwargs["num_classes"] = num_classes
     return kwargs
@@ -160,6 +169,8 @@ def build_model_from_config(
     check_types(OmegaConf.create({"model": dict(model_cfg)}))
     if name not in list_models():
         raise ConfigError(f"model.name={name!r} is not a known model; known models: {', '.join(list_models())}")
+    if model_cfg.get("distill_token") and not str(name).startswith("vit"):
+        raise ConfigError(f"model.distill_token=true: model.name={name} has no distillation token (ViT models only)")
     init_values = model_cfg.get("init_values")
     if init_values is not None:
         _require(float(init_values) >= 0, f"model.init_values={init_values} must be >= 0 (LayerScale; 0 or null: off)")
@@ -245,6 +256,7 @@ def validate(cfg: DictConfig) -> None:
         betas = list(optim.betas)
         _require(all(0.0 <= float(b) < 1.0 for b in betas), f"optim.betas={betas} must both be in [0, 1)")
     check_finetune(cfg)
+    check_distill(cfg)
     _require(sched.name in SCHEDULES, f"sched.name={sched.name!r} must be one of {SCHEDULES}")
     _require(float(sched.warmup_epochs) >= 0, f"sched.warmup_epochs={sched.warmup_epochs} must be >= 0")
     for key in ("warmup_lr_init", "min_lr"):
@@ -300,6 +312,33 @@ def check_finetune(cfg: DictConfig) -> None:
     _require(mode in FREEZE_MODES, f"model.freeze={mode!r} must be one of {FREEZE_MODES}")
     decay = cfg.optim.get("layer_decay")
     _require(decay is None or 0.0 < float(decay) <= 1.0, f"optim.layer_decay={decay} must be in (0, 1] or null")
+
+
+def check_distill(cfg: DictConfig) -> None:
+    """`distill.*`: the type, alpha in [0, 1], tau > 0, and a teacher exactly when a distillation type needs one.
+    Whether the teacher can be read and fits the data is checked when the run loads it (vit/train/distill.py)."""
+    dcfg = cfg.get("distill")
+    if dcfg is None:
+        return
+    kind, teacher = dcfg.get("type", "none"), dcfg.get("teacher")
+    _require(kind in DISTILL_TYPES, f"distill.type={kind!r} must be one of {DISTILL_TYPES}")
+    alpha, tau = float(dcfg.get("alpha", 0.5)), float(dcfg.get("tau", 1.0))
+    _require(0.0 <= alpha <= 1.0, f"distill.alpha={alpha} must be in [0, 1] (the distillation loss's weight)")
+    _require(tau > 0.0, f"distill.tau={tau} must be > 0 (the soft distillation's temperature)")
+    _require(
+        teacher is None or (isinstance(teacher, str) and teacher.strip() not in ("", "timm:")),
+        f"distill.teacher={teacher!r} must be null, timm:<model name> or a path to a weight file",
+    )
+    if kind != "none":
+        _require(teacher is not None, f"distill.type={kind} needs a teacher: set distill.teacher=<source>")
+    else:
+        _require(
+            teacher is None, f"distill.teacher={teacher!r} is set but distill.type=none: set distill.type=hard or soft"
+        )
+    size = dcfg.get("teacher_img_size")
+    _require(size is None or int(size) > 0, f"distill.teacher_img_size={size} must be positive or null")
+    std = dcfg.get("teacher_std")
+    _require(std is None or all(float(v) > 0 for v in std), f"distill.teacher_std={std} must be > 0 in every channel")
 
 
 def check_progressive_resize(cfg: DictConfig) -> None:

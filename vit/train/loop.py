@@ -46,6 +46,7 @@ class StepContext:
     last_scale: float | None = None  # the GradScaler's scale when it was last read
     stop_requested: Callable[[], bool] = field(default=lambda: False)
     train_img_size: int | None = None  # progressive resizing: this epoch's image size (None: as the loader gives)
+    distill: object | None = None  # vit/train/distill.py's Distiller: the loss with a teacher or distillation token
 
 
 class NonFiniteLossError(RuntimeError):
@@ -134,8 +135,12 @@ def train_one_epoch(
             images, targets = ctx.mixup_fn(images, targets)  # soft targets (B, classes)
         last_micro_step = (i + 1) % ctx.accum_steps == 0 or i + 1 == steps
         with sync_context(ctx, last_micro_step):
-            with autocast(ctx):
-                loss = ctx.criterion(ctx.model(images), targets)
+            with autocast(ctx):  # the teacher (ctx.distill) runs in it too, on the same mixed images
+                outputs = ctx.model(images)
+                if ctx.distill is None:
+                    loss = ctx.criterion(outputs, targets)
+                else:
+                    loss = ctx.distill.loss(images, outputs, targets)
             if ctx.scaler is not None:
                 ctx.scaler.scale(loss / ctx.accum_steps).backward()
             else:
@@ -163,15 +168,15 @@ def train_one_epoch(
             mean_loss, global_images = totals.tolist()
             count_skipped_steps(ctx)
             now = time.perf_counter()
-            on_log(
-                i + 1,
-                {
-                    "train/loss": mean_loss,
-                    "train/lr": ctx.optimizer.param_groups[0]["lr"],
-                    "train/grad_norm": (window_grad / max(1, window_opt_steps)).item(),
-                    "train/img_per_s": global_images / max(now - window_start, 1e-9),
-                },
-            )
+            values = {
+                "train/loss": mean_loss,
+                "train/lr": ctx.optimizer.param_groups[0]["lr"],
+                "train/grad_norm": (window_grad / max(1, window_opt_steps)).item(),
+                "train/img_per_s": global_images / max(now - window_start, 1e-9),
+            }
+            if ctx.distill is not None:  # the label and distillation terms of the loss
+                values.update(ctx.distill.log_values())
+            on_log(i + 1, values)
             window_loss.zero_()
             window_grad.zero_()
             window_count, window_opt_steps, window_images, window_start = 0, 0, 0, now

@@ -41,6 +41,7 @@ from vit.train.checkpoint import (
 )
 from vit.train.compile import compile_blocks, eager
 from vit.train.config import ConfigError, build_model_from_config, resolve_device, validate
+from vit.train.distill import build_distiller, check_teacher_classes, load_teacher
 from vit.train.distributed import Distributed, setup_distributed
 from vit.train.finetune import freeze, load_pretrained_weights, read_pretrained
 from vit.train.logger import Console, TensorBoard, attention_image, flat_hparams
@@ -176,6 +177,10 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed,
     resolved = OmegaConf.to_container(cfg, resolve=True)
     resume_path = dist.broadcast(resume_checkpoint_path(tcfg.resume, run_dir, resolved) if dist.is_main else None)
     pretrained = read_pretrained(cfg.model, model) if resume_path is None else None
+    # distill.teacher: read before any data, and again on resume (checkpoints hold the student only).
+    teacher = load_teacher(cfg.get("distill") or {})
+    if teacher is not None:
+        check_teacher_classes(teacher, cfg.data.get("num_classes"))
     bundle = build_data(cfg.data, device=device, seed=seed, rank=dist.rank, world_size=dist.world_size)
     if train_loader_wrapper is not None:
         bundle.train_loader = train_loader_wrapper(bundle.train_loader)
@@ -186,6 +191,7 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed,
         load_pretrained_weights(model, pretrained, bundle.class_to_idx)
     freeze(model, cfg.model.get("freeze"))  # frozen parameters get no optimizer state and no weight decay
     model = model.to(device)
+    distiller = build_distiller(cfg.get("distill") or {}, teacher, model, bundle, int(cfg.data.img_size), device)
     cost = complexity(model)
     log.info("%s: %.2f M params, %.3f GMACs per image", cfg.model.name, cost.params / 1e6, cost.macs / 1e9)
 
@@ -235,6 +241,7 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed,
         max_bad_steps=int(tcfg.max_bad_steps),
         dist=dist,
         ddp=ddp,
+        distill=distiller,
     )
     parts = {"model": model, "optimizer": optimizer, "scheduler": scheduler, "scaler": scaler, "ema": ema}
 
@@ -265,6 +272,11 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed,
     limit_val = tcfg.limit_val_batches
     eval_flip = bool(tcfg.get("eval_flip", False))
     val_every = int(tcfg.get("val_every_n_epochs") or 1)
+    teaching = distiller is not None and distiller.teacher is not None
+    if teaching:  # a bad teacher shows here, before the student trains
+        teacher_val = distiller.evaluate_teacher(bundle.val_loader, device, amp_dtype, limit_val, dist)
+        log.info("teacher top-1 on the %s split: %.2f%% (%d images)", bundle.val_name, *teacher_val.values())
+        tb.scalars({"distill/teacher_top1": teacher_val["top1"]}, ctx.step)
 
     def on_log(step_in_epoch: int, values: dict) -> None:  # every log_every_n_steps, with values already on the host
         tb.scalars(values, ctx.step)
@@ -328,9 +340,13 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed,
             scalars = epoch_scalars(train, val, val_ema, device, ctx.skipped_steps)
             if ctx.train_img_size is not None:
                 history[-1]["train_img_size"] = scalars["train/img_size"] = ctx.train_img_size
+            if teaching and val is not None:  # percent of validation images where student and teacher agree
+                agree = distiller.agreement(model, bundle.val_loader, device, amp_dtype, limit_val, dist)
+                history[-1]["val_teacher_agreement"] = scalars["val/teacher_agreement"] = agree
             tb.scalars(scalars, ctx.step)
             attn_due = attn_every and ((epoch + 1) % attn_every == 0 or epoch + 1 == epochs)
-            if main and attn_due and fixed_images is not None:
+            one_prefix = getattr(model, "num_prefix_tokens", 1) == 1  # the figure reads one cls token's attention
+            if main and attn_due and fixed_images is not None and one_prefix:
                 with eager():  # blocks compiled in place (compile_scope=blocks) run eagerly for the figure
                     image = attention_image(model, fixed_images, bundle.mean, bundle.std)
                 tb.image("attention/heads_and_rollout", image, ctx.step)
@@ -374,6 +390,8 @@ def _train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed,
 
     metrics = run_metrics(cfg, history, cost, bundle, use_compile, device)
     metrics["val_split"] = bundle.val_name
+    if teaching:
+        metrics["teacher"] = {"source": str(cfg.distill.teacher), **teacher_val}
     if bundle.test_loader is not None and history and history[-1]["epoch"] == epochs:
         # data.holdout: epochs and settings are chosen on the holdout; the test split is looked at once, here.
         metrics["test"] = final_test(model, ema, bundle, device, amp_dtype, limit_val, dist, eval_flip)
