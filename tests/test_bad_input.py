@@ -166,6 +166,11 @@ RANGE_CASES = {
         ["trainer.progressive_resize.min_size=16", "trainer.progressive_resize.end=1.1"],
         "trainer.progressive_resize.end=1.1",
     ),
+    "distill.alpha": (["distill.alpha=-0.1"], "distill.alpha=-0.1 must be in [0, 1]"),
+    "distill.tau": (["distill.tau=0"], "distill.tau=0.0 must be > 0"),
+    "distill.teacher_img_size": (["distill.teacher_img_size=0"], "distill.teacher_img_size=0 must be positive"),
+    "distill.teacher_mean": (["distill.teacher_mean=[0.5]"], "distill.teacher_mean=[0.5] must be a list of 3 numbers"),
+    "distill.teacher_std": (["distill.teacher_std=[0.2,0,0.2]"], "distill.teacher_std=[0.2, 0, 0.2] must be > 0"),
 }
 
 

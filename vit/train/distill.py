@@ -296,6 +296,8 @@ def build_distiller(dcfg: Mapping, teacher: Teacher | None, model: nn.Module, bu
         std = tuple(float(v) for v in (dcfg.get("teacher_std") or teacher.std or bundle.std))
         view = TeacherView(teacher.model, size, mean, std, tuple(bundle.mean), tuple(bundle.std)).to(device)
         log.info(teacher_line(dcfg, teacher, view, img_size, mean, std, distilled))
+    else:
+        log.info("model.distill_token=true without a teacher: both heads learn the labels through their average")
     return Distiller(
         bundle.train_criterion, view, str(dcfg.get("type", "none")), dcfg.get("alpha", 0.5), dcfg.get("tau", 1.0)
     )

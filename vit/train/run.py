@@ -433,6 +433,8 @@ def resume_checkpoint_path(setting, run_dir: Path, resolved: dict) -> Path | Non
         return Path(str(setting))
     runs_root = run_dir.parent.parent if run_dir.parent.parent.name == "outputs" else None
     match = {"model": resolved["model"], "data": resolved["data"]}
+    if (resolved.get("distill") or {}).get("teacher"):  # a distillation run continues the one with its teacher
+        match["distill"] = resolved["distill"]
     path = find_resume_checkpoint(run_dir, runs_root, match)
     if path is None:
         log.info("trainer.resume=auto: no checkpoint of this run found, starting fresh")
