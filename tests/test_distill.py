@@ -38,6 +38,7 @@ def deit_pair():
     """timm's distilled DeiT-Ti (2 blocks, random weights) and ours with its state dict."""
     torch.manual_seed(0)
     theirs = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, depth=2)
+    theirs.set_distilled_training(True)  # timm returns both heads in training mode only with this switch
     ours = create_model("vit_tiny", depth=2, distill_token=True)
     ours.load_state_dict(theirs.state_dict(), strict=True)  # the same names and shapes, nothing left over
     return theirs, ours
@@ -47,7 +48,6 @@ def test_distilled_deit_outputs_both_heads_and_the_average(deit_pair):
     theirs, ours = deit_pair
     x = torch.randn(2, 3, 224, 224)
     theirs.train()
-    theirs.set_distilled_training(True)
     ours.train()
     cls_t, dist_t = theirs(x)
     cls_o, dist_o = ours(x)
@@ -272,6 +272,25 @@ def test_an_unreadable_or_unnamed_teacher_file_is_named(tmp_path):
     bare = save_safetensors(timm.create_model("test_resnet", num_classes=10).state_dict(), tmp_path / "r.safetensors")
     with pytest.raises(CheckpointError, match="set distill.teacher_model=<timm model name>"):
         load_teacher({"teacher": str(bare)})
+
+
+def test_a_timm_distilled_deit_file_is_a_teacher_computing_what_timm_computes(tmp_path):
+    """A timm architecture with two classifiers (head, head_dist): the file's class count, timm's eval output."""
+    reference = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, num_classes=7).eval()
+    path = save_safetensors(reference.state_dict(), tmp_path / "deit.safetensors")
+    teacher = load_teacher({"teacher": str(path), "teacher_model": "deit_tiny_distilled_patch16_224"})
+    assert teacher.num_classes == 7 and teacher.img_size is None  # a file: the student's size unless set
+    x = torch.randn(2, 3, 224, 224)
+    torch.testing.assert_close(teacher.model.eval()(x), reference(x), rtol=0, atol=0)
+
+
+def test_a_timm_teacher_without_network_or_cache_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setattr("vit.models.pretrained.host_reachable", lambda *a, **k: False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(CheckpointError, match=r"distill.teacher='timm:resnet18.a1_in1k': cannot download") as err:
+        load_teacher({"teacher": "timm:resnet18.a1_in1k"})
+    assert "\n" not in str(err.value)
 
 
 def test_a_teacher_of_other_classes_stops_before_the_data(resnet_file, tmp_path, monkeypatch):
