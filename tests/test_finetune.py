@@ -172,6 +172,21 @@ def test_layer_decay_scales_equal_timms(depth):
     assert got["head.weight"] == (1.0, 0.05) and got["pos_embed"] == (pytest.approx(0.65 ** (depth + 1)), 0.0)
 
 
+def test_layer_decay_of_a_distilled_vit_equals_timms_deit():
+    """The distillation token sits with the stem, as in timm's distilled DeiT; head_dist at the top with head."""
+    theirs = timm.create_model("deit_tiny_distilled_patch16_224", pretrained=False, depth=4)
+    expected = scales_by_name(
+        theirs, param_groups_layer_decay(theirs, 0.05, theirs.no_weight_decay(), layer_decay=0.65)
+    )
+    ours = create_model("vit_tiny", depth=4, distill_token=True)
+    optimizer = build_optimizer(
+        ours, {"name": "adamw", "weight_decay": 0.05, "layer_decay": 0.65}, 1e-3, ours.cls_token.device
+    )
+    got = scales_by_name(ours, optimizer.param_groups)
+    assert got == expected
+    assert got["dist_token"] == (pytest.approx(0.65**5), 0.0) and got["head_dist.weight"] == (1.0, 0.05)
+
+
 def test_t2t_layer_decay_follows_the_documented_assignment():
     """tokens-to-token module and cls token with the stem (layer 0), blocks.i at layer i + 1, the final norm with
     the last block, the head on top; the fixed position table does not train."""

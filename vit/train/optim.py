@@ -30,11 +30,11 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 # timm's layer grouping for its ViT (`VisionTransformer.group_matcher`), which our ViT's parameter names follow:
-# layer 0 the stem (cls token, position table, patch embedding; T2T-ViT's tokens-to-token module with them),
+# layer 0 the stem (cls and distillation tokens, position table, patch embedding; T2T-ViT's tokens-to-token module),
 # layer i + 1 the block `blocks.i`, the final norm with the last block, and everything unmatched (head, fc_norm)
 # in the top layer.
 LAYER_MATCHER = {
-    "stem": r"^cls_token|pos_embed|patch_embed|tokens_to_token",
+    "stem": r"^cls_token|dist_token|pos_embed|patch_embed|tokens_to_token",
     "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
 }
 
