@@ -19,7 +19,7 @@ from trainer_utils import REPO, compose_config, run_cli
 import vit.data.loader as loader_module
 from vit.data import DataError, build_data
 from vit.data import rand_augment as ra
-from vit.data.augment import AugmentSpec, BatchAugment, build_policy, declared_defaults
+from vit.data.augment import AugmentSpec, BatchAugment, build_policy, declared_defaults, random_hflip
 from vit.train.config import ConfigError, validate
 
 FILL = (124, 116, 104)
@@ -386,3 +386,17 @@ def test_cpu_loader_benchmark_prints_its_table(capsys):
     rows = [line.split(" | ") for line in lines[-2:]]
     assert [row[0] for row in rows] == ["| full pipeline on the CPU", "| loader workers only (GPU training)"]
     assert all(float(row[1]) > 0 and float(row[2]) > 0 for row in rows)
+
+
+def test_flip_mirrors_exactly_the_drawn_samples():
+    """Every sample either mirrored or untouched, as its draw says, also when no sample of a batch flips (a batch
+    of one: about half the seeds) or all do."""
+    x = smooth_images(1, 8, 8)
+    outcomes = set()
+    for seed in range(12):
+        for batch in (x, x.repeat(5, 1, 1, 1)):
+            flip = torch.rand(len(batch), generator=torch.Generator().manual_seed(seed)) < 0.5
+            out = random_hflip(batch, torch.Generator().manual_seed(seed))
+            assert torch.equal(out, torch.where(flip.view(-1, 1, 1, 1), batch.flip(3), batch))
+            outcomes.add((len(batch), int(flip.sum())))
+    assert (1, 0) in outcomes and (1, 1) in outcomes

@@ -258,6 +258,8 @@ def random_hflip(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     if x.device.type != "cpu" or x[0].numel() * x.element_size() % 8:
         return torch.where(flip.view(-1, 1, 1, 1), x.flip(3), x)
     index = flip.nonzero().squeeze(1)
+    if len(index) == 0:
+        return x
     out = x.contiguous().clone()
     rows = x.index_select(0, index).flip(3).contiguous()
     out.view(len(x), -1).view(torch.int64).index_copy_(0, index, rows.view(len(index), -1).view(torch.int64))
