@@ -21,27 +21,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-METHODS = ("alone", "hard", "soft")
+from vit.analysis.experiments import CIFAR_JPEGS, CPU_TRAINER, SMALL_VIT, seed_table, train
 
+METHODS = ("alone", "hard", "soft")
 # The ViT/4 of every run (0.46 M parameters) and the data and trainer settings they share.
-MODEL = ["model=vit_tiny", "model.embed_dim=96", "model.depth=6", "model.num_heads=3", "model.mlp_ratio=2.0"]
-MODEL += ["model.drop_path_rate=0.0"]
-DATA = ["data=imagefolder", "data.img_size=32", "data.patch_size=4", "data.loader=gpu", "data.num_workers=0"]
-DATA += ["data.mean=[0.4914,0.4822,0.4465]", "data.std=[0.2470,0.2435,0.2616]", "data.augment.crop=pad"]
-DATA += ["data.augment.hflip=true", "data.augment.auto_augment=null", "data.augment.label_smoothing=0.0"]
-DATA += ["data.batch_size=64"]
-TRAINER = ["trainer.device=cpu", "trainer.compile=false", "trainer.ema=false", "trainer.progress=log"]
-TRAINER += ["trainer.attn_maps_every_n_epochs=0", "optim=adamw", "sched=cosine", "optim.lr=1e-3"]
-TRAINER += ["optim.lr_batch=64", "optim.weight_decay=0.05", "sched.warmup_epochs=1"]
+MODEL, DATA = SMALL_VIT, [*CIFAR_JPEGS, "data.batch_size=64"]
+TRAINER = [*CPU_TRAINER, "optim.lr=1e-3", "optim.lr_batch=64", "optim.weight_decay=0.05", "sched.warmup_epochs=1"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -92,24 +83,6 @@ def student_args(method: str, root: Path, seed: int, args: argparse.Namespace, t
     ]
 
 
-def train(name: str, overrides: list[str], work: Path) -> dict:
-    """One `train.py` process with one thread; its metrics.json (kept: a finished run is not trained again)."""
-    run_dir = work / "runs" / name
-    metrics = run_dir / "metrics.json"
-    if metrics.is_file():
-        return json.loads(metrics.read_text())
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    command = [sys.executable, str(REPO / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
-    start = time.time()
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    (work / "runs").mkdir(parents=True, exist_ok=True)
-    (work / "runs" / f"{name}.log").write_text(" ".join(command) + "\n\n" + done.stdout + done.stderr)
-    if done.returncode != 0:
-        raise RuntimeError(f"{name} failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
-    print(f"{name}: {time.time() - start:.0f} s", flush=True)
-    return json.loads(metrics.read_text())
-
-
 def run_all(args: argparse.Namespace) -> dict:
     root = args.work / "data"
     link_tree(args.data / "train", root / "train", args.per_class)
@@ -139,11 +112,8 @@ def summary(results: dict) -> dict:
     teacher's test top-1, and the distilled students' final holdout agreement with it."""
     table = {}
     for method in METHODS:
+        table[method] = seed_table(results["runs"], method)
         runs = {k: v for k, v in results["runs"].items() if k.startswith(f"{method}-")}
-        tops = [runs[k]["test"]["top1"] for k in sorted(runs)]
-        spread = statistics.stdev(tops) if len(tops) > 1 else 0.0
-        table[method] = {"test_top1": tops, "mean": statistics.mean(tops), "std": spread}
-        table[method] |= {"min": min(tops), "max": max(tops), "seconds": [runs[k]["wall_time_s"] for k in sorted(runs)]}
         table[method]["holdout_top1"] = [runs[k]["final"]["val_top1"] for k in sorted(runs)]
         agreement = [runs[k]["final"].get("val_teacher_agreement") for k in sorted(runs)]
         if all(a is not None for a in agreement):

@@ -22,25 +22,18 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from vit.analysis.experiments import CIFAR_JPEGS, CPU_TRAINER, SMALL_VIT, seed_table, train
+
 SOURCE_CLASSES = ("airplane", "automobile", "bird", "cat", "deer")
 TARGET_CLASSES = ("dog", "frog", "horse", "ship", "truck")
 METHODS = ("finetune", "probe", "scratch")
-
-# The small ViT/4 of every run (0.46 M parameters with a 5-class head) and the data settings they share.
-MODEL = ["model=vit_tiny", "model.embed_dim=96", "model.depth=6", "model.num_heads=3", "model.mlp_ratio=2.0"]
-MODEL += ["model.drop_path_rate=0.0"]
-DATA = ["data=imagefolder", "data.img_size=32", "data.patch_size=4", "data.loader=gpu", "data.num_workers=0"]
-DATA += ["data.mean=[0.4914,0.4822,0.4465]", "data.std=[0.2470,0.2435,0.2616]", "data.augment.crop=pad"]
-DATA += ["data.augment.hflip=true", "data.augment.auto_augment=null", "data.augment.label_smoothing=0.0"]
-TRAINER = ["trainer.device=cpu", "trainer.compile=false", "trainer.ema=false", "trainer.progress=log"]
-TRAINER += ["trainer.attn_maps_every_n_epochs=0", "optim=adamw", "sched=cosine"]
+# The small ViT/4 of every run (0.46 M parameters with a 5-class head) and the data and trainer settings they share.
+MODEL, DATA, TRAINER = SMALL_VIT, CIFAR_JPEGS, CPU_TRAINER
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -103,24 +96,6 @@ def target_args(method: str, target: Path, seed: int, args: argparse.Namespace, 
     return [*common, *start, "model.freeze=backbone", "optim.lr=5e-3", "optim.weight_decay=0.0"]
 
 
-def train(name: str, overrides: list[str], work: Path) -> dict:
-    """One `train.py` process with one thread; its metrics.json (kept: a finished run is not trained again)."""
-    run_dir = work / "runs" / name
-    metrics = run_dir / "metrics.json"
-    if metrics.is_file():
-        return json.loads(metrics.read_text())
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    command = [sys.executable, str(REPO / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
-    start = time.time()
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
-    (work / "runs").mkdir(parents=True, exist_ok=True)
-    (work / "runs" / f"{name}.log").write_text(" ".join(command) + "\n\n" + done.stdout + done.stderr)
-    if done.returncode != 0:
-        raise RuntimeError(f"{name} failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
-    print(f"{name}: {time.time() - start:.0f} s", flush=True)
-    return json.loads(metrics.read_text())
-
-
 def run_all(args: argparse.Namespace) -> dict:
     source, target = make_trees(args.data, args.work, args.per_class + args.holdout_per_class, args.source_per_class)
     source_ckpt = args.work / "runs" / "pretrain" / "checkpoints" / "last.pt"
@@ -146,13 +121,7 @@ def run_all(args: argparse.Namespace) -> dict:
 
 def summary(results: dict) -> dict:
     """Per method: test top-1 of each seed, mean, sample standard deviation, min and max."""
-    table = {}
-    for method in METHODS:
-        runs = {k: v for k, v in results["runs"].items() if k.startswith(f"{method}-")}
-        tops = [runs[k]["test"]["top1"] for k in sorted(runs)]
-        spread = statistics.stdev(tops) if len(tops) > 1 else 0.0
-        table[method] = {"test_top1": tops, "mean": statistics.mean(tops), "std": spread}
-        table[method] |= {"min": min(tops), "max": max(tops), "seconds": [runs[k]["wall_time_s"] for k in sorted(runs)]}
+    table = {method: seed_table(results["runs"], method) for method in METHODS}
     pre = results["runs"]["pretrain"]
     table["pretrain"] = {"val_top1": pre["final"]["val_top1"], "seconds": pre["wall_time_s"]}
     return table

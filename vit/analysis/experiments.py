@@ -1,0 +1,52 @@
+"""What the CPU-sized experiment scripts (scripts/transfer_experiment.py, scripts/distill_experiment.py) share:
+the small ViT/4 and data settings of their runs, one `train.py` process per run, and the per-method seed table."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+# The ViT/4 of every run (0.46 M parameters), CIFAR-10's JPEGs at 32 px on the GPU loader's code path (on the CPU),
+# pad-crop and flip only, and the trainer settings of a one-thread CPU run.
+SMALL_VIT = ["model=vit_tiny", "model.embed_dim=96", "model.depth=6", "model.num_heads=3", "model.mlp_ratio=2.0"]
+SMALL_VIT += ["model.drop_path_rate=0.0"]
+CIFAR_JPEGS = ["data=imagefolder", "data.img_size=32", "data.patch_size=4", "data.loader=gpu", "data.num_workers=0"]
+CIFAR_JPEGS += ["data.mean=[0.4914,0.4822,0.4465]", "data.std=[0.2470,0.2435,0.2616]", "data.augment.crop=pad"]
+CIFAR_JPEGS += ["data.augment.hflip=true", "data.augment.auto_augment=null", "data.augment.label_smoothing=0.0"]
+CPU_TRAINER = ["trainer.device=cpu", "trainer.compile=false", "trainer.ema=false", "trainer.progress=log"]
+CPU_TRAINER += ["trainer.attn_maps_every_n_epochs=0", "optim=adamw", "sched=cosine"]
+
+
+def train(name: str, overrides: list[str], work: Path) -> dict:
+    """One `train.py` process with one thread; its metrics.json (kept: a finished run is not trained again)."""
+    run_dir = work / "runs" / name
+    metrics = run_dir / "metrics.json"
+    if metrics.is_file():
+        return json.loads(metrics.read_text())
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    command = [sys.executable, str(REPO / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
+    start = time.time()
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    (work / "runs").mkdir(parents=True, exist_ok=True)
+    (work / "runs" / f"{name}.log").write_text(" ".join(command) + "\n\n" + done.stdout + done.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(f"{name} failed (exit {done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
+    print(f"{name}: {time.time() - start:.0f} s", flush=True)
+    return json.loads(metrics.read_text())
+
+
+def seed_table(runs: dict[str, dict], method: str) -> dict:
+    """The runs named `<method>-<seed>`: test top-1 of each seed, mean, sample standard deviation, min, max and
+    wall times."""
+    mine = {k: v for k, v in runs.items() if k.startswith(f"{method}-")}
+    tops = [mine[k]["test"]["top1"] for k in sorted(mine)]
+    spread = statistics.stdev(tops) if len(tops) > 1 else 0.0
+    table = {"test_top1": tops, "mean": statistics.mean(tops), "std": spread, "min": min(tops), "max": max(tops)}
+    return table | {"seconds": [mine[k]["wall_time_s"] for k in sorted(mine)]}
