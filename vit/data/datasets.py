@@ -1,4 +1,5 @@
-"""The datasets behind `data.name`: CIFAR-10/100 (torchvision), ImageNet-style folders, synthetic images.
+"""The datasets behind `data.name`: CIFAR-10/100 (torchvision), ImageNet-style folders, synthetic images, and
+Hugging Face datasets (vit/data/hf.py).
 
 Each builder returns the train and val datasets (without transforms; the loader adds them) and the
 class-to-index map that is saved with every checkpoint. Image folders are scanned for files that cannot be
@@ -25,7 +26,8 @@ from vit.data.archive import ArchiveError, extract_archive, is_archive
 from vit.data.scan import find_unreadable
 
 VAL_SPLIT_NAMES = ("val", "validation", "test")
-DATASET_NAMES = ("cifar10", "cifar100", "imagefolder", "synthetic")
+# webdataset (streamed tar shards) is routed by vit/data/loader.py before build_splits; listed here for the messages.
+DATASET_NAMES = ("cifar10", "cifar100", "imagefolder", "synthetic", "hf", "webdataset")
 BAD_IMAGE_MODES = ("error", "skip")
 BAD_IMAGES_LISTED = 20  # paths named in the data.on_bad_image=error message; the count covers all of them
 HOLDOUT_SEED = 0  # fixed, not trainer.seed: every run holds out the same images
@@ -394,6 +396,10 @@ def build_splits(cfg, seed: int = 0) -> Splits:
         splits = _imagefolder(cfg)
     elif name == "synthetic":
         splits = _synthetic(cfg, seed)
+    elif name == "hf":
+        from vit.data.hf import build_hf_splits  # imported here: it imports this module, and the datasets library
+
+        splits = build_hf_splits(cfg)
     else:
         raise DataError(f"data.name={name!r} must be one of {DATASET_NAMES}")
     val_seed = seed + 1

@@ -1,0 +1,214 @@
+"""Hugging Face datasets as a data source (`data=hf`): a dataset by its Hub name, or one saved with `save_to_disk`.
+
+Each split becomes an `HFImages`: (RGB PIL image, int target) pairs like torchvision's ImageFolder gives, with
+the targets read from the label column up front (without decoding an image), so holdout, limit_*_samples, both
+loaders, the GPU loader's decoded cache and `BatchAugment` treat it as they treat an image folder. Example: a saved
+DatasetDict {train: 50000 rows, test: 10000 rows} with columns image (Image) and label (ClassLabel of 10 names)
+gives Splits(train=HFImages(50000), val=HFImages(10000), class_to_idx={name: 0..9}, val_name="test").
+
+  data.dataset_name  Hub name (or a local folder of data files), loaded by `datasets.load_dataset` through its
+                     cache: data.cache_dir when set, else the library's (HF_DATASETS_CACHE, default under HF_HOME)
+  data.path          a folder written by `save_to_disk`: a DatasetDict, or one Dataset (then data.holdout)
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+from torch.utils.data import Dataset
+
+from vit.data.datasets import DataError, Splits, to_rgb
+
+HF_VAL_SPLIT_NAMES = ("validation", "val", "test")  # data.val_split=null: the first of these the dataset has
+FALLBACK_IMAGE_COLUMN = "img"  # tried when the default `image` is missing: CIFAR-10/100 on the Hub use it
+
+log = logging.getLogger("vit.data")
+
+
+class HFImages(Dataset):
+    """One split of a `datasets.Dataset` as (RGB PIL image, int target) pairs.
+
+    `targets`: int64 (N,), read from the label column when the split is built (no image decoded).
+    `root`: what the GPU loader's decoded-split cache is keyed on (with the class name and the length): the folder
+    of the split's Arrow files, the split name and the dataset's fingerprint, so two datasets, or one saved again
+    with other rows, never share decoded images.
+    """
+
+    def __init__(self, dataset, image_column: str, targets: np.ndarray, root: Path) -> None:
+        self.dataset = dataset.select_columns([image_column])  # only the image column is read per item
+        self.image_column = image_column
+        self.targets = targets
+        self.root = root
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int):
+        image = self.dataset[int(index)][self.image_column]  # the Image feature decodes to a PIL image
+        return to_rgb(image), int(self.targets[index])
+
+
+def _load_hub(cfg):
+    """The DatasetDict of data.dataset_name (and data.dataset_config) through the datasets cache."""
+    import datasets
+
+    name, config = str(cfg["dataset_name"]), cfg.get("dataset_config")
+    cache = Path(cfg["cache_dir"]).expanduser() if cfg.get("cache_dir") else Path(datasets.config.HF_DATASETS_CACHE)
+    try:
+        return datasets.load_dataset(name, config, cache_dir=str(cache))
+    except ConnectionError as err:  # offline (HF_DATASETS_OFFLINE=1) or no network, and not in the cache
+        raise DataError(
+            f"data.dataset_name={name!r}: not in the datasets cache {cache} and the Hub cannot be reached ({err}); "
+            "load it once where a network exists with the same data.cache_dir (or HF_HOME), or use "
+            "data.path=<folder saved with save_to_disk>"
+        ) from err
+    except FileNotFoundError as err:  # no such Hub dataset, or a local folder without data files
+        raise DataError(f"data.dataset_name={name!r}: {err}") from err
+    except ValueError as err:  # an unknown config name: the message lists the known ones
+        raise DataError(f"data.dataset_config={config!r} of data.dataset_name={name!r}: {err}") from err
+
+
+def _load_saved(cfg):
+    """The Dataset or DatasetDict that `save_to_disk` wrote to data.path."""
+    import datasets
+
+    path = Path(str(cfg["path"])).expanduser()
+    if not path.exists():
+        raise DataError(f"data.path={str(path)!r} does not exist")
+    try:
+        return datasets.load_from_disk(str(path))
+    except FileNotFoundError as err:
+        raise DataError(
+            f"data.path={str(path)!r} is not a dataset saved with save_to_disk (no dataset_dict.json or "
+            "state.json in it); for a Hub name use data.dataset_name"
+        ) from err
+
+
+def _pick_splits(cfg, loaded) -> tuple[str, object, str | None, object]:
+    """(train name, train Dataset, val name, val Dataset or None). A lone Dataset is the training set and needs
+    data.holdout; so does a DatasetDict without a validation split."""
+    import datasets
+
+    holdout = cfg.get("holdout") is not None
+    if isinstance(loaded, datasets.Dataset):
+        if not holdout:
+            raise DataError(
+                f"data.path={str(cfg['path'])!r} holds one Dataset, no splits: set data.holdout=<count or fraction> "
+                "to validate on a slice of it, or save a DatasetDict with train and validation splits"
+            )
+        return "train", loaded, None, None
+    have = list(loaded)
+    train_name = str(cfg.get("train_split") or "train")
+    if train_name not in loaded:
+        raise DataError(f"data.train_split={train_name!r} is not a split of the dataset; its splits: {have}")
+    val_name = cfg.get("val_split")
+    if val_name is None:
+        val_name = next((n for n in HF_VAL_SPLIT_NAMES if n in loaded and n != train_name), None)
+        if val_name is None and not holdout:
+            raise DataError(
+                f"the dataset has no validation split ({'/'.join(HF_VAL_SPLIT_NAMES)}); its splits: {have}: "
+                "set data.val_split=<split> or data.holdout=<count or fraction>"
+            )
+    elif str(val_name) not in loaded:
+        raise DataError(f"data.val_split={val_name!r} is not a split of the dataset; its splits: {have}")
+    val = loaded[str(val_name)] if val_name is not None else None
+    return train_name, loaded[train_name], (str(val_name) if val_name is not None else None), val
+
+
+def _image_column(cfg, dataset) -> str:
+    """data.image_column, or `img` when the default `image` is missing and `img` is there."""
+    import datasets
+
+    column = str(cfg.get("image_column") or "image")
+    if column not in dataset.column_names and column == "image" and FALLBACK_IMAGE_COLUMN in dataset.column_names:
+        log.info("data.image_column: no column `image`, using `%s`", FALLBACK_IMAGE_COLUMN)
+        column = FALLBACK_IMAGE_COLUMN
+    if column not in dataset.column_names:
+        raise DataError(
+            f"data.image_column={column!r} is not a column of the dataset; its columns: {dataset.column_names}"
+        )
+    feature = dataset.features[column]
+    if not isinstance(feature, datasets.Image) or not feature.decode:
+        raise DataError(f"data.image_column={column!r} holds {feature}, not decodable images (an Image feature)")
+    return column
+
+
+def _raw_labels(cfg, dataset, split: str) -> np.ndarray:
+    column = str(cfg.get("label_column") or "label")
+    if column not in dataset.column_names:
+        raise DataError(
+            f"data.label_column={column!r} is not a column of the {split!r} split; its columns: {dataset.column_names}"
+        )
+    return np.asarray(dataset.with_format("numpy")[column])  # the label column alone: no image decoded
+
+
+def _class_to_idx(cfg, train, labels: list[np.ndarray]) -> dict[str, int]:
+    """ClassLabel names of the label column; else integer labels as {str(i): i} for i up to the largest label seen
+    (so every label has a logit), or string labels sorted and numbered as ImageFolder numbers its folders."""
+    import datasets
+
+    feature = train.features[str(cfg.get("label_column") or "label")]
+    if isinstance(feature, datasets.ClassLabel):
+        return {name: i for i, name in enumerate(feature.names)}
+    seen = np.concatenate(labels)
+    if seen.dtype.kind in "iu":
+        return {str(i): i for i in range(int(seen.max()) + 1 if seen.size else 0)}
+    if seen.dtype.kind in "UO":
+        return {name: i for i, name in enumerate(sorted({str(v) for v in seen}))}
+    raise DataError(
+        f"data.label_column={cfg.get('label_column')!r} holds {feature}, not class labels (ClassLabel, int or string)"
+    )
+
+
+def _targets(cfg, raw: np.ndarray, class_to_idx: dict[str, int], split: str) -> np.ndarray:
+    """int64 (N,) class indices; an unlabelled row (-1, as Hub test splits often have) is an error naming the split."""
+    if raw.dtype.kind in "UO":
+        return np.asarray([class_to_idx[str(v)] for v in raw], dtype=np.int64)
+    targets = raw.astype(np.int64)
+    unlabelled = int((targets < 0).sum())
+    if unlabelled:
+        raise DataError(
+            f"data.label_column={cfg.get('label_column')!r}: {unlabelled} of the {len(targets)} rows of split "
+            f"{split!r} have no label (< 0); set data.val_split to a labelled split or validate on data.holdout"
+        )
+    return targets
+
+
+def _split_root(dataset, split: str) -> tuple[Path | None, Path]:
+    """(the folder holding the split's Arrow files, the split's identity under it). The Hub cache keeps them in
+    <cache>/<owner>___<name>/<config>/<version>/<hash>/; `save_to_disk` in <path>/<split>/."""
+    files = [Path(f["filename"]) for f in dataset.cache_files]
+    folder = files[0].parent if files else None
+    return folder, Path(folder or ".") / f"{split}-{dataset._fingerprint}"
+
+
+def build_hf_splits(cfg) -> Splits:
+    """The Splits of data=hf: exactly one of data.dataset_name and data.path."""
+    name, path = cfg.get("dataset_name"), cfg.get("path")
+    if bool(name) == bool(path):
+        given = "both are set" if name else "neither is set"
+        raise DataError(
+            f"data=hf needs exactly one of data.dataset_name=<Hub name> and data.path=<folder saved with "
+            f"save_to_disk>; {given}"
+        )
+    loaded = _load_hub(cfg) if name else _load_saved(cfg)
+    train_name, train, val_name, val = _pick_splits(cfg, loaded)
+    column = _image_column(cfg, train)
+    parts = [(train_name, train)] + ([(val_name, val)] if val is not None else [])
+    raw = [_raw_labels(cfg, ds, split) for split, ds in parts]
+    class_to_idx = _class_to_idx(cfg, train, raw)
+    datasets_out = []
+    for (split, ds), labels in zip(parts, raw, strict=True):
+        if column not in ds.column_names:
+            raise DataError(
+                f"data.image_column={column!r} is not a column of split {split!r}; its columns: {ds.column_names}"
+            )
+        datasets_out.append(HFImages(ds, column, _targets(cfg, labels, class_to_idx, split), _split_root(ds, split)[1]))
+    # Splits.root, where the GPU loader keeps decoded splits by default: data.path itself, or the Hub dataset's
+    # folder in the datasets cache (beside its Arrow files).
+    root = Path(str(path)).expanduser().resolve() if path else _split_root(train, train_name)[0]
+    # A lone training set (no val split): `build_splits` applies data.holdout next, which replaces this None.
+    val_out = datasets_out[1] if val is not None else None
+    return Splits(datasets_out[0], val_out, class_to_idx, root=root, val_name=val_name or "val")  # type: ignore[arg-type]
