@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from vit.models.attention import Attention
 
@@ -326,3 +327,13 @@ def encoder_blocks(depth: int, dim: int, num_heads: int, drop_path_rate: float =
     blocks are dropped more often (stochastic depth, Huang et al. 2016)."""
     rates = torch.linspace(0, drop_path_rate, depth).tolist()
     return nn.Sequential(*[Block(dim, num_heads, drop_path=rate, **block_kwargs) for rate in rates])
+
+
+def run_blocks(blocks: nn.Module, x: torch.Tensor, checkpointed: bool) -> torch.Tensor:
+    """`x` through each module of `blocks` in turn. `checkpointed`: gradient checkpointing, each module's
+    activations are dropped after its forward and recomputed in the backward pass, so only the (B, N, C) input of
+    every block stays in memory (about a third more compute). Non-reentrant checkpointing (`use_reentrant=False`)
+    restores the RNG state for the recomputation, so dropout and drop-path draw the same masks both times."""
+    for block in blocks:
+        x = checkpoint(block, x, use_reentrant=False) if checkpointed else block(x)
+    return x

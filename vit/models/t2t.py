@@ -31,7 +31,7 @@ from torch import nn
 from torch.nn.init import trunc_normal_
 
 from vit.models.attention import Attention
-from vit.models.layers import Mlp, check_encoder_args, encoder_blocks
+from vit.models.layers import Mlp, check_encoder_args, encoder_blocks, run_blocks
 from vit.models.performer import TokenPerformer
 from vit.models.pos_embed import make_pos_embed
 from vit.models.registry import register_model
@@ -164,6 +164,7 @@ class T2TModule(nn.Module):
         self.project = nn.Linear(token_dim * k2 * k2, embed_dim)
         self.grid_size = (self.grid_sides[-1], self.grid_sides[-1])
         self.num_patches = self.grid_sides[-1] ** 2
+        self.grad_checkpointing = False  # set by the model's `set_grad_checkpointing`
 
     @staticmethod
     def _stage(tokens_type: str, dim: int, token_dim: int, token_scale: str, backend: str) -> nn.Module:
@@ -178,11 +179,12 @@ class T2TModule(nn.Module):
                 f"input of shape {tuple(x.shape)} does not match the model: expected "
                 f"(batch, in_chans={self.in_chans}, {self.img_size}, {self.img_size})"
             )
+        checkpointed = self.grad_checkpointing and self.training and torch.is_grad_enabled()
         x = self.soft_split0(x).transpose(1, 2)  # (B, N0, C·k0²): one overlapping patch per token
-        x = self.attention1(x)  # (B, N0, token_dim)
+        x = run_blocks([self.attention1], x, checkpointed)  # (B, N0, token_dim)
         x = rearrange(x, "b (h w) c -> b c h w", h=self.grid_sides[0])  # re-structurize: tokens -> image
         x = self.soft_split1(x).transpose(1, 2)  # (B, N1, token_dim·k1²)
-        x = self.attention2(x)  # (B, N1, token_dim)
+        x = run_blocks([self.attention2], x, checkpointed)  # (B, N1, token_dim)
         x = rearrange(x, "b (h w) c -> b c h w", h=self.grid_sides[1])
         x = self.soft_split2(x).transpose(1, 2)  # (B, N2, token_dim·k2²)
         return self.project(x)  # (B, N2, embed_dim)
@@ -243,12 +245,20 @@ class T2TViT(nn.Module):
         )
         self.norm = nn.LayerNorm(embed_dim)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.grad_checkpointing = False
         self.init_weights()
 
     @property
     def img_size(self) -> tuple[int, int]:
         side = self.tokens_to_token.img_size
         return side, side
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute the activations of every encoder block and of the T2T module's two token blocks in the
+        backward pass instead of keeping them (timm's method). The token blocks are included: at 224 px the first
+        one works on 3136 tokens, 16 times the encoder's 196, so its activations are among the largest."""
+        self.grad_checkpointing = enable
+        self.tokens_to_token.grad_checkpointing = enable
 
     def init_weights(self) -> None:
         """The official init: trunc-normal(0.02) cls token and Linears, zero biases."""
@@ -269,7 +279,8 @@ class T2TViT(nn.Module):
         x = self.tokens_to_token(x)  # (B, N, C)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, C)
         x = self.pos_drop(x + self.pos_embed)
-        return self.norm(self.blocks(x))
+        x = run_blocks(self.blocks, x, self.grad_checkpointing and self.training and torch.is_grad_enabled())
+        return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = x[:, 0]  # (B, C): the cls token

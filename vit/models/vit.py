@@ -28,6 +28,7 @@ from vit.models.layers import (
     ShiftedPatchEmbed,
     check_encoder_args,
     encoder_blocks,
+    run_blocks,
 )
 from vit.models.pos_embed import make_pos_embed, resample_pos_embed
 from vit.models.registry import register_model
@@ -143,11 +144,16 @@ class VisionTransformer(nn.Module):
         self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if use_fc_norm else nn.Identity()
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.head_dist = self._dist_head() if distill_token else None
+        self.grad_checkpointing = False
         self.init_weights()
 
     @property
     def img_size(self) -> tuple[int, int]:
         return self.patch_embed.img_size
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in the backward pass instead of keeping them (timm's method)."""
+        self.grad_checkpointing = enable
 
     def init_weights(self) -> None:
         """timm's default ViT init: trunc-normal(0.02) Linears with zero bias, tiny cls token."""
@@ -186,7 +192,7 @@ class VisionTransformer(nn.Module):
         if grid != self.patch_embed.grid_size:  # dynamic_img_size: the table resampled to this grid, (1, 1 + N, C)
             pos_embed = resample_pos_embed(pos_embed, grid, self.num_prefix_tokens, self.patch_embed.grid_size)
         x = self.pos_drop(x + pos_embed)
-        x = self.blocks(x)
+        x = run_blocks(self.blocks, x, self.grad_checkpointing and self.training and torch.is_grad_enabled())
         return self.norm(x)
 
     def forward_head(
