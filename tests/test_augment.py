@@ -19,6 +19,7 @@ from trainer_utils import REPO, compose_config, run_cli
 import vit.data.loader as loader_module
 from vit.data import DataError, build_data
 from vit.data import rand_augment as ra
+from vit.data import rand_augment_ops as rops
 from vit.data.augment import AugmentSpec, BatchAugment, build_policy, declared_defaults, random_hflip
 from vit.train.config import ConfigError, validate
 
@@ -77,9 +78,9 @@ def test_pillow_and_tensor_paths_agree():
         policy.pillow = pillow
         outputs[pillow] = policy(x, torch.Generator().manual_seed(3)).int()
     (op, _), *_ = policy.draw(120, torch.device("cpu"), torch.Generator().manual_seed(3))
-    assert set(op.tolist()) == set(range(len(ra.OPS)))
+    assert set(op.tolist()) == set(range(len(rops.OPS)))
     diff = (outputs[True] - outputs[False]).abs().amax(dim=(1, 2, 3))  # (B,)
-    geometric = ra._is(op, ra.GEOMETRIC)
+    geometric = rops._is(op, rops.GEOMETRIC)
     assert diff[~geometric].max() == 0 and diff[geometric].max() <= 1
 
 
@@ -110,20 +111,20 @@ def timm_reference(name: str, level: float, negate: bool, increasing: bool, imag
 
 
 def ours(name: str, level: float, negate: bool, increasing: bool, x: torch.Tensor) -> torch.Tensor:
-    op = torch.tensor([ra.OP_INDEX[name]])
+    op = torch.tensor([rops.OP_INDEX[name]])
     argument = ra.op_argument(op, torch.tensor([float(level)], dtype=torch.float64), torch.tensor([negate]), increasing)
-    if name in ra.GEOMETRIC:
-        return ra.warp_bilinear(x, ra.pillow_inverse_affine(op, argument, *x.shape[-2:]), FILL)
-    if name in ra.BLENDS:
-        return ra.apply_blends(x, op, argument, {name})
-    return ra.apply_tables(x, op, ra.static_tables(op, argument), {name})
+    if name in rops.GEOMETRIC:
+        return rops.warp_bilinear(x, rops.pillow_inverse_affine(op, argument, *x.shape[-2:]), FILL)
+    if name in rops.BLENDS:
+        return rops.apply_blends(x, op, argument, {name})
+    return rops.apply_tables(x, op, rops.static_tables(op, argument), {name})
 
 
 @pytest.mark.parametrize("increasing", [False, True], ids=["plain", "inc1"])
-@pytest.mark.parametrize("name", ra.OPS)
+@pytest.mark.parametrize("name", rops.OPS)
 def test_each_op_matches_timms_pillow_op(name, increasing):
     """Tables and blends equal Pillow's exactly; the geometric ops are within 1 (bilinear rounding)."""
-    tolerance = 1 if name in ra.GEOMETRIC else 0
+    tolerance = 1 if name in rops.GEOMETRIC else 0
     compared = 0
     for i, level in enumerate((0, 1.3, 5, 7.5, 9, 9.7, 10)):
         for negate in (False, True):
@@ -143,7 +144,7 @@ def test_each_op_matches_timms_pillow_op(name, increasing):
 
 
 def test_posterize_at_full_increasing_magnitude_keeps_no_bits():
-    op = torch.tensor([ra.OP_INDEX["Posterize"]])
+    op = torch.tensor([rops.OP_INDEX["Posterize"]])
     argument = ra.op_argument(op, torch.tensor([10.0], dtype=torch.float64), torch.tensor([False]), True)
     assert argument.item() == 0
     assert ours("Posterize", 10, False, True, smooth_images(1)).max() == 0
@@ -156,7 +157,7 @@ def test_op_and_level_draws_follow_timms_policy():
     """Over many draws: each op 1/15 of the slots, applied with probability p, level ~ N(m, mstd) clipped to
     [0, 10]; timm's RandAugment object (its op list and settings) is what the expectations come from."""
     reference = timm_aa.rand_augment_transform("rand-m9-mstd0.5-inc1-p0.7", {"img_mean": FILL})
-    assert [op.name.replace("Increasing", "") for op in reference.ops] == list(ra.OPS)
+    assert [op.name.replace("Increasing", "") for op in reference.ops] == list(rops.OPS)
     expected_p, magnitude, std = reference.ops[0].prob, reference.ops[0].magnitude, reference.ops[0].magnitude_std
     policy = build_policy("rand-m9-mstd0.5-inc1-p0.7", 32, (0.5,) * 3)
     slots = policy.draw(60_000, torch.device("cpu"), torch.Generator().manual_seed(0))
@@ -164,13 +165,13 @@ def test_op_and_level_draws_follow_timms_policy():
     op, argument = slots[0]
     applied = op >= 0
     assert abs(applied.float().mean().item() - expected_p) < 0.01
-    counts = torch.bincount(op[applied], minlength=len(ra.OPS)).float() / applied.sum()
-    assert (counts - 1 / len(ra.OPS)).abs().max() < 0.01
+    counts = torch.bincount(op[applied], minlength=len(rops.OPS)).float() / applied.sum()
+    assert (counts - 1 / len(rops.OPS)).abs().max() < 0.01
     # Rotate's argument is level / 10 * 30 with a random sign: |argument| / 3 is the level.
-    level = argument[op == ra.OP_INDEX["Rotate"]].abs() / 3
+    level = argument[op == rops.OP_INDEX["Rotate"]].abs() / 3
     samples = np.clip(np.random.default_rng(0).normal(magnitude, std, 100_000), 0, 10)
     assert abs(level.mean().item() - samples.mean()) < 0.02 and abs(level.std().item() - samples.std()) < 0.02
-    assert 0.45 < (argument[op == ra.OP_INDEX["Rotate"]] < 0).float().mean().item() < 0.55
+    assert 0.45 < (argument[op == rops.OP_INDEX["Rotate"]] < 0).float().mean().item() < 0.55
 
 
 def test_weighted_choice_follows_timms_weights_without_repeats():
@@ -180,9 +181,9 @@ def test_weighted_choice_follows_timms_weights_without_repeats():
     )
     policy = build_policy("rand-m9-n1-p1.0-tweights", 32, (0.5,) * 3)
     (op, _), *_ = policy.draw(60_000, torch.device("cpu"), torch.Generator().manual_seed(0))
-    counts = torch.bincount(op, minlength=len(ra.OPS)).double() / len(op)
+    counts = torch.bincount(op, minlength=len(rops.OPS)).double() / len(op)
     for name, weight in weights.items():
-        assert abs(counts[ra.OP_INDEX[name]].item() - weight) < 0.01, name
+        assert abs(counts[rops.OP_INDEX[name]].item() - weight) < 0.01, name
     two = build_policy("rand-m9-n2-p1.0-tweights", 32, (0.5,) * 3).draw(5000, torch.device("cpu"), None)
     assert (two[0][0] != two[1][0]).all()  # no op twice in one image
 

@@ -11,6 +11,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 from trainer_utils import REPO, compose_config
 
+from vit.data import batched_ops as bo
 from vit.data import batched_policy as bp
 from vit.data import build_data
 from vit.data.augment import build_policy
@@ -98,7 +99,7 @@ def test_reference_is_what_torchvisions_policies_apply():
     """`reference` spells out torchvision's private per-op dispatcher with public functions: the same images."""
     policy = v2.AutoAugment()
     x = sample_images(6, 13, 17)
-    for name in bp.OPS[1:]:
+    for name in bo.OPS[1:]:
         for m in all_magnitudes(name, 13, 17)[::5]:
             for image in x:
                 theirs = policy._apply_image_or_video_transform(
@@ -108,32 +109,32 @@ def test_reference_is_what_torchvisions_policies_apply():
 
 
 @pytest.mark.parametrize("size", [(13, 17), (16, 16)])  # odd and non-square; square (rotate's rot90 fast paths)
-@pytest.mark.parametrize("name", bp.OPS[1:])
+@pytest.mark.parametrize("name", bo.OPS[1:])
 def test_every_op_matches_torchvision_image_by_image(name, size):
     mags = all_magnitudes(name, *size)
     x = sample_images(max(12, len(mags)), *size, seed=len(name))
     m = torch.tensor([mags[i % len(mags)] for i in range(len(x))], dtype=torch.float64)
     expected = torch.stack([reference(name, image, float(v)) for image, v in zip(x, m, strict=True)])
-    ops = torch.full((len(x),), bp.OP_INDEX[name])
+    ops = torch.full((len(x),), bo.OP_INDEX[name])
     for subsets in (True, False):  # the CPU's gathered subsets and CUDA's whole-batch-and-where give the same
-        out = bp.apply_ops(x, ops, m, subsets=subsets)
+        out = bo.apply_ops(x, ops, m, subsets=subsets)
         bad = (out != expected).flatten(1).any(1).nonzero().flatten().tolist()
         assert not bad, f"{name}: samples {bad[:5]} (magnitudes {[float(m[i]) for i in bad[:5]]}) differ"
-    assert torch.equal(bp.OP_FUNCTIONS[name](x, m), expected)  # the op alone
+    assert torch.equal(bo.OP_FUNCTIONS[name](x, m), expected)  # the op alone
 
 
 def test_mixed_ops_in_one_batch_match_torchvision():
     """One slot where every sample drew another op: the one grid_sample and the per-op subsets put each back."""
     x = sample_images(60, 12, 12, seed=3)
-    names = [bp.OPS[i % len(bp.OPS)] for i in range(len(x))]
+    names = [bo.OPS[i % len(bo.OPS)] for i in range(len(x))]
     mags = [all_magnitudes(n, 12, 12)[(7 * i) % len(all_magnitudes(n, 12, 12))] for i, n in enumerate(names)]
-    ops = torch.tensor([bp.OP_INDEX[n] for n in names])
+    ops = torch.tensor([bo.OP_INDEX[n] for n in names])
     m = torch.tensor(mags, dtype=torch.float64)
     expected = torch.stack(
         [img if n == "Identity" else reference(n, img, v) for img, n, v in zip(x, names, mags, strict=True)]
     )
     for subsets in (True, False):
-        assert torch.equal(bp.apply_ops(x, ops, m, subsets=subsets), expected)
+        assert torch.equal(bo.apply_ops(x, ops, m, subsets=subsets), expected)
 
 
 # ---- tables and draws ----
@@ -160,7 +161,7 @@ def test_op_sets_magnitude_bins_and_signs_are_torchvisions(kind):
             if expected is None:
                 assert ours.space[name](bins, height, width) is None
             else:
-                assert torch.equal(ours.magnitudes(height, width)[bp.OP_INDEX[name]], expected.float()), name
+                assert torch.equal(ours.magnitudes(height, width)[bo.OP_INDEX[name]], expected.float()), name
 
 
 @pytest.mark.parametrize("policy", ["cifar10", "imagenet"])
@@ -172,20 +173,20 @@ def test_autoaugment_sub_policies_are_torchvisions(policy):
 def torchvision_slot(theirs, slot: int, size: int) -> tuple[torch.Tensor, dict[str, set[float]]]:
     """From torchvision's definition of the policy: how often each op is applied in `slot` ((len(OPS),), Identity
     for "not applied" in AutoAugment) and the magnitudes (unsigned) it can have there."""
-    freq = torch.zeros(len(bp.OPS), dtype=torch.float64)
+    freq = torch.zeros(len(bo.OPS), dtype=torch.float64)
     allowed: dict[str, set[float]] = {}
     space = theirs._AUGMENTATION_SPACE
     if isinstance(theirs, v2.AutoAugment):
         for sub in theirs._policies:
             name, p, b = sub[slot]
-            freq[bp.OP_INDEX[name]] += p / len(theirs._policies)
+            freq[bo.OP_INDEX[name]] += p / len(theirs._policies)
             freq[0] += (1 - p) / len(theirs._policies)
             values = space[name][0](10, size, size)
             allowed.setdefault(name, set()).add(0.0 if values is None else float(values[b]))
     else:
         bins = theirs.num_magnitude_bins
         for name, (fn, _) in space.items():
-            freq[bp.OP_INDEX[name]] = 1 / len(space)
+            freq[bo.OP_INDEX[name]] = 1 / len(space)
             values = fn(bins, size, size)
             if values is None:
                 allowed[name] = {0.0}
@@ -214,9 +215,9 @@ def test_draws_follow_torchvisions_policy(kind):
     for slot, rows in enumerate(draws):
         ops, magnitude = tables["op"][rows], tables["magnitude"][rows]
         freq, allowed = torchvision_slot(theirs, slot, 32)
-        stat, dof = chi_square(torch.bincount(ops, minlength=len(bp.OPS)).double(), freq)
+        stat, dof = chi_square(torch.bincount(ops, minlength=len(bo.OPS)).double(), freq)
         assert stat < dof + 6 * math.sqrt(2 * dof), (slot, stat, dof)  # about 6 sigma: a 1-in-10^8 false alarm
-        for index, name in enumerate(bp.OPS):
+        for index, name in enumerate(bo.OPS):
             drawn = magnitude[ops == index]
             if len(drawn) == 0 or name == "Identity":
                 continue
@@ -238,8 +239,8 @@ def test_policies_match_torchvision_on_their_own_draws(kind):
     expected = x.clone()
     for rows in policy.draw(len(x), 16, 16, torch.device("cpu"), torch.Generator().manual_seed(1)):
         for i, (op, m) in enumerate(zip(tables["op"][rows].tolist(), tables["magnitude"][rows].tolist(), strict=True)):
-            if bp.OPS[op] != "Identity":
-                expected[i] = reference(bp.OPS[op], expected[i], m)
+            if bo.OPS[op] != "Identity":
+                expected[i] = reference(bo.OPS[op], expected[i], m)
     for subsets in (True, False):
         policy.subsets = subsets
         assert torch.equal(policy(x, torch.Generator().manual_seed(1)), expected)
