@@ -245,6 +245,12 @@ def build_data(
     device = torch.device(device)
     if cfg.get("loader", "auto") not in LOADERS:
         raise DataError(f"data.loader={cfg.get('loader')!r} must be one of {LOADERS}")
+    if cfg.get("name") == "webdataset":  # tar shards, streamed: no splits to hold in memory (vit/data/stream.py)
+        from vit.data.stream import build_stream_data  # imports this module: loaded only when asked for
+
+        mean, std = mean_std(cfg)
+        common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
+        return build_stream_data(cfg, spec, mean, std, **common)
     splits = build_splits(cfg, seed=seed)
     num_classes = int(cfg.get("num_classes") or len(splits.class_to_idx))
     if num_classes < len(splits.class_to_idx):

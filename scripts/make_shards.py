@@ -1,0 +1,150 @@
+"""Write an image-folder tree, or a .tar/.tar.gz/.zip of one, as tar shards for data=webdataset.
+
+    python scripts/make_shards.py /work/shared/data/cifar10-jpeg.tar.gz /tmp/cifar10-shards --samples-per-shard 5000
+
+Input: <root>/train/<class>/* and <root>/{val,validation,test}/<class>/*, the layout data=imagefolder reads (an
+archive is extracted once, beside it or into --cache-dir). Written into the output folder:
+  train-000000.tar ...    the training images in one random order (fixed by --seed), --samples-per-shard each
+  <split>-000000.tar ...  the validation split, named after its folder (val, validation or test), in folder order
+  classes.json            class name -> index: the sorted class folders, as data=imagefolder numbers them
+  _info.json              per split: the shard file names and the samples in each (the layout timm's shard
+                          reader reads too); the trainer reads the epoch's length and its split from it
+A sample is <key>.<ext>, the image file's own bytes (.jpg, .jpeg, .png and .webp as they are; other formats
+re-encoded as .png), and <key>.cls, its class index as text. <key> is the image's position in the sorted listing
+of its split (8 digits). Images are copied without being decoded: an unreadable one is found by the loader
+(data.on_bad_image). At the end the script prints the train.py command that trains on the shards.
+
+Options: --samples-per-shard N (5000), --seed S (0), --val-split NAME (default: the first of val, validation,
+test that exists), --cache-dir DIR (where an archive is extracted). Bad input: one line, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from torchvision.datasets import ImageFolder
+from webdataset import TarWriter
+
+from vit.args import run_script
+from vit.data.archive import ArchiveError, extract_archive, is_archive
+from vit.data.datasets import VAL_SPLIT_NAMES, DataError, find_tree_root
+from vit.data.shards import CLASSES_NAME, IMAGE_EXTENSIONS, INFO_NAME
+
+SHARD_MTIME = 0  # every member's time stamp: the same tree and seed give byte-identical shards
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Image-folder tree or archive -> tar shards for data=webdataset")
+    parser.add_argument("source", help="folder with train/ and val/ (or validation/, test/), or an archive of one")
+    parser.add_argument("output", help="folder for the shards (created; must not hold shards already)")
+    parser.add_argument("--samples-per-shard", type=int, default=5000)
+    parser.add_argument("--seed", type=int, default=0, help="the training images' order across the shards")
+    parser.add_argument("--val-split", default=None, help="validation folder name (default: val/validation/test)")
+    parser.add_argument("--cache-dir", default=None, help="where an archive is extracted (default: beside it)")
+    return parser.parse_args(argv)
+
+
+def find_tree(source: str, val_split: str | None, cache_dir: str | None) -> tuple[Path, str]:
+    """The folder holding train/ (after extracting an archive) and the validation folder's name."""
+    path = Path(source).expanduser().resolve()
+    if not path.exists():
+        raise DataError(f"source {source} does not exist")
+    if is_archive(path):
+        try:
+            path = extract_archive(path, cache_dir)
+        except ArchiveError as err:
+            raise DataError(str(err)) from None
+    root = find_tree_root(path)
+    names = [val_split] if val_split else list(VAL_SPLIT_NAMES)
+    found = next((name for name in names if (root / name).is_dir()), None)
+    if found is None:
+        raise DataError(f"source {source}: no {'/, '.join(names)}/ folder beside train/ in {root}")
+    return root, found
+
+
+def list_split(folder: Path) -> ImageFolder:
+    try:
+        return ImageFolder(str(folder), allow_empty=True)  # lists files, decodes nothing
+    except (FileNotFoundError, RuntimeError) as err:
+        raise DataError(f"{folder}: {err}") from None
+
+
+def encoded(path: str) -> tuple[str, bytes]:
+    """(extension, bytes) of one image: the file as it is, or re-encoded as PNG for other formats."""
+    ext = Path(path).suffix.lower().lstrip(".")
+    if ext in IMAGE_EXTENSIONS:
+        return ext, Path(path).read_bytes()
+    buffer = io.BytesIO()
+    try:
+        with Image.open(path) as image:
+            image.save(buffer, format="PNG")
+    except (OSError, ValueError) as err:
+        raise DataError(f"{path} cannot be re-encoded as PNG ({err})") from None
+    return "png", buffer.getvalue()
+
+
+def write_split(dataset: ImageFolder, order: np.ndarray, output: Path, prefix: str, per_shard: int) -> dict:
+    """Shards <prefix>-000000.tar ... of the samples in `order`; the split's entry of _info.json."""
+    filenames, lengths = [], []
+    for shard, start in enumerate(range(0, len(order), per_shard)):
+        name = f"{prefix}-{shard:06d}.tar"
+        chunk = order[start : start + per_shard]
+        with TarWriter(str(output / name), encoder=False, mtime=SHARD_MTIME) as sink:
+            for index in chunk:
+                path, label = dataset.samples[index]
+                ext, data = encoded(path)
+                sink.write({"__key__": f"{index:08d}", ext: data, "cls": str(label).encode()})
+        filenames.append(name)
+        lengths.append(len(chunk))
+    return {"name": prefix, "num_samples": int(len(order)), "filenames": filenames, "shard_lengths": lengths}
+
+
+def brace(prefix: str, count: int) -> str:
+    return f"{prefix}-{{000000..{count - 1:06d}}}.tar" if count > 1 else f"{prefix}-000000.tar"
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if args.samples_per_shard < 1:
+        raise DataError(f"--samples-per-shard={args.samples_per_shard} must be >= 1")
+    root, val_name = find_tree(args.source, args.val_split, args.cache_dir)
+    train, val = list_split(root / "train"), list_split(root / val_name)
+    if val.class_to_idx != train.class_to_idx:
+        raise DataError(f"{root}: the class folders of train/ and {val_name}/ differ; both need the same classes")
+    for split, dataset in (("train", train), (val_name, val)):
+        if len(dataset) == 0:
+            raise DataError(f"{root / split} holds no image files")
+    output = Path(args.output).expanduser()
+    if output.exists() and (any(output.glob("*.tar")) or (output / INFO_NAME).exists()):
+        raise DataError(f"output folder {output} already holds shards: choose an empty or new folder")
+    output.mkdir(parents=True, exist_ok=True)
+    shuffled = np.random.default_rng(args.seed).permutation(len(train))
+    splits = {
+        "train": write_split(train, shuffled, output, "train", args.samples_per_shard),
+        val_name: write_split(val, np.arange(len(val)), output, val_name, args.samples_per_shard),
+    }
+    (output / CLASSES_NAME).write_text(json.dumps(train.class_to_idx, indent=1) + "\n")
+    info = {"name": root.name, "classes": len(train.classes), "seed": args.seed, "splits": splits}
+    (output / INFO_NAME).write_text(json.dumps(info, indent=1) + "\n")  # last: shards without it are unfinished
+    counts = {name: len(split["filenames"]) for name, split in splits.items()}
+    print(
+        f"wrote {counts['train']} training shards ({len(train)} images) and {counts[val_name]} {val_name} shards "
+        f"({len(val)} images) of {len(train.classes)} classes to {output}"
+    )
+    where = output.resolve()
+    # Quoted twice: the shell keeps the braces (no shell brace expansion), Hydra reads the value as one string.
+    print(
+        f"train on them: python train.py data=webdataset \"data.urls='{where}/{brace('train', counts['train'])}'\" "
+        f"\"data.val_urls='{where}/{brace(val_name, counts[val_name])}'\""
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(main, usage=__doc__))
