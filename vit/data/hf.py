@@ -60,14 +60,20 @@ def _load_hub(cfg):
         return datasets.load_dataset(name, config, cache_dir=str(cache))
     except ConnectionError as err:  # offline (HF_DATASETS_OFFLINE=1) or no network, and not in the cache
         raise DataError(
-            f"data.dataset_name={name!r}: not in the datasets cache {cache} and the Hub cannot be reached ({err}); "
+            f"data.dataset_name={name!r}: not in the datasets cache {cache} and the Hub cannot be reached "
+            f"({_one_line(err)}); "
             "load it once where a network exists with the same data.cache_dir (or HF_HOME), or use "
             "data.path=<folder saved with save_to_disk>"
         ) from err
-    except FileNotFoundError as err:  # no such Hub dataset, or a local folder without data files
-        raise DataError(f"data.dataset_name={name!r}: {err}") from err
+    except OSError as err:  # no such Hub dataset, a local folder without data files, a refused download
+        raise DataError(f"data.dataset_name={name!r}: {_one_line(err)}") from err
     except ValueError as err:  # an unknown config name: the message lists the known ones
-        raise DataError(f"data.dataset_config={config!r} of data.dataset_name={name!r}: {err}") from err
+        raise DataError(f"data.dataset_config={config!r} of data.dataset_name={name!r}: {_one_line(err)}") from err
+
+
+def _one_line(err: Exception) -> str:
+    """The library's message on one line (some span several)."""
+    return " ".join(str(err).split())
 
 
 def _load_saved(cfg):
@@ -117,7 +123,7 @@ def _pick_splits(cfg, loaded) -> tuple[str, object, str | None, object]:
     return train_name, loaded[train_name], (str(val_name) if val_name is not None else None), val
 
 
-def _image_column(cfg, dataset) -> str:
+def _image_column(cfg, dataset, split: str) -> str:
     """data.image_column, or `img` when the default `image` is missing and `img` is there."""
     import datasets
 
@@ -127,7 +133,7 @@ def _image_column(cfg, dataset) -> str:
         column = FALLBACK_IMAGE_COLUMN
     if column not in dataset.column_names:
         raise DataError(
-            f"data.image_column={column!r} is not a column of the dataset; its columns: {dataset.column_names}"
+            f"data.image_column={column!r} is not a column of split {split!r}; its columns: {dataset.column_names}"
         )
     feature = dataset.features[column]
     if not isinstance(feature, datasets.Image) or not feature.decode:
@@ -139,7 +145,7 @@ def _raw_labels(cfg, dataset, split: str) -> np.ndarray:
     column = str(cfg.get("label_column") or "label")
     if column not in dataset.column_names:
         raise DataError(
-            f"data.label_column={column!r} is not a column of the {split!r} split; its columns: {dataset.column_names}"
+            f"data.label_column={column!r} is not a column of split {split!r}; its columns: {dataset.column_names}"
         )
     return np.asarray(dataset.with_format("numpy")[column])  # the label column alone: no image decoded
 
@@ -160,6 +166,19 @@ def _class_to_idx(cfg, train, labels: list[np.ndarray]) -> dict[str, int]:
     raise DataError(
         f"data.label_column={cfg.get('label_column')!r} holds {feature}, not class labels (ClassLabel, int or string)"
     )
+
+
+def _check_same_classes(cfg, train, val, val_name: str) -> None:
+    """A ClassLabel in either split must be the same in both: label i has to mean one class in train and val."""
+    import datasets
+
+    column = str(cfg.get("label_column") or "label")
+    mine, theirs = train.features[column], val.features[column]
+    if (isinstance(mine, datasets.ClassLabel) or isinstance(theirs, datasets.ClassLabel)) and mine != theirs:
+        raise DataError(
+            f"data.label_column={column!r}: the class labels of the training split ({mine}) and of split "
+            f"{val_name!r} ({theirs}) differ; both splits need the same ClassLabel names"
+        )
 
 
 def _targets(cfg, raw: np.ndarray, class_to_idx: dict[str, int], split: str) -> np.ndarray:
@@ -195,20 +214,27 @@ def build_hf_splits(cfg) -> Splits:
         )
     loaded = _load_hub(cfg) if name else _load_saved(cfg)
     train_name, train, val_name, val = _pick_splits(cfg, loaded)
-    column = _image_column(cfg, train)
+    column = _image_column(cfg, train, train_name)
     parts = [(train_name, train)] + ([(val_name, val)] if val is not None else [])
     raw = [_raw_labels(cfg, ds, split) for split, ds in parts]
     class_to_idx = _class_to_idx(cfg, train, raw)
-    datasets_out = []
-    for (split, ds), labels in zip(parts, raw, strict=True):
-        if column not in ds.column_names:
-            raise DataError(
-                f"data.image_column={column!r} is not a column of split {split!r}; its columns: {ds.column_names}"
-            )
-        datasets_out.append(HFImages(ds, column, _targets(cfg, labels, class_to_idx, split), _split_root(ds, split)[1]))
+    if val is not None:
+        _check_same_classes(cfg, train, val, val_name)
+    made = [
+        _images(cfg, ds, split, column, labels, class_to_idx) for (split, ds), labels in zip(parts, raw, strict=True)
+    ]
     # Splits.root, where the GPU loader keeps decoded splits by default: data.path itself, or the Hub dataset's
     # folder in the datasets cache (beside its Arrow files).
     root = Path(str(path)).expanduser().resolve() if path else _split_root(train, train_name)[0]
-    # A lone training set (no val split): `build_splits` applies data.holdout next, which replaces this None.
-    val_out = datasets_out[1] if val is not None else None
-    return Splits(datasets_out[0], val_out, class_to_idx, root=root, val_name=val_name or "val")  # type: ignore[arg-type]
+    # No val split (a lone Dataset, or none of validation/val/test): `build_splits` applies data.holdout next,
+    # which sets the validation split in place of this None.
+    val_images = made[1] if val is not None else None
+    return Splits(made[0], val_images, class_to_idx, root=root, val_name=val_name or "val")  # type: ignore[arg-type]
+
+
+def _images(cfg, dataset, split: str, column: str, labels: np.ndarray, class_to_idx: dict[str, int]) -> HFImages:
+    if column not in dataset.column_names:
+        raise DataError(
+            f"data.image_column={column!r} is not a column of split {split!r}; its columns: {dataset.column_names}"
+        )
+    return HFImages(dataset, column, _targets(cfg, labels, class_to_idx, split), _split_root(dataset, split)[1])
