@@ -99,6 +99,15 @@ def test_custom_columns_and_integer_labels(tmp_path):
     assert splits.val_name == "check" and splits.val[2][1] == 2 and splits.val[2][0].mode == "RGB"
 
 
+def test_string_labels_are_numbered_in_sorted_order(tmp_path):
+    path = tmp_path / "named"
+    rows = {"image": images(4, 0), "label": ["owl", "bee", "owl", "cat"]}
+    Dataset.from_dict(rows, features=Features({"image": Image(), "label": Value("string")})).save_to_disk(str(path))
+    splits = build_splits(hf(path=str(path), holdout=1))
+    assert splits.class_to_idx == {"bee": 0, "cat": 1, "owl": 2}
+    assert sorted([*splits.train.targets.tolist(), *splits.val.targets.tolist()]) == [0, 1, 2, 2]
+
+
 def test_img_column_is_used_when_image_is_missing(tmp_path):
     path = tmp_path / "cifar-like"
     DatasetDict(train=split(6, 0, image="img"), validation=split(3, 1, image="img")).save_to_disk(str(path))
@@ -134,6 +143,12 @@ def unlabelled_test(tmp_path):
     return path
 
 
+def other_classes_test(tmp_path):
+    path = tmp_path / "other-classes"
+    DatasetDict(train=split(6, 0), test=split(3, 1, names=["ant", "bee", "cow"])).save_to_disk(str(path))
+    return path
+
+
 @pytest.mark.parametrize(
     ("keys", "message"),
     [
@@ -155,11 +170,13 @@ def unlabelled_test(tmp_path):
         ),
         ({"path": "{saved}", "val_split": "dev"}, "data.val_split='dev' is not a split"),
         ({"path": "{unlabelled}"}, "3 of the 3 rows of split 'test' have no label"),
+        ({"path": "{other}"}, "the class labels of the training split (ClassLabel(names=['cat', 'dog', 'frog']))"),
         ({"dataset_name": "someone/no-such-set", "cache_dir": "{tmp}/hub"}, "not in the datasets cache {tmp}/hub"),
     ],
 )
 def test_bad_input_is_one_line_naming_it(keys, message, saved, tmp_path):
     where = {"tmp": str(tmp_path), "saved": str(saved), "unlabelled": str(unlabelled_test(tmp_path))}
+    where["other"] = str(other_classes_test(tmp_path))
     keys = {k: v.format(**where) for k, v in keys.items()}
     with pytest.raises(DataError) as err:
         build_splits(hf(**keys))
