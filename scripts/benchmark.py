@@ -75,10 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run_e2e(args: argparse.Namespace) -> int:
     import tempfile
 
-    from hydra import compose, initialize_config_dir
-
     from vit.analysis.e2e import e2e_markdown, end_to_end
-    from vit.cli import CONFIG_DIR, check_group_choices, check_override_keys
+    from vit.args import UsageError, compose
+    from vit.cli import check_group_choices, check_override_keys
     from vit.data import DataError
     from vit.train import ConfigError
     from vit.train.checkpoint import OutputError
@@ -92,12 +91,10 @@ def run_e2e(args: argparse.Namespace) -> int:
     overrides = [*defaults, *args.overrides]  # the user's come last and win
     check_group_choices(overrides)
     check_override_keys(overrides)
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
     out = args.e2e_dir or Path(tempfile.mkdtemp(prefix="vit-e2e-"))
     try:
-        result = end_to_end(cfg, out)
-    except (ConfigError, DataError, OutputError) as err:  # bad settings: one line, as train.py says them
+        result = end_to_end(compose(overrides), out)
+    except (UsageError, ConfigError, DataError, OutputError) as err:  # bad settings: one line, as train.py says them
         print(f"error: {err}")
         return 2
     table = e2e_markdown(result, " ".join(args.overrides) or "defaults")

@@ -1,43 +1,32 @@
-"""Parameters and FLOPs per component of a configured model, the seeds' formula beside the measured count,
-and FLOPs against image size.
+"""Parameters and FLOPs per component of a configured model, the multiply-adds of each self-attention layer
+(4·N·C² + 2·N²·C for N tokens of width C) beside the measured count, and FLOPs against image size.
 
-    python scripts/complexity.py model=vit_tiny [model.img_size=64] [data=imagefolder] [out=complexity.png]
+usage: python scripts/complexity.py [<config override> ...] [out=complexity.png]
 
-`model=`/`data=` and `model.<key>=` overrides compose the real configs in configs/ (like train.py). The formula
-column is `vit.models.complexity` (each layer's multiply-adds from its token count and width); the measured
+Any override train.py takes (`model=`, `data=`, `model.<key>=`, ...) composes the real configs in configs/.
+The formula column is `vit.models.complexity` (each layer's multiply-adds from its token count and width); the measured
 column is `torch.utils.flop_counter` on a forward pass with attention on the math path, so Q·Kᵀ and attn·V are
-real matmuls it can see (the fused SDPA kernel of the CPU is invisible to it).
+real matmuls it can see (the fused SDPA kernel of the CPU is invisible to it). Prints the tables and writes
+`out=` (a PNG of FLOPs against image size).
+
+Example:
+
+    python scripts/complexity.py model=vit_tiny model.img_size=64 out=complexity.png
 """
 
 from __future__ import annotations
 
 import sys
 from collections import Counter
-from pathlib import Path
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from vit.analysis.figures import flops_vs_size_figure
-from vit.analysis.inputs import UsageError, run_script
+from vit.args import UsageError, compose, run_script
 from vit.models import Attention, complexity
 from vit.models.complexity import _component  # the grouping of the formula table, reused for params
 from vit.train.config import build_model_from_config
-
-CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
-
-
-def compose(overrides: list[str]):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-            return hydra_compose(config_name="config", overrides=overrides)
-    except (HydraException, OmegaConfBaseException) as err:
-        raise UsageError(str(err).splitlines()[0]) from err
 
 
 def image_shape(model) -> tuple[int, int]:
@@ -118,30 +107,16 @@ def crossover_size(sizes, linear, quadratic) -> float | None:
     return None
 
 
-def main(argv: list[str]) -> int:
-    out = "complexity.png"
-    overrides = []
-    for arg in argv:
-        if arg.startswith("out="):
-            out = arg[4:]
-        elif "=" not in arg:
-            raise UsageError(f"argument {arg!r} must look like key=value")
-        else:
-            overrides.append(arg)
-    cfg = compose(overrides)
-    num_classes = cfg.data.num_classes or 1000
-    model = build_model_from_config(cfg.model, num_classes=num_classes)
-    height, width = image_shape(model)
+def component_table(cfg, model, measured_total: int, measured: dict[str, int]) -> None:
+    """Parameters and FLOPs of each component: the formula's count beside torch's."""
     cost = complexity(model)
-    measured_total, measured = measured_flops(model)
-    roots = component_roots(model)
-
+    height, width = image_shape(model)
     # Parameters of each component; cls token, position table and norms outside the components go to "other".
     params = Counter()
     for name, param in model.named_parameters():
         params[_component(name.rpartition(".")[0] or name)] += param.numel()
     measured_by = Counter()
-    for name, component in roots.items():
+    for name, component in component_roots(model).items():
         measured_by[component] += measured.get(name, 0)
 
     print(
@@ -158,9 +133,12 @@ def main(argv: list[str]) -> int:
     print(f"{'other':<16}{other / 1e6:>11.3f}{'-':>16}{'-':>17}{'':>8}  ({rest})")
     print(f"{'total':<16}{cost.params / 1e6:>11.3f}{cost.flops / 1e9:>16.4f}{measured_total / 1e9:>17.4f}")
 
-    # The seeds' formula for one self-attention layer, layer by layer shape, beside torch's count of those layers.
+
+def attention_table(model, measured: dict[str, int]) -> None:
+    """The multiply-adds of one self-attention layer, 4·N·C² + 2·N²·C, for each layer shape of the model,
+    beside torch's count of those layers."""
     layers = attention_layers(model)
-    print("\nself-attention, seeds' formula 4·N·C² + 2·N²·C (MACs; FLOPs = 2 × MACs):")
+    print("\nself-attention, 4·N·C² + 2·N²·C multiply-adds per layer (MACs; FLOPs = 2 × MACs):")
     for (n, dim, chan), count in Counter((n, d, c) for _, n, d, c in layers).items():
         # A T2T token stage changes the width (dim -> C), so its projections are N·dim·3C + N·C², not 4·N·C².
         shape, linear_name = (f"C={chan}", "4·N·C²") if dim == chan else (f"dim={dim}, C={chan}", "N·dim·3C + N·C²")
@@ -174,9 +152,13 @@ def main(argv: list[str]) -> int:
     counted = sum(measured.get(name, 0) for name, *_ in layers)
     print(f"  all layers: formula {formula / 1e9:.4f} GFLOPs, measured {counted / 1e9:.4f} GFLOPs")
 
+
+def size_sweep(cfg, num_classes: int, width: int) -> tuple[list[int], list[int], list[int]]:
+    """(image sides, FLOPs linear in N, FLOPs of the N² attention terms) from half to 8x the configured side."""
     patch = int(cfg.model.get("patch_size") or 16)
-    base = width
-    sizes = sorted({s for s in (base // 2, base, 2 * base, 3 * base, 4 * base, 6 * base, 8 * base) if s % patch == 0})
+    sizes = sorted(
+        {s for s in (width // 2, width, 2 * width, 3 * width, 4 * width, 6 * width, 8 * width) if s % patch == 0}
+    )
     kept, lin_flops, quad_flops = [], [], []
     for size in sizes:
         try:
@@ -190,6 +172,22 @@ def main(argv: list[str]) -> int:
         kept.append(size)
         lin_flops.append(2 * (complexity(sized).macs - q))
         quad_flops.append(2 * q)
+    return kept, lin_flops, quad_flops
+
+
+def main(argv: list[str]) -> int:
+    bad = [arg for arg in argv if "=" not in arg]
+    if bad:
+        raise UsageError(f"argument {bad[0]!r} must look like key=value")
+    out = ([arg[len("out=") :] for arg in argv if arg.startswith("out=")] or ["complexity.png"])[-1]
+    cfg = compose([arg for arg in argv if not arg.startswith("out=")])
+    num_classes = cfg.data.num_classes or 1000
+    model = build_model_from_config(cfg.model, num_classes=num_classes)
+    measured_total, measured = measured_flops(model)
+    component_table(cfg, model, measured_total, measured)
+    attention_table(model, measured)
+
+    kept, lin_flops, quad_flops = size_sweep(cfg, num_classes, image_shape(model)[1])
     cross = crossover_size(kept, lin_flops, quad_flops)
     where = f"at about {cross:.0f} px" if cross else f"not within {kept[0]}-{kept[-1]} px"
     print(f"\nthe N² attention term overtakes everything linear in N {where}")
@@ -200,4 +198,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_script(main))
+    sys.exit(run_script(main, usage=__doc__))

@@ -1,9 +1,9 @@
 """Export a trained model to ONNX, TorchScript or a torch.export program, checked against PyTorch.
 
-    python scripts/export.py checkpoint=<best.pt> [format=onnx|torchscript|exported-program] [output=<path>]
-        [batch=dynamic|<n>] [ema=false] [image=<file, folder or a,b,c>] [atol=1e-4]
-    python scripts/export.py model=<name> model.pretrained=<timm:name | file> [data=imagefolder]
-        [preprocess=data|timm:<name>] output=<path> ...
+usage: python scripts/export.py checkpoint=<best.pt> [format=onnx|torchscript|exported-program] [output=<path>]
+           [batch=dynamic|<n>] [ema=false] [image=<file, folder or a,b,c>] [atol=1e-4]
+       python scripts/export.py model=<name> model.pretrained=<timm:name | file> [data=imagefolder]
+           [preprocess=data|timm:<name>] output=<path> ...
 
 `output` defaults to a file beside the checkpoint (best.onnx, best.torchscript.pt, best.pt2); beside it goes
 `<output>.json` with the preprocessing (image size, resize, interpolation, mean, std), the class names, the
@@ -12,6 +12,10 @@ one. The exported file is run on a batch of images (`image=`, else the first ima
 validation split, else generated ones) and its logits compared with the PyTorch model's: ONNX through
 onnxruntime, the others through PyTorch; a max |diff| above `atol` fails the command (exit 1) and keeps nothing.
 ONNX needs the optional extra: pip install -e '.[export]'.
+
+Example:
+
+    python scripts/export.py checkpoint=outputs/<date>/<time>/checkpoints/best.pt format=onnx batch=dynamic
 """
 
 from __future__ import annotations

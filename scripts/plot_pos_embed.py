@@ -1,9 +1,14 @@
 """Position-embedding similarity, the grid-of-grids figure of the ViT paper.
 
-    python scripts/plot_pos_embed.py checkpoint=<path> [out=pos_embed.png]
+usage: python scripts/plot_pos_embed.py checkpoint=<path> [out=pos_embed.png]
 
 Left: the checkpoint's embeddings (learned or sinusoidal); right: the fixed sinusoid table of the same shape,
 for comparison. Each small map shows how similar one patch position's embedding is to every other.
+`checkpoint` is a checkpoint of the trainer (best.pt, last.pt); `out` the PNG to write.
+
+Example:
+
+    python scripts/plot_pos_embed.py checkpoint=outputs/<date>/<time>/best.pt out=pos_embed.png
 """
 
 from __future__ import annotations
@@ -11,8 +16,9 @@ from __future__ import annotations
 import sys
 
 from vit.analysis.figures import pos_embed_similarity_figure
-from vit.analysis.inputs import load_model, parse_args, run_script
+from vit.analysis.inputs import load_model
 from vit.analysis.pos_embed import position_similarity
+from vit.args import parse_args, run_script
 from vit.models import sinusoid_table
 
 
@@ -31,4 +37,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_script(main))
+    sys.exit(run_script(main, usage=__doc__))

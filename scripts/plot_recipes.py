@@ -1,5 +1,7 @@
-"""Compare training recipes: `python scripts/plot_recipes.py <run or multirun folder> [<more> ...] [out=<folder>]
-[anchor=<seconds>:<top1>[:<label>] ...] [goal=<seconds>:<top1>[:<label>] ...]`.
+"""Compare training recipes.
+
+usage: python scripts/plot_recipes.py <run or multirun folder> [<more> ...] [out=<folder>]
+    [anchor=<seconds>:<top1>[:<label>] ...] [goal=<seconds>:<top1>[:<label>] ...]
 
 Finds every finished run below the folders (metrics.json next to .hydra/config.yaml), groups them into recipes by
 their `experiment=` override (split further by any other override that differs, never by `trainer.seed`), and
@@ -12,7 +14,8 @@ writes into `out=` (default: the folder, when one is given; required with severa
 - recipes.png: top-1 against wall-clock seconds (log scale): each run's per-epoch validation curve, its final
   test top-1 as a dot, one colour per recipe.
 
-`anchor=` and `goal=` may be given any number of times; the label may contain colons and spaces (quote it):
+`anchor=` and `goal=` may be given any number of times; the label may contain colons and spaces (quote it).
+Example:
 
     python scripts/plot_recipes.py multirun/2025-01-01/10-00-00 outputs/plain out=docs/figures \\
         anchor=326:81.4:"plain pipeline (timm + torchvision)" goal=65:81.4 goal=300:90 goal=1800:94
@@ -26,11 +29,11 @@ import sys
 from pathlib import Path
 
 from vit.analysis.figures import recipes_figure
-from vit.analysis.inputs import UsageError, parse_args, run_script
 from vit.analysis.recipes import CAPTION, find_runs, group_recipes, parse_point, recipes_markdown
+from vit.args import UsageError, parse_args, run_script
 
 USAGE = (
-    "usage: plot_recipes.py <run or multirun folder> [<more> ...] [out=<folder>] "
+    "usage: python scripts/plot_recipes.py <run or multirun folder> [<more> ...] [out=<folder>] "
     "[anchor=<seconds>:<top1>[:<label>] ...] [goal=<seconds>:<top1>[:<label>] ...]"
 )
 POINT_KEYS = ("anchor", "goal")
@@ -70,4 +73,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_script(main))
+    sys.exit(run_script(main, usage=__doc__))

@@ -1,12 +1,16 @@
 """Top-5 predictions of a trained model with class names and probabilities.
 
-    python scripts/predict.py checkpoint=<path> image=<file, folder or a.jpg,b.png> [json=<path> | json=-]
-        [top=5] [ema=false]
+usage: python scripts/predict.py checkpoint=<path> image=<file, folder or a.jpg,b.png> [json=<path> | json=-]
+    [top=5] [ema=false]
 
 `checkpoint` is a checkpoint of the trainer (best.pt, last.pt) or an exported ONNX file (best.onnx, with the
 best.onnx.json that scripts/export.py writes beside it); an ONNX file runs through onnxruntime with the
 preprocessing and class names of its side JSON, without the model code. Prints one line per image;
 `json=<path>` also writes them as JSON, `json=-` prints the JSON instead of the lines.
+
+Example:
+
+    python scripts/predict.py checkpoint=outputs/<date>/<time>/best.pt image=cifar10/test/cat top=3
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vit.analysis.inputs import UsageError, image_paths, load_images, load_model, parse_args, run_script
+from vit.analysis.inputs import image_paths, load_images, load_model
+from vit.args import UsageError, parse_args, run_script
 
 
 def probabilities(checkpoint: str, spec: str, use_ema: bool) -> tuple[list[Path], np.ndarray, list[str]]:
@@ -70,7 +75,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    if any(a in ("-h", "--help") for a in sys.argv[1:]):
-        print(__doc__.strip())
-        sys.exit(0)
-    sys.exit(run_script(main))
+    sys.exit(run_script(main, usage=__doc__))

@@ -1,10 +1,17 @@
-"""Summarise a Hydra multirun: `python scripts/summarize_runs.py multirun/<date>/<time> [out=<folder>]`.
+"""Summarise a Hydra multirun.
+
+usage: python scripts/summarize_runs.py <multirun folder> [out=<folder>]
 
 Writes summary.md (one row per run: swept knobs, params, FLOPs, img/s, final/best val top-1, the EMA's and the
 test split's top-1 where runs have them, wall time; when `trainer.seed` is swept too, each setting's mean and
 min-max over the seeds; a screen of more than three unrelated knobs gets one "overrides" column) and summary.png
 (val top-1 against the swept knob; for a screen, each setting's seeds in a row) into the multirun folder (or
 `out=`), and prints the table.
+
+Example:
+
+    python train.py -m model=vit_tiny model.lsa=false,true trainer.seed=0,1
+    python scripts/summarize_runs.py multirun/<date>/<time>
 """
 
 from __future__ import annotations
@@ -13,7 +20,6 @@ import sys
 from pathlib import Path
 
 from vit.analysis.figures import screen_figure, sweep_figure
-from vit.analysis.inputs import UsageError, parse_args, run_script
 from vit.analysis.runs import (
     SEED_KEY,
     markdown_table,
@@ -24,11 +30,12 @@ from vit.analysis.runs import (
     summary_rows,
     swept_keys,
 )
+from vit.args import UsageError, parse_args, run_script
 
 
 def main(argv: list[str]) -> int:
     if not argv or "=" in argv[0]:
-        raise UsageError("usage: summarize_runs.py <multirun folder> [out=<folder>]")
+        raise UsageError("usage: python scripts/summarize_runs.py <multirun folder> [out=<folder>]")
     sweep_dir = Path(argv[0])
     options = parse_args(argv[1:], {"out": None})
     records = read_runs(sweep_dir)
@@ -53,4 +60,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_script(main))
+    sys.exit(run_script(main, usage=__doc__))

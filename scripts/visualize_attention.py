@@ -1,20 +1,26 @@
 """Attention maps of a trained model over images.
 
-    python scripts/visualize_attention.py checkpoint=<path> image=<file or dir> [layer=-1] [out=attention.png]
-        [max_images=4] [ema=false]
+usage: python scripts/visualize_attention.py checkpoint=<path> image=<file or dir> [layer=-1]
+    [out=attention.png] [max_images=4] [ema=false]
 
 A PNG grid: the input, the cls-token attention of every head of `layer` upsampled over the image, and the
 attention rollout over all layers (Abnar & Zuidema 2020); for a T2T-ViT with transformer tokens also the
-attention each token receives in the first T2T stage.
+attention each token receives in the first T2T stage. `layer` counts from 0 (negative: from the last), `ema=true`
+draws the checkpoint's EMA weights, `max_images` caps the images read from a folder.
+
+Example:
+
+    python scripts/visualize_attention.py checkpoint=outputs/<date>/<time>/best.pt image=cifar10/test/cat \
+        layer=-1 max_images=4 out=attention.png
 """
 
 from __future__ import annotations
 
 import sys
 
-from vit.analysis.attention_maps import attention_views
-from vit.analysis.figures import attention_grid_figure
-from vit.analysis.inputs import UsageError, denormalise, load_images, load_model, parse_args, run_script
+from vit.analysis.inputs import denormalise, load_images, load_model
+from vit.args import UsageError, parse_args, run_script
+from vit.train.figures import attention_grid_figure, attention_views
 
 ARGS = {"checkpoint": None, "image": None, "layer": "-1", "out": "attention.png", "max_images": "4", "ema": "false"}
 
@@ -47,4 +53,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_script(main))
+    sys.exit(run_script(main, usage=__doc__))

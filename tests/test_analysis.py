@@ -12,12 +12,14 @@ import yaml
 from PIL import Image
 
 from vit.analysis import figures
-from vit.analysis.attention_maps import attention_views, cls_attention, rollout, upsample
-from vit.analysis.inputs import UsageError, denormalise, image_paths, load_images, load_model
+from vit.analysis.inputs import denormalise, image_paths, load_images, load_model
 from vit.analysis.pos_embed import position_similarity
 from vit.analysis.runs import knob_value, markdown_table, read_runs, summary_rows, swept_keys
+from vit.args import UsageError
 from vit.models import Attention, create_model, sinusoid_table
+from vit.train import figures as train_figures
 from vit.train.checkpoint import CheckpointError
+from vit.train.figures import attention_views, cls_attention, rollout, upsample
 
 DATA_CFG = {"name": "cifar10", "img_size": 32, "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}
 MODEL_CFG = {
@@ -213,11 +215,11 @@ def test_read_runs_of_a_missing_folder_says_so(tmp_path):
 
 def test_confusion_matrix_figure(tmp_path):
     matrix = np.array([[8, 1, 1], [0, 10, 0], [0, 0, 0]])  # the last class has no examples: no division by 0
-    out = figures.confusion_matrix_figure(matrix, ["cat", "dog", "ship"], tmp_path / "sub" / "cm.png")
+    out = train_figures.confusion_matrix_figure(matrix, ["cat", "dog", "ship"], tmp_path / "sub" / "cm.png")
     assert out == tmp_path / "sub" / "cm.png"
     assert_png(out)
     many = np.random.default_rng(0).integers(0, 20, (30, 30))  # no numbers in the cells beyond 20 classes
-    assert_png(figures.confusion_matrix_figure(many, [f"c{i}" for i in range(30)], tmp_path / "cm30.png"))
+    assert_png(train_figures.confusion_matrix_figure(many, [f"c{i}" for i in range(30)], tmp_path / "cm30.png"))
 
 
 def test_position_and_complexity_figures(tmp_path):
@@ -231,8 +233,8 @@ def test_position_and_complexity_figures(tmp_path):
 def test_attention_grid_figure_has_a_column_per_panel(tmp_path):
     images = torch.rand(2, 3, 32, 32)
     heads, roll = torch.rand(2, 3, 32, 32), torch.rand(2, 1, 32, 32)
-    narrow = figures.attention_grid_figure(images, heads, roll, tmp_path / "a.png")
-    wide = figures.attention_grid_figure(images, heads, roll, tmp_path / "b.png", token_maps=roll)
+    narrow = train_figures.attention_grid_figure(images, heads, roll, tmp_path / "a.png")
+    wide = train_figures.attention_grid_figure(images, heads, roll, tmp_path / "b.png", token_maps=roll)
     assert_png(narrow) and assert_png(wide)
     with Image.open(narrow) as a, Image.open(wide) as b:
         assert b.size[0] > a.size[0] * 1.1  # input + 3 heads + rollout, then + T2T stage

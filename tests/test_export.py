@@ -184,7 +184,7 @@ def test_predict_with_the_onnx_file_gives_the_checkpoints_top1(checkpoints, tmp_
     checkpoint, images = checkpoints["vit_tiny_224"]
     onnx_path = tmp_path / "model.onnx"
     assert export([f"checkpoint={checkpoint}", f"image={images}", f"output={onnx_path}"]) == 0
-    from vit.analysis.inputs import run_script
+    from vit.args import run_script
 
     tops = {}
     for which, source in (("ckpt", checkpoint), ("onnx", onnx_path)):
@@ -284,7 +284,7 @@ def test_the_default_output_sits_beside_the_weights(weights, fmt, expected):
 
 
 def test_predict_with_an_onnx_file_needs_the_export_extra(checkpoints, monkeypatch, capsys):
-    from vit.analysis.inputs import run_script
+    from vit.args import run_script
 
     checkpoint, images = checkpoints["vit_tiny_cifar"]
     monkeypatch.setitem(sys.modules, "onnxruntime", None)

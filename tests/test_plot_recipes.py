@@ -14,8 +14,8 @@ from PIL import Image
 from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, run_cli
 
 from vit.analysis import figures
-from vit.analysis.inputs import run_script
 from vit.analysis.recipes import find_runs, group_recipes, parse_point
+from vit.args import run_script
 
 
 def _script():
@@ -283,7 +283,7 @@ def test_points_parse_with_labels_holding_colons():
         (["{tmp}/run", "goal=inf:80"], "goal='inf:80'"),
         (["{tmp}/run", "colour=red"], "unknown argument 'colour'"),
         (["{tmp}/run", "{tmp}/run"], "with 2 folders, say where to write: out=<folder>"),
-        (["out={tmp}"], "usage: plot_recipes.py <run or multirun folder>"),
+        (["out={tmp}"], "usage: python scripts/plot_recipes.py <run or multirun folder>"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys, args, needle):

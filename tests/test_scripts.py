@@ -11,9 +11,9 @@ import torch
 from PIL import Image
 from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, compose_config, run_cli
 
-from vit.analysis.attention_maps import rollout
-from vit.analysis.inputs import run_script
+from vit.args import run_script
 from vit.train import run
+from vit.train.figures import rollout
 
 
 def _script(name):

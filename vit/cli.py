@@ -1,13 +1,19 @@
-"""Console entry points: `vit-train` (same as `python train.py`) and `vit-eval` (scripts/evaluate.py)."""
+"""Console entry points: `vit-train` (same as `python train.py`) and `vit-eval` (scripts/evaluate.py).
+
+Before Hydra runs the training, the command line is checked here so that every bad setting (an unknown group
+choice or key, an override that does not parse, an output folder that cannot be made) is one line on stderr and
+exit code 2, as the trainer's own errors are; Hydra would stop with exit code 1 and a longer message.
+"""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
 from pathlib import Path
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
+from vit.args import CONFIG_DIR, UsageError, compose
 
 
 def _fail(kind: str, err: Exception) -> None:
@@ -81,19 +87,36 @@ def dotted_keys(node, prefix: str = "") -> list[str]:
 MAX_SWEEP_COMPOSITIONS = 32  # a sweep over more group combinations is checked one group at a time
 
 
+def hydra_flags_parser() -> argparse.ArgumentParser:
+    """The flags a Hydra app takes (Hydra 1.3's command line), to find the overrides among them; Hydra itself
+    parses the command line again when it runs."""
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    for flag in ("--help/-h", "--hydra-help", "--version", "--resolve", "--run/-r", "--multirun/-m"):
+        parser.add_argument(*flag.split("/"), action="store_true")
+    parser.add_argument("--shell-completion", "-sc", action="store_true")
+    parser.add_argument("--cfg", "-c", choices=["job", "hydra", "all"])
+    parser.add_argument("--info", "-i", nargs="?", const="all")
+    for flag in ("--package/-p", "--config-path/-cp", "--config-name/-cn", "--config-dir/-cd"):
+        parser.add_argument(*flag.split("/"))
+    parser.add_argument("--experimental-rerun")
+    parser.add_argument("overrides", nargs="*")
+    return parser
+
+
 def parse_command_line(args: list[str]):
     """The command line as Hydra reads it: (flags, overrides), or None where Hydra itself refuses it (it then says
-    why) or where the config comes from elsewhere (--config-path, --config-dir) or nothing runs (--help, --info)."""
+    why) or where the config comes from elsewhere (--config-path, --config-dir) or nothing runs (--help, --info,
+    --version)."""
     import contextlib
     import io
 
-    from hydra._internal.utils import get_args_parser
-
     try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            flags = get_args_parser().parse_args(args)
-    except SystemExit:
+        with contextlib.redirect_stderr(io.StringIO()):  # Hydra says what is wrong when it parses them
+            flags, unknown = hydra_flags_parser().parse_known_args(args)
+    except (argparse.ArgumentError, SystemExit):
         return None
+    if unknown or flags.version:
+        return None  # a flag Hydra does not know: Hydra says so
     if flags.config_path or flags.config_dir or flags.help or flags.hydra_help or flags.shell_completion:
         return None
     if flags.info is not None or flags.experimental_rerun is not None:
@@ -179,7 +202,6 @@ def check_override_keys(args: list[str]) -> None:
     the nearest existing key. The config is composed with the command line's group choices (every combination of
     a sweep's, as each of its jobs must take the key) so an experiment's or a model's own keys count. `+key=` must
     be new and `~key` must exist, as Hydra requires; `++key=`, hydra.* and `key@package` are left to Hydra."""
-    from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.types import OverrideType
     from omegaconf import OmegaConf
 
@@ -200,28 +222,27 @@ def check_override_keys(args: list[str]) -> None:
     if not compositions:
         return
     absent = object()
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name="check"):
-        for choices in compositions:
-            try:
-                cfg = compose(config_name=flags.config_name or "config", overrides=choices)
-            except Exception:
-                return  # a composition Hydra refuses: it says why itself
-            known = dotted_keys(cfg)
-            where = f" in the sweep's run with {' '.join(choices)}" if len(compositions) > 1 else ""
-            for override in keys:
-                key = override.key_or_group
-                exists = (
-                    key in known
-                    or OmegaConf.select(cfg, key, default=absent, throw_on_resolution_failure=False) is not absent
-                )
-                if override.type == OverrideType.ADD and exists:
-                    _exit_config_error(f"{key} already exists{where}: set it with {key}=... (+ adds new keys only)")
-                if exists or override.type not in (OverrideType.CHANGE, OverrideType.DEL):
-                    continue
-                close = nearest_key(key, known)
-                hint = f"; did you mean {close}?" if close else ""
-                new = "" if where or override.type == OverrideType.DEL else f" (a new key would be +{key}=...)"
-                _exit_config_error(f"unknown key {key}{hint}{where}{new}")
+    for choices in compositions:
+        try:
+            cfg = compose(choices, config_name=flags.config_name or "config")
+        except UsageError:
+            return  # a composition Hydra refuses: it says why itself
+        known = dotted_keys(cfg)
+        where = f" in the sweep's run with {' '.join(choices)}" if len(compositions) > 1 else ""
+        for override in keys:
+            key = override.key_or_group
+            exists = (
+                key in known
+                or OmegaConf.select(cfg, key, default=absent, throw_on_resolution_failure=False) is not absent
+            )
+            if override.type == OverrideType.ADD and exists:
+                _exit_config_error(f"{key} already exists{where}: set it with {key}=... (+ adds new keys only)")
+            if exists or override.type not in (OverrideType.CHANGE, OverrideType.DEL):
+                continue
+            close = nearest_key(key, known)
+            hint = f"; did you mean {close}?" if close else ""
+            new = "" if where or override.type == OverrideType.DEL else f" (a new key would be +{key}=...)"
+            _exit_config_error(f"unknown key {key}{hint}{where}{new}")
 
 
 def check_output_dir(args: list[str]) -> None:

@@ -1,4 +1,5 @@
-"""Figures written as small PNGs (matplotlib, Agg backend)."""
+"""Figures of the analysis scripts, written as small PNGs (matplotlib, Agg backend). The trainer's own figures
+(attention grid, confusion matrix) and `save` are in vit/train/figures.py."""
 
 from __future__ import annotations
 
@@ -10,31 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-
-def confusion_matrix_figure(matrix: np.ndarray, class_names: list[str], path: Path) -> Path:
-    """Row-normalised confusion matrix (rows: true class, columns: predicted), with counts in the cells."""
-    matrix = np.asarray(matrix)
-    rates = matrix / np.clip(matrix.sum(axis=1, keepdims=True), 1, None)
-    size = max(4.0, 0.45 * len(class_names) + 2)
-    fig, ax = plt.subplots(figsize=(size, size * 0.9), dpi=100)
-    image = ax.imshow(rates, cmap="Blues", vmin=0, vmax=1)
-    ax.set_xticks(range(len(class_names)), class_names, rotation=60, ha="right", fontsize=8)
-    ax.set_yticks(range(len(class_names)), class_names, fontsize=8)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("true")
-    if len(class_names) <= 20:
-        for i in range(len(class_names)):
-            for j in range(len(class_names)):
-                colour = "white" if rates[i, j] > 0.5 else "black"
-                ax.text(j, i, int(matrix[i, j]), ha="center", va="center", fontsize=7, color=colour)
-    fig.colorbar(image, ax=ax, fraction=0.046)
-    ax.set_title(f"top-1 {100 * np.trace(matrix) / max(matrix.sum(), 1):.2f}%")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+from vit.train.figures import save  # noqa: E402
 
 
 def sweep_figure(records, knobs: list[str], path: Path) -> Path:
@@ -98,46 +75,6 @@ def screen_figure(settings: list[tuple[str, list[float]]], path: Path, xlabel: s
     ax.invert_yaxis()  # the baseline on top, in the table's order
     ax.set_xlabel(xlabel)
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    return save(fig, path)
-
-
-def save(fig, path):
-    """Write `fig` to a path, or into a binary buffer (for TensorBoard), and close it."""
-    if hasattr(path, "write"):
-        fig.savefig(path, format="png")
-        plt.close(fig)
-        return path
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
-def attention_grid_figure(images, head_maps, rollout_maps, path: Path, titles=None, token_maps=None) -> Path:
-    """Rows: images. Columns: input | cls attention of each head of the chosen layer | rollout over all layers
-    [| first T2T token-attention stage]. images (B, 3, H, W) in [0, 1]; maps (B, k, H, W) in [0, 1]."""
-    batch, heads = head_maps.shape[:2]
-    extra = 1 if token_maps is not None else 0
-    cols = 2 + heads + extra
-    fig, axes = plt.subplots(batch, cols, figsize=(1.6 * cols, 1.7 * batch), dpi=100, squeeze=False)
-    for b in range(batch):
-        picture = images[b].permute(1, 2, 0).numpy()
-        panels = [("input", None)] + [(f"head {h + 1}", head_maps[b, h]) for h in range(heads)]
-        panels.append(("rollout", rollout_maps[b, 0]))
-        if token_maps is not None:
-            panels.append(("T2T stage 1", token_maps[b, 0]))
-        for c, (name, heat) in enumerate(panels):
-            ax = axes[b, c]
-            ax.imshow(picture)
-            if heat is not None:
-                ax.imshow(heat.numpy(), cmap="inferno", alpha=0.6)
-            ax.set_axis_off()
-            if b == 0:
-                ax.set_title(name, fontsize=8)
-        if titles:
-            axes[b, 0].set_title(titles[b], fontsize=7)
     fig.tight_layout()
     return save(fig, path)
 

@@ -1,48 +1,17 @@
-"""What the analysis scripts read: `key=value` arguments, checkpoints (model + config + classes), images."""
+"""What the analysis scripts read: checkpoints (model + config + classes) and images. Their `key=value`
+arguments and `--help` are vit/args.py's."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 from torch import nn
 
+from vit.args import UsageError
+
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
-
-
-class UsageError(ValueError):
-    """A bad script argument: the script prints it as one line and exits with code 2."""
-
-
-def parse_args(argv: list[str], known: dict[str, object], required: tuple[str, ...] = ()) -> dict:
-    """`key=value` arguments (Hydra style) with defaults from `known`; unknown keys and missing ones fail."""
-    values = dict(known)
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep:
-            raise UsageError(f"argument {arg!r} must look like key=value")
-        if key not in known:
-            raise UsageError(f"unknown argument {key!r}; known: {', '.join(known)}")
-        values[key] = value
-    missing = [k for k in required if values.get(k) in (None, "")]
-    if missing:
-        raise UsageError(f"{missing[0]}=<...> is required")
-    return values
-
-
-def run_script(main, argv: list[str] | None = None) -> int:
-    """Call `main(argv)`; a UsageError (or a missing file) becomes one line on stderr and exit code 2."""
-    from vit.data import DataError
-    from vit.train.checkpoint import CheckpointError
-    from vit.train.config import ConfigError
-
-    try:
-        return main(sys.argv[1:] if argv is None else argv) or 0
-    except (UsageError, CheckpointError, ConfigError, DataError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
 
 
 def load_model(checkpoint: str | Path, use_ema: bool = False) -> tuple[nn.Module, dict, dict[str, int]]:

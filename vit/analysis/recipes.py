@@ -21,8 +21,8 @@ from pathlib import Path
 
 import yaml
 
-from vit.analysis.inputs import UsageError
 from vit.analysis.runs import RunRecord, markdown_table
+from vit.args import UsageError
 
 SEED_KEY = "trainer.seed"
 EXPERIMENT_KEYS = ("experiment", "+experiment", "++experiment")

@@ -1,5 +1,12 @@
 """Evaluate any weights on a dataset: a checkpoint of this trainer, or a model name with foreign weights.
 
+usage: python scripts/evaluate.py checkpoint=<path> [data.<key>=...] [ema=true] [flip=true] [confusion=<png>]
+           [json=<path>]
+       python scripts/evaluate.py model=<name> model.pretrained=<timm:name | file> [model.<key>=...]
+           [data=<config>] [data.<key>=...] [preprocess=data|timm:<name>] [class_map=imagenet|<file>]
+
+Examples:
+
     python scripts/evaluate.py checkpoint=outputs/.../checkpoints/best.pt [data.root=...] [ema=true] [flip=true]
     python scripts/evaluate.py model=vit_small model.pretrained=timm:vit_small_patch16_224.augreg_in1k \\
         data=imagefolder data.root=/data/imagenet [class_map=imagenet]
@@ -177,7 +184,7 @@ def evaluate_weights(argv: list[str]) -> dict:
     if weights.config is not None:
         result["checkpoint"] = weights.source
     if options.get("confusion"):
-        from vit.analysis.figures import confusion_matrix_figure
+        from vit.train.figures import confusion_matrix_figure
 
         confusion_matrix_figure(confusion.numpy(), data_classes, Path(options.get("confusion")))
         result["confusion_png"] = options.get("confusion")

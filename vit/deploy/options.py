@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from vit.analysis.inputs import UsageError
+from vit.args import UsageError, run_script
 
 TRUE = ("1", "true", "yes")
 FALSE = ("0", "false", "no")
@@ -73,26 +73,17 @@ def parse_options(argv: list[str], known: tuple[str, ...], data_keys: bool = Tru
 
 
 def run_main(main: Callable[[list[str]], int], argv: list[str] | None = None, usage: str = "") -> int:
-    """Run a script's `main`: `--help` prints `usage`; a bad setting, file or path is one line on stderr and exit
-    code 2; an export that does not match PyTorch, exit code 1."""
-    from vit.data import DataError
+    """Run a script's `main` through vit/args.py's `run_script` (`--help` prints `usage`; a bad setting, file or
+    path is one line on stderr and exit code 2), with the weights' and the export's errors as bad settings; an
+    export that does not match PyTorch is exit code 1."""
     from vit.deploy.export import ExportError, VerificationError
     from vit.deploy.weights import WeightsError
-    from vit.train.checkpoint import CheckpointError, OutputError
-    from vit.train.config import ConfigError
 
-    argv = sys.argv[1:] if argv is None else argv
-    if any(a in ("-h", "--help") for a in argv):
-        print(usage.strip())
-        return 0
-    try:
-        return main(argv) or 0
-    except (UsageError, WeightsError, ExportError, CheckpointError, ConfigError, DataError, OutputError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except FileNotFoundError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except VerificationError as err:
-        print(f"export check failed: {err}", file=sys.stderr)
-        return 1
+    def checked(args: list[str]) -> int:
+        try:
+            return main(args)
+        except VerificationError as err:
+            print(f"export check failed: {err}", file=sys.stderr)
+            return 1
+
+    return run_script(checked, argv, usage=usage, errors=(WeightsError, ExportError))

@@ -170,18 +170,15 @@ DATA_CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs" / "data"
 
 def compose_data_config(name: str, overrides: list[str]):
     """configs/data/<name>.yaml with `key=value` overrides (the `data.` prefix already removed)."""
-    from hydra import compose, initialize_config_dir
+    from vit.args import UsageError, compose
 
     known = sorted(p.stem for p in DATA_CONFIGS_DIR.glob("*.yaml"))
     if name not in known:
         raise WeightsError(f"data={name} is not a known data config; known: {', '.join(known)}")
-    with initialize_config_dir(config_dir=str(DATA_CONFIGS_DIR.parent), version_base="1.3"):
-        try:
-            cfg = compose(config_name="config", overrides=[f"data={name}", *(f"data.{o}" for o in overrides)])
-        except Exception as err:  # an unknown key, a value that does not parse
-            reason = str(err).strip().splitlines()[0]
-            raise WeightsError(f"data overrides {' '.join(overrides)}: {reason}") from None
-    return cfg.data
+    try:
+        return compose([f"data={name}", *(f"data.{o}" for o in overrides)]).data
+    except UsageError as err:  # an unknown key, a value that does not parse
+        raise WeightsError(f"data overrides {' '.join(overrides)}: {err}") from None
 
 
 def preprocessing_option(value: str | None, data_cfg) -> Preprocessing | None:

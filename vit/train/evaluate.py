@@ -81,7 +81,7 @@ def evaluate_checkpoint(argv: list[str]) -> dict:
     result["flip"] = flip
     result["checkpoint"] = str(options["checkpoint"])
     if options.get("confusion"):
-        from vit.analysis.figures import confusion_matrix_figure
+        from vit.train.figures import confusion_matrix_figure
 
         confusion_matrix_figure(confusion.numpy(), names, Path(options["confusion"]))
         result["confusion_png"] = options["confusion"]

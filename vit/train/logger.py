@@ -188,8 +188,7 @@ def attention_image(
 ) -> torch.Tensor:
     """The figure of scripts/visualize_attention.py (per-head cls maps and rollout) for `images` (B, 3, H, W),
     normalised as the loader gives them, rendered to a (3, height, width) uint8 tensor for `add_image`."""
-    from vit.analysis.attention_maps import attention_views
-    from vit.analysis.figures import attention_grid_figure
+    from vit.train.figures import attention_grid_figure, attention_views
 
     device = next(model.parameters()).device
     views = attention_views(model, images.to(device))

@@ -1,0 +1,84 @@
+"""Command-line arguments shared by the scripts in scripts/, the analysis and deploy tools and vit/cli.py.
+
+- `UsageError`: a bad argument; the script prints it as one line on stderr and exits with code 2.
+- `parse_args`: `key=value` arguments (Hydra style) against a table of known keys and their defaults.
+- `compose`: the trainer's config (configs/config.yaml) with Hydra overrides, as train.py composes it.
+- `run_script`: `--help`/`-h` prints the script's usage (its module docstring) and exits 0; a bad setting, file or
+  path is one line on stderr and exit code 2.
+
+A script is then a docstring with a `usage:` line and an example, a `main(argv)` and
+`sys.exit(run_script(main, usage=__doc__))`. This module sits beside vit/analysis and vit/deploy: it imports the
+trainer, data and models (for their error types) and nothing above them.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
+HELP_FLAGS = ("-h", "--help")
+
+
+class UsageError(ValueError):
+    """A bad script argument: the script prints it as one line and exits with code 2."""
+
+
+def parse_args(argv: list[str], known: dict[str, object], required: tuple[str, ...] = ()) -> dict:
+    """`key=value` arguments (Hydra style) with defaults from `known`; unknown keys and missing ones fail."""
+    values = dict(known)
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep:
+            raise UsageError(f"argument {arg!r} must look like key=value")
+        if key not in known:
+            raise UsageError(f"unknown argument {key!r}; known: {', '.join(known)}")
+        values[key] = value
+    missing = [k for k in required if values.get(k) in (None, "")]
+    if missing:
+        raise UsageError(f"{missing[0]}=<...> is required")
+    return values
+
+
+def compose(overrides: list[str], config_name: str = "config"):
+    """The config in configs/ that train.py would run with these overrides (`model=vit_tiny`, `data.root=...`).
+    One Hydra refuses (an unknown key or group choice, a value that does not parse) raises UsageError with the
+    first line of Hydra's reason."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name="compose"):
+            return hydra_compose(config_name=config_name, overrides=list(overrides))
+    except (HydraException, OmegaConfBaseException, ValueError) as err:  # ValueError: a null group choice
+        raise UsageError(str(err).strip().splitlines()[0]) from None
+
+
+def wants_help(argv: list[str]) -> bool:
+    return any(arg in HELP_FLAGS for arg in argv)
+
+
+def run_script(
+    main: Callable[[list[str]], int | None],
+    argv: list[str] | None = None,
+    usage: str | None = None,
+    errors: tuple[type[Exception], ...] = (),
+) -> int:
+    """Call `main(argv)` (default: sys.argv[1:]). `--help` or `-h` prints `usage` instead; UsageError, the
+    trainer's bad-setting errors, a missing file and `errors` become one line on stderr and exit code 2."""
+    from vit.data import DataError
+    from vit.train.checkpoint import CheckpointError, OutputError
+    from vit.train.config import ConfigError
+
+    argv = sys.argv[1:] if argv is None else argv
+    if wants_help(argv):
+        print((usage or "").strip())
+        return 0
+    try:
+        return main(argv) or 0
+    except (UsageError, CheckpointError, ConfigError, DataError, OutputError, FileNotFoundError, *errors) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,142 @@
+"""The figures the trainer draws while it runs: the attention grid it logs to TensorBoard and the confusion
+matrix of an evaluation, with the attention maps they are made of. vit/analysis and vit/deploy draw the same
+figures from here (the trainer imports nothing above itself).
+
+Attention maps come from the (B, heads, N, N) tensors that `capture_attention` records,
+N = prefix tokens + gh * gw: the cls-token attention of each head and the attention rollout over all layers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+import torch
+import torch.nn.functional as F
+
+from vit.models import capture_attention
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def cls_attention(attn: torch.Tensor, grid: tuple[int, int], num_prefix: int = 1) -> torch.Tensor:
+    """How much the cls token attends to each patch: (B, heads, N, N) -> (B, heads, gh, gw)."""
+    batch, heads, _, _ = attn.shape
+    return attn[:, :, 0, num_prefix:].reshape(batch, heads, *grid)
+
+
+def rollout(maps: list[torch.Tensor], residual_weight: float = 0.5) -> torch.Tensor:
+    """Attention rollout (Abnar & Zuidema 2020): (B, N, N) token-to-input attention through all layers.
+
+    Each layer's head-averaged attention is mixed with the identity for the residual connection,
+    A' = w I + (1 - w) A, rows renormalised, and the layers multiplied in order.
+    """
+    result = None
+    for attn in maps:
+        mean = attn.float().mean(dim=1)  # (B, N, N)
+        eye = torch.eye(mean.shape[-1], device=mean.device).expand_as(mean)
+        mixed = residual_weight * eye + (1 - residual_weight) * mean
+        mixed = mixed / mixed.sum(dim=-1, keepdim=True)
+        result = mixed if result is None else mixed @ result
+    if result is None:
+        raise ValueError("rollout needs at least one attention map")
+    return result
+
+
+def upsample(heat: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """(B, k, gh, gw) -> (B, k, H, W), each map scaled to [0, 1]."""
+    heat = F.interpolate(heat.float(), size=size, mode="bilinear", align_corners=False)
+    low = heat.amin(dim=(-2, -1), keepdim=True)
+    high = heat.amax(dim=(-2, -1), keepdim=True)
+    return (heat - low) / (high - low).clamp_min(1e-12)
+
+
+@torch.no_grad()
+def attention_views(model, images: torch.Tensor, layer: int = -1) -> dict[str, torch.Tensor]:
+    """Everything the attention figure shows, each as (B, k, H, W) maps in [0, 1] over the image:
+    "heads" (cls attention of every head of `layer`), "rollout" (all layers), and for T2T-ViTs with transformer
+    tokens "token_stage" (the attention each token receives in the first T2T stage)."""
+    was_training = model.training
+    model.eval()
+    with capture_attention(model) as maps:
+        model(images)
+    model.train(was_training)
+    maps = [m.float().cpu() for m in maps]
+    encoder = [m for m in maps if m.shape[-1] == maps[-1].shape[-1]]  # T2T models also record token stages
+    if not -len(encoder) <= layer < len(encoder):
+        raise IndexError(f"layer={layer} is out of range: the model has {len(encoder)} attention layers")
+    grid = model.grid_size if hasattr(model, "grid_size") else model.patch_embed.grid_size
+    size = tuple(images.shape[-2:])
+    views = {
+        "heads": upsample(cls_attention(encoder[layer], grid), size),
+        "rollout": upsample(rollout(encoder)[:, 0, 1:].reshape(-1, 1, *grid), size),
+    }
+    if len(maps) > len(encoder):
+        received = maps[0].mean(dim=(1, 2))  # (B, N0): mean over heads and queries
+        side = int(round(received.shape[-1] ** 0.5))
+        views["token_stage"] = upsample(received.reshape(-1, 1, side, side), size)
+    return views
+
+
+def save(fig, path):
+    """Write `fig` to a path, or into a binary buffer (for TensorBoard), and close it."""
+    if hasattr(path, "write"):
+        fig.savefig(path, format="png")
+        plt.close(fig)
+        return path
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def attention_grid_figure(images, head_maps, rollout_maps, path: Path, titles=None, token_maps=None) -> Path:
+    """Rows: images. Columns: input | cls attention of each head of the chosen layer | rollout over all layers
+    [| first T2T token-attention stage]. images (B, 3, H, W) in [0, 1]; maps (B, k, H, W) in [0, 1]."""
+    batch, heads = head_maps.shape[:2]
+    extra = 1 if token_maps is not None else 0
+    cols = 2 + heads + extra
+    fig, axes = plt.subplots(batch, cols, figsize=(1.6 * cols, 1.7 * batch), dpi=100, squeeze=False)
+    for b in range(batch):
+        picture = images[b].permute(1, 2, 0).numpy()
+        panels = [("input", None)] + [(f"head {h + 1}", head_maps[b, h]) for h in range(heads)]
+        panels.append(("rollout", rollout_maps[b, 0]))
+        if token_maps is not None:
+            panels.append(("T2T stage 1", token_maps[b, 0]))
+        for c, (name, heat) in enumerate(panels):
+            ax = axes[b, c]
+            ax.imshow(picture)
+            if heat is not None:
+                ax.imshow(heat.numpy(), cmap="inferno", alpha=0.6)
+            ax.set_axis_off()
+            if b == 0:
+                ax.set_title(name, fontsize=8)
+        if titles:
+            axes[b, 0].set_title(titles[b], fontsize=7)
+    fig.tight_layout()
+    return save(fig, path)
+
+
+def confusion_matrix_figure(matrix: np.ndarray, class_names: list[str], path: Path) -> Path:
+    """Row-normalised confusion matrix (rows: true class, columns: predicted), with counts in the cells."""
+    matrix = np.asarray(matrix)
+    rates = matrix / np.clip(matrix.sum(axis=1, keepdims=True), 1, None)
+    size = max(4.0, 0.45 * len(class_names) + 2)
+    fig, ax = plt.subplots(figsize=(size, size * 0.9), dpi=100)
+    image = ax.imshow(rates, cmap="Blues", vmin=0, vmax=1)
+    ax.set_xticks(range(len(class_names)), class_names, rotation=60, ha="right", fontsize=8)
+    ax.set_yticks(range(len(class_names)), class_names, fontsize=8)
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    if len(class_names) <= 20:
+        for i in range(len(class_names)):
+            for j in range(len(class_names)):
+                colour = "white" if rates[i, j] > 0.5 else "black"
+                ax.text(j, i, int(matrix[i, j]), ha="center", va="center", fontsize=7, color=colour)
+    fig.colorbar(image, ax=ax, fraction=0.046)
+    ax.set_title(f"top-1 {100 * np.trace(matrix) / max(matrix.sum(), 1):.2f}%")
+    fig.tight_layout()
+    return save(fig, path)
