@@ -10,8 +10,9 @@ batch, interleaved with timm's model of the same shape.
     python scripts/benchmark.py --inference --models vit_tiny,vit_tiny_cifar --batches 1,64 \
         --runtimes eager,compiled,onnxruntime --vs-timm --device cpu --md inference.md
 
-Prints a markdown table last. See vit/analysis/benchmark.py, vit/analysis/e2e.py and vit/analysis/inference.py
-for the protocols, docs/BENCHMARKS.md for results.
+Prints a markdown table last. See vit/analysis/benchmark.py (training steps; the models timed are
+vit/analysis/bench_cases.py's), vit/analysis/step_profile.py (--profile), vit/analysis/e2e.py (--e2e) and
+vit/analysis/inference.py (--inference) for the protocols, docs/BENCHMARKS.md for results.
 """
 
 from __future__ import annotations
@@ -23,15 +24,9 @@ from pathlib import Path
 
 import torch
 
-from vit.analysis.benchmark import (
-    CASES,
-    bench_case,
-    measure_peak_memory,
-    profile_case,
-    profile_markdown,
-    to_json,
-    to_markdown,
-)
+from vit.analysis.bench_cases import CASES
+from vit.analysis.benchmark import bench_case, measure_peak_memory, to_json, to_markdown
+from vit.analysis.step_profile import profile_case, profile_markdown
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -10,7 +10,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import benchmark  # noqa: E402
 
-from vit.analysis.benchmark import CASES, percentile  # noqa: E402
+from vit.analysis.bench_cases import CASES  # noqa: E402
+from vit.analysis.benchmark import percentile  # noqa: E402
 
 
 def test_toy_benchmark_against_timm_writes_json_and_table(tmp_path, capsys):
@@ -59,7 +60,7 @@ def test_percentile_interpolates(q, expected):
     ],
 )
 def test_kernel_families(name, family):
-    from vit.analysis.benchmark import kernel_family
+    from vit.analysis.step_profile import kernel_family
 
     assert kernel_family(name) == family
 

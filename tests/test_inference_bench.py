@@ -10,7 +10,7 @@ import pytest
 import torch
 from trainer_utils import REPO
 
-from vit.analysis.benchmark import CASES
+from vit.analysis.bench_cases import CASES
 from vit.analysis.inference import build_variants
 
 spec = importlib.util.spec_from_file_location("benchmark_script", REPO / "scripts" / "benchmark.py")

@@ -1,132 +1,31 @@
 """Training-step throughput of our models, alone or against a peer of the same shape, timed side by side.
 
-The protocol is the one of `shared/ANCHORS.md`: random inputs already on the device, autocast (bf16 on
-CUDA), cross-entropy, backward, fused AdamW step (on CUDA), `zero_grad(set_to_none=True)`.
+The protocol: random inputs already on the device, autocast (bf16 on CUDA), cross-entropy, backward, fused AdamW
+step (on CUDA), `zero_grad(set_to_none=True)`; the cases are vit/analysis/bench_cases.py's.
 
 Comparisons interleave rounds (ours, peer, ours, peer, ...), each round at least `min_round_s` long, and
 report the median of the per-round ratios with its 10th-90th percentile spread: sequential timing drifts
 with clocks and temperature by more than the differences we want to see. Peak memory of two models in one
-process is unreliable, so `measure_peak_memory` runs each side in a process of its own.
+process is unreliable, so `measure_peak_memory` runs each side in a process of its own. Where a step spends its
+time is vit/analysis/step_profile.py's.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from vit.models import create_model
-
-# bf16 dense matmul measured on the H100 of the GPU machine (shared/ANCHORS.md); MFU is relative to it.
-H100_BF16_PEAK_FLOPS = 798e12
-
-
-@dataclass(frozen=True)
-class BenchCase:
-    """One model shape: how we build it and how the peer (timm) builds the same thing."""
-
-    name: str
-    ours: str
-    kwargs: dict
-    img_size: int
-    batch: int
-    # "timm": timm's VisionTransformer(**peer_kwargs); "official": the function of the same name in the
-    # official T2T-ViT code (models/t2t_vit.py of yitu-opensource/T2T-ViT, a checkout named by the
-    # environment variable VIT_T2T_OFFICIAL; never part of this project); None: no peer.
-    peer: str | None
-    peer_kwargs: dict = field(default_factory=dict)
-
-
-def _vit_peer(embed_dim, depth, heads, img, patch, classes=1000, drop_path=0.0):
-    return dict(
-        img_size=img,
-        patch_size=patch,
-        embed_dim=embed_dim,
-        depth=depth,
-        num_heads=heads,
-        num_classes=classes,
-        drop_path_rate=drop_path,
-    )
-
-
-CASES: dict[str, BenchCase] = {
-    c.name: c
-    for c in [
-        BenchCase(
-            "vit_tiny_cifar",
-            "vit_tiny",
-            {"img_size": 32, "patch_size": 4, "num_classes": 10},
-            32,
-            512,
-            "timm",
-            _vit_peer(192, 12, 3, 32, 4, classes=10),
-        ),
-        # A toy shape so the whole protocol runs in seconds on a CPU (tests, smoke checks).
-        BenchCase(
-            "toy",
-            "vit_tiny",
-            {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2, "num_classes": 10},
-            32,
-            8,
-            "timm",
-            _vit_peer(32, 2, 2, 32, 8, classes=10),
-        ),
-        BenchCase("vit_tiny", "vit_tiny", {}, 224, 256, "timm", _vit_peer(192, 12, 3, 224, 16)),
-        BenchCase("vit_small", "vit_small", {}, 224, 256, "timm", _vit_peer(384, 12, 6, 224, 16)),
-        BenchCase("vit_base", "vit_base", {}, 224, 128, "timm", _vit_peer(768, 12, 12, 224, 16)),
-        BenchCase("t2t_vit_7", "t2t_vit_7", {}, 224, 256, "official"),
-        BenchCase("t2t_vit_14", "t2t_vit_14", {}, 224, 128, "official"),
-        BenchCase("t2t_vit_t_14", "t2t_vit_t_14", {}, 224, 128, "official"),
-    ]
-}
-
-
-def build_side(case: BenchCase, side: str) -> nn.Module:
-    if side == "ours":
-        return create_model(case.ours, **case.kwargs)
-    if side == "peer" and case.peer == "timm":
-        from timm.models.vision_transformer import VisionTransformer
-
-        return VisionTransformer(**case.peer_kwargs)
-    if side == "peer" and case.peer == "official":
-        return official_t2t(case.ours)
-    raise ValueError(f"side={side!r} of case {case.name!r} has no model (peer: {case.peer})")
-
-
-def official_t2t(name: str) -> nn.Module:
-    """Build `name` (e.g. "t2t_vit_14") from the official T2T-ViT checkout at $VIT_T2T_OFFICIAL."""
-    import importlib
-
-    root = os.environ.get("VIT_T2T_OFFICIAL")
-    if not root or not os.path.isfile(os.path.join(root, "models", "t2t_vit.py")):
-        raise RuntimeError(
-            f"VIT_T2T_OFFICIAL={root!r} must name a checkout of yitu-opensource/T2T-ViT "
-            "(the folder holding models/t2t_vit.py)"
-        )
-    if root not in sys.path:
-        sys.path.insert(0, root)
-    return getattr(importlib.import_module("models.t2t_vit"), name)()
-
-
-def peer_available(case: BenchCase) -> bool:
-
-    if case.peer == "official":
-        return bool(os.environ.get("VIT_T2T_OFFICIAL"))
-    return case.peer is not None
-
-
-def num_classes_of(model: nn.Module) -> int:
-    return int(getattr(model, "num_classes", 1000))
+from vit.analysis.bench_cases import H100_BF16_PEAK_FLOPS, BenchCase, build_side, num_classes_of, peer_available
 
 
 def make_train_step(
@@ -277,7 +176,7 @@ def peak_memory_gib(case: BenchCase, side: str, batch: int, compile_mode: str | 
 def measure_peak_memory(case: BenchCase, side: str, batch: int, compile_mode: str | None) -> float:
     """Run `peak_memory_gib` in a child process so the two sides do not share an allocator."""
     code = (
-        "import json, sys; from vit.analysis.benchmark import CASES, peak_memory_gib; "
+        "import json; from vit.analysis.bench_cases import CASES; from vit.analysis.benchmark import peak_memory_gib; "
         f"print(json.dumps(peak_memory_gib(CASES[{case.name!r}], {side!r}, {batch}, {compile_mode!r})))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
@@ -313,111 +212,3 @@ def to_json(results: list[CaseResult]) -> str:
 
 # Kernel families for the profile summary, matched on lower-case kernel/op names (CUDA kernels under
 # compile are Triton kernels named by their fused ops; cuBLAS/CUTLASS GEMMs carry gemm/xmma/cutlass).
-KERNEL_FAMILIES = (
-    ("attention", ("flash", "fmha", "attention", "sdpa", "efficient_attention")),
-    ("patch embed (conv)", ("convolution", "conv2d", "cudnn", "implicit_gemm")),
-    ("matmul", ("gemm", "xmma", "cutlass", "matmul", "addmm", "aten::mm", "aten::bmm", "linear", "cublas")),
-    ("optimizer", ("adam", "foreach", "multi_tensor", "fused_adamw")),
-    ("norm", ("layer_norm", "layernorm", "native_layer_norm", "rms_norm")),
-    ("softmax / loss", ("softmax", "cross_entropy", "nll_loss", "log_softmax")),
-    ("copies / casts", ("copy", "cast", "to_copy", "memcpy", "memset", "fill")),
-    ("fused (triton)", ("triton",)),
-)
-
-
-def kernel_family(name: str) -> str:
-    lowered = name.lower()
-    for family, needles in KERNEL_FAMILIES:
-        if any(needle in lowered for needle in needles):
-            return family
-    return "elementwise / other"
-
-
-@dataclass
-class ProfileSummary:
-    case: str
-    batch: int
-    compile_mode: str | None
-    device: str
-    time_kind: str  # "CUDA" (kernel time on the GPU) or "CPU" (self time of the ops on the host)
-    steps: int
-    step_ms: float  # wall time per step while profiled
-    total_ms: float  # summed self time of all kernels/ops over the profiled steps
-    top: list[tuple[str, float, int]]  # (name, self ms per step, calls per step), the largest first
-    families: dict[str, float]  # family -> share of total_ms (%)
-
-
-def profile_case(
-    case: BenchCase,
-    device: torch.device,
-    batch: int | None = None,
-    compile_mode: str | None = None,
-    steps: int = 10,
-    warmup: int = 5,
-    top: int = 15,
-) -> ProfileSummary:
-    """Where a training step of our model spends its time: torch.profiler over `steps` steps after warm-up,
-    the kernels (CUDA) or ops (CPU) with the most self time, and the share of each kernel family."""
-    from torch.profiler import ProfilerActivity, profile
-
-    batch = batch or case.batch
-    step = make_train_step(build_side(case, "ours"), batch, case.img_size, device, compile_mode)
-    for _ in range(warmup):
-        step()
-    synchronize(device)
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as prof:
-        start = time.perf_counter()
-        for _ in range(steps):
-            step()
-        synchronize(device)
-        wall = time.perf_counter() - start
-    on_gpu = device.type == "cuda"
-    rows = []
-    for event in prof.key_averages():
-        self_us = event.self_device_time_total if on_gpu else event.self_cpu_time_total
-        if on_gpu and getattr(event, "device_type", None) is not None and "CUDA" not in str(event.device_type):
-            continue  # host-side ops: their kernels are counted under the kernel names
-        if self_us > 0:
-            rows.append((event.key, self_us / 1000.0, event.count))
-    rows.sort(key=lambda r: r[1], reverse=True)
-    total = sum(r[1] for r in rows) or 1e-9
-    families: dict[str, float] = {}
-    for name, ms, _ in rows:
-        families[kernel_family(name)] = families.get(kernel_family(name), 0.0) + 100.0 * ms / total
-    return ProfileSummary(
-        case=case.name,
-        batch=batch,
-        compile_mode=compile_mode,
-        device=str(device),
-        time_kind="CUDA" if on_gpu else "CPU",
-        steps=steps,
-        step_ms=1000.0 * wall / steps,
-        total_ms=total / steps,
-        top=[(name, ms / steps, round(count / steps)) for name, ms, count in rows[:top]],
-        families=dict(sorted(families.items(), key=lambda kv: kv[1], reverse=True)),
-    )
-
-
-def profile_markdown(summary: ProfileSummary) -> str:
-    """The profile as markdown: step time, busy share, families, top kernels."""
-    mode = summary.compile_mode or "eager"
-    busy = 100.0 * summary.total_ms / max(summary.step_ms, 1e-9)
-    idle = " The GPU idles the rest of the step: launch- or host-bound." if summary.time_kind == "CUDA" else ""
-    lines = [
-        f"### {summary.case}, batch {summary.batch}, {mode}, {summary.device}",
-        "",
-        f"{summary.step_ms:.2f} ms per step (profiled); {summary.time_kind} self time {summary.total_ms:.2f} ms "
-        f"per step, {busy:.0f}% of it.{idle if busy < 90 else ''}",
-        "",
-        "| family | share of kernel time |",
-        "|---|---|",
-        *[f"| {family} | {share:.1f}% |" for family, share in summary.families.items()],
-        "",
-        f"| top {summary.time_kind} kernels / ops | ms per step | calls per step | family |",
-        "|---|---|---|---|",
-    ]
-    for name, ms, calls in summary.top:
-        short = name if len(name) <= 80 else name[:77] + "..."
-        lines.append(f"| `{short}` | {ms:.3f} | {calls} | {kernel_family(name)} |")
-    return "\n".join(lines)

@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from vit.analysis.benchmark import BenchCase, build_side, peer_available, percentile, synchronize
+from vit.analysis.bench_cases import BenchCase, build_side, peer_available
+from vit.analysis.benchmark import percentile, synchronize
 
 RUNTIMES = ("eager", "compiled", "onnxruntime")
 

@@ -1,0 +1,114 @@
+"""The models the benchmarks time: each case is one model shape, built by us (the registry) and by a peer of the
+same shape (timm's VisionTransformer, or the official T2T-ViT code when a checkout of it is named).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from vit.models import create_model
+
+# bf16 dense matmul throughput of an H100 (SXM), the GPU the benchmarks ran on; MFU is relative to it.
+H100_BF16_PEAK_FLOPS = 798e12
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """One model shape: how we build it and how the peer (timm) builds the same thing."""
+
+    name: str
+    ours: str
+    kwargs: dict
+    img_size: int
+    batch: int
+    # "timm": timm's VisionTransformer(**peer_kwargs); "official": the function of the same name in the
+    # official T2T-ViT code (models/t2t_vit.py of yitu-opensource/T2T-ViT, a checkout named by the
+    # environment variable VIT_T2T_OFFICIAL; never part of this project); None: no peer.
+    peer: str | None
+    peer_kwargs: dict = field(default_factory=dict)
+
+
+def _vit_peer(embed_dim, depth, heads, img, patch, classes=1000, drop_path=0.0):
+    return dict(
+        img_size=img,
+        patch_size=patch,
+        embed_dim=embed_dim,
+        depth=depth,
+        num_heads=heads,
+        num_classes=classes,
+        drop_path_rate=drop_path,
+    )
+
+
+CASES: dict[str, BenchCase] = {
+    c.name: c
+    for c in [
+        BenchCase(
+            "vit_tiny_cifar",
+            "vit_tiny",
+            {"img_size": 32, "patch_size": 4, "num_classes": 10},
+            32,
+            512,
+            "timm",
+            _vit_peer(192, 12, 3, 32, 4, classes=10),
+        ),
+        # A toy shape so the whole protocol runs in seconds on a CPU (tests, smoke checks).
+        BenchCase(
+            "toy",
+            "vit_tiny",
+            {"img_size": 32, "patch_size": 8, "embed_dim": 32, "depth": 2, "num_heads": 2, "num_classes": 10},
+            32,
+            8,
+            "timm",
+            _vit_peer(32, 2, 2, 32, 8, classes=10),
+        ),
+        BenchCase("vit_tiny", "vit_tiny", {}, 224, 256, "timm", _vit_peer(192, 12, 3, 224, 16)),
+        BenchCase("vit_small", "vit_small", {}, 224, 256, "timm", _vit_peer(384, 12, 6, 224, 16)),
+        BenchCase("vit_base", "vit_base", {}, 224, 128, "timm", _vit_peer(768, 12, 12, 224, 16)),
+        BenchCase("t2t_vit_7", "t2t_vit_7", {}, 224, 256, "official"),
+        BenchCase("t2t_vit_14", "t2t_vit_14", {}, 224, 128, "official"),
+        BenchCase("t2t_vit_t_14", "t2t_vit_t_14", {}, 224, 128, "official"),
+    ]
+}
+
+
+def build_side(case: BenchCase, side: str) -> nn.Module:
+    if side == "ours":
+        return create_model(case.ours, **case.kwargs)
+    if side == "peer" and case.peer == "timm":
+        from timm.models.vision_transformer import VisionTransformer
+
+        return VisionTransformer(**case.peer_kwargs)
+    if side == "peer" and case.peer == "official":
+        return official_t2t(case.ours)
+    raise ValueError(f"side={side!r} of case {case.name!r} has no model (peer: {case.peer})")
+
+
+def official_t2t(name: str) -> nn.Module:
+    """Build `name` (e.g. "t2t_vit_14") from the official T2T-ViT checkout at $VIT_T2T_OFFICIAL."""
+    import importlib
+
+    root = os.environ.get("VIT_T2T_OFFICIAL")
+    if not root or not os.path.isfile(os.path.join(root, "models", "t2t_vit.py")):
+        raise RuntimeError(
+            f"VIT_T2T_OFFICIAL={root!r} must name a checkout of yitu-opensource/T2T-ViT "
+            "(the folder holding models/t2t_vit.py)"
+        )
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return getattr(importlib.import_module("models.t2t_vit"), name)()
+
+
+def peer_available(case: BenchCase) -> bool:
+
+    if case.peer == "official":
+        return bool(os.environ.get("VIT_T2T_OFFICIAL"))
+    return case.peer is not None
+
+
+def num_classes_of(model: nn.Module) -> int:
+    return int(getattr(model, "num_classes", 1000))
