@@ -135,40 +135,25 @@ def run_exported(path: Path, fmt: str, images: torch.Tensor) -> np.ndarray:
         return torch.export.load(str(path)).module()(images).numpy()
 
 
-def export_model(
-    model: nn.Module,
-    path: str | Path,
-    fmt: str,
-    preprocessing: Preprocessing,
-    classes: list[str] | None,
-    images: torch.Tensor,
-    *,
-    batch: int | None = None,
-    model_name: str = "",
-    source: str = "",
-    atol: float = ATOL,
-) -> ExportResult:
-    """Export `model` (fp32, eval) to `path` in `fmt` for a fixed `batch` (None: dynamic), check it on
-    `images` (normalised, (N, 3, H, W)) against the PyTorch logits, then write the side JSON."""
-    if fmt not in FORMATS:
-        raise ExportError(f"format={fmt} is not a known format; choose from {', '.join(FORMATS)}")
-    if fmt == "onnx":
-        require_export_extra()
-    path = Path(path)
-    check_writable(path)
-    model = model.float().eval().cpu()
-    size = preprocessing.img_size
-    # Two batch sizes for a dynamic export (neither the example's), the fixed one otherwise.
+def check_batches(images: torch.Tensor, batch: int | None, size: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """(pool, example, checks): the images to check on (repeated to the largest check), the example the export
+    traces (batch 2 for a dynamic export, neither of the checked sizes) and the batch sizes to check: two for a
+    dynamic export, the fixed one otherwise."""
     example_batch = batch or 2
-    if batch:
-        checks = [batch]
-    else:
-        checks = sorted({1, max(3, min(len(images), 8))})
+    checks = [batch] if batch else sorted({1, max(3, min(len(images), 8))})
     pool = images if len(images) >= max(checks) else images.repeat(-(-max(checks) // len(images)), 1, 1, 1)
     example = pool[:example_batch].contiguous()
     if example.shape[1:] != (3, size, size):
         raise ExportError(f"images of shape {tuple(example.shape[1:])} do not fit the model's (3, {size}, {size})")
+    return pool, example, checks
 
+
+def write_checked(
+    model: nn.Module, path: Path, fmt: str, batch: int | None, images: torch.Tensor, size: int, atol: float
+) -> tuple[float, list[int]]:
+    """Export into a temporary file beside `path`, compare its logits with PyTorch's on each checked batch and
+    move it to `path` only when they agree within `atol`. Returns (largest |diff|, checked batch sizes)."""
+    pool, example, checks = check_batches(images, batch, size)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with torch.no_grad():
@@ -199,6 +184,33 @@ def export_model(
         raise ExportError(f"cannot write the export to {str(path)!r}: {write_error_reason(err, path.parent)}") from err
     finally:
         tmp.unlink(missing_ok=True)
+    return worst, checks
+
+
+def export_model(
+    model: nn.Module,
+    path: str | Path,
+    fmt: str,
+    preprocessing: Preprocessing,
+    classes: list[str] | None,
+    images: torch.Tensor,
+    *,
+    batch: int | None = None,
+    model_name: str = "",
+    source: str = "",
+    atol: float = ATOL,
+) -> ExportResult:
+    """Export `model` (fp32, eval) to `path` in `fmt` for a fixed `batch` (None: dynamic), check it on
+    `images` (normalised, (N, 3, H, W)) against the PyTorch logits, then write the side JSON."""
+    if fmt not in FORMATS:
+        raise ExportError(f"format={fmt} is not a known format; choose from {', '.join(FORMATS)}")
+    if fmt == "onnx":
+        require_export_extra()
+    path = Path(path)
+    check_writable(path)
+    model = model.float().eval().cpu()
+    size = preprocessing.img_size
+    worst, checks = write_checked(model, path, fmt, batch, images, size, atol)
 
     names = list(classes) if classes else [str(i) for i in range(int(getattr(model, "num_classes", 0)))]
     meta = {
