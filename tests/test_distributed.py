@@ -119,12 +119,12 @@ def test_sigterm_to_torchrun_stops_every_rank_with_a_good_checkpoint(tmp_path):
 def step_context(model, **kwargs):
     from timm.scheduler import CosineLRScheduler
 
-    from vit.train.loop import StepContext
+    from vit.train.loop import StepSettings
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     defaults = dict(
+        train_model=model,
         model=model,
-        raw_model=model,
         optimizer=optimizer,
         scheduler=CosineLRScheduler(optimizer, t_initial=100),
         criterion=torch.nn.CrossEntropyLoss(),
@@ -133,7 +133,7 @@ def step_context(model, **kwargs):
         scaler=None,
         log_every=4,
     )
-    return StepContext(**{**defaults, **kwargs})
+    return StepSettings(**{**defaults, **kwargs})
 
 
 def batches(count, poison=()):
@@ -148,7 +148,7 @@ def batches(count, poison=()):
 def test_no_sync_on_every_micro_batch_but_the_last_of_a_step():
     from contextlib import nullcontext
 
-    from vit.train.loop import train_one_epoch
+    from vit.train.loop import StepState, train_one_epoch
 
     class CountingDDP:
         calls = 0
@@ -158,22 +158,23 @@ def test_no_sync_on_every_micro_batch_but_the_last_of_a_step():
             return nullcontext()
 
     ctx = step_context(torch.nn.Linear(8, 3), ddp=CountingDDP(), accum_steps=4)
-    train_one_epoch(ctx, batches(10), limit_batches=None, on_log=lambda *a: None)
+    state = StepState()
+    train_one_epoch(ctx, state, batches(10), limit_batches=None)
     # steps of micro-batches [0-3], [4-7], [8-9]: the last of each syncs -> 3 + 3 + 1 without sync
-    assert CountingDDP.calls == 7 and ctx.step == 3
+    assert CountingDDP.calls == 7 and state.step == 3
 
 
 def test_non_finite_losses_in_a_row_stop_with_the_step_named():
-    from vit.train.loop import NonFiniteLossError, train_one_epoch
+    from vit.train.loop import NonFiniteLossError, StepState, train_one_epoch
 
     ctx = step_context(torch.nn.Linear(8, 3), max_bad_steps=3, log_every=100)
     with pytest.raises(NonFiniteLossError, match=r"3 consecutive steps .*max_bad_steps=3.*step 4"):
         # batch 1 poisons the weights: every later loss is NaN; detected at the log step (the epoch's end)
-        train_one_epoch(ctx, batches(4, poison={1}), limit_batches=None, on_log=lambda *a: None)
+        train_one_epoch(ctx, StepState(), batches(4, poison={1}), limit_batches=None)
 
 
 def test_isolated_non_finite_losses_below_the_limit_do_not_stop():
-    from vit.train.loop import train_one_epoch, weights_finite
+    from vit.train.loop import StepState, train_one_epoch, weights_finite
 
     class NanAtCalls(torch.nn.CrossEntropyLoss):
         """Adds a detached NaN to the loss at some calls: the loss is NaN, the gradients stay finite."""
@@ -188,12 +189,12 @@ def test_isolated_non_finite_losses_below_the_limit_do_not_stop():
 
     model = torch.nn.Linear(8, 3)
     ctx = step_context(model, max_bad_steps=2, log_every=100, criterion=NanAtCalls({2, 4}))
-    result = train_one_epoch(ctx, batches(6), limit_batches=None, on_log=lambda *a: None)
+    result = train_one_epoch(ctx, StepState(), batches(6), limit_batches=None)
     assert result["steps"] == 6 and weights_finite(model)
 
     ctx = step_context(model, max_bad_steps=2, log_every=100, criterion=NanAtCalls({4, 5}))
     with pytest.raises(Exception, match="2 consecutive steps"):
-        train_one_epoch(ctx, batches(6), limit_batches=None, on_log=lambda *a: None)
+        train_one_epoch(ctx, StepState(), batches(6), limit_batches=None)
 
 
 def test_weights_finite_sees_one_bad_value():

@@ -8,7 +8,7 @@ from vit.models import create_model
 from vit.models.pos_embed import resample_pos_embed
 from vit.train import load_checkpoint, run
 from vit.train.config import ConfigError, validate
-from vit.train.loop import StepContext, train_one_epoch
+from vit.train.loop import StepSettings, StepState, train_one_epoch
 from vit.train.progressive import ResizeSchedule, allow_recompiles, resize_batch
 
 BASE = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.device=cpu", "trainer.deterministic=true", "data.img_size=32"]
@@ -74,19 +74,18 @@ def test_the_training_step_sees_the_resized_batch():
     model.patch_embed.dynamic_img_size = True
     recorder = ShapeRecorder(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    ctx = StepContext(
-        model=recorder,
-        raw_model=model,
+    settings = StepSettings(
+        train_model=recorder,
+        model=model,
         optimizer=optimizer,
         scheduler=CosineLRScheduler(optimizer, t_initial=10),
         criterion=torch.nn.CrossEntropyLoss(),
         device=torch.device("cpu"),
         amp_dtype=None,
         scaler=None,
-        train_img_size=20,
     )
     loader = [(torch.rand(4, 3, 32, 32), torch.randint(0, 10, (4,))) for _ in range(3)]
-    train_one_epoch(ctx, loader, limit_batches=None, on_log=lambda *_: None)
+    train_one_epoch(settings, StepState(train_img_size=20), loader, limit_batches=None)
     assert recorder.shapes == [(4, 3, 20, 20)] * 3
 
 

@@ -80,6 +80,7 @@ NUMERIC_KEYS = {
             "stop_after_epoch",
             "max_bad_steps",
             "val_every_n_epochs",
+            "keep_last",
             "progressive_resize.min_size",
         ),
         "float": ("grad_clip", "ema_decay", "progressive_resize.start", "progressive_resize.end"),
@@ -96,7 +97,7 @@ BOOL_KEYS = {
     "model": ("qkv_bias", "lsa", "pretrained_ema", "distill_token"),
     "distill": ("teacher_ema",),
     "data": ("pin_memory", "download", "scan_images", "augment.hflip"),
-    "trainer": ("deterministic", "ema", "ema_warmup", "save_checkpoints", "eval_flip"),
+    "trainer": ("deterministic", "ema", "ema_warmup", "save_checkpoints", "eval_flip", "grad_checkpointing"),
 }
 
 # Lists of numbers: (key, length); their values' ranges are checked in validate.
@@ -198,8 +199,18 @@ def validate(cfg: DictConfig) -> None:
     except Exception as err:  # an interpolation that points nowhere
         raise ConfigError(f"config cannot be resolved: {err}") from err
     check_types(cfg)
-    data, optim, sched, trainer = cfg.data, cfg.optim, cfg.sched, cfg.trainer
+    check_data(cfg)
+    check_optim(cfg.optim)
+    check_finetune(cfg)
+    check_distill(cfg)
+    check_sched(cfg.sched, cfg.optim)
+    check_trainer(cfg.trainer)
+    check_progressive_resize(cfg)
+    resolve_device(cfg.trainer.device)
 
+
+def check_data(cfg: DictConfig) -> None:
+    data = cfg.data
     _require(data.name in DATASET_NAMES, f"data.name={data.name!r} must be one of {DATASET_NAMES}")
     _require(int(data.img_size) > 0, f"data.img_size={data.img_size} must be positive")
     _require(int(data.batch_size) > 0, f"data.batch_size={data.batch_size} must be positive")
@@ -241,6 +252,8 @@ def validate(cfg: DictConfig) -> None:
         value = (data.get("synthetic") or {}).get(key)
         _require(value is None or int(value) >= 1, f"data.synthetic.{key}={value} must be >= 1")
 
+
+def check_optim(optim: DictConfig) -> None:
     _require(optim.name in OPTIMIZERS, f"optim.name={optim.name!r} must be one of {OPTIMIZERS}")
     _require(float(optim.lr) > 0, f"optim.lr={optim.lr} must be > 0")
     _require(float(optim.weight_decay) >= 0, f"optim.weight_decay={optim.weight_decay} must be >= 0")
@@ -255,8 +268,9 @@ def validate(cfg: DictConfig) -> None:
     if optim.get("betas") is not None:
         betas = list(optim.betas)
         _require(all(0.0 <= float(b) < 1.0 for b in betas), f"optim.betas={betas} must both be in [0, 1)")
-    check_finetune(cfg)
-    check_distill(cfg)
+
+
+def check_sched(sched: DictConfig, optim: DictConfig) -> None:
     _require(sched.name in SCHEDULES, f"sched.name={sched.name!r} must be one of {SCHEDULES}")
     _require(float(sched.warmup_epochs) >= 0, f"sched.warmup_epochs={sched.warmup_epochs} must be >= 0")
     for key in ("warmup_lr_init", "min_lr"):
@@ -270,6 +284,8 @@ def validate(cfg: DictConfig) -> None:
             f"sched.min_lr={sched.min_lr} must be <= optim.lr={optim.lr} (the schedule decays towards it)",
         )
 
+
+def check_trainer(trainer: DictConfig) -> None:
     _require(int(trainer.epochs) > 0, f"trainer.epochs={trainer.epochs} must be positive")
     _require(0 <= int(trainer.seed) < 2**32, f"trainer.seed={trainer.seed} must be in [0, 2**32)")
     _require(trainer.amp in AMP_MODES, f"trainer.amp={trainer.amp!r} must be one of {AMP_MODES}")
@@ -278,7 +294,7 @@ def validate(cfg: DictConfig) -> None:
         trainer.compile in (True, False, "auto"), f"trainer.compile={trainer.compile!r} must be true, false or auto"
     )
     _require(trainer.progress in PROGRESS, f"trainer.progress={trainer.progress!r} must be one of {PROGRESS}")
-    scope = trainer.get("compile_scope", "model")
+    scope = trainer.compile_scope
     _require(scope in COMPILE_SCOPES, f"trainer.compile_scope={scope!r} must be one of {COMPILE_SCOPES}")
     _require(int(trainer.accum_steps) >= 1, f"trainer.accum_steps={trainer.accum_steps} must be >= 1")
     _require(int(trainer.log_every_n_steps) >= 1, f"trainer.log_every_n_steps={trainer.log_every_n_steps} must be >= 1")
@@ -293,11 +309,11 @@ def validate(cfg: DictConfig) -> None:
     for key in ("limit_train_batches", "limit_val_batches", "stop_after_epoch"):
         value = trainer.get(key)
         _require(value is None or int(value) >= 1, f"trainer.{key}={value} must be >= 1 or null")
-    check_progressive_resize(cfg)
+    keep = trainer.keep_last
+    _require(keep is None or int(keep) >= 1, f"trainer.keep_last={keep} must be >= 1 or null (null: no epoch files)")
     resume = trainer.resume
     if resume not in (None, "auto"):
         _require(Path(str(resume)).is_file(), f"trainer.resume={str(resume)!r}: no such checkpoint file")
-    resolve_device(trainer.device)
 
 
 def check_finetune(cfg: DictConfig) -> None:

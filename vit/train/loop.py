@@ -1,5 +1,8 @@
 """One training epoch and one evaluation pass. The step never waits for the GPU: losses and gradient norms
-stay on the device and are read every `log_every_n_steps` steps."""
+stay on the device and are read every `log_every_n_steps` steps.
+
+A step reads two objects: `StepSettings`, fixed for the run (what to call, what to optimise, how), and
+`StepState`, what the steps change (the step count and the counters behind the divergence check)."""
 
 from __future__ import annotations
 
@@ -19,11 +22,11 @@ from vit.train.progressive import resize_batch
 
 
 @dataclass
-class StepContext:
-    """Everything a training step needs besides the batch."""
+class StepSettings:
+    """Everything a training step needs besides the batch, fixed for the whole run."""
 
-    model: nn.Module  # what is called (possibly compiled)
-    raw_model: nn.Module  # what holds the parameters
+    train_model: nn.Module  # what is called: the model, or its DDP wrapper, possibly compiled
+    model: nn.Module  # the module that holds the parameters (its state dict is what checkpoints save)
     optimizer: torch.optim.Optimizer
     scheduler: object  # timm Scheduler, `step_update(num_updates)`
     criterion: nn.Module
@@ -38,60 +41,91 @@ class StepContext:
     max_bad_steps: int = 5
     dist: Distributed = field(default_factory=Distributed)
     ddp: nn.Module | None = None  # the DistributedDataParallel wrapper, for `no_sync` while accumulating
+    distill: object | None = None  # vit/train/distill.py's Distiller: the loss with a teacher or distillation token
+    stop_requested: Callable[[], bool] = field(default=lambda: False)
+    compiled: bool = False  # whether torch.compile is on (reported in metrics.json)
+
+
+@dataclass
+class StepState:
+    """What the steps change; `step` is saved in checkpoints, the rest is reported."""
+
     step: int = 0  # optimizer steps so far
+    train_img_size: int | None = None  # progressive resizing: this epoch's image size (None: as the loader gives)
     bad_run: torch.Tensor | None = None  # (,) consecutive non-finite losses up to the latest step, on the device
     worst_bad_run: torch.Tensor | None = None  # (,) the longest such run since the last log
     first_step_seconds: float | None = None  # host time of this process's first step: torch.compile's cost
     skipped_steps: int = 0  # fp16 steps the scaler skipped (counted at log time, see count_skipped_steps)
     last_scale: float | None = None  # the GradScaler's scale when it was last read
-    stop_requested: Callable[[], bool] = field(default=lambda: False)
-    train_img_size: int | None = None  # progressive resizing: this epoch's image size (None: as the loader gives)
-    distill: object | None = None  # vit/train/distill.py's Distiller: the loss with a teacher or distillation token
 
 
 class NonFiniteLossError(RuntimeError):
     pass
 
 
-def autocast(ctx: StepContext):
-    if ctx.amp_dtype is None:
+class Window:
+    """The sums behind one log line (the steps since the last one), kept on the device until it is read."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.loss = torch.zeros((), device=device)
+        self.grad = torch.zeros((), device=device)
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss.zero_()
+        self.grad.zero_()
+        self.batches, self.optimizer_steps, self.images = 0, 0, 0
+        self.start = time.perf_counter()
+
+    def add_batch(self, loss: torch.Tensor, images: int) -> None:
+        self.loss += loss
+        self.batches += 1
+        self.images += images
+
+    def add_step(self, grad_norm: torch.Tensor) -> None:
+        self.grad += grad_norm
+        self.optimizer_steps += 1
+
+
+def autocast(settings: StepSettings):
+    if settings.amp_dtype is None:
         return nullcontext()
-    return torch.autocast(ctx.device.type, dtype=ctx.amp_dtype)
+    return torch.autocast(settings.device.type, dtype=settings.amp_dtype)
 
 
-def sync_context(ctx: StepContext, last_micro_step: bool):
+def sync_context(settings: StepSettings, last_micro_step: bool):
     """DDP all-reduces gradients in backward; while accumulating, only the last micro-batch needs to."""
-    if ctx.ddp is None or last_micro_step:
+    if settings.ddp is None or last_micro_step:
         return nullcontext()
-    return ctx.ddp.no_sync()
+    return settings.ddp.no_sync()
 
 
-def stop_agreed(ctx: StepContext) -> bool:
+def stop_agreed(settings: StepSettings) -> bool:
     """Whether to stop now. Every rank must leave the loop at the same step (or the others would wait for it in
     the next all-reduce), so under torchrun the ranks' flags are combined; they are all asked at the same steps."""
-    return ctx.dist.any(ctx.stop_requested(), ctx.device)
+    return settings.dist.any(settings.stop_requested(), settings.device)
 
 
-def check_finite(ctx: StepContext, loss: torch.Tensor) -> None:
+def check_finite(state: StepState, loss: torch.Tensor) -> None:
     """Count consecutive non-finite losses on the device, without a host sync (read at log time)."""
-    if ctx.bad_run is None:
-        ctx.bad_run = torch.zeros((), dtype=torch.long, device=ctx.device)
-        ctx.worst_bad_run = torch.zeros((), dtype=torch.long, device=ctx.device)
-    ctx.bad_run = torch.where(torch.isfinite(loss), 0, ctx.bad_run + 1)
-    ctx.worst_bad_run = torch.maximum(ctx.worst_bad_run, ctx.bad_run)
+    if state.bad_run is None:
+        state.bad_run = torch.zeros((), dtype=torch.long, device=loss.device)
+        state.worst_bad_run = torch.zeros((), dtype=torch.long, device=loss.device)
+    state.bad_run = torch.where(torch.isfinite(loss), 0, state.bad_run + 1)
+    state.worst_bad_run = torch.maximum(state.worst_bad_run, state.bad_run)
 
 
-def raise_if_diverged(ctx: StepContext) -> None:
+def raise_if_diverged(settings: StepSettings, state: StepState) -> None:
     """fp16: the GradScaler skips steps with inf/NaN gradients (counted, not fatal). Otherwise a non-finite loss
     has already poisoned the weights, so `max_bad_steps` in a row stop the run before a checkpoint stores them."""
-    if ctx.worst_bad_run is None:
+    if state.worst_bad_run is None:
         return
-    worst = int(ctx.dist.max_(ctx.worst_bad_run.clone()).item())
-    ctx.worst_bad_run.zero_()
-    if ctx.scaler is None and worst >= ctx.max_bad_steps:
+    worst = int(settings.dist.max_(state.worst_bad_run.clone()).item())
+    state.worst_bad_run.zero_()
+    if settings.scaler is None and worst >= settings.max_bad_steps:
         raise NonFiniteLossError(
-            f"the loss was not finite for {worst} consecutive steps (trainer.max_bad_steps={ctx.max_bad_steps}), "
-            f"detected at step {ctx.step}; the checkpoints of the last finished epoch are kept"
+            f"the loss was not finite for {worst} consecutive steps (trainer.max_bad_steps={settings.max_bad_steps}), "
+            f"detected at step {state.step}; the checkpoints of the last finished epoch are kept"
         )
 
 
@@ -102,131 +136,130 @@ def weights_finite(model: nn.Module) -> bool:
 
 
 def train_one_epoch(
-    ctx: StepContext,
-    loader: Iterable,
-    *,
-    limit_batches: int | None,
-    on_log: Callable[[int, dict], None],
+    settings: StepSettings, state: StepState, loader: Iterable, *, limit_batches: int | None, reporter=None
 ) -> dict:
     """Train over `loader`; returns the epoch's mean loss, images/s, seconds, steps and whether a stop was
-    requested (then the epoch is unfinished)."""
-    ctx.model.train()
-    count_skipped_steps(ctx)  # the scale before this epoch's first step
+    requested (then the epoch is unfinished). `reporter.log_step(step_in_epoch, step, values)` receives the
+    logged values every `log_every` steps (vit/train/report.py)."""
+    settings.train_model.train()
+    count_skipped_steps(settings, state)  # the scale before this epoch's first step
     steps = len(loader) if limit_batches is None else min(len(loader), limit_batches)
-    if stop_agreed(ctx):  # a signal that came during the last evaluation or checkpoint
+    if stop_agreed(settings):  # a signal that came during the last evaluation or checkpoint
         return {"loss": float("nan"), "img_per_s": 0.0, "seconds": 0.0, "steps": 0, "stopped": True}
-    stopped = False
-    loss_sum = torch.zeros((), device=ctx.device)
-    window_loss = torch.zeros((), device=ctx.device)
-    window_grad = torch.zeros((), device=ctx.device)
-    window_count, window_opt_steps, images_seen = 0, 0, 0
-    start = window_start = time.perf_counter()
-    window_images = 0
+    stopped, done, images_seen = False, 0, 0
+    loss_sum = torch.zeros((), device=settings.device)
+    window = Window(settings.device)
+    start = time.perf_counter()
     for i, (images, targets) in enumerate(loader):
         if i >= steps:
             break
         if i == 0:
             first_start = time.perf_counter()  # after the first batch arrived: the loader's start-up is not the step's
-        images = images.to(ctx.device, non_blocking=True)
-        targets = targets.to(ctx.device, non_blocking=True)
-        if ctx.train_img_size is not None:
-            images = resize_batch(images, ctx.train_img_size)  # (B, 3, s, s)
-        if ctx.mixup_fn is not None:
-            images, targets = ctx.mixup_fn(images, targets)  # soft targets (B, classes)
-        last_micro_step = (i + 1) % ctx.accum_steps == 0 or i + 1 == steps
-        with sync_context(ctx, last_micro_step):
-            with autocast(ctx):  # the teacher (ctx.distill) runs in it too, on the same mixed images
-                outputs = ctx.model(images)
-                if ctx.distill is None:
-                    loss = ctx.criterion(outputs, targets)
-                else:
-                    loss = ctx.distill.loss(images, outputs, targets)
-            if ctx.scaler is not None:
-                ctx.scaler.scale(loss / ctx.accum_steps).backward()
-            else:
-                (loss / ctx.accum_steps).backward()
-        loss = loss.detach()
-        check_finite(ctx, loss)
+        last_micro_step = (i + 1) % settings.accum_steps == 0 or i + 1 == steps
+        loss = forward_backward(settings, state, images, targets, last_micro_step)
         loss_sum += loss
-        window_loss += loss
-        window_count += 1
-        images_seen += images.shape[0]
-        window_images += images.shape[0]
-
+        window.add_batch(loss, images.shape[0])
+        images_seen, done = images_seen + images.shape[0], i + 1
         if last_micro_step:
-            window_grad += optimizer_step(ctx)
-            window_opt_steps += 1
-            if ctx.first_step_seconds is None:  # compiling blocks the host, so no sync is needed to time it
-                ctx.first_step_seconds = time.perf_counter() - first_start
-
-        log_step = (i + 1) % ctx.log_every == 0 or i + 1 == steps
+            window.add_step(optimizer_step(settings, state))
+            if state.first_step_seconds is None:  # compiling blocks the host, so no sync is needed to time it
+                state.first_step_seconds = time.perf_counter() - first_start
+        log_step = (i + 1) % settings.log_every == 0 or i + 1 == steps
         if log_step:
-            raise_if_diverged(ctx)
-            # The host syncs, every log_every steps: the window's mean loss (over all ranks) and images seen.
-            totals = torch.stack([window_loss / window_count, window_loss.new_tensor(float(window_images))])
-            totals = ctx.dist.sum_(totals) / totals.new_tensor([ctx.dist.world_size, 1.0])
-            mean_loss, global_images = totals.tolist()
-            count_skipped_steps(ctx)
-            now = time.perf_counter()
-            values = {
-                "train/loss": mean_loss,
-                "train/lr": ctx.optimizer.param_groups[0]["lr"],
-                "train/grad_norm": (window_grad / max(1, window_opt_steps)).item(),
-                "train/img_per_s": global_images / max(now - window_start, 1e-9),
-            }
-            if ctx.distill is not None:  # the label and distillation terms of the loss
-                values.update(ctx.distill.log_values())
-            on_log(i + 1, values)
-            window_loss.zero_()
-            window_grad.zero_()
-            window_count, window_opt_steps, window_images, window_start = 0, 0, 0, now
+            values = window_values(settings, state, window)
+            if reporter is not None:
+                reporter.log_step(i + 1, state.step, values)
+            window.reset()
         # Single process: stop after any optimizer step (never inside an accumulation, whose gradients a
         # checkpoint would not hold). Under torchrun: at those of the log steps, where the ranks compare flags.
-        if last_micro_step and (log_step or not ctx.dist.enabled) and stop_agreed(ctx):
+        if last_micro_step and (log_step or not settings.dist.enabled) and stop_agreed(settings):
             stopped = True
             break
     seconds = time.perf_counter() - start
-    done = max(1, min(i + 1, steps)) if steps else 1
+    world = settings.dist.world_size
     return {
         # The mean over all ranks' batches; nan when nothing was left to train this epoch.
-        "loss": (ctx.dist.sum_(loss_sum / done) / ctx.dist.world_size).item() if steps else float("nan"),
-        "img_per_s": images_seen * ctx.dist.world_size / max(seconds, 1e-9),  # global
+        "loss": (settings.dist.sum_(loss_sum / max(done, 1)) / world).item() if steps else float("nan"),
+        "img_per_s": images_seen * world / max(seconds, 1e-9),  # global
         "seconds": seconds,
-        "steps": done,
+        "steps": max(done, 1),
         "stopped": stopped,
     }
 
 
-def count_skipped_steps(ctx: StepContext) -> None:
+def forward_backward(
+    settings: StepSettings, state: StepState, images: torch.Tensor, targets: torch.Tensor, last_micro_step: bool
+) -> torch.Tensor:
+    """One micro-batch: (resize,) mix, forward, loss, backward of loss / accum_steps. Returns the detached loss."""
+    images = images.to(settings.device, non_blocking=True)  # (B, 3, H, W)
+    targets = targets.to(settings.device, non_blocking=True)  # (B,)
+    if state.train_img_size is not None:
+        images = resize_batch(images, state.train_img_size)  # (B, 3, s, s)
+    if settings.mixup_fn is not None:
+        images, targets = settings.mixup_fn(images, targets)  # soft targets (B, classes)
+    with sync_context(settings, last_micro_step):
+        with autocast(settings):  # the teacher (settings.distill) runs in it too, on the same mixed images
+            outputs = settings.train_model(images)
+            if settings.distill is None:
+                loss = settings.criterion(outputs, targets)
+            else:
+                loss = settings.distill.loss(images, outputs, targets)
+        scaled = loss / settings.accum_steps
+        (settings.scaler.scale(scaled) if settings.scaler is not None else scaled).backward()
+    loss = loss.detach()
+    check_finite(state, loss)
+    return loss
+
+
+def window_values(settings: StepSettings, state: StepState, window: Window) -> dict:
+    """The logged values of one window. The host syncs here, every log_every steps: the window's mean loss (over
+    all ranks) and the images seen."""
+    raise_if_diverged(settings, state)
+    totals = torch.stack([window.loss / max(window.batches, 1), window.loss.new_tensor(float(window.images))])
+    totals = settings.dist.sum_(totals) / totals.new_tensor([settings.dist.world_size, 1.0])
+    mean_loss, global_images = totals.tolist()
+    count_skipped_steps(settings, state)
+    values = {
+        "train/loss": mean_loss,
+        "train/lr": settings.optimizer.param_groups[0]["lr"],
+        "train/grad_norm": (window.grad / max(1, window.optimizer_steps)).item(),
+        "train/img_per_s": global_images / max(time.perf_counter() - window.start, 1e-9),
+    }
+    if settings.distill is not None:  # the label and distillation terms of the loss
+        values.update(settings.distill.log_values())
+    return values
+
+
+def count_skipped_steps(settings: StepSettings, state: StepState) -> None:
     """fp16: every step the GradScaler skips (inf/NaN gradients) multiplies its scale by the backoff factor (0.5),
     so the skips since the last read are log_{1/backoff}(old / new). Reading the scale is a host sync, so it
     happens here, every `log_every` steps, not in the step. (A growth, every 2000 clean steps, landing in the
     same window as a skip hides that one skip; the count is a diagnostic.)"""
-    if ctx.scaler is None:
+    if settings.scaler is None:
         return
-    scale = ctx.scaler.get_scale()
-    if ctx.last_scale is not None and scale < ctx.last_scale:
-        ctx.skipped_steps += round(math.log(ctx.last_scale / scale, 1.0 / ctx.scaler.get_backoff_factor()))
-    ctx.last_scale = scale
+    scale = settings.scaler.get_scale()
+    if state.last_scale is not None and scale < state.last_scale:
+        state.skipped_steps += round(math.log(state.last_scale / scale, 1.0 / settings.scaler.get_backoff_factor()))
+    state.last_scale = scale
 
 
-def optimizer_step(ctx: StepContext) -> torch.Tensor:
+def optimizer_step(settings: StepSettings, state: StepState) -> torch.Tensor:
     """Unscale, clip, step, schedule, EMA. Returns the gradient norm (a device tensor)."""
-    if ctx.scaler is not None:
-        ctx.scaler.unscale_(ctx.optimizer)
-    params = [p for p in ctx.raw_model.parameters() if p.grad is not None]
-    max_norm = ctx.grad_clip if ctx.grad_clip else float("inf")
+    if settings.scaler is not None:
+        settings.scaler.unscale_(settings.optimizer)
+    params = [p for p in settings.model.parameters() if p.grad is not None]
+    max_norm = settings.grad_clip if settings.grad_clip else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    if ctx.scaler is not None:
-        ctx.scaler.step(ctx.optimizer)  # skipped when the unscaled gradients hold inf/NaN
-        ctx.scaler.update()
+    if settings.scaler is not None:
+        settings.scaler.step(settings.optimizer)  # skipped when the unscaled gradients hold inf/NaN
+        settings.scaler.update()
     else:
-        ctx.optimizer.step()
-    ctx.optimizer.zero_grad(set_to_none=True)
-    ctx.step += 1
-    ctx.scheduler.step_update(num_updates=ctx.step)
-    if ctx.ema is not None:
-        ctx.ema.update(ctx.raw_model, step=ctx.step)
+        settings.optimizer.step()
+    settings.optimizer.zero_grad(set_to_none=True)
+    state.step += 1
+    settings.scheduler.step_update(num_updates=state.step)
+    if settings.ema is not None:
+        settings.ema.update(settings.model, step=state.step)
     return grad_norm.detach().float()
 
 

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from collections.abc import Iterator
 
 from vit.train.distributed import env_rank
 
 
 class StopSignal:
-    """Install with `install()`, poll `requested()` once per step, put the old handlers back with `restore()`.
+    """`with stop.installed():` the handlers are this object's; poll `requested()` once per step.
 
     The loop checks the flag between steps, so a stop never lands inside an optimizer update or a checkpoint
     write; a second signal raises SystemExit(128 + signum) at once, as a shell would report it.
@@ -44,3 +46,11 @@ class StopSignal:
     def restore(previous: dict) -> None:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[StopSignal]:
+        previous = self.install()
+        try:
+            yield self
+        finally:
+            self.restore(previous)

@@ -1,0 +1,92 @@
+"""What a run records: one history entry per epoch, the per-epoch TensorBoard scalars, the test split's final
+evaluation (with data.holdout) and metrics.json."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vit.train.loop import evaluate
+
+
+def epoch_record(epoch: int, step: int, train: dict, val: dict | None, val_ema: dict | None, elapsed_s: float) -> dict:
+    """One entry of the run's history (metrics.json, checkpoints): epoch counted from 1; `elapsed_s` is the run's
+    wall time at the end of this epoch's evaluation (from the process start, over resumes). An epoch without an
+    evaluation (trainer.val_every_n_epochs) has val_top1/val_top5/val_loss null."""
+    record = {
+        "epoch": epoch + 1,
+        "step": step,
+        "elapsed_s": elapsed_s,
+        "train_loss": train["loss"],
+        "train_img_per_s": train["img_per_s"],
+        "epoch_seconds": train["seconds"],
+        "val_top1": val["top1"] if val else None,
+        "val_top5": val["top5"] if val else None,
+        "val_loss": val["loss"] if val else None,
+    }
+    if val_ema:
+        record.update(val_ema_top1=val_ema["top1"], val_ema_top5=val_ema["top5"], val_ema_loss=val_ema["loss"])
+    return record
+
+
+def epoch_scalars(
+    train: dict, val: dict | None, val_ema: dict | None, device: torch.device, skipped_steps: int
+) -> dict:
+    """The once-per-epoch TensorBoard scalars (the per-step ones come from the loop's reporter)."""
+    scalars = {
+        "time/epoch_s": train["seconds"],
+        "train/epoch_img_per_s": train["img_per_s"],
+        "train/epoch_loss": train["loss"],
+    }
+    if val:
+        scalars.update({f"val/{k}": val[k] for k in ("top1", "top5", "loss")})
+    if val_ema:
+        scalars.update({f"val_ema/{k}": val_ema[k] for k in ("top1", "top5", "loss")})
+    if device.type == "cuda":
+        scalars["sys/gpu_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    if skipped_steps:
+        scalars["train/skipped_steps"] = skipped_steps
+    return scalars
+
+
+def epoch_line(
+    epoch: int, epochs: int, train: dict, val: dict | None, val_ema: dict | None, img_size, val_name: str
+) -> str:
+    return (
+        f"epoch {epoch + 1}/{epochs}: train loss {train['loss']:.4f}, {train['img_per_s']:,.0f} img/s"
+        + (f" at {img_size} px" if img_size is not None else "")
+        + f", {train['seconds']:.1f}s"
+        + (f"; {val_name} top-1 {val['top1']:.2f}%" if val else "")
+        + (f" (EMA {val_ema['top1']:.2f}%)" if val_ema else "")
+    )
+
+
+def final_test(model, ema, bundle, device, amp_dtype, limit, dist, flip: bool) -> dict:
+    """Top-1/top-5/loss of the final weights (and the EMA's) on the test split that data.holdout set aside."""
+    result = evaluate(model, bundle.test_loader, device, amp_dtype, limit, dist=dist, flip=flip)
+    test = {"split": bundle.test_name, "top1": result["top1"], "top5": result["top5"], "loss": result["loss"]}
+    if ema is not None:
+        ema_result = evaluate(ema.module, bundle.test_loader, device, amp_dtype, limit, dist=dist, flip=flip)
+        test.update(ema_top1=ema_result["top1"], ema_top5=ema_result["top5"], ema_loss=ema_result["loss"])
+    return test
+
+
+def run_metrics(cfg, history: list[dict], cost, bundle, compiled: bool, device) -> dict:
+    """metrics.json: final and best epoch, mean throughput, model size, and the whole history."""
+    evaluated = [r for r in history if r.get("val_top1") is not None]
+    best = max(evaluated, key=lambda r: r["val_top1"]) if evaluated else {}
+    return {
+        "model": cfg.model.name,
+        "params": cost.params,
+        "macs": cost.macs,
+        "epochs_done": len(history),
+        "final": history[-1] if history else {},
+        "best": {"val_top1": best.get("val_top1"), "epoch": best.get("epoch")},
+        "train_img_per_s": float(np.mean([r["train_img_per_s"] for r in history])) if history else None,
+        "loader": bundle.loader_kind,
+        "loader_reason": bundle.loader_reason,
+        "compiled": compiled,
+        "device": str(device),
+        "history": history,
+        "val_split": bundle.val_name,
+    }

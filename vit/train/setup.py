@@ -1,0 +1,144 @@
+"""The first phases of a run: set up torch, then build the model and the data (with pretrained weights, the
+teacher and the distillation loss). The model comes before the data, so a bad model setting or weights file
+fails before any image is read."""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from vit.data import DataBundle, build_data
+from vit.models import complexity
+from vit.train.checkpoint import find_resume_checkpoint
+from vit.train.config import ConfigError, build_model_from_config, resolve_device
+from vit.train.distill import build_distiller, check_teacher_classes, load_teacher
+from vit.train.distributed import Distributed
+from vit.train.finetune import freeze, load_pretrained_weights, read_pretrained
+from vit.train.progressive import ResizeSchedule, resize_schedule
+
+log = logging.getLogger("vit.train")
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """Every epoch draws its randomness from (seed, epoch) alone, so a resumed run repeats exactly what an
+    uninterrupted one would have done."""
+    return seed * 100_003 + epoch
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """Rank 0 draws what a single process would; other ranks draw other augmentations and drop-path masks."""
+    return seed + 1_000_033 * rank
+
+
+def setup_torch(tcfg: DictConfig, dist: Distributed) -> torch.device:
+    """This rank's device, the global seed, determinism or TF32, and a fresh peak-memory count."""
+    device = dist.device(resolve_device(tcfg.device))
+    seed_everything(int(tcfg.seed))
+    if tcfg.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
+        torch.backends.cudnn.benchmark = False
+    elif device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    if device.type == "cuda":  # sys/gpu_mem_gib is this run's peak, also after earlier runs of a multirun sweep
+        torch.cuda.reset_peak_memory_stats(device)
+    return device
+
+
+@dataclass
+class Setup:
+    """What the later phases build on; none of it changes while the run trains."""
+
+    cfg: DictConfig
+    resolved: dict  # the config with interpolations resolved, as checkpoints store it
+    device: torch.device
+    dist: Distributed
+    model: nn.Module  # on the device; the module whose weights the checkpoints hold
+    bundle: DataBundle
+    distiller: object | None  # vit/train/distill.py's Distiller, with or without a teacher
+    cost: object  # vit/models/complexity.py's Complexity of the model
+    resume_path: Path | None
+    resize: ResizeSchedule | None  # trainer.progressive_resize
+
+
+def build_model_and_data(
+    cfg: DictConfig,
+    run_dir: Path,
+    device: torch.device,
+    dist: Distributed,
+    loader_wrapper: Callable[[Iterable], Iterable] | None = None,
+) -> Setup:
+    tcfg, seed = cfg.trainer, int(cfg.trainer.seed)
+    # With `num_classes: null` the data decides, and the model is rebuilt with its class count (same seed, so the
+    # same initial weights).
+    num_classes_cfg = cfg.model.get("num_classes")
+    resize = resize_schedule(tcfg.get("progressive_resize"), cfg.data.img_size, cfg.model.get("patch_size") or 1)
+    dynamic = resize is not None  # progressive resizing: the ViT takes the smaller images too
+    model = build_model_from_config(cfg.model, num_classes=num_classes_cfg or 1000, dynamic_img_size=dynamic)
+    # model.pretrained: read and checked against this model before any data is read. A resumed run continues from
+    # its own checkpoint and does not read them again.
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resume_path = dist.broadcast(resume_checkpoint_path(tcfg.resume, run_dir, resolved) if dist.is_main else None)
+    pretrained = read_pretrained(cfg.model, model) if resume_path is None else None
+    # distill.teacher: read before any data, and again on resume (checkpoints hold the student only).
+    teacher = load_teacher(cfg.get("distill") or {})
+    if teacher is not None:
+        check_teacher_classes(teacher, cfg.data.get("num_classes"))
+    bundle = build_data(cfg.data, device=device, seed=seed, rank=dist.rank, world_size=dist.world_size)
+    if loader_wrapper is not None:
+        bundle.train_loader = loader_wrapper(bundle.train_loader)
+    if num_classes_cfg is None and getattr(model, "num_classes", None) != bundle.num_classes:
+        seed_everything(seed)
+        model = build_model_from_config(cfg.model, num_classes=bundle.num_classes, dynamic_img_size=dynamic)
+    if pretrained is not None:
+        load_pretrained_weights(model, pretrained, bundle.class_to_idx)
+    freeze(model, cfg.model.get("freeze"))  # frozen parameters get no optimizer state and no weight decay
+    use_grad_checkpointing(model, bool(tcfg.grad_checkpointing))
+    model = model.to(device)
+    distiller = build_distiller(cfg.get("distill") or {}, teacher, model, bundle, int(cfg.data.img_size), device)
+    cost = complexity(model)
+    log.info("%s: %.2f M params, %.3f GMACs per image", cfg.model.name, cost.params / 1e6, cost.macs / 1e9)
+    return Setup(cfg, resolved, device, dist, model, bundle, distiller, cost, resume_path, resize)
+
+
+def use_grad_checkpointing(model: nn.Module, enabled: bool) -> None:
+    """trainer.grad_checkpointing: the encoder blocks keep no activations for the backward pass and run again in
+    it (less memory for about one more forward pass of time); the gradients are those of the plain model."""
+    if not enabled:
+        return
+    if not hasattr(model, "set_grad_checkpointing"):
+        raise ConfigError(f"trainer.grad_checkpointing=true: {type(model).__name__} cannot recompute its blocks")
+    model.set_grad_checkpointing(True)
+    log.info("gradient checkpointing: the encoder blocks are recomputed in the backward pass")
+
+
+def resume_checkpoint_path(setting, run_dir: Path, resolved: dict) -> Path | None:
+    """`trainer.resume`: null -> None; a path -> that file; auto -> this run's last.pt, else (in Hydra's
+    outputs/<date>/<time> layout only) the newest last.pt of an earlier run with the same model and data config,
+    so rerunning the same command continues it. A run folder chosen by hand resumes from its own files only."""
+    if not setting:
+        return None
+    if setting != "auto":
+        return Path(str(setting))
+    runs_root = run_dir.parent.parent if run_dir.parent.parent.name == "outputs" else None
+    match = {"model": resolved["model"], "data": resolved["data"]}
+    if (resolved.get("distill") or {}).get("teacher"):  # a distillation run continues the one with its teacher
+        match["distill"] = resolved["distill"]
+    path = find_resume_checkpoint(run_dir, runs_root, match)
+    if path is None:
+        log.info("trainer.resume=auto: no checkpoint of this run found, starting fresh")
+    return path
