@@ -21,7 +21,7 @@ from vit.train.checkpoint import CheckpointError
 from vit.train.config import ConfigError, build_model_from_config, validate
 from vit.train.distill import Distiller, TeacherView, load_teacher
 
-run_module = importlib.import_module("vit.train.run")
+setup_phase = importlib.import_module("vit.train.setup")  # where a run builds its model and data
 CPU = ["trainer.device=cpu", "trainer.attn_maps_every_n_epochs=0", "trainer.ema=false"]
 
 
@@ -209,8 +209,8 @@ def teacher_overrides(path, kind="soft"):
 
 def test_a_distillation_run_leaves_the_teacher_alone_and_resumes_exactly(resnet_file, tmp_path, monkeypatch):
     captured = []
-    real = run_module.build_distiller
-    monkeypatch.setattr(run_module, "build_distiller", lambda *a, **k: captured.append(real(*a, **k)) or captured[-1])
+    real = setup_phase.build_distiller
+    monkeypatch.setattr(setup_phase, "build_distiller", lambda *a, **k: captured.append(real(*a, **k)) or captured[-1])
     args = [*RUN, *teacher_overrides(resnet_file), "distill.teacher_img_size=48", "distill.tau=2.0"]
     whole = run(compose_config(args), output_dir=tmp_path / "whole")
 
@@ -297,7 +297,7 @@ def test_a_teacher_of_other_classes_stops_before_the_data(resnet_file, tmp_path,
     def no_data(*args, **kwargs):
         raise AssertionError("the data was read")
 
-    monkeypatch.setattr(run_module, "build_data", no_data)
+    monkeypatch.setattr(setup_phase, "build_data", no_data)
     cfg = compose_config([*RUN, "data.num_classes=7", *teacher_overrides(resnet_file)])
     with pytest.raises(CheckpointError, match="the teacher predicts 10 classes, the data has 7"):
         run(cfg, output_dir=tmp_path / "run")

@@ -24,7 +24,8 @@ from vit.train.config import ConfigError, build_model_from_config, validate
 from vit.train.finetune import read_pretrained
 from vit.train.optim import build_optimizer, build_scheduler
 
-run_module = importlib.import_module("vit.train.run")  # the module (vit.train.run is also the function's name)
+setup_phase = importlib.import_module("vit.train.setup")  # where a run builds its model and data
+optimisation_phase = importlib.import_module("vit.train.optimisation")
 CPU = ["trainer.device=cpu", "trainer.attn_maps_every_n_epochs=0", "trainer.ema=false"]
 # 5 classes at 32 px (patch 4: an 8 x 8 grid), a few steps.
 TARGET = ["data=synthetic", "data.synthetic.num_train=32", "data.synthetic.num_val=16", "data.batch_size=16"]
@@ -45,13 +46,13 @@ def timm_source():
 def train_from(overrides, run_dir, monkeypatch):
     """A real run; returns (metrics, the weights the optimizer was built on, i.e. at step 0)."""
     seen = {}
-    real = run_module.build_optimizer
+    real = optimisation_phase.build_optimizer
 
     def spy(model, *args, **kwargs):
         seen.update({k: v.detach().clone() for k, v in model.state_dict().items()})
         return real(model, *args, **kwargs)
 
-    monkeypatch.setattr(run_module, "build_optimizer", spy)
+    monkeypatch.setattr(optimisation_phase, "build_optimizer", spy)
     metrics = run(compose_config(overrides), output_dir=run_dir)
     return metrics, seen
 
@@ -260,7 +261,7 @@ def exit_line(overrides, tmp_path, monkeypatch, capsys) -> str:
     def no_data(*args, **kwargs):
         raise AssertionError("the data was read before the source was checked")
 
-    monkeypatch.setattr(run_module, "build_data", no_data)
+    monkeypatch.setattr(setup_phase, "build_data", no_data)
     monkeypatch.setattr(vit.train, "run", functools.partial(run, output_dir=tmp_path / "run"))
     with pytest.raises(SystemExit) as exit_info:
         train_task(compose_config([*TARGET, *overrides]))

@@ -1,0 +1,104 @@
+"""trainer.keep_last keeps the newest epoch checkpoints; scripts/average_checkpoints.py averages them into a
+checkpoint that evaluation and fine-tuning read; trainer.grad_checkpointing trains exactly as without it."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, compose_config, run_cli
+
+from vit.train import CheckpointError, ConfigError, load_checkpoint, run, validate
+from vit.train.averaging import average_checkpoints
+from vit.train.config import build_model_from_config
+from vit.train.finetune import read_pretrained
+
+BASE = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.device=cpu", "trainer.deterministic=true"]
+BASE += ["trainer.attn_maps_every_n_epochs=0", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1"]
+
+
+@pytest.fixture(scope="module")
+def kept_run(tmp_path_factory):
+    """Four epochs with trainer.keep_last=2."""
+    run_dir = tmp_path_factory.mktemp("kept")
+    metrics = run(compose_config([*BASE, "trainer.epochs=4", "trainer.keep_last=2"]), output_dir=run_dir)
+    return run_dir, metrics
+
+
+def test_keep_last_leaves_the_newest_epochs_beside_last_and_best(kept_run):
+    run_dir, metrics = kept_run
+    folder = run_dir / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == ["best.pt", "epoch_0003.pt", "epoch_0004.pt", "last.pt"]
+    assert [load_checkpoint(folder / f"epoch_000{n}.pt")["epoch"] for n in (3, 4)] == [3, 4]
+    last, epoch4 = load_checkpoint(folder / "last.pt"), load_checkpoint(folder / "epoch_0004.pt")
+    assert last["epoch"] == 4 and all(torch.equal(last["model"][k], v) for k, v in epoch4["model"].items())
+    best_epoch = metrics["best"]["epoch"]
+    assert load_checkpoint(folder / "best.pt")["epoch"] == best_epoch
+
+
+def test_a_resumed_run_keeps_counting_its_epoch_files(tmp_path):
+    run(compose_config([*BASE, "trainer.epochs=3", "trainer.keep_last=2", "trainer.stop_after_epoch=1"]), tmp_path)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("epoch_*")) == ["epoch_0001.pt"]
+    run(compose_config([*BASE, "trainer.epochs=3", "trainer.keep_last=2", "trainer.resume=auto"]), tmp_path)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("epoch_*")) == ["epoch_0002.pt", "epoch_0003.pt"]
+
+
+def test_averaging_two_checkpoints_gives_the_elementwise_mean(kept_run):
+    folder = kept_run[0] / "checkpoints"
+    a, b = (load_checkpoint(folder / f"epoch_000{n}.pt") for n in (3, 4))
+    for which, key in (("raw", "model"), ("ema", "ema")):
+        averaged = average_checkpoints([folder / "epoch_0003.pt", folder / "epoch_0004.pt"], which)
+        assert averaged["model"].keys() == a[key].keys()
+        for name, tensor in averaged["model"].items():
+            torch.testing.assert_close(tensor, (a[key][name] + b[key][name]) / 2, rtol=0, atol=1e-7)
+        differs = [n for n in a[key] if not torch.equal(a[key][n], b[key][n])]
+        assert differs  # two epochs apart: the mean is not just one of them
+
+
+def test_the_script_writes_a_checkpoint_that_evaluation_and_finetuning_read(kept_run, tmp_path):
+    run_dir = kept_run[0]
+    out = tmp_path / "averaged.pt"
+    script = [sys.executable, str(REPO / "scripts" / "average_checkpoints.py"), str(run_dir), f"out={out}"]
+    done = subprocess.run(script, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "2 checkpoints (epoch_0003.pt, epoch_0004.pt)" in done.stdout
+    evaluate = [sys.executable, str(REPO / "scripts" / "evaluate.py"), f"checkpoint={out}", "limit_batches=1"]
+    evaluated = subprocess.run(evaluate, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert "top-1" in evaluated.stdout
+    config = compose_config([*BASE, f"model.pretrained={out}"])
+    model = build_model_from_config(config.model, num_classes=10)
+    weights = read_pretrained(config.model, model)
+    assert weights is not None
+    assert torch.equal(weights.state_dict["head.weight"], load_checkpoint(out)["model"]["head.weight"])
+    with pytest.raises(CheckpointError, match="holds no optimizer or scheduler state"):
+        run(compose_config([*BASE, "trainer.epochs=5", f"trainer.resume={out}"]), output_dir=tmp_path / "resume")
+
+
+def test_checkpoints_of_other_models_are_not_averaged(kept_run, tmp_path):
+    other = tmp_path / "other"
+    run(compose_config([*BASE, "trainer.epochs=1", "model.embed_dim=48"]), output_dir=other)
+    with pytest.raises(CheckpointError, match=r"is \([0-9, ]+\) torch.float32 in '.*other.*' but"):
+        average_checkpoints([kept_run[0] / "checkpoints" / "last.pt", other / "checkpoints" / "last.pt"])
+
+
+def test_bad_keep_last_and_bad_script_arguments_are_one_line(tmp_path):
+    with pytest.raises(ConfigError, match=r"trainer.keep_last=0 must be >= 1 or null"):
+        validate(compose_config([*BASE, "trainer.keep_last=0"]))
+    done = run_cli([*BASE, "trainer.keep_last=0"], cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.strip().count("\n") == 0
+    assert "trainer.keep_last=0" in done.stderr
+    script = [sys.executable, str(REPO / "scripts" / "average_checkpoints.py"), str(tmp_path)]
+    empty = subprocess.run(script, capture_output=True, text=True, timeout=120)
+    assert empty.returncode == 2 and "holds no epoch checkpoints" in empty.stderr
+    assert empty.stderr.strip().count("\n") == 0
+
+
+def test_gradient_checkpointing_trains_exactly_as_without(tmp_path):
+    args = [*BASE, "trainer.epochs=1", "model.drop_path_rate=0.1"]
+    plain = run(compose_config(args), output_dir=tmp_path / "plain")
+    recomputed = run(compose_config([*args, "trainer.grad_checkpointing=true"]), output_dir=tmp_path / "ckpt")
+    assert plain["history"][0]["train_loss"] == recomputed["history"][0]["train_loss"]
+    a = load_checkpoint(tmp_path / "plain" / "checkpoints" / "last.pt")["model"]
+    b = load_checkpoint(tmp_path / "ckpt" / "checkpoints" / "last.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
