@@ -246,11 +246,17 @@ class StreamLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         bad = 0
+        batches = iter(self.loader)
         try:
-            for images, targets, skipped in self.loader:
+            for images, targets, skipped in batches:
                 bad += int(skipped.sum())
                 yield images, targets
         except DataError as err:
+            # Stop the workers now: the error's traceback keeps this iterator alive, and the workers ignore
+            # SIGTERM (vit/data/loader.py `_init_worker`), so shutting them down at exit would wait forever.
+            shutdown = getattr(batches, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
             raise DataError(one_line(err)) from None
         if bad:
             split = "training" if self.dataset.train else "validation"

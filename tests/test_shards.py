@@ -1,0 +1,272 @@
+"""data=webdataset: shards written by scripts/make_shards.py, read back over ranks and loader workers (every
+sample once an epoch), resumed inside an epoch, trained on through train.py; bad shards stopped with one line."""
+
+import collections
+import importlib.util
+import io
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from trainer_utils import REPO, run_cli
+from webdataset import TarWriter
+
+from vit.data import DataError, build_data
+from vit.data.datasets import DATASET_NAMES
+from vit.data.stream import ShardStream
+
+CLASSES = ("cat", "dog", "frog")
+TINY = ["model=vit_tiny", "model.depth=1", "model.embed_dim=32", "model.num_heads=2"]
+TINY += ["data.img_size=32", "data.patch_size=8", "trainer.device=cpu", "trainer.attn_maps_every_n_epochs=0"]
+ACCEPTED = pytest.mark.skipif(
+    "webdataset" not in DATASET_NAMES, reason="the config check does not accept data.name=webdataset yet"
+)
+
+
+def load_make_shards():
+    spec = importlib.util.spec_from_file_location("make_shards", REPO / "scripts" / "make_shards.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_tree(root, per_class=(30, 10)):
+    """root/train/<class>/ and root/val/<class>/: small noise images, a third of them PNG."""
+    rng = np.random.default_rng(0)
+    for split, count in zip(("train", "val"), per_class, strict=True):
+        for name in CLASSES:
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(count):
+                image = Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8))
+                image.save(folder / f"img {i}.{'png' if i % 3 == 0 else 'jpg'}")
+    return root
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """90 training images in 6 shards (16 per shard, the last 10) and 30 validation images in 2."""
+    base = tmp_path_factory.mktemp("shards")
+    tree = write_tree(base / "tree")
+    assert load_make_shards().main([str(tree), str(base / "out"), "--samples-per-shard", "16"]) == 0
+    return base / "out"
+
+
+def cfg_for(shards, **extra):
+    cfg = {"name": "webdataset", "urls": str(shards / "train-{000000..000005}.tar"), "img_size": 16}
+    cfg.update(batch_size=4, num_workers=2, shuffle_buffer=8, augment={"crop": "pad", "auto_augment": "autoaug"})
+    cfg.update(extra)
+    return cfg
+
+
+class KeyStream(ShardStream):
+    """The real stream with each image replaced by its sample key, to count which samples a loader gives."""
+
+    def _decode(self, sample, seed):
+        return torch.tensor([int(sample["__key__"])]), self._label(sample, sample["__url__"], sample["__key__"])
+
+
+def keys_of(loader) -> list[int]:
+    """Sample keys of one pass of a bundle's loader (DeviceBatches -> StreamLoader -> DataLoader)."""
+    loader.loader.dataset.__class__ = KeyStream
+    return [int(k) for images, _, _ in loader.loader.loader for k in images.flatten()]
+
+
+def read_shard(path) -> dict[str, dict[str, bytes]]:
+    samples = collections.defaultdict(dict)
+    with tarfile.open(path) as tar:
+        for member in tar:
+            key, ext = member.name.split(".", 1)
+            samples[key][ext] = tar.extractfile(member).read()
+    return samples
+
+
+def test_make_shards_writes_every_image_once_with_its_class(shards):
+    info = json.loads((shards / "_info.json").read_text())
+    assert json.loads((shards / "classes.json").read_text()) == {"cat": 0, "dog": 1, "frog": 2}
+    assert info["splits"]["train"]["shard_lengths"] == [16, 16, 16, 16, 16, 10]
+    assert info["splits"]["val"]["filenames"] == ["val-000000.tar", "val-000001.tar"]
+    train = [read_shard(shards / name) for name in info["splits"]["train"]["filenames"]]
+    order = [int(key) for shard in train for key in shard]
+    assert sorted(order) == list(range(90)) and order != sorted(order)  # every image once, shuffled
+    for shard in train:  # key k is image k of the sorted listing: 30 per class, classes in order
+        for key, sample in shard.items():
+            assert int(sample["cls"]) == int(key) // 30
+            assert set(sample) in ({"cls", "jpg"}, {"cls", "png"})
+    val = read_shard(shards / "val-000000.tar")
+    assert list(val) == [f"{k:08d}" for k in range(16)]  # validation keeps the folder order
+
+
+def test_two_ranks_with_two_workers_see_every_training_sample_once(shards):
+    seen, batches = collections.Counter(), []
+    for rank in range(2):
+        bundle = build_data(cfg_for(shards), seed=3, rank=rank, world_size=2)
+        keys = keys_of(bundle.train_loader)
+        batches.append(len(bundle.train_loader))
+        assert len(keys) == len(bundle.train_loader) * 4
+        seen.update(keys)
+    # 90 samples: 45 per rank, 11 full batches of 4 each; the 2 left over sit out this epoch.
+    assert batches == [11, 11] and len(seen) == 88 and set(seen.values()) == {1}
+    assert set(seen) <= set(range(90))
+
+
+def test_validation_sees_every_sample_once_over_ranks(shards):
+    keys = []
+    for rank in range(2):
+        bundle = build_data(cfg_for(shards, num_workers=2), seed=3, rank=rank, world_size=2)
+        assert (bundle.num_val, bundle.val_name, bundle.loader_kind) == (30, "val", "webdataset")
+        keys += keys_of(bundle.val_loader)
+    assert sorted(keys) == list(range(30))
+
+
+def test_an_epoch_is_reproducible_and_the_next_one_differs(shards):
+    orders = []
+    for epoch in (1, 1, 2):
+        bundle = build_data(cfg_for(shards, num_workers=1), seed=7)
+        bundle.train_loader.loader.dataset.set_epoch(epoch)
+        orders.append(keys_of(bundle.train_loader))
+    assert orders[0] == orders[1] and orders[0] != orders[2] and sorted(orders[0]) != orders[0]
+
+
+@pytest.mark.parametrize("crop", ["rrc", "pad"])
+def test_skip_batches_resumes_with_the_uninterrupted_epochs_batches(shards, crop):
+    cfg = cfg_for(shards, augment={"crop": crop, "auto_augment": "autoaug"})
+    full_bundle = build_data(cfg, seed=5)
+    full_bundle.train_loader.set_epoch(2)
+    full = list(full_bundle.train_loader)
+    resumed = build_data(cfg, seed=5).train_loader
+    resumed.set_epoch(2)
+    resumed.skip_batches(3)
+    assert len(resumed) == len(full) - 3 == 19
+    rest = list(resumed)
+    assert len(rest) == 19
+    for (images, targets), (images2, targets2) in zip(full[3:], rest, strict=True):
+        assert torch.equal(images, images2) and torch.equal(targets, targets2)
+
+
+def write_bad_shard(folder, samples, classes=True):
+    """One shard of `samples` ({ext: bytes} per key) and, if asked, the class map beside it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    good = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(good, format="PNG")
+    with TarWriter(str(folder / "train-000000.tar"), encoder=False) as sink:
+        for index in range(8):
+            sink.write({"__key__": f"{index:08d}", "png": good.getvalue(), "cls": b"1"})
+        for key, sample in samples.items():
+            sink.write({"__key__": key, **sample})
+    if classes:
+        (folder / "classes.json").write_text(json.dumps({c: i for i, c in enumerate(CLASSES)}))
+    return str(folder / "train-000000.tar")
+
+
+BAD = {
+    "corrupt": ({"broken": {"jpg": b"\xff\xd8 not a jpeg", "cls": b"0"}}, r"sample broken\.jpg cannot be decoded"),
+    "no label": ({"nolabel": {"png": b"x"}}, r"sample nolabel has no \.cls label"),
+    "not a number": ({"word": {"png": b"x", "cls": b"cat"}}, r"sample word\.cls holds b'cat', not a class index"),
+    "out of range": ({"big": {"png": b"x", "cls": b"7"}}, r"sample big\.cls holds 7, outside 0\.\.2"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_a_bad_sample_stops_with_one_line_naming_shard_and_key(tmp_path, case):
+    samples, needle = BAD[case]
+    url = write_bad_shard(tmp_path, samples)
+    cfg = {"name": "webdataset", "urls": url, "val_urls": url, "img_size": 8, "batch_size": 3, "num_workers": 2}
+    with pytest.raises(DataError) as err:
+        list(build_data({**cfg, "augment": {"crop": "none"}, "shuffle_buffer": 0}).train_loader)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"shard {url}: ")
+    assert re.search(needle, message), message
+
+
+def test_on_bad_image_skip_counts_it_and_keeps_the_number_of_batches(tmp_path, caplog):
+    url = write_bad_shard(tmp_path, {"broken": {"jpg": b"\xff\xd8 not a jpeg", "cls": b"0"}})
+    cfg = {"name": "webdataset", "urls": url, "val_urls": url, "img_size": 8, "batch_size": 3, "num_workers": 0}
+    bundle = build_data({**cfg, "augment": {"crop": "none"}, "on_bad_image": "skip"})
+    with caplog.at_level(logging.WARNING, logger="vit.data.stream"):
+        batches = list(bundle.train_loader)
+    assert len(batches) == len(bundle.train_loader) == 3  # 9 samples, the broken one's place taken
+    assert sum(len(t) for _, t in batches) == 9
+    assert [r.getMessage() for r in caplog.records] == [
+        "data.on_bad_image=skip: 1 unreadable training images this epoch (epoch 0); each place taken by the next "
+        "readable image"
+    ]
+
+
+def test_settings_that_cannot_work_are_named(shards, tmp_path):
+    cases = [
+        ({"urls": None}, r"^data\.urls is not set: data=webdataset needs data\.urls="),
+        ({"urls": str(tmp_path / "none-{0..3}.tar")}, r"^data\.urls='.*none-\{0\.\.3\}\.tar' matches no file"),
+        ({"loader": "gpu"}, r"^data\.loader=gpu cannot read data=webdataset"),
+        ({"num_classes": 2}, r"^data\.num_classes=2 but .*classes\.json lists 3 classes"),
+        ({"shuffle_buffer": "many"}, r"^data\.shuffle_buffer='many' must be an integer"),
+        ({"batch_size": 128}, r"^data\.batch_size=128 is larger than the 90 training samples"),
+    ]
+    for extra, needle in cases:
+        with pytest.raises(DataError, match=needle):
+            build_data(cfg_for(shards, **extra))
+
+
+def test_epoch_samples_reads_each_workers_shards_until_the_declared_epoch(shards):
+    seen = collections.Counter()
+    for rank in range(2):
+        bundle = build_data(cfg_for(shards, epoch_samples=120), seed=1, rank=rank, world_size=2)
+        assert bundle.num_train == 120 and len(bundle.train_loader) == 15  # 60 per rank, batches of 4
+        seen.update(keys_of(bundle.train_loader))
+    assert sum(seen.values()) == 120 and max(seen.values()) > 1  # 90 samples in 120 places: some repeat
+
+
+@ACCEPTED
+def test_train_py_trains_on_shards_and_stops_on_a_missing_pattern(shards, tmp_path):
+    urls = f"data.urls='{shards}/train-{{000000..000005}}.tar'"
+    done = run_cli(["data=webdataset", urls, *TINY, "trainer.epochs=1", "data.batch_size=8", "data.num_workers=1",
+                    f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["epochs_done"] == 1 and metrics["history"][0]["step"] == 11 and metrics["loader"] == "webdataset"
+    missing = run_cli(["data=webdataset", f"data.urls='{tmp_path}/nothing-{{0..9}}.tar'", *TINY], cwd=tmp_path)
+    assert missing.returncode == 2
+    assert missing.stderr.strip().splitlines() == [
+        f"data error: data.urls='{tmp_path}/nothing-{{0..9}}.tar' matches no file (the first would be "
+        f"{tmp_path}/nothing-0.tar)"
+    ]
+
+
+@ACCEPTED
+@pytest.mark.slow
+def test_two_processes_train_one_epoch_on_shards(shards, tmp_path):
+    """torchrun, 2 gloo processes on the CPU, 2 loader workers each: 90 samples, 45 per rank, 5 steps of 8."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    args = ["data=webdataset", f"data.urls='{shards}/train-{{000000..000005}}.tar'", *TINY, "trainer.epochs=1"]
+    args += ["data.batch_size=8", "data.num_workers=2", f"hydra.run.dir={tmp_path / 'run'}"]
+    done = subprocess.run([*launcher, str(REPO / "train.py"), *args], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["epochs_done"] == 1 and metrics["history"][0]["step"] == 5
+
+
+ARCHIVE = os.environ.get("VIT_CIFAR10_ARCHIVE")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not ARCHIVE, reason="VIT_CIFAR10_ARCHIVE is not set (CI sets it)")
+def test_cifar10_archive_becomes_shards_with_one_command(tmp_path):
+    out = tmp_path / "shards"
+    args = [ARCHIVE, str(out), "--cache-dir", str(tmp_path / "cache"), "--samples-per-shard", "10000"]
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "make_shards.py"), *args], capture_output=True,
+                          text=True)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    info = json.loads((out / "_info.json").read_text())
+    assert info["splits"]["train"]["shard_lengths"] == [10000] * 5
+    assert info["splits"]["test"]["shard_lengths"] == [10000]
+    assert len(json.loads((out / "classes.json").read_text())) == 10
+    assert "data.val_urls='" + str(out.resolve()) + "/test-000000.tar'" in done.stdout
