@@ -1,17 +1,18 @@
-"""The attention module: the seed's worked examples, both backends, masks, capture, timm/PyTorch parity."""
+"""The attention module: the worked example of its docstring, both backends, masks, capture, the T2T token
+attention's V skip, timm/PyTorch parity."""
 
 import pytest
 import timm.layers
 import torch
 from torch import nn
 
-from vit.models import Attention, capture_attention
+from vit.models import Attention, LocalitySelfAttention, TokenAttention, capture_attention
 
 
 @pytest.mark.parametrize("heads", [1, 4])
-def test_seed_shapes_token_attention_49_to_64(heads):
-    """The seed's example: 100 tokens of width 49 -> 64 channels, batch 13."""
-    attn = Attention(dim=49, chan=64, num_heads=heads)
+def test_worked_example_shapes_49_to_64(heads):
+    """The module docstring's example: a batch of 13 sequences of 100 tokens of width 49, projected to 64."""
+    attn = Attention(dim=49, dim_out=64, num_heads=heads)
     x = torch.randn(13, 100, 49)
     q, k, v = attn.split_heads(x)
     for t in (q, k, v):
@@ -24,8 +25,15 @@ def test_seed_shapes_token_attention_49_to_64(heads):
     torch.testing.assert_close(maps[0].sum(-1), torch.ones(13, heads, 100))
 
 
-def test_v_skip_connection_is_added_when_width_changes():
-    attn = Attention(dim=49, chan=64, num_heads=4)
+def test_plain_attention_with_a_width_change_has_no_skip():
+    attn = Attention(dim=49, dim_out=64, num_heads=4)
+    nn.init.zeros_(attn.proj.weight)
+    nn.init.zeros_(attn.proj.bias)
+    torch.testing.assert_close(attn(torch.randn(2, 10, 49)), torch.zeros(2, 10, 64))
+
+
+def test_token_attention_adds_v_as_the_skip_connection():
+    attn = TokenAttention(dim=49, dim_out=64, num_heads=4)
     x = torch.randn(2, 10, 49)
     _, _, v = attn.split_heads(x)
     nn.init.zeros_(attn.proj.weight)
@@ -37,13 +45,13 @@ def test_v_skip_connection_is_added_when_width_changes():
 
 def _identity_qk_attention(qk_scale):
     """One head, dim 4, Q = K = V = x: the scores are plain dot products of the tokens."""
-    attn = Attention(dim=4, num_heads=1, qkv_bias=False, qk_scale=qk_scale, backend="math")
+    attn = Attention(dim=4, num_heads=1, qkv_bias=False, qk_scale=qk_scale, attn_backend="math")
     with torch.no_grad():
         attn.qkv.weight.copy_(torch.cat([torch.eye(4)] * 3))
     return attn
 
 
-def test_seed_scale_example():
+def test_scale_sharpens_less_than_raw_dot_products():
     # Tokens whose dot products are [[2, 0], [0, 2]].
     x = torch.tensor([[[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0]]])
     unscaled = _identity_qk_attention(qk_scale=1.0)
@@ -77,12 +85,15 @@ def _masks(n):
     return [None, bool_mask, float_mask]
 
 
-@pytest.mark.parametrize("chan", [None, 48])
+@pytest.mark.parametrize("attention", [Attention, TokenAttention, LocalitySelfAttention])
+@pytest.mark.parametrize("dim_out", [None, 48])
 @pytest.mark.parametrize("mask_index", [0, 1, 2, 3])
-def test_math_and_sdpa_backends_agree(chan, mask_index):
+def test_math_and_sdpa_backends_agree(attention, dim_out, mask_index):
+    if attention is LocalitySelfAttention and mask_index == 3:
+        pytest.skip("locality self-attention refuses causal masks (tested below)")
     x = torch.randn(2, 7, 32)
-    math_attn = Attention(32, num_heads=4, qkv_bias=True, chan=chan, backend="math")
-    sdpa_attn = Attention(32, num_heads=4, qkv_bias=True, chan=chan, backend="sdpa")
+    math_attn = attention(32, num_heads=4, qkv_bias=True, dim_out=dim_out, attn_backend="math")
+    sdpa_attn = attention(32, num_heads=4, qkv_bias=True, dim_out=dim_out, attn_backend="sdpa")
     sdpa_attn.load_state_dict(math_attn.state_dict())
     if mask_index == 3:
         kwargs = {"is_causal": True}
@@ -91,9 +102,9 @@ def test_math_and_sdpa_backends_agree(chan, mask_index):
     torch.testing.assert_close(math_attn(x, **kwargs), sdpa_attn(x, **kwargs), atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("backend", ["math", "sdpa"])
-def test_causal_mask_hides_the_future(backend):
-    attn = Attention(16, num_heads=2, backend=backend)
+@pytest.mark.parametrize("attn_backend", ["math", "sdpa"])
+def test_causal_mask_hides_the_future(attn_backend):
+    attn = Attention(16, num_heads=2, attn_backend=attn_backend)
     x = torch.randn(1, 6, 16)
     changed = x.clone()
     changed[:, 4:] = torch.randn(1, 2, 16)  # change only tokens 4 and 5
@@ -102,6 +113,18 @@ def test_causal_mask_hides_the_future(backend):
     assert not torch.allclose(out[:, 4:], out_changed[:, 4:])
     # Without the mask, early tokens see the change.
     assert not torch.allclose(attn(x)[:, :4], attn(changed)[:, :4])
+
+
+def test_locality_self_attention_learns_its_scale_and_masks_the_diagonal():
+    attn = LocalitySelfAttention(16, num_heads=2, qk_scale=0.5, attn_backend="math")
+    assert isinstance(attn.scale, nn.Parameter) and attn.scale.tolist() == [0.5, 0.5]
+    assert list(attn.state_dict()) == ["scale", "qkv.weight", "proj.weight", "proj.bias"]
+    with capture_attention(attn) as maps:
+        attn(torch.randn(1, 5, 16)).sum().backward()
+    assert torch.all(maps[0].diagonal(dim1=-2, dim2=-1) == 0)
+    assert attn.scale.grad is not None and torch.all(attn.scale.grad != 0)
+    with pytest.raises(ValueError, match="cannot be causal"):
+        attn(torch.randn(1, 5, 16), is_causal=True)
 
 
 def test_causal_capture_is_lower_triangular():
@@ -163,11 +186,11 @@ def test_matches_torch_multihead_attention():
     ("kwargs", "needle"),
     [
         ({"dim": 64, "num_heads": 5}, "num_heads=5"),
-        ({"dim": 49, "chan": 64, "num_heads": 3}, "chan=64"),
+        ({"dim": 49, "dim_out": 64, "num_heads": 3}, "dim_out=64"),
         ({"dim": 64, "qk_scale": 0.0}, "qk_scale=0.0"),
         ({"dim": 64, "qk_scale": -1.0}, "qk_scale=-1.0"),
         ({"dim": 64, "attn_drop": 1.0}, "attn_drop=1.0"),
-        ({"dim": 64, "backend": "flash"}, "backend='flash'"),
+        ({"dim": 64, "attn_backend": "flash"}, "attn_backend='flash'"),
     ],
 )
 def test_bad_arguments_name_parameter_and_value(kwargs, needle):

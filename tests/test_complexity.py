@@ -14,8 +14,9 @@ def closed_form_vit_macs(img, patch, dim, depth, mlp_ratio, classes, chans=3):
     return n_patches * dim * chans * patch**2 + depth * per_block + dim * classes
 
 
-def test_formulas_are_the_seeds():
+def test_formulas_are_4NC2_plus_2N2C_and_2NC_hidden():
     assert attention_macs(10, 8) == 4 * 10 * 64 + 2 * 100 * 8
+    assert attention_macs(10, 6, dim_out=8) == 10 * 6 * 24 + 2 * 100 * 8 + 10 * 64  # qkv, q·kᵀ and attn·v, proj
     assert mlp_macs(10, 8, 32) == 2 * 10 * 8 * 32
 
 

@@ -49,8 +49,8 @@ def test_cifar_setting_gives_an_8x8_grid():
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
 
 
-def test_seed_example_49_to_64_through_the_token_transformer():
-    block = TokenTransformer(dim=49, token_dim=64, num_heads=1, qk_scale=49**-0.5).eval()
+def test_worked_example_49_to_64_through_the_token_transformer():
+    block = TokenTransformer(dim=49, dim_out=64, num_heads=1, qk_scale=49**-0.5).eval()
     x = torch.randn(13, 100, 49)
     with capture_attention(block) as maps:
         out = block(x)
@@ -62,20 +62,20 @@ def test_token_scale_conventions():
     official = create_model("t2t_vit_t_14", depth=1).tokens_to_token  # one block: only the T2T module matters
     assert official.attention1.attn.scale == pytest.approx(147**-0.5)
     assert official.attention2.attn.scale == pytest.approx(576**-0.5)
-    seeds = create_model("t2t_vit_t_14", depth=1, token_scale="output").tokens_to_token
-    assert seeds.attention1.attn.scale == pytest.approx(64**-0.5)
+    output_width = create_model("t2t_vit_t_14", depth=1, token_scale="output").tokens_to_token
+    assert output_width.attention1.attn.scale == pytest.approx(64**-0.5)
 
 
 def test_token_transformer_math_and_sdpa_agree():
-    math_block = TokenTransformer(147, 64, qk_scale=147**-0.5, backend="math").eval()
-    sdpa_block = TokenTransformer(147, 64, qk_scale=147**-0.5, backend="sdpa").eval()
+    math_block = TokenTransformer(147, dim_out=64, qk_scale=147**-0.5, attn_backend="math").eval()
+    sdpa_block = TokenTransformer(147, dim_out=64, qk_scale=147**-0.5, attn_backend="sdpa").eval()
     sdpa_block.load_state_dict(math_block.state_dict())
     x = torch.randn(2, 300, 147)
     torch.testing.assert_close(math_block(x), sdpa_block(x), atol=1e-5, rtol=0)
 
 
 def test_performer_equals_the_direct_formula():
-    block = TokenPerformer(dim=27, emb=16, kernel_ratio=0.5).eval()
+    block = TokenPerformer(dim=27, dim_out=16, kernel_ratio=0.5).eval()
     x = torch.randn(2, 50, 27)
     k, q, v = block.kqv(x).split(16, dim=-1)
 
@@ -91,7 +91,7 @@ def test_performer_equals_the_direct_formula():
 
 def test_performer_kernel_stays_fp32_under_autocast():
     """bf16 autocast would round w·k before exp (1-2% off); the kernel part must ignore it."""
-    block = TokenPerformer(dim=27, emb=64).eval()
+    block = TokenPerformer(dim=27, dim_out=64).eval()
     q, k, v = (0.5 * torch.randn(3, 1, 500, 64)).unbind(0)  # |k| about 4, as LayerNorm-ed tokens give
     expected = block.kernel_attention(q, k, v)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -269,3 +269,50 @@ def test_same_numbers_as_the_official_code(name):
 
 def test_t2t_is_a_t2tvit():
     assert isinstance(create_model("t2t_vit_7"), T2TViT)
+
+
+def test_t2t_vit_shares_the_encoder_with_vit():
+    from vit.models import Encoder, VisionTransformer
+
+    model = create_model("t2t_vit_7", img_size=32, num_classes=10)
+    assert isinstance(model, Encoder) and issubclass(VisionTransformer, Encoder)
+    assert model.tokenizer is model.tokens_to_token and model.grid_size == (8, 8)
+
+
+def test_distillation_token_on_t2t_vit():
+    """One encoder: the distillation token and its head build on T2T-ViT as on a ViT, under timm's names."""
+    from vit.models import sinusoid_table
+
+    model = create_model("t2t_vit_7", img_size=32, num_classes=10, distill_token=True)
+    names = list(model.state_dict())
+    assert names[:3] == ["cls_token", "dist_token", "pos_embed"] and names[-2:] == [
+        "head_dist.weight",
+        "head_dist.bias",
+    ]
+    torch.testing.assert_close(model.pos_embed, sinusoid_table(2 + 64, 256))  # a fixed row for each prefix token
+    assert model.no_weight_decay() == {"cls_token", "dist_token", "pos_embed"}
+
+    x = torch.randn(2, 3, 32, 32)
+    logits, logits_dist = model.train()(x)  # training: both heads apart, for the distillation loss
+    assert logits.shape == logits_dist.shape == (2, 10) and not torch.allclose(logits, logits_dist)
+    (logits.sum() + logits_dist.sum()).backward()
+    assert model.dist_token.grad is not None and model.dist_token.grad.abs().sum() > 0
+
+    model.eval()
+    tokens = model.forward_features(x)  # (2, 2 + 64, 256)
+    averaged = (tokens[:, 0] @ model.head.weight.T + model.head.bias + tokens[:, 1] @ model.head_dist.weight.T) / 2
+    torch.testing.assert_close(model(x), averaged + model.head_dist.bias / 2)
+    assert complexity(model).by_component["head_dist"] == 256 * 10
+
+
+def test_distilled_t2t_vit_loads_its_own_weights_and_refuses_undistilled_ones(tmp_path):
+    source = create_model("t2t_vit_7", img_size=32, num_classes=10, distill_token=True).eval()
+    path = tmp_path / "distilled.pth"
+    torch.save(source.state_dict(), path)
+    loaded = load_pretrained(create_model("t2t_vit_7", img_size=32, num_classes=10, distill_token=True), path)
+    x = torch.randn(1, 3, 32, 32)
+    torch.testing.assert_close(loaded.eval()(x), source(x), rtol=0, atol=0)
+    plain = tmp_path / "plain.pth"
+    torch.save(create_model("t2t_vit_7", img_size=32, num_classes=10).state_dict(), plain)
+    with pytest.raises(ValueError, match=r"3 missing keys \(e\.g\. dist_token, head_dist\.weight, head_dist\.bias\)"):
+        load_pretrained(create_model("t2t_vit_7", img_size=32, num_classes=10, distill_token=True), plain)

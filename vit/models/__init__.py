@@ -1,7 +1,8 @@
-"""Models: attention and the layers around it, ViT and T2T-ViT, their registry and weight loading."""
+"""Models: attention and the layers around it, the encoder ViT and T2T-ViT share, their registry and weight loading."""
 
-from vit.models.attention import Attention, capture_attention
+from vit.models.attention import Attention, LocalitySelfAttention, TokenAttention, capture_attention
 from vit.models.complexity import Complexity, attention_macs, complexity, mlp_macs
+from vit.models.encoder import Encoder
 from vit.models.layers import Block, DropPath, LayerScale, Mlp, PatchEmbed
 from vit.models.pos_embed import resample_pos_embed, sinusoid_table
 from vit.models.pretrained import load_pretrained, read_state_dict
@@ -14,11 +15,14 @@ __all__ = [
     "Block",
     "Complexity",
     "DropPath",
+    "Encoder",
     "LayerScale",
+    "LocalitySelfAttention",
     "Mlp",
     "PatchEmbed",
     "T2TModule",
     "T2TViT",
+    "TokenAttention",
     "VisionTransformer",
     "attention_macs",
     "capture_attention",

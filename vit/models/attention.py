@@ -1,27 +1,32 @@
-"""Multi-head scaled dot-product self-attention: the heart of every model here.
+"""Multi-head scaled dot-product self-attention, the heart of every model here, and its two variants.
 
-Walk through one call with the seed's shapes (batch B=13, N=100 tokens of width dim=49, chan=64, 4 heads):
+A worked example: a batch of B=13 sequences of N=100 tokens, each token dim=49 wide, projected to dim_out=64
+over 4 heads of head_dim = 64 / 4 = 16. `Attention.forward` takes exactly these steps, in this order:
 
-    x                          (B, N, dim)              (13, 100, 49)
-    qkv = self.qkv(x)          (B, N, 3 * chan)         (13, 100, 192)
-    q, k, v                    (B, heads, N, head_dim)  (13, 4, 100, 16)   head_dim = chan // heads
-    attn = softmax(q @ k^T * scale)
-                               (B, heads, N, N)         (13, 4, 100, 100)
-    attn @ v                   (B, heads, N, head_dim)  (13, 4, 100, 16)
-    merge heads                (B, N, chan)             (13, 100, 64)
-    self.proj                  (B, N, chan)             (13, 100, 64)
+    x                                      (B, N, dim)              (13, 100, 49)
+    project:  qkv = self.qkv(x)            (B, N, 3 * dim_out)      (13, 100, 192)
+    split heads: q, k, v                   (B, heads, N, head_dim)  (13, 4, 100, 16)   each
+    scores = q @ kᵀ * scale                (B, heads, N, N)         (13, 4, 100, 100)  scale = head_dim ** -0.5
+    attn = softmax(scores) over the keys   (B, heads, N, N)         (13, 4, 100, 100)  each row sums to 1
+    weighted sum:  attn @ v                (B, heads, N, head_dim)  (13, 4, 100, 16)
+    merge heads                            (B, N, dim_out)          (13, 100, 64)
+    project:  self.proj                    (B, N, dim_out)          (13, 100, 64)
 
-When ``chan == dim`` (every ViT block) this is timm's ``Attention`` with the same parameter names, so timm's
-weights load unchanged.  When ``chan != dim`` (the Tokens-to-Token token attention, which changes the token
-width), the input cannot be added back as a residual, so V, merged over heads, is added instead.
+In every ViT block dim_out == dim and this is timm's `Attention`, with its parameter names, so timm's weights
+load unchanged. One self-attention layer costs 4·N·C² + 2·N²·C multiply-adds at width C: the four projections
+(Q, K, V, output) 4·N·C², and the two (N, N) products q·kᵀ and attn·v 2·N²·C (vit/models/complexity.py).
 
-Locality Self-Attention (``lsa=True``, Lee, Lee & Song 2021, "Vision Transformer for Small-Size Datasets")
-changes two things in the score matrix, and nothing else:
+Two variants change one thing each and are small subclasses:
 
-    scores = (q * scale_h) @ k^T   scale_h: a learnable temperature per head, (heads,), starts at head_dim ** -0.5
-    scores[..., i, i] = -inf       diagonal masking: a token takes nothing from itself, only from the others
+* `TokenAttention`, the token attention of Tokens-to-Token ViT (vit/models/t2t.py): dim_out differs from dim, so
+  the input cannot be added back as a residual around the layer; V, merged over heads, is added instead.
+* `LocalitySelfAttention` (Lee, Lee & Song 2021, "Vision Transformer for Small-Size Datasets") changes the
+  scores and nothing else:
 
-so the softmax is sharper where the model learns to want it and every token has to look at its neighbours.
+      scores = (q * scale_h) @ kᵀ     scale_h: a learnable temperature per head, (heads,), starts at head_dim ** -0.5
+      scores[..., i, i] = -inf        diagonal masking: a token takes nothing from itself, only from the others
+
+  so the softmax is sharper where the model learns to want it and every token has to look at its neighbours.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-BACKENDS = ("auto", "math", "sdpa")
+ATTN_BACKENDS = ("auto", "math", "sdpa")
 
 
 class Attention(nn.Module):
@@ -42,19 +47,15 @@ class Attention(nn.Module):
 
     Args:
         dim: width of the input tokens.
-        num_heads: number of heads; must divide ``chan``.
+        num_heads: number of heads; must divide ``dim_out``.
         qkv_bias: add a bias to the Q/K/V projection.
-        qk_scale: multiplier of ``q @ k^T``; ``None`` means ``head_dim ** -0.5``. Must be > 0.
+        qk_scale: multiplier of ``q @ kᵀ``; ``None`` means ``head_dim ** -0.5``. Must be > 0.
         attn_drop: dropout on the attention weights.
         proj_drop: dropout after the output projection.
-        chan: width of the output tokens (and of Q, K, V); ``None`` means ``dim``. When it differs from
-            ``dim`` the V skip connection of the Tokens-to-Token token attention is added to the output.
-        backend: ``"math"`` writes out softmax(Q Kᵀ · scale) V (readable, and the only path that can hand
-            out the attention weights); ``"sdpa"`` calls ``F.scaled_dot_product_attention`` (fused, flash
-            where available, no (N, N) matrix in memory); ``"auto"`` is sdpa unless maps are captured.
-        lsa: Locality Self-Attention: ``scale`` becomes a learnable parameter of shape (heads,), started at
-            ``qk_scale`` or ``head_dim ** -0.5``, and no token attends to itself. Off: no parameter is added
-            and the state dict is timm's.
+        dim_out: width of the output tokens (and of Q, K, V); ``None`` means ``dim``.
+        attn_backend: ``"math"`` writes out softmax(Q Kᵀ · scale) V step by step (readable, and the only path
+            that can hand out the attention weights); ``"sdpa"`` calls ``F.scaled_dot_product_attention``
+            (fused, flash where available, no (N, N) matrix kept); ``"auto"`` is sdpa unless maps are captured.
     """
 
     def __init__(
@@ -65,41 +66,34 @@ class Attention(nn.Module):
         qk_scale: float | None = None,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
-        chan: int | None = None,
-        backend: str = "auto",
-        lsa: bool = False,
+        dim_out: int | None = None,
+        attn_backend: str = "auto",
     ) -> None:
         super().__init__()
-        chan = dim if chan is None else chan
-        if dim <= 0 or chan <= 0:
-            raise ValueError(f"dim={dim} and chan={chan} must be positive")
-        if num_heads <= 0 or chan % num_heads != 0:
-            width = "dim" if chan == dim else "chan"
-            raise ValueError(f"num_heads={num_heads} must be a positive divisor of {width}={chan}")
+        dim_out = dim if dim_out is None else dim_out
+        if dim <= 0 or dim_out <= 0:
+            raise ValueError(f"dim={dim} and dim_out={dim_out} must be positive")
+        if num_heads <= 0 or dim_out % num_heads != 0:
+            width = "dim" if dim_out == dim else "dim_out"
+            raise ValueError(f"num_heads={num_heads} must be a positive divisor of {width}={dim_out}")
         if qk_scale is not None and not qk_scale > 0:
             raise ValueError(f"qk_scale={qk_scale} must be > 0 (or None for head_dim ** -0.5)")
         for name, rate in (("attn_drop", attn_drop), ("proj_drop", proj_drop)):
             if not 0.0 <= rate < 1.0:
                 raise ValueError(f"{name}={rate} must be in [0, 1)")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend={backend!r} must be one of {BACKENDS}")
-        if not isinstance(lsa, bool):
-            raise ValueError(f"lsa={lsa!r} must be true or false")
+        if attn_backend not in ATTN_BACKENDS:
+            raise ValueError(f"attn_backend={attn_backend!r} must be one of {ATTN_BACKENDS}")
 
         self.dim = dim
-        self.chan = chan
+        self.dim_out = dim_out
         self.num_heads = num_heads
-        self.head_dim = chan // num_heads
-        scale = qk_scale if qk_scale is not None else self.head_dim**-0.5
-        self.lsa = lsa
-        # LSA: the temperature is learned, one per head (as in the authors' code); otherwise a fixed float.
-        self.scale = nn.Parameter(torch.full((num_heads,), float(scale))) if lsa else scale
-        self.backend = backend
-        self.v_skip = chan != dim
+        self.head_dim = dim_out // num_heads
+        self.scale = qk_scale if qk_scale is not None else self.head_dim**-0.5
+        self.attn_backend = attn_backend
 
-        self.qkv = nn.Linear(dim, 3 * chan, bias=qkv_bias)
+        self.qkv = nn.Linear(dim, 3 * dim_out, bias=qkv_bias)
         self.attn_drop = nn.Dropout(attn_drop)
-        self.proj = nn.Linear(chan, chan)
+        self.proj = nn.Linear(dim_out, dim_out)
         self.proj_drop = nn.Dropout(proj_drop)
 
         # Set by `capture_attention`: a list that receives this layer's (B, heads, N, N) weights.
@@ -107,106 +101,133 @@ class Attention(nn.Module):
         self.attention_sink: list[torch.Tensor] | None = None
 
     def extra_repr(self) -> str:
-        scale = "learned (lsa)" if self.lsa else f"{self.scale:.4g}"
-        return f"dim={self.dim}, chan={self.chan}, num_heads={self.num_heads}, scale={scale}, backend={self.backend}"
+        scale = "learned" if isinstance(self.scale, torch.Tensor) else f"{self.scale:.4g}"
+        return (
+            f"dim={self.dim}, dim_out={self.dim_out}, num_heads={self.num_heads}, scale={scale}, "
+            f"attn_backend={self.attn_backend}"
+        )
 
-    def split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(B, N, dim) -> q, k, v, each (B, heads, N, head_dim)."""
-        if x.ndim != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"input of shape {tuple(x.shape)} must be (batch, tokens, dim={self.dim})")
-        qkv = self.qkv(x)  # (B, N, 3 * chan)
-        q, k, v = rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
-        return q, k, v
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        is_causal: bool = False,
-    ) -> torch.Tensor:
-        """x: (B, N, dim) -> (B, N, chan).
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        """x: (B, N, dim) -> (B, N, dim_out), the steps of the module docstring's worked example.
 
         attn_mask: bool (True = may attend) or additive float, broadcastable to (B, heads, N, N).
         is_causal: token i attends to tokens 0..i only.
         """
-        q, k, v = self.split_heads(x)  # each (B, heads, N, head_dim)
-        if attn_mask is not None and is_causal:
-            raise ValueError("pass either attn_mask or is_causal=True, not both")
-        scale = self.scale
-        if self.lsa:
-            if is_causal:
-                # Token 0 may see only itself, and LSA hides exactly that: its row would be all -inf.
-                raise ValueError("lsa=True cannot be combined with is_causal=True: token 0 would attend to nothing")
-            # SDPA's `scale=` takes a float, so the learned temperature multiplies q instead, in both paths.
-            # Cast to q's dtype: under autocast a float32 temperature would turn a bf16 q back into float32.
-            q = q * self.scale.to(q.dtype)[:, None, None]  # (B, heads, N, head_dim) * (heads, 1, 1)
-            scale = 1.0
-            attn_mask = self._mask_diagonal(attn_mask, q.shape[-2], q.device)
+        q, k, v = self.split_heads(x)  # project qkv, split heads: each (B, heads, N, head_dim)
+        out = self.attend(q, k, v, attn_mask, is_causal)  # scores, softmax, weighted sum: (B, heads, N, head_dim)
+        out = rearrange(out, "b h n d -> b n (h d)")  # merge heads: (B, N, dim_out)
+        return self.proj_drop(self.proj(out))  # output projection: (B, N, dim_out)
 
-        use_math = self.backend == "math" or self.attention_sink is not None
-        if use_math:
-            out = self._math_attention(q, k, v, attn_mask, is_causal, scale)
-        else:
-            out = F.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                attn_mask=attn_mask,
-                dropout_p=self.attn_drop.p if self.training else 0.0,
-                is_causal=is_causal,
-                scale=scale,
-            )
-        out = rearrange(out, "b h n d -> b n (h d)")  # (B, N, chan): heads merged
-        out = self.proj_drop(self.proj(out))
-        if self.v_skip:
-            # The token width changed, so the input cannot be the residual; V (merged over heads) can.
-            out = rearrange(v, "b h n d -> b n (h d)") + out
-        return out
+    def split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Project and split: (B, N, dim) -> q, k, v, each (B, heads, N, head_dim)."""
+        if x.ndim != 3 or x.shape[-1] != self.dim:
+            raise ValueError(f"input of shape {tuple(x.shape)} must be (batch, tokens, dim={self.dim})")
+        qkv = self.qkv(x)  # (B, N, 3 * dim_out), laid out as [q | k | v], each split into heads
+        q, k, v = rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
+        return q, k, v
 
-    @staticmethod
-    def _mask_diagonal(attn_mask: torch.Tensor | None, num_tokens: int, device: torch.device) -> torch.Tensor:
-        """LSA's diagonal masking folded into the caller's mask, in the mask's own form:
-        bool (True = may attend) gets ``& ~eye``; additive float gets -inf on the diagonal. (N, N) or broadcast."""
-        eye = torch.eye(num_tokens, dtype=torch.bool, device=device)  # (N, N), True on the diagonal
-        if attn_mask is None:
-            return ~eye
-        if attn_mask.dtype == torch.bool:
-            return attn_mask & ~eye
-        diagonal = torch.zeros(num_tokens, num_tokens, dtype=attn_mask.dtype, device=device)
-        return attn_mask + diagonal.masked_fill(eye, float("-inf"))  # (N, N) + (..., N, N): -inf on the diagonal
-
-    def _math_attention(
+    def attend(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
-        attn_mask: torch.Tensor | None,
-        is_causal: bool,
-        scale: float,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        scale: float | None = None,
     ) -> torch.Tensor:
-        scores = (q * scale) @ k.transpose(-2, -1)  # (B, heads, N, N)
-        n_q, n_k = scores.shape[-2:]
-        if is_causal:
-            attn_mask = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).tril()
-        if attn_mask is not None:
-            if attn_mask.dtype == torch.bool:
-                scores = scores.masked_fill(~attn_mask, float("-inf"))
-            else:
-                scores = scores + attn_mask
+        """softmax(q @ kᵀ * scale + mask) @ v for every head: q, k, v (B, heads, N, head_dim) -> (B, heads, N,
+        head_dim). `scale`: None means `self.scale`."""
+        if attn_mask is not None and is_causal:
+            raise ValueError("pass either attn_mask or is_causal=True, not both")
+        scale = self.scale if scale is None else scale
+        if self.attn_backend != "math" and self.attention_sink is None:  # fused: the same formula in one kernel
+            dropout_p = self.attn_drop.p if self.training else 0.0
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
+            )
+        scores = (q * scale) @ k.transpose(-2, -1)  # (B, heads, N, N): how well query i matches key j
+        scores = mask_scores(scores, attn_mask, is_causal)
         attn = scores.softmax(dim=-1)  # (B, heads, N, N): row i = how token i mixes all tokens
         if self.attention_sink is not None:
             self.attention_sink.append(attn.detach())
-        attn = self.attn_drop(attn)
-        return attn @ v  # (B, heads, N, head_dim)
+        return self.attn_drop(attn) @ v  # (B, heads, N, head_dim): the weighted sum of the values
+
+
+class TokenAttention(Attention):
+    """The token attention of Tokens-to-Token ViT: attention that changes the token width, dim -> dim_out, with
+    V as the skip connection. (B, N, dim) -> (B, N, dim_out).
+
+    A residual around the layer would add a (B, N, dim) input to a (B, N, dim_out) output; the official code
+    adds V instead, merged over heads, which has the output's width. Parameters are `Attention`'s.
+    """
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+        q, k, v = self.split_heads(x)  # each (B, heads, N, head_dim)
+        out = rearrange(self.attend(q, k, v, attn_mask, is_causal), "b h n d -> b n (h d)")  # (B, N, dim_out)
+        out = self.proj_drop(self.proj(out))
+        return rearrange(v, "b h n d -> b n (h d)") + out  # V skip: (B, N, dim_out)
+
+
+class LocalitySelfAttention(Attention):
+    """Locality Self-Attention: the scale of the scores is a learned temperature per head, `scale` of shape
+    (heads,) started at `qk_scale` or head_dim ** -0.5 (as in the authors' code), and no token attends to itself.
+    Same arguments as `Attention`; one parameter more (`scale`), so timm's weights load with that key added."""
+
+    def __init__(self, dim: int, num_heads: int = 8, **kwargs) -> None:
+        super().__init__(dim, num_heads, **kwargs)
+        self.scale = nn.Parameter(torch.full((num_heads,), float(self.scale)))  # (heads,)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        scale: float | None = None,
+    ) -> torch.Tensor:
+        if is_causal:
+            # Token 0 may see only itself, and LSA hides exactly that: its row would be all -inf.
+            raise ValueError("locality self-attention cannot be causal: token 0 would attend to nothing")
+        # SDPA's `scale=` takes a float, so the learned temperature multiplies q instead, in both paths. Cast to
+        # q's dtype: under autocast a float32 temperature would turn a bf16 q back into float32.
+        q = q * self.scale.to(q.dtype)[:, None, None]  # (B, heads, N, head_dim) * (heads, 1, 1)
+        return super().attend(q, k, v, mask_diagonal(attn_mask, q.shape[-2], q.device), scale=1.0)
+
+
+def mask_scores(scores: torch.Tensor, attn_mask: torch.Tensor | None, is_causal: bool) -> torch.Tensor:
+    """Scores (B, heads, N, N) with masked pairs at -inf (bool mask, True = may attend; causal: j > i) or the
+    additive float mask added, as `F.scaled_dot_product_attention` reads them."""
+    if is_causal:
+        n_q, n_k = scores.shape[-2:]
+        attn_mask = torch.ones(n_q, n_k, dtype=torch.bool, device=scores.device).tril()
+    if attn_mask is None:
+        return scores
+    if attn_mask.dtype == torch.bool:
+        return scores.masked_fill(~attn_mask, float("-inf"))
+    return scores + attn_mask
+
+
+def mask_diagonal(attn_mask: torch.Tensor | None, num_tokens: int, device: torch.device) -> torch.Tensor:
+    """Locality self-attention's diagonal masking folded into the caller's mask, in the mask's own form: bool
+    (True = may attend) gets ``& ~eye``; additive float gets -inf on the diagonal. (N, N) or broadcast."""
+    eye = torch.eye(num_tokens, dtype=torch.bool, device=device)  # (N, N), True on the diagonal
+    if attn_mask is None:
+        return ~eye
+    if attn_mask.dtype == torch.bool:
+        return attn_mask & ~eye
+    diagonal = torch.zeros(num_tokens, num_tokens, dtype=attn_mask.dtype, device=device)
+    return attn_mask + diagonal.masked_fill(eye, float("-inf"))  # (N, N) + (..., N, N): -inf on the diagonal
 
 
 @contextmanager
 def capture_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
-    """Record the softmax weights of every `Attention` in `model` while the block is open.
+    """Record the softmax weights of every `Attention` in `model` (its variants included) while the block is open.
 
     ``with capture_attention(model) as maps: model(x)`` leaves one (B, heads, N, N) tensor per attention
     layer in ``maps``, in forward order. Layers run on the math path while capturing; outside the block
-    nothing is recorded and nothing is slower.
+    nothing is recorded and nothing is slower. Capture in evaluation (or under ``torch.no_grad()``): in a
+    training step with gradient checkpointing the backward pass recomputes the blocks and records them again.
     """
     maps: list[torch.Tensor] = []
     layers = [m for m in model.modules() if isinstance(m, Attention)]

@@ -19,13 +19,13 @@ from torch import nn
 from vit.models.attention import Attention
 
 
-def attention_macs(num_tokens: int, dim: int, chan: int | None = None) -> int:
-    """Multiply-adds of one self-attention layer: 4·N·C² + 2·N²·C when chan == dim.
+def attention_macs(num_tokens: int, dim: int, dim_out: int | None = None) -> int:
+    """Multiply-adds of one self-attention layer: 4·N·C² + 2·N²·C when dim_out == dim == C.
 
-    qkv: N·dim·3chan, Q·Kᵀ: N²·chan, attn·V: N²·chan, proj: N·chan².
+    qkv: N·dim·3·dim_out, Q·Kᵀ: N²·dim_out, attn·V: N²·dim_out, proj: N·dim_out².
     """
-    chan = dim if chan is None else chan
-    return num_tokens * dim * 3 * chan + 2 * num_tokens**2 * chan + num_tokens * chan * chan
+    dim_out = dim if dim_out is None else dim_out
+    return num_tokens * dim * 3 * dim_out + 2 * num_tokens**2 * dim_out + num_tokens * dim_out * dim_out
 
 
 def mlp_macs(num_tokens: int, dim: int, hidden: int, out: int | None = None) -> int:
@@ -68,9 +68,9 @@ def _component(qualified_name: str) -> str:
 def complexity(model: nn.Module, img_size: int | tuple[int, int] | None = None, in_chans: int = 3) -> Complexity:
     """Count parameters and per-image multiply-adds of `model`.
 
-    Layers report themselves: an `Attention` by `attention_macs`, a module with a `macs(x, out)` method (the
-    T2T performer) by that, a Linear by N·in·out, a Conv2d by output size × kernel volume. Modules inside an
-    `Attention` are not counted twice.
+    Layers report themselves: an `Attention` (and its variants) by `attention_macs`, a module with a
+    `macs(x, out)` method (the T2T performer) by that, a Linear by N·in·out, a Conv2d by output size × kernel
+    volume. Modules inside an `Attention` are not counted twice.
     """
     if img_size is None:
         img_size = getattr(model, "img_size", None)
@@ -94,7 +94,7 @@ def complexity(model: nn.Module, img_size: int | tuple[int, int] | None = None, 
             x = inputs[0]
             if isinstance(mod, Attention):
                 batch, tokens, _ = x.shape
-                record(name, attention_macs(tokens, mod.dim, mod.chan))
+                record(name, attention_macs(tokens, mod.dim, mod.dim_out))
             elif hasattr(mod, "macs"):
                 record(name, mod.macs(x, output))
             elif isinstance(mod, nn.Linear):

@@ -12,7 +12,7 @@ from einops import rearrange
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from vit.models.attention import Attention
+from vit.models.attention import Attention, LocalitySelfAttention
 
 
 def check_rate(name: str, value: float) -> None:
@@ -251,9 +251,10 @@ class Block(nn.Module):
         x = x + drop_path(ls1(attn(norm1(x))))
         x = x + drop_path(ls2(mlp(norm2(x))))
 
+    `proj_drop` is the dropout after the attention's output projection and inside the MLP (timm's name);
     `norm_eps` is 1e-6 in timm's ViTs and 1e-5 (PyTorch's default) in the official T2T-ViT code;
-    `init_values` switches on LayerScale (None: off, as in plain ViT); `lsa` Locality Self-Attention (see
-    `Attention`).
+    `init_values` switches on LayerScale (None: off, as in plain ViT); `lsa` makes the attention
+    `LocalitySelfAttention`.
     """
 
     def __init__(
@@ -263,7 +264,7 @@ class Block(nn.Module):
         mlp_ratio: float = 4.0,
         qkv_bias: bool = False,
         qk_scale: float | None = None,
-        drop: float = 0.0,
+        proj_drop: float = 0.0,
         attn_drop: float = 0.0,
         drop_path: float = 0.0,
         init_values: float | None = None,
@@ -274,22 +275,22 @@ class Block(nn.Module):
         super().__init__()
         if mlp_ratio <= 0:
             raise ValueError(f"mlp_ratio={mlp_ratio} must be > 0")
-        check_rate("drop_rate", drop)
+        check_rate("drop_rate", proj_drop)
+        attention = LocalitySelfAttention if lsa else Attention
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = Attention(
+        self.attn = attention(
             dim,
             num_heads=num_heads,
             qkv_bias=qkv_bias,
             qk_scale=qk_scale,
             attn_drop=attn_drop,
-            proj_drop=drop,
-            backend=attn_backend,
-            lsa=lsa,
+            proj_drop=proj_drop,
+            attn_backend=attn_backend,
         )
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, hidden_features=int(dim * mlp_ratio), drop=drop)
+        self.mlp = Mlp(dim, hidden_features=int(dim * mlp_ratio), drop=proj_drop)
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 

@@ -10,7 +10,7 @@ With a fixed (orthogonal, non-trainable) w of m rows, attention becomes
     y_t = Σ_s φ(q_t)·φ(k_s) v_s / Σ_s φ(q_t)·φ(k_s) = φ(q_t)·(Σ_s φ(k_s) v_sᵀ) / φ(q_t)·(Σ_s φ(k_s))
 
 and the (N, N) matrix never exists: the cost is O(N·m·C) instead of O(N²·C). Like the token transformer,
-it changes the token width (dim -> emb) and adds V as the skip connection. Names follow the official
+it changes the token width (dim -> dim_out) and adds V as the skip connection. Names follow the official
 T2T-ViT code (`kqv`, `proj`, `norm1`, `norm2`, `mlp.0`, `mlp.2`, `w`) so its checkpoints load.
 """
 
@@ -23,55 +23,59 @@ from torch import nn
 
 
 class TokenPerformer(nn.Module):
-    """(B, N, dim) -> (B, N, emb): LayerNorm -> performer attention (+V skip) -> LayerNorm -> MLP (+residual).
+    """(B, N, dim) -> (B, N, dim_out): LayerNorm -> performer attention (+V skip) -> LayerNorm -> MLP (+residual).
 
     Args:
         dim: input token width (e.g. 3·7·7 = 147 after the first soft split).
-        emb: output token width (`token_dim`, 64 in the paper).
-        kernel_ratio: m = emb · kernel_ratio random features.
-        drop: dropout after the attention projection and the MLP (0.1 in the official code).
+        dim_out: output token width (`token_dim`, 64 in the paper).
+        kernel_ratio: m = dim_out · kernel_ratio random features.
+        proj_drop: dropout after the attention projection and the MLP (0.1 in the official code).
     """
 
-    def __init__(self, dim: int, emb: int, kernel_ratio: float = 0.5, drop: float = 0.1, eps: float = 1e-8) -> None:
+    def __init__(
+        self, dim: int, dim_out: int, kernel_ratio: float = 0.5, proj_drop: float = 0.1, eps: float = 1e-8
+    ) -> None:
         super().__init__()
         if not 0 < kernel_ratio:
             raise ValueError(f"kernel_ratio={kernel_ratio} must be > 0")
-        self.dim, self.emb = dim, emb
-        self.kqv = nn.Linear(dim, 3 * emb)
-        self.dp = nn.Dropout(drop)
-        self.proj = nn.Linear(emb, emb)
+        self.dim, self.dim_out = dim, dim_out
+        self.kqv = nn.Linear(dim, 3 * dim_out)
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.proj = nn.Linear(dim_out, dim_out)
         self.norm1 = nn.LayerNorm(dim)
-        self.norm2 = nn.LayerNorm(emb)
-        self.mlp = nn.Sequential(nn.Linear(emb, emb), nn.GELU(), nn.Linear(emb, emb), nn.Dropout(drop))
+        self.norm2 = nn.LayerNorm(dim_out)
+        self.mlp = nn.Sequential(
+            nn.Linear(dim_out, dim_out), nn.GELU(), nn.Linear(dim_out, dim_out), nn.Dropout(proj_drop)
+        )
         self.eps = eps
-        self.m = int(emb * kernel_ratio)
+        self.m = int(dim_out * kernel_ratio)
         # Orthogonal rows scaled to the norm of Gaussian rows: lower variance than i.i.d. features.
-        w = nn.init.orthogonal_(torch.empty(self.m, emb)) * math.sqrt(self.m)
+        w = nn.init.orthogonal_(torch.empty(self.m, dim_out)) * math.sqrt(self.m)
         self.w = nn.Parameter(w, requires_grad=False)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
-        """Positive random features φ(x): (B, N, emb) -> (B, N, m), in fp32."""
+        """Positive random features φ(x): (B, N, dim_out) -> (B, N, m), in fp32."""
         x = x.float()
         half_sq_norm = x.square().sum(dim=-1, keepdim=True) / 2  # (B, N, 1)
         return torch.exp(x @ self.w.float().t() - half_sq_norm) / math.sqrt(self.m)
 
     def kernel_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Linear-time attention, q, k, v (B, N, emb) -> fp32 (B, N, emb).
+        """Linear-time attention, q, k, v (B, N, dim_out) -> fp32 (B, N, dim_out).
 
         Kept in fp32 even under autocast: w·k is several units in size, and bf16's 8-bit mantissa there, blown
-        up by exp, costs 1-2% of the output (measured at N = 3136). It is O(N·m·emb), small beside `kqv`.
+        up by exp, costs 1-2% of the output (measured at N = 3136). It is O(N·m·dim_out), small beside `kqv`.
         """
         with torch.autocast(device_type=q.device.type, enabled=False):
             phi_k, phi_q = self.features(k), self.features(q)  # (B, N, m)
-            kv = torch.einsum("bnm,bne->bme", phi_k, v.float())  # Σ_s φ(k_s) v_sᵀ: (B, m, emb)
+            kv = torch.einsum("bnm,bne->bme", phi_k, v.float())  # Σ_s φ(k_s) v_sᵀ: (B, m, dim_out)
             normaliser = phi_q @ phi_k.sum(dim=1).unsqueeze(-1)  # φ(q_t)·Σ_s φ(k_s): (B, N, 1)
-            return (phi_q @ kv) / (normaliser + self.eps)  # (B, N, emb)
+            return (phi_q @ kv) / (normaliser + self.eps)  # (B, N, dim_out)
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, N, dim) -> (B, N, emb), linear in N."""
-        k, q, v = self.kqv(x).split(self.emb, dim=-1)  # each (B, N, emb); the official order is k, q, v
+        """(B, N, dim) -> (B, N, dim_out), linear in N."""
+        k, q, v = self.kqv(x).split(self.dim_out, dim=-1)  # each (B, N, dim_out); the official order is k, q, v
         y = self.kernel_attention(q, k, v)
-        return v + self.dp(self.proj(y.to(v.dtype)))  # V is the skip connection: the width changed
+        return v + self.proj_drop(self.proj(y.to(v.dtype)))  # V is the skip connection: the width changed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.attention(self.norm1(x))
@@ -80,7 +84,7 @@ class TokenPerformer(nn.Module):
     def macs(self, x: torch.Tensor, output: torch.Tensor) -> int:
         """Multiply-adds for `complexity`: projections, random features, the two linear-attention products, MLP."""
         tokens = x.shape[0] * x.shape[1]
-        linear = tokens * (self.dim * 3 * self.emb + self.emb * self.emb + 2 * self.emb * self.emb)
-        random_features = 2 * tokens * self.m * self.emb  # φ(q), φ(k)
-        attention = 2 * tokens * self.m * self.emb + tokens * self.m  # Σ φ(k) vᵀ, φ(q)·kv, normaliser
+        linear = tokens * (self.dim * 3 * self.dim_out + self.dim_out**2 + 2 * self.dim_out**2)
+        random_features = 2 * tokens * self.m * self.dim_out  # φ(q), φ(k)
+        attention = 2 * tokens * self.m * self.dim_out + tokens * self.m  # Σ φ(k) vᵀ, φ(q)·kv, normaliser
         return linear + random_features + attention

@@ -2,9 +2,10 @@
 the checkpoints of this trainer.
 
 Building a model and loading weights into it are kept apart (as in timm): `create_model` builds, this module
-reads a source, checks that its architecture is the model's (width, depth, heads where the source records them),
-adapts what may differ (position table, patch kernel, classifier size, wrapper keys) and loads the rest exactly.
-Files are read with `torch.load(weights_only=True)` or safetensors: never arbitrary pickle.
+reads a source into a `Pretrained` (unwrapping wrapper keys and prefixes), and `vit/models/fit.py` checks that its
+architecture is the model's, adapts what may differ (position table, patch kernel, classifier size) and leaves
+the rest to load exactly. Files are read with `torch.load(weights_only=True)` or safetensors: never arbitrary
+pickle.
 
 Sources (`load_pretrained(model, source)`, the trainer's `model.pretrained=<source>`):
     timm:<name>[.<tag>]            timm's own download and cache (Hugging Face hub or timm's URL)
@@ -17,52 +18,43 @@ from __future__ import annotations
 
 import contextlib
 import difflib
-import logging
-import math
-import re
 import socket
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
 from torch import nn
 
-log = logging.getLogger(__name__)
+# Fitting lives in vit/models/fit.py; its names are importable from here too, where callers have always found them.
+from vit.models.fit import (
+    Pretrained,
+    PretrainedError,
+    StateDict,
+    describe_mismatch,
+    fit_state_dict,
+)
 
-StateDict = dict[str, torch.Tensor]
+__all__ = [
+    "SOURCE_FORMS",
+    "WRAPPER_KEYS",
+    "Pretrained",
+    "PretrainedError",
+    "describe_mismatch",
+    "fit_state_dict",
+    "load_pretrained",
+    "read_file",
+    "read_source",
+    "read_state_dict",
+    "timm_weights",
+    "unwrap_state_dict",
+]
 
 # Keys under which training scripts nest the weights, in order of preference (EMA weights first, as the
 # official T2T-ViT release evaluates them); RAW_FIRST when the raw weights are asked for.
 WRAPPER_KEYS = ("state_dict_ema", "model_ema", "state_dict", "model")
 RAW_FIRST = ("state_dict", "model", "state_dict_ema", "model_ema")
 SOURCE_FORMS = "timm:<name>, a .safetensors/.pth/.pt/.bin file, a .pth.tar release file or a last.pt/best.pt"
-
-# Per model class: a function (state_dict, model) -> state_dict that renames or drops keys of a foreign
-# layout before loading. Registered by the modules that define those classes.
-_CHECKPOINT_FILTERS: dict[type, Callable[[StateDict, nn.Module], StateDict]] = {}
-
-
-class PretrainedError(ValueError):
-    """A source that cannot be read or does not fit the model: one line naming the source and the problem."""
-
-
-@dataclass
-class Pretrained:
-    """Weights read from a source, before they are fitted to a model."""
-
-    state_dict: StateDict
-    where: str  # the source as given, for messages
-    num_heads: int | None = None  # where the source records it (timm models, this trainer's checkpoints)
-    which: str = ""  # which weights of a source holding several ("its EMA weights")
-    class_to_idx: dict | None = None  # the classes its head was trained on, where the source records them
-    reset_head: bool = False  # replace the classifier even where its size fits (trained on other classes)
-
-
-def register_checkpoint_filter(model_class: type, fn: Callable[[StateDict, nn.Module], StateDict]) -> None:
-    _CHECKPOINT_FILTERS[model_class] = fn
-
 
 # --- reading ---------------------------------------------------------------------------------------------------
 
@@ -246,157 +238,6 @@ def offline_hub(enabled: bool) -> Iterator[None]:
         yield
     finally:
         constants.HF_HUB_OFFLINE = before
-
-
-# --- fitting ---------------------------------------------------------------------------------------------------
-
-
-def encoder_shape(state_dict: StateDict) -> tuple[int, int] | None:
-    """(width, depth) of a ViT/T2T-ViT state dict, from `cls_token` (1, 1, C) and the `blocks.<i>.` indices;
-    None when it is not one."""
-    cls = state_dict.get("cls_token")
-    depths = {int(m.group(1)) for k in state_dict if (m := re.match(r"blocks\.(\d+)\.", k))}
-    if cls is None or cls.ndim != 3 or not depths:
-        return None
-    return int(cls.shape[-1]), max(depths) + 1
-
-
-def check_architecture(weights: Pretrained, model: nn.Module) -> None:
-    """Width, depth and heads of the weights are the model's: a disagreement names the config keys, before any
-    tensor is compared."""
-    shape = encoder_shape(weights.state_dict)
-    if shape is None:
-        first = ", ".join(list(weights.state_dict)[:4])
-        raise PretrainedError(
-            f"{weights.where} holds no ViT or T2T-ViT weights (no cls_token and blocks.<i>.* keys; its first keys: "
-            f"{first})"
-        )
-    width, depth = shape
-    ours = {"embed_dim": model.embed_dim, "depth": len(model.blocks), "num_heads": model.blocks[0].attn.num_heads}
-    theirs = {"embed_dim": width, "depth": depth, "num_heads": weights.num_heads}
-    differ = [k for k in ours if theirs[k] is not None and theirs[k] != ours[k]]
-    if differ:
-        said = ", ".join(f"model.{k}={ours[k]}" for k in differ)
-        want = " ".join(f"model.{k}={theirs[k]}" for k in differ)
-        raise PretrainedError(
-            f"{weights.where} is a model {width} wide and {depth} deep"
-            + (f" with {weights.num_heads} heads" if weights.num_heads else "")
-            + f", the configured one has {said}: set {want} (or pick the model config of those weights)"
-        )
-
-
-def adapt_state_dict(state_dict: StateDict, model: nn.Module, reset_head: bool = False) -> StateDict:
-    """Make a foreign state dict fit `model`: layout filter, position table, patch kernel, classifier size
-    (`reset_head`: the model's fresh classifier whatever the size)."""
-    filt = _CHECKPOINT_FILTERS.get(type(model))
-    if filt is not None:
-        state_dict = filt(state_dict, model)
-    state_dict = dict(state_dict)
-    own = model.state_dict()
-    adapt_pos_embed(state_dict, own, model)
-    adapt_patch_embed(state_dict, own, model)
-    adapt_head(state_dict, own, reset_head)
-    return state_dict
-
-
-def adapt_pos_embed(state_dict: StateDict, own: StateDict, model: nn.Module) -> None:
-    """A position table (1, prefix + h*w, C) of another grid: a learned one resampled bicubically onto the
-    model's grid with timm's `resample_abs_pos_embed` (224/16 -> 32/4: 14x14 -> 8x8), a fixed sinusoid one
-    recomputed for it."""
-    from timm.layers import resample_abs_pos_embed
-
-    pos = state_dict.get("pos_embed")
-    if pos is None or "pos_embed" not in own or pos.shape == own["pos_embed"].shape:
-        return
-    if pos.ndim != 3 or pos.shape[-1] != own["pos_embed"].shape[-1]:
-        return  # another width: named by the mismatch check
-    if not getattr(model, "pos_embed", nn.Parameter(torch.empty(0))).requires_grad:
-        state_dict["pos_embed"] = own["pos_embed"]
-        log.info("pos_embed: fixed sinusoid table, recomputed for %d tokens", own["pos_embed"].shape[1])
-        return
-    prefix = getattr(model, "num_prefix_tokens", 1)
-    old_patches, new_patches = pos.shape[1] - prefix, own["pos_embed"].shape[1] - prefix
-    side = math.isqrt(old_patches)
-    if side * side != old_patches:
-        return  # not a square grid: left to the mismatch check, which names the shapes
-    embed = getattr(model, "patch_embed", None)
-    new_grid = list(getattr(embed, "grid_size", (math.isqrt(new_patches),) * 2))
-    state_dict["pos_embed"] = resample_abs_pos_embed(pos, new_grid, [side, side], num_prefix_tokens=prefix)
-    log.info(
-        "pos_embed resampled from a %dx%d to a %dx%d grid: %s -> %s",
-        side,
-        side,
-        *new_grid,
-        tuple(pos.shape),
-        tuple(state_dict["pos_embed"].shape),
-    )
-
-
-def adapt_patch_embed(state_dict: StateDict, own: StateDict, model: nn.Module) -> None:
-    """A patch kernel (C, 3, p, p) of another patch size: resampled to the model's with timm's
-    `resample_patch_embed` (FlexiViT's pseudo-inverse resize, which keeps each patch's token as it was for
-    images resized with the patch). Only the standard patch embedding; other kinds keep their own check."""
-    from timm.layers import resample_patch_embed
-
-    key = "patch_embed.proj.weight"
-    theirs, mine = state_dict.get(key), own.get(key)
-    if theirs is None or mine is None or theirs.shape == mine.shape:
-        return
-    if getattr(model, "patch_embed_kind", "standard") != "standard" or theirs.shape[:2] != mine.shape[:2]:
-        return  # another width or channel count, or a shifted/overlapping kernel: named by the mismatch check
-    state_dict[key] = resample_patch_embed(theirs, list(mine.shape[-2:]))
-    log.info("patch_embed.proj.weight resampled from patch %s to %s", tuple(theirs.shape[-2:]), tuple(mine.shape[-2:]))
-
-
-def adapt_head(state_dict: StateDict, own: StateDict, reset: bool = False) -> None:
-    """A classifier of another class count (or, with `reset`, trained on other classes) is replaced by the
-    model's freshly initialised one, said in one line."""
-    own_head, ckpt_head = own.get("head.weight"), state_dict.get("head.weight")
-    same_size = own_head is not None and ckpt_head is not None and own_head.shape == ckpt_head.shape
-    if ckpt_head is None or (same_size and not reset):
-        return
-    want = 0 if own_head is None else own_head.shape[0]
-    other = " (other classes)" if same_size else ""
-    # logging's last-resort handler prints warnings to stderr even when nothing is configured.
-    log.warning(
-        "classifier: checkpoint has %d classes, model has %d%s; head re-initialised", ckpt_head.shape[0], want, other
-    )
-    for key in ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias"):  # head_dist: distilled models
-        if key in own:
-            state_dict[key] = own[key]
-        else:
-            state_dict.pop(key, None)
-
-
-def describe_mismatch(state_dict: StateDict, model: nn.Module, limit: int = 5) -> str | None:
-    """None when `state_dict` fits `model` exactly, else a message naming the first differences."""
-    own = model.state_dict()
-    missing = [k for k in own if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in own]
-    wrong_shape = [
-        f"{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(own[k].shape)}"
-        for k in own
-        if k in state_dict and state_dict[k].shape != own[k].shape
-    ]
-    parts = []
-    if missing:
-        parts.append(f"{len(missing)} missing keys (e.g. {', '.join(missing[:limit])})")
-    if unexpected:
-        parts.append(f"{len(unexpected)} unexpected keys (e.g. {', '.join(unexpected[:limit])})")
-    if wrong_shape:
-        parts.append(f"{len(wrong_shape)} shape mismatches ({'; '.join(wrong_shape[:limit])})")
-    return "; ".join(parts) if parts else None
-
-
-def fit_state_dict(weights: Pretrained, model: nn.Module) -> StateDict:
-    """The source's state dict made to fit `model` (architecture checked, then adapted), or PretrainedError
-    naming the first missing, unexpected or wrongly shaped keys."""
-    check_architecture(weights, model)
-    state_dict = adapt_state_dict(weights.state_dict, model, weights.reset_head)
-    problem = describe_mismatch(state_dict, model)
-    if problem:
-        raise PretrainedError(f"weights from {weights.where} do not fit {type(model).__name__}: {problem}")
-    return state_dict
 
 
 def load_pretrained(model: nn.Module, source: str | Path | StateDict | Pretrained, use_ema: bool = True) -> nn.Module:

@@ -13,10 +13,11 @@ token_dim 64:
     re-structurize + soft split 2          (B, 196, 576)
     project                                (B, 196, embed_dim)
 
-then, as in ViT: cls token, position embedding (fixed sinusoid), encoder Blocks, LayerNorm, head.
+then, as in ViT, the shared `Encoder` (vit/models/encoder.py): cls token, position embedding (here the fixed
+sinusoid table), encoder Blocks, LayerNorm, head. T2T-ViT is that encoder with the T2T module as its tokenizer.
 
-The token attention is either the core `Attention` with `chan != dim` (the token transformer, with the V skip
-connection) or the linear-time `TokenPerformer`. Parameter names follow the official code
+The token attention is either `TokenAttention` (the token transformer: attention from width dim to dim_out with
+V as the skip connection) or the linear-time `TokenPerformer`. Parameter names follow the official code
 (`tokens_to_token.attention1.attn.qkv.weight`, ...) so its released checkpoints load with strict=True.
 """
 
@@ -30,12 +31,11 @@ from einops import rearrange
 from torch import nn
 from torch.nn.init import trunc_normal_
 
-from vit.models.attention import Attention
-from vit.models.layers import Mlp, check_encoder_args, encoder_blocks, run_blocks
+from vit.models.attention import TokenAttention
+from vit.models.encoder import Encoder, init_linear_trunc_normal
+from vit.models.layers import Mlp, run_blocks
 from vit.models.performer import TokenPerformer
-from vit.models.pos_embed import make_pos_embed
 from vit.models.registry import register_model
-from vit.models.vit import init_linear_trunc_normal
 
 # (kernel, stride, padding) of the three soft splits.
 SOFT_SPLITS = {
@@ -99,16 +99,23 @@ def soft_split_grids(img_size: int, splits: Sequence[tuple[int, int, int]]) -> l
 
 
 class TokenTransformer(nn.Module):
-    """(B, N, dim) -> (B, N, token_dim): LayerNorm -> Attention(dim -> token_dim, V skip) -> LayerNorm -> MLP."""
+    """(B, N, dim) -> (B, N, dim_out): LayerNorm -> TokenAttention (dim -> dim_out, V skip) -> LayerNorm -> MLP."""
 
     def __init__(
-        self, dim: int, token_dim: int, num_heads: int = 1, qk_scale: float | None = None, backend: str = "auto"
+        self,
+        dim: int,
+        dim_out: int,
+        num_heads: int = 1,
+        qk_scale: float | None = None,
+        attn_backend: str = "auto",
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = Attention(dim, num_heads=num_heads, qk_scale=qk_scale, chan=token_dim, backend=backend)
-        self.norm2 = nn.LayerNorm(token_dim)
-        self.mlp = Mlp(token_dim, hidden_features=token_dim, out_features=token_dim)  # MLP ratio 1
+        self.attn = TokenAttention(
+            dim, num_heads=num_heads, qk_scale=qk_scale, dim_out=dim_out, attn_backend=attn_backend
+        )
+        self.norm2 = nn.LayerNorm(dim_out)
+        self.mlp = Mlp(dim_out, hidden_features=dim_out, out_features=dim_out)  # MLP ratio 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.attn(self.norm1(x))  # no residual around it: the width changes (V is the skip, inside)
@@ -126,7 +133,12 @@ class T2TModule(nn.Module):
         soft_split: "auto", "imagenet", "cifar", or three (kernel, stride, padding) triples.
         token_scale: "input" uses (input width // heads) ** -0.5 as the official code does (147 ** -0.5 in
             the first stage; needed to reproduce its checkpoints); "output" uses (token_dim // heads) ** -0.5,
-            the usual head_dim convention of the explanation in the seeds. Only the transformer type scales.
+            the usual head_dim ** -0.5 of attention with the width it works in. Only the transformer type scales.
+        attn_backend: see `Attention` (the transformer type only).
+
+    With gradient checkpointing (`grad_checkpointing`, set by the model's `set_grad_checkpointing`) the two token
+    blocks are recomputed in the backward pass too: at 224 px the first works on 3136 tokens, 16 times the
+    encoder's 196, so its activations are among the largest of a training step.
     """
 
     def __init__(
@@ -164,14 +176,18 @@ class T2TModule(nn.Module):
         self.project = nn.Linear(token_dim * k2 * k2, embed_dim)
         self.grid_size = (self.grid_sides[-1], self.grid_sides[-1])
         self.num_patches = self.grid_sides[-1] ** 2
-        self.grad_checkpointing = False  # set by the model's `set_grad_checkpointing`
+        self.grad_checkpointing = False
 
     @staticmethod
-    def _stage(tokens_type: str, dim: int, token_dim: int, token_scale: str, backend: str) -> nn.Module:
+    def _stage(tokens_type: str, dim: int, token_dim: int, token_scale: str, attn_backend: str) -> nn.Module:
         if tokens_type == "performer":
-            return TokenPerformer(dim, token_dim, kernel_ratio=0.5)
+            return TokenPerformer(dim, dim_out=token_dim, kernel_ratio=0.5)
         scale = (dim if token_scale == "input" else token_dim) ** -0.5  # one head
-        return TokenTransformer(dim, token_dim, num_heads=1, qk_scale=scale, backend=backend)
+        return TokenTransformer(dim, dim_out=token_dim, num_heads=1, qk_scale=scale, attn_backend=attn_backend)
+
+    def input_grid(self, x: torch.Tensor) -> tuple[int, int]:
+        """The token grid of an input: always `grid_size`, as the T2T module takes `img_size` only."""
+        return self.grid_size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.ndim != 4 or x.shape[1] != self.in_chans or tuple(x.shape[-2:]) != (self.img_size, self.img_size):
@@ -190,13 +206,17 @@ class T2TModule(nn.Module):
         return self.project(x)  # (B, N2, embed_dim)
 
 
-class T2TViT(nn.Module):
-    """T2T module -> cls token -> fixed sinusoid position embedding -> Blocks -> LayerNorm -> head.
+class T2TViT(Encoder):
+    """T2T-ViT: the T2T module under the official name `tokens_to_token`, then the `Encoder` with the fixed
+    sinusoid position table and PyTorch's LayerNorm epsilon (1e-5), as in the official code.
 
     `qkv_bias=False` and the encoder's `qk_scale` follow the official code: None means head_dim ** -0.5
     (what it trains with); its released ImageNet weights were trained with `qk_scale = embed_dim ** -0.5`,
-    so build with that to reproduce them (docs/T2T.md).
+    so build with that to reproduce them (docs/T2T.md). `distill_token`: DeiT's distillation token and second
+    head, as on a ViT (docs/DISTILLATION.md); the official code has none, and its weights load only without it.
     """
+
+    tokenizer_name = "tokens_to_token"
 
     def __init__(
         self,
@@ -217,77 +237,43 @@ class T2TViT(nn.Module):
         soft_split="auto",
         token_scale: str = "input",
         attn_backend: str = "auto",
+        distill_token: bool = False,
     ) -> None:
-        super().__init__()
-        check_encoder_args(embed_dim, depth, num_heads, num_classes, drop_rate, attn_drop_rate, drop_path_rate)
-        self.num_classes = num_classes
-        self.embed_dim = self.num_features = embed_dim
-        self.num_prefix_tokens = 1
-        self.tokens_to_token = T2TModule(
-            img_size, tokens_type, in_chans, embed_dim, token_dim, soft_split, token_scale, attn_backend
+        tokenizer = T2TModule(
+            img_size=img_size,
+            tokens_type=tokens_type,
+            in_chans=in_chans,
+            embed_dim=embed_dim,
+            token_dim=token_dim,
+            soft_split=soft_split,
+            token_scale=token_scale,
+            attn_backend=attn_backend,
         )
-        self.grid_size = self.tokens_to_token.grid_size
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-        self.pos_embed = make_pos_embed("sinusoidal", self.tokens_to_token.num_patches + 1, embed_dim)
-        self.pos_drop = nn.Dropout(drop_rate)
-        self.blocks = encoder_blocks(
-            depth,
-            embed_dim,
-            num_heads,
-            drop_path_rate,
+        super().__init__(
+            tokenizer,
+            num_classes=num_classes,
+            embed_dim=embed_dim,
+            depth=depth,
+            num_heads=num_heads,
             mlp_ratio=mlp_ratio,
             qkv_bias=qkv_bias,
             qk_scale=qk_scale,
-            drop=drop_rate,
-            attn_drop=attn_drop_rate,
+            drop_rate=drop_rate,
+            attn_drop_rate=attn_drop_rate,
+            drop_path_rate=drop_path_rate,
             attn_backend=attn_backend,
+            pos_embed="sinusoidal",
+            distill_token=distill_token,
             norm_eps=1e-5,  # nn.LayerNorm's default, as in the official code
         )
-        self.norm = nn.LayerNorm(embed_dim)
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        self.grad_checkpointing = False
-        self.init_weights()
-
-    @property
-    def img_size(self) -> tuple[int, int]:
-        side = self.tokens_to_token.img_size
-        return side, side
-
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Recompute the activations of every encoder block and of the T2T module's two token blocks in the
-        backward pass instead of keeping them (timm's method). The token blocks are included: at 224 px the first
-        one works on 3136 tokens, 16 times the encoder's 196, so its activations are among the largest."""
-        self.grad_checkpointing = enable
-        self.tokens_to_token.grad_checkpointing = enable
 
     def init_weights(self) -> None:
-        """The official init: trunc-normal(0.02) cls token and Linears, zero biases."""
+        """The official init: trunc-normal(0.02) cls token and Linears, zero biases (and the distillation token
+        as timm's distilled DeiT)."""
         trunc_normal_(self.cls_token, std=0.02)
+        if self.dist_token is not None:
+            trunc_normal_(self.dist_token, std=0.02)
         self.apply(init_linear_trunc_normal)
-
-    def no_weight_decay(self) -> set[str]:
-        return {"cls_token", "pos_embed"}
-
-    def reset_classifier(self, num_classes: int) -> None:
-        self.num_classes = num_classes
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
-        if num_classes > 0:
-            init_linear_trunc_normal(self.head)
-
-    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C, H, W) -> (B, 1 + N, embed_dim)."""
-        x = self.tokens_to_token(x)  # (B, N, C)
-        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, C)
-        x = self.pos_drop(x + self.pos_embed)
-        x = run_blocks(self.blocks, x, self.grad_checkpointing and self.training and torch.is_grad_enabled())
-        return self.norm(x)
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = x[:, 0]  # (B, C): the cls token
-        return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
 
 
 # name: (tokens_type, embed_dim, depth, num_heads, mlp_ratio), the paper's Table 1.
