@@ -1,6 +1,7 @@
 """trainer.keep_last keeps the newest epoch checkpoints; scripts/average_checkpoints.py averages them into a
 checkpoint that evaluation and fine-tuning read; trainer.grad_checkpointing trains exactly as without it."""
 
+import json
 import subprocess
 import sys
 
@@ -65,7 +66,8 @@ def test_the_script_writes_a_checkpoint_that_evaluation_and_finetuning_read(kept
     evaluate = [sys.executable, str(REPO / "scripts" / "evaluate.py"), f"checkpoint={out}", "limit_batches=1"]
     evaluated = subprocess.run(evaluate, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
-    assert "top-1" in evaluated.stdout
+    report = json.loads(evaluated.stdout)
+    assert report["checkpoint"] == str(out) and report["count"] == 32  # one batch of the run's data config
     config = compose_config([*BASE, f"model.pretrained={out}"])
     model = build_model_from_config(config.model, num_classes=10)
     weights = read_pretrained(config.model, model)

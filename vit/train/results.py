@@ -79,6 +79,7 @@ def run_metrics(cfg, history: list[dict], cost, bundle, compiled: bool, device) 
         "model": cfg.model.name,
         "params": cost.params,
         "macs": cost.macs,
+        "num_classes": bundle.num_classes,
         "epochs_done": len(history),
         "final": history[-1] if history else {},
         "best": {"val_top1": best.get("val_top1"), "epoch": best.get("epoch")},
