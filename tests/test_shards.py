@@ -202,7 +202,13 @@ def test_on_bad_image_skip_counts_it_and_keeps_the_number_of_batches(tmp_path, c
 
 
 def test_settings_that_cannot_work_are_named(shards, tmp_path):
+    (tmp_path / "text.tar").write_text("not a tar file")
+    one_missing = [str(shards / "train-000000.tar"), str(tmp_path / "gone.tar")]
+    text, where = {"urls": str(tmp_path / "text.tar"), "val_urls": str(tmp_path / "text.tar")}, re.escape(str(tmp_path))
     cases = [
+        ({"urls": one_missing}, rf"^data\.urls: shard {where}/gone\.tar does not exist \(1 of 2 missing\)$"),
+        ({**text, "num_classes": 3}, rf"^shard {where}/text\.tar is not a readable tar file \(method tar"),
+        (text, rf"^data\.num_classes is not set and there is no {where}/classes\.json: set data\.num_classes$"),
         ({"urls": None}, r"^data\.urls is not set: data=webdataset needs data\.urls="),
         ({"urls": str(tmp_path / "none-{0..3}.tar")}, r"^data\.urls='.*none-\{0\.\.3\}\.tar' matches no file"),
         ({"loader": "gpu"}, r"^data\.loader=gpu cannot read data=webdataset"),
@@ -225,13 +231,18 @@ def test_epoch_samples_reads_each_workers_shards_until_the_declared_epoch(shards
 
 
 @ACCEPTED
-def test_train_py_trains_on_shards_and_stops_on_a_missing_pattern(shards, tmp_path):
+def test_train_py_trains_an_epoch_on_shards(shards, tmp_path):
     urls = f"data.urls='{shards}/train-{{000000..000005}}.tar'"
-    done = run_cli(["data=webdataset", urls, *TINY, "trainer.epochs=1", "data.batch_size=8", "data.num_workers=1",
+    done = run_cli(["data=webdataset", urls, *TINY, "trainer.epochs=1", "data.batch_size=16", "data.num_workers=0",
                     f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
-    assert metrics["epochs_done"] == 1 and metrics["history"][0]["step"] == 11 and metrics["loader"] == "webdataset"
+    # 90 samples, batches of 16: 5 steps; validation on the 30 samples of the val split named in _info.json.
+    assert metrics["epochs_done"] == 1 and metrics["history"][0]["step"] == 5 and metrics["loader"] == "webdataset"
+
+
+@ACCEPTED
+def test_train_py_stops_on_a_pattern_that_matches_nothing(tmp_path):
     missing = run_cli(["data=webdataset", f"data.urls='{tmp_path}/nothing-{{0..9}}.tar'", *TINY], cwd=tmp_path)
     assert missing.returncode == 2
     assert missing.stderr.strip().splitlines() == [

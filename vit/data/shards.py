@@ -116,7 +116,8 @@ def count_samples(url: str) -> int:
                 if member.isreg() and key is not None and not member.name.startswith("__"):
                     keys.add(key)
     except (tarfile.TarError, OSError) as err:
-        raise DataError(f"shard {url} is not a readable tar file ({err})") from None
+        why = str(err).strip().splitlines()[-1].lstrip("- ")  # tarfile lists one reason per compression tried
+        raise DataError(f"shard {url} is not a readable tar file ({why})") from None
     return len(keys)
 
 

@@ -1,0 +1,105 @@
+"""Training images per second of data=webdataset (tar shards) against data=imagefolder (one file per image) on the
+same JPEGs, each read through its real loader (`build_data`), on the CPU.
+
+    python scripts/bench_shards.py --archive /work/shared/data/cifar10-jpeg.tar.gz --work /tmp/bench-shards
+
+The archive (an image-folder tree: train/<class>/*, test/<class>/*) is extracted into --work once, and written as
+shards there with scripts/make_shards.py (--samples-per-shard, default 5000). Both loaders then run with the same
+settings: --batch images per batch, --workers loader workers, the first --images training images of the epoch
+(data.limit_train_samples), 32 px, CIFAR-10's augmentation (pad-and-crop, flip, AutoAugment) on the batch. A pass
+is a whole (limited) epoch, loader start-up included: the folder loader's workers persist across epochs, the
+shard loader starts fresh workers every epoch and fills its shuffle buffer first. Rows:
+  loader workers only   the DataLoader's uint8 batches (decode and geometry in the workers: what a GPU waits on)
+  full pipeline         the same plus `BatchAugment` on the CPU in the main process (what a CPU run trains on)
+The two loaders alternate within every repeat (which goes first alternates too); the table gives the median
+images/s over --repeats and the median of the per-repeat ratios shards / folders.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from vit.args import run_script
+from vit.data import build_data
+from vit.data.archive import extract_archive
+from vit.data.datasets import find_tree_root
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="data=webdataset vs data=imagefolder loading speed on the CPU")
+    parser.add_argument("--archive", default=os.environ.get("VIT_CIFAR10_ARCHIVE"), help="image-folder archive")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/vit-bench-shards"))
+    parser.add_argument("--samples-per-shard", type=int, default=5000)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--images", type=int, default=10000, help="training images per pass")
+    parser.add_argument("--repeats", type=int, default=5)
+    return parser.parse_args(argv)
+
+
+def prepare(args) -> tuple[Path, Path]:
+    """(the tree's root, the shard folder), extracted and written once into --work."""
+    if not args.archive:
+        raise FileNotFoundError("--archive is not set (nor VIT_CIFAR10_ARCHIVE)")
+    tree = find_tree_root(extract_archive(args.archive, args.work / "extracted"))
+    shards = args.work / "shards"
+    if not (shards / "_info.json").is_file():
+        sys.path.insert(0, str(REPO / "scripts"))
+        from make_shards import main as make_shards
+
+        make_shards([str(tree), str(shards), "--samples-per-shard", str(args.samples_per_shard)])
+    return tree, shards
+
+
+def loaders(args, tree: Path, shards: Path) -> dict:
+    common = {"img_size": 32, "batch_size": args.batch, "num_workers": args.workers, "pin_memory": False}
+    common["limit_train_samples"] = args.images
+    folder = {"name": "imagefolder", "root": str(tree), "scan_images": False, "loader": "torch", **common}
+    urls = sorted(str(p) for p in shards.glob("train-*.tar"))
+    stream = {"name": "webdataset", "urls": urls, "val_urls": sorted(str(p) for p in shards.glob("test-*.tar"))}
+    return {"folders": build_data(folder).train_loader, "shards": build_data({**stream, **common}).train_loader}
+
+
+def timed_pass(loader, epoch: int, workers_only: bool) -> float:
+    """Images per second of one pass (epoch `epoch`)."""
+    loader.set_epoch(epoch)
+    source = loader.loader if workers_only else loader
+    images, start = 0, time.perf_counter()
+    for batch in source:
+        images += batch[0].shape[0]
+    return images / (time.perf_counter() - start)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(1)
+    tree, shards = prepare(args)
+    built = loaders(args, tree, shards)
+    rows = {"loader workers only": True, "full pipeline": False}
+    rates = {(row, kind): [] for row in rows for kind in built}
+    for repeat in range(args.repeats):
+        for row, workers_only in rows.items():
+            order = list(built) if repeat % 2 == 0 else list(reversed(built))
+            for kind in order:
+                rates[row, kind].append(timed_pass(built[kind], repeat, workers_only))
+            print(f"repeat {repeat + 1} {row}: " + ", ".join(f"{k} {rates[row, k][-1]:.0f} img/s" for k in built))
+    print(f"\n| {'row':<22} | folders img/s | shards img/s | shards / folders |")
+    print(f"|{'-' * 24}|---------------|--------------|------------------|")
+    for row in rows:
+        folders, shard = rates[row, "folders"], rates[row, "shards"]
+        ratio = statistics.median(s / f for s, f in zip(shard, folders, strict=True))
+        print(f"| {row:<22} | {statistics.median(folders):13.0f} | {statistics.median(shard):12.0f} | {ratio:16.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(main, usage=__doc__))
