@@ -1,7 +1,9 @@
-"""Shared test settings: small thread count (CI has 2 cores) and a fixed seed per test."""
+"""Shared test settings and fixtures: small thread count (CI has 2 cores), a fixed seed per test, and a finished
+1-epoch run of the tiny model. Plain helpers are in trainer_utils.py."""
 
 import pytest
 import torch
+from trainer_utils import QUICK, compose_config
 
 torch.set_num_threads(2)
 
@@ -9,3 +11,13 @@ torch.set_num_threads(2)
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A finished 1-epoch run of the tiny model: its last.pt is what the resume tests feed back."""
+    from vit.train import run
+
+    run_dir = tmp_path_factory.mktemp("trained")
+    run(compose_config([*QUICK, "trainer.epochs=1"]), output_dir=run_dir)
+    return run_dir / "checkpoints" / "last.pt"

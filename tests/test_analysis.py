@@ -1,7 +1,6 @@
 """The analysis library without the scripts: attention maps and rollout, position-embedding similarity, run
 folders, figures, and reading checkpoints and images."""
 
-import json
 from functools import partial
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 import torch
 import yaml
 from PIL import Image
+from trainer_utils import DATA_CFG, fake_run
 
 from vit.analysis import figures
 from vit.analysis.inputs import denormalise, image_paths, load_images, load_model
@@ -21,7 +21,6 @@ from vit.train import figures as train_figures
 from vit.train.checkpoint import CheckpointError
 from vit.train.figures import attention_views, cls_attention, rollout, upsample
 
-DATA_CFG = {"name": "cifar10", "img_size": 32, "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}
 MODEL_CFG = {
     "name": "vit_tiny",
     "img_size": 32,
@@ -115,20 +114,6 @@ def test_sinusoid_similarity_falls_with_distance_along_the_sequence():
 
 
 # Run folders --------------------------------------------------------------------------------------------------
-
-
-def fake_run(run_dir: Path, overrides: list[str], model: dict, metrics: dict | None, tb_curve=()):
-    (run_dir / ".hydra").mkdir(parents=True)
-    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
-    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"model": model, "data": DATA_CFG}))
-    if metrics is not None:
-        (run_dir / "metrics.json").write_text(json.dumps(metrics))
-    if tb_curve:
-        from torch.utils.tensorboard import SummaryWriter
-
-        with SummaryWriter(run_dir / "tb") as writer:
-            for step, value in tb_curve:
-                writer.add_scalar("val/top1", value, step)
 
 
 @pytest.fixture()

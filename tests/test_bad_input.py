@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import torch
 from omegaconf import OmegaConf
-from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, compose_config, run_cli
+from trainer_utils import QUICK, QUICK_SYNTHETIC, REPO, compose_config, run_cli
 
 from vit.cli import check_override_keys
 from vit.train import CheckpointError, atomic_save, load_checkpoint, run
@@ -18,7 +18,6 @@ from vit.train.config import NUMBER_LISTS, NUMERIC_KEYS, ConfigError, build_mode
 from vit.train.loop import NonFiniteLossError, weights_finite
 
 run_module = importlib.import_module("vit.train.run")  # the module (vit.train.run is also the function's name)
-QUICK = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.device=cpu", "trainer.attn_maps_every_n_epochs=0"]
 
 
 # --- settings --------------------------------------------------------------------------------------------------
@@ -267,14 +266,6 @@ def test_a_non_numeric_model_value_is_named_through_the_cli(tmp_path):
 
 
 # --- checkpoints -----------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A finished 1-epoch run of the tiny model: its last.pt is what the resume tests feed back."""
-    run_dir = tmp_path_factory.mktemp("trained")
-    run(compose_config([*QUICK, "trainer.epochs=1"]), output_dir=run_dir)
-    return run_dir / "checkpoints" / "last.pt"
 
 
 @pytest.mark.parametrize(

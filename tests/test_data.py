@@ -4,7 +4,6 @@ import io
 import os
 import tarfile
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 from torch.utils.data import DistributedSampler
+from trainer_utils import MODES, make_tree, noise_image
 
 import vit.data.archive as archive_module
 import vit.data.gpu_loader as gpu_module
@@ -20,31 +20,6 @@ from vit.data.archive import COMPLETE_MARKER, ArchiveError, extract_archive
 from vit.data.augment import build_policy, random_erasing, random_pad_crop, random_resized_crop
 from vit.data.datasets import to_rgb
 from vit.data.rand_augment import TimmRandAugment
-
-MODES = ["RGB", "L", "P", "RGBA", "CMYK", "I;16"]
-
-
-def _image(mode: str, size: int, seed: int) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    if mode == "I;16":
-        return Image.fromarray(rng.integers(0, 65535, (size, size), dtype=np.uint16))
-    rgb = Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8))
-    return rgb.convert(mode)
-
-
-def make_tree(root: Path, classes=("cat", "dog", "frog"), per_class=8, val="val", size=20) -> Path:
-    for split, count in (("train", per_class), (val, per_class // 2)):
-        for c, name in enumerate(classes):
-            folder = root / split / name
-            folder.mkdir(parents=True, exist_ok=True)
-            for i in range(count):
-                mode = MODES[(i + c) % len(MODES)]
-                suffix = ".png" if mode in ("I;16", "RGBA", "P") else ".jpg"
-                image = _image(mode, size, seed=100 * c + i)
-                if suffix == ".jpg" and mode not in ("RGB", "L", "CMYK"):
-                    image = image.convert("RGB")
-                image.save(folder / f"img {i}{suffix}")  # a space in the name on purpose
-    return root
 
 
 def folder_cfg(root, **extra):
@@ -62,7 +37,7 @@ def folder_cfg(root, **extra):
 
 @pytest.mark.parametrize("mode", MODES + ["LA", "I"])
 def test_every_mode_becomes_8bit_rgb(mode):
-    image = _image("L", 8, 0).convert(mode) if mode in ("LA", "I") else _image(mode, 8, 0)
+    image = noise_image("L", 8, 0).convert(mode) if mode in ("LA", "I") else noise_image(mode, 8, 0)
     rgb = to_rgb(image)
     assert rgb.mode == "RGB" and rgb.size == (8, 8)
     if mode == "I;16":  # the 16-bit range is scaled, not clipped to white

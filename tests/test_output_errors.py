@@ -11,8 +11,7 @@ from contextlib import contextmanager
 import pytest
 import torch
 from tensorboard.compat.tensorflow_stub.io.gfile import LocalFileSystem
-from test_bad_input import QUICK, trained  # noqa: F401 (trained: the 1-epoch checkpoint fixture)
-from trainer_utils import TINY_MODEL, compose_config, run_cli
+from trainer_utils import QUICK, TINY_MODEL, compose_config, run_cli
 
 from vit.cli import check_output_dir
 from vit.train import CheckpointError, load_checkpoint, run

@@ -5,8 +5,7 @@ Their accuracy and wall time are GPU measurements (docs/RESULTS.md), never asser
 
 import pytest
 import yaml
-from test_data import make_tree
-from trainer_utils import REPO, compose_config
+from trainer_utils import REPO, compose_config, make_tree
 
 from vit.models import complexity, create_model
 from vit.train import run

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, compose_config, run_cli
+from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, compose_config, fake_run, run_cli
 
 from vit.args import run_script
 from vit.train import run
@@ -201,8 +201,6 @@ def test_summarize_runs_on_a_real_multirun(tmp_path):
 
 
 def test_summarize_runs_of_a_lever_screen_plots_each_setting_in_a_row(tmp_path):
-    from test_analysis import fake_run
-
     model = {"name": "vit_tiny", "embed_dim": 96, "num_heads": 3}
     levers = {
         "base": [],

@@ -10,8 +10,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
-from test_data import make_tree
-from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config, run_cli
+from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config, make_tree, run_cli
 
 from vit.deploy.evaluate import cli as evaluate_main
 from vit.train import load_checkpoint, run
@@ -50,7 +49,9 @@ def test_cli_run_directory_layout(cli_run):
         assert (run_dir / path).is_file(), path
     assert list((run_dir / "tb").glob("events.out.tfevents.*"))
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["epochs_done"] == 2 and metrics["params"] > 0 and metrics["wall_time_s"] > 0
+    state = load_checkpoint(run_dir / "checkpoints" / "last.pt")
+    params = sum(v.numel() for v in state["model"].values())  # the tiny ViT's state is its parameters
+    assert metrics["epochs_done"] == 2 and metrics["params"] == params and metrics["wall_time_s"] > 0
     assert metrics["final"]["val_top1"] == metrics["history"][-1]["val_top1"]
     assert metrics["best"]["val_top1"] >= metrics["final"]["val_top1"]
     assert "epoch 2/2" in done.stdout  # plain log lines when not on a terminal
@@ -125,10 +126,22 @@ def _folder_run(root, tmp_path, extra=()):
 
 
 def test_imagefolder_tree_trains(tmp_path):
-    metrics = _folder_run(make_tree(tmp_path / "tree"), tmp_path)
-    assert metrics["epochs_done"] == 2 and metrics["final"]["val_top1"] >= 0
+    from vit.analysis.inputs import load_images, load_model
+
+    tree = make_tree(tmp_path / "tree")
+    metrics = _folder_run(tree, tmp_path)
+    assert metrics["epochs_done"] == 2
     state = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
     assert state["class_to_idx"] == {"cat": 0, "dog": 1, "frog": 2}
+    # The final val top-1, computed again image by image: the last weights on the 12 val images, each read and
+    # transformed on its own (PIL, the validation transform), against the class of its folder.
+    model, config, classes = load_model(tmp_path / "run" / "checkpoints" / "last.pt")
+    correct = 0
+    for name, index in classes.items():
+        _, images = load_images(tree / "val" / name, config)
+        with torch.no_grad():
+            correct += int((model(images).argmax(-1) == index).sum())
+    assert metrics["final"]["val_top1"] == pytest.approx(100 * correct / 12)
 
 
 def test_imagefolder_archive_trains(tmp_path):

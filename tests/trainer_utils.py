@@ -1,13 +1,19 @@
-"""Helpers shared by the trainer tests: composing configs and running the real CLI."""
+"""Plain helpers shared by the tests (fixtures are in conftest.py): composing configs, running the real CLI,
+writing small image trees and fake finished runs. No test module imports another; what two share is here."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
+import numpy as np
+import yaml
+from PIL import Image
+
+from vit.args import compose
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = str(REPO / "configs")
@@ -15,11 +21,13 @@ CONFIG_DIR = str(REPO / "configs")
 # A model small enough that a CPU epoch over a few hundred images takes about a second.
 TINY_MODEL = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2"]
 QUICK_SYNTHETIC = ["data=synthetic", "data.synthetic.num_train=256", "data.synthetic.num_val=64", "data.batch_size=32"]
+# The tiny model on the synthetic data, on the CPU, without attention figures: a run of a few seconds.
+QUICK = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.device=cpu", "trainer.attn_maps_every_n_epochs=0"]
 
 
 def compose_config(overrides: list[str]):
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
+    """The trainer's config with these overrides, composed as train.py composes it (vit/args.py)."""
+    return compose(overrides)
 
 
 def run_cli(args: list[str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
@@ -32,3 +40,53 @@ def run_cli(args: list[str], cwd: Path, timeout: int = 240) -> subprocess.Comple
         timeout=timeout,
         env=env,
     )
+
+
+# Image modes a folder of real-world images holds; make_tree cycles through them.
+MODES = ["RGB", "L", "P", "RGBA", "CMYK", "I;16"]
+
+
+def noise_image(mode: str, size: int, seed: int) -> Image.Image:
+    """A size x size image of random pixels in `mode`."""
+    rng = np.random.default_rng(seed)
+    if mode == "I;16":
+        return Image.fromarray(rng.integers(0, 65535, (size, size), dtype=np.uint16))
+    rgb = Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8))
+    return rgb.convert(mode)
+
+
+def make_tree(root: Path, classes=("cat", "dog", "frog"), per_class=8, val="val", size=20) -> Path:
+    """An image-folder tree, root/train/<class>/ and root/<val>/<class>/, of noise images in every mode of MODES
+    (PNG where JPEG cannot hold the mode), `per_class` training and `per_class // 2` validation images a class."""
+    for split, count in (("train", per_class), (val, per_class // 2)):
+        for c, name in enumerate(classes):
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                mode = MODES[(i + c) % len(MODES)]
+                suffix = ".png" if mode in ("I;16", "RGBA", "P") else ".jpg"
+                image = noise_image(mode, size, seed=100 * c + i)
+                if suffix == ".jpg" and mode not in ("RGB", "L", "CMYK"):
+                    image = image.convert("RGB")
+                image.save(folder / f"img {i}{suffix}")  # a space in the name on purpose
+    return root
+
+
+# The data config a fake run records (fake_run).
+DATA_CFG = {"name": "cifar10", "img_size": 32, "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}
+
+
+def fake_run(run_dir: Path, overrides: list[str], model: dict, metrics: dict | None, tb_curve=()):
+    """A run folder as the trainer leaves it (.hydra/overrides.yaml and config.yaml, metrics.json unless None,
+    a TensorBoard val/top1 curve of (step, value) pairs), without training."""
+    (run_dir / ".hydra").mkdir(parents=True)
+    (run_dir / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"model": model, "data": DATA_CFG}))
+    if metrics is not None:
+        (run_dir / "metrics.json").write_text(json.dumps(metrics))
+    if tb_curve:
+        from torch.utils.tensorboard import SummaryWriter
+
+        with SummaryWriter(run_dir / "tb") as writer:
+            for step, value in tb_curve:
+                writer.add_scalar("val/top1", value, step)

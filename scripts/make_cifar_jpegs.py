@@ -1,0 +1,97 @@
+"""Write torchvision's CIFAR-10 out as JPEG files in image-net style class folders, the layout data=imagefolder
+reads, optionally packed into a .tar.gz (data.root takes the folder or the archive).
+
+usage: python scripts/make_cifar_jpegs.py --root <torchvision root> --out <folder> [--download] [--tar <file>]
+    [--quality 75]
+
+Reads CIFAR-10 with torchvision.datasets.CIFAR10 from `--root` (the folder holding cifar-10-batches-py/;
+`--download` lets torchvision fetch it there first, 163 MB, checked against its md5 sums) and writes
+
+    <out>/cifar10/train/<class>/0000.jpg ... 4999.jpg   (5,000 per class, in the dataset's order)
+    <out>/cifar10/test/<class>/0000.jpg ... 0999.jpg    (1,000 per class; data=imagefolder validates on test/)
+
+Each 32x32 image is one baseline JPEG at quality 75 with 4:2:0 chroma subsampling (Pillow's defaults, about
+0.9 KB a file; lossy, so accuracies come out a few tenths below the PNG-exact dataset). `--tar <file>` also
+packs <out>/cifar10 into that .tar.gz. Then train with data=imagefolder data.root=<out>/cifar10 (or the archive).
+
+Example:
+
+    python scripts/make_cifar_jpegs.py --root data/torchvision --download --out data \\
+        --tar data/cifar10-jpeg.tar.gz
+    python train.py experiment=cifar10_plain data=imagefolder data.root=data/cifar10-jpeg.tar.gz
+
+Bad input (no CIFAR-10 under --root, an output that cannot be written): one line on stderr, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tarfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from vit.args import UsageError, run_script
+
+SPLITS = (("train", True), ("test", False))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, required=True, help="torchvision's CIFAR-10 root (cifar-10-batches-py/)")
+    parser.add_argument("--download", action="store_true", help="let torchvision download CIFAR-10 into --root")
+    parser.add_argument("--out", type=Path, required=True, help="folder to write cifar10/{train,test}/<class>/ into")
+    parser.add_argument("--tar", type=Path, default=None, help="also pack <out>/cifar10 into this .tar.gz")
+    parser.add_argument("--quality", type=int, default=75, help="JPEG quality (default 75)")
+    return parser.parse_args(argv)
+
+
+def read_split(root: Path, train: bool, download: bool) -> tuple[np.ndarray, list[int], list[str]]:
+    """(images (N, 32, 32, 3) uint8, labels, class names) of one split, as torchvision reads them."""
+    from torchvision.datasets import CIFAR10
+
+    try:
+        dataset = CIFAR10(str(root), train=train, download=download)
+    except RuntimeError as err:  # torchvision: "Dataset not found or corrupted. You can use download=True ..."
+        hint = "" if download else "; --download fetches it there"
+        raise UsageError(f"--root {str(root)!r}: no readable CIFAR-10 ({err}){hint}") from None
+    return dataset.data, list(dataset.targets), list(dataset.classes)
+
+
+def write_split(images: np.ndarray, labels: list[int], classes: list[str], folder: Path, quality: int) -> int:
+    """Each image as <folder>/<class>/<i>.jpg, i counting within its class in the dataset's order."""
+    for name in classes:
+        (folder / name).mkdir(parents=True, exist_ok=True)
+    counts = [0] * len(classes)
+    for image, label in zip(images, labels, strict=True):
+        path = folder / classes[label] / f"{counts[label]:04d}.jpg"
+        Image.fromarray(image).save(path, format="JPEG", quality=quality, subsampling="4:2:0")
+        counts[label] += 1
+    return sum(counts)
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if not 1 <= args.quality <= 95:
+        raise UsageError(f"--quality {args.quality} must be in 1..95")
+    tree = args.out / "cifar10"
+    try:
+        for split, train in SPLITS:
+            images, labels, classes = read_split(args.root, train, args.download)
+            count = write_split(images, labels, classes, tree / split, args.quality)
+            print(f"wrote {count} images of {len(classes)} classes into {tree / split}")
+        if args.tar:
+            args.tar.parent.mkdir(parents=True, exist_ok=True)
+            with tarfile.open(args.tar, "w:gz") as archive:
+                archive.add(tree, arcname="cifar10")
+            print(f"wrote {args.tar}")
+    except OSError as err:
+        raise UsageError(f"cannot write {err.filename or args.out}: {err.strerror or err}") from None
+    print(f"train with: python train.py data=imagefolder data.root={args.tar or tree}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(main, usage=__doc__))
