@@ -11,6 +11,8 @@ is a whole (limited) epoch, loader start-up included: the folder loader's worker
 shard loader starts fresh workers every epoch and fills its shuffle buffer first. Rows:
   loader workers only   the DataLoader's uint8 batches (decode and geometry in the workers: what a GPU waits on)
   full pipeline         the same plus `BatchAugment` on the CPU in the main process (what a CPU run trains on)
+  reading only          the encoded images alone, in the main process, nothing decoded: the shard loader's raw
+                        samples (tar headers parsed by the webdataset library) against opening and reading files
 The two loaders alternate within every repeat (which goes first alternates too); the table gives the median
 images/s over --repeats and the median of the per-repeat ratios shards / folders.
 """
@@ -32,6 +34,7 @@ from vit.data.archive import extract_archive
 from vit.data.datasets import find_tree_root
 
 REPO = Path(__file__).resolve().parents[1]
+READ_ONLY = "reading only, 1 process"
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -69,13 +72,33 @@ def loaders(args, tree: Path, shards: Path) -> dict:
     return {"folders": build_data(folder).train_loader, "shards": build_data({**stream, **common}).train_loader}
 
 
-def timed_pass(loader, epoch: int, workers_only: bool) -> float:
-    """Images per second of one pass (epoch `epoch`)."""
+def timed_pass(loader, epoch: int, row: str) -> float:
+    """Images per second of one pass (epoch `epoch`) of `row`."""
     loader.set_epoch(epoch)
-    source = loader.loader if workers_only else loader
+    if row == READ_ONLY:
+        return read_rate(loader, epoch)
+    source = loader.loader if row == "loader workers only" else loader
     images, start = 0, time.perf_counter()
     for batch in source:
         images += batch[0].shape[0]
+    return images / (time.perf_counter() - start)
+
+
+def read_rate(loader, epoch: int) -> float:
+    """Encoded images per second read in this process, nothing decoded: the shard loader's raw samples of every
+    worker's piece in turn, or the files of the folder loader's epoch (as many), opened and read."""
+    dataset = loader.loader.dataset
+    start = time.perf_counter()
+    if hasattr(dataset, "plan"):  # the shard stream
+        quotas = [count * dataset.batch_size for count in dataset.batches()]
+        pieces = zip(dataset.plan(), quotas, strict=True)
+        images = sum(sum(1 for _ in dataset._raw(piece, quota)) for piece, quota in pieces)
+    else:  # Transformed(Subset(ImageFolder)) (data.limit_train_samples) in the sampler's order
+        subset = dataset.dataset
+        indices = list(loader.sampler)[: len(loader) * loader.batch_size]
+        for index in indices:
+            Path(subset.dataset.samples[subset.indices[index]][0]).read_bytes()
+        images = len(indices)
     return images / (time.perf_counter() - start)
 
 
@@ -84,20 +107,20 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
     tree, shards = prepare(args)
     built = loaders(args, tree, shards)
-    rows = {"loader workers only": True, "full pipeline": False}
+    rows = ["loader workers only", "full pipeline", READ_ONLY]
     rates = {(row, kind): [] for row in rows for kind in built}
     for repeat in range(args.repeats):
-        for row, workers_only in rows.items():
+        for row in rows:
             order = list(built) if repeat % 2 == 0 else list(reversed(built))
             for kind in order:
-                rates[row, kind].append(timed_pass(built[kind], repeat, workers_only))
+                rates[row, kind].append(timed_pass(built[kind], repeat, row))
             print(f"repeat {repeat + 1} {row}: " + ", ".join(f"{k} {rates[row, k][-1]:.0f} img/s" for k in built))
-    print(f"\n| {'row':<22} | folders img/s | shards img/s | shards / folders |")
-    print(f"|{'-' * 24}|---------------|--------------|------------------|")
+    print(f"\n| {'row':<23} | folders img/s | shards img/s | shards / folders |")
+    print(f"|{'-' * 25}|---------------|--------------|------------------|")
     for row in rows:
         folders, shard = rates[row, "folders"], rates[row, "shards"]
         ratio = statistics.median(s / f for s, f in zip(shard, folders, strict=True))
-        print(f"| {row:<22} | {statistics.median(folders):13.0f} | {statistics.median(shard):12.0f} | {ratio:16.2f} |")
+        print(f"| {row:<23} | {statistics.median(folders):13.0f} | {statistics.median(shard):12.0f} | {ratio:16.2f} |")
     return 0
 
 

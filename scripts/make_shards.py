@@ -5,7 +5,7 @@
 Input: <root>/train/<class>/* and <root>/{val,validation,test}/<class>/*, the layout data=imagefolder reads (an
 archive is extracted once, beside it or into --cache-dir). Written into the output folder:
   train-000000.tar ...    the training images in one random order (fixed by --seed), --samples-per-shard each
-  <split>-000000.tar ...  the validation split, named after its folder (val, validation or test), in folder order
+  <split>-000000.tar ...  the validation split, named after its folder (val, validation or test), also shuffled
   classes.json            class name -> index: the sorted class folders, as data=imagefolder numbers them
   _info.json              per split: the shard file names and the samples in each (the layout timm's shard
                           reader reads too); the trainer reads the epoch's length and its split from it
@@ -44,7 +44,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("source", help="folder with train/ and val/ (or validation/, test/), or an archive of one")
     parser.add_argument("output", help="folder for the shards (created; must not hold shards already)")
     parser.add_argument("--samples-per-shard", type=int, default=5000)
-    parser.add_argument("--seed", type=int, default=0, help="the training images' order across the shards")
+    parser.add_argument("--seed", type=int, default=0, help="the images' order across the shards")
     parser.add_argument("--val-split", default=None, help="validation folder name (default: val/validation/test)")
     parser.add_argument("--cache-dir", default=None, help="where an archive is extracted (default: beside it)")
     return parser.parse_args(argv)
@@ -124,10 +124,12 @@ def main(argv: list[str]) -> int:
     if output.exists() and (any(output.glob("*.tar")) or (output / INFO_NAME).exists()):
         raise DataError(f"output folder {output} already holds shards: choose an empty or new folder")
     output.mkdir(parents=True, exist_ok=True)
-    shuffled = np.random.default_rng(args.seed).permutation(len(train))
+    # Both splits shuffled: every shard holds every class, and data.limit_val_samples (the first samples of the
+    # validation shards) is a random subset rather than the first classes.
+    rng = np.random.default_rng(args.seed)
     splits = {
-        "train": write_split(train, shuffled, output, "train", args.samples_per_shard),
-        val_name: write_split(val, np.arange(len(val)), output, val_name, args.samples_per_shard),
+        "train": write_split(train, rng.permutation(len(train)), output, "train", args.samples_per_shard),
+        val_name: write_split(val, rng.permutation(len(val)), output, val_name, args.samples_per_shard),
     }
     (output / CLASSES_NAME).write_text(json.dumps(train.class_to_idx, indent=1) + "\n")
     info = {"name": root.name, "classes": len(train.classes), "seed": args.seed, "splits": splits}
