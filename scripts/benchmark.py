@@ -190,15 +190,24 @@ def run(args: argparse.Namespace) -> int:
     modes = {"off": [None], "on": [args.compile_mode], "both": [None, args.compile_mode]}[args.compile]
 
     if args.profile:
-        sections = []
-        for name, batch in zip(names, batches, strict=True):
-            for mode in modes:
-                summary = profile_case(CASES[name], device, batch, mode, args.profile_steps, args.warmup)
-                sections.append(profile_markdown(summary))
-                print(sections[-1] + "\n", flush=True)
-        args.profile.write_text("\n\n".join(sections) + "\n")
-        return 0
+        return run_profile(args, names, batches, modes, device)
+    return run_steps(args, names, batches, modes, device)
 
+
+def run_profile(args: argparse.Namespace, names: list[str], batches: list, modes: list, device: torch.device) -> int:
+    """--profile: where each case's training step spends its time, as markdown sections in --profile."""
+    sections = []
+    for name, batch in zip(names, batches, strict=True):
+        for mode in modes:
+            summary = profile_case(CASES[name], device, batch, mode, args.profile_steps, args.warmup)
+            sections.append(profile_markdown(summary))
+            print(sections[-1] + "\n", flush=True)
+    args.profile.write_text("\n\n".join(sections) + "\n")
+    return 0
+
+
+def run_steps(args: argparse.Namespace, names: list[str], batches: list, modes: list, device: torch.device) -> int:
+    """Training-step throughput of each case and compile mode (against timm's with --vs-timm), as a table."""
     results = []
     for name, batch in zip(names, batches, strict=True):
         case = CASES[name]
