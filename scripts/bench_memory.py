@@ -1,0 +1,104 @@
+"""Peak memory and time of one training step with and without gradient checkpointing, on the CPU.
+
+Each measurement runs in a fresh process, so its peak resident set size (`ru_maxrss`) belongs to that step
+alone: the process builds the model and a random batch, reads its peak RSS ("before"), runs one forward and
+backward pass (cross-entropy against random labels, fp32, train mode), and reads its peak RSS again ("after").
+The step's own share is after - before. The two settings alternate, one process at a time, `--repeats` times.
+
+    python scripts/bench_memory.py                       # ViT-B/16, 224 px, 1000 classes, batch 32, 3 repeats
+    python scripts/bench_memory.py --model vit_tiny --batch-size 8 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+SETTINGS = ("plain", "checkpointed")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="vit_base", help="a registered model name (default: vit_base)")
+    parser.add_argument("--img-size", type=int, default=224, help="image side in pixels (default: 224)")
+    parser.add_argument("--batch-size", type=int, default=32, help="images per step (default: 32)")
+    parser.add_argument("--num-classes", type=int, default=1000, help="classifier size (default: 1000)")
+    parser.add_argument("--repeats", type=int, default=3, help="processes per setting, interleaved (default: 3)")
+    parser.add_argument("--one", choices=SETTINGS, help=argparse.SUPPRESS)  # internal: measure in this process
+    args = parser.parse_args(argv)
+    for key in ("img_size", "batch_size", "num_classes", "repeats"):
+        if getattr(args, key) <= 0:
+            parser.error(f"--{key.replace('_', '-')}={getattr(args, key)} must be positive")
+    return args
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def measure_one(args: argparse.Namespace) -> dict:
+    """One step in this process: peak RSS before and after it, and its wall time."""
+    import torch
+    import torch.nn.functional as F
+
+    from vit.models import create_model
+
+    torch.manual_seed(0)
+    model = create_model(args.model, img_size=args.img_size, num_classes=args.num_classes).train()
+    model.set_grad_checkpointing(args.one == "checkpointed")
+    images = torch.randn(args.batch_size, 3, args.img_size, args.img_size)
+    labels = torch.randint(0, args.num_classes, (args.batch_size,))
+    before = peak_rss_mib()
+    start = time.perf_counter()
+    F.cross_entropy(model(images), labels).backward()
+    seconds = time.perf_counter() - start
+    return {"setting": args.one, "rss_before_mib": before, "rss_after_mib": peak_rss_mib(), "step_s": seconds}
+
+
+def run_child(args: argparse.Namespace, setting: str) -> dict:
+    command = [sys.executable, __file__, "--one", setting, "--model", args.model, "--img-size", str(args.img_size)]
+    command += ["--batch-size", str(args.batch_size), "--num-classes", str(args.num_classes)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        sys.exit(f"bench_memory: the {setting} process failed:\n{done.stderr.strip()}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def summary(rows: list[dict]) -> str:
+    lines = ["setting        peak RSS before   peak RSS after   step's share   step time"]
+    for setting in SETTINGS:
+        mine = [r for r in rows if r["setting"] == setting]
+        for r in mine:
+            share = r["rss_after_mib"] - r["rss_before_mib"]
+            lines.append(
+                f"{setting:<14} {r['rss_before_mib']:>11.0f} MiB {r['rss_after_mib']:>12.0f} MiB "
+                f"{share:>10.0f} MiB {r['step_s']:>9.1f} s"
+            )
+    median = {s: statistics.median(r["step_s"] for r in rows if r["setting"] == s) for s in SETTINGS}
+    lines.append(f"step time ratio checkpointed / plain (medians): {median['checkpointed'] / median['plain']:.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.one:
+        print(json.dumps(measure_one(args)))
+        return
+    rows = []
+    for repeat in range(args.repeats):
+        for setting in SETTINGS:  # interleaved: a drift in the machine's load touches both settings alike
+            rows.append(run_child(args, setting))
+            print(f"repeat {repeat + 1}: {json.dumps(rows[-1])}", flush=True)
+    print(summary(rows))
+
+
+if __name__ == "__main__":
+    main()
