@@ -26,7 +26,7 @@ import torch
 from torch import nn
 from torch.nn.init import trunc_normal_
 
-from vit.models.layers import check_encoder_args, encoder_blocks, run_blocks, to_2tuple
+from vit.models.layers import Block, check_rate, run_blocks, to_2tuple
 from vit.models.pos_embed import make_pos_embed, resample_pos_embed
 
 GLOBAL_POOLS = ("token", "avg")
@@ -79,7 +79,15 @@ class Encoder(nn.Module):
     ) -> None:
         super().__init__()
         check_switches(global_pool=global_pool, lsa=lsa, distill_token=distill_token)
-        check_encoder_args(embed_dim, depth, num_heads, num_classes, drop_rate, attn_drop_rate, drop_path_rate)
+        check_encoder_args(
+            embed_dim=embed_dim,
+            depth=depth,
+            num_heads=num_heads,
+            num_classes=num_classes,
+            drop_rate=drop_rate,
+            attn_drop_rate=attn_drop_rate,
+            drop_path_rate=drop_path_rate,
+        )
         self.num_classes = num_classes
         self.embed_dim = self.num_features = embed_dim
         self.global_pool = global_pool
@@ -95,10 +103,10 @@ class Encoder(nn.Module):
         self.pos_embed_kind = pos_embed
         self.pos_drop = nn.Dropout(drop_rate)
         self.blocks = encoder_blocks(
-            depth,
-            embed_dim,
-            num_heads,
-            drop_path_rate,
+            depth=depth,
+            dim=embed_dim,
+            num_heads=num_heads,
+            drop_path_rate=drop_path_rate,
             mlp_ratio=mlp_ratio,
             qkv_bias=qkv_bias,
             qk_scale=qk_scale,
@@ -208,6 +216,37 @@ class Encoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         return self.forward_head(self.forward_features(x))
+
+
+def check_encoder_args(
+    embed_dim: int,
+    depth: int,
+    num_heads: int,
+    num_classes: int,
+    drop_rate: float,
+    attn_drop_rate: float,
+    drop_path_rate: float,
+) -> None:
+    """The checks every encoder-stack model makes, each a ValueError naming the argument and value."""
+    if depth <= 0:
+        raise ValueError(f"depth={depth} must be positive")
+    if num_classes < 0:
+        raise ValueError(f"num_classes={num_classes} must be >= 0")
+    if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
+        raise ValueError(f"num_heads={num_heads} must be a positive divisor of embed_dim={embed_dim}")
+    for name, rate in (
+        ("drop_rate", drop_rate),
+        ("attn_drop_rate", attn_drop_rate),
+        ("drop_path_rate", drop_path_rate),
+    ):
+        check_rate(name, rate)
+
+
+def encoder_blocks(depth: int, dim: int, num_heads: int, drop_path_rate: float = 0.0, **block_kwargs) -> nn.Sequential:
+    """`depth` Blocks whose drop-path rates rise linearly: rate_i = drop_path_rate * i / (depth - 1), so deeper
+    blocks are dropped more often (stochastic depth, Huang et al. 2016)."""
+    rates = torch.linspace(0, drop_path_rate, depth).tolist()
+    return nn.Sequential(*[Block(dim=dim, num_heads=num_heads, drop_path=rate, **block_kwargs) for rate in rates])
 
 
 def check_switches(global_pool: str, lsa: bool, distill_token: bool) -> None:

@@ -1,4 +1,5 @@
-"""The pieces a ViT is stacked from: patch embedding, MLP, stochastic depth, the pre-norm encoder block.
+"""The pieces a ViT is stacked from: patch embeddings, MLP, stochastic depth, the pre-norm encoder block, and the
+loop that runs a stack of blocks (with gradient checkpointing or without).
 
 Parameter names follow timm (`patch_embed.proj`, `mlp.fc1`, `norm1`, `ls1.gamma`, ...) so state dicts load
 in both directions.
@@ -299,42 +300,12 @@ class Block(nn.Module):
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 
-def check_encoder_args(
-    embed_dim: int,
-    depth: int,
-    num_heads: int,
-    num_classes: int,
-    drop_rate: float,
-    attn_drop_rate: float,
-    drop_path_rate: float,
-) -> None:
-    """The checks every encoder-stack model makes, each a ValueError naming the argument and value."""
-    if depth <= 0:
-        raise ValueError(f"depth={depth} must be positive")
-    if num_classes < 0:
-        raise ValueError(f"num_classes={num_classes} must be >= 0")
-    if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
-        raise ValueError(f"num_heads={num_heads} must be a positive divisor of embed_dim={embed_dim}")
-    for name, rate in (
-        ("drop_rate", drop_rate),
-        ("attn_drop_rate", attn_drop_rate),
-        ("drop_path_rate", drop_path_rate),
-    ):
-        check_rate(name, rate)
-
-
-def encoder_blocks(depth: int, dim: int, num_heads: int, drop_path_rate: float = 0.0, **block_kwargs) -> nn.Sequential:
-    """`depth` Blocks whose drop-path rates rise linearly: rate_i = drop_path_rate * i / (depth - 1), so deeper
-    blocks are dropped more often (stochastic depth, Huang et al. 2016)."""
-    rates = torch.linspace(0, drop_path_rate, depth).tolist()
-    return nn.Sequential(*[Block(dim, num_heads, drop_path=rate, **block_kwargs) for rate in rates])
-
-
 def run_blocks(blocks: nn.Module, x: torch.Tensor, checkpointed: bool) -> torch.Tensor:
     """`x` through each module of `blocks` in turn. `checkpointed`: gradient checkpointing, each module's
     activations are dropped after its forward and recomputed in the backward pass, so only the (B, N, C) input of
-    every block stays in memory (about a third more compute). Non-reentrant checkpointing (`use_reentrant=False`)
-    restores the RNG state for the recomputation, so dropout and drop-path draw the same masks both times."""
+    every block stays in memory, at the cost of one more forward pass of the blocks. Non-reentrant checkpointing
+    (`use_reentrant=False`) restores the RNG state for the recomputation, so dropout and drop-path draw the same
+    masks both times."""
     for block in blocks:
         x = checkpoint(block, x, use_reentrant=False) if checkpointed else block(x)
     return x

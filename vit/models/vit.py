@@ -60,7 +60,9 @@ class VisionTransformer(Encoder):
             raise ValueError(f"patch_embed={patch_embed!r} must be one of {tuple(PATCH_EMBEDS)}")
         if not isinstance(dynamic_img_size, bool):
             raise ValueError(f"dynamic_img_size={dynamic_img_size!r} must be true or false")
-        tokenizer = PATCH_EMBEDS[patch_embed](img_size, patch_size, in_chans, embed_dim)
+        tokenizer = PATCH_EMBEDS[patch_embed](
+            img_size=img_size, patch_size=patch_size, in_chans=in_chans, embed_dim=embed_dim
+        )
         tokenizer.dynamic_img_size = dynamic_img_size
         super().__init__(
             tokenizer,
