@@ -35,12 +35,12 @@ def image_shape(model) -> tuple[int, int]:
 
 
 def attention_layers(model) -> list[tuple[str, int, int, int]]:
-    """(name, N, dim, chan) of every self-attention layer, from one forward pass of one image."""
+    """(name, N, dim, C = dim_out) of every self-attention layer, from one forward pass of one image."""
     found, hooks = [], []
     for name, module in model.named_modules():
         if isinstance(module, Attention):
             hook = module.register_forward_hook(
-                lambda m, i, o, name=name: found.append((name, i[0].shape[1], m.dim, m.chan))
+                lambda m, i, o, name=name: found.append((name, i[0].shape[1], m.dim, m.dim_out))
             )
             hooks.append(hook)
     try:
@@ -65,15 +65,15 @@ def attention_split(model) -> tuple[int, int]:
 def measured_flops(model) -> tuple[int, dict[str, int]]:
     """FLOPs counted by torch on one image: the total and the FLOPs inside each named module."""
     attention = [m for m in model.modules() if isinstance(m, Attention)]
-    backends = [m.backend for m in attention]
+    backends = [m.attn_backend for m in attention]
     for module in attention:
-        module.backend = "math"
+        module.attn_backend = "math"
     try:
         with FlopCounterMode(display=False) as counter, torch.no_grad():
             model.eval()(torch.zeros(1, 3, *image_shape(model)))
     finally:
         for module, backend in zip(attention, backends, strict=True):
-            module.backend = backend
+            module.attn_backend = backend
     prefix = type(model).__name__ + "."
     per_module = {
         name[len(prefix) :]: sum(ops.values())

@@ -53,7 +53,7 @@ def test_shape_overrides_take_effect():
     net = build_model_from_config(cfg.model)
     assert net.embed_dim == 256 and len(net.blocks) == 6 and net.patch_embed.num_patches == 256
     assert net.blocks[0].mlp.fc1.out_features == 512 and not net.pos_embed.requires_grad
-    assert net.global_pool == "avg" and net.blocks[0].attn.backend == "math"
+    assert net.global_pool == "avg" and net.blocks[0].attn.attn_backend == "math"
     assert net.blocks[-1].drop_path1.drop_prob == pytest.approx(0.2)
 
 
