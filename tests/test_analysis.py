@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 from PIL import Image
-from trainer_utils import DATA_CFG, fake_run
+from trainer_utils import DATA_CFG, compose_config, fake_run
 
 from vit.analysis import figures
 from vit.analysis.inputs import denormalise, image_paths, load_images, load_model
@@ -297,7 +297,6 @@ REPO = Path(__file__).resolve().parents[1]
     ],
 )
 def test_ablation_experiments_sweep_one_knob_on_a_short_cifar10_schedule(experiment, knob, values):
-    from hydra import compose, initialize_config_dir
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from vit.train.config import build_model_from_config, validate
@@ -307,25 +306,21 @@ def test_ablation_experiments_sweep_one_knob_on_a_short_cifar10_schedule(experim
     assert list(sweep) == [f"model.{knob}"]
     parsed = OverridesParser.create().parse_overrides([f"model.{knob}={sweep[f'model.{knob}']}"])[0]
     assert list(parsed.sweep_iterator()) == values  # as Hydra's basic sweeper will expand it
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
-        for value in values:
-            override = "null" if value is None else str(value).lower()
-            cfg = compose(
-                config_name="config",
-                overrides=[f"experiment={experiment}", f"model.{knob}={override}", "model.depth=1"],
-            )
-            validate(cfg)
-            assert cfg.data.name == "cifar10" and 0 < cfg.trainer.epochs <= 20 and cfg.model.embed_dim == 192
-            model = build_model_from_config(cfg.model)
-            attn = model.blocks[0].attn
-            if knob == "num_heads":
-                assert attn.num_heads == value
-            elif knob == "qk_scale":
-                assert attn.scale == pytest.approx(value if value is not None else (192 // 3) ** -0.5)
-            else:
-                assert (attn.qkv.bias is not None) == value
-        epochs = compose(config_name="config", overrides=[f"experiment={experiment}", "trainer.epochs=2"])
-        assert epochs.trainer.epochs == 2
+    for value in values:
+        override = "null" if value is None else str(value).lower()
+        cfg = compose_config([f"experiment={experiment}", f"model.{knob}={override}", "model.depth=1"])
+        validate(cfg)
+        assert cfg.data.name == "cifar10" and 0 < cfg.trainer.epochs <= 20 and cfg.model.embed_dim == 192
+        model = build_model_from_config(cfg.model)
+        attn = model.blocks[0].attn
+        if knob == "num_heads":
+            assert attn.num_heads == value
+        elif knob == "qk_scale":
+            assert attn.scale == pytest.approx(value if value is not None else (192 // 3) ** -0.5)
+        else:
+            assert (attn.qkv.bias is not None) == value
+    epochs = compose_config([f"experiment={experiment}", "trainer.epochs=2"])
+    assert epochs.trainer.epochs == 2
 
 
 def test_seed_rows_give_mean_and_range_per_setting(tmp_path):
