@@ -17,7 +17,7 @@ from vit.train import CheckpointError, atomic_save, load_checkpoint, run
 from vit.train.config import NUMBER_LISTS, NUMERIC_KEYS, ConfigError, build_model_from_config, validate
 from vit.train.loop import NonFiniteLossError, weights_finite
 
-run_module = importlib.import_module("vit.train.run")  # the module (vit.train.run is also the function's name)
+setup_phase = importlib.import_module("vit.train.setup")  # where a run builds its model and data
 
 
 # --- settings --------------------------------------------------------------------------------------------------
@@ -153,6 +153,9 @@ RANGE_CASES = {
     "trainer.grad_clip": (["trainer.grad_clip=0"], "trainer.grad_clip=0 must be > 0 or null"),
     "trainer.ema_decay": (["trainer.ema_decay=1.0"], "trainer.ema_decay=1.0 must be in (0, 1)"),
     "trainer.val_every_n_epochs": (["trainer.val_every_n_epochs=0"], "trainer.val_every_n_epochs=0 must be >= 1"),
+    "trainer.keep_last": (["trainer.keep_last=0"], "trainer.keep_last=0 must be >= 1 or null"),
+    "data.shuffle_buffer": (["data=webdataset", "data.shuffle_buffer=-1"], "data.shuffle_buffer=-1 must be >= 0"),
+    "data.epoch_samples": (["data=webdataset", "data.epoch_samples=0"], "data.epoch_samples=0 must be >= 1"),
     "trainer.progressive_resize.min_size": (
         ["trainer.progressive_resize.min_size=0"],
         "trainer.progressive_resize.min_size=0 must be in [1, data.img_size=32]",
@@ -216,9 +219,17 @@ NOT_NUMBERS = sorted(
 )
 
 
+# Knobs that only some group options have: the option to compose them with.
+CONFIG_WITH_KEY = {
+    "model.token_dim": ["model=t2t_vit_7"],
+    "data.shuffle_buffer": ["data=webdataset"],
+    "data.epoch_samples": ["data=webdataset"],
+}
+
+
 @pytest.mark.parametrize(("key", "kind"), NOT_NUMBERS)
 def test_every_numeric_knob_refuses_a_word(key, kind):
-    extra = ["model=t2t_vit_7"] if key == "model.token_dim" else []
+    extra = CONFIG_WITH_KEY.get(key, [])
     prefix = "+" if key == "model.in_chans" else ""  # not in the YAML: the model's default
     with pytest.raises(ConfigError) as err:
         check([*extra, f"{prefix}{key}=abc"])
@@ -450,7 +461,7 @@ def test_a_diverging_run_exits_3_naming_the_step(tmp_path):
 
 
 def test_divergence_in_epoch_2_keeps_epoch_1s_checkpoints(tmp_path, monkeypatch):
-    real_build = run_module.build_data
+    real_build = setup_phase.build_data
 
     class NanAfter(torch.nn.CrossEntropyLoss):
         """NaN losses from the 10th call on (epoch 2 of 8 steps), with the gradients to match."""
@@ -467,7 +478,7 @@ def test_divergence_in_epoch_2_keeps_epoch_1s_checkpoints(tmp_path, monkeypatch)
         bundle.train_criterion = NanAfter()
         return bundle
 
-    monkeypatch.setattr(run_module, "build_data", build_data)
+    monkeypatch.setattr(setup_phase, "build_data", build_data)
     with pytest.raises(NonFiniteLossError, match="step"):
         run(compose_config([*QUICK, "trainer.epochs=3", "trainer.max_bad_steps=3"]), output_dir=tmp_path)
     for name in ("last.pt", "best.pt"):

@@ -18,7 +18,7 @@ from vit.train import CheckpointError, load_checkpoint, run
 from vit.train.checkpoint import OutputError, atomic_write_text
 from vit.train.logger import TensorBoard
 
-run_module = importlib.import_module("vit.train.run")  # the module (vit.train.run is also the function's name)
+setup_phase = importlib.import_module("vit.train.setup")  # where a run builds its model and data
 NAMES = {f"class_{i}": i for i in range(10)}  # the synthetic data's classes, as the `trained` checkpoint holds them
 ENOSPC = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
@@ -130,14 +130,14 @@ def test_a_checkpoint_or_data_without_class_names_still_resumes(trained, tmp_pat
     path = with_classes(trained, tmp_path, {} if missing == "empty in the checkpoint" else None)
     if missing == "data without names":
         path = trained
-        real_build = run_module.build_data
+        real_build = setup_phase.build_data
 
         def build_data(*args, **kwargs):
             bundle = real_build(*args, **kwargs)
             bundle.class_to_idx = {}
             return bundle
 
-        monkeypatch.setattr(run_module, "build_data", build_data)
+        monkeypatch.setattr(setup_phase, "build_data", build_data)
     metrics = run(compose_config([*QUICK, "trainer.epochs=2", f"trainer.resume={path}"]), output_dir=tmp_path / "run")
     assert [r["epoch"] for r in metrics["history"]] == [1, 2]
 
@@ -298,6 +298,6 @@ def test_run_with_a_file_as_output_dir_raises_before_reading_data(tmp_path, monk
     def build_data(*args, **kwargs):
         raise AssertionError("data read before the run directory was checked")
 
-    monkeypatch.setattr(run_module, "build_data", build_data)
+    monkeypatch.setattr(setup_phase, "build_data", build_data)
     with pytest.raises(OutputError, match=rf"cannot use the run directory '{blocker}/run': '{blocker}' is a file"):
         run(compose_config(QUICK), output_dir=blocker / "run")

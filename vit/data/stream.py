@@ -47,10 +47,6 @@ from vit.data.transforms import mixup_and_criterion, train_geometry, val_geometr
 
 log = logging.getLogger(__name__)
 
-# data.shuffle_buffer=null: 1,000 raw samples (encoded bytes, ~3 kB each at 32 px, ~110 kB at ImageNet sizes)
-# per worker. Not a number in the YAML until the config checks know the key (its range is checked here).
-DEFAULT_SHUFFLE_BUFFER = 1000
-
 
 def _mix(*values: int) -> int:
     """One 63-bit seed from several integers (seed, epoch, rank, stream, position)."""
@@ -286,7 +282,7 @@ def _settings(cfg) -> tuple[str, int, int | None]:
     on_bad = cfg.get("on_bad_image") or "error"
     if on_bad not in BAD_IMAGE_MODES:
         raise DataError(f"data.on_bad_image={on_bad!r} must be one of {BAD_IMAGE_MODES}")
-    buffer = _count(cfg, "shuffle_buffer", DEFAULT_SHUFFLE_BUFFER)
+    buffer = _count(cfg, "shuffle_buffer", 0)  # configs/data/webdataset.yaml declares the default
     if buffer < 0:
         raise DataError(f"data.shuffle_buffer={buffer} must be >= 0 (0 or 1: no shuffle buffer)")
     epoch_samples = _count(cfg, "epoch_samples", None)

@@ -53,6 +53,8 @@ NUMERIC_KEYS = {
             "augment.pad",
             "synthetic.num_train",
             "synthetic.num_val",
+            "shuffle_buffer",
+            "epoch_samples",
         ),
         "float": (
             "augment.scale_min",
@@ -251,6 +253,9 @@ def check_data(cfg: DictConfig) -> None:
     for key in ("num_train", "num_val"):
         value = (data.get("synthetic") or {}).get(key)
         _require(value is None or int(value) >= 1, f"data.synthetic.{key}={value} must be >= 1")
+    buffer, samples = data.get("shuffle_buffer"), data.get("epoch_samples")
+    _require(buffer is None or int(buffer) >= 0, f"data.shuffle_buffer={buffer} must be >= 0 (0 or 1: no buffer)")
+    _require(samples is None or int(samples) >= 1, f"data.epoch_samples={samples} must be >= 1 or null")
 
 
 def check_optim(optim: DictConfig) -> None:
