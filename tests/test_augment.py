@@ -16,8 +16,7 @@ from PIL import Image
 from timm.data import auto_augment as timm_aa
 from trainer_utils import REPO, compose_config, run_cli
 
-import vit.data.loader as loader_module
-from vit.data import DataError, build_data
+from vit.data import DataError, build_data, resources
 from vit.data import rand_augment as ra
 from vit.data import rand_augment_ops as rops
 from vit.data.augment import AugmentSpec, BatchAugment, build_policy, declared_defaults, random_hflip
@@ -318,12 +317,12 @@ def test_loader_choice_is_logged_and_said_why(caplog):
 
 
 def test_more_workers_than_cpus_are_lowered_once(monkeypatch, caplog):
-    monkeypatch.setattr(loader_module, "available_cpus", lambda: 2)
-    caplog.set_level("INFO", logger="vit.data.loader")
-    assert loader_module.num_workers({"num_workers": 12}) == 2
+    monkeypatch.setattr(resources, "available_cpus", lambda: 2)
+    caplog.set_level("INFO", logger="vit.data")
+    assert resources.num_workers({"num_workers": 12}) == 2
     assert "data.num_workers=12 but this process has 2 CPUs: using 2 workers" in caplog.text
-    assert loader_module.num_workers({"num_workers": 1}) == 1
-    assert loader_module.num_workers({"num_workers": None}) == 2
+    assert resources.num_workers({"num_workers": 1}) == 1
+    assert resources.num_workers({"num_workers": None}) == 2
 
 
 # ---- a real image-folder run with its default augmentation ----

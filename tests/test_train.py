@@ -112,7 +112,7 @@ def test_fp16_skipped_steps_are_counted_from_the_scale_at_log_time():
     ctx = SimpleNamespace(scaler=Scaler([65536.0, 16384.0, 32768.0, 32768.0]), last_scale=None, skipped_steps=0)
     counts = []
     for _ in range(4):
-        count_skipped_steps(ctx)
+        count_skipped_steps(ctx, ctx)  # the settings' scaler, the state's counters
         counts.append(ctx.skipped_steps)
     assert counts == [0, 2, 2, 2]  # two skips, then a growth (not a skip), then nothing
 

@@ -15,6 +15,8 @@ import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath
 
+from vit.data.resources import cache_folder
+
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
 COMPLETE_MARKER = ".complete"
 
@@ -43,15 +45,12 @@ def archive_key(archive: Path) -> str:
 
 
 def cache_location(archive: Path, cache_dir: str | Path | None = None) -> Path:
-    """Where `archive` is extracted: `cache_dir/<stem>-<key>` if given, else beside the archive when that
-    folder is writable, else under the user's cache folder."""
-    key = archive_key(archive)
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser() / f"{archive_stem(archive)}-{key}"
-    if os.access(archive.parent, os.W_OK):
-        return archive.parent / f"{archive_stem(archive)}.extracted"
-    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vit"
-    return base / f"{archive_stem(archive)}-{key}"
+    """Where `archive` is extracted: `<stem>-<hash of its path>` in the cache folder (vit/data/resources.py's
+    rule, with the archive's folder as the data's). The name does not change when the archive is replaced, so
+    the new contents replace the old ones (the `.complete` marker's key tells them apart)."""
+    folder = cache_folder({"cache_dir": cache_dir}, archive.parent, "archives")
+    path_hash = hashlib.sha1(str(archive.resolve()).encode()).hexdigest()[:10]
+    return folder / f"{archive_stem(archive)}-{path_hash}"
 
 
 def _check_member_path(name: str, archive: Path) -> None:

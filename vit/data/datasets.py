@@ -23,6 +23,7 @@ from torch.utils.data import Dataset, Subset
 from torchvision import datasets as tv_datasets
 
 from vit.data.archive import ArchiveError, extract_archive, is_archive
+from vit.data.resources import cache_folder, num_workers
 from vit.data.scan import find_unreadable
 
 VAL_SPLIT_NAMES = ("val", "validation", "test")
@@ -195,20 +196,13 @@ def _check_no_empty_class(root: Path, split: str, dataset: tv_datasets.ImageFold
 
 
 def scan_cache_dir(cfg, root: Path) -> Path:
-    """Where the scan results of the tree under `root` are kept: `.vit-cache` beside train/ when that folder
-    is writable (the result describes this tree, so it lives and goes with it), else data.cache_dir, else the
-    user's cache folder."""
-    if os.access(root, os.W_OK):
-        return root / ".vit-cache"
-    if cfg.get("cache_dir"):
-        return Path(cfg["cache_dir"]).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vit" / "scan"
+    """Where the scan results of the tree under `root` are kept (vit/data/resources.py's rule)."""
+    return cache_folder(cfg, root, "scan")
 
 
 def _drop_unreadable(cfg, root: Path, splits: dict[str, tv_datasets.ImageFolder], on_bad: str) -> None:
     """Scan every split (cached); `error`: raise naming the unreadable files; `skip`: drop them and warn."""
-    workers = cfg.get("num_workers")
-    workers = int(workers) if workers else min(8, os.cpu_count() or 1)  # threads, whatever the loader uses
+    workers = max(1, num_workers(cfg))  # threads; 0 loader workers still scans with one
     cache_dir = scan_cache_dir(cfg, root)
     bad = {
         split: find_unreadable([p for p, _ in ds.samples], root / split, workers=workers, cache_dir=cache_dir)

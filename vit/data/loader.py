@@ -8,7 +8,6 @@ same `BatchAugment` (vit/data/augment.py) on the device, so a config means the s
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 from vit.data.augment import AugmentSpec, BatchAugment
 from vit.data.datasets import DataError, Splits, build_splits
 from vit.data.gpu_loader import GpuLoader, cached_split
+from vit.data.resources import cache_folder, num_workers
 from vit.data.sampling import epoch_order
 from vit.data.transforms import mean_std, mixup_and_criterion, train_geometry, val_geometry
 
@@ -61,27 +61,6 @@ class Transformed(Dataset):
     def __getitem__(self, index: int):
         image, target = self.dataset[index]
         return self.transform(image), target
-
-
-def available_cpus() -> int:
-    """The CPUs this process may run on (its affinity mask where the OS has one, e.g. under a CPU quota)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def num_workers(cfg: Mapping) -> int:
-    """data.num_workers, or min(8, CPUs) when null; more workers than CPUs only queue for them, so a larger value
-    is lowered to the CPU count, said once."""
-    cpus = available_cpus()
-    requested = cfg.get("num_workers")
-    if requested is None:
-        return min(8, cpus)
-    if int(requested) > cpus:
-        log.info("data.num_workers=%d but this process has %d CPUs: using %d workers", int(requested), cpus, cpus)
-        return cpus
-    return int(requested)
 
 
 def _init_worker(worker_id: int) -> None:
@@ -214,13 +193,9 @@ def _gpu_fits(splits: Splits, img_size: int, device: torch.device) -> tuple[bool
 
 
 def decoded_cache_dir(cfg: Mapping, splits: Splits) -> Path:
-    """Where the GPU loader keeps decoded splits: data.cache_dir, else `.vit-cache` in the folder holding
-    train/ (or the CIFAR root) when writable, else the user's cache folder."""
-    if cfg.get("cache_dir"):
-        return Path(cfg["cache_dir"]).expanduser()
-    if splits.root is not None and os.access(splits.root, os.W_OK):
-        return splits.root / ".vit-cache"
-    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vit" / "decoded"
+    """Where the GPU loader keeps decoded splits (vit/data/resources.py's rule, beside the folder holding train/
+    or the CIFAR root)."""
+    return cache_folder(cfg, splits.root, "decoded")
 
 
 def choose_loader(cfg: Mapping, splits: Splits, device: torch.device) -> tuple[str, str]:

@@ -30,7 +30,8 @@ from webdataset.tariterators import tarfile_samples
 
 from vit.data.augment import BatchAugment
 from vit.data.datasets import BAD_IMAGE_MODES, DataError, to_rgb
-from vit.data.loader import DataBundle, DeviceBatches, _init_worker, num_workers
+from vit.data.loader import DataBundle, DeviceBatches, _init_worker
+from vit.data.resources import num_workers
 from vit.data.shards import (
     IMAGE_EXTENSIONS,
     LABEL_EXTENSION,
