@@ -123,7 +123,7 @@ def test_locality_self_attention_learns_its_scale_and_masks_the_diagonal():
         attn(torch.randn(1, 5, 16)).sum().backward()
     assert torch.all(maps[0].diagonal(dim1=-2, dim2=-1) == 0)
     assert attn.scale.grad is not None and torch.all(attn.scale.grad != 0)
-    with pytest.raises(ValueError, match="cannot be causal"):
+    with pytest.raises(ValueError, match="cannot take is_causal=True"):
         attn(torch.randn(1, 5, 16), is_causal=True)
 
 

@@ -188,7 +188,7 @@ class LocalitySelfAttention(Attention):
     ) -> torch.Tensor:
         if is_causal:
             # Token 0 may see only itself, and LSA hides exactly that: its row would be all -inf.
-            raise ValueError("locality self-attention cannot be causal: token 0 would attend to nothing")
+            raise ValueError("LocalitySelfAttention cannot take is_causal=True: token 0 would attend to nothing")
         # SDPA's `scale=` takes a float, so the learned temperature multiplies q instead, in both paths. Cast to
         # q's dtype: under autocast a float32 temperature would turn a bf16 q back into float32.
         q = q * self.scale.to(q.dtype)[:, None, None]  # (B, heads, N, head_dim) * (heads, 1, 1)
