@@ -89,9 +89,10 @@ def test_distilled_deit_weights_load_at_cifar_size(deit_pair, tmp_path):
         assert torch.equal(model.state_dict()[key], fresh[key]), key  # 1000 -> 10 classes: the fresh heads
 
 
-def test_t2t_vit_refuses_the_token_and_avg_pool_too():
-    with pytest.raises(ConfigError, match="model.distill_token=true: model.name=t2t_vit_7 has no distillation"):
-        build_model_from_config(compose_config(["model=t2t_vit_7", "model.distill_token=true"]).model, 10)
+def test_t2t_vit_takes_the_token_too_and_avg_pool_is_refused():
+    t2t = build_model_from_config(compose_config(["model=t2t_vit_7", "model.distill_token=true"]).model, 10)
+    assert t2t.dist_token.shape == t2t.cls_token.shape and t2t.head_dist.out_features == 10
+    assert t2t.pos_embed.shape[1] == t2t.tokens_to_token.num_patches + 2  # a position row for each prefix token
     with pytest.raises(ConfigError, match="distill_token=true needs global_pool=token"):
         build_model_from_config(
             compose_config(["model.distill_token=true", "model.global_pool=avg", *TINY_MODEL]).model, 10

@@ -20,13 +20,6 @@ ABOVE = {
 }
 
 
-# Known breaks, each to be fixed where it is (strict: the test fails once the break is gone, to drop it here).
-KNOWN = {
-    "vit.models.pretrained": "imports vit.train.checkpoint.read_error_reason; the reason text of a torch.load "
-    "refusal belongs with the models' pretrained loading, and vit/train/checkpoint.py would import it from there",
-}
-
-
 def module_name(path: Path) -> str:
     parts = path.relative_to(VIT.parent).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -63,13 +56,7 @@ def test_every_module_has_a_layer():
     assert {m for m in modules if layer_of(m) is None} <= {"vit", "vit.cli"}
 
 
-def _case(path: Path):
-    reason = KNOWN.get(module_name(path))
-    marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-    return pytest.param(path, marks=marks, id=str(path.relative_to(VIT)))
-
-
-@pytest.mark.parametrize("path", [_case(p) for p in sorted(VIT.rglob("*.py"))])
+@pytest.mark.parametrize("path", sorted(VIT.rglob("*.py")), ids=lambda p: str(p.relative_to(VIT)))
 def test_imports_point_down(path):
     module = module_name(path)
     forbidden = ABOVE.get(layer_of(module), ("vit.cli",)) if module != "vit.cli" else ()

@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from trainer_utils import compose_config
 
-from vit.models import Attention, capture_attention, complexity, create_model
+from vit.models import Attention, LocalitySelfAttention, capture_attention, complexity, create_model
 from vit.models.layers import PatchEmbed, ShiftedPatchEmbed
 from vit.models.vit import VisionTransformer
 from vit.train.config import ConfigError, build_model_from_config
@@ -122,7 +122,7 @@ def test_lsa_never_attends_to_self():
 
 def test_lsa_scores_are_the_learned_temperature_times_qk_without_the_diagonal():
     """Two heads of width 2 with Q = K = V = x: the weights are softmax(t_h · x_h x_hᵀ) off the diagonal."""
-    attn = Attention(dim=4, num_heads=2, qkv_bias=False, lsa=True, backend="math")
+    attn = LocalitySelfAttention(dim=4, num_heads=2, qkv_bias=False, attn_backend="math")
     with torch.no_grad():
         attn.qkv.weight.copy_(torch.cat([torch.eye(4)] * 3))
         attn.scale.copy_(torch.tensor([0.5, 2.0]))
@@ -138,7 +138,7 @@ def test_lsa_scores_are_the_learned_temperature_times_qk_without_the_diagonal():
 
 @pytest.mark.parametrize(("qk_scale", "expected"), [(None, 0.25), (0.1, 0.1)])
 def test_lsa_temperature_is_a_learnable_parameter(qk_scale, expected):
-    attn = Attention(dim=48, num_heads=3, qk_scale=qk_scale, lsa=True)  # head_dim 16 -> 16 ** -0.5 = 0.25
+    attn = LocalitySelfAttention(dim=48, num_heads=3, qk_scale=qk_scale)  # head_dim 16 -> 16 ** -0.5 = 0.25
     assert isinstance(attn.scale, nn.Parameter) and attn.scale.requires_grad
     assert attn.scale.tolist() == pytest.approx([expected] * 3)
     assert "scale" in dict(attn.named_parameters())
@@ -154,8 +154,8 @@ def _masks(n):
 
 @pytest.mark.parametrize("mask_index", [0, 1, 2])
 def test_lsa_fused_and_math_backends_agree(mask_index):
-    math_attn = Attention(32, num_heads=4, qkv_bias=True, lsa=True, backend="math")
-    sdpa_attn = Attention(32, num_heads=4, qkv_bias=True, lsa=True, backend="sdpa")
+    math_attn = LocalitySelfAttention(32, num_heads=4, qkv_bias=True, attn_backend="math")
+    sdpa_attn = LocalitySelfAttention(32, num_heads=4, qkv_bias=True, attn_backend="sdpa")
     with torch.no_grad():
         math_attn.scale.uniform_(0.1, 1.0)  # different temperatures per head
     sdpa_attn.load_state_dict(math_attn.state_dict())
@@ -167,14 +167,14 @@ def test_lsa_fused_and_math_backends_agree(mask_index):
     out_sdpa.square().sum().backward()
     torch.testing.assert_close(math_attn.scale.grad, sdpa_attn.scale.grad, atol=1e-4, rtol=1e-4)
     # And LSA does change the numbers: the plain layer with the same weights disagrees.
-    plain = Attention(32, num_heads=4, qkv_bias=True, backend="sdpa")
+    plain = Attention(32, num_heads=4, qkv_bias=True, attn_backend="sdpa")
     plain.load_state_dict({k: v for k, v in math_attn.state_dict().items() if k != "scale"})
     assert not torch.allclose(plain(x, attn_mask=mask), out_sdpa, atol=1e-3)
 
 
 def test_lsa_refuses_causal_attention():
     with pytest.raises(ValueError, match="is_causal"):
-        Attention(16, num_heads=2, lsa=True)(torch.randn(1, 4, 16), is_causal=True)
+        LocalitySelfAttention(16, num_heads=2)(torch.randn(1, 4, 16), is_causal=True)
 
 
 # ---------------------------------------------------------------- defaults, registry, configs
@@ -201,11 +201,13 @@ def test_levers_add_exactly_their_parameters():
 def test_registry_kwargs_path():
     model = create_model("vit_tiny", img_size=32, patch_size=4, patch_embed="spt", lsa=True)
     assert isinstance(model.patch_embed, ShiftedPatchEmbed)
-    assert all(block.attn.lsa for block in model.blocks)
+    assert all(isinstance(block.attn, LocalitySelfAttention) for block in model.blocks)
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 1000)
     for name in ("vit_small", "vit_base"):
         other = create_model(name, img_size=32, patch_size=4, depth=1, patch_embed="spt", lsa=True)
-        assert isinstance(other.patch_embed, ShiftedPatchEmbed) and other.blocks[0].attn.lsa
+        assert isinstance(other.patch_embed, ShiftedPatchEmbed) and isinstance(
+            other.blocks[0].attn, LocalitySelfAttention
+        )
 
 
 @pytest.mark.parametrize(
@@ -226,7 +228,9 @@ def test_config_defaults_are_off(model_name):
 def test_config_overrides_reach_the_model():
     cfg = compose_config(["model.patch_embed=spt", "model.lsa=true", "model.depth=2"])
     model = build_model_from_config(cfg.model)
-    assert isinstance(model.patch_embed, ShiftedPatchEmbed) and all(b.attn.lsa for b in model.blocks)
+    assert isinstance(model.patch_embed, ShiftedPatchEmbed) and all(
+        isinstance(b.attn, LocalitySelfAttention) for b in model.blocks
+    )
     with pytest.raises(ConfigError, match=r"^model\.patch_embed='foo'"):
         build_model_from_config(compose_config(["model.patch_embed=foo"]).model)
     with pytest.raises(ConfigError, match=r"^model\.lsa='maybe'"):

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 # Fitting lives in vit/models/fit.py; its names are importable from here too, where callers have always found them.
+from vit.models.file_errors import first_line, read_error_reason
 from vit.models.fit import (
     Pretrained,
     PretrainedError,
@@ -79,16 +80,14 @@ def read_file(path: str | Path, use_ema: bool = True) -> Pretrained:
         try:
             obj = load_file(str(path))
         except Exception as err:  # truncated or not a safetensors file
-            raise PretrainedError(f"cannot read safetensors file {str(path)!r}: {_first_line(err)}") from err
+            raise PretrainedError(f"cannot read safetensors file {str(path)!r}: {first_line(err)}") from err
         return Pretrained(unwrap_state_dict(obj, source=str(path)), str(path))
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # truncated file, pickled code, not a torch file at all
-        from vit.train.checkpoint import read_error_reason  # here: vit.train imports this package
-
         reason = read_error_reason(err)
         if reason.startswith("not a torch checkpoint") and path.open("rb").read(2) == b"PK":  # a cut zip archive
-            reason = f"the file is truncated or corrupted ({_first_line(err)})"
+            reason = f"the file is truncated or corrupted ({first_line(err)})"
         raise PretrainedError(f"cannot read {str(path)!r} with weights_only=True: {reason}") from err
     if is_trainer_checkpoint(obj):
         return trainer_weights(obj, str(path), use_ema)
@@ -162,7 +161,7 @@ def timm_weights(name: str) -> Pretrained:
             model = timm.create_model(name, pretrained=True)
     except Exception as err:  # the download or the cached file failed in timm / huggingface_hub
         raise PretrainedError(
-            f"timm could not load the weights of {name} ({_first_line(err)}); looked in {cache}; give a file "
+            f"timm could not load the weights of {name} ({first_line(err)}); looked in {cache}; give a file "
             "instead: model.pretrained=/path/to/weights.safetensors"
         ) from err
     blocks = getattr(model, "blocks", None)
@@ -256,8 +255,3 @@ def load_pretrained(model: nn.Module, source: str | Path | StateDict | Pretraine
         weights = read_source(source, use_ema)
     model.load_state_dict(fit_state_dict(weights, model), strict=True)
     return model
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0].strip() if text else type(err).__name__

@@ -156,8 +156,6 @@ FINETUNE_MODEL_KEYS = ("pretrained", "pretrained_ema", "freeze")
 
 def model_kwargs(model_cfg: Mapping, num_classes: int | None = None) -> dict:
     kwargs = {k: v for k, v in dict(model_cfg).items() if k != "name" and k not in FINETUNE_MODEL_KEYS}
-    if not kwargs.get("distill_token", True):  # off: not passed, so models without the token (T2T-ViT) build
-        kwargs.pop("distill_token")
     if kwargs.get("num_classes") is None and num_classes is not None:
         kwargs["num_classes"] = num_classes
     return kwargs
@@ -172,8 +170,6 @@ def build_model_from_config(
     check_types(OmegaConf.create({"model": dict(model_cfg)}))
     if name not in list_models():
         raise ConfigError(f"model.name={name!r} is not a known model; known models: {', '.join(list_models())}")
-    if model_cfg.get("distill_token") and not str(name).startswith("vit"):
-        raise ConfigError(f"model.distill_token=true: model.name={name} has no distillation token (ViT models only)")
     init_values = model_cfg.get("init_values")
     if init_values is not None:
         _require(float(init_values) >= 0, f"model.init_values={init_values} must be >= 0 (LayerScale; 0 or null: off)")
