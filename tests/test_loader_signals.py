@@ -39,3 +39,25 @@ def test_sigterm_to_the_process_group_stops_cleanly_with_loader_workers(tmp_path
     assert out.count("SIGTERM received") == 1 and "stopped by SIGTERM" in out, out[-3000:]
     assert "killed by signal" not in out and "Traceback" not in out
     assert (run_dir / "checkpoints" / "last.pt").is_file()
+
+
+EXIT_SCRIPT = """
+import sys
+from omegaconf import OmegaConf
+from vit.data import build_data
+cfg = OmegaConf.create({"name": "synthetic", "img_size": 16, "batch_size": 8, "loader": "torch", "num_workers": 2,
+                        "synthetic": {"num_train": 64, "num_val": 16}})
+bundle = build_data(cfg)
+for batch in bundle.train_loader:  # one batch, then exit with the workers alive and the bundle still referenced
+    break
+print("one batch", flush=True)
+"""
+
+
+def test_a_process_holding_live_loader_workers_still_exits(tmp_path):
+    """Python's exit stops the loader's worker processes by signalling them; a worker that ignored SIGTERM would
+    make it wait forever."""
+    done = subprocess.run(
+        [sys.executable, "-c", EXIT_SCRIPT], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0 and "one batch" in done.stdout, done.stderr[-2000:]

@@ -8,6 +8,7 @@ same `BatchAugment` (vit/data/augment.py) on the device, so a config means the s
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,18 +65,23 @@ class Transformed(Dataset):
 
 
 def _init_worker(worker_id: int) -> None:
-    """In each loader worker: numpy/random seeded from torch's per-worker seed (reproducible augmentation), and
-    SIGINT/SIGTERM ignored. Ctrl-C, `timeout` or a scheduler signal the whole process group; the trainer then
-    finishes its step, writes last.pt and shuts the workers down itself. A worker killed by the signal first would
-    take the run down with a traceback instead."""
+    """In each loader worker: numpy/random seeded from torch's per-worker seed (reproducible augmentation), and a
+    process group of its own. Ctrl-C, `timeout` or a scheduler signal the run's whole process group; the trainer
+    then finishes its step, writes last.pt and shuts its workers down itself, where a worker killed by that signal
+    first would take the run down with a traceback. Outside the group, rather than ignoring the signals, a worker
+    still stops when it is asked directly: by its DataLoader, or by Python's exit (which would wait forever for a
+    worker that ignored SIGTERM)."""
     import random
     import signal
 
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     random.seed(seed)
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, signal.SIG_IGN)
+    try:
+        os.setpgid(0, 0)
+    except OSError:  # not permitted here: leave the group's signals to the trainer instead
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
 
 
 class ShardSampler(Sampler):

@@ -249,8 +249,7 @@ class StreamLoader:
                 bad += int(skipped.sum())
                 yield images, targets
         except DataError as err:
-            # Stop the workers now: the error's traceback keeps this iterator alive, and the workers ignore
-            # SIGTERM (vit/data/loader.py `_init_worker`), so shutting them down at exit would wait forever.
+            # Stop the workers now, not when the error's traceback (which keeps this iterator alive) is dropped.
             shutdown = getattr(batches, "_shutdown_workers", None)
             if shutdown is not None:
                 shutdown()
