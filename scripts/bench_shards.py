@@ -1,7 +1,12 @@
 """Training images per second of data=webdataset (tar shards) against data=imagefolder (one file per image) on the
 same JPEGs, each read through its real loader (`build_data`), on the CPU.
 
-    python scripts/bench_shards.py --archive /work/shared/data/cifar10-jpeg.tar.gz --work /tmp/bench-shards
+usage: python scripts/bench_shards.py --archive <image-folder archive> --work <folder> [--repeats N] [--images N]
+       [--batch B] [--workers K] [--samples-per-shard N]
+
+Example (the CIFAR-10 JPEGs that scripts/make_cifar_jpegs.py writes):
+
+    python scripts/bench_shards.py --archive data/cifar10-jpeg.tar.gz --work /tmp/bench-shards
 
 The archive (an image-folder tree: train/<class>/*, test/<class>/*) is extracted into --work once, and written as
 shards there with scripts/make_shards.py (--samples-per-shard, default 5000). Both loaders then run with the same

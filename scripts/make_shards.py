@@ -1,6 +1,11 @@
 """Write an image-folder tree, or a .tar/.tar.gz/.zip of one, as tar shards for data=webdataset.
 
-    python scripts/make_shards.py /work/shared/data/cifar10-jpeg.tar.gz /tmp/cifar10-shards --samples-per-shard 5000
+usage: python scripts/make_shards.py <folder or archive> <output folder> [--samples-per-shard N] [--seed S]
+       [--val-split NAME] [--cache-dir DIR]
+
+Example (the CIFAR-10 JPEGs that scripts/make_cifar_jpegs.py writes):
+
+    python scripts/make_shards.py data/cifar10-jpeg.tar.gz data/cifar10-shards --samples-per-shard 5000
 
 Input: <root>/train/<class>/* and <root>/{val,validation,test}/<class>/*, the layout data=imagefolder reads (an
 archive is extracted once, beside it or into --cache-dir). Written into the output folder:

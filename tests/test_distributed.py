@@ -1,6 +1,7 @@
 """Data-parallel training under torchrun, on the CPU with gloo and 2 processes: the same global batch gives the
 weights of a single-process run (fp32 tolerance), with and without gradient accumulation (`no_sync`), and a
-stopped distributed run resumes to the weights of the uninterrupted one.
+stopped distributed run resumes to the weights of the uninterrupted one. The two-rank run recomputes its blocks
+in the backward pass (trainer.grad_checkpointing), which must change nothing: its gradients are the plain ones.
 
 Why they should agree: the train permutation is drawn from (seed, epoch) alone, rank r takes every 2nd index,
 so global batch k holds the same images in both runs; DDP averages the ranks' mean gradients, which is the mean
@@ -59,13 +60,14 @@ def single(tmp_path_factory):
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ddp")
-    proc = train(run_dir, ["data.batch_size=16"], nproc=2)
+    proc = train(run_dir, ["data.batch_size=16", "trainer.grad_checkpointing=true"], nproc=2)
     return run_dir, proc, finished(run_dir, proc)
 
 
 def test_two_ranks_match_one_process_with_the_same_global_batch(single, two_ranks):
     run_dir, proc, state = two_ranks
     assert state["step"] == 16  # 2 epochs of 256 / (2 ranks x 16)
+    assert "gradient checkpointing: the encoder blocks are recomputed" in proc.stdout + proc.stderr
     assert_close_weights(state, single)
     torch.testing.assert_close(state["ema"], single["ema"], atol=2e-5, rtol=1e-4)
     # Validation: each rank its shard, sums all-reduced -> the single process's numbers over all 60 images.

@@ -96,10 +96,12 @@ def test_bad_keep_last_and_bad_script_arguments_are_one_line(tmp_path):
     assert empty.stderr.strip().count("\n") == 0
 
 
-def test_gradient_checkpointing_trains_exactly_as_without(tmp_path):
+def test_gradient_checkpointing_trains_exactly_as_without(tmp_path, caplog):
     args = [*BASE, "trainer.epochs=1", "model.drop_path_rate=0.1"]
     plain = run(compose_config(args), output_dir=tmp_path / "plain")
+    caplog.set_level("INFO", logger="vit.train")
     recomputed = run(compose_config([*args, "trainer.grad_checkpointing=true"]), output_dir=tmp_path / "ckpt")
+    assert "gradient checkpointing: the encoder blocks are recomputed" in caplog.text
     assert plain["history"][0]["train_loss"] == recomputed["history"][0]["train_loss"]
     a = load_checkpoint(tmp_path / "plain" / "checkpoints" / "last.pt")["model"]
     b = load_checkpoint(tmp_path / "ckpt" / "checkpoints" / "last.pt")["model"]
