@@ -129,7 +129,7 @@ def evaluate_weights(argv: list[str]) -> dict:
     from vit.data.loader import Transformed
     from vit.train.config import resolve_device
     from vit.train.loop import evaluate
-    from vit.train.run import AMP_DTYPES
+    from vit.train.optimisation import AMP_DTYPES
 
     options = parse_options(argv, KNOWN_KEYS)
     weights, pre, data_cfg = resolve(options)

@@ -21,7 +21,7 @@ from vit.data import DataError, build_data
 from vit.train.checkpoint import CheckpointError, load_checkpoint
 from vit.train.config import ConfigError, build_model_from_config, resolve_device
 from vit.train.loop import evaluate
-from vit.train.run import AMP_DTYPES
+from vit.train.optimisation import AMP_DTYPES
 
 KNOWN_KEYS = ("checkpoint", "ema", "confusion", "batch_size", "device", "limit_batches", "flip")
 TRUE = ("1", "true", "yes")

@@ -30,16 +30,13 @@ from vit.train.config import ConfigError, resolve_device, validate
 from vit.train.distributed import Distributed, setup_distributed
 from vit.train.logger import flat_hparams
 from vit.train.loop import NonFiniteLossError, StepSettings, StepState, evaluate, train_one_epoch, weights_finite
-from vit.train.optimisation import AMP_DTYPES, batches_per_epoch, build_optimisation
+from vit.train.optimisation import batches_per_epoch, build_optimisation
 from vit.train.report import Reporter
 from vit.train.results import epoch_line, epoch_record, epoch_scalars, final_test, run_metrics
 from vit.train.setup import Setup, build_model_and_data, epoch_seed, rank_seed, seed_everything, setup_torch
 from vit.train.signals import StopSignal
 
 log = logging.getLogger("vit.train")
-
-__all__ = ["AMP_DTYPES", "run"]
-
 
 def run(
     cfg: DictConfig,
