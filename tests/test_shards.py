@@ -195,7 +195,8 @@ def test_on_bad_image_skip_counts_it_and_keeps_the_number_of_batches(tmp_path, c
         batches = list(bundle.train_loader)
     assert len(batches) == len(bundle.train_loader) == 3  # 9 samples, the broken one's place taken
     assert sum(len(t) for _, t in batches) == 9
-    assert [r.getMessage() for r in caplog.records] == [
+    # (warnings only: an earlier test of the session may have left INFO lines of building the loader on)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
         "data.on_bad_image=skip: 1 unreadable training images this epoch (epoch 0); each place taken by the next "
         "readable image"
     ]
