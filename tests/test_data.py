@@ -14,7 +14,7 @@ from torch.utils.data import DistributedSampler
 from trainer_utils import MODES, make_tree, noise_image
 
 import vit.data.archive as archive_module
-import vit.data.gpu_loader as gpu_module
+import vit.data.decoded_cache as decoded_cache
 from vit.data import DataError, build_data
 from vit.data.archive import COMPLETE_MARKER, ArchiveError, extract_archive
 from vit.data.augment import build_policy, random_erasing, random_pad_crop, random_resized_crop
@@ -416,7 +416,7 @@ def test_gpu_decode_cache_is_reused(tmp_path, monkeypatch):
     def fail(*args):
         raise AssertionError("decoded again")
 
-    monkeypatch.setattr(gpu_module, "decode_split", fail)
+    monkeypatch.setattr(decoded_cache, "decode_split", fail)
     bundle = build_data(cfg)
     assert [p.stat().st_mtime_ns for p in cached] == stamps
     assert bundle.loader_kind == "gpu" and bundle.num_train == 12

@@ -19,7 +19,8 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from vit.data.augment import AugmentSpec, BatchAugment
 from vit.data.datasets import DataError, Splits, build_splits
-from vit.data.gpu_loader import GpuLoader, cached_split
+from vit.data.decoded_cache import cached_split
+from vit.data.gpu_loader import GpuLoader
 from vit.data.resources import cache_folder, num_workers
 from vit.data.sampling import epoch_order
 from vit.data.transforms import mean_std, mixup_and_criterion, train_geometry, val_geometry

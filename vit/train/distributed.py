@@ -70,10 +70,6 @@ class Distributed:
         dist.all_gather_object(out, obj)
         return out
 
-    def barrier(self) -> None:
-        if self.enabled:
-            dist.barrier()
-
     def close(self) -> None:
         if self.owns_group and dist.is_initialized():
             dist.destroy_process_group()
