@@ -228,7 +228,7 @@ def check_data(cfg: DictConfig) -> None:
         AugmentSpec.from_config(data.get("augment"))
     except DataError as err:
         raise ConfigError(str(err)) from None
-    _require(data.get("loader", "auto") in LOADERS, f"data.loader={data.get('loader')!r} must be one of {LOADERS}")
+    _require(data.loader in LOADERS, f"data.loader={data.loader!r} must be one of {LOADERS}")
     if data.get("num_workers") is not None:
         _require(int(data.num_workers) >= 0, f"data.num_workers={data.num_workers} must be >= 0 or null")
     if data.get("num_classes") is not None:
@@ -337,9 +337,9 @@ def check_distill(cfg: DictConfig) -> None:
     dcfg = cfg.get("distill")
     if dcfg is None:
         return
-    kind, teacher = dcfg.get("type", "none"), dcfg.get("teacher")
+    kind, teacher = dcfg.type, dcfg.teacher  # the defaults: configs/distill/default.yaml
     _require(kind in DISTILL_TYPES, f"distill.type={kind!r} must be one of {DISTILL_TYPES}")
-    alpha, tau = float(dcfg.get("alpha", 0.5)), float(dcfg.get("tau", 1.0))
+    alpha, tau = float(dcfg.alpha), float(dcfg.tau)
     _require(0.0 <= alpha <= 1.0, f"distill.alpha={alpha} must be in [0, 1] (the distillation loss's weight)")
     _require(tau > 0.0, f"distill.tau={tau} must be > 0 (the soft distillation's temperature)")
     _require(
@@ -378,7 +378,7 @@ def check_progressive_resize(cfg: DictConfig) -> None:
             min_size % int(patch) == 0,
             f"{key}.min_size={min_size} must be a multiple of model.patch_size={patch} (whole patches)",
         )
-    start, end = float(setting.get("start", 0.0)), float(setting.get("end", 0.5))
+    start, end = float(setting.start), float(setting.end)
     _require(
         0.0 <= start <= end <= 1.0,
         f"{key}.start={start} and {key}.end={end} must satisfy 0 <= start <= end <= 1 (fractions of trainer.epochs)",

@@ -53,8 +53,8 @@ def resize_schedule(setting, full_size: int, patch_size: int) -> ResizeSchedule 
     return ResizeSchedule(
         min_size=int(setting["min_size"]),
         full_size=int(full_size),
-        start=float(setting.get("start", 0.0)),
-        end=float(setting.get("end", 0.5)),
+        start=float(setting["start"]),  # the defaults: configs/trainer/default.yaml
+        end=float(setting["end"]),
         multiple=int(patch_size),
     )
 
