@@ -38,6 +38,7 @@ from vit.train.signals import StopSignal
 
 log = logging.getLogger("vit.train")
 
+
 def run(
     cfg: DictConfig,
     output_dir: str | Path | None = None,
