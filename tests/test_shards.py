@@ -20,15 +20,11 @@ from trainer_utils import REPO, run_cli
 from webdataset import TarWriter
 
 from vit.data import DataError, build_data
-from vit.data.datasets import DATASET_NAMES
 from vit.data.stream import ShardStream
 
 CLASSES = ("cat", "dog", "frog")
 TINY = ["model=vit_tiny", "model.depth=1", "model.embed_dim=32", "model.num_heads=2"]
 TINY += ["data.img_size=32", "data.patch_size=8", "trainer.device=cpu", "trainer.attn_maps_every_n_epochs=0"]
-ACCEPTED = pytest.mark.skipif(
-    "webdataset" not in DATASET_NAMES, reason="the config check does not accept data.name=webdataset yet"
-)
 
 
 def load_make_shards():
@@ -231,7 +227,6 @@ def test_epoch_samples_reads_each_workers_shards_until_the_declared_epoch(shards
     assert sum(seen.values()) == 120 and max(seen.values()) > 1  # 90 samples in 120 places: some repeat
 
 
-@ACCEPTED
 def test_train_py_trains_an_epoch_on_shards(shards, tmp_path):
     urls = f"data.urls='{shards}/train-{{000000..000005}}.tar'"
     done = run_cli(["data=webdataset", urls, *TINY, "trainer.epochs=1", "data.batch_size=16", "data.num_workers=0",
@@ -242,7 +237,6 @@ def test_train_py_trains_an_epoch_on_shards(shards, tmp_path):
     assert metrics["epochs_done"] == 1 and metrics["history"][0]["step"] == 5 and metrics["loader"] == "webdataset"
 
 
-@ACCEPTED
 def test_train_py_stops_on_a_pattern_that_matches_nothing(tmp_path):
     missing = run_cli(["data=webdataset", f"data.urls='{tmp_path}/nothing-{{0..9}}.tar'", *TINY], cwd=tmp_path)
     assert missing.returncode == 2
@@ -252,7 +246,6 @@ def test_train_py_stops_on_a_pattern_that_matches_nothing(tmp_path):
     ]
 
 
-@ACCEPTED
 @pytest.mark.slow
 def test_two_processes_train_one_epoch_on_shards(shards, tmp_path):
     """torchrun, 2 gloo processes on the CPU, 2 loader workers each: 90 samples, 45 per rank, 5 steps of 8."""
