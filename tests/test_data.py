@@ -11,7 +11,7 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 from torch.utils.data import DistributedSampler
-from trainer_utils import MODES, make_tree, noise_image
+from trainer_utils import MODES, REPO, compose_config, make_tree, noise_image
 
 import vit.data.archive as archive_module
 import vit.data.decoded_cache as decoded_cache
@@ -490,3 +490,16 @@ def test_repeated_copies_are_augmented_differently():
     assert torch.equal(y[0::2], y[1::2])  # consecutive copies of the same images
     differs = (x[0::2] != x[1::2]).flatten(1).any(1)  # (8,) a copy pair with different pixels
     assert differs.float().mean() >= 0.75  # two random 9x9 crop offsets rarely coincide (1 in 81 per pair)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "configs" / "data").glob("*.yaml")))
+def test_a_hand_built_config_means_what_its_file_declares(name):
+    """vit/data/declared.py reads configs/data/<name>.yaml over its defaults list as Hydra composes data=<name>;
+    a key a hand-built config leaves out then means what the file says (here: every key)."""
+    from omegaconf import OmegaConf
+
+    from vit.data.declared import complete
+
+    composed = OmegaConf.to_container(compose_config([f"data={name}"]).data, resolve=True)
+    assert OmegaConf.to_container(complete({"name": name})) == composed
+    assert complete({"name": name, "batch_size": 3}).batch_size == 3  # what the config gives wins

@@ -23,6 +23,7 @@ from torch.utils.data import Dataset, Subset
 from torchvision import datasets as tv_datasets
 
 from vit.data.archive import ArchiveError, extract_archive, is_archive
+from vit.data.declared import complete
 from vit.data.resources import cache_folder, num_workers
 from vit.data.scan import find_unreadable
 
@@ -105,7 +106,7 @@ def _cifar(cfg, name: str) -> Splits:
     cls = tv_datasets.CIFAR10 if name == "cifar10" else tv_datasets.CIFAR100
     folder = root / cls.base_folder
     try:
-        train = cls(str(root), train=True, download=bool(cfg.get("download", True)))
+        train = cls(str(root), train=True, download=bool(cfg.download))
         val = cls(str(root), train=False, download=False)
     except Exception as err:  # RuntimeError "Dataset not found", URLError offline, corrupt files
         raise DataError(
@@ -174,7 +175,7 @@ def _imagefolder(cfg) -> Splits:
         )
     for split, dataset in (("train", train), (val_name, val)):
         _check_no_empty_class(root, split, dataset, "holds no image files")
-    if cfg.get("scan_images", True):
+    if cfg.scan_images:
         _drop_unreadable(cfg, root, {"train": train, val_name: val}, on_bad)
     return Splits(train, val, dict(train.class_to_idx), root=root, val_name=val_name)
 
@@ -266,12 +267,11 @@ class SyntheticImages(Dataset):
 
 
 def _synthetic(cfg, seed: int) -> Splits:
-    spec = cfg.get("synthetic") or {}
-    num_classes = int(cfg.get("num_classes") or 10)
-    img_size = int(cfg.get("img_size") or 32)
-    noise = float(spec.get("noise", 0.35))
-    train = SyntheticImages(int(spec.get("num_train", 2048)), num_classes, img_size, seed=seed, noise=noise)
-    val = SyntheticImages(int(spec.get("num_val", 512)), num_classes, img_size, seed=seed + 1, noise=noise)
+    spec = cfg.synthetic
+    num_classes, img_size = int(cfg.num_classes), int(cfg.img_size)
+    noise = float(spec.get("noise", 0.35))  # the class signal's noise: a property of the generator, not a knob
+    train = SyntheticImages(int(spec.num_train), num_classes, img_size, seed=seed, noise=noise)
+    val = SyntheticImages(int(spec.num_val), num_classes, img_size, seed=seed + 1, noise=noise)
     return Splits(
         train,
         val,
@@ -382,6 +382,7 @@ def hold_out(splits: Splits, holdout: int | float) -> Splits:
 
 
 def build_splits(cfg, seed: int = 0) -> Splits:
+    cfg = complete(cfg)  # a hand-built config's missing keys: as configs/data/<name>.yaml declares them
     name = cfg.get("name")
     holdout = parse_holdout(cfg.get("holdout"))  # before any data is read: a typo fails at once
     if name in ("cifar10", "cifar100"):

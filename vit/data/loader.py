@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from vit.data.augment import AugmentSpec, BatchAugment
 from vit.data.datasets import DataError, Splits, build_splits
+from vit.data.declared import complete
 from vit.data.decoded_cache import cached_split
 from vit.data.gpu_loader import GpuLoader
 from vit.data.resources import cache_folder, num_workers
@@ -137,7 +138,7 @@ def _torch_loader(dataset, cfg, *, train, device, seed, rank, world_size, batch_
         sampler=sampler,
         drop_last=train,
         num_workers=workers,
-        pin_memory=bool(cfg.get("pin_memory", True)) and torch.device(device).type == "cuda",
+        pin_memory=bool(cfg.pin_memory) and torch.device(device).type == "cuda",
         persistent_workers=workers > 0,
         worker_init_fn=_init_worker,
         generator=generator,
@@ -208,7 +209,7 @@ def decoded_cache_dir(cfg: Mapping, splits: Splits) -> Path:
 def choose_loader(cfg: Mapping, splits: Splits, device: torch.device) -> tuple[str, str]:
     """("torch" or "gpu", why): data.loader=gpu|torch as asked; auto: the GPU-resident loader on CUDA when the
     decoded splits fit (`_gpu_fits`), else the torch loader."""
-    kind = cfg.get("loader", "auto")
+    kind = cfg.loader
     if kind != "auto":
         return kind, f"data.loader={kind}"
     fits, why = _gpu_fits(splits, int(cfg["img_size"]), device)
@@ -219,13 +220,14 @@ def build_data(
     cfg: Mapping, *, device: torch.device | str = "cpu", seed: int = 0, rank: int = 0, world_size: int = 1
 ) -> DataBundle:
     """Build the train/val loaders described by the `data` config node."""
-    batch_size = int(cfg.get("batch_size", 128))
+    cfg = complete(cfg)  # a hand-built config's missing keys: as configs/data/<name>.yaml declares them
+    batch_size = int(cfg.batch_size)
     if batch_size <= 0:
         raise DataError(f"data.batch_size={batch_size} must be positive")
     spec = AugmentSpec.from_config(cfg.get("augment"))
     img_size = int(cfg["img_size"])
     device = torch.device(device)
-    if cfg.get("loader", "auto") not in LOADERS:
+    if cfg.loader not in LOADERS:
         raise DataError(f"data.loader={cfg.get('loader')!r} must be one of {LOADERS}")
     if cfg.get("name") == "webdataset":  # tar shards, streamed: no splits to hold in memory (vit/data/stream.py)
         from vit.data.stream import build_stream_data  # imports this module: loaded only when asked for

@@ -267,7 +267,7 @@ class StreamLoader:
 
 def _settings(cfg) -> tuple[str, int, int | None]:
     """(on_bad_image, shuffle_buffer, epoch_samples), after refusing what this loader cannot do."""
-    if cfg.get("loader", "auto") == "gpu":
+    if cfg.loader == "gpu":
         raise DataError(
             "data.loader=gpu cannot read data=webdataset (shards stream through CPU loader workers): use "
             "data.loader=auto or data.loader=torch"
@@ -320,7 +320,7 @@ def build_stream_data(cfg, spec, mean, std, *, device, seed, rank, world_size, b
     )  # fmt: skip
     img_size = int(cfg["img_size"])
     wrap = dict(device=device, seed=seed, rank=rank)
-    pin = bool(cfg.get("pin_memory", True)) and torch.device(device).type == "cuda"
+    pin = bool(cfg.pin_memory) and torch.device(device).type == "cuda"
     loaders = []
     for dataset, augment in ((train_ds, BatchAugment(spec, mean, std, img_size, train=True, crop_done=True)),
                              (val_ds, BatchAugment(spec, mean, std, img_size, train=False))):  # fmt: skip
