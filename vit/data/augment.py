@@ -23,15 +23,14 @@ import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 from torchvision.transforms import v2
 
 from vit.data.batched_policy import BatchedAutoAugment, BatchedTrivialAugmentWide
 from vit.data.datasets import DataError
+from vit.data.declared import BASE, declared
 from vit.data.rand_augment import LEVEL_DENOM, TimmRandAugment
 
 CROPS = ("pad", "rrc", "none")
@@ -42,13 +41,12 @@ POLICY_HELP = (
 
 
 # The one declaration of the augment keys' defaults: the base data config, which every data config inherits.
-DEFAULTS_FILE = Path(__file__).resolve().parents[2] / "configs" / "data" / "cifar10.yaml"
 
 
 @functools.lru_cache(maxsize=1)
 def declared_defaults() -> dict:
     """The `augment` node of configs/data/cifar10.yaml: what a key left out of a hand-built config means."""
-    return OmegaConf.to_container(OmegaConf.load(DEFAULTS_FILE).augment)
+    return dict(declared(BASE)["augment"])
 
 
 @dataclass(frozen=True)
