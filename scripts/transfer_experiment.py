@@ -21,13 +21,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from vit.analysis.experiments import CIFAR_JPEGS, CPU_TRAINER, SMALL_VIT, seed_table, train
+from vit.analysis.experiments import (
+    CIFAR_JPEGS,
+    CPU_TRAINER,
+    SMALL_VIT,
+    plot_seed_curves,
+    run_or_load,
+    seed_table,
+    train,
+)
 
 SOURCE_CLASSES = ("airplane", "automobile", "bird", "cat", "deer")
 TARGET_CLASSES = ("dog", "frog", "horse", "ship", "truck")
@@ -136,13 +142,7 @@ def plot(results: dict, out: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     for method, color in zip(METHODS, ("tab:blue", "tab:orange", "tab:gray"), strict=True):
-        runs = [v for k, v in sorted(results["runs"].items()) if k.startswith(f"{method}-")]
-        curves = [[(r["step"], r["val_top1"]) for r in run["history"] if r["val_top1"] is not None] for run in runs]
-        steps = [s for s, _ in curves[0]]
-        values = list(zip(*[[v for _, v in curve] for curve in curves], strict=True))
-        mean = [statistics.mean(v) for v in values]
-        ax.plot(steps, mean, color=color, label=f"{method} (mean of {len(runs)} seeds)")
-        ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=color, alpha=0.2)
+        plot_seed_curves(ax, results["runs"], method, color)
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("holdout top-1 (%)")
     per_class = results.get("settings", {}).get("per_class", "?")
@@ -156,16 +156,7 @@ def plot(results: dict, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    path = args.work / "results.json"
-    if args.plot_only:
-        results = json.loads(path.read_text())
-    else:
-        start = time.time()
-        results = run_all(args)
-        results["wall_time_s"] = time.time() - start
-        results["settings"] = {k: v for k, v in vars(args).items() if isinstance(v, int) and not isinstance(v, bool)}
-        results["summary"] = summary(results)
-        path.write_text(json.dumps(results, indent=1))
+    results = run_or_load(args, run_all, summary)
     print(json.dumps(results["summary"], indent=1))
     if args.out is not None:
         plot(results, args.out)

@@ -50,3 +50,31 @@ def seed_table(runs: dict[str, dict], method: str) -> dict:
     spread = statistics.stdev(tops) if len(tops) > 1 else 0.0
     table = {"test_top1": tops, "mean": statistics.mean(tops), "std": spread, "min": min(tops), "max": max(tops)}
     return table | {"seconds": [mine[k]["wall_time_s"] for k in sorted(mine)]}
+
+
+def plot_seed_curves(ax, runs: dict[str, dict], method: str, color: str, **style) -> None:
+    """On `ax`: the holdout top-1 against optimizer steps of the runs named `<method>-<seed>`, their mean as a line
+    and their min-max range shaded."""
+    mine = [v for k, v in sorted(runs.items()) if k.startswith(f"{method}-")]
+    curves = [[(r["step"], r["val_top1"]) for r in run["history"] if r["val_top1"] is not None] for run in mine]
+    steps = [s for s, _ in curves[0]]
+    values = list(zip(*[[v for _, v in curve] for curve in curves], strict=True))
+    mean = [statistics.mean(v) for v in values]
+    ax.plot(steps, mean, color=color, label=f"{method} (mean of {len(mine)} seeds)", **style)
+    ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=color, alpha=0.2)
+
+
+def run_or_load(args, run_all, summary, setting_types: tuple[type, ...] = (int,)) -> dict:
+    """The experiment's results: read from <work>/results.json with --plot-only, else run (`run_all(args)`), with
+    the wall time, the numeric settings (of `setting_types`) and `summary(results)` added, and written there."""
+    path = args.work / "results.json"
+    if args.plot_only:
+        return json.loads(path.read_text())
+    start = time.time()
+    results = run_all(args)
+    results["wall_time_s"] = time.time() - start
+    settings = {k: v for k, v in vars(args).items() if isinstance(v, setting_types) and not isinstance(v, bool)}
+    results["settings"] = settings
+    results["summary"] = summary(results)
+    path.write_text(json.dumps(results, indent=1))
+    return results
