@@ -38,19 +38,28 @@ class Progress:
     def elapsed(self) -> float:
         return time.perf_counter() - self.wall_start
 
+    def batches_done_before(self, epoch: int) -> int:
+        """Batches of `epoch` trained by an earlier process (a stop inside the epoch this one resumes)."""
+        return self.skip_batches if epoch == self.start_epoch else 0
+
+
+def training_parts(settings: StepSettings) -> dict:
+    """What a checkpoint saves and a resume loads, by `training_state`'s names."""
+    return dict(
+        model=settings.model,
+        optimizer=settings.optimizer,
+        scheduler=settings.scheduler,
+        scaler=settings.scaler,
+        ema=settings.ema,
+    )
+
 
 class Checkpointer:
     """Writes the run's checkpoints (rank 0 only; `enabled=False` writes nothing)."""
 
     def __init__(self, folder: Path, *, enabled: bool, keep_last: int | None, settings: StepSettings, setup) -> None:
         self.folder, self.enabled, self.keep_last = folder, enabled, keep_last
-        self.parts = dict(
-            model=settings.model,
-            optimizer=settings.optimizer,
-            scheduler=settings.scheduler,
-            scaler=settings.scaler,
-            ema=settings.ema,
-        )
+        self.parts = training_parts(settings)
         self.class_to_idx, self.config = setup.bundle.class_to_idx, setup.resolved
 
     def state(self, epoch: int, step: int, progress: Progress) -> dict:
@@ -121,14 +130,7 @@ def resume(path: Path, settings: StepSettings, state: StepState, setup, wall_sta
     stands. The time of the earlier processes counts too (not the pause between them): the run's clock goes on
     from the moment the checkpoint was written (inside an epoch too), else from the last finished epoch."""
     saved = load_checkpoint(path)
-    parts = dict(
-        model=settings.model,
-        optimizer=settings.optimizer,
-        scheduler=settings.scheduler,
-        scaler=settings.scaler,
-        ema=settings.ema,
-    )
-    restore_training_state(saved, path=path, class_to_idx=setup.bundle.class_to_idx, **parts)
+    restore_training_state(saved, path=path, class_to_idx=setup.bundle.class_to_idx, **training_parts(settings))
     history = list(saved.get("history", []))
     elapsed = float(saved.get("elapsed_s") or (history[-1] if history else {}).get("elapsed_s") or 0.0)
     rng_ranks = saved.get("rng_ranks") or []

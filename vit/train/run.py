@@ -126,7 +126,7 @@ def start_epoch(setup: Setup, state: StepState, progress: Progress, epoch: int) 
     seed = int(tcfg.seed)
     set_loader_epoch(bundle.train_loader, bundle.train_sampler, seed, epoch, dist.rank)
     limit = tcfg.limit_train_batches
-    done_before = progress.skip_batches if epoch == progress.start_epoch else 0
+    done_before = progress.batches_done_before(epoch)
     if done_before:
         skip_train_batches(bundle, done_before)
         limit = max(0, int(limit) - done_before) if limit else None
@@ -159,8 +159,7 @@ def skip_train_batches(bundle, count: int) -> None:
 def save_stopped(checkpoints, settings, state, progress, epoch: int, trained: dict, stop: StopSignal) -> None:
     """Stopped after an optimizer step: last.pt records the step (and the batches of this epoch done), so a
     resumed run continues with the next batch as the uninterrupted run would have."""
-    done_before = progress.skip_batches if epoch == progress.start_epoch else 0
-    batches_done = done_before + trained["steps"]
+    batches_done = progress.batches_done_before(epoch) + trained["steps"]
     rng_ranks = settings.dist.gather(rng_state())  # every rank takes part; rank 0 writes
     if trained["steps"]:
         checkpoints.save_stop(epoch, state.step, progress, batches_done, rng_ranks)
@@ -183,8 +182,7 @@ def evaluate_epoch(setup: Setup, settings: StepSettings, epoch: int) -> tuple[di
     """The raw weights' and the EMA's validation results, or (None, None) in an epoch without evaluation
     (trainer.val_every_n_epochs: a short recipe cannot spare one every epoch; the last is always due)."""
     tcfg = setup.cfg.trainer
-    stop_after = int(tcfg.stop_after_epoch) if tcfg.stop_after_epoch else None
-    last_here = epoch + 1 == int(tcfg.epochs) or (stop_after is not None and epoch + 1 >= stop_after)
+    last_here = epoch + 1 == int(tcfg.epochs) or pause_due(tcfg, epoch)  # the last epoch of this process
     if (epoch + 1) % int(tcfg.val_every_n_epochs or 1) and not last_here:
         return None, None
     args = (setup.bundle.val_loader, setup.device, settings.amp_dtype, tcfg.limit_val_batches)
@@ -210,9 +208,9 @@ def record_epoch(setup, settings, state, progress, report, epoch: int, trained, 
         )
         history[-1]["val_teacher_agreement"] = scalars["val/teacher_agreement"] = agree
     report.scalars(scalars, state.step)
-    report.attention_maps(setup.model, setup.bundle, epoch, int(setup.cfg.trainer.epochs), state.step)
-    epochs, img_size = int(setup.cfg.trainer.epochs), state.train_img_size
-    report.line(epoch_line(epoch, epochs, trained, val, val_ema, img_size, setup.bundle.val_name))
+    epochs = int(setup.cfg.trainer.epochs)
+    report.attention_maps(setup.model, setup.bundle, epoch, epochs, state.step)
+    report.line(epoch_line(epoch, epochs, trained, val, val_ema, state.train_img_size, setup.bundle.val_name))
 
 
 def check_weights(settings: StepSettings, state: StepState, epoch: int) -> None:
