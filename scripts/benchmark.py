@@ -63,6 +63,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="--inference: comma list of eager, compiled, onnxruntime (the ONNX export; CPU only)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch (and onnxruntime) CPU threads")
+    parser.add_argument(
+        "--amp",
+        choices=["auto", "bf16", "fp16", "none"],
+        default="auto",
+        help="our model's precision, as trainer.amp (auto: bf16 where the device has it natively and it pays)",
+    )
+    parser.add_argument(
+        "--peer-amp", choices=["same", "auto", "bf16", "fp16", "none"], default="same", help="the peer's precision"
+    )
     parser.add_argument("overrides", nargs="*", help="--e2e: trainer config overrides, as for train.py")
     return parser.parse_args(argv)
 
@@ -137,6 +146,7 @@ def run_inference(args: argparse.Namespace, names: list[str], device: torch.devi
                 rounds=args.rounds or 15,
                 warmup=args.warmup,
                 min_round_s=args.min_round_s,
+                amps=(args.amp, args.peer_amp),
             )
             results.append(result)
             print(inference_markdown([result]).split("\n", 2)[-1], flush=True)
@@ -223,6 +233,8 @@ def run_steps(args: argparse.Namespace, names: list[str], batches: list, modes: 
                 rounds=args.rounds or 5,
                 warmup=args.warmup,
                 min_round_s=args.min_round_s,
+                amp=args.amp,
+                peer_amp=args.peer_amp,
             )
             if args.memory and device.type == "cuda":
                 for side in result.sides:

@@ -1,12 +1,14 @@
 """Top-5 predictions of a trained model with class names and probabilities.
 
 usage: python scripts/predict.py checkpoint=<path> image=<file, folder or a.jpg,b.png> [json=<path> | json=-]
-    [top=5] [ema=false]
+    [top=5] [ema=false] [amp=auto|bf16|fp16|none]
 
 `checkpoint` is a checkpoint of the trainer (best.pt, last.pt) or an exported ONNX file (best.onnx, with the
 best.onnx.json that scripts/export.py writes beside it); an ONNX file runs through onnxruntime with the
 preprocessing and class names of its side JSON, without the model code. Prints one line per image;
-`json=<path>` also writes them as JSON, `json=-` prints the JSON instead of the lines.
+`json=<path>` also writes them as JSON, `json=-` prints the JSON instead of the lines. A checkpoint's model runs
+in the precision `amp` gives it on this CPU (default: its run's trainer.amp; auto: bf16 where the CPU has it
+natively and the model is wide enough to gain, else fp32; vit/train/precision.py), said in one line on stderr.
 
 Example:
 
@@ -24,11 +26,19 @@ import torch
 
 from vit.analysis.inputs import image_paths, load_images, load_model
 from vit.args import UsageError, parse_args, run_script
+from vit.train.precision import AMP_MODES, announce, choose_precision
 
 
-def probabilities(checkpoint: str, spec: str, use_ema: bool) -> tuple[list[Path], np.ndarray, list[str]]:
-    """(image paths, (B, classes) probabilities, class names) from a checkpoint or an ONNX file."""
+def probabilities(
+    checkpoint: str, spec: str, use_ema: bool, amp: str | None = None
+) -> tuple[list[Path], np.ndarray, list[str]]:
+    """(image paths, (B, classes) probabilities, class names) from a checkpoint or an ONNX file. A checkpoint's
+    model runs in the precision `amp` (default: its run's trainer.amp) gives it on this CPU, by the trainer's rule."""
+    if amp is not None and amp not in AMP_MODES:
+        raise UsageError(f"amp={amp!r} must be one of {AMP_MODES}")
     if checkpoint.endswith(".onnx"):
+        if amp is not None:
+            raise UsageError(f"amp={amp}: an ONNX file runs in the precision it was exported in; leave amp out")
         from vit.deploy.export import ExportError, require_export_extra
         from vit.deploy.runtime import OnnxClassifier
 
@@ -42,23 +52,28 @@ def probabilities(checkpoint: str, spec: str, use_ema: bool) -> tuple[list[Path]
         names = classifier.classes or [str(i) for i in range(probs.shape[-1])]
         return paths, probs, names
     model, config, classes = load_model(checkpoint, use_ema=use_ema)
+    precision = choose_precision(amp or (config.get("trainer") or {}).get("amp", "auto"), torch.device("cpu"), model)
+    announce(precision)
+    print(precision.describe(), file=sys.stderr)
     names = sorted(classes, key=classes.get) if classes else [str(i) for i in range(model.num_classes)]
     paths, chunks = [], []
     for part in spec.split(","):
         found, images = load_images(part, config)  # (B, 3, H, W), the validation transform
         paths += found
-        with torch.no_grad():
-            chunks += [model(chunk).softmax(dim=-1) for chunk in images.split(64)]
+        with torch.no_grad(), precision.autocast(torch.device("cpu")):
+            chunks += [model(chunk).float().softmax(dim=-1) for chunk in images.split(64)]
     return paths, torch.cat(chunks).numpy(), names
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(
-        argv, {"checkpoint": None, "image": None, "json": None, "top": "5", "ema": "false"}, ("checkpoint", "image")
+        argv,
+        {"checkpoint": None, "image": None, "json": None, "top": "5", "ema": "false", "amp": None},
+        ("checkpoint", "image"),
     )
     if not args["top"].isdigit() or int(args["top"]) < 1:
         raise UsageError(f"top={args['top']!r} must be a positive integer")
-    paths, probs, names = probabilities(args["checkpoint"], args["image"], args["ema"].lower() == "true")
+    paths, probs, names = probabilities(args["checkpoint"], args["image"], args["ema"].lower() == "true", args["amp"])
     k = min(int(args["top"]), probs.shape[-1])
     order = np.argsort(-probs, axis=-1, kind="stable")[:, :k]  # (B, k), most probable first
     results = []

@@ -122,6 +122,7 @@ def step_context(model, **kwargs):
     from timm.scheduler import CosineLRScheduler
 
     from vit.train.loop import StepSettings
+    from vit.train.precision import Precision
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     defaults = dict(
@@ -131,7 +132,7 @@ def step_context(model, **kwargs):
         scheduler=CosineLRScheduler(optimizer, t_initial=100),
         criterion=torch.nn.CrossEntropyLoss(),
         device=torch.device("cpu"),
-        amp_dtype=None,
+        precision=Precision("fp32", "test"),
         scaler=None,
         log_every=4,
     )

@@ -9,6 +9,7 @@ from vit.models.pos_embed import resample_pos_embed
 from vit.train import load_checkpoint, run
 from vit.train.config import ConfigError, validate
 from vit.train.loop import StepSettings, StepState, train_one_epoch
+from vit.train.precision import Precision
 from vit.train.progressive import ResizeSchedule, allow_recompiles, resize_batch
 
 BASE = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.device=cpu", "trainer.deterministic=true", "data.img_size=32"]
@@ -81,7 +82,7 @@ def test_the_training_step_sees_the_resized_batch():
         scheduler=CosineLRScheduler(optimizer, t_initial=10),
         criterion=torch.nn.CrossEntropyLoss(),
         device=torch.device("cpu"),
-        amp_dtype=None,
+        precision=Precision("fp32", "test"),
         scaler=None,
     )
     loader = [(torch.rand(4, 3, 32, 32), torch.randint(0, 10, (4,))) for _ in range(3)]

@@ -316,5 +316,52 @@ def test_overlap_is_a_config_choice_and_keeps_the_encoder():
     assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
     model.patch_embed.dynamic_img_size = True  # progressive resizing: smaller images, still whole patches
     assert model.patch_embed(torch.randn(2, 3, 16, 16)).shape == (2, 16, 48)
-    with pytest.raises(ConfigError, match=r"patch_embed='overlapping' must be one of \('standard', 'spt', 'overlap'\)"):
+    with pytest.raises(ConfigError, match=r"patch_embed='overlapping' must be one of \('standard', 'spt', 'overlap', 'conv'\)"):
         build_model_from_config(compose_config(["model.patch_embed=overlapping"]).model, num_classes=10)
+
+
+# ---------------------------------------------------------------- convolutional stem
+
+
+@pytest.mark.parametrize(("patch", "train"), [(2, False), (4, False), (4, True), (8, False)])
+def test_conv_stem_is_strided_convs_batchnorm_relu_then_a_1x1(patch, train):
+    """log2(p) 3 x 3 stride-2 convolutions (no bias), each BatchNorm'ed and ReLU'd, channels doubling up to the width,
+    then a 1 x 1 convolution with bias: rebuilt here from F.conv2d and F.batch_norm with the module's weights, in
+    training mode (batch statistics) and evaluation mode (running statistics)."""
+    from vit.models.layers import ConvStemEmbed
+
+    torch.manual_seed(0)
+    width, size = 32, 4 * patch
+    embed = ConvStemEmbed(size, patch, in_chans=3, embed_dim=width).train(train)
+    convs = patch.bit_length() - 1
+    layers = list(embed.stem)
+    assert len(layers) == convs + 1 and embed.grid_size == (4, 4) and embed.num_patches == 16
+    for layer in layers[:-1]:  # random running statistics, so evaluation mode is not the identity
+        layer.bn.running_mean.uniform_(-0.5, 0.5)
+        layer.bn.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(3, 3, size, size)
+    expected, channels = x, []
+    for layer in layers[:-1]:
+        conv, bn = layer.conv, layer.bn
+        assert conv.kernel_size == (3, 3) and conv.stride == (2, 2) and conv.bias is None
+        expected = nn.functional.conv2d(expected, conv.weight, None, stride=2, padding=1)
+        mean, var = (None, None) if train else (bn.running_mean.clone(), bn.running_var.clone())
+        expected = nn.functional.batch_norm(expected, mean, var, bn.weight, bn.bias, training=train, eps=bn.eps)
+        expected = expected.relu()
+        channels.append(conv.out_channels)
+    last = layers[-1].conv
+    assert last.kernel_size == (1, 1) and last.bias is not None
+    expected = nn.functional.conv2d(expected, last.weight, last.bias)  # (B, width, 4, 4)
+    assert channels == [width // 2 ** (convs - 1 - i) for i in range(convs)]
+    torch.testing.assert_close(embed(x), expected.flatten(2).transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
+def test_conv_stem_is_a_config_choice_for_power_of_two_patches():
+    cfg = compose_config(["model.patch_embed=conv", "model.embed_dim=48", "model.depth=1", "model.num_heads=3"])
+    model = build_model_from_config(cfg.model, num_classes=10)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    model.patch_embed.dynamic_img_size = True  # progressive resizing: any multiple of the patch size
+    assert model.patch_embed(torch.randn(2, 3, 16, 16)).shape == (2, 16, 48)
+    for patch in (1, 3, 6):
+        with pytest.raises(ValueError, match=r"patch_embed=conv needs a square power-of-two patch size"):
+            create_model("vit_tiny", img_size=6 * patch, patch_size=patch, depth=1, patch_embed="conv")

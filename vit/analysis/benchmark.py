@@ -26,22 +26,29 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from vit.analysis.bench_cases import H100_BF16_PEAK_FLOPS, BenchCase, build_side, num_classes_of, peer_available
+from vit.train.precision import Precision, choose_precision
 
 
 def make_train_step(
-    model: nn.Module, batch: int, img_size: int, device: torch.device, compile_mode: str | None
+    model: nn.Module,
+    batch: int,
+    img_size: int,
+    device: torch.device,
+    compile_mode: str | None,
+    precision: Precision | None = None,
 ) -> Callable[[], None]:
-    """A closure running one full training step on fixed random data; no host synchronisation inside."""
+    """A closure running one full training step on fixed random data; no host synchronisation inside. The
+    forward pass runs in `precision` (default: what trainer.amp=auto gives this model on this device)."""
+    precision = precision or choose_precision("auto", device, model)
     model = model.to(device).train()
     fused = device.type == "cuda"
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused)
     images = torch.randn(batch, 3, img_size, img_size, device=device)
     targets = torch.randint(0, num_classes_of(model), (batch,), device=device)
-    amp_dtype = torch.bfloat16
     forward = torch.compile(model, mode=compile_mode) if compile_mode else model
 
     def step() -> None:
-        with torch.autocast(device.type, dtype=amp_dtype, enabled=device.type == "cuda"):
+        with precision.autocast(device):
             loss = F.cross_entropy(forward(images), targets)
         loss.backward()
         optimizer.step()
@@ -106,6 +113,8 @@ class CaseResult:
     compile_mode: str | None
     device: str
     sides: list[SideResult]
+    precision: str = "fp32"  # what ours ran in (`amp`, decided by vit/train/precision.py's rule)
+    peer_precision: str | None = None
     ratio_median: float | None = None
     ratio_p10: float | None = None
     ratio_p90: float | None = None
@@ -124,17 +133,22 @@ def bench_case(
     warmup: int = 5,
     min_round_s: float = 0.5,
     peak_flops: float = H100_BF16_PEAK_FLOPS,
+    amp: str = "auto",
+    peer_amp: str = "same",
 ) -> CaseResult:
+    """`amp` (auto | bf16 | fp16 | none) is trainer.amp for our model; `peer_amp` the peer's, "same" for ours."""
     batch = batch or case.batch
     peer_mode = compile_mode if peer_compile_mode == "same" else peer_compile_mode
     sides = ["ours"] + (["peer"] if vs_peer and peer_available(case) else [])
-    steps, flops = {}, {}
+    steps, flops, precisions = {}, {}, {}
     for side in sides:
         torch.manual_seed(0)
         model = build_side(case, side)
         flops[side] = train_flops(model, batch, case.img_size, device)
+        setting = amp if side == "ours" or peer_amp == "same" else peer_amp
+        precisions[side] = choose_precision(setting, device, model)
         steps[side] = make_train_step(
-            model, batch, case.img_size, device, compile_mode if side == "ours" else peer_mode
+            model, batch, case.img_size, device, compile_mode if side == "ours" else peer_mode, precisions[side]
         )
         for _ in range(warmup):  # compiles, autotunes, fills the allocator's cache
             steps[side]()
@@ -153,6 +167,8 @@ def bench_case(
         mfu = flops[side] / step_s / peak_flops if device.type == "cuda" else None
         results.append(SideResult(side, img_s, 1000 * step_s, mfu))
     out = CaseResult(case.name, batch, case.img_size, compile_mode, str(device), results, rounds=rounds)
+    out.precision = precisions["ours"].name
+    out.peer_precision = precisions["peer"].name if "peer" in precisions else None
     if len(sides) == 2:
         ratios = [a / b for a, b in zip(throughput["ours"], throughput["peer"], strict=True)]
         out.ratio_median = statistics.median(ratios)
@@ -186,7 +202,7 @@ def measure_peak_memory(case: BenchCase, side: str, batch: int, compile_mode: st
 
 
 def to_markdown(results: list[CaseResult]) -> str:
-    columns = ["model", "img px", "batch", "compile", "ours img/s", "peer img/s", "ratio (p10-p90)"]
+    columns = ["model", "img px", "batch", "compile", "precision", "ours img/s", "peer img/s", "ratio (p10-p90)"]
     columns += ["ours MFU", "ours GiB", "peer GiB"]
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in results:
@@ -197,8 +213,10 @@ def to_markdown(results: list[CaseResult]) -> str:
             return "-" if v is None else format(v, spec)
 
         ratio = f"{r.ratio_median:.3f} ({r.ratio_p10:.3f}-{r.ratio_p90:.3f})" if r.ratio_median is not None else "-"
+        precision = r.precision + (f" / {r.peer_precision}" if r.peer_precision else "")
         lines.append(
-            f"| {r.case} | {r.img_size} | {r.batch} | {r.compile_mode or 'eager'} | {ours.img_per_s:,.0f} | "
+            f"| {r.case} | {r.img_size} | {r.batch} | {r.compile_mode or 'eager'} | {precision} | "
+            f"{ours.img_per_s:,.0f} | "
             f"{fmt(peer and peer.img_per_s, ',.0f')} | {ratio} | "
             f"{fmt(ours.mfu and 100 * ours.mfu, '.1f')}{'%' if ours.mfu else ''} | "
             f"{fmt(ours.peak_gib, '.2f')} | {fmt(peer and peer.peak_gib, '.2f')} |"

@@ -25,6 +25,7 @@ from torch import nn
 
 from vit.analysis.bench_cases import BenchCase, build_side, peer_available
 from vit.analysis.benchmark import percentile, synchronize
+from vit.train.precision import Precision, choose_precision
 
 RUNTIMES = ("eager", "compiled", "onnxruntime")
 
@@ -73,8 +74,16 @@ def onnx_session(model: nn.Module, example: torch.Tensor, folder: Path, name: st
 
 
 def build_variants(
-    case: BenchCase, batch: int, device: torch.device, runtimes: tuple[str, ...], vs_peer: bool, folder: Path
+    case: BenchCase,
+    batch: int,
+    device: torch.device,
+    runtimes: tuple[str, ...],
+    vs_peer: bool,
+    folder: Path,
+    amps: tuple[str, str] = ("auto", "same"),
 ) -> list[Variant]:
+    """The timed calls; the PyTorch runtimes run in the precision trainer.amp=`amps[0]` gives our model on this
+    device (vit/train/precision.py), the peer's in `amps[1]` ("same": ours); onnxruntime in the file's fp32."""
     sides = ["ours"] + (["peer"] if vs_peer and peer_available(case) else [])
     x = torch.randn(batch, 3, case.img_size, case.img_size, device=device)
     threads = torch.get_num_threads()
@@ -82,11 +91,12 @@ def build_variants(
     for side in sides:
         torch.manual_seed(0)
         model = build_side(case, side).to(device).eval()
+        precision = choose_precision(amps[0] if side == "ours" or amps[1] == "same" else amps[1], device, model)
         for runtime in runtimes:
             if runtime == "eager":
-                variants.append(Variant(side, runtime, _torch_call(model, x)))
+                variants.append(Variant(side, runtime, _torch_call(model, x, precision)))
             elif runtime == "compiled":
-                variants.append(Variant(side, runtime, _torch_call(torch.compile(model), x)))
+                variants.append(Variant(side, runtime, _torch_call(torch.compile(model), x, precision)))
             elif runtime == "onnxruntime" and device.type == "cpu":
                 session = onnx_session(model, x[:2].contiguous(), folder, f"{case.name}_{side}", threads)
                 feed = {session.get_inputs()[0].name: x.numpy()}
@@ -95,9 +105,9 @@ def build_variants(
     return sorted(variants, key=lambda v: (RUNTIMES.index(v.runtime), sides.index(v.side)))
 
 
-def _torch_call(model: nn.Module, x: torch.Tensor) -> Callable[[], object]:
+def _torch_call(model: nn.Module, x: torch.Tensor, precision: Precision) -> Callable[[], object]:
     def call() -> object:
-        with torch.no_grad():
+        with torch.no_grad(), precision.autocast(x.device):
             return model(x)
 
     return call
@@ -123,11 +133,12 @@ def bench_inference(
     rounds: int = 15,
     warmup: int = 3,
     min_round_s: float = 0.3,
+    amps: tuple[str, str] = ("auto", "same"),
 ) -> InferenceResult:
     """Median latency of each (side, runtime) at `batch`, timed in interleaved rounds (module docstring)."""
     with tempfile.TemporaryDirectory(prefix="vit-infer-") as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer and deprecation warnings of the exporters
-        variants = build_variants(case, batch, device, runtimes, vs_peer, Path(tmp))
+        variants = build_variants(case, batch, device, runtimes, vs_peer, Path(tmp), amps)
         for variant in variants:  # compiles, fills caches, lets onnxruntime allocate
             for _ in range(warmup):
                 variant.call()

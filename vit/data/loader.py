@@ -22,7 +22,7 @@ from vit.data.datasets import DataError, Splits, build_splits
 from vit.data.declared import complete
 from vit.data.decoded_cache import cached_split
 from vit.data.gpu_loader import GpuLoader
-from vit.data.resources import cache_folder, num_workers
+from vit.data.resources import available_memory, cache_folder, num_workers
 from vit.data.sampling import epoch_order
 from vit.data.transforms import mean_std, mixup_and_criterion, train_geometry, val_geometry
 
@@ -50,6 +50,7 @@ class DataBundle:
     val_name: str = "val"  # "holdout" with data.holdout, else the split's own name
     test_loader: Iterable | None = None  # with data.holdout: the split the holdout replaced, for the final report
     test_name: str | None = None
+    train_workers: int = 0  # the train loader's worker processes (0: it runs in the training process)
 
 
 class Transformed(Dataset):
@@ -185,18 +186,24 @@ class DeviceBatches:
             self.sampler.set_epoch(self.epoch)
 
 
-def _gpu_fits(splits: Splits, img_size: int, device: torch.device) -> tuple[bool, str]:
-    """Whether the splits as uint8 (N, 3, H, W) take under a quarter of the free GPU memory, and the reason in
-    words; estimated before anything is decoded, so a split too large for the GPU is never decoded for nothing."""
-    if device.type != "cuda":
-        return False, f"the device is {device.type}, not cuda"
-    free, _ = torch.cuda.mem_get_info(device)
+def _in_memory_fits(splits: Splits, img_size: int, device: torch.device) -> tuple[bool, str]:
+    """Whether the splits as uint8 (N, 3, H, W) take under a quarter of the free memory of the device they would
+    live on (the GPU's, or the host's for a CPU run), and the reason in words; estimated before anything is
+    decoded, so a split too large is never decoded for nothing. On a CPU the in-memory path pays most: the torch
+    loader's workers would decode every JPEG again each epoch on the same cores the step needs (measured in
+    docs/BENCHMARKS.md, "The CPU loader and thread defaults")."""
+    if device.type == "cuda":
+        free, where = torch.cuda.mem_get_info(device)[0], str(device)
+    elif device.type == "cpu":
+        free, where = available_memory(), "this machine's memory"
+    else:
+        return False, f"the device is {device.type}"
     images = len(splits.train) + len(splits.val) + (len(splits.test) if splits.test is not None else 0)
     needed = images * 3 * img_size * img_size
     verdict = "under" if needed < 0.25 * free else "over"
     return needed < 0.25 * free, (
-        f"{images} images at {img_size} px take {needed / 2**30:.2f} GiB, {verdict} a quarter of the "
-        f"{free / 2**30:.1f} GiB free on {device}"
+        f"the device is {device.type}; {images} images at {img_size} px take {needed / 2**30:.2f} GiB, {verdict} a "
+        f"quarter of the {free / 2**30:.1f} GiB free in {where}"
     )
 
 
@@ -207,12 +214,13 @@ def decoded_cache_dir(cfg: Mapping, splits: Splits) -> Path:
 
 
 def choose_loader(cfg: Mapping, splits: Splits, device: torch.device) -> tuple[str, str]:
-    """("torch" or "gpu", why): data.loader=gpu|torch as asked; auto: the GPU-resident loader on CUDA when the
-    decoded splits fit (`_gpu_fits`), else the torch loader."""
+    """("torch" or "gpu", why): data.loader=gpu|torch as asked; auto: the decoded in-memory loader (the
+    GPU-resident loader's code, on the training device) when the decoded splits fit (`_in_memory_fits`), on CUDA
+    and on a CPU alike, else the torch loader."""
     kind = cfg.loader
     if kind != "auto":
         return kind, f"data.loader={kind}"
-    fits, why = _gpu_fits(splits, int(cfg["img_size"]), device)
+    fits, why = _in_memory_fits(splits, int(cfg["img_size"]), device)
     return ("gpu" if fits else "torch"), f"data.loader=auto: {why}"
 
 
@@ -269,6 +277,7 @@ def build_data(
         splits.val_name,
         test_loader,
         splits.test_name,
+        train_workers=num_workers(cfg) if kind == "torch" else 0,
     )
 
 

@@ -21,6 +21,18 @@ def available_cpus() -> int:
         return os.cpu_count() or 1
 
 
+def available_memory() -> int:
+    """Bytes of host memory available to new allocations (Linux's MemAvailable; else the free physical pages)."""
+    try:
+        with open("/proc/meminfo") as info:
+            for line in info:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 def num_workers(cfg: Mapping) -> int:
     """data.num_workers, or min(8, CPUs) when null; more workers than CPUs only queue for them, so a larger value
     is lowered to the CPU count, said once. The loaders' worker processes and the image scan's threads both

@@ -338,5 +338,5 @@ def build_stream_data(cfg, spec, mean, std, *, device, seed, rank, world_size, b
     mixup_fn, criterion = mixup_and_criterion(spec, num_classes)
     return DataBundle(
         loaders[0], loaders[1], num_classes, class_to_idx, mixup_fn, criterion, mean, std, img_size,
-        train_ds.num_samples(), val_ds.num_samples(), None, "webdataset", reason, val_name,
+        train_ds.num_samples(), val_ds.num_samples(), None, "webdataset", reason, val_name, train_workers=workers,
     )  # fmt: skip

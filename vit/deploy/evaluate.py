@@ -1,7 +1,7 @@
 """Evaluate any weights on a dataset: a checkpoint of this trainer, or a model name with foreign weights.
 
 usage: python scripts/evaluate.py checkpoint=<path> [data.<key>=...] [ema=true] [flip=true] [confusion=<png>]
-           [json=<path>]
+           [json=<path>] [amp=auto|bf16|fp16|none]
        python scripts/evaluate.py model=<name> model.pretrained=<timm:name | file> [model.<key>=...]
            [data=<config>] [data.<key>=...] [preprocess=data|timm:<name>] [class_map=imagenet|<file>]
 
@@ -29,6 +29,10 @@ synsets), each data class is looked up among the weights' by name and only those
 and the loss are over the data's classes). The names come from the checkpoint (ours), from `class_map=<file>`
 (the weights' class names, one a line, in output order) or `class_map=imagenet` (the 1000 ImageNet-1k synsets,
 chosen by default for 1000-class weights on folders named like synsets). Equal counts and no names: in order.
+
+Precision: `amp=` (default: the run's own trainer.amp, or auto for foreign weights), decided for this device by
+the trainer's rule (vit/train/precision.py: auto is bf16 where the device has it natively and the model is wide
+enough to gain, else fp32); the JSON's "precision" names what ran.
 
 Output: JSON on stdout (top1, top5, loss, per-class top-1, images/s of the evaluation loop with decoding, the
 split, the preprocessing and the class mapping; `json=<path>` also writes it) and a one-line summary on stderr.
@@ -63,6 +67,7 @@ KNOWN_KEYS = (
     "limit_batches",
     "confusion",
     "json",
+    "amp",
 )
 SYNSET = re.compile(r"^n\d{8}$")
 
@@ -129,9 +134,11 @@ def evaluate_weights(argv: list[str]) -> dict:
     from vit.data.loader import Transformed
     from vit.train.config import resolve_device
     from vit.train.loop import evaluate
-    from vit.train.optimisation import AMP_DTYPES
+    from vit.train.precision import AMP_MODES, announce, choose_precision
 
     options = parse_options(argv, KNOWN_KEYS)
+    if options.get("amp", "auto") not in AMP_MODES:
+        raise UsageError(f"amp={options['amp']!r} must be one of {AMP_MODES}")
     weights, pre, data_cfg = resolve(options)
     if weights.config is not None and not any(o.startswith("num_workers=") for o in options.data):
         data_cfg.num_workers = None  # this machine's default, not the training machine's worker count
@@ -156,9 +163,10 @@ def evaluate_weights(argv: list[str]) -> dict:
         num_workers=workers,
         pin_memory=device.type == "cuda",
     )
-    amp = None
-    if weights.config is not None and device.type == "cuda":
-        amp = AMP_DTYPES.get((weights.config.get("trainer") or {}).get("amp", "none"))
+    trained_with = (weights.config.get("trainer") or {}).get("amp") if weights.config is not None else None
+    precision = choose_precision(options.get("amp") or trained_with or "auto", device, weights.model)
+    announce(precision)
+    amp = precision.dtype
     start = time.perf_counter()
     result = evaluate(
         model, loader, device, amp, options.integer("limit_batches"), num_classes=len(data_classes), flip=flip
@@ -168,6 +176,8 @@ def evaluate_weights(argv: list[str]) -> dict:
     per_class = (confusion.diag().float() / confusion.sum(1).clamp_min(1).float() * 100).tolist()
     result["per_class_top1"] = {name: round(acc, 2) for name, acc in zip(data_classes, per_class, strict=True)}
     result["images_per_s"] = round(result["count"] / seconds, 1)
+    result["precision"] = precision.name
+    result["precision_reason"] = precision.reason
     result["seconds"] = round(seconds, 2)
     result["split"] = splits.val_name
     result["data"] = str(data_cfg.get("name"))
@@ -196,7 +206,8 @@ def summary_line(result: dict) -> str:
     return (
         f"{result['model']} ({result['source']}) on {result['data']} {result['split']}, {result['count']:,} images: "
         f"top-1 {result['top1']:.2f}%, top-5 {result['top5']:.2f}%, loss {result['loss']:.4f}, "
-        f"{result['images_per_s']:,.0f} img/s{', flip' if result['flip'] else ''}; preprocessing: {pre['origin']} "
+        f"{result['images_per_s']:,.0f} img/s in {result['precision']}{', flip' if result['flip'] else ''}; "
+        f"preprocessing: {pre['origin']} "
         f"(resize {pre['resize']} {pre['interpolation']}, crop {pre['img_size']})"
     )
 

@@ -8,10 +8,15 @@ embedding as its tokenizer: the image cut into p x p patches, each projected to 
 from __future__ import annotations
 
 from vit.models.encoder import Encoder
-from vit.models.layers import OverlappingPatchEmbed, PatchEmbed, ShiftedPatchEmbed
+from vit.models.layers import ConvStemEmbed, OverlappingPatchEmbed, PatchEmbed, ShiftedPatchEmbed
 from vit.models.registry import register_model
 
-PATCH_EMBEDS = {"standard": PatchEmbed, "spt": ShiftedPatchEmbed, "overlap": OverlappingPatchEmbed}
+PATCH_EMBEDS = {
+    "standard": PatchEmbed,
+    "spt": ShiftedPatchEmbed,
+    "overlap": OverlappingPatchEmbed,
+    "conv": ConvStemEmbed,
+}
 
 
 class VisionTransformer(Encoder):
@@ -21,7 +26,8 @@ class VisionTransformer(Encoder):
     Args:
         img_size, patch_size, in_chans: input geometry; `patch_size` must divide `img_size`.
         patch_embed: "standard" (timm's PatchEmbed), "spt" (Shifted Patch Tokenization, `ShiftedPatchEmbed`) or
-            "overlap" (T2T-style overlapping windows, `OverlappingPatchEmbed`).
+            "overlap" (T2T-style overlapping windows, `OverlappingPatchEmbed`) or "conv" (a convolutional stem,
+            `ConvStemEmbed`).
         lsa: Locality Self-Attention in every block. `patch_embed` and `lsa` are the two levers of Lee, Lee &
             Song 2021 for small data sets (docs/LEVERS.md); both off, the model and its state dict are timm's.
         dynamic_img_size: accept images of other sizes (sides multiples of `patch_size`): the position table is

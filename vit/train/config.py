@@ -15,13 +15,13 @@ from vit.data.datasets import DATASET_NAMES, DataError, parse_holdout
 from vit.data.loader import LOADERS
 from vit.models import create_model, list_models
 from vit.train.finetune import FREEZE_MODES
+from vit.train.precision import AMP_MODES
 
 
 class ConfigError(ValueError):
     """A setting that cannot work. The trainer prints it and exits with code 2."""
 
 
-AMP_MODES = ("bf16", "fp16", "none")
 DEVICES = ("auto", "cpu", "cuda")
 PROGRESS = ("auto", "bar", "log")
 COMPILE_SCOPES = ("model", "blocks")
@@ -290,6 +290,11 @@ def check_trainer(trainer: DictConfig) -> None:
     _require(int(trainer.epochs) > 0, f"trainer.epochs={trainer.epochs} must be positive")
     _require(0 <= int(trainer.seed) < 2**32, f"trainer.seed={trainer.seed} must be in [0, 2**32)")
     _require(trainer.amp in AMP_MODES, f"trainer.amp={trainer.amp!r} must be one of {AMP_MODES}")
+    threads = trainer.get("threads", "auto")
+    _require(
+        threads == "auto" or (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1),
+        f"trainer.threads={threads!r} must be auto or a whole number >= 1",
+    )
     _require(trainer.device in DEVICES, f"trainer.device={trainer.device!r} must be one of {DEVICES}")
     _require(
         trainer.compile in (True, False, "auto"), f"trainer.compile={trainer.compile!r} must be true, false or auto"

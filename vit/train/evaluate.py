@@ -4,7 +4,10 @@ The split is the run's own: the slice it held out of the training set when it tr
 (`data.holdout=null` evaluates its test split instead); the JSON's "split" names it.
 
     python scripts/evaluate.py checkpoint=outputs/.../checkpoints/best.pt [data.root=...] [ema=true]
-        [confusion=confusion.png] [batch_size=256] [device=auto] [flip=true]
+        [confusion=confusion.png] [batch_size=256] [device=auto] [flip=true] [amp=auto|bf16|fp16|none]
+
+`amp` defaults to the run's own trainer.amp, decided for this device by the trainer's rule
+(vit/train/precision.py).
 
 The data settings are the checkpoint's own; `data.<key>=value` overrides any of them.
 """
@@ -21,9 +24,9 @@ from vit.data import DataError, build_data
 from vit.train.checkpoint import CheckpointError, load_checkpoint
 from vit.train.config import ConfigError, build_model_from_config, resolve_device
 from vit.train.loop import evaluate
-from vit.train.optimisation import AMP_DTYPES
+from vit.train.precision import AMP_MODES, announce, choose_precision
 
-KNOWN_KEYS = ("checkpoint", "ema", "confusion", "batch_size", "device", "limit_batches", "flip")
+KNOWN_KEYS = ("checkpoint", "ema", "confusion", "batch_size", "device", "limit_batches", "flip", "amp")
 TRUE = ("1", "true", "yes")
 
 
@@ -41,6 +44,8 @@ def parse(argv: list[str]) -> tuple[dict, list[str]]:
             raise ConfigError(f"unknown argument {key!r}; known: {', '.join(KNOWN_KEYS)}, data.<key>")
     if "checkpoint" not in options:
         raise ConfigError("checkpoint=<path> is required")
+    if options.get("amp", "auto") not in AMP_MODES:
+        raise ConfigError(f"amp={options['amp']!r} must be one of {AMP_MODES}")
     return options, data_overrides
 
 
@@ -68,7 +73,9 @@ def evaluate_checkpoint(argv: list[str]) -> dict:
     bundle = build_data(data_cfg, device=device)
     if bundle.class_to_idx != state.get("class_to_idx", bundle.class_to_idx):
         raise DataError("the validation data's classes differ from the checkpoint's class map")
-    amp = AMP_DTYPES.get(config.get("trainer", {}).get("amp", "none")) if device.type == "cuda" else None
+    precision = choose_precision(options.get("amp") or config.get("trainer", {}).get("amp", "auto"), device, model)
+    announce(precision)
+    amp = precision.dtype
     limit = int(options["limit_batches"]) if "limit_batches" in options else None
     flip = options.get("flip", "false").lower() in TRUE
     result = evaluate(model, bundle.val_loader, device, amp, limit, num_classes=bundle.num_classes, flip=flip)
@@ -79,6 +86,7 @@ def evaluate_checkpoint(argv: list[str]) -> dict:
     result["split"] = bundle.val_name  # "holdout" (data.holdout) or the validation split's own name
     result["weights"] = "ema" if use_ema else "model"
     result["flip"] = flip
+    result["precision"] = precision.name
     result["checkpoint"] = str(options["checkpoint"])
     if options.get("confusion"):
         from vit.train.figures import confusion_matrix_figure

@@ -18,6 +18,7 @@ from torch import nn
 
 from vit.train.compile import eager
 from vit.train.distributed import Distributed
+from vit.train.precision import Precision
 from vit.train.progressive import resize_batch
 
 
@@ -31,7 +32,7 @@ class StepSettings:
     scheduler: object  # timm Scheduler, `step_update(num_updates)`
     criterion: nn.Module
     device: torch.device
-    amp_dtype: torch.dtype | None
+    precision: Precision  # the number format the forward passes run in (vit/train/precision.py)
     scaler: torch.amp.GradScaler | None
     mixup_fn: Callable | None = None
     ema: object | None = None  # timm ModelEmaV3
@@ -44,6 +45,10 @@ class StepSettings:
     distill: object | None = None  # vit/train/distill.py's Distiller: the loss with a teacher or distillation token
     stop_requested: Callable[[], bool] = field(default=lambda: False)
     compiled: bool = False  # whether torch.compile is on (reported in metrics.json)
+
+    @property
+    def amp_dtype(self) -> torch.dtype | None:
+        return self.precision.dtype
 
 
 @dataclass
@@ -88,9 +93,7 @@ class Window:
 
 
 def autocast(settings: StepSettings):
-    if settings.amp_dtype is None:
-        return nullcontext()
-    return torch.autocast(settings.device.type, dtype=settings.amp_dtype)
+    return settings.precision.autocast(settings.device)
 
 
 def sync_context(settings: StepSettings, last_micro_step: bool):

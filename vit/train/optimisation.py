@@ -11,10 +11,9 @@ from timm.utils import ModelEmaV3
 from vit.train.compile import compile_blocks
 from vit.train.loop import StepSettings
 from vit.train.optim import build_optimizer, build_scheduler, scaled_lr
+from vit.train.precision import announce, choose_precision
 from vit.train.progressive import allow_recompiles
 from vit.train.setup import Setup
-
-AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "none": None}
 
 
 def batches_per_epoch(setup: Setup) -> int:
@@ -33,7 +32,8 @@ def build_optimisation(setup: Setup) -> StepSettings:
     scheduler = build_scheduler(
         optimizer, cfg.sched, int(tcfg.epochs), steps_per_epoch, cfg.optim.get("weight_decay_end")
     )
-    amp_dtype = AMP_DTYPES[tcfg.amp] if device.type == "cuda" else None  # CPU runs in fp32
+    precision = choose_precision(tcfg.amp, device, model)
+    announce(precision)
     # EMA warmup (timm): the decay ramps up over the first steps, so short runs get a useful average too.
     ema = ModelEmaV3(model, decay=float(tcfg.ema_decay), use_warmup=bool(tcfg.ema_warmup)) if tcfg.ema else None
     ddp = None
@@ -48,8 +48,8 @@ def build_optimisation(setup: Setup) -> StepSettings:
         scheduler=scheduler,
         criterion=setup.bundle.train_criterion,
         device=device,
-        amp_dtype=amp_dtype,
-        scaler=torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None,
+        precision=precision,
+        scaler=torch.amp.GradScaler(device.type) if precision.dtype == torch.float16 else None,
         mixup_fn=setup.bundle.mixup_fn,
         ema=ema,
         grad_clip=float(tcfg.grad_clip) if tcfg.grad_clip else None,

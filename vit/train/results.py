@@ -71,8 +71,10 @@ def final_test(model, ema, bundle, device, amp_dtype, limit, dist, flip: bool) -
     return test
 
 
-def run_metrics(cfg, history: list[dict], cost, bundle, compiled: bool, device) -> dict:
-    """metrics.json: final and best epoch, mean throughput, model size, and the whole history."""
+def run_metrics(setup, history: list[dict], settings) -> dict:
+    """metrics.json: final and best epoch, mean throughput, model size, how it ran (loader, precision, compile,
+    threads) with the reasons, and the whole history."""
+    cfg, cost, bundle = setup.cfg, setup.cost, setup.bundle
     evaluated = [r for r in history if r.get("val_top1") is not None]
     best = max(evaluated, key=lambda r: r["val_top1"]) if evaluated else {}
     return {
@@ -86,8 +88,12 @@ def run_metrics(cfg, history: list[dict], cost, bundle, compiled: bool, device) 
         "train_img_per_s": float(np.mean([r["train_img_per_s"] for r in history])) if history else None,
         "loader": bundle.loader_kind,
         "loader_reason": bundle.loader_reason,
-        "compiled": compiled,
-        "device": str(device),
+        "precision": settings.precision.name,
+        "precision_reason": settings.precision.reason,
+        "compiled": settings.compiled,
+        "device": str(settings.device),
+        "threads": setup.threads,
+        "threads_reason": setup.threads_reason,
         "history": history,
         "val_split": bundle.val_name,
     }

@@ -64,13 +64,15 @@ def run(
         check_run_dir(run_dir, create=True)  # a file in the way, a read-only or full disk: OutputError, no data read
     elif own_dir != run_dir and own_dir.is_dir() and not any(own_dir.iterdir()):
         own_dir.rmdir()  # the empty directory this worker's Hydra made for itself
-    # Deterministic mode is process-wide: put it back afterwards, so later work in this process (tests, notebooks)
-    # is not slowed or broken by it.
+    # Deterministic mode and the thread count (trainer.threads) are process-wide: put them back afterwards, so later
+    # work in this process (tests, notebooks) is not slowed or broken by them.
     previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    threads = torch.get_num_threads()
     try:
         return train(cfg, run_dir, wall_start, dist, train_loader_wrapper)
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
+        torch.set_num_threads(threads)
         dist.close()
 
 
@@ -239,7 +241,7 @@ def evaluate_teacher(setup: Setup, settings: StepSettings, state: StepState, rep
 def finish(setup, settings, state, progress, report, stop, teacher, run_dir: Path) -> dict:
     """After the last epoch (or a stop): the test split set aside by data.holdout, metrics.json, hparams."""
     cfg, bundle, epochs = setup.cfg, setup.bundle, int(setup.cfg.trainer.epochs)
-    metrics = run_metrics(cfg, progress.history, setup.cost, bundle, settings.compiled, setup.device)
+    metrics = run_metrics(setup, progress.history, settings)
     if teacher is not None:
         metrics["teacher"] = {"source": str(cfg.distill.teacher), **teacher}
     if bundle.test_loader is not None and progress.history and progress.history[-1]["epoch"] == epochs:

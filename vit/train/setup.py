@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from vit.data import DataBundle, build_data
+from vit.data.resources import available_cpus
 from vit.models import complexity
 from vit.train.checkpoint import find_resume_checkpoint
 from vit.train.config import ConfigError, build_model_from_config, resolve_device
@@ -73,6 +74,8 @@ class Setup:
     cost: object  # vit/models/complexity.py's Complexity of the model
     resume_path: Path | None
     resize: ResizeSchedule | None  # trainer.progressive_resize
+    threads: int  # torch's intra-op threads (trainer.threads)
+    threads_reason: str
 
 
 def build_model_and_data(
@@ -99,6 +102,9 @@ def build_model_and_data(
     if teacher is not None:
         check_teacher_classes(teacher, cfg.data.get("num_classes"))
     bundle = build_data(cfg.data, device=device, seed=seed, rank=dist.rank, world_size=dist.world_size)
+    threads = choose_threads(tcfg.threads, device, bundle, dist)
+    torch.set_num_threads(threads[0])
+    log.info("threads: %d (%s)", *threads)
     if loader_wrapper is not None:
         bundle.train_loader = loader_wrapper(bundle.train_loader)
     if num_classes_cfg is None and getattr(model, "num_classes", None) != bundle.num_classes:
@@ -112,7 +118,24 @@ def build_model_and_data(
     distiller = build_distiller(cfg.get("distill") or {}, teacher, model, bundle, int(cfg.data.img_size), device)
     cost = complexity(model)
     log.info("%s: %.2f M params, %.3f GMACs per image", cfg.model.name, cost.params / 1e6, cost.macs / 1e9)
-    return Setup(cfg, resolved, device, dist, model, bundle, distiller, cost, resume_path, resize)
+    return Setup(cfg, resolved, device, dist, model, bundle, distiller, cost, resume_path, resize, *threads)
+
+
+def choose_threads(setting, device: torch.device, bundle: DataBundle, dist: Distributed) -> tuple[int, str]:
+    """(torch's intra-op threads for this process, why). trainer.threads=<n> as asked; auto: on a CPU, every CPU
+    this process may use, shared out among the processes of a torchrun launch, less one for each torch loader
+    worker (the workers decode on the same cores; the in-memory loader has none), at least one. On CUDA torch's
+    own default: the step runs on the GPU. The CPU rule was measured (docs/BENCHMARKS.md, "The CPU loader and
+    thread defaults")."""
+    if str(setting) != "auto":
+        return int(setting), f"trainer.threads={setting}"
+    if device.type != "cpu":
+        return torch.get_num_threads(), f"trainer.threads=auto: torch's default, the step runs on {device.type}"
+    cpus = max(1, available_cpus() // dist.world_size)
+    workers = bundle.train_workers
+    threads = max(1, cpus - workers)
+    why = f"{cpus} CPUs for this process" + (f", less {workers} loader workers" if workers else ", no loader workers")
+    return threads, f"trainer.threads=auto: {why}"
 
 
 def use_grad_checkpointing(model: nn.Module, enabled: bool) -> None:
