@@ -32,8 +32,9 @@ class BenchCase:
     peer_kwargs: dict = field(default_factory=dict)
 
 
-def _vit_peer(embed_dim, depth, heads, img, patch, classes=1000, drop_path=0.0):
+def _vit_peer(embed_dim, depth, heads, img, patch, classes=1000, drop_path=0.0, mlp_ratio=4.0):
     return dict(
+        mlp_ratio=mlp_ratio,
         img_size=img,
         patch_size=patch,
         embed_dim=embed_dim,
@@ -56,6 +57,24 @@ CASES: dict[str, BenchCase] = {
             "timm",
             _vit_peer(192, 12, 3, 32, 4, classes=10),
         ),
+        # experiment=cifar10_cpu's encoder with plain patches (timm has no convolutional stem of that shape).
+        BenchCase(
+            "vit_cpu_cifar",
+            "vit_tiny",
+            {
+                "img_size": 32,
+                "patch_size": 4,
+                "num_classes": 10,
+                "embed_dim": 128,
+                "depth": 6,
+                "num_heads": 4,
+                "mlp_ratio": 2.0,
+            },
+            32,
+            128,
+            "timm",
+            _vit_peer(128, 6, 4, 32, 4, classes=10, mlp_ratio=2.0),
+        ),  # fmt: skip
         # A toy shape so the whole protocol runs in seconds on a CPU (tests, smoke checks).
         BenchCase(
             "toy",
