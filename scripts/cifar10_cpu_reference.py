@@ -15,7 +15,9 @@ its final test evaluation inside `budget_s`, counted from process start, as the 
 
 Writes `<out>/metrics.json`: params, epochs, images seen, wall time, final test top-1, and the history of test
 top-1 against elapsed seconds (the test split is evaluated every `eval_every` epochs for that curve; nothing is
-chosen by it) in the trainer's metrics.json layout, so scripts/plot_recipes.py draws it beside the recipe's runs.
+chosen by it) in the trainer's metrics.json layout, and its settings and command-line keys in a run folder's
+`.hydra/config.yaml` and `.hydra/overrides.yaml` (as `experiment=timm_torchvision_reference`), so
+scripts/plot_recipes.py tables and draws it beside the recipe's runs.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from pathlib import Path
 import timm
 import torch
 import torch.nn.functional as F
+import yaml
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
@@ -164,6 +167,12 @@ def main(argv: list[str]) -> int:
         "val_split": "test",
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
+    settings = {key: value for key, value in args.items() if key not in ("data.root", "out")}
+    config = {"model": {"name": metrics["model"]}, "trainer": {"seed": seed, "epochs": epochs}, "reference": settings}
+    (out / ".hydra").mkdir(exist_ok=True)
+    (out / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    overrides = ["experiment=timm_torchvision_reference", f"trainer.seed={seed}"]
+    (out / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
     print(f"test top-1 {metrics['test']['top1']:.2f}% after {epochs} epochs in {wall:.0f} s", file=sys.stderr)
     return 0
 
