@@ -308,11 +308,24 @@ def test_a_bad_policy_exits_2_before_any_data_is_read(tmp_path):
 # ---- the loader choice and the worker count ----
 
 
-def test_loader_choice_is_logged_and_said_why(caplog):
+def test_loader_choice_is_logged_and_said_why(caplog, monkeypatch):
+    """On a CPU, auto holds the decoded splits in memory when they take under a quarter of the free memory."""
+    import vit.data.loader as loader_module
+
     caplog.set_level("INFO", logger="vit.data.loader")
+    monkeypatch.setattr(loader_module, "available_memory", lambda: 2**30)
     bundle = build_data(synthetic_cfg("auto", crop="none"))
-    assert bundle.loader_kind == "torch" and bundle.loader_reason == "data.loader=auto: the device is cpu, not cuda"
-    assert "loader: torch (data.loader=auto: the device is cpu, not cuda)" in caplog.text
+    images = bundle.num_train + bundle.num_val
+    needed = images * 3 * bundle.img_size**2 / 2**30
+    reason = (
+        f"data.loader=auto: the device is cpu; {images} images at {bundle.img_size} px take {needed:.2f} GiB, under a "
+        "quarter of the 1.0 GiB free in this machine's memory"
+    )
+    assert (bundle.loader_kind, bundle.loader_reason) == ("gpu", reason)
+    assert f"loader: gpu ({reason})" in caplog.text
+    monkeypatch.setattr(loader_module, "available_memory", lambda: 4 * images * 3 * bundle.img_size**2 - 1)
+    bundle = build_data(synthetic_cfg("auto", crop="none"))
+    assert bundle.loader_kind == "torch" and "over a quarter" in bundle.loader_reason
     assert build_data(synthetic_cfg("gpu", crop="none")).loader_reason == "data.loader=gpu"
 
 
