@@ -113,6 +113,7 @@ def test_e2e_benchmark_trains_through_the_trainer_and_reports_the_data_path_cost
     out_json, run_dir = tmp_path / "e2e.json", tmp_path / "run"
     overrides = ["data=synthetic", "data.synthetic.num_train=128", "data.synthetic.num_val=32", "data.batch_size=32"]
     overrides += ["model.embed_dim=32", "model.depth=1", "model.num_heads=2", "trainer.device=cpu"]
+    overrides += ["data.loader=torch"]  # the loader whose data path has a cost to measure (auto: in memory on a CPU)
     args = ["--e2e", "--epochs", "6", "--e2e-dir", str(run_dir), "--json", str(out_json), *overrides]
     assert benchmark.main(args) == 0
     result = json.loads(out_json.read_text())

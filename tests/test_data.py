@@ -214,6 +214,7 @@ def test_zip_slip_is_refused(tmp_path):
 
 def test_synthetic_is_deterministic_and_balanced_limit():
     cfg = {"name": "synthetic", "img_size": 16, "batch_size": 32, "num_workers": 0, "augment": {"crop": "none"}}
+    cfg["loader"] = "torch"  # the subset's targets are read through the torch loader's dataset
     cfg["synthetic"] = {"num_train": 256, "num_val": 64}
     a, b = build_data(cfg, seed=3), build_data(cfg, seed=3)
     xa, ya = next(iter(a.val_loader))

@@ -43,7 +43,10 @@ def make_folder(root, classes, per_class=3, size=(90, 70), seed=0):
 
 
 def evaluate(argv, capsys):
-    code = cli([*argv, "device=cpu", "data.num_workers=0"])
+    # fp32 unless a test asks otherwise: the references here are computed in fp32 (amp=auto would pick bf16 for a
+    # model this wide on a CPU with native bf16).
+    amp = [] if any(a.startswith("amp=") for a in argv) else ["amp=none"]
+    code = cli([*argv, "device=cpu", "data.num_workers=0", *amp])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     return json.loads(captured.out), captured.err.strip()
@@ -99,6 +102,25 @@ def test_a_timm_file_gives_timms_top1_with_timms_preprocessing(folder, timm_file
     # The data config's preprocessing (bilinear, 0.875, ImageNet mean/std) is another input: another loss.
     other, _ = evaluate(argv, capsys)
     assert other["preprocessing"]["interpolation"] == "bilinear" and other["loss"] != pytest.approx(loss, abs=1e-5)
+
+
+def test_the_precision_follows_the_trainers_rule_and_amp(folder, timm_file, monkeypatch, capsys):
+    """Without amp=, foreign weights are evaluated as trainer.amp=auto decides for this device and model (bf16 on a
+    CPU with native bf16 for a model 192 wide, simulated here); amp= overrides it; the JSON and summary say it."""
+    from vit.train import precision
+
+    path, _ = timm_file
+    argv = ["model=vit_tiny", "model.depth=2", f"model.pretrained={path}", "data=imagefolder", f"data.root={folder}"]
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
+    auto, summary = evaluate([*argv, "amp=auto"], capsys)
+    fp32, _ = evaluate(argv, capsys)
+    assert (auto["precision"], fp32["precision"]) == ("bf16", "fp32") and "in bf16" in summary
+    assert "192 wide" in auto["precision_reason"]
+    assert auto["loss"] == pytest.approx(fp32["loss"], abs=0.05) and auto["loss"] != fp32["loss"]
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: False)
+    assert evaluate([*argv, "amp=auto"], capsys)[0]["precision"] == "fp32"
+    assert cli([*argv, "device=cpu", "amp=fp8"]) == 2
+    assert "amp='fp8' must be one of" in capsys.readouterr().err
 
 
 def test_a_timm_source_uses_timms_preprocessing_unless_told(folder, timm_file, monkeypatch, capsys):

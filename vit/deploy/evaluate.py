@@ -138,7 +138,7 @@ def evaluate_weights(argv: list[str]) -> dict:
 
     options = parse_options(argv, KNOWN_KEYS)
     if options.get("amp", "auto") not in AMP_MODES:
-        raise UsageError(f"amp={options['amp']!r} must be one of {AMP_MODES}")
+        raise UsageError(f"amp={options.get('amp')!r} must be one of {AMP_MODES}")
     weights, pre, data_cfg = resolve(options)
     if weights.config is not None and not any(o.startswith("num_workers=") for o in options.data):
         data_cfg.num_workers = None  # this machine's default, not the training machine's worker count
