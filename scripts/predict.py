@@ -26,7 +26,7 @@ import torch
 
 from vit.analysis.inputs import image_paths, load_images, load_model
 from vit.args import UsageError, parse_args, run_script
-from vit.train.precision import AMP_MODES, announce, choose_precision
+from vit.train.precision import AMP_MODES, choose_precision
 
 
 def probabilities(
@@ -52,16 +52,17 @@ def probabilities(
         names = classifier.classes or [str(i) for i in range(probs.shape[-1])]
         return paths, probs, names
     model, config, classes = load_model(checkpoint, use_ema=use_ema)
-    precision = choose_precision(amp or (config.get("trainer") or {}).get("amp", "auto"), torch.device("cpu"), model)
-    announce(precision)
-    print(precision.describe(), file=sys.stderr)
     names = sorted(classes, key=classes.get) if classes else [str(i) for i in range(model.num_classes)]
-    paths, chunks = [], []
+    paths, batches = [], []
     for part in spec.split(","):
         found, images = load_images(part, config)  # (B, 3, H, W), the validation transform
         paths += found
-        with torch.no_grad(), precision.autocast(torch.device("cpu")):
-            chunks += [model(chunk).float().softmax(dim=-1) for chunk in images.split(64)]
+        batches.append(images)
+    precision = choose_precision(amp or (config.get("trainer") or {}).get("amp", "auto"), torch.device("cpu"), model)
+    # One line on stderr, once the inputs are known to be good (a warning where an explicit amp could not run).
+    print(("warning: " if precision.substituted else "") + precision.describe(), file=sys.stderr)
+    with torch.no_grad(), precision.autocast(torch.device("cpu")):
+        chunks = [model(chunk).float().softmax(dim=-1) for images in batches for chunk in images.split(64)]
     return paths, torch.cat(chunks).numpy(), names
 
 
