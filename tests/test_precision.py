@@ -13,15 +13,20 @@ from trainer_utils import QUICK, TINY_MODEL, compose_config, make_tree
 from vit.train import precision as precision_module
 from vit.train import run
 from vit.train.config import ConfigError, validate
-from vit.train.precision import CPU_BF16_MIN_WIDTH, choose_precision
+from vit.train.precision import CPU_BF16_MIN_TOKENS, CPU_BF16_MIN_WIDTH, choose_precision
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 
 
 class Wide(nn.Module):
-    def __init__(self, width: int) -> None:
+    """Stands in for an encoder: its width, and the tokens its `patch_embed` cuts an image into."""
+
+    def __init__(self, width: int, tokens: int | None = None) -> None:
         super().__init__()
         self.embed_dim = width
+        if tokens is not None:
+            self.patch_embed = nn.Identity()
+            self.patch_embed.num_patches = tokens
 
 
 @pytest.fixture
@@ -45,6 +50,10 @@ def test_auto_is_bf16_on_a_bf16_cpu_only_for_a_model_wide_enough(cpu_bf16):
     narrow = choose_precision("auto", CPU, Wide(CPU_BF16_MIN_WIDTH - 1))
     assert (narrow.name, narrow.dtype) == ("fp32", None)
     assert f"{CPU_BF16_MIN_WIDTH - 1} wide, under the {CPU_BF16_MIN_WIDTH}" in narrow.reason
+    # Wide enough but over too few tokens (a ViT/8 at 32 px): fp32, and the tokens are named as the reason.
+    few = choose_precision("auto", CPU, Wide(192, tokens=CPU_BF16_MIN_TOKENS // 4))
+    assert few.name == "fp32" and f"sees {CPU_BF16_MIN_TOKENS // 4} tokens, under the" in few.reason
+    assert choose_precision("auto", CPU, Wide(CPU_BF16_MIN_WIDTH, tokens=CPU_BF16_MIN_TOKENS)).name == "bf16"
     # Without an embed_dim the widest Linear decides.
     assert choose_precision("auto", CPU, nn.Sequential(nn.Linear(256, 8), nn.Linear(8, 2))).name == "bf16"
     assert choose_precision("auto", CPU, nn.Sequential(nn.Linear(16, 8))).name == "fp32"

@@ -140,8 +140,8 @@ def test_predict_runs_in_the_precision_the_trainers_rule_gives(vit_checkpoint, i
         outputs[amp] = [p["prob"] for r in json.loads(captured.out) for p in r["top"]]
         outputs[amp + " stderr"] = captured.err.strip().splitlines()
     assert outputs["auto stderr"] == [
-        "precision: fp32 (trainer.amp=auto: this CPU has native bf16, but the model is 32 wide, under the 128 where "
-        "bf16 pays on a CPU)"
+        "precision: fp32 (trainer.amp=auto: this CPU has native bf16, but the model is 32 wide, under the 128 wide "
+        "and 64 tokens where bf16 pays on a CPU)"
     ]
     assert outputs["bf16 stderr"] == ["precision: bf16 (trainer.amp=bf16)"]
     assert outputs["bf16"] == pytest.approx(outputs["auto"], abs=0.02) and outputs["bf16"] != outputs["auto"]

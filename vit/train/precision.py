@@ -4,10 +4,10 @@ training, the evaluations during training, `scripts/evaluate.py`, `scripts/predi
 `auto` (the default) takes bf16 autocast where the device runs it natively and it pays, fp32 everywhere else:
 - CUDA: bf16 when the GPU has native bf16 (Ampere and later), else fp32.
 - CPU: bf16 when torch reports native bf16 matmuls (AVX512-BF16 or AMX) *and* the model is at least
-  `CPU_BF16_MIN_WIDTH` wide. Below that width the casts around every matmul cost more than the narrower matmuls
-  save: measured on a 2-core AMD EPYC with AVX512-BF16 (docs/BENCHMARKS.md, "bf16 on the CPU"), a ViT/4 training
-  step at batch 128 ran at 0.63x fp32's speed 32 wide and 1.13x 96 wide. The rule looks at the width only because
-  that is what decided it there; the token count and the batch moved the ratio by less (same table).
+  `CPU_BF16_MIN_WIDTH` wide *and* sees at least `CPU_BF16_MIN_TOKENS` patch tokens. Below either, the casts around
+  every matmul cost more than the smaller matmuls save: measured on a 2-core AMD EPYC with AVX512-BF16
+  (docs/BENCHMARKS.md, "bf16 on the CPU"), a ViT training step ran at 0.63x fp32's speed 32 wide, 1.16x 128 wide
+  with 64 tokens, but 0.87x 128 wide with 16. The batch size did not change which side won there.
 - Anything else: fp32.
 
 An explicit setting the device cannot run natively is never dropped in silence: one warning line says what runs
@@ -30,9 +30,11 @@ log = logging.getLogger("vit.train")
 
 AMP_MODES = ("auto", "bf16", "fp16", "none")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
-# The narrowest encoder (embed_dim) for which bf16 trained faster than fp32 on the CPU at every batch and token
-# count measured (96 wide: 0.66x to 1.11x, depending on them).
+# Where bf16 trained faster than fp32 on the CPU at every batch measured: encoders (embed_dim) at least 128 wide over
+# at least 64 patch tokens (96 wide: 0.66x to 1.11x; 128 wide over 16 tokens: 0.87x). Conservative: it keeps a few
+# cases that gained a little (96 wide over 256 tokens: 1.11x) in fp32 rather than pick bf16 where it loses.
 CPU_BF16_MIN_WIDTH = 128
+CPU_BF16_MIN_TOKENS = 64
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,14 @@ def model_width(model: nn.Module | None) -> int | None:
     return max(widths) if widths else None
 
 
+def model_tokens(model: nn.Module | None) -> int | None:
+    """The tokens the encoder sees at the model's own image size (its tokenizer's `num_patches`: `patch_embed` of a
+    ViT, `tokens_to_token` of a T2T-ViT), or None."""
+    tokenizer = getattr(model, str(getattr(model, "tokenizer_name", "patch_embed")), None)
+    tokens = getattr(tokenizer, "num_patches", None)
+    return tokens if isinstance(tokens, int) else None
+
+
 def choose_precision(setting: str, device: torch.device, model: nn.Module | None = None) -> Precision:
     """The precision `setting` (trainer.amp) gives `model` on `device`, with the reason in words."""
     setting = str(setting)
@@ -122,18 +132,17 @@ def _auto(device: torch.device, model: nn.Module | None) -> Precision:
         return Precision("fp32", f"trainer.amp=auto: no autocast rule for {device.type}")
     if not cpu_has_native_bf16():
         return Precision("fp32", "trainer.amp=auto: this CPU has no native bf16 (AVX512-BF16 or AMX)")
-    width = model_width(model)
+    width, tokens = model_width(model), model_tokens(model)
+    bar = f"{CPU_BF16_MIN_WIDTH} wide and {CPU_BF16_MIN_TOKENS} tokens"
     if width is None or width < CPU_BF16_MIN_WIDTH:
-        return Precision(
-            "fp32",
-            f"trainer.amp=auto: this CPU has native bf16, but the model is {width} wide, under the "
-            f"{CPU_BF16_MIN_WIDTH} where bf16 pays on a CPU",
-        )
-    return Precision(
-        "bf16",
-        f"trainer.amp=auto: this CPU has native bf16 and the model is {width} wide, at least the "
-        f"{CPU_BF16_MIN_WIDTH} where bf16 pays on a CPU",
-    )
+        why = f"the model is {width} wide, under the {bar} where bf16 pays on a CPU"
+        return Precision("fp32", f"trainer.amp=auto: this CPU has native bf16, but {why}")
+    if tokens is not None and tokens < CPU_BF16_MIN_TOKENS:
+        why = f"the model sees {tokens} tokens, under the {bar} where bf16 pays on a CPU"
+        return Precision("fp32", f"trainer.amp=auto: this CPU has native bf16, but {why}")
+    seen = f"{width} wide" + (f" over {tokens} tokens" if tokens is not None else "")
+    why = f"the model is {seen}, at least the {bar} where bf16 pays on a CPU"
+    return Precision("bf16", f"trainer.amp=auto: this CPU has native bf16 and {why}")
 
 
 def announce(precision: Precision) -> None:
