@@ -10,6 +10,7 @@ import torch
 from torch import nn
 from trainer_utils import QUICK, TINY_MODEL, compose_config, make_tree
 
+from vit.data.resources import available_cpus
 from vit.train import precision as precision_module
 from vit.train import run
 from vit.train.config import ConfigError, validate
@@ -157,8 +158,7 @@ def test_the_cpu_loader_and_threads_are_chosen_logged_and_recorded(tmp_path, cap
         metrics = run(compose_config(overrides), output_dir=tmp_path / "auto")
     # Decoded once into memory, on the CPU too: no workers decode again each epoch, every CPU goes to the step.
     assert metrics["loader"] == "gpu" and "the device is cpu" in metrics["loader_reason"]
-    assert metrics["threads"] == torch.get_num_threads() >= 1
-    assert "no loader workers" in metrics["threads_reason"]
+    assert metrics["threads"] == available_cpus() and "CPUs of this process" in metrics["threads_reason"]
     messages = [r.getMessage() for r in caplog.records]
     assert f"threads: {metrics['threads']} ({metrics['threads_reason']})" in messages
 
@@ -167,6 +167,7 @@ def test_the_cpu_loader_and_threads_are_chosen_logged_and_recorded(tmp_path, cap
             compose_config([*overrides, "data.loader=torch", "data.num_workers=1", "trainer.threads=auto"]),
             output_dir=tmp_path / "torch",
         )
-    assert metrics["loader"] == "torch" and "less 1 loader workers" in metrics["threads_reason"]
+    # The loader's workers leave the step its threads (measured faster than giving them a core each).
+    assert metrics["loader"] == "torch" and metrics["threads"] == available_cpus() and metrics["loader_workers"] == 1
     metrics = run(compose_config([*overrides, "trainer.threads=1"]), output_dir=tmp_path / "one")
     assert (metrics["threads"], metrics["threads_reason"]) == (1, "trainer.threads=1")

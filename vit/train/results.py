@@ -88,6 +88,7 @@ def run_metrics(setup, history: list[dict], settings) -> dict:
         "train_img_per_s": float(np.mean([r["train_img_per_s"] for r in history])) if history else None,
         "loader": bundle.loader_kind,
         "loader_reason": bundle.loader_reason,
+        "loader_workers": bundle.train_workers,
         "precision": settings.precision.name,
         "precision_reason": settings.precision.reason,
         "compiled": settings.compiled,
