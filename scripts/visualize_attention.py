@@ -5,8 +5,10 @@ usage: python scripts/visualize_attention.py checkpoint=<path> image=<file or di
 
 A PNG grid: the input, the cls-token attention of every head of `layer` upsampled over the image, and the
 attention rollout over all layers (Abnar & Zuidema 2020); for a T2T-ViT with transformer tokens also the
-attention each token receives in the first T2T stage. `layer` counts from 0 (negative: from the last), `ema=true`
-draws the checkpoint's EMA weights, `max_images` caps the images read from a folder.
+attention each token receives in the first T2T stage. A model without a cls token shows the image tokens' mean
+attention instead; register tokens are hidden from the maps, and a line under the figure gives their share.
+`layer` counts from 0 (negative: from the last), `ema=true` draws the checkpoint's EMA weights, `max_images` caps
+the images read from a folder.
 
 Example:
 
@@ -20,7 +22,7 @@ import sys
 
 from vit.analysis.inputs import denormalise, load_images, load_model
 from vit.args import UsageError, parse_args, run_script
-from vit.train.figures import attention_grid_figure, attention_views
+from vit.train.figures import attention_grid_figure, attention_views, register_note
 
 ARGS = {"checkpoint": None, "image": None, "layer": "-1", "out": "attention.png", "max_images": "4", "ema": "false"}
 
@@ -45,8 +47,9 @@ def main(argv: list[str]) -> int:
         raise UsageError(str(err)) from err
     heads = views["heads"]
     titles = [p.name for p in paths]
+    note = register_note(views, getattr(model, "num_reg_tokens", 0))
     out = attention_grid_figure(
-        denormalise(images, config), heads, views["rollout"], args["out"], titles, views.get("token_stage")
+        denormalise(images, config), heads, views["rollout"], args["out"], titles, views.get("token_stage"), note
     )
     print(f"wrote {out} (layer {layer}, {heads.shape[1]} heads, {len(paths)} images)")
     return 0

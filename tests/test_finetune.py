@@ -300,7 +300,8 @@ def test_weights_that_do_not_fit_exit_2_naming_the_keys(timm_source, tmp_path, m
     )
     line = exit_line(["model=vit_tiny", f"model.pretrained={resnet}"], tmp_path, monkeypatch, capsys)
     assert line.endswith(
-        "holds no ViT or T2T-ViT weights (no cls_token and blocks.<i>.* keys; its first keys: conv1.weight, fc.weight)"
+        "holds no ViT or T2T-ViT weights (no blocks.<i>.* keys with a blocks.0.norm1; its first keys: "
+        "conv1.weight, fc.weight)"
     )
 
     path = save_safetensors(timm_source, tmp_path / "w.safetensors")

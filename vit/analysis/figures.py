@@ -187,3 +187,30 @@ def recipes_figure(recipes, anchors, goals, path: Path) -> Path:
     ax.legend(items + handles, names + [h.get_label() for h in handles], fontsize=8, loc="best")
     fig.tight_layout()
     return save(fig, path)
+
+
+def registers_figure(images, panels: list[tuple[str, np.ndarray, np.ndarray]], path: Path, note: str) -> Path:
+    """Rows: images. For each model (name, attention (B, H, W), token norms (B, gh, gw)), two columns: its
+    attention over the image (head mean, upsampled) and the norm of each image token after the last block, on
+    the model's own colour scale, so a few high-norm tokens stand out as bright cells. images (B, 3, H, W) in
+    [0, 1]; `note` goes under the figure."""
+    batch = images.shape[0]
+    cols = 1 + 2 * len(panels)
+    fig, axes = plt.subplots(batch, cols, figsize=(1.7 * cols, 1.8 * batch + 0.4), dpi=100, squeeze=False)
+    for b in range(batch):
+        picture = images[b].permute(1, 2, 0).numpy()
+        axes[b, 0].imshow(picture)
+        for m, (name, attention, norms) in enumerate(panels):
+            ax_attn, ax_norm = axes[b, 1 + 2 * m], axes[b, 2 + 2 * m]
+            ax_attn.imshow(picture)
+            ax_attn.imshow(attention[b], cmap="inferno", alpha=0.6)
+            ax_norm.imshow(norms[b], cmap="viridis")
+            if b == 0:
+                ax_attn.set_title(f"{name}\nattention", fontsize=7)
+                ax_norm.set_title(f"{name}\ntoken norms", fontsize=7)
+        for ax in axes[b]:
+            ax.set_axis_off()
+    fig.tight_layout()
+    fig.subplots_adjust(bottom=0.12)
+    fig.text(0.5, 0.01, note, ha="center", fontsize=7, wrap=True)
+    return save(fig, path)

@@ -39,6 +39,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from vit.models.rope import apply_rope
+
 ATTN_BACKENDS = ("auto", "math", "sdpa")
 
 
@@ -56,6 +58,10 @@ class Attention(nn.Module):
         attn_backend: ``"math"`` writes out softmax(Q Kᵀ · scale) V step by step (readable, and the only path
             that can hand out the attention weights); ``"sdpa"`` calls ``F.scaled_dot_product_attention``
             (fused, flash where available, no (N, N) matrix kept); ``"auto"`` is sdpa unless maps are captured.
+        qk_norm: a LayerNorm over each head's q and each head's k (`q_norm`, `k_norm`, timm's names), after the
+            split and before the scores: |q·k| stays bounded however large the activations grow, which keeps the
+            softmax out of saturation and the logits in range under fp16/bf16 (Dehghani et al. 2023, ViT-22B).
+        norm_eps: the epsilon of those LayerNorms (1e-6, timm's ViT).
     """
 
     def __init__(
@@ -68,6 +74,8 @@ class Attention(nn.Module):
         proj_drop: float = 0.0,
         dim_out: int | None = None,
         attn_backend: str = "auto",
+        qk_norm: bool = False,
+        norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
         dim_out = dim if dim_out is None else dim_out
@@ -92,6 +100,8 @@ class Attention(nn.Module):
         self.attn_backend = attn_backend
 
         self.qkv = nn.Linear(dim, 3 * dim_out, bias=qkv_bias)
+        self.q_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()  # over head_dim
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim_out, dim_out)
         self.proj_drop = nn.Dropout(proj_drop)
@@ -107,13 +117,22 @@ class Attention(nn.Module):
             f"attn_backend={self.attn_backend}"
         )
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        rope: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """x: (B, N, dim) -> (B, N, dim_out), the steps of the module docstring's worked example.
 
         attn_mask: bool (True = may attend) or additive float, broadcastable to (B, heads, N, N).
         is_causal: token i attends to tokens 0..i only.
+        rope: rotary position table [sin | cos], (N, 2 * head_dim) or per head (heads, N, 2 * head_dim): q and k
+            are rotated by it before the scores (vit/models/rope.py), so q·k sees the tokens' relative offset.
         """
         q, k, v = self.split_heads(x)  # project qkv, split heads: each (B, heads, N, head_dim)
+        q, k = self.rotate(q, k, rope)  # qk-norm and rotary positions, where switched on
         out = self.attend(q, k, v, attn_mask, is_causal)  # scores, softmax, weighted sum: (B, heads, N, head_dim)
         out = rearrange(out, "b h n d -> b n (h d)")  # merge heads: (B, N, dim_out)
         return self.proj_drop(self.proj(out))  # output projection: (B, N, dim_out)
@@ -125,6 +144,14 @@ class Attention(nn.Module):
         qkv = self.qkv(x)  # (B, N, 3 * dim_out), laid out as [q | k | v], each split into heads
         q, k, v = rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
         return q, k, v
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, rope: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k (B, heads, N, head_dim) normalised per head (`qk_norm`) and rotated by the rotary table `rope`;
+        timm's order: norm first, then the rotation, whose result is cast back to q's dtype."""
+        q, k = self.q_norm(q), self.k_norm(k)
+        if rope is None:
+            return q, k
+        return apply_rope(q, rope), apply_rope(k, rope)
 
     def attend(
         self,
@@ -161,8 +188,15 @@ class TokenAttention(Attention):
     adds V instead, merged over heads, which has the output's width. Parameters are `Attention`'s.
     """
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_causal: bool = False) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        is_causal: bool = False,
+        rope: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         q, k, v = self.split_heads(x)  # each (B, heads, N, head_dim)
+        q, k = self.rotate(q, k, rope)
         out = rearrange(self.attend(q, k, v, attn_mask, is_causal), "b h n d -> b n (h d)")  # (B, N, dim_out)
         out = self.proj_drop(self.proj(out))
         return rearrange(v, "b h n d -> b n (h d)") + out  # V skip: (B, N, dim_out)

@@ -16,8 +16,19 @@ With `distill_token=True` (DeiT's distilled ViT, timm's `VisionTransformerDistil
 after the cls token, (B, 2 + N, C) through the blocks, with its own position row and its own classifier
 `head_dist`; in training mode `forward` returns both heads' logits (cls, dist), in eval mode their average.
 
-Parameter names are timm's (`cls_token`, `dist_token`, `pos_embed`, `blocks.N.*`, `norm`, `head`, `head_dist`);
-the tokenizer sits under the name its model's weights use (`tokenizer_name`: `patch_embed` or `tokens_to_token`).
+Registers (`reg_tokens=R`, Darcet et al. 2024, "Vision Transformers Need Registers") are R more learned tokens
+after the cls (and dist) token, (B, 1 + R + N, C) through the blocks, read by no head: they give the attention a
+place to park global information, which it otherwise writes into a few high-norm patch tokens. timm's switches
+around them: `class_token=False` (no cls token; needs `global_pool="avg"`), `no_embed_class=True` (the position
+table covers the image's tokens only, (1, N, C), added before the prefix tokens are prepended), `fc_norm`.
+
+Rotary positions (`pos_embed="rope"` or `"rope_mixed"`, vit/models/rope.py) replace the table added to the
+tokens: no `pos_embed` parameter; every block's attention rotates q and k by the token's (row, column) instead,
+the prefix tokens by nothing (their table rows are the identity rotation).
+
+Parameter names are timm's (`cls_token`, `dist_token`, `reg_token`, `pos_embed`, `rope.freqs`, `blocks.N.*`,
+`norm`, `fc_norm`, `head`, `head_dist`); the tokenizer sits under the name its model's weights use
+(`tokenizer_name`: `patch_embed` or `tokens_to_token`).
 """
 
 from __future__ import annotations
@@ -26,10 +37,14 @@ import torch
 from torch import nn
 from torch.nn.init import trunc_normal_
 
-from vit.models.layers import Block, check_rate, run_blocks, to_2tuple
-from vit.models.pos_embed import make_pos_embed, resample_pos_embed
+from vit.models.layers import MLPS, Block, check_rate, run_blocks, to_2tuple
+from vit.models.pos_embed import POS_EMBED_KINDS, make_pos_embed, resample_pos_embed
+from vit.models.rope import MixedRope, axial_rope_table
 
 GLOBAL_POOLS = ("token", "avg")
+ROPE_KINDS = ("rope", "rope_mixed")  # rotary positions: axial (fixed frequencies) or mixed (learned per head)
+# The RoPE ViT paper's frequency base of each kind (Heo et al. 2024; timm's rope_temperature of its references).
+ROPE_TEMPERATURES = {"rope": 100.0, "rope_mixed": 10.0}
 
 
 class Encoder(nn.Module):
@@ -44,13 +59,22 @@ class Encoder(nn.Module):
         drop_rate: dropout after the position embedding and inside every block (timm's classic ViT).
         attn_drop_rate: dropout on the attention weights.
         drop_path_rate: stochastic depth of the last block; rates rise linearly from 0 at the first.
-        pos_embed: "learned" (trunc-normal init) or "sinusoidal" (fixed).
-        global_pool: "token" reads the cls token; "avg" averages the patch tokens and, as timm does, moves the
-            final LayerNorm after the pooling (`fc_norm`).
+        pos_embed: "learned" (trunc-normal init) or "sinusoidal" (fixed), a table added to the tokens; "rope"
+            (axial rotary positions) or "rope_mixed" (rotary with learned 2D frequencies), in the attention.
+        global_pool: "token" reads the cls token; "avg" averages the image's tokens (not the cls, dist or
+            register tokens) and, as timm does, moves the final LayerNorm after the pooling (`fc_norm`).
         init_values: LayerScale init (None: off).
         lsa: Locality Self-Attention in every block (`LocalitySelfAttention`).
         distill_token: DeiT's distillation token and second head; needs `global_pool="token"`.
         norm_eps: the LayerNorms' epsilon: 1e-6 in timm's ViTs, 1e-5 in the official T2T-ViT code.
+        qk_norm: a LayerNorm on each head's q and k in every block (`Attention`).
+        mlp: "gelu" (`Mlp`) or "swiglu" (`SwiGLU`; `mlp_ratio` sizes its fc1, gate and value together).
+        reg_tokens: register tokens after the cls (and dist) token, `reg_token` (1, R, C).
+        class_token: the cls token; False needs `global_pool="avg"` (timm's `class_token`).
+        no_embed_class: the position table has rows for the image's tokens only (timm's `no_embed_class`).
+        fc_norm: the final LayerNorm after pooling (True) or before it (False); None: after it exactly when
+            `global_pool="avg"` (timm's `fc_norm`).
+        rope_temperature: the rotary frequencies' base; None: 100 for "rope", 10 for "rope_mixed".
     """
 
     tokenizer_name = "patch_embed"  # the attribute (and state-dict prefix) of the tokenizer: timm's by default
@@ -76,9 +100,28 @@ class Encoder(nn.Module):
         lsa: bool = False,
         distill_token: bool = False,
         norm_eps: float = 1e-6,
+        qk_norm: bool = False,
+        mlp: str = "gelu",
+        reg_tokens: int = 0,
+        class_token: bool = True,
+        no_embed_class: bool = False,
+        fc_norm: bool | None = None,
+        rope_temperature: float | None = None,
     ) -> None:
         super().__init__()
-        check_switches(global_pool=global_pool, lsa=lsa, distill_token=distill_token)
+        check_switches(
+            global_pool=global_pool,
+            lsa=lsa,
+            distill_token=distill_token,
+            qk_norm=qk_norm,
+            mlp=mlp,
+            reg_tokens=reg_tokens,
+            class_token=class_token,
+            no_embed_class=no_embed_class,
+            fc_norm=fc_norm,
+            pos_embed=pos_embed,
+            rope_temperature=rope_temperature,
+        )
         check_encoder_args(
             embed_dim=embed_dim,
             depth=depth,
@@ -92,15 +135,29 @@ class Encoder(nn.Module):
         self.embed_dim = self.num_features = embed_dim
         self.global_pool = global_pool
         self.distilled = distill_token
-        self.num_prefix_tokens = 2 if distill_token else 1  # cls (and dist) tokens before the image's tokens
+        self.num_reg_tokens = reg_tokens
+        # The tokens before the image's: cls, dist, then the registers.
+        self.num_prefix_tokens = int(class_token) + int(distill_token) + reg_tokens
+        self.no_embed_class = no_embed_class
         self.grad_checkpointing = False
 
         self.add_module(self.tokenizer_name, tokenizer)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if distill_token else None
-        # One row per prefix token (cls, dist), then one per token of the tokenizer's grid: (1, P + N, C).
-        self.pos_embed = make_pos_embed(pos_embed, tokenizer.num_patches + self.num_prefix_tokens, embed_dim)
+        self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
         self.pos_embed_kind = pos_embed
+        if pos_embed in ROPE_KINDS:
+            self.pos_embed = None
+            head_dim = embed_dim // num_heads
+            temperature = ROPE_TEMPERATURES[pos_embed] if rope_temperature is None else float(rope_temperature)
+            self.rope_temperature = temperature
+            # Mixed: the learned frequencies (2, depth, heads, head_dim / 2) under timm's name `rope.freqs`.
+            self.rope = MixedRope(head_dim, depth, num_heads, temperature) if pos_embed == "rope_mixed" else None
+        else:
+            # One row per prefix token (none with no_embed_class), then one per token of the tokenizer's grid.
+            table_rows = tokenizer.num_patches + (0 if no_embed_class else self.num_prefix_tokens)
+            self.pos_embed = make_pos_embed(pos_embed, table_rows, embed_dim)  # (1, rows, C)
+            self.rope = None
         self.pos_drop = nn.Dropout(drop_rate)
         self.blocks = encoder_blocks(
             depth=depth,
@@ -116,8 +173,10 @@ class Encoder(nn.Module):
             attn_backend=attn_backend,
             norm_eps=norm_eps,
             lsa=lsa,
+            qk_norm=qk_norm,
+            mlp=mlp,
         )
-        use_fc_norm = global_pool == "avg"
+        use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(embed_dim, eps=norm_eps)
         self.fc_norm = nn.LayerNorm(embed_dim, eps=norm_eps) if use_fc_norm else nn.Identity()
         self.head = self._new_head()
@@ -138,17 +197,21 @@ class Encoder(nn.Module):
         return self.tokenizer.grid_size
 
     def init_weights(self) -> None:
-        """timm's default ViT init: trunc-normal(0.02) Linears with zero bias, tiny cls token."""
-        if self.pos_embed.requires_grad:
+        """timm's default ViT init: trunc-normal(0.02) Linears with zero bias, tiny cls and register tokens."""
+        if self.pos_embed is not None and self.pos_embed.requires_grad:
             trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.normal_(self.cls_token, std=1e-6)
+        for token in (self.cls_token, self.reg_token):
+            if token is not None:
+                nn.init.normal_(token, std=1e-6)
         if self.dist_token is not None:
             trunc_normal_(self.dist_token, std=0.02)  # timm's VisionTransformerDistilled init
         self.apply(init_linear_trunc_normal)
 
     def no_weight_decay(self) -> set[str]:
-        """Parameters that weight decay would only pull towards zero for no benefit."""
-        return {"pos_embed", "cls_token", "dist_token"} if self.distilled else {"pos_embed", "cls_token"}
+        """Parameters that weight decay would only pull towards zero for no benefit: the position table or the
+        learned rotary frequencies, and the prefix tokens."""
+        names = {"pos_embed", "cls_token", "dist_token", "reg_token", "rope.freqs"}
+        return {n for n, _ in self.named_parameters() if n in names}
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute each block's activations in the backward pass instead of keeping them (timm's method name).
@@ -176,20 +239,41 @@ class Encoder(nn.Module):
         """(B, C_in, H, W) -> all tokens after the last block and norm, (B, P + N, C) with P prefix tokens."""
         tokens = self.tokenizer(x)  # (B, N, C); the input's shape is checked there
         grid = self.tokenizer.input_grid(x)  # (rows, columns) of those N tokens
-        prefix = [self.cls_token] if self.dist_token is None else [self.cls_token, self.dist_token]
-        prefix = [t.expand(tokens.shape[0], -1, -1) for t in prefix]  # P x (B, 1, C)
-        x = torch.cat([*prefix, tokens], dim=1)  # (B, P + N, C)
-        x = self.pos_drop(x + self.position_table(grid))
+        prefix = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        prefix = [t.expand(tokens.shape[0], -1, -1) for t in prefix]  # (B, 1, C) cls, dist; (B, R, C) registers
+        if self.pos_embed is None:  # rotary positions: nothing added here, the attention rotates q and k
+            x = torch.cat([*prefix, tokens], dim=1)  # (B, P + N, C)
+        elif self.no_embed_class:  # the table covers the image's tokens only: add, then prepend the prefix
+            x = torch.cat([*prefix, tokens + self.position_table(grid)], dim=1)
+        else:
+            x = torch.cat([*prefix, tokens], dim=1) + self.position_table(grid)  # (B, P + N, C)
+        x = self.pos_drop(x)
         checkpointed = self.grad_checkpointing and self.training and torch.is_grad_enabled()
-        x = run_blocks(self.blocks, x, checkpointed)  # (B, P + N, C)
+        x = run_blocks(self.blocks, x, checkpointed, self.rotary_tables(grid))  # (B, P + N, C)
         return self.norm(x)
 
     def position_table(self, grid: tuple[int, int]) -> torch.Tensor:
-        """The position table for a token grid of `grid`, (1, P + rows * columns, C): the stored one, or with a
-        dynamic image size that table resampled (bicubic) to the input's grid, as timm's `dynamic_img_size`."""
+        """The position table for a token grid of `grid`, (1, P + rows * columns, C) (P = 0 with
+        `no_embed_class`): the stored one, or with a dynamic image size that table resampled (bicubic) to the
+        input's grid, as timm's `dynamic_img_size`."""
         if grid == self.grid_size:
             return self.pos_embed
-        return resample_pos_embed(self.pos_embed, grid, self.num_prefix_tokens, self.grid_size)
+        prefix = 0 if self.no_embed_class else self.num_prefix_tokens
+        return resample_pos_embed(self.pos_embed, grid, prefix, self.grid_size)
+
+    def rotary_tables(self, grid: tuple[int, int]) -> list[torch.Tensor] | None:
+        """One rotary table [sin | cos] per block for a token grid of `grid`, or None without rotary positions:
+        axial, the same (P + N, 2 * head_dim) for every block; mixed, each block's (heads, P + N, 2 * head_dim)
+        from its learned frequencies. The P prefix tokens' rows are the identity rotation (sin 0, cos 1): they
+        have no place in the image, and are left as they are (timm skips them)."""
+        if self.pos_embed_kind not in ROPE_KINDS:
+            return None
+        head_dim = self.embed_dim // self.blocks[0].attn.num_heads
+        if self.rope is None:
+            table = axial_rope_table(grid, head_dim, self.rope_temperature).to(self.blocks[0].norm1.weight.device)
+            return [identity_prefix(table, self.num_prefix_tokens)] * len(self.blocks)
+        tables = identity_prefix(self.rope(grid), self.num_prefix_tokens)  # (depth, heads, P + N, 2 * head_dim)
+        return list(tables.unbind(0))
 
     def forward_head(
         self, x: torch.Tensor, pre_logits: bool = False
@@ -199,7 +283,7 @@ class Encoder(nn.Module):
         if self.dist_token is not None:
             return self._distilled_head(x, pre_logits)
         if self.global_pool == "avg":
-            x = x[:, self.num_prefix_tokens :].mean(dim=1)  # (B, C): mean over the image's tokens
+            x = x[:, self.num_prefix_tokens :].mean(dim=1)  # (B, C): mean over the image's tokens, no registers
         else:
             x = x[:, 0]  # (B, C): the cls token
         x = self.fc_norm(x)
@@ -249,17 +333,67 @@ def encoder_blocks(depth: int, dim: int, num_heads: int, drop_path_rate: float =
     return nn.Sequential(*[Block(dim=dim, num_heads=num_heads, drop_path=rate, **block_kwargs) for rate in rates])
 
 
-def check_switches(global_pool: str, lsa: bool, distill_token: bool) -> None:
-    """The encoder's choices, each a ValueError naming the argument and its value."""
+def check_switches(
+    global_pool: str,
+    lsa: bool,
+    distill_token: bool,
+    qk_norm: bool = False,
+    mlp: str = "gelu",
+    reg_tokens: int = 0,
+    class_token: bool = True,
+    no_embed_class: bool = False,
+    fc_norm: bool | None = None,
+    pos_embed: str = "learned",
+    rope_temperature: float | None = None,
+) -> None:
+    """The encoder's choices and the combinations that cannot work, each a ValueError naming the argument and its
+    value (the trainer turns it into one line naming `model.<argument>`)."""
     if global_pool not in GLOBAL_POOLS:
         raise ValueError(f"global_pool={global_pool!r} must be one of {GLOBAL_POOLS}")
-    for name, value in (("lsa", lsa), ("distill_token", distill_token)):
+    if pos_embed not in POS_EMBED_KINDS + ROPE_KINDS:
+        raise ValueError(f"pos_embed={pos_embed!r} must be one of {POS_EMBED_KINDS + ROPE_KINDS}")
+    switches = {
+        "lsa": lsa,
+        "distill_token": distill_token,
+        "qk_norm": qk_norm,
+        "class_token": class_token,
+        "no_embed_class": no_embed_class,
+    }
+    for name, value in switches.items():
         if not isinstance(value, bool):
             raise ValueError(f"{name}={value!r} must be true or false")
+    if fc_norm is not None and not isinstance(fc_norm, bool):
+        raise ValueError(f"fc_norm={fc_norm!r} must be true, false or null (null: after the pooling with avg)")
+    if mlp not in MLPS:
+        raise ValueError(f"mlp={mlp!r} must be one of {tuple(MLPS)}")
+    if isinstance(reg_tokens, bool) or not isinstance(reg_tokens, int) or reg_tokens < 0:
+        raise ValueError(f"reg_tokens={reg_tokens!r} must be an integer >= 0")
     if distill_token and global_pool != "token":
         raise ValueError(
             f"distill_token=true needs global_pool=token (the heads read the two tokens), not {global_pool!r}"
         )
+    if not class_token and global_pool == "token":
+        raise ValueError("class_token=false needs global_pool=avg: global_pool=token reads the cls token")
+    if not class_token and distill_token:
+        raise ValueError("distill_token=true needs class_token=true: the two heads read the cls and dist tokens")
+    if pos_embed in ROPE_KINDS and no_embed_class:
+        raise ValueError(f"no_embed_class=true places a position table, and pos_embed={pos_embed!r} has none")
+    if rope_temperature is not None:
+        if pos_embed not in ROPE_KINDS:
+            raise ValueError(f"rope_temperature={rope_temperature} is for pos_embed=rope|rope_mixed, not {pos_embed!r}")
+        if not rope_temperature > 0:
+            raise ValueError(f"rope_temperature={rope_temperature} must be > 0")
+
+
+def identity_prefix(table: torch.Tensor, num_prefix: int) -> torch.Tensor:
+    """A rotary table (..., N, 2 * head_dim) [sin | cos] with `num_prefix` identity rows (sin 0, cos 1) in front:
+    (..., P + N, 2 * head_dim). x * cos + rot(x) * sin is then x itself for the prefix tokens, bit for bit."""
+    if num_prefix == 0:
+        return table
+    half = table.shape[-1] // 2
+    rows = table.new_zeros(*table.shape[:-2], num_prefix, 2 * half)
+    rows[..., half:] = 1.0  # cos = 1, sin = 0
+    return torch.cat([rows, table], dim=-2)
 
 
 def init_linear_trunc_normal(module: nn.Module) -> None:

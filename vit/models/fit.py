@@ -38,13 +38,13 @@ class Pretrained:
 
 
 def encoder_shape(state_dict: StateDict) -> tuple[int, int] | None:
-    """(width, depth) of a ViT/T2T-ViT state dict, from `cls_token` (1, 1, C) and the `blocks.<i>.` indices;
-    None when it is not one."""
-    cls = state_dict.get("cls_token")
+    """(width, depth) of a ViT/T2T-ViT state dict, from the first block's `norm1` (C,) and the `blocks.<i>.`
+    indices; None when it is not one."""
+    norm = state_dict.get("blocks.0.norm1.weight")
     depths = {int(m.group(1)) for k in state_dict if (m := re.match(r"blocks\.(\d+)\.", k))}
-    if cls is None or cls.ndim != 3 or not depths:
+    if norm is None or norm.ndim != 1 or not depths:
         return None
-    return int(cls.shape[-1]), max(depths) + 1
+    return int(norm.shape[0]), max(depths) + 1
 
 
 def check_architecture(weights: Pretrained, model: nn.Module) -> None:
@@ -54,8 +54,8 @@ def check_architecture(weights: Pretrained, model: nn.Module) -> None:
     if shape is None:
         first = ", ".join(list(weights.state_dict)[:4])
         raise PretrainedError(
-            f"{weights.where} holds no ViT or T2T-ViT weights (no cls_token and blocks.<i>.* keys; its first keys: "
-            f"{first})"
+            f"{weights.where} holds no ViT or T2T-ViT weights (no blocks.<i>.* keys with a blocks.0.norm1; its first "
+            f"keys: {first})"
         )
     width, depth = shape
     ours = {"embed_dim": model.embed_dim, "depth": len(model.blocks), "num_heads": model.blocks[0].attn.num_heads}
@@ -97,7 +97,7 @@ def adapt_pos_embed(state_dict: StateDict, own: StateDict, model: nn.Module) -> 
         state_dict["pos_embed"] = own["pos_embed"]
         log.info("pos_embed: fixed sinusoid table, recomputed for %d tokens", own["pos_embed"].shape[1])
         return
-    prefix = getattr(model, "num_prefix_tokens", 1)
+    prefix = 0 if getattr(model, "no_embed_class", False) else getattr(model, "num_prefix_tokens", 1)
     old_patches, new_patches = pos.shape[1] - prefix, own["pos_embed"].shape[1] - prefix
     side = math.isqrt(old_patches)
     if side * side != old_patches:

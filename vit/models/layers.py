@@ -259,6 +259,44 @@ class Mlp(nn.Module):
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
 
 
+class SwiGLU(nn.Module):
+    """The gated MLP of recent ViTs (Shazeer 2020; DINOv2, EVA-02): fc1 -> split in two halves a, b ->
+    SiLU(a) * b -> dropout -> fc2 -> dropout. (B, N, C) -> (B, N, out).
+
+    `hidden_features` is fc1's width, both halves together (timm's `SwiGLUPacked`, whose state dict loads
+    as is): the gated width is half of it. Parameters ~ 1.5 * hidden_features * C against 2 * hidden * C for
+    `Mlp`, so hidden_features = 4/3 x `Mlp`'s hidden matches its size (mlp_ratio 5.33 for 4: DINOv2's choice).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int | None = None,
+        out_features: int | None = None,
+        drop: float = 0.0,
+    ) -> None:
+        super().__init__()
+        hidden_features = hidden_features or in_features
+        out_features = out_features or in_features
+        if hidden_features % 2:
+            raise ValueError(
+                f"mlp=swiglu needs an even fc1 width (it is split into gate and value), not {hidden_features}: "
+                f"choose mlp_ratio so that embed_dim * mlp_ratio is even"
+            )
+        self.fc1 = nn.Linear(in_features, hidden_features)  # [gate | value], each hidden_features / 2
+        self.act = nn.SiLU()
+        self.drop1 = nn.Dropout(drop)
+        self.fc2 = nn.Linear(hidden_features // 2, out_features)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, value = self.fc1(x).chunk(2, dim=-1)  # (B, N, hidden / 2) each
+        return self.drop2(self.fc2(self.drop1(self.act(gate) * value)))
+
+
+MLPS = {"gelu": Mlp, "swiglu": SwiGLU}
+
+
 class DropPath(nn.Module):
     """Stochastic depth: drop the whole residual branch of a sample with probability `drop_prob`.
 
@@ -303,7 +341,9 @@ class Block(nn.Module):
     `proj_drop` is the dropout after the attention's output projection and inside the MLP (timm's name);
     `norm_eps` is 1e-6 in timm's ViTs and 1e-5 (PyTorch's default) in the official T2T-ViT code;
     `init_values` switches on LayerScale (None: off, as in plain ViT); `lsa` makes the attention
-    `LocalitySelfAttention`.
+    `LocalitySelfAttention`; `qk_norm` normalises q and k per head (`Attention`); `mlp` is "gelu" (`Mlp`) or
+    "swiglu" (`SwiGLU`, `mlp_ratio` then sizes fc1, both halves). `forward(x, rope)` hands a rotary position table
+    to the attention (vit/models/rope.py).
     """
 
     def __init__(
@@ -320,10 +360,14 @@ class Block(nn.Module):
         attn_backend: str = "auto",
         norm_eps: float = 1e-6,
         lsa: bool = False,
+        qk_norm: bool = False,
+        mlp: str = "gelu",
     ) -> None:
         super().__init__()
         if mlp_ratio <= 0:
             raise ValueError(f"mlp_ratio={mlp_ratio} must be > 0")
+        if mlp not in MLPS:
+            raise ValueError(f"mlp={mlp!r} must be one of {tuple(MLPS)}")
         check_rate("drop_rate", proj_drop)
         attention = LocalitySelfAttention if lsa else Attention
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
@@ -335,25 +379,30 @@ class Block(nn.Module):
             attn_drop=attn_drop,
             proj_drop=proj_drop,
             attn_backend=attn_backend,
+            qk_norm=qk_norm,
+            norm_eps=norm_eps,
         )
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, hidden_features=int(dim * mlp_ratio), drop=proj_drop)
+        self.mlp = MLPS[mlp](dim, hidden_features=int(dim * mlp_ratio), drop=proj_drop)
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
+    def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), rope=rope)))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 
-def run_blocks(blocks: nn.Module, x: torch.Tensor, checkpointed: bool) -> torch.Tensor:
+def run_blocks(
+    blocks: nn.Module, x: torch.Tensor, checkpointed: bool, ropes: list[torch.Tensor | None] | None = None
+) -> torch.Tensor:
     """`x` through each module of `blocks` in turn. `checkpointed`: gradient checkpointing, each module's
     activations are dropped after its forward and recomputed in the backward pass, so only the (B, N, C) input of
     every block stays in memory, at the cost of one more forward pass of the blocks. Non-reentrant checkpointing
     (`use_reentrant=False`) restores the RNG state for the recomputation, so dropout and drop-path draw the same
-    masks both times."""
-    for block in blocks:
-        x = checkpoint(block, x, use_reentrant=False) if checkpointed else block(x)
+    masks both times. `ropes`: one rotary position table per block (or None), handed to each block's attention."""
+    for i, block in enumerate(blocks):
+        args = (x,) if ropes is None or ropes[i] is None else (x, ropes[i])
+        x = checkpoint(block, *args, use_reentrant=False) if checkpointed else block(*args)
     return x

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,6 +43,7 @@ __all__ = [
     "Pretrained",
     "PretrainedError",
     "describe_mismatch",
+    "eva_to_vit_keys",
     "fit_state_dict",
     "load_pretrained",
     "read_file",
@@ -124,7 +126,18 @@ def unwrap_state_dict(obj: object, source: str = "checkpoint", use_ema: bool = T
     for prefix in ("module.", "_orig_mod."):
         if all(k.startswith(prefix) for k in obj):
             obj = {k[len(prefix) :]: v for k, v in obj.items()}
-    return obj
+    return eva_to_vit_keys(obj)
+
+
+# timm's Eva models, its RoPE ViTs among them, name LayerScale `blocks.<i>.gamma_1` / `gamma_2`, where ours and
+# timm's VisionTransformer say `blocks.<i>.ls1.gamma` / `ls2.gamma`; an Eva RoPE ViT's other names are ours already
+# (`rope.freqs` included).
+EVA_LAYER_SCALE = re.compile(r"^(blocks\.\d+\.)gamma_([12])$")
+
+
+def eva_to_vit_keys(state_dict: dict) -> dict:
+    """The state dict with Eva's LayerScale names in our layout; every other key as it was."""
+    return {EVA_LAYER_SCALE.sub(r"\1ls\2.gamma", k): v for k, v in state_dict.items()}
 
 
 def read_source(source: str | Path, use_ema: bool = True) -> Pretrained:

@@ -48,7 +48,8 @@ def create_model(name: str, **overrides: Any) -> nn.Module:
     """Build a registered model; every constructor argument can be overridden by keyword.
 
     `None` values in `overrides` mean "use the registered default" (configs pass `null` that way), except
-    for arguments whose meaningful value is None (`qk_scale`, `init_values`), which are passed through.
+    for arguments whose meaningful value is None (`qk_scale`, `init_values`, `fc_norm`, `rope_temperature`),
+    which are passed through.
     """
     entry = model_entry(name)
     params = inspect.signature(entry.constructor).parameters
@@ -64,4 +65,4 @@ def create_model(name: str, **overrides: Any) -> nn.Module:
 
 
 # Arguments for which None is itself the setting, not "use the default".
-NONE_IS_A_VALUE = frozenset({"qk_scale", "init_values"})
+NONE_IS_A_VALUE = frozenset({"qk_scale", "init_values", "fc_norm", "rope_temperature"})

@@ -238,7 +238,19 @@ class T2TViT(Encoder):
         token_scale: str = "input",
         attn_backend: str = "auto",
         distill_token: bool = False,
+        qk_norm: bool = False,
+        mlp: str = "gelu",
+        reg_tokens: int = 0,
+        global_pool: str = "token",
+        class_token: bool = True,
+        no_embed_class: bool = False,
+        fc_norm: bool | None = None,
+        dynamic_img_size: bool = False,
     ) -> None:
+        if dynamic_img_size is not False:
+            raise ValueError(
+                "dynamic_img_size=true is for ViTs: the T2T module's soft splits and token grid are fixed by img_size"
+            )
         tokenizer = T2TModule(
             img_size=img_size,
             tokens_type=tokens_type,
@@ -265,14 +277,21 @@ class T2TViT(Encoder):
             pos_embed="sinusoidal",
             distill_token=distill_token,
             norm_eps=1e-5,  # nn.LayerNorm's default, as in the official code
+            qk_norm=qk_norm,
+            mlp=mlp,
+            reg_tokens=reg_tokens,
+            global_pool=global_pool,
+            class_token=class_token,
+            no_embed_class=no_embed_class,
+            fc_norm=fc_norm,
         )
 
     def init_weights(self) -> None:
         """The official init: trunc-normal(0.02) cls token and Linears, zero biases (and the distillation token
         as timm's distilled DeiT)."""
-        trunc_normal_(self.cls_token, std=0.02)
-        if self.dist_token is not None:
-            trunc_normal_(self.dist_token, std=0.02)
+        for token in (self.cls_token, self.dist_token, self.reg_token):
+            if token is not None:
+                trunc_normal_(token, std=0.02)
         self.apply(init_linear_trunc_normal)
 
 

@@ -36,6 +36,8 @@ class VisionTransformer(Encoder):
         distill_token: DeiT's distillation token and second head (`dist_token`, `head_dist`: the names of timm's
             distilled DeiT models, whose weights load as they are). The trainer trains `head_dist` towards a
             teacher (docs/DISTILLATION.md).
+        qk_norm, mlp, reg_tokens, class_token, no_embed_class, fc_norm, rope_temperature: today's ViT variants
+            (docs/VARIANTS.md), each as timm builds it; see `Encoder`. `pos_embed` takes "rope" and "rope_mixed".
     """
 
     def __init__(
@@ -61,6 +63,13 @@ class VisionTransformer(Encoder):
         lsa: bool = False,
         dynamic_img_size: bool = False,
         distill_token: bool = False,
+        qk_norm: bool = False,
+        mlp: str = "gelu",
+        reg_tokens: int = 0,
+        class_token: bool = True,
+        no_embed_class: bool = False,
+        fc_norm: bool | None = None,
+        rope_temperature: float | None = None,
     ) -> None:
         if patch_embed not in PATCH_EMBEDS:
             raise ValueError(f"patch_embed={patch_embed!r} must be one of {tuple(PATCH_EMBEDS)}")
@@ -88,6 +97,13 @@ class VisionTransformer(Encoder):
             init_values=init_values,
             lsa=lsa,
             distill_token=distill_token,
+            qk_norm=qk_norm,
+            mlp=mlp,
+            reg_tokens=reg_tokens,
+            class_token=class_token,
+            no_embed_class=no_embed_class,
+            fc_norm=fc_norm,
+            rope_temperature=rope_temperature,
         )
         self.patch_embed_kind = patch_embed
 

@@ -88,15 +88,43 @@ NUMERIC_KEYS = {
         "float": ("grad_clip", "ema_decay", "progressive_resize.start", "progressive_resize.end"),
     },
     "model": {
-        "int": ("img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "token_dim"),
-        "float": ("mlp_ratio", "qk_scale", "drop_rate", "attn_drop_rate", "drop_path_rate", "init_values"),
+        "int": (
+            "img_size",
+            "patch_size",
+            "in_chans",
+            "num_classes",
+            "embed_dim",
+            "depth",
+            "num_heads",
+            "token_dim",
+            "reg_tokens",
+        ),
+        "float": (
+            "mlp_ratio",
+            "qk_scale",
+            "drop_rate",
+            "attn_drop_rate",
+            "drop_path_rate",
+            "init_values",
+            "rope_temperature",
+        ),
     },
     "distill": {"int": ("teacher_img_size",), "float": ("alpha", "tau")},
 }
 
 # Switches: `trainer.ema=maybe` would otherwise count as true (a non-empty string).
 BOOL_KEYS = {
-    "model": ("qkv_bias", "lsa", "pretrained_ema", "distill_token"),
+    "model": (
+        "qkv_bias",
+        "lsa",
+        "pretrained_ema",
+        "distill_token",
+        "qk_norm",
+        "dynamic_img_size",
+        "class_token",
+        "no_embed_class",
+        "fc_norm",
+    ),
     "distill": ("teacher_ema",),
     "data": ("pin_memory", "download", "scan_images", "augment.hflip"),
     "trainer": ("deterministic", "ema", "ema_warmup", "save_checkpoints", "eval_flip", "grad_checkpointing"),
@@ -165,7 +193,7 @@ def build_model_from_config(
     model_cfg: Mapping, num_classes: int | None = None, dynamic_img_size: bool = False
 ) -> nn.Module:
     """`create_model` with the config's keys; a bad value becomes a ConfigError naming `model.<key>`.
-    `dynamic_img_size`: a ViT that also takes other image sizes (progressive resizing)."""
+    `dynamic_img_size`: a ViT that also takes other image sizes (progressive resizing), as `model.dynamic_img_size`."""
     name = model_cfg.get("name")
     check_types(OmegaConf.create({"model": dict(model_cfg)}))
     if name not in list_models():
@@ -173,9 +201,11 @@ def build_model_from_config(
     init_values = model_cfg.get("init_values")
     if init_values is not None:
         _require(float(init_values) >= 0, f"model.init_values={init_values} must be >= 0 (LayerScale; 0 or null: off)")
+    kwargs = model_kwargs(model_cfg, num_classes)
+    if dynamic_img_size:  # progressive resizing needs it whatever model.dynamic_img_size says
+        kwargs["dynamic_img_size"] = True
     try:
-        extra = {"dynamic_img_size": True} if dynamic_img_size else {}
-        return create_model(name, **model_kwargs(model_cfg, num_classes), **extra)
+        return create_model(name, **kwargs)
     except ValueError as err:
         raise ConfigError(f"model.{err}") from err
     except TypeError as err:  # a value of the wrong shape for its argument (a list where a number belongs, ...)

@@ -21,10 +21,22 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
-def cls_attention(attn: torch.Tensor, grid: tuple[int, int], num_prefix: int = 1) -> torch.Tensor:
-    """How much the cls token attends to each patch: (B, heads, N, N) -> (B, heads, gh, gw)."""
+def cls_attention(
+    attn: torch.Tensor, grid: tuple[int, int], num_prefix: int = 1, class_token: bool = True
+) -> torch.Tensor:
+    """How much the cls token attends to each of the image's tokens: (B, heads, N, N) -> (B, heads, gh, gw).
+    Without a cls token (`class_token=False`, a model that averages its tokens), the mean over the image's tokens
+    as queries. The prefix tokens (cls, dist, registers) are left out of the keys: the map covers the image."""
     batch, heads, _, _ = attn.shape
-    return attn[:, :, 0, num_prefix:].reshape(batch, heads, *grid)
+    queries = attn[:, :, :1] if class_token else attn[:, :, num_prefix:]  # (B, heads, q, N)
+    return queries[..., num_prefix:].mean(dim=2).reshape(batch, heads, *grid)
+
+
+def register_share(attn: torch.Tensor, num_prefix: int, num_reg: int, class_token: bool = True) -> torch.Tensor:
+    """The share of the query's attention (the cls token's, or the image tokens' mean) that goes to the register
+    tokens, the last `num_reg` of the `num_prefix` prefix tokens: (B, heads, N, N) -> (B,), head-averaged."""
+    queries = attn[:, :, :1] if class_token else attn[:, :, num_prefix:]
+    return queries[..., num_prefix - num_reg : num_prefix].sum(dim=-1).mean(dim=(1, 2))
 
 
 def rollout(maps: list[torch.Tensor], residual_weight: float = 0.5) -> torch.Tensor:
@@ -57,7 +69,8 @@ def upsample(heat: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
 def attention_views(model, images: torch.Tensor, layer: int = -1) -> dict[str, torch.Tensor]:
     """Everything the attention figure shows, each as (B, k, H, W) maps in [0, 1] over the image:
     "heads" (cls attention of every head of `layer`), "rollout" (all layers), and for T2T-ViTs with transformer
-    tokens "token_stage" (the attention each token receives in the first T2T stage)."""
+    tokens "token_stage" (the attention each token receives in the first T2T stage). The maps cover the image's
+    tokens; with register tokens, "register_share" (B,) is the share of `layer`'s attention they take instead."""
     was_training = model.training
     model.eval()
     with capture_attention(model) as maps:
@@ -69,10 +82,17 @@ def attention_views(model, images: torch.Tensor, layer: int = -1) -> dict[str, t
         raise IndexError(f"layer={layer} is out of range: the model has {len(encoder)} attention layers")
     grid = model.grid_size if hasattr(model, "grid_size") else model.patch_embed.grid_size
     size = tuple(images.shape[-2:])
+    prefix = getattr(model, "num_prefix_tokens", 1)
+    has_cls = getattr(model, "cls_token", True) is not None
+    flow = rollout(encoder)  # (B, N, N)
+    flow = flow[:, :1] if has_cls else flow[:, prefix:]  # the cls token's row, or the image tokens' rows
     views = {
-        "heads": upsample(cls_attention(encoder[layer], grid), size),
-        "rollout": upsample(rollout(encoder)[:, 0, 1:].reshape(-1, 1, *grid), size),
+        "heads": upsample(cls_attention(encoder[layer], grid, prefix, has_cls), size),
+        "rollout": upsample(flow[..., prefix:].mean(dim=1).reshape(-1, 1, *grid), size),
     }
+    registers = getattr(model, "num_reg_tokens", 0)
+    if registers:
+        views["register_share"] = register_share(encoder[layer], prefix, registers, has_cls)
     if len(maps) > len(encoder):
         received = maps[0].mean(dim=(1, 2))  # (B, N0): mean over heads and queries
         side = int(round(received.shape[-1] ** 0.5))
@@ -93,9 +113,12 @@ def save(fig, path):
     return path
 
 
-def attention_grid_figure(images, head_maps, rollout_maps, path: Path, titles=None, token_maps=None) -> Path:
+def attention_grid_figure(
+    images, head_maps, rollout_maps, path: Path, titles=None, token_maps=None, note: str | None = None
+) -> Path:
     """Rows: images. Columns: input | cls attention of each head of the chosen layer | rollout over all layers
-    [| first T2T token-attention stage]. images (B, 3, H, W) in [0, 1]; maps (B, k, H, W) in [0, 1]."""
+    [| first T2T token-attention stage]. images (B, 3, H, W) in [0, 1]; maps (B, k, H, W) in [0, 1]. `note`: a
+    line under the figure (what the maps leave out, e.g. the register tokens)."""
     batch, heads = head_maps.shape[:2]
     extra = 1 if token_maps is not None else 0
     cols = 2 + heads + extra
@@ -117,7 +140,18 @@ def attention_grid_figure(images, head_maps, rollout_maps, path: Path, titles=No
         if titles:
             axes[b, 0].set_title(titles[b], fontsize=7)
     fig.tight_layout()
+    if note:
+        fig.subplots_adjust(bottom=0.1)
+        fig.text(0.5, 0.01, note, ha="center", fontsize=7)
     return save(fig, path)
+
+
+def register_note(views: dict[str, torch.Tensor], num_reg: int) -> str | None:
+    """One line for a figure of a model with registers: that they are hidden from the maps, and their share."""
+    if not num_reg:
+        return None
+    share = views["register_share"].mean().item()
+    return f"{num_reg} register tokens, hidden from the maps: they take {100 * share:.0f}% of this layer's attention"
 
 
 def confusion_matrix_figure(matrix: np.ndarray, class_names: list[str], path: Path) -> Path:

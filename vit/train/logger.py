@@ -188,7 +188,7 @@ def attention_image(
 ) -> torch.Tensor:
     """The figure of scripts/visualize_attention.py (per-head cls maps and rollout) for `images` (B, 3, H, W),
     normalised as the loader gives them, rendered to a (3, height, width) uint8 tensor for `add_image`."""
-    from vit.train.figures import attention_grid_figure, attention_views
+    from vit.train.figures import attention_grid_figure, attention_views, register_note
 
     device = next(model.parameters()).device
     views = attention_views(model, images.to(device))
@@ -196,6 +196,9 @@ def attention_image(
     std_t = torch.tensor(std).view(1, 3, 1, 1)
     pictures = (images.cpu().float() * std_t + mean_t).clamp(0, 1)  # undo the normalisation for display
     buffer = io.BytesIO()
-    attention_grid_figure(pictures, views["heads"], views["rollout"], buffer, token_maps=views.get("token_stage"))
+    note = register_note(views, getattr(model, "num_reg_tokens", 0))
+    attention_grid_figure(
+        pictures, views["heads"], views["rollout"], buffer, token_maps=views.get("token_stage"), note=note
+    )
     picture = np.array(Image.open(io.BytesIO(buffer.getvalue())).convert("RGB"))  # (height, width, 3)
     return torch.from_numpy(picture).permute(2, 0, 1)

@@ -34,7 +34,7 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 # layer i + 1 the block `blocks.i`, the final norm with the last block, and everything unmatched (head, fc_norm)
 # in the top layer.
 LAYER_MATCHER = {
-    "stem": r"^cls_token|dist_token|pos_embed|patch_embed|tokens_to_token",
+    "stem": r"^cls_token|dist_token|reg_token|pos_embed|rope|patch_embed|tokens_to_token",
     "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
 }
 

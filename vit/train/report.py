@@ -49,10 +49,9 @@ class Reporter:
 
     def attention_maps(self, model, bundle, epoch: int, epochs: int, step: int) -> None:
         """Every `attn_maps_every_n_epochs` epochs and after the last: the fixed images' per-head attention maps
-        and rollout. Models with more than one prefix token (a distillation token) are left out: the figure reads
-        the one class token's attention."""
+        and rollout over the image's tokens (the cls token's attention; the image tokens' mean without one)."""
         due = self.attn_every and ((epoch + 1) % self.attn_every == 0 or epoch + 1 == epochs)
-        if not (self.enabled and due) or getattr(model, "num_prefix_tokens", 1) != 1:
+        if not (self.enabled and due):
             return
         if self.fixed_images is None:
             return

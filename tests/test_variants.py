@@ -1,0 +1,273 @@
+"""Today's ViT variants (qk-norm, registers, rotary positions, SwiGLU, any input size) against timm's reference
+models with the same weights, and through the rest of the project: training, exact resume, ONNX export, the
+config's refusals."""
+
+import importlib.util
+import re
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import timm
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, compose_config, run_cli
+
+from vit.deploy.options import run_main
+from vit.models import create_model, load_pretrained
+from vit.models.pretrained import eva_to_vit_keys
+from vit.train import load_checkpoint, run
+from vit.train.config import ConfigError, build_model_from_config
+
+SMALL = {"img_size": 64, "num_classes": 10}  # 4 x 4 patches of 16: every part of the model, at a test's cost
+
+# name: (our model and overrides, timm's reference and its overrides). The references are timm's own model
+# functions, sized down to 64 px (and the SwiGLU one to ViT-S width and 2 blocks, from DINOv2-g's 40 x 1536).
+REFERENCES = {
+    "qk_norm": (("vit_small", {"qk_norm": True}), ("vit_small_patch16_224", {"qk_norm": True})),
+    "registers": (
+        ("vit_base", {"reg_tokens": 4, "class_token": False, "no_embed_class": True, "global_pool": "avg"}),
+        ("vit_base_patch16_reg4_gap_256", {}),
+    ),
+    "rope": (
+        ("vit_small", {"pos_embed": "rope", "init_values": 1e-5}),
+        ("vit_small_patch16_rope_224", {}),
+    ),
+    "rope_mixed": (
+        ("vit_small", {"pos_embed": "rope_mixed", "init_values": 1e-5}),
+        ("vit_small_patch16_rope_mixed_224", {}),
+    ),
+    "swiglu": (
+        ("vit_small", {"mlp": "swiglu", "mlp_ratio": 2.66667 * 2, "init_values": 1e-5, "depth": 2, "patch_size": 14}),
+        ("vit_giant_patch14_dinov2", {"embed_dim": 384, "depth": 2, "num_heads": 6}),
+    ),
+}
+
+
+def perturbed(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Every parameter moved off its init (LayerNorms off 1 and 0, LayerScale off 1e-5, zero biases and tokens
+    made non-zero), so a weight that is loaded but not used, or used in the wrong place, shows in the outputs."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.05 * torch.randn(param.shape, generator=gen))
+    return model
+
+
+def ours_and_timms(variant: str, img_size: int = 64, depth: int | None = None):
+    """Our model and timm's reference for `variant`, timm's perturbed; `depth`: both cut to that many blocks."""
+    (name, overrides), (timm_name, timm_kwargs) = REFERENCES[variant]
+    if overrides.get("patch_size") == 14:
+        img_size = 56
+    cut = {} if depth is None else {"depth": depth}
+    theirs = timm.create_model(timm_name, pretrained=False, img_size=img_size, num_classes=10, **timm_kwargs, **cut)
+    theirs = perturbed(theirs).eval()
+    ours = create_model(name, **{**SMALL, "img_size": img_size, **overrides, **cut}).eval()
+    return ours, theirs, img_size
+
+
+def their_state_dict(theirs: nn.Module) -> dict:
+    state = theirs.state_dict()
+    return eva_to_vit_keys(state) if type(theirs).__name__ == "Eva" else state
+
+
+def assert_same_numbers(ours: nn.Module, theirs: nn.Module, x: torch.Tensor) -> None:
+    """Logits within 1e-5 and every gradient within 1e-5 of the largest reference entry (the bounds of the
+    plain ViT's timm test, tests/test_vit.py)."""
+    out, ref = ours(x), theirs(x)
+    assert out.shape == ref.shape
+    assert (out - ref).abs().max().item() <= 1e-5
+    out.square().sum().backward()
+    ref.square().sum().backward()
+    their_grads = {k: p.grad for k, p in their_state_dict_params(theirs).items()}
+    for key, param in ours.named_parameters():
+        g, g_ref = param.grad, their_grads[key]
+        bound = 1e-5 * max(1.0, g_ref.abs().max().item())
+        assert (g - g_ref).abs().max().item() <= bound, key
+
+
+def their_state_dict_params(theirs: nn.Module) -> dict:
+    params = dict(theirs.named_parameters())
+    return eva_to_vit_keys(params) if type(theirs).__name__ == "Eva" else params
+
+
+@pytest.mark.parametrize("variant", list(REFERENCES))
+def test_each_variant_loads_timms_weights_strictly_and_computes_timms_numbers(variant):
+    torch.manual_seed(0)
+    ours, theirs, size = ours_and_timms(variant)
+    state = their_state_dict(theirs)
+    assert sorted(ours.state_dict()) == sorted(state)
+    ours.load_state_dict(state, strict=True)
+    assert_same_numbers(ours, theirs, torch.randn(2, 3, size, size))
+
+
+@pytest.mark.parametrize("variant", ["qk_norm", "registers", "rope", "rope_mixed"])
+def test_a_timm_file_of_each_variant_loads_through_model_pretrained(variant, tmp_path):
+    """The weights' reader: a timm-layout file of the variant (an Eva layout for the rotary ones) loads into the
+    configured model and gives timm's logits."""
+    torch.manual_seed(0)
+    ours, theirs, size = ours_and_timms(variant, depth=2)
+    path = tmp_path / "weights.pth"
+    torch.save(theirs.state_dict(), path)
+    load_pretrained(ours, str(path))
+    x = torch.randn(2, 3, size, size)
+    with torch.no_grad():
+        assert (ours(x) - theirs(x)).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("variant", ["plain", "registers", "rope", "rope_mixed"])
+def test_any_input_size_equals_timms_dynamic_img_size(variant):
+    """One model at three input sizes (two of them not square) against timm's `dynamic_img_size=True` model."""
+    (name, overrides), (timm_name, timm_kwargs) = REFERENCES.get(
+        variant, (("vit_small", {}), ("vit_small_patch16_224", {}))
+    )
+    ours = create_model(name, **SMALL, **overrides, depth=2, dynamic_img_size=True).eval()
+    theirs = timm.create_model(timm_name, img_size=64, num_classes=10, dynamic_img_size=True, depth=2, **timm_kwargs)
+    theirs = perturbed(theirs).eval()
+    ours.load_state_dict(their_state_dict(theirs), strict=True)
+    for height, width in ((64, 64), (96, 48), (32, 80)):
+        x = torch.randn(2, 3, height, width)
+        with torch.no_grad():
+            assert (ours(x) - theirs(x)).abs().max().item() <= 1e-5, (height, width)
+
+
+def test_prefix_tokens_are_not_rotated_and_registers_are_not_pooled():
+    """The cls and register tokens take no rotation (the identity rows of the rotary table) and the average
+    pool reads the image's tokens only: changing a register's value changes the logits only through attention."""
+    model = create_model("vit_tiny", img_size=32, patch_size=4, num_classes=10, pos_embed="rope", reg_tokens=2)
+    tables = model.rotary_tables(model.grid_size)
+    assert len(tables) == 12 and tables[0].shape == (3 + 64, 2 * 64)
+    sin, cos = tables[0][:3].chunk(2, dim=-1)
+    assert torch.equal(sin, torch.zeros_like(sin)) and torch.equal(cos, torch.ones_like(cos))
+    assert model.num_prefix_tokens == 3 and model.pos_embed is None
+    assert "reg_token" in model.no_weight_decay() and "pos_embed" not in model.no_weight_decay()
+
+
+def test_qk_norm_bounds_the_attention_logits():
+    """With qk-norm the logits stay bounded however large the tokens grow; without it they grow with them."""
+    torch.manual_seed(0)
+    plain, normed = (
+        create_model("vit_tiny", img_size=32, patch_size=4, qk_norm=q).blocks[0].attn for q in (False, True)
+    )
+    x = 1000.0 * torch.randn(1, 65, 192)
+    logits = []
+    for attn in (plain, normed):
+        q, k, _ = attn.split_heads(x)
+        q, k = attn.rotate(q, k, None)
+        logits.append((q @ k.transpose(-2, -1)).abs().max().item())
+    assert logits[1] <= 64 < 1e4 < logits[0]  # |q·k| <= |q| |k| = head_dim for unit-variance normalised rows
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["model.class_token=false"], "model.class_token=false needs global_pool=avg"),
+        (["model.pos_embed=rope", "model.no_embed_class=true"], "model.no_embed_class=true places a position table"),
+        (["model.rope_temperature=50"], "model.rope_temperature=50 is for pos_embed=rope|rope_mixed"),
+        (["model.mlp=relu"], "model.mlp='relu' must be one of ('gelu', 'swiglu')"),
+        (["model.reg_tokens=-1"], "model.reg_tokens=-1 must be an integer >= 0"),
+        (["model.mlp=swiglu", "model.mlp_ratio=1.5", "model.embed_dim=33", "model.num_heads=3"], "even fc1 width"),
+        (["model=t2t_vit_7", "data.img_size=32", "model.dynamic_img_size=true"], "dynamic_img_size=true is for ViTs"),
+        (["model.distill_token=true", "model.class_token=false", "model.global_pool=avg"], "needs global_pool=token"),
+    ],
+)
+def test_combinations_that_cannot_work_are_one_config_error_naming_the_key(tmp_path, overrides, message):
+    """Each is a ConfigError (train.py: `config error: <it>`, exit 2, the next test) raised before any data is
+    read or anything written."""
+    cfg = compose_config([*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.device=cpu", *overrides])
+    with pytest.raises(ConfigError) as err:
+        run(cfg, output_dir=tmp_path / "run")
+    assert str(err.value).startswith("model.") and message in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_bad_combination_through_train_py(tmp_path):
+    done = run_cli(["data=synthetic", "model.class_token=false", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "config error: model.class_token=false needs global_pool=avg: global_pool=token reads the cls token"
+    )
+
+
+# Each variant on the tiny model of the trainer tests (32 wide, 2 blocks): a run of a few seconds.
+VARIANTS = {
+    "qk_norm": ["model.qk_norm=true"],
+    "registers": ["model.reg_tokens=2"],
+    "registers_gap": [
+        "model.reg_tokens=2",
+        "model.class_token=false",
+        "model.no_embed_class=true",
+        "model.global_pool=avg",
+    ],
+    "rope": ["model.pos_embed=rope"],
+    "rope_mixed": ["model.pos_embed=rope_mixed", "model.reg_tokens=1"],
+    "swiglu": ["model.mlp=swiglu", "model.mlp_ratio=2.0"],
+    "dynamic": ["model.dynamic_img_size=true", "model.qk_norm=true"],
+}
+# Every variant in one of three runs (the combinations that work together), each stopped after its first epoch
+# and resumed: the learned parts (registers, rotary frequencies, qk-norm, SwiGLU) come back bit for bit.
+COMBINED = {
+    "qk_norm+registers+rope_mixed+swiglu": [
+        "model.qk_norm=true",
+        "model.reg_tokens=2",
+        "model.pos_embed=rope_mixed",
+        "model.mlp=swiglu",
+        "model.mlp_ratio=2.0",
+    ],
+    "registers_gap+dynamic": [*VARIANTS["registers_gap"], "model.dynamic_img_size=true"],
+    "rope+dynamic": ["model.pos_embed=rope", "model.dynamic_img_size=true"],
+}
+BASE = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.epochs=2", "trainer.device=cpu", "trainer.deterministic=true"]
+BASE += ["data.synthetic.num_train=128", "model.drop_path_rate=0.1", "trainer.attn_maps_every_n_epochs=0"]
+
+
+@pytest.mark.parametrize("variants", list(COMBINED))
+def test_the_variants_train_and_resume_exactly(tmp_path, variants):
+    overrides = [*BASE, *COMBINED[variants]]
+    straight = run(compose_config(overrides), output_dir=tmp_path / "straight")
+    run(compose_config([*overrides, "trainer.stop_after_epoch=1"]), output_dir=tmp_path / "resumed")
+    resumed = run(compose_config([*overrides, "trainer.resume=auto"]), output_dir=tmp_path / "resumed")
+    a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")["model"]
+    b = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["train_loss"] for r in straight["history"]] == [r["train_loss"] for r in resumed["history"]]
+    assert np.isfinite(straight["history"][-1]["train_loss"])
+
+
+def _export_script():
+    spec = importlib.util.spec_from_file_location("script_export", REPO / "scripts" / "export.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_each_variant_exports_to_onnx_within_tolerance(tmp_path, variant):
+    cfg = compose_config(["data=cifar10", *TINY_MODEL, *VARIANTS[variant]])
+    torch.manual_seed(0)
+    model = perturbed(build_model_from_config(cfg.model, num_classes=10)).eval()
+    config = OmegaConf.to_container(cfg, resolve=True)
+    classes = {f"class_{i}": i for i in range(10)}
+    checkpoint = tmp_path / "best.pt"
+    torch.save({"model": model.state_dict(), "config": config, "class_to_idx": classes, "ema": None}, checkpoint)
+    script = _export_script()
+    assert run_main(script.main, [f"checkpoint={checkpoint}"], usage=script.__doc__) == 0
+    session = ort.InferenceSession(str(tmp_path / "best.onnx"), providers=["CPUExecutionProvider"])
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    assert np.abs(session.run(None, {"images": x.numpy()})[0] - expected).max() <= 1e-4
+
+
+def test_the_model_configs_declare_each_variant_key_once():
+    """The five keys come from one shared file, so every model config has them with the same defaults."""
+    for model in ("vit_tiny", "vit_small", "vit_base", "t2t_vit_7", "t2t_vit_14", "t2t_vit_t_14"):
+        cfg = compose_config([f"model={model}"])
+        assert cfg.model.qk_norm is False and cfg.model.reg_tokens == 0 and cfg.model.mlp == "gelu"
+        assert cfg.model.dynamic_img_size is False
+    shared = (REPO / "configs" / "model" / "shared" / "variants.yaml").read_text()
+    for path in (REPO / "configs" / "model").glob("*.yaml"):
+        text = path.read_text()
+        assert "shared/variants@_here_" in text and not re.search(r"^(qk_norm|reg_tokens|mlp):", text, re.M)
+    assert re.search(r"^qk_norm: false", shared, re.M)

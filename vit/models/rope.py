@@ -1,0 +1,128 @@
+"""2D rotary position embeddings (RoPE) for ViTs, after Heo et al. 2024, "Rotary Position Embedding for Vision
+Transformer" (https://arxiv.org/abs/2403.13298).
+
+RoPE adds no vector to the tokens. Inside attention it rotates each channel pair (x[2j], x[2j+1]) of q and k,
+for every head, by an angle theta_j(p) that depends on the token's position p:
+
+    (x0, x1) -> (x0 cos(theta) - x1 sin(theta),  x1 cos(theta) + x0 sin(theta))
+
+theta is linear in p, so q(p) . k(p') only depends on the offset p - p'. Only the patch tokens are rotated; the
+class token (and other prefix tokens) are left as they are.
+
+Positions are (x, y) = (column, row) on the patch grid, integers starting at 0 (no offset, no centring, not
+rescaled to a reference grid). For head_dim = D there are D / 2 pairs and L = D / 4 magnitudes
+m_i = 1 / temperature^(4 i / D), i = 0 .. L - 1.
+
+* Axial (timm `vit_small_patch16_rope_224`, temperature 100): pairs 0 .. L-1 rotate with the column,
+  theta = x * m_i, pairs L .. 2L-1 with the row, theta = y * m_i. Fixed, the same for every head and block.
+* Mixed (timm `vit_small_patch16_rope_mixed_224`, temperature 10): each block and head learns a 2D frequency
+  (fx, fy) per pair, theta = fx * x + fy * y. Initially pair i and pair L + i have magnitude m_i, pairs 0 .. L-1
+  point along a random direction phi (one per head and block) and pairs L .. 2L-1 along phi + pi / 2.
+
+Tables use timm's layout: (..., N, 2 * D) = [sin | cos], each half interleaved per pair (s0, s0, s1, s1, ...),
+N = rows * columns in row-major order, computed in float32 (the mixed table is cast to the freqs' dtype,
+float32 unless the module was cast). Real arithmetic only (no complex numbers), so it exports to ONNX.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _check_head_dim(head_dim: int) -> None:
+    if head_dim % 4 != 0:
+        raise ValueError(f"head_dim={head_dim} must be divisible by 4 for 2D RoPE")
+
+
+def _magnitudes(head_dim: int, temperature: float) -> torch.Tensor:
+    """(head_dim // 4,) float32: 1 / temperature^(4 i / head_dim)."""
+    num = head_dim // 4
+    exponent = torch.arange(num, dtype=torch.float32) / num  # 4 i / head_dim
+    return 1.0 / (temperature**exponent)
+
+
+def _grid_xy(grid: tuple[int, int], device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Column (x) and row (y) index of each patch, both (N,) float32, N = rows * columns in row-major order."""
+    rows, cols = grid
+    y, x = torch.meshgrid(
+        torch.arange(rows, dtype=torch.float32, device=device),
+        torch.arange(cols, dtype=torch.float32, device=device),
+        indexing="ij",
+    )  # (rows, cols) each
+    return x.reshape(-1), y.reshape(-1)
+
+
+def _table(angles: torch.Tensor) -> torch.Tensor:
+    """(..., N, D / 2) angles -> (..., N, 2 * D) [sin | cos] with each value repeated for both channels of a pair."""
+    # stack + flatten, not repeat_interleave: the TorchScript ONNX exporter loses the rank after repeat_interleave.
+    angles = torch.stack([angles, angles], dim=-1).flatten(-2)  # (..., N, D)
+    return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+def axial_rope_table(
+    grid: tuple[int, int], head_dim: int, temperature: float = 100.0, *, device: torch.device | None = None
+) -> torch.Tensor:
+    """(N, 2 * head_dim) = [sin | cos] for a (rows, columns) grid, N = rows * columns in row-major order,
+    the same tensor as timm's RotaryEmbeddingCat.get_embed() of the axial RoPE ViT (float32)."""
+    _check_head_dim(head_dim)
+    x, y = _grid_xy(grid, device)  # (N,) each
+    mag = _magnitudes(head_dim, temperature).to(device)  # (D / 4,)
+    # First quarter of the pairs follow the column, second the row: (N, D / 2).
+    angles = torch.cat([x[:, None] * mag, y[:, None] * mag], dim=-1)
+    return _table(angles)
+
+
+def mixed_rope_freqs(head_dim: int, depth: int, num_heads: int, temperature: float = 10.0) -> torch.Tensor:
+    """The initial learned frequencies (2, depth, heads, head_dim // 2), drawn as timm's init_random_2d_freqs
+    (a random rotation per head and block; uses torch's global RNG)."""
+    _check_head_dim(head_dim)
+    mag = _magnitudes(head_dim, temperature)  # (D / 4,)
+    phi = torch.rand(depth, num_heads, 1) * 2 * torch.pi  # (depth, heads, 1): one direction per head and block
+    # The second quarter of pairs points at right angles to the first: (depth, heads, D / 2).
+    direction = torch.cat([phi.expand(-1, -1, mag.numel()), (phi + torch.pi / 2).expand(-1, -1, mag.numel())], -1)
+    mag = torch.cat([mag, mag])  # (D / 2,)
+    fx = mag * direction.cos()
+    fy = mag * direction.sin()
+    return torch.stack([fx, fy])  # (2, depth, heads, D / 2)
+
+
+def mixed_rope_table(freqs: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    """(depth, heads, N, 2 * head_dim) = [sin | cos] for learned freqs (2, depth, heads, head_dim // 2): the same
+    as timm's RotaryEmbeddingMixed.get_embed(shape=grid) with those freqs. Differentiable in freqs."""
+    x, y = _grid_xy(grid, freqs.device)  # (N,) each
+    f = freqs.float()
+    # theta = fx * x + fy * y: (depth, heads, 1, D / 2) * (N, 1) -> (depth, heads, N, D / 2).
+    angles = f[0].unsqueeze(-2) * x[:, None] + f[1].unsqueeze(-2) * y[:, None]
+    return _table(angles).to(freqs.dtype)
+
+
+def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """Rotate x (B, heads, N, head_dim) by table (N, 2 * head_dim) or (heads, N, 2 * head_dim) [sin | cos],
+    interleaved pairs (x0, x1), (x2, x3), ...; returns x's dtype. Equal to timm's apply_rot_embed_cat(x, table)."""
+    sin, cos = table.chunk(2, dim=-1)  # (..., N, D) each
+    sin, cos = sin[..., 0::2], cos[..., 0::2]  # (..., N, D / 2): one value per pair
+    x0, x1 = x[..., 0::2], x[..., 1::2]  # (B, heads, N, D / 2): first and second channel of each pair
+    # Math in the promoted dtype (float32 for a bf16 x and a float32 table), cast once at the end, as timm does.
+    out = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)  # (B, heads, N, D / 2, 2)
+    return out.flatten(-2).to(x.dtype)  # (B, heads, N, D)
+
+
+class MixedRope(nn.Module):
+    """Holds the learned `freqs` Parameter (2, depth, heads, head_dim // 2) under the name `freqs` (so a timm
+    state dict's `rope.freqs` loads into a model attribute `rope` of this class); forward(grid) returns
+    mixed_rope_table(self.freqs, grid)."""
+
+    def __init__(self, head_dim: int, depth: int, num_heads: int, temperature: float = 10.0):
+        super().__init__()
+        self.head_dim, self.depth, self.num_heads, self.temperature = head_dim, depth, num_heads, temperature
+        self.freqs = nn.Parameter(mixed_rope_freqs(head_dim, depth, num_heads, temperature))
+
+    def forward(self, grid: tuple[int, int]) -> torch.Tensor:
+        return mixed_rope_table(self.freqs, grid)  # (depth, heads, N, 2 * head_dim)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, depth={self.depth}, heads={self.num_heads}, temperature={self.temperature}"
+
+
+__all__ = ["MixedRope", "apply_rope", "axial_rope_table", "mixed_rope_freqs", "mixed_rope_table"]
