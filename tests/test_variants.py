@@ -2,6 +2,7 @@
 models with the same weights, and through the rest of the project: training, exact resume, ONNX export, the
 config's refusals."""
 
+import copy
 import importlib.util
 import re
 
@@ -271,3 +272,71 @@ def test_the_model_configs_declare_each_variant_key_once():
         text = path.read_text()
         assert "shared/variants@_here_" in text and not re.search(r"^(qk_norm|reg_tokens|mlp):", text, re.M)
     assert re.search(r"^qk_norm: false", shared, re.M)
+
+
+def test_evaluate_py_at_another_image_size_with_dynamic_img_size(tmp_path, capsys):
+    """A ViT trained at 32 px evaluated on 48 px images: refused with one line naming model.dynamic_img_size, and
+    with it the loss of the model run here on the images the evaluation's transform makes."""
+    import json
+
+    import torch.nn.functional as F
+    from trainer_utils import make_tree
+
+    from vit.data.datasets import load_rgb
+    from vit.data.transforms import val_transform
+    from vit.deploy.evaluate import cli
+
+    root = make_tree(tmp_path / "data", per_class=4, size=40)
+    cfg = compose_config(
+        ["data=imagefolder", f"data.root={root}", "data.img_size=32", "data.patch_size=4", *TINY_MODEL]
+    )
+    torch.manual_seed(0)
+    model = perturbed(build_model_from_config(cfg.model, num_classes=3)).eval()
+    classes = {"cat": 0, "dog": 1, "frog": 2}
+    config = OmegaConf.to_container(cfg, resolve=True)
+    checkpoint = tmp_path / "best.pt"
+    torch.save({"model": model.state_dict(), "config": config, "class_to_idx": classes, "ema": None}, checkpoint)
+    common = [f"checkpoint={checkpoint}", "device=cpu", "data.num_workers=0", "amp=none", "data.img_size=48"]
+
+    assert cli(common) == 2
+    assert "model.dynamic_img_size=true" in capsys.readouterr().err
+    assert cli([*common, "model.dynamic_img_size=true"]) == 0
+    result = json.loads(capsys.readouterr().out)
+
+    transform = val_transform({**config["data"], "img_size": 48})
+    items = [(p, c) for name, c in classes.items() for p in sorted((root / "val" / name).iterdir())]
+    x = torch.stack([transform(load_rgb(str(p))) for p, _ in items])
+    model.tokenizer.dynamic_img_size = True
+    with torch.no_grad():
+        loss = F.cross_entropy(model(x), torch.tensor([c for _, c in items])).item()
+    assert x.shape[-1] == 48 and result["count"] == len(items) and result["loss"] == pytest.approx(loss, rel=1e-4)
+
+
+@pytest.mark.parametrize("variant", ["plain", "registers_gap", "rope"])
+def test_set_input_size_equals_the_dynamic_model_and_exports_at_another_size(tmp_path, variant):
+    """A 32 px model run at 48 px: fixed with set_input_size (the table resampled once) it computes what the
+    dynamic model computes, and scripts/export.py writes that size, checked by onnxruntime."""
+    overrides = {"plain": [], "registers_gap": VARIANTS["registers_gap"], "rope": ["model.pos_embed=rope"]}[variant]
+    cfg = compose_config(["data=cifar10", *TINY_MODEL, *overrides])
+    torch.manual_seed(0)
+    model = perturbed(build_model_from_config(cfg.model, num_classes=10)).eval()
+    x = torch.randn(2, 3, 48, 48)
+    model.tokenizer.dynamic_img_size = True
+    with torch.no_grad():
+        expected = model(x)
+    model.tokenizer.dynamic_img_size = False
+    fixed = copy.deepcopy(model)
+    fixed.set_input_size(48)
+    with torch.no_grad():
+        assert (fixed(x) - expected).abs().max().item() <= 1e-6
+    assert fixed.img_size == (48, 48) and fixed.grid_size == (12, 12)
+
+    config = OmegaConf.to_container(cfg, resolve=True)
+    classes = {f"class_{i}": i for i in range(10)}
+    checkpoint = tmp_path / "best.pt"
+    torch.save({"model": model.state_dict(), "config": config, "class_to_idx": classes, "ema": None}, checkpoint)
+    script = _export_script()
+    argv = [f"checkpoint={checkpoint}", "data.img_size=48", "model.dynamic_img_size=true"]
+    assert run_main(script.main, argv, usage=script.__doc__) == 0
+    session = ort.InferenceSession(str(tmp_path / "best.onnx"), providers=["CPUExecutionProvider"])
+    assert np.abs(session.run(None, {"images": x.numpy()})[0] - expected.numpy()).max() <= 1e-4

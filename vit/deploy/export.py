@@ -9,6 +9,7 @@ only then. TorchScript and exported programs are loaded back and checked the sam
 
 from __future__ import annotations
 
+import copy
 import datetime
 import errno
 import json
@@ -210,6 +211,11 @@ def export_model(
     check_writable(path)
     model = model.float().eval().cpu()
     size = preprocessing.img_size
+    if tuple(getattr(model, "img_size", (size, size))) != (size, size) and hasattr(model, "set_input_size"):
+        # A dynamic-size ViT exported at another size: its position table resampled once for that size (ONNX has
+        # no antialiased bicubic resize to do it in the graph), on a copy so the caller's model is untouched.
+        model = copy.deepcopy(model)
+        model.set_input_size(size)
     worst, checks = write_checked(model, path, fmt, batch, images, size, atol)
 
     names = list(classes) if classes else [str(i) for i in range(int(getattr(model, "num_classes", 0)))]

@@ -233,4 +233,18 @@ def resolve(options, default_data: str = "imagefolder") -> tuple[Weights, Prepro
         pre = weights.preprocessing  # timm's config for a timm: source
     else:
         pre = from_data_config(data_cfg)  # ours (with any data.* override) or a foreign file
+    check_input_size(weights.model, pre.img_size)
     return weights, pre, data_cfg
+
+
+def check_input_size(model, img_size: int) -> None:
+    """Images of another size than the model's need `model.dynamic_img_size=true` (a ViT's position table is then
+    resampled to their grid, as timm does): said before any image is read."""
+    own = tuple(getattr(model, "img_size", ()))
+    dynamic = getattr(getattr(model, "tokenizer", None), "dynamic_img_size", False)
+    if not own or own == (img_size, img_size) or dynamic:
+        return
+    raise WeightsError(
+        f"the images are {img_size} px (data.img_size={img_size}) and the model takes {own[0]} px: add "
+        f"model.dynamic_img_size=true to run a ViT at another size (a T2T-ViT takes its own size only)"
+    )

@@ -7,8 +7,10 @@ embedding as its tokenizer: the image cut into p x p patches, each projected to 
 
 from __future__ import annotations
 
+from torch import nn
+
 from vit.models.encoder import Encoder
-from vit.models.layers import ConvStemEmbed, OverlappingPatchEmbed, PatchEmbed, ShiftedPatchEmbed
+from vit.models.layers import ConvStemEmbed, OverlappingPatchEmbed, PatchEmbed, ShiftedPatchEmbed, to_2tuple
 from vit.models.registry import register_model
 
 PATCH_EMBEDS = {
@@ -106,6 +108,21 @@ class VisionTransformer(Encoder):
             rope_temperature=rope_temperature,
         )
         self.patch_embed_kind = patch_embed
+
+    def set_input_size(self, img_size: int | tuple[int, int]) -> None:
+        """Make `img_size` the model's own input size, as timm's `set_input_size`: the position table resampled
+        once to the new patch grid (what `dynamic_img_size` does in every forward) and stored, so a model trained
+        at one size runs, and exports, at another as a fixed-size model. Rotary tables follow the grid anyway."""
+        size = to_2tuple(img_size)
+        patch = self.patch_embed.patch_size
+        if min(size) <= 0 or size[0] % patch[0] or size[1] % patch[1]:
+            raise ValueError(f"img_size={img_size} must be a positive multiple of the patch size {patch}")
+        grid = (size[0] // patch[0], size[1] // patch[1])
+        if self.pos_embed is not None and grid != self.grid_size:
+            table = self.position_table(grid).detach().clone()  # (1, P + rows * columns, C), or no prefix rows
+            self.pos_embed = nn.Parameter(table, requires_grad=self.pos_embed.requires_grad)
+        self.patch_embed.img_size, self.patch_embed.grid_size = size, grid
+        self.patch_embed.num_patches = grid[0] * grid[1]
 
 
 # timm's shapes: 224 px, patch 16. `create_model("vit_tiny", img_size=32, patch_size=4, num_classes=10)` is
