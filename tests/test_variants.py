@@ -340,3 +340,96 @@ def test_set_input_size_equals_the_dynamic_model_and_exports_at_another_size(tmp
     assert run_main(script.main, argv, usage=script.__doc__) == 0
     session = ort.InferenceSession(str(tmp_path / "best.onnx"), providers=["CPUExecutionProvider"])
     assert np.abs(session.run(None, {"images": x.numpy()})[0] - expected.numpy()).max() <= 1e-4
+
+
+def test_gradient_checkpointing_gives_the_same_gradients_with_the_variants():
+    """The rotary tables go through the checkpointed blocks as arguments: gradients equal (atol=0), the mixed
+    frequencies' included, with drop-path on."""
+    kwargs = {"qk_norm": True, "reg_tokens": 2, "pos_embed": "rope_mixed", "mlp": "swiglu", "drop_path_rate": 0.5}
+    plain = create_model("vit_tiny", img_size=32, patch_size=4, num_classes=10, depth=4, **kwargs).train()
+    checkpointed = copy.deepcopy(plain)
+    checkpointed.set_grad_checkpointing(True)
+    images = torch.randn(4, 3, 32, 32)
+    grads = []
+    for model in (plain, checkpointed):
+        torch.manual_seed(1)
+        model(images).logsumexp(dim=-1).sum().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    assert grads[0]["rope.freqs"].abs().sum() > 0
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=0, atol=0)
+
+
+def test_a_student_with_the_variants_distils_from_a_checkpoint(tmp_path):
+    """A student with the distillation token, registers after it and rotary positions trains towards a teacher."""
+    run_args = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.device=cpu", "trainer.attn_maps_every_n_epochs=0"]
+    run_args += ["data.synthetic.num_train=64", "data.synthetic.num_val=32", "trainer.epochs=1"]
+    run(compose_config(run_args), output_dir=tmp_path / "teacher")
+    teacher = tmp_path / "teacher" / "checkpoints" / "last.pt"
+    student = ["model.distill_token=true", "model.reg_tokens=2", "model.pos_embed=rope", "model.qk_norm=true"]
+    metrics = run(
+        compose_config([*run_args, *student, f"distill.teacher={teacher}", "distill.type=hard"]),
+        output_dir=tmp_path / "student",
+    )
+    weights = load_checkpoint(tmp_path / "student" / "checkpoints" / "last.pt")["model"]
+    assert {"dist_token", "reg_token", "head_dist.weight"} <= set(weights) and "pos_embed" not in weights
+    assert np.isfinite(metrics["history"][-1]["train_loss"]) and "teacher" in metrics
+
+
+def test_complexity_counts_the_variants_tokens_and_mlp():
+    """Registers are tokens like the others (N = 1 + 4 + 64 in every attention and MLP); SwiGLU's fc1 holds gate
+    and value (C x w), its fc2 takes half of it (w / 2 x C): 4/3 of mlp_ratio 2 is the plain MLP's size."""
+    from vit.models import attention_macs, complexity
+
+    common = {"img_size": 32, "patch_size": 4, "num_classes": 10, "embed_dim": 96, "depth": 6, "num_heads": 3}
+    plain = complexity(create_model("vit_tiny", **common, mlp_ratio=2.0))
+    registers = complexity(create_model("vit_tiny", **common, mlp_ratio=2.0, reg_tokens=4))
+    swiglu = complexity(create_model("vit_tiny", **common, mlp="swiglu", mlp_ratio=2.6667))
+    assert registers.by_component["attention"] == 6 * attention_macs(69, 96)
+    assert registers.by_component["mlp"] == 6 * 69 * 2 * 96 * 192
+    assert swiglu.by_component["mlp"] == 6 * 65 * (96 * 256 + 128 * 96) == plain.by_component["mlp"]
+    assert swiglu.params == plain.params + 6 * 64  # the same weights; fc1 has 256 biases where the plain one has 192
+
+
+def test_attention_figures_hide_the_registers_and_say_their_share(tmp_path, capsys):
+    """scripts/plot_registers.py and the attention views: the maps cover the image's tokens, the registers' share
+    is the cls row's attention on them, a model without a cls token reads the image tokens' mean row."""
+    from PIL import Image
+
+    from vit.models import capture_attention
+    from vit.train.figures import attention_views
+
+    spec = importlib.util.spec_from_file_location("plot_registers", REPO / "scripts" / "plot_registers.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    paths = []
+    for name, overrides in (("base", []), ("reg", ["model.reg_tokens=4"]), ("gap", VARIANTS["registers_gap"])):
+        cfg = compose_config(["data=cifar10", *TINY_MODEL, *overrides])
+        torch.manual_seed(0)
+        model = perturbed(build_model_from_config(cfg.model, num_classes=10))
+        config = OmegaConf.to_container(cfg, resolve=True)
+        state = {"model": model.state_dict(), "config": config, "class_to_idx": {str(i): i for i in range(10)}}
+        torch.save({**state, "ema": None}, tmp_path / f"{name}.pt")
+        paths.append(str(tmp_path / f"{name}.pt"))
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(2):
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(
+            images / f"{i}.png"
+        )
+
+    out = tmp_path / "registers.png"
+    argv = [f"checkpoints={','.join(paths)}", "names=base,reg,gap", f"image={images}", f"out={out}"]
+    assert run_main(script.main, argv, usage=script.__doc__) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("base: largest/median token norm") and "registers take" not in lines[0]
+    assert "registers take" in lines[1] and "registers take" in lines[2] and out.stat().st_size > 0
+
+    model = build_model_from_config(compose_config(["data=cifar10", *TINY_MODEL, "model.reg_tokens=4"]).model)
+    x = torch.randn(2, 3, 32, 32)
+    views = attention_views(model, x)
+    with torch.no_grad(), capture_attention(model.eval()) as maps:
+        model(x)
+    share = maps[-1][:, :, 0, 1:5].sum(dim=-1).mean(dim=1)  # the cls row on the 4 registers, head mean
+    torch.testing.assert_close(views["register_share"], share)
+    assert views["heads"].shape == (2, 2, 32, 32) and views["rollout"].shape == (2, 1, 32, 32)
