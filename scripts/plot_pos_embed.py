@@ -18,7 +18,7 @@ import sys
 from vit.analysis.figures import pos_embed_similarity_figure
 from vit.analysis.inputs import load_model
 from vit.analysis.pos_embed import position_similarity
-from vit.args import parse_args, run_script
+from vit.args import UsageError, parse_args, run_script
 from vit.models import sinusoid_table
 
 
@@ -26,9 +26,14 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv, {"checkpoint": None, "out": "pos_embed.png"}, required=("checkpoint",))
     model, config, _ = load_model(args["checkpoint"])
     grid = model.grid_size if hasattr(model, "grid_size") else model.patch_embed.grid_size
+    if getattr(model, "pos_embed", None) is None:
+        kind = config["model"].get("pos_embed")
+        raise UsageError(f"the model has no position table to draw (model.pos_embed={kind}: rotary, in the attention)")
     kind = "learned" if model.pos_embed.requires_grad else "sinusoidal"
-    ours = position_similarity(model.pos_embed.detach(), grid)
-    reference = position_similarity(sinusoid_table(model.pos_embed.shape[1], model.pos_embed.shape[2]), grid)
+    prefix = 0 if getattr(model, "no_embed_class", False) else getattr(model, "num_prefix_tokens", 1)  # table rows
+    ours = position_similarity(model.pos_embed.detach(), grid, prefix)
+    rows, width = model.pos_embed.shape[1:]
+    reference = position_similarity(sinusoid_table(rows, width), grid, prefix)
     name = config["model"]["name"]
     panels = [(f"{name}: {kind} ({grid[0]}x{grid[1]})", ours.numpy()), ("sinusoidal reference", reference.numpy())]
     out = pos_embed_similarity_figure(panels, args["out"])

@@ -433,3 +433,18 @@ def test_attention_figures_hide_the_registers_and_say_their_share(tmp_path, caps
     share = maps[-1][:, :, 0, 1:5].sum(dim=-1).mean(dim=1)  # the cls row on the 4 registers, head mean
     torch.testing.assert_close(views["register_share"], share)
     assert views["heads"].shape == (2, 2, 32, 32) and views["rollout"].shape == (2, 1, 32, 32)
+
+
+def test_plot_pos_embed_draws_a_registers_table_and_names_a_rotary_model(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("plot_pos_embed", REPO / "scripts" / "plot_pos_embed.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for name, overrides in (("reg", VARIANTS["registers_gap"]), ("rope", ["model.pos_embed=rope"])):
+        cfg = compose_config(["data=cifar10", *TINY_MODEL, *overrides])
+        model = build_model_from_config(cfg.model, num_classes=10)
+        state = {"model": model.state_dict(), "config": OmegaConf.to_container(cfg, resolve=True), "ema": None}
+        torch.save({**state, "class_to_idx": {str(i): i for i in range(10)}}, tmp_path / f"{name}.pt")
+    argv = [f"checkpoint={tmp_path / 'reg.pt'}", f"out={tmp_path / 'pos.png'}"]
+    assert run_main(script.main, argv, usage=script.__doc__) == 0 and (tmp_path / "pos.png").exists()
+    assert run_main(script.main, [f"checkpoint={tmp_path / 'rope.pt'}"], usage=script.__doc__) == 2
+    assert "no position table to draw (model.pos_embed=rope" in capsys.readouterr().err

@@ -211,6 +211,6 @@ def registers_figure(images, panels: list[tuple[str, np.ndarray, np.ndarray]], p
         for ax in axes[b]:
             ax.set_axis_off()
     fig.tight_layout()
-    fig.subplots_adjust(bottom=0.12)
+    fig.subplots_adjust(bottom=0.35 / fig.get_figheight())  # room for the note: about a third of an inch
     fig.text(0.5, 0.01, note, ha="center", fontsize=7, wrap=True)
     return save(fig, path)

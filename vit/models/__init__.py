@@ -3,10 +3,11 @@
 from vit.models.attention import Attention, LocalitySelfAttention, TokenAttention, capture_attention
 from vit.models.complexity import Complexity, attention_macs, complexity, mlp_macs
 from vit.models.encoder import Encoder
-from vit.models.layers import Block, DropPath, LayerScale, Mlp, PatchEmbed
+from vit.models.layers import Block, DropPath, LayerScale, Mlp, PatchEmbed, SwiGLU
 from vit.models.pos_embed import resample_pos_embed, sinusoid_table
 from vit.models.pretrained import load_pretrained, read_state_dict
 from vit.models.registry import create_model, list_models, register_model
+from vit.models.rope import MixedRope, apply_rope, axial_rope_table
 from vit.models.t2t import T2TModule, T2TViT
 from vit.models.vit import VisionTransformer
 
@@ -18,13 +19,17 @@ __all__ = [
     "Encoder",
     "LayerScale",
     "LocalitySelfAttention",
+    "MixedRope",
     "Mlp",
     "PatchEmbed",
+    "SwiGLU",
     "T2TModule",
     "T2TViT",
     "TokenAttention",
     "VisionTransformer",
+    "apply_rope",
     "attention_macs",
+    "axial_rope_table",
     "capture_attention",
     "complexity",
     "create_model",

@@ -6,6 +6,8 @@ over 4 heads of head_dim = 64 / 4 = 16. `Attention.forward` takes exactly these 
     x                                      (B, N, dim)              (13, 100, 49)
     project:  qkv = self.qkv(x)            (B, N, 3 * dim_out)      (13, 100, 192)
     split heads: q, k, v                   (B, heads, N, head_dim)  (13, 4, 100, 16)   each
+    [qk_norm: q, k = LN(q), LN(k)]         (B, heads, N, head_dim)                     over head_dim, per head
+    [rope: rotate q, k by position]        (B, heads, N, head_dim)                     vit/models/rope.py
     scores = q @ kᵀ * scale                (B, heads, N, N)         (13, 4, 100, 100)  scale = head_dim ** -0.5
     attn = softmax(scores) over the keys   (B, heads, N, N)         (13, 4, 100, 100)  each row sums to 1
     weighted sum:  attn @ v                (B, heads, N, head_dim)  (13, 4, 100, 16)
