@@ -448,3 +448,15 @@ def test_plot_pos_embed_draws_a_registers_table_and_names_a_rotary_model(tmp_pat
     assert run_main(script.main, argv, usage=script.__doc__) == 0 and (tmp_path / "pos.png").exists()
     assert run_main(script.main, [f"checkpoint={tmp_path / 'rope.pt'}"], usage=script.__doc__) == 2
     assert "no position table to draw (model.pos_embed=rope" in capsys.readouterr().err
+
+
+def test_t2t_vit_takes_the_encoder_variants():
+    """qk-norm, registers and SwiGLU in T2T-ViT's encoder (its token stages unchanged): built from the config keys,
+    registers after the cls token, and a backward pass reaches them."""
+    cfg = compose_config(["model=t2t_vit_7", "data=cifar10", "model.depth=2", "model.qk_norm=true"])
+    cfg.model.reg_tokens, cfg.model.mlp, cfg.model.mlp_ratio = 2, "swiglu", 2.0
+    model = build_model_from_config(cfg.model, num_classes=10)
+    assert model.num_prefix_tokens == 3 and model.pos_embed.shape == (1, 3 + 64, 256)
+    assert type(model.blocks[0].mlp).__name__ == "SwiGLU" and type(model.blocks[0].attn.q_norm).__name__ == "LayerNorm"
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    assert model.reg_token.grad.abs().sum() > 0

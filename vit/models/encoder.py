@@ -59,7 +59,8 @@ class Encoder(nn.Module):
         drop_rate: dropout after the position embedding and inside every block (timm's classic ViT).
         attn_drop_rate: dropout on the attention weights.
         drop_path_rate: stochastic depth of the last block; rates rise linearly from 0 at the first.
-        pos_embed: "learned" (trunc-normal init) or "sinusoidal" (fixed), a table added to the tokens; "rope"
+        pos_embed: "learned" (trunc-normal init), "sinusoidal" (fixed, 1D) or "sincos2d" (fixed, 2D over the patch
+            grid, MAE's), a table added to the tokens; "rope"
             (axial rotary positions) or "rope_mixed" (rotary with learned 2D frequencies), in the attention.
         global_pool: "token" reads the cls token; "avg" averages the image's tokens (not the cls, dist or
             register tokens) and, as timm does, moves the final LayerNorm after the pooling (`fc_norm`).
@@ -155,8 +156,9 @@ class Encoder(nn.Module):
             self.rope = MixedRope(head_dim, depth, num_heads, temperature) if pos_embed == "rope_mixed" else None
         else:
             # One row per prefix token (none with no_embed_class), then one per token of the tokenizer's grid.
-            table_rows = tokenizer.num_patches + (0 if no_embed_class else self.num_prefix_tokens)
-            self.pos_embed = make_pos_embed(pos_embed, table_rows, embed_dim)  # (1, rows, C)
+            prefix_rows = 0 if no_embed_class else self.num_prefix_tokens
+            table_rows = tokenizer.num_patches + prefix_rows
+            self.pos_embed = make_pos_embed(pos_embed, table_rows, embed_dim, tokenizer.grid_size, prefix_rows)
             self.rope = None
         self.pos_drop = nn.Dropout(drop_rate)
         self.blocks = encoder_blocks(

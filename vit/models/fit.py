@@ -76,10 +76,27 @@ def adapt_state_dict(state_dict: StateDict, model: nn.Module, reset_head: bool =
     model's fresh classifier whatever the size)."""
     state_dict = dict(state_dict)
     own = model.state_dict()
+    drop_mae_decoder(state_dict, own)
     adapt_pos_embed(state_dict, own, model)
     adapt_patch_embed(state_dict, own, model)
     adapt_head(state_dict, own, reset_head)
     return state_dict
+
+
+# The parts of a masked autoencoder (vit/models/mae.py, the official MAE code) that only pretraining uses.
+MAE_DECODER_KEYS = ("mask_token", "decoder_")
+
+
+def drop_mae_decoder(state_dict: StateDict, own: StateDict) -> None:
+    """A masked autoencoder's weights into a model without its decoder (a classifier to fine-tune): the decoder
+    and mask token are left behind, said in one line; the encoder is a ViT's and loads as such."""
+    if any(k.startswith(MAE_DECODER_KEYS) for k in own):
+        return
+    dropped = [k for k in state_dict if k.startswith(MAE_DECODER_KEYS)]
+    for key in dropped:
+        del state_dict[key]
+    if dropped:
+        log.info("masked autoencoder weights: the encoder loads, the decoder (%d tensors) is left out", len(dropped))
 
 
 def adapt_pos_embed(state_dict: StateDict, own: StateDict, model: nn.Module) -> None:
@@ -135,6 +152,13 @@ def adapt_head(state_dict: StateDict, own: StateDict, reset: bool = False) -> No
     model's freshly initialised one, said in one line."""
     own_head, ckpt_head = own.get("head.weight"), state_dict.get("head.weight")
     same_size = own_head is not None and ckpt_head is not None and own_head.shape == ckpt_head.shape
+    if ckpt_head is None and own_head is not None and "head.bias" not in state_dict:
+        # Weights without a classifier (a masked autoencoder, an encoder saved with num_classes=0): the model's own.
+        log.warning("classifier: the weights have none; head initialised for %d classes", own_head.shape[0])
+        for key in ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias"):
+            if key in own:
+                state_dict[key] = own[key]
+        return
     if ckpt_head is None or (same_size and not reset):
         return
     want = 0 if own_head is None else own_head.shape[0]

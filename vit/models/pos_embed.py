@@ -1,4 +1,5 @@
-"""Position embeddings: learned (timm's init) or fixed sinusoidal, and resampling to another grid.
+"""Position embeddings: learned (timm's init), fixed sinusoidal (1D over the token index, or 2D over the patch
+grid as in MAE), and resampling to another grid.
 
 Layout everywhere: (1, num_prefix + H*W, C), the class token's row first, patches in row-major order.
 """
@@ -11,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-POS_EMBED_KINDS = ("learned", "sinusoidal")
+POS_EMBED_KINDS = ("learned", "sinusoidal", "sincos2d")
 
 
 def sinusoid_table(num_positions: int, dim: int) -> torch.Tensor:
@@ -29,13 +30,42 @@ def sinusoid_table(num_positions: int, dim: int) -> torch.Tensor:
     return table.float().unsqueeze(0)
 
 
-def make_pos_embed(kind: str, num_positions: int, dim: int) -> nn.Parameter:
-    """A learned table (zeros here; the model's init draws trunc_normal(0.02) as timm does), or the fixed
-    sinusoid table stored as a frozen Parameter so it sits in the state dict under the same key."""
+def sincos_2d_table(grid: tuple[int, int], dim: int, num_prefix: int = 0) -> torch.Tensor:
+    """The fixed 2D sin-cos table of MAE and MoCo v3, (1, num_prefix + rows * columns, dim), prefix rows zero.
+
+    Half the channels encode the column x, half the row y, each with the 1D encoding of d = dim / 2 channels:
+    [sin(x ω_0..ω_{d/2-1}) | cos(x ω) | sin(y ω) | cos(y ω)], ω_i = 10000^(-2i/d). Patches in row-major order.
+    (The official MAE code names the column half "h"; the numbers are these.)
+    """
+    if dim % 4:
+        raise ValueError(f"a 2D sin-cos table needs a width divisible by 4, not {dim}")
+    rows, cols = grid
+    y, x = torch.meshgrid(
+        torch.arange(rows, dtype=torch.float64), torch.arange(cols, dtype=torch.float64), indexing="ij"
+    )
+    omega = 1.0 / 10000 ** (torch.arange(dim // 4, dtype=torch.float64) / (dim // 4))  # (dim / 4,)
+    halves = []
+    for coord in (x.reshape(-1), y.reshape(-1)):  # (N,) each: column, then row
+        angle = coord[:, None] * omega  # (N, dim / 4)
+        halves += [angle.sin(), angle.cos()]
+    table = torch.cat([torch.zeros(num_prefix, dim, dtype=torch.float64), torch.cat(halves, dim=1)])
+    return table.float().unsqueeze(0)
+
+
+def make_pos_embed(
+    kind: str, num_positions: int, dim: int, grid: tuple[int, int] | None = None, num_prefix: int = 0
+) -> nn.Parameter:
+    """A learned table (zeros here; the model's init draws trunc_normal(0.02) as timm does), or a fixed table
+    stored as a frozen Parameter so it sits in the state dict under the same key: the 1D sinusoid over the
+    `num_positions` indices, or the 2D sin-cos over `grid` after `num_prefix` zero rows."""
     if kind == "learned":
         return nn.Parameter(torch.zeros(1, num_positions, dim))
     if kind == "sinusoidal":
         return nn.Parameter(sinusoid_table(num_positions, dim), requires_grad=False)
+    if kind == "sincos2d":
+        if grid is None or num_prefix + grid[0] * grid[1] != num_positions:
+            raise ValueError(f"pos_embed=sincos2d needs the token grid of the {num_positions} positions")
+        return nn.Parameter(sincos_2d_table(grid, dim, num_prefix), requires_grad=False)
     raise ValueError(f"pos_embed={kind!r} must be one of {POS_EMBED_KINDS}")
 
 
