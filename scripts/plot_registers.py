@@ -1,7 +1,7 @@
 """Registers against their absence: the attention maps and the image tokens' norms of two or more trained models.
 
 usage: python scripts/plot_registers.py checkpoints=<a.pt>,<b.pt>[,...] image=<file or dir> [names=base,reg4]
-    [layer=-1] [max_images=4] [out=registers.png]
+    [layer=-1] [max_images=4] [stats_images=<max_images>] [out=registers.png]
 
 "Vision Transformers Need Registers" (Darcet et al. 2024) found that large ViTs trained long write global
 information into a few background patch tokens, whose output norms are then ~10x the others' and which light up
@@ -9,7 +9,8 @@ in the attention maps; register tokens take that role instead. For each model th
 head-averaged attention of `layer` over the image's tokens (the cls token's, or the image tokens' mean without
 one; registers hidden) and the norm of every image token after the last block. It prints, per model, the ratio of
 the largest token norm to the median one (averaged over the images) and the share of attention the registers
-take, so whether the artifact is there is read as a number, not only off the picture.
+take, so whether the artifact is there is read as a number, not only off the picture; both over `stats_images`
+images of the folder (the figure draws the first `max_images`).
 
 Example (two runs of the CPU proxy, docs/ABLATIONS.md):
 
@@ -34,6 +35,7 @@ ARGS = {
     "names": "",
     "layer": "-1",
     "max_images": "4",
+    "stats_images": "",
     "out": "registers.png",
 }
 
@@ -59,17 +61,20 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"names={args['names']!r} gives {len(names)} names for {len(checkpoints)} checkpoints")
     try:
         layer, max_images = int(args["layer"]), int(args["max_images"])
+        stats_images = int(args["stats_images"] or max_images)
     except ValueError:
-        raise UsageError(f"layer={args['layer']!r} and max_images={args['max_images']!r} must be integers") from None
+        raise UsageError("layer=, max_images= and stats_images= must be integers") from None
+    if min(max_images, stats_images) < 1:
+        raise UsageError(f"max_images={max_images} and stats_images={stats_images} must be at least 1")
     panels, lines, pictures = [], [], None
     for name, checkpoint in zip(names, checkpoints, strict=True):
         model, config, _ = load_model(checkpoint)
-        _, images = load_images(args["image"], config, limit=max_images)
+        _, images = load_images(args["image"], config, limit=max(max_images, stats_images))
         try:
-            views = attention_views(model, images, layer)
+            views = attention_views(model, images[:stats_images], layer)
         except IndexError as err:
             raise UsageError(str(err)) from err
-        norms = token_norms(model, images)  # (B, gh, gw)
+        norms = token_norms(model, images[:stats_images])  # (B, gh, gw)
         flat = norms.flatten(1)
         ratio = (flat.max(dim=1).values / flat.median(dim=1).values).mean().item()
         registers = getattr(model, "num_reg_tokens", 0)
@@ -77,10 +82,10 @@ def main(argv: list[str]) -> int:
             f", registers take {100 * views['register_share'].mean().item():.0f}% of the attention" if registers else ""
         )
         lines.append(f"{name}: largest/median token norm {ratio:.2f}{share}")
-        attention = views["heads"].mean(dim=1).numpy()  # (B, H, W): the head mean
-        panels.append((name, attention, norms.numpy()))
-        pictures = denormalise(images, config) if pictures is None else pictures
-    note = f"layer {layer}; " + "; ".join(lines)
+        attention = views["heads"][:max_images].mean(dim=1).numpy()  # (B, H, W): the head mean
+        panels.append((name, attention, norms[:max_images].numpy()))
+        pictures = denormalise(images[:max_images], config) if pictures is None else pictures
+    note = f"layer {layer}, over {stats_images} images; " + "; ".join(lines)
     out = registers_figure(pictures, panels, args["out"], note)
     for line in lines:
         print(line)

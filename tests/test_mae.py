@@ -132,3 +132,17 @@ def test_same_numbers_as_the_official_code(norm_pix_loss, monkeypatch):
             g_ref = their_params[name].grad
             bound = 1e-5 * max(1.0, g_ref.abs().max().item())
             assert (param.grad - g_ref).abs().max().item() <= bound, name
+
+
+def test_the_encoder_fine_tunes_with_average_pooling_as_the_paper_does(tmp_path):
+    """MAE's fine-tuning pools the image tokens and normalises after the pooling: the encoder's `norm` is left out
+    and the classifier's own `fc_norm` starts fresh (ones and zeros)."""
+    torch.manual_seed(0)
+    mae = MaskedAutoencoder(**SMALL)
+    with torch.no_grad():
+        mae.norm.weight.add_(0.5)
+    encoder = {k: v for k, v in SMALL.items() if not k.startswith("decoder")}
+    classifier = create_model("vit_tiny", **encoder, num_classes=10, global_pool="avg")
+    load_pretrained(classifier, mae.state_dict())
+    assert torch.equal(classifier.fc_norm.weight, torch.ones(64)) and isinstance(classifier.norm, nn.Identity)
+    torch.testing.assert_close(classifier.blocks[0].mlp.fc1.weight, mae.blocks[0].mlp.fc1.weight)

@@ -77,6 +77,7 @@ def adapt_state_dict(state_dict: StateDict, model: nn.Module, reset_head: bool =
     state_dict = dict(state_dict)
     own = model.state_dict()
     drop_mae_decoder(state_dict, own)
+    adapt_final_norm(state_dict, own)
     adapt_pos_embed(state_dict, own, model)
     adapt_patch_embed(state_dict, own, model)
     adapt_head(state_dict, own, reset_head)
@@ -97,6 +98,21 @@ def drop_mae_decoder(state_dict: StateDict, own: StateDict) -> None:
         del state_dict[key]
     if dropped:
         log.info("masked autoencoder weights: the encoder loads, the decoder (%d tensors) is left out", len(dropped))
+
+
+def adapt_final_norm(state_dict: StateDict, own: StateDict) -> None:
+    """Weights trained with the final LayerNorm before the pooling (`norm`, token pooling, MAE's encoder) into a
+    model that normalises after it (`fc_norm`, average pooling): the model's fresh `fc_norm`, the source's `norm`
+    left out, as MAE's fine-tuning does it; said in one line."""
+    theirs_before = "norm.weight" in state_dict and "fc_norm.weight" not in state_dict
+    ours_after = "fc_norm.weight" in own and "norm.weight" not in own
+    if not (theirs_before and ours_after):
+        return
+    for key in ("norm.weight", "norm.bias"):
+        state_dict.pop(key, None)
+    for key in ("fc_norm.weight", "fc_norm.bias"):
+        state_dict[key] = own[key]
+    log.info("final norm: the weights normalise before the pooling, the model after it (fc_norm, initialised)")
 
 
 def adapt_pos_embed(state_dict: StateDict, own: StateDict, model: nn.Module) -> None:
