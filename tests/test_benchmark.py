@@ -51,6 +51,8 @@ def test_percentile_interpolates(q, expected):
     [
         ("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64", "matmul"),
         ("aten::addmm", "matmul"),
+        ("nvjet_sm90_tst_192x192_64x4_2x1_v_bz_coopB_bias_TNN", "matmul"),  # cuBLASLt on Hopper
+        ("void at::native::(anonymous namespace)::GammaBetaBackwardCUDAKernelTemplate<float>", "norm"),
         ("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>", "attention"),
         ("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<FusedAdamMathFunctor>", "optimizer"),
         ("triton_per_fused_add_native_layer_norm_0", "norm"),  # a fused LayerNorm is counted as a norm

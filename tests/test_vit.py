@@ -104,7 +104,10 @@ def test_forward_features_and_head():
         ({"drop_path_rate": 1.5}, "drop_path_rate=1.5"),
         ({"qk_scale": -0.5}, "qk_scale=-0.5"),
         ({"global_pool": "max"}, "global_pool='max'"),
-        ({"pos_embed": "alibi"}, "pos_embed='alibi' must be one of .'learned', 'sinusoidal', 'rope', 'rope_mixed'."),
+        (
+            {"pos_embed": "alibi"},
+            "pos_embed='alibi' must be one of .'learned', 'sinusoidal', 'sincos2d', 'rope', 'rope_mixed'.",
+        ),
         ({"depth_": 3}, "depth_"),
     ],
 )

@@ -14,9 +14,11 @@ from vit.analysis.benchmark import make_train_step, synchronize
 KERNEL_FAMILIES = (
     ("attention", ("flash", "fmha", "attention", "sdpa", "efficient_attention")),
     ("patch embed (conv)", ("convolution", "conv2d", "cudnn", "implicit_gemm")),
-    ("matmul", ("gemm", "xmma", "cutlass", "matmul", "addmm", "aten::mm", "aten::bmm", "linear", "cublas")),
+    # cuBLASLt's Hopper kernels are named nvjet_sm90_...: matmuls, not elementwise work.
+    ("matmul", ("gemm", "xmma", "cutlass", "nvjet", "matmul", "addmm", "aten::mm", "aten::bmm", "linear", "cublas")),
     ("optimizer", ("adam", "foreach", "multi_tensor", "fused_adamw")),
-    ("norm", ("layer_norm", "layernorm", "native_layer_norm", "rms_norm")),
+    # GammaBetaBackward is LayerNorm's weight and bias gradient.
+    ("norm", ("layer_norm", "layernorm", "native_layer_norm", "rms_norm", "gammabetabackward")),
     ("softmax / loss", ("softmax", "cross_entropy", "nll_loss", "log_softmax")),
     ("copies / casts", ("copy", "cast", "to_copy", "memcpy", "memset", "fill")),
     ("fused (triton)", ("triton",)),
