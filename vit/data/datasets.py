@@ -150,6 +150,8 @@ def _imagefolder(cfg) -> Splits:
             root = extract_archive(root, cfg.get("cache_dir"))
         except ArchiveError as err:
             raise DataError(f"data.root: {err}") from err
+    if cfg.get("unlabelled"):
+        return _unlabelled_folder(cfg, root)
     root = find_tree_root(root)
     val_name = cfg.get("val_split")
     if val_name is None:
@@ -178,6 +180,63 @@ def _imagefolder(cfg) -> Splits:
     if cfg.scan_images:
         _drop_unreadable(cfg, root, {"train": train, val_name: val}, on_bad)
     return Splits(train, val, dict(train.class_to_idx), root=root, val_name=val_name)
+
+
+class UnlabelledImages(Dataset):
+    """Every image file under `folder`, at any depth and in any layout, each with the label 0 (one class,
+    "images"): pretraining data, where the folders say nothing. Sorted paths, so every run sees the same order."""
+
+    def __init__(self, folder: Path) -> None:
+        extensions = tuple(tv_datasets.folder.IMG_EXTENSIONS)
+        paths = sorted(str(p) for p in folder.rglob("*") if p.suffix.lower() in extensions and p.is_file())
+        self.samples = [(path, 0) for path in paths]
+        self.imgs = self.samples
+        self.targets = [0] * len(paths)
+        self.classes, self.class_to_idx = ["images"], {"images": 0}
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, index: int):
+        path, target = self.samples[index]
+        return load_rgb(path), target
+
+
+def _unlabelled_folder(cfg, root: Path) -> Splits:
+    """data.unlabelled=true: the images under data.root whatever their folders. A tree with train/ and a
+    validation folder keeps that split (class folders inside are fine, and ignored); any other folder is one pool,
+    and the validation images are `data.holdout` of it."""
+    try:
+        tree = find_tree_root(root)
+    except DataError:
+        tree = None
+    val_name = None
+    if tree is not None:
+        val_name = cfg.get("val_split") or next((n for n in VAL_SPLIT_NAMES if (tree / n).is_dir()), None)
+    if tree is not None and val_name is not None and (tree / val_name).is_dir():
+        splits = {"train": UnlabelledImages(tree / "train"), val_name: UnlabelledImages(tree / val_name)}
+    elif cfg.get("holdout") is None:
+        raise DataError(
+            f"data.root={str(root)!r} has no train/ and val/ folders to split by: with data.unlabelled=true set "
+            "data.holdout=<n> (or a fraction) to validate on that many of its images"
+        )
+    else:
+        tree, val_name = (tree or root), None
+        splits = {".": UnlabelledImages(tree)}
+    for split, dataset in splits.items():
+        if not len(dataset):
+            shown = str(tree / split) if split != "." else str(tree)
+            raise DataError(
+                f"data.root: {shown!r} holds no image files ({', '.join(tv_datasets.folder.IMG_EXTENSIONS)})"
+            )
+    on_bad = cfg.get("on_bad_image") or "error"
+    if on_bad not in BAD_IMAGE_MODES:
+        raise DataError(f"data.on_bad_image={on_bad!r} must be one of {BAD_IMAGE_MODES}")
+    if cfg.scan_images:
+        _drop_unreadable(cfg, tree, splits, on_bad)
+    train = splits.get("train", splits.get("."))
+    val = splits.get(val_name) if val_name else None
+    return Splits(train, val, dict(train.class_to_idx), root=tree, val_name=val_name or "val")
 
 
 def _printable(path: str) -> str:

@@ -4,6 +4,7 @@ from vit.models.attention import Attention, LocalitySelfAttention, TokenAttentio
 from vit.models.complexity import Complexity, attention_macs, complexity, mlp_macs
 from vit.models.encoder import Encoder
 from vit.models.layers import Block, DropPath, LayerScale, Mlp, PatchEmbed, SwiGLU
+from vit.models.mae import MaskedAutoencoder, create_mae
 from vit.models.pos_embed import resample_pos_embed, sinusoid_table
 from vit.models.pretrained import load_pretrained, read_state_dict
 from vit.models.registry import create_model, list_models, register_model
@@ -19,6 +20,7 @@ __all__ = [
     "Encoder",
     "LayerScale",
     "LocalitySelfAttention",
+    "MaskedAutoencoder",
     "MixedRope",
     "Mlp",
     "PatchEmbed",
@@ -32,6 +34,7 @@ __all__ = [
     "axial_rope_table",
     "capture_attention",
     "complexity",
+    "create_mae",
     "create_model",
     "list_models",
     "load_pretrained",

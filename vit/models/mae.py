@@ -29,6 +29,7 @@ from torch import nn
 
 from vit.models.layers import Block
 from vit.models.pos_embed import sincos_2d_table
+from vit.models.registry import model_arguments, model_entry
 from vit.models.vit import VisionTransformer
 
 
@@ -179,3 +180,14 @@ class MaskedAutoencoder(VisionTransformer):
         latent, mask, ids_restore = self.forward_encoder(images, ratio, noise)
         pred = self.forward_decoder(latent, ids_restore)
         return self.reconstruction_loss(images, pred, mask), pred, mask
+
+
+def create_mae(name: str, decoder: dict, **encoder_overrides) -> MaskedAutoencoder:
+    """A masked autoencoder whose encoder is the registered ViT `name` with `encoder_overrides` (as
+    `create_model(name, ...)` would build it), and `decoder` its decoder and masking settings
+    (`decoder_embed_dim`, `decoder_depth`, `decoder_num_heads`, `mask_ratio`, `norm_pix_loss`)."""
+    if not issubclass(model_entry(name).constructor, VisionTransformer):
+        raise ValueError(f"name={name!r} is not a ViT: the masked autoencoder hides patches of a plain ViT encoder")
+    encoder = model_arguments(name, **encoder_overrides)
+    encoder.pop("num_classes", None)  # no head: the decoder is the output
+    return MaskedAutoencoder(**decoder, **encoder)

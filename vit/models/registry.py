@@ -51,6 +51,13 @@ def create_model(name: str, **overrides: Any) -> nn.Module:
     for arguments whose meaningful value is None (`qk_scale`, `init_values`, `fc_norm`, `rope_temperature`),
     which are passed through.
     """
+    return model_entry(name).constructor(**model_arguments(name, **overrides))
+
+
+def model_arguments(name: str, **overrides: Any) -> dict[str, Any]:
+    """The keyword arguments `create_model(name, **overrides)` passes its constructor: the registered defaults
+    with the overrides on top. A wrapper built around a registered model (the masked autoencoder around a ViT
+    encoder) takes the same arguments."""
     entry = model_entry(name)
     params = inspect.signature(entry.constructor).parameters
     unknown = sorted(k for k in overrides if k not in params)
@@ -61,7 +68,7 @@ def create_model(name: str, **overrides: Any) -> nn.Module:
         if value is None and key not in NONE_IS_A_VALUE:
             continue
         kwargs[key] = value
-    return entry.constructor(**kwargs)
+    return kwargs
 
 
 # Arguments for which None is itself the setting, not "use the default".

@@ -5,7 +5,8 @@ named before anything is read.
 A checkpoint is a dict of tensors and plain containers:
     model, optimizer, scheduler, scaler, ema: state dicts (ema/scaler may be None)
     rng: torch/CUDA/numpy/python generator states
-    epoch (finished epochs), step (optimizer steps), best_top1, class_to_idx, config (resolved, plain),
+    epoch (finished epochs), step (optimizer steps), best_score (vit/train/checkpointer.py's Progress),
+    class_to_idx, config (resolved, plain),
     history (one dict of metrics per finished epoch)
 """
 
@@ -152,7 +153,7 @@ def load_checkpoint(path: str | Path) -> dict:
 
 
 def training_state(
-    *, model, optimizer, scheduler, scaler, ema, epoch: int, step: int, best_top1: float, class_to_idx, config, history
+    *, model, optimizer, scheduler, scaler, ema, epoch: int, step: int, best_score: float, class_to_idx, config, history
 ) -> dict:
     """Everything a resumed run needs to continue exactly where this one is (the layout in the module doc)."""
     return {
@@ -164,7 +165,7 @@ def training_state(
         "rng": rng_state(),
         "epoch": epoch,
         "step": step,
-        "best_top1": best_top1,
+        "best_score": best_score,
         "class_to_idx": dict(class_to_idx),
         "config": config,
         "history": list(history),

@@ -1,13 +1,15 @@
 """The run's checkpoints: what is written when, and how a resumed run takes up where one stopped.
 
 checkpoints/last.pt after every epoch and at a stop inside an epoch (a signal: it then holds the batches done
-and every rank's RNG, so the resumed run goes on with the next batch); best.pt when the validation top-1
-improves; with `trainer.keep_last=N` also epoch_0001.pt, epoch_0002.pt, ... of which the newest N are kept (an
+and every rank's RNG, so the resumed run goes on with the next batch); best.pt when the validation score
+improves (top-1; with task=mae, the reconstruction loss falls); with `trainer.keep_last=N` also epoch_0001.pt, epoch_0002.pt, ... of which the newest N are kept (an
 older one is removed only after the newer one and last.pt are written in full). Every file holds the same
 `training_state` (vit/train/checkpoint.py), so any of them resumes a run, seeds a fine-tuning, or goes into
 scripts/average_checkpoints.py."""
 
 from __future__ import annotations
+
+import math
 
 import logging
 import os
@@ -30,7 +32,8 @@ class Progress:
 
     wall_start: float  # time.perf_counter() reading the run's clock counts from (earlier processes' time included)
     start_epoch: int = 0  # the first epoch this process trains
-    best_top1: float = -1.0
+    # The best validation score so far: top-1 (classification) or minus the reconstruction loss (task=mae).
+    best_score: float = -math.inf
     history: list[dict] = field(default_factory=list)  # one record per finished epoch (vit/train/results.py)
     skip_batches: int = 0  # batches of `start_epoch` trained before a stop inside it
     resume_rng: dict | None = None  # this rank's RNG at that stop
@@ -67,7 +70,7 @@ class Checkpointer:
             **self.parts,
             epoch=epoch,
             step=step,
-            best_top1=progress.best_top1,
+            best_score=progress.best_score,
             class_to_idx=self.class_to_idx,
             config=self.config,
             history=progress.history,
@@ -138,7 +141,7 @@ def resume(path: Path, settings: StepSettings, state: StepState, setup, wall_sta
     progress = Progress(
         wall_start=wall_start - elapsed,
         start_epoch=int(saved["epoch"]),
-        best_top1=float(saved.get("best_top1", -1.0)),
+        best_score=float(saved.get("best_score", saved.get("best_top1", -math.inf))),  # older files: best_top1
         history=history,
         skip_batches=int(saved.get("batches_into_epoch") or 0),
         resume_rng=rng_ranks[dist.rank] if len(rng_ranks) == dist.world_size else saved.get("rng"),

@@ -13,7 +13,7 @@ from vit.data.archive import is_archive
 from vit.data.augment import AugmentSpec
 from vit.data.datasets import DATASET_NAMES, DataError, parse_holdout
 from vit.data.loader import LOADERS
-from vit.models import create_model, list_models
+from vit.models import create_mae, create_model, list_models
 from vit.train.finetune import FREEZE_MODES
 from vit.train.precision import AMP_MODES
 
@@ -28,6 +28,8 @@ COMPILE_SCOPES = ("model", "blocks")
 OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("cosine", "constant")
 DISTILL_TYPES = ("none", "hard", "soft")
+TASKS = ("classify", "mae")
+MAE_KEYS = ("mask_ratio", "decoder_embed_dim", "decoder_depth", "decoder_num_heads", "norm_pix_loss")
 
 
 def _require(ok: bool, message: str) -> None:
@@ -79,6 +81,7 @@ NUMERIC_KEYS = {
             "limit_val_batches",
             "log_every_n_steps",
             "attn_maps_every_n_epochs",
+            "recon_images_every_n_epochs",
             "stop_after_epoch",
             "max_bad_steps",
             "val_every_n_epochs",
@@ -110,6 +113,7 @@ NUMERIC_KEYS = {
         ),
     },
     "distill": {"int": ("teacher_img_size",), "float": ("alpha", "tau")},
+    "mae": {"int": ("decoder_embed_dim", "decoder_depth", "decoder_num_heads"), "float": ("mask_ratio",)},
 }
 
 # Switches: `trainer.ema=maybe` would otherwise count as true (a non-empty string).
@@ -126,7 +130,8 @@ BOOL_KEYS = {
         "fc_norm",
     ),
     "distill": ("teacher_ema",),
-    "data": ("pin_memory", "download", "scan_images", "augment.hflip"),
+    "mae": ("norm_pix_loss",),
+    "data": ("pin_memory", "unlabelled", "download", "scan_images", "augment.hflip"),
     "trainer": ("deterministic", "ema", "ema_warmup", "save_checkpoints", "eval_flip", "grad_checkpointing"),
 }
 
@@ -212,6 +217,21 @@ def build_model_from_config(
         raise ConfigError(f"model settings do not build {name}: {str(err).strip().splitlines()[0]}") from err
 
 
+def build_mae_from_config(model_cfg: Mapping, mae_cfg: Mapping) -> nn.Module:
+    """task=mae: the masked autoencoder around the encoder `model_cfg` describes (vit/models/mae.py)."""
+    check_types(OmegaConf.create({"model": dict(model_cfg), "mae": dict(mae_cfg)}))
+    kwargs = model_kwargs(model_cfg)
+    kwargs.pop("num_classes", None)
+    try:
+        return create_mae(str(model_cfg.get("name")), {k: mae_cfg[k] for k in MAE_KEYS}, **kwargs)
+    except ValueError as err:
+        raise ConfigError(f"task=mae: model.{err}") from err
+
+
+def is_mae(cfg: Mapping) -> bool:
+    return cfg.get("task", "classify") == "mae"
+
+
 def resolve_device(setting: str) -> torch.device:
     if setting == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -227,6 +247,7 @@ def validate(cfg: DictConfig) -> None:
     except Exception as err:  # an interpolation that points nowhere
         raise ConfigError(f"config cannot be resolved: {err}") from err
     check_types(cfg)
+    check_task(cfg)
     check_data(cfg)
     check_optim(cfg.optim)
     check_finetune(cfg)
@@ -264,7 +285,7 @@ def check_data(cfg: DictConfig) -> None:
     if data.get("num_classes") is not None:
         _require(int(data.num_classes) >= 1, f"data.num_classes={data.num_classes} must be >= 1 or null")
     model_classes = cfg.model.get("num_classes")
-    if model_classes is not None and data.get("num_classes") is not None:
+    if model_classes is not None and data.get("num_classes") is not None and not is_mae(cfg):
         # Fewer outputs than classes: the loss would fail on the first label the head has no output for.
         _require(
             int(model_classes) >= int(data.num_classes),
@@ -282,6 +303,70 @@ def check_data(cfg: DictConfig) -> None:
     buffer, samples = data.get("shuffle_buffer"), data.get("epoch_samples")
     _require(buffer is None or int(buffer) >= 0, f"data.shuffle_buffer={buffer} must be >= 0 (0 or 1: no buffer)")
     _require(samples is None or int(samples) >= 1, f"data.epoch_samples={samples} must be >= 1 or null")
+
+
+def check_task(cfg: DictConfig) -> None:
+    """`task`: classify or mae. Masked-autoencoder pretraining reads no labels and has no head, so the settings
+    that act on labels or on a head are refused by name rather than ignored."""
+    task = cfg.get("task", "classify")
+    _require(task in TASKS, f"task={task!r} must be one of {TASKS}")
+    if task != "mae":
+        _require(cfg.get("mae") is None, "mae.* settings are given but task=classify: add task=mae to pretrain")
+        _require(
+            not cfg.data.get("unlabelled"),
+            "data.unlabelled=true reads no labels, which a classifier needs: it is for task=mae",
+        )
+        return
+    mae = cfg.get("mae")
+    _require(mae is not None, "task=mae needs the mae.* settings: select it with task=mae (configs/task/mae.yaml)")
+    missing = [k for k in MAE_KEYS if mae.get(k) is None]
+    _require(not missing, f"mae.{missing[0] if missing else ''} is not set (task=mae needs {', '.join(MAE_KEYS)})")
+    ratio = float(mae.mask_ratio)
+    _require(0.0 < ratio < 1.0, f"mae.mask_ratio={mae.mask_ratio} must be in (0, 1)")
+    for key in ("decoder_embed_dim", "decoder_depth", "decoder_num_heads"):
+        _require(int(mae[key]) >= 1, f"mae.{key}={mae[key]} must be >= 1")
+    _require(
+        int(mae.decoder_embed_dim) % int(mae.decoder_num_heads) == 0,
+        f"mae.decoder_num_heads={mae.decoder_num_heads} must divide mae.decoder_embed_dim={mae.decoder_embed_dim}",
+    )
+    model, augment = cfg.model, cfg.data.get("augment") or {}
+    name = str(model.get("name"))
+    _require(
+        not name.startswith("t2t"),
+        f"task=mae: model.name={name!r} is a T2T-ViT, whose soft split has no patches to hide; use a ViT config",
+    )
+    pos = model.get("pos_embed")
+    _require(
+        pos not in ("rope", "rope_mixed"),
+        f"task=mae: model.pos_embed={pos!r} is not supported: the masked encoder adds a position table to the "
+        "patches it keeps (sincos2d, learned or sinusoidal)",
+    )
+    _require(
+        model.get("global_pool", "token") == "token",
+        f"task=mae: model.global_pool={model.get('global_pool')!r}: the pretrained encoder ends in its norm and has "
+        "no head; choose the pooling when fine-tuning",
+    )
+    for key in ("mixup_alpha", "cutmix_alpha", "label_smoothing"):
+        value = augment.get(key) or 0.0
+        _require(float(value) == 0.0, f"task=mae reads no labels: data.augment.{key}={value} must be 0")
+    dcfg = cfg.get("distill") or {}
+    _require(
+        dcfg.get("type", "none") == "none", f"task=mae has no classifier to distil: distill.type={dcfg.get('type')}"
+    )
+    _require(
+        not cfg.trainer.get("eval_flip"), "task=mae evaluates the reconstruction: trainer.eval_flip=true is unused"
+    )
+    attn_every = cfg.trainer.get("attn_maps_every_n_epochs") or 0
+    _require(
+        int(attn_every) == 0,
+        f"task=mae: trainer.attn_maps_every_n_epochs={attn_every} must be 0 (the masked encoder has no whole-image "
+        "attention to draw; trainer.recon_images_every_n_epochs draws its reconstructions)",
+    )
+    resize = cfg.trainer.get("progressive_resize") or {}
+    _require(
+        resize.get("min_size") is None,
+        "task=mae: trainer.progressive_resize is not supported (the decoder's table is built for one size)",
+    )
 
 
 def check_optim(optim: DictConfig) -> None:
@@ -342,6 +427,11 @@ def check_trainer(trainer: DictConfig) -> None:
     _require(val_every is None or int(val_every) >= 1, f"trainer.val_every_n_epochs={val_every} must be >= 1")
     attn_every = trainer.get("attn_maps_every_n_epochs")
     _require(attn_every is None or int(attn_every) >= 0, f"trainer.attn_maps_every_n_epochs={attn_every} must be >= 0")
+    recon_every = trainer.get("recon_images_every_n_epochs")
+    _require(
+        recon_every is None or int(recon_every) >= 0,
+        f"trainer.recon_images_every_n_epochs={recon_every} must be >= 0",
+    )
     for key in ("limit_train_batches", "limit_val_batches", "stop_after_epoch"):
         value = trainer.get(key)
         _require(value is None or int(value) >= 1, f"trainer.{key}={value} must be >= 1 or null")

@@ -174,3 +174,39 @@ def confusion_matrix_figure(matrix: np.ndarray, class_names: list[str], path: Pa
     ax.set_title(f"top-1 {100 * np.trace(matrix) / max(matrix.sum(), 1):.2f}%")
     fig.tight_layout()
     return save(fig, path)
+
+
+@torch.no_grad()
+def reconstruction_views(
+    model: torch.nn.Module, images: torch.Tensor, mean, std, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A masked autoencoder (vit/models/mae.py) on `images` (B, 3, H, W), normalised as the loader gives them:
+    (original, masked, reconstruction), each (B, 3, H, W) in [0, 1] for display. The masked view greys out the
+    hidden patches; the reconstruction shows the predicted pixels of the hidden patches beside the visible ones,
+    as the paper's figures do. With `norm_pix_loss` the predictions are per-patch normalised, so each is mapped
+    back with its true patch's mean and spread (the figure shows the shapes the model predicts, not their
+    absolute brightness). The masking noise comes from `seed`: the same patches every time."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    images = images.to(device).float()
+    noise = torch.rand(images.shape[0], model.patch_embed.num_patches, generator=torch.Generator().manual_seed(seed))
+    _, pred, mask = model(images, noise=noise.to(device))  # (B, N, p*p*3), (B, N)
+    pred = pred.float()
+    if model.norm_pix_loss:
+        target = model.patchify(images)  # (B, N, p*p*3)
+        mean_p, var_p = target.mean(dim=-1, keepdim=True), target.var(dim=-1, keepdim=True)
+        pred = pred * (var_p + 1e-6) ** 0.5 + mean_p
+    hidden = model.unpatchify(mask.unsqueeze(-1).expand_as(pred))  # (B, 3, H, W): 1 where hidden
+    recon = model.unpatchify(pred)
+    mean_t = torch.tensor(mean, device=device).view(1, 3, 1, 1)
+    std_t = torch.tensor(std, device=device).view(1, 3, 1, 1)
+
+    def to_pixels(x: torch.Tensor) -> torch.Tensor:
+        return (x * std_t + mean_t).clamp(0, 1).cpu()
+
+    model.train(was_training)
+    original = to_pixels(images)
+    masked = original * (1 - hidden.cpu()) + 0.5 * hidden.cpu()
+    pasted = to_pixels(images * (1 - hidden) + recon * hidden)
+    return original, masked, pasted

@@ -183,6 +183,21 @@ def flat_hparams(config: Mapping, prefix: str = "") -> dict:
     return out
 
 
+def reconstruction_image(
+    model: torch.nn.Module, images: torch.Tensor, mean: Sequence[float], std: Sequence[float]
+) -> torch.Tensor:
+    """task=mae: one row per image of original | masked | reconstruction, as a (3, height, width) uint8 tensor
+    for `add_image` (vit/train/figures.py's `reconstruction_views`, the same masks every epoch)."""
+    from torchvision.utils import make_grid
+
+    from vit.train.figures import reconstruction_views
+
+    original, masked, recon = reconstruction_views(model, images, mean, std)
+    rows = torch.stack([original, masked, recon], dim=1).flatten(0, 1)  # (3B, 3, H, W): image by image
+    grid = make_grid(rows, nrow=3, padding=2, pad_value=1.0)  # (3, height, width) in [0, 1]
+    return (grid * 255).round().to(torch.uint8)
+
+
 def attention_image(
     model: torch.nn.Module, images: torch.Tensor, mean: Sequence[float], std: Sequence[float]
 ) -> torch.Tensor:

@@ -45,6 +45,7 @@ class StepSettings:
     distill: object | None = None  # vit/train/distill.py's Distiller: the loss with a teacher or distillation token
     stop_requested: Callable[[], bool] = field(default=lambda: False)
     compiled: bool = False  # whether torch.compile is on (reported in metrics.json)
+    masked_pretraining: bool = False  # task=mae: the model returns (loss, pred, mask) and no label is read
 
     @property
     def amp_dtype(self) -> torch.dtype | None:
@@ -202,11 +203,14 @@ def forward_backward(
         images, targets = settings.mixup_fn(images, targets)  # soft targets (B, classes)
     with sync_context(settings, last_micro_step):
         with autocast(settings):  # the teacher (settings.distill) runs in it too, on the same mixed images
-            outputs = settings.train_model(images)
-            if settings.distill is None:
-                loss = settings.criterion(outputs, targets)
+            if settings.masked_pretraining:  # the masked autoencoder's loss on the hidden patches
+                loss = settings.train_model(images)[0]
             else:
-                loss = settings.distill.loss(images, outputs, targets)
+                outputs = settings.train_model(images)
+                if settings.distill is None:
+                    loss = settings.criterion(outputs, targets)
+                else:
+                    loss = settings.distill.loss(images, outputs, targets)
         scaled = loss / settings.accum_steps
         (settings.scaler.scale(scaled) if settings.scaler is not None else scaled).backward()
     loss = loss.detach()
@@ -332,3 +336,44 @@ def _evaluate(model, loader, device, ctx, limit_batches, num_classes, dist, flip
     if confusion is not None:
         result["confusion"] = confusion.cpu()
     return result
+
+
+# The masks of evaluation: the same noise, so the same hidden patches, for each validation image in every epoch.
+RECONSTRUCTION_EVAL_SEED = 0
+
+
+@torch.no_grad()
+def evaluate_reconstruction(
+    model: nn.Module,
+    loader: Iterable,
+    device: torch.device,
+    amp_dtype: torch.dtype | None,
+    limit_batches: int | None = None,
+    dist: Distributed | None = None,
+) -> dict:
+    """task=mae: the masked autoencoder's loss (mean squared error on the hidden patches) over the loader, as
+    {"loss", "count"} with top1/top5 None (no labels). Each batch's masking noise comes from a generator seeded
+    once per pass, so every epoch hides the same patches of the same images and the losses compare."""
+    model.eval()
+    ctx = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
+    generator = torch.Generator().manual_seed(RECONSTRUCTION_EVAL_SEED)
+    num_patches = model.patch_embed.num_patches
+    loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+    count = 0
+    with eager():
+        for i, (images, _) in enumerate(loader):
+            if limit_batches is not None and i >= limit_batches:
+                break
+            images = images.to(device, non_blocking=True)  # (B, 3, H, W)
+            noise = torch.rand(images.shape[0], num_patches, generator=generator).to(device)  # (B, N)
+            with ctx:
+                loss, _, _ = model(images, noise=noise)
+            # Every image hides the same number of patches, so the batch mean weighs each image alike.
+            loss_sum += loss.double() * images.shape[0]
+            count += images.shape[0]
+    sums = torch.stack([loss_sum, loss_sum.new_tensor(float(count))])
+    if dist is not None:
+        dist.sum_(sums)
+    total, count = sums.tolist()
+    count = max(int(count), 1)
+    return {"top1": None, "top5": None, "loss": total / count, "count": count}

@@ -9,6 +9,7 @@ import torch
 from timm.utils import ModelEmaV3
 
 from vit.train.compile import compile_blocks
+from vit.train.config import is_mae
 from vit.train.loop import StepSettings
 from vit.train.optim import build_optimizer, build_scheduler, scaled_lr
 from vit.train.precision import announce, choose_precision
@@ -60,6 +61,7 @@ def build_optimisation(setup: Setup) -> StepSettings:
         ddp=ddp,
         distill=setup.distiller,
         compiled=use_compile,
+        masked_pretraining=is_mae(cfg),
     )
 
 

@@ -9,16 +9,16 @@ from __future__ import annotations
 import torch
 
 from vit.train.compile import eager
-from vit.train.logger import Console, TensorBoard, attention_image
+from vit.train.logger import Console, TensorBoard, attention_image, reconstruction_image
 
 ATTENTION_IMAGES = 4  # fixed validation images whose attention maps go to TensorBoard
 
 
 class Reporter:
-    def __init__(self, log_dir: str, progress: str, *, enabled: bool, attn_every: int) -> None:
+    def __init__(self, log_dir: str, progress: str, *, enabled: bool, attn_every: int, recon_every: int = 0) -> None:
         self.tb = TensorBoard(log_dir, enabled=enabled)
         self.console = Console(progress, enabled=enabled)
-        self.enabled, self.attn_every = enabled, attn_every
+        self.enabled, self.attn_every, self.recon_every = enabled, attn_every, recon_every
         self.fixed_images = None  # (ATTENTION_IMAGES, 3, H, W): the same validation images every epoch
 
     def __enter__(self) -> Reporter:
@@ -58,6 +58,16 @@ class Reporter:
         with eager():  # blocks compiled in place (compile_scope=blocks) run eagerly for the figure
             image = attention_image(model, self.fixed_images, bundle.mean, bundle.std)
         self.tb.image("attention/heads_and_rollout", image, step)
+
+    def reconstructions(self, model, bundle, epoch: int, epochs: int, step: int) -> None:
+        """task=mae, every `recon_images_every_n_epochs` epochs and after the last: original, masked and
+        reconstructed versions of the fixed validation images (the same masks every time)."""
+        due = self.recon_every and ((epoch + 1) % self.recon_every == 0 or epoch + 1 == epochs)
+        if not (self.enabled and due) or self.fixed_images is None:
+            return
+        with eager():
+            image = reconstruction_image(model, self.fixed_images, bundle.mean, bundle.std)
+        self.tb.image("mae/original_masked_reconstruction", image, step)
 
     def hparams(self, hparams: dict, metrics: dict) -> None:
         self.tb.hparams(hparams, metrics)

@@ -38,10 +38,9 @@ def epoch_scalars(
         "train/epoch_img_per_s": train["img_per_s"],
         "train/epoch_loss": train["loss"],
     }
-    if val:
-        scalars.update({f"val/{k}": val[k] for k in ("top1", "top5", "loss")})
-    if val_ema:
-        scalars.update({f"val_ema/{k}": val_ema[k] for k in ("top1", "top5", "loss")})
+    for prefix, result in (("val", val), ("val_ema", val_ema)):  # task=mae: the loss only, no top-1
+        if result:
+            scalars.update({f"{prefix}/{k}": result[k] for k in ("top1", "top5", "loss") if result[k] is not None})
     if device.type == "cuda":
         scalars["sys/gpu_mem_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     if skipped_steps:
@@ -56,9 +55,21 @@ def epoch_line(
         f"epoch {epoch + 1}/{epochs}: train loss {train['loss']:.4f}, {train['img_per_s']:,.0f} img/s"
         + (f" at {img_size} px" if img_size is not None else "")
         + f", {train['seconds']:.1f}s"
-        + (f"; {val_name} top-1 {val['top1']:.2f}%" if val else "")
-        + (f" (EMA {val_ema['top1']:.2f}%)" if val_ema else "")
+        + (f"; {val_name} {shown(val)}" if val else "")
+        + (f" (EMA {shown(val_ema, short=True)})" if val_ema else "")
     )
+
+
+def shown(result: dict, short: bool = False) -> str:
+    """An evaluation for the console: top-1, or (task=mae) the reconstruction loss."""
+    if result["top1"] is not None:
+        return f"{result['top1']:.2f}%" if short else f"top-1 {result['top1']:.2f}%"
+    return f"{result['loss']:.4f}" if short else f"reconstruction loss {result['loss']:.4f}"
+
+
+def val_score(result: dict) -> float:
+    """Higher is better: top-1, or (task=mae) minus the reconstruction loss. Chooses best.pt."""
+    return float(result["top1"]) if result["top1"] is not None else -float(result["loss"])
 
 
 def final_test(model, ema, bundle, device, amp_dtype, limit, dist, flip: bool) -> dict:
@@ -75,8 +86,12 @@ def run_metrics(setup, history: list[dict], settings) -> dict:
     """metrics.json: final and best epoch, mean throughput, model size, how it ran (loader, precision, compile,
     threads) with the reasons, and the whole history."""
     cfg, cost, bundle = setup.cfg, setup.cost, setup.bundle
-    evaluated = [r for r in history if r.get("val_top1") is not None]
-    best = max(evaluated, key=lambda r: r["val_top1"]) if evaluated else {}
+    evaluated = [r for r in history if r.get("val_loss") is not None]
+    scored = [r for r in evaluated if r.get("val_top1") is not None]
+    if scored:
+        best = max(scored, key=lambda r: r["val_top1"])
+    else:  # task=mae: the lowest reconstruction loss
+        best = min(evaluated, key=lambda r: r["val_loss"]) if evaluated else {}
     return {
         "model": cfg.model.name,
         "params": cost.params,
@@ -84,7 +99,8 @@ def run_metrics(setup, history: list[dict], settings) -> dict:
         "num_classes": bundle.num_classes,
         "epochs_done": len(history),
         "final": history[-1] if history else {},
-        "best": {"val_top1": best.get("val_top1"), "epoch": best.get("epoch")},
+        "best": {"val_top1": best.get("val_top1"), "val_loss": best.get("val_loss"), "epoch": best.get("epoch")},
+        "task": str(cfg.get("task", "classify")),
         "train_img_per_s": float(np.mean([r["train_img_per_s"] for r in history])) if history else None,
         "loader": bundle.loader_kind,
         "loader_reason": bundle.loader_reason,

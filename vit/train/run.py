@@ -26,13 +26,21 @@ from omegaconf import DictConfig
 
 from vit.train.checkpoint import atomic_write_text, check_run_dir, rng_state, set_rng_state
 from vit.train.checkpointer import Checkpointer, Progress, resume
-from vit.train.config import ConfigError, resolve_device, validate
+from vit.train.config import ConfigError, is_mae, resolve_device, validate
 from vit.train.distributed import Distributed, setup_distributed
 from vit.train.logger import flat_hparams
-from vit.train.loop import NonFiniteLossError, StepSettings, StepState, evaluate, train_one_epoch, weights_finite
+from vit.train.loop import (
+    NonFiniteLossError,
+    StepSettings,
+    StepState,
+    evaluate,
+    evaluate_reconstruction,
+    train_one_epoch,
+    weights_finite,
+)
 from vit.train.optimisation import batches_per_epoch, build_optimisation
 from vit.train.report import Reporter
-from vit.train.results import epoch_line, epoch_record, epoch_scalars, final_test, run_metrics
+from vit.train.results import epoch_line, epoch_record, epoch_scalars, final_test, run_metrics, val_score
 from vit.train.setup import Setup, build_model_and_data, epoch_seed, rank_seed, seed_everything, setup_torch
 from vit.train.signals import StopSignal
 
@@ -94,7 +102,14 @@ def train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed, 
     epochs = int(tcfg.epochs)
     stop = StopSignal()
     settings.stop_requested = stop.requested
-    reporter = Reporter(str(run_dir / "tb"), str(tcfg.progress), enabled=main, attn_every=tcfg.attn_maps_every_n_epochs)
+    mae = is_mae(cfg)
+    reporter = Reporter(
+        str(run_dir / "tb"),
+        str(tcfg.progress),
+        enabled=main,
+        attn_every=0 if mae else tcfg.attn_maps_every_n_epochs,  # the encoder sees a quarter of the patches
+        recon_every=int(tcfg.get("recon_images_every_n_epochs") or 0) if mae else 0,
+    )
     with reporter as report:
         report.keep_images(setup.bundle.val_loader)
         teacher = evaluate_teacher(setup, settings, state, report)  # a bad teacher shows before the student trains
@@ -110,9 +125,9 @@ def train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed, 
                     break
                 val, val_ema = evaluate_epoch(setup, settings, epoch)
                 record_epoch(setup, settings, state, progress, report, epoch, trained, val, val_ema)
-                is_best = val is not None and val["top1"] > progress.best_top1
+                is_best = val is not None and val_score(val) > progress.best_score
                 if val is not None:
-                    progress.best_top1 = max(progress.best_top1, val["top1"])
+                    progress.best_score = max(progress.best_score, val_score(val))
                 check_weights(settings, state, epoch)
                 checkpoints.save_epoch(epoch + 1, state.step, progress, is_best)
                 if pause_due(tcfg, epoch):
@@ -188,6 +203,10 @@ def evaluate_epoch(setup: Setup, settings: StepSettings, epoch: int) -> tuple[di
     if (epoch + 1) % int(tcfg.val_every_n_epochs or 1) and not last_here:
         return None, None
     args = (setup.bundle.val_loader, setup.device, settings.amp_dtype, tcfg.limit_val_batches)
+    if is_mae(setup.cfg):  # the reconstruction loss on fixed masks: no labels to score
+        val = evaluate_reconstruction(setup.model, *args, dist=setup.dist)
+        ema = settings.ema
+        return val, evaluate_reconstruction(ema.module, *args, dist=setup.dist) if ema is not None else None
     flip = bool(tcfg.eval_flip)
     val = evaluate(setup.model, *args, dist=setup.dist, flip=flip)
     val_ema = evaluate(settings.ema.module, *args, dist=setup.dist, flip=flip) if settings.ema is not None else None
@@ -212,6 +231,7 @@ def record_epoch(setup, settings, state, progress, report, epoch: int, trained, 
     report.scalars(scalars, state.step)
     epochs = int(setup.cfg.trainer.epochs)
     report.attention_maps(setup.model, setup.bundle, epoch, epochs, state.step)
+    report.reconstructions(setup.model, setup.bundle, epoch, epochs, state.step)
     report.line(epoch_line(epoch, epochs, trained, val, val_ema, state.train_img_size, setup.bundle.val_name))
 
 
@@ -244,7 +264,8 @@ def finish(setup, settings, state, progress, report, stop, teacher, run_dir: Pat
     metrics = run_metrics(setup, progress.history, settings)
     if teacher is not None:
         metrics["teacher"] = {"source": str(cfg.distill.teacher), **teacher}
-    if bundle.test_loader is not None and progress.history and progress.history[-1]["epoch"] == epochs:
+    finished = progress.history and progress.history[-1]["epoch"] == epochs
+    if bundle.test_loader is not None and finished and not is_mae(cfg):  # pretraining has no labels to test
         # data.holdout: epochs and settings are chosen on the holdout; the test split is looked at once, here.
         tcfg = cfg.trainer
         test = final_test(
@@ -271,8 +292,12 @@ def finish(setup, settings, state, progress, report, stop, teacher, run_dir: Pat
         log.info("first step (compilation included): %.1f s", state.first_step_seconds)
     if setup.dist.is_main:
         atomic_write_text(json.dumps(metrics, indent=2), run_dir / "metrics.json")  # a failed write keeps the old one
-        final, best = metrics["final"].get("val_top1") or 0.0, metrics["best"]["val_top1"] or 0.0
-        report.hparams(flat_hparams(setup.resolved), {"val_top1": final, "best_val_top1": best})
+        if is_mae(cfg):
+            final, best = metrics["final"].get("val_loss"), metrics["best"]["val_loss"]
+            report.hparams(flat_hparams(setup.resolved), {"val_loss": final or 0.0, "best_val_loss": best or 0.0})
+        else:
+            final, best = metrics["final"].get("val_top1") or 0.0, metrics["best"]["val_top1"] or 0.0
+            report.hparams(flat_hparams(setup.resolved), {"val_top1": final, "best_val_top1": best})
     return metrics
 
 

@@ -19,7 +19,7 @@ from vit.data import DataBundle, build_data
 from vit.data.resources import available_cpus
 from vit.models import complexity
 from vit.train.checkpoint import find_resume_checkpoint
-from vit.train.config import ConfigError, build_model_from_config, resolve_device
+from vit.train.config import ConfigError, build_mae_from_config, build_model_from_config, is_mae, resolve_device
 from vit.train.distill import build_distiller, check_teacher_classes, load_teacher
 from vit.train.distributed import Distributed
 from vit.train.finetune import freeze, load_pretrained_weights, read_pretrained
@@ -91,7 +91,10 @@ def build_model_and_data(
     num_classes_cfg = cfg.model.get("num_classes")
     resize = resize_schedule(tcfg.get("progressive_resize"), cfg.data.img_size, cfg.model.get("patch_size") or 1)
     dynamic = resize is not None  # progressive resizing: the ViT takes the smaller images too
-    model = build_model_from_config(cfg.model, num_classes=num_classes_cfg or 1000, dynamic_img_size=dynamic)
+    if is_mae(cfg):  # task=mae: the masked autoencoder around the configured encoder; no head, no labels
+        model = build_mae_from_config(cfg.model, cfg.mae)
+    else:
+        model = build_model_from_config(cfg.model, num_classes=num_classes_cfg or 1000, dynamic_img_size=dynamic)
     # model.pretrained: read and checked against this model before any data is read. A resumed run continues from
     # its own checkpoint and does not read them again.
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -107,7 +110,8 @@ def build_model_and_data(
     log.info("threads: %d (%s)", *threads)
     if loader_wrapper is not None:
         bundle.train_loader = loader_wrapper(bundle.train_loader)
-    if num_classes_cfg is None and getattr(model, "num_classes", None) != bundle.num_classes:
+    rebuild = num_classes_cfg is None and getattr(model, "num_classes", None) != bundle.num_classes
+    if rebuild and not is_mae(cfg):
         seed_everything(seed)
         model = build_model_from_config(cfg.model, num_classes=bundle.num_classes, dynamic_img_size=dynamic)
     if pretrained is not None:
