@@ -14,7 +14,15 @@ from trainer_utils import QUICK, QUICK_SYNTHETIC, REPO, compose_config, run_cli
 
 from vit.cli import check_override_keys
 from vit.train import CheckpointError, atomic_save, load_checkpoint, run
-from vit.train.config import NUMBER_LISTS, NUMERIC_KEYS, ConfigError, build_model_from_config, validate
+from vit.train.config import (
+    NUMBER_LISTS,
+    NUMERIC_KEYS,
+    ConfigError,
+    build_mae_from_config,
+    build_model_from_config,
+    is_mae,
+    validate,
+)
 from vit.train.loop import NonFiniteLossError, weights_finite
 
 setup_phase = importlib.import_module("vit.train.setup")  # where a run builds its model and data
@@ -178,6 +186,17 @@ RANGE_CASES = {
     "distill.teacher_img_size": (["distill.teacher_img_size=0"], "distill.teacher_img_size=0 must be positive"),
     "distill.teacher_mean": (["distill.teacher_mean=[0.5]"], "distill.teacher_mean=[0.5] must be a list of 3 numbers"),
     "distill.teacher_std": (["distill.teacher_std=[0.2,0,0.2]"], "distill.teacher_std=[0.2, 0, 0.2] must be > 0"),
+    "trainer.recon_images_every_n_epochs": (
+        ["trainer.recon_images_every_n_epochs=-1"],
+        "trainer.recon_images_every_n_epochs=-1 must be >= 0",
+    ),
+    "mae.mask_ratio": (["task=mae", "mae.mask_ratio=1.0"], "mae.mask_ratio=1.0 must be in (0, 1)"),
+    "mae.decoder_embed_dim": (["task=mae", "mae.decoder_embed_dim=0"], "mae.decoder_embed_dim=0 must be >= 1"),
+    "mae.decoder_depth": (["task=mae", "mae.decoder_depth=0"], "mae.decoder_depth=0 must be >= 1"),
+    "mae.decoder_num_heads": (
+        ["task=mae", "mae.decoder_num_heads=5"],
+        "mae.decoder_num_heads=5 must divide mae.decoder_embed_dim=512",
+    ),
 }
 
 
@@ -185,7 +204,10 @@ def check(overrides: list[str]) -> None:
     """What run() checks before any data is read: the config, then the model it builds."""
     cfg = compose_config(["data=synthetic", *overrides])
     validate(cfg)
-    build_model_from_config(cfg.model, num_classes=10)
+    if is_mae(cfg):
+        build_mae_from_config(cfg.model, cfg.mae)
+    else:
+        build_model_from_config(cfg.model, num_classes=10)
 
 
 @pytest.mark.parametrize("key", sorted(RANGE_CASES))
@@ -211,10 +233,11 @@ def test_every_numeric_knob_has_a_range_case():
     so a knob added to the YAML without a range check fails here."""
     knobs = {f"{group}.{key}" for group, kinds in NUMERIC_KEYS.items() for keys in kinds.values() for key in keys}
     knobs |= {f"{group}.{key}" for group, lists in NUMBER_LISTS.items() for key, _ in lists} | {"data.holdout"}
-    for group in ("model", "data", "optim", "sched", "trainer", "experiment"):
+    for group in ("model", "data", "optim", "sched", "trainer", "task", "experiment"):
         for option in sorted((REPO / "configs" / group).glob("*.yaml")):
             cfg = OmegaConf.to_container(compose_config([f"{group}={option.stem}"]), resolve=True)
-            knobs |= numeric_leaves({k: cfg[k] for k in ("model", "data", "optim", "sched", "trainer")})
+            groups = ("model", "data", "optim", "sched", "trainer", "mae")
+            knobs |= numeric_leaves({k: cfg[k] for k in groups if k in cfg})
     knobs -= {"model.soft_split"}  # T2T's kernel/stride/padding triples: checked by the model (test_t2t.py)
     assert sorted(knobs - set(RANGE_CASES)) == []
 
@@ -227,6 +250,10 @@ NOT_NUMBERS = sorted(
 # Knobs that only some group options have: the option to compose them with.
 CONFIG_WITH_KEY = {
     "model.token_dim": ["model=t2t_vit_7"],
+    "mae.mask_ratio": ["task=mae"],
+    "mae.decoder_embed_dim": ["task=mae"],
+    "mae.decoder_depth": ["task=mae"],
+    "mae.decoder_num_heads": ["task=mae"],
     "data.shuffle_buffer": ["data=webdataset"],
     "data.epoch_samples": ["data=webdataset"],
 }

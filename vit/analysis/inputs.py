@@ -15,16 +15,20 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 
 
 def load_model(checkpoint: str | Path, use_ema: bool = False) -> tuple[nn.Module, dict, dict[str, int]]:
-    """Model (eval mode, fp32), resolved config and class map of a trainer checkpoint."""
+    """Model (eval mode, fp32), resolved config and class map of a trainer checkpoint; of a task=mae run, its
+    masked autoencoder (vit/models/mae.py)."""
     from vit.train.checkpoint import CheckpointError, load_checkpoint
-    from vit.train.config import build_model_from_config
+    from vit.train.config import build_mae_from_config, build_model_from_config
 
     state = load_checkpoint(checkpoint)
     config = state.get("config") or {}
     if "model" not in config:
         raise CheckpointError(f"checkpoint {str(checkpoint)!r} holds no model config")
     classes = state.get("class_to_idx") or {}
-    model = build_model_from_config(OmegaConf.create(config["model"]), num_classes=len(classes) or None)
+    if config.get("task") == "mae":
+        model = build_mae_from_config(OmegaConf.create(config["model"]), OmegaConf.create(config["mae"]))
+    else:
+        model = build_model_from_config(OmegaConf.create(config["model"]), num_classes=len(classes) or None)
     weights = state.get("ema") if use_ema else state["model"]
     if weights is None:
         raise CheckpointError(f"checkpoint {str(checkpoint)!r} has no EMA weights")

@@ -135,6 +135,11 @@ def build_model(
     from vit.models import create_model, list_models, load_pretrained
     from vit.models.pretrained import Pretrained
 
+    if found.config is not None and found.config.get("task") == "mae":
+        raise WeightsError(
+            f"checkpoint {given!r} is a masked-autoencoder pretraining run (task=mae) and has no classifier: "
+            f"fine-tune it first (train.py model.pretrained={given} ...)"
+        )
     if found.config is not None:  # ours: the config inside builds the model
         name = found.config["model"].get("name")
         if model_name and model_name != name:

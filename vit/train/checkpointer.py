@@ -2,16 +2,16 @@
 
 checkpoints/last.pt after every epoch and at a stop inside an epoch (a signal: it then holds the batches done
 and every rank's RNG, so the resumed run goes on with the next batch); best.pt when the validation score
-improves (top-1; with task=mae, the reconstruction loss falls); with `trainer.keep_last=N` also epoch_0001.pt, epoch_0002.pt, ... of which the newest N are kept (an
-older one is removed only after the newer one and last.pt are written in full). Every file holds the same
+improves (top-1; with task=mae, the reconstruction loss falls); with `trainer.keep_last=N` also epoch_0001.pt,
+epoch_0002.pt, ... of which the newest N are kept (an older one is removed only after the newer one and last.pt
+are written in full). Every file holds the same
 `training_state` (vit/train/checkpoint.py), so any of them resumes a run, seeds a fine-tuning, or goes into
 scripts/average_checkpoints.py."""
 
 from __future__ import annotations
 
-import math
-
 import logging
+import math
 import os
 import re
 import time
