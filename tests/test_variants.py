@@ -13,7 +13,7 @@ import timm
 import torch
 from omegaconf import OmegaConf
 from torch import nn
-from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, compose_config, run_cli
+from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, assert_resumes_exactly, compose_config, run_cli
 
 from vit.deploy.options import run_main
 from vit.models import create_model, load_pretrained
@@ -225,14 +225,7 @@ BASE += ["data.synthetic.num_train=128", "model.drop_path_rate=0.1", "trainer.at
 
 @pytest.mark.parametrize("variants", list(COMBINED))
 def test_the_variants_train_and_resume_exactly(tmp_path, variants):
-    overrides = [*BASE, *COMBINED[variants]]
-    straight = run(compose_config(overrides), output_dir=tmp_path / "straight")
-    run(compose_config([*overrides, "trainer.stop_after_epoch=1"]), output_dir=tmp_path / "resumed")
-    resumed = run(compose_config([*overrides, "trainer.resume=auto"]), output_dir=tmp_path / "resumed")
-    a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")["model"]
-    b = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["model"]
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert [r["train_loss"] for r in straight["history"]] == [r["train_loss"] for r in resumed["history"]]
+    straight, _, _ = assert_resumes_exactly([*BASE, *COMBINED[variants]], tmp_path)
     assert np.isfinite(straight["history"][-1]["train_loss"])
 
 

@@ -90,3 +90,21 @@ def fake_run(run_dir: Path, overrides: list[str], model: dict, metrics: dict | N
         with SummaryWriter(run_dir / "tb") as writer:
             for step, value in tb_curve:
                 writer.add_scalar("val/top1", value, step)
+
+
+def assert_resumes_exactly(overrides: list[str], tmp_path: Path) -> tuple[dict, dict, dict]:
+    """Train `overrides` straight through, and again stopped after epoch 1 and resumed: the two last.pt files must
+    hold the same weights and the two histories the same training losses. Returns (straight metrics, resumed
+    metrics, the straight run's model state dict)."""
+    import torch
+
+    from vit.train import load_checkpoint, run
+
+    straight = run(compose_config(overrides), output_dir=tmp_path / "straight")
+    run(compose_config([*overrides, "trainer.stop_after_epoch=1"]), output_dir=tmp_path / "resumed")
+    resumed = run(compose_config([*overrides, "trainer.resume=auto"]), output_dir=tmp_path / "resumed")
+    a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")["model"]
+    b = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["model"]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert [r["train_loss"] for r in straight["history"]] == [r["train_loss"] for r in resumed["history"]]
+    return straight, resumed, a
