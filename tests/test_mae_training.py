@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from trainer_utils import (
     QUICK,
     QUICK_SYNTHETIC,
@@ -33,6 +34,10 @@ def test_pretraining_resumes_exactly_and_records_the_loss(tmp_path):
     straight, _, weights = assert_resumes_exactly(MAE, tmp_path)
     assert any(k.startswith("decoder_blocks.") for k in weights) and "mask_token" in weights
     assert "head.weight" not in weights
+    events = EventAccumulator(str(tmp_path / "straight" / "tb"), size_guidance={"scalars": 0, "images": 0}).Reload()
+    assert {"train/loss", "train/lr", "val/loss"} <= set(events.Tags()["scalars"])
+    assert "val/top1" not in events.Tags()["scalars"]
+    assert events.Tags()["images"] == ["mae/original_masked_reconstruction"]  # after the last epoch
     last = straight["final"]
     assert last["val_top1"] is None and np.isfinite(last["val_loss"]) and "test" not in straight
     assert straight["task"] == "mae" and straight["best"]["val_loss"] == min(r["val_loss"] for r in straight["history"])
