@@ -43,6 +43,17 @@ def test_pretraining_resumes_exactly_and_records_the_loss(tmp_path):
     assert straight["task"] == "mae" and straight["best"]["val_loss"] == min(r["val_loss"] for r in straight["history"])
 
 
+@pytest.mark.parametrize(("task", "expected"), [("mae", 0.42), ("classify", 61.5)])
+def test_the_hydra_task_returns_the_runs_score(task, expected, monkeypatch):
+    """What a sweeper optimises: the reconstruction loss of a pretraining run, the top-1 of a classifier."""
+    import vit.train
+    from vit.cli import train_task
+
+    final = {"val_loss": 0.42, "val_top1": None if task == "mae" else 61.5}
+    monkeypatch.setattr(vit.train, "run", lambda cfg: {"task": task, "final": final})
+    assert train_task(compose_config(MAE if task == "mae" else QUICK)) == expected
+
+
 def test_the_validation_loss_uses_the_same_masks_every_time(tmp_path):
     """Evaluating the same weights twice gives the same loss: the masks are fixed, not drawn anew."""
     from vit.data import build_data

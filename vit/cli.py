@@ -47,8 +47,10 @@ def train_task(cfg) -> float | None:
     except NonFiniteLossError as err:
         print(f"training stopped: {err}", file=sys.stderr, flush=True)
         raise SystemExit(DIVERGED_EXIT_CODE) from None
-    # The value Hydra sweepers optimise, when one is used.
-    return (metrics.get("final") or {}).get("val_top1")
+    # The value Hydra sweepers optimise, when one is used: top-1 (to maximise), or with task=mae the reconstruction
+    # loss (to minimise), the only score a pretraining run has.
+    final = metrics.get("final") or {}
+    return final.get("val_loss") if metrics.get("task") == "mae" else final.get("val_top1")
 
 
 def check_group_choices(args: list[str]) -> None:
