@@ -421,3 +421,17 @@ def test_a_screen_of_many_levers_gets_one_overrides_column(tmp_path):
         ["model.lsa=true model.patch_embed=spt", "2", "51.50", "51.00 - 52.00"],
     ]
     assert [row[4] for row in rows] == ["+0.00", "+2.00", "+3.00", "+1.00"]  # each mean minus the baseline's
+
+
+def test_a_pretraining_sweep_is_summarised_by_its_reconstruction_loss(tmp_path):
+    """task=mae runs have no top-1: the table gains their final reconstruction loss, and only then."""
+    model = {"name": "vit_tiny", "embed_dim": 32}
+    for n, loss in enumerate((0.5123, 0.4821)):
+        metrics = {"task": "mae", "final": {"val_top1": None, "val_loss": loss}, "params": 1e5}
+        fake_run(tmp_path / "mae" / str(n), [f"mae.mask_ratio={0.6 + 0.15 * n}"], model, metrics)
+    header, rows = summary_rows(read_runs(tmp_path / "mae"))
+    column = header.index("final reconstruction loss")
+    assert [row[column] for row in rows] == ["0.5123", "0.4821"]
+    fake_run(tmp_path / "cls" / "0", ["model.depth=2"], model, {"final": {"val_top1": 50.0, "val_loss": 1.2}})
+    header, _ = summary_rows(read_runs(tmp_path / "cls"))
+    assert "final reconstruction loss" not in header

@@ -43,6 +43,11 @@ class RunRecord:
     def test_ema_top1(self) -> float | None:
         return (self.metrics.get("test") or {}).get("ema_top1")
 
+    @property
+    def final_recon_loss(self) -> float | None:
+        """A masked-autoencoder pretraining run (task=mae) has no top-1: its validation reconstruction loss."""
+        return (self.metrics.get("final") or {}).get("val_loss") if self.metrics.get("task") == "mae" else None
+
 
 NULLS = ("null", "None", "~", "")
 
@@ -123,14 +128,16 @@ def split_label(records: list[RunRecord]) -> str:
     return "holdout " if splits == {"holdout"} else ""
 
 
-def _extra_accuracies(records: list[RunRecord]) -> list[tuple[str, str]]:
-    """(column, RunRecord property) for the accuracies some run has: EMA, and the test split read after training."""
+def _extra_accuracies(records: list[RunRecord]) -> list[tuple[str, str, str]]:
+    """(column, RunRecord property, format) for the scores some run has: EMA, the test split read after training,
+    and a pretraining run's reconstruction loss."""
     columns = [
-        ("final EMA top-1", "final_ema_top1"),
-        ("test top-1", "test_top1"),
-        ("test EMA top-1", "test_ema_top1"),
+        ("final EMA top-1", "final_ema_top1", ".2f"),
+        ("test top-1", "test_top1", ".2f"),
+        ("test EMA top-1", "test_ema_top1", ".2f"),
+        ("final reconstruction loss", "final_recon_loss", ".4f"),
     ]
-    return [(name, attr) for name, attr in columns if any(getattr(r, attr) is not None for r in records)]
+    return [column for column in columns if any(getattr(r, column[1]) is not None for r in records)]
 
 
 SEED_KEY = "trainer.seed"
@@ -176,7 +183,7 @@ def summary_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
         "img/s",
         f"final {split}top-1",
         f"best {split}top-1",
-        *[name for name, _ in extras],
+        *[name for name, _, _ in extras],
         "wall s",
     ]
     rows = []
@@ -191,7 +198,7 @@ def summary_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
                 _fmt(m.get("train_img_per_s"), ",.0f"),
                 _fmt(record.final_top1, ".2f"),
                 _fmt(record.best_top1, ".2f"),
-                *[_fmt(getattr(record, attr), ".2f") for _, attr in extras],
+                *[_fmt(getattr(record, attr), fmt) for _, attr, fmt in extras],
                 _fmt(m.get("wall_time_s"), ".0f"),
             ]
         )
@@ -231,7 +238,7 @@ def seed_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]] | N
         f"final {split}top-1 mean",
         "min - max",
         *(["vs baseline"] if baseline_mean is not None else []),
-        *[f"{n} mean" for n, _ in extras],
+        *[f"{n} mean" for n, _, _ in extras],
         "wall s mean",
     ]
 
@@ -248,7 +255,10 @@ def seed_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]] | N
                 _fmt(final_mean, ".2f"),
                 f"{min(finals):.2f} - {max(finals):.2f}" if finals else "-",
                 *([_fmt(vs_baseline, "+.2f")] if baseline_mean is not None else []),
-                *[_fmt(mean([v for r in group if (v := getattr(r, attr)) is not None]), ".2f") for _, attr in extras],
+                *[
+                    _fmt(mean([v for r in group if (v := getattr(r, attr)) is not None]), fmt)
+                    for _, attr, fmt in extras
+                ],
                 _fmt(mean(walls), ".0f"),
             ]
         )
