@@ -3,6 +3,8 @@ figure, the checkpoint fine-tuning a classifier, and the settings it refuses (th
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 import torch
@@ -184,3 +186,13 @@ def test_the_figure_script_draws_a_run_and_the_deploy_scripts_refuse_it(tmp_path
     assert run_main(script.main, args, usage=script.__doc__) == 0 and out.stat().st_size > 0
     with pytest.raises(WeightsError, match="is a masked-autoencoder pretraining run .task=mae. and has no classifier"):
         build_deploy_model(weights_from_source(str(checkpoint)), str(checkpoint))
+
+
+def test_an_unlabelled_tree_names_a_missing_val_split_and_pools_a_lone_train_folder(tmp_path):
+    root = make_tree(tmp_path / "tree", per_class=4)
+    data = ["data=imagefolder", f"data.root={root}", "data.unlabelled=true", "data.img_size=16", "data.patch_size=4"]
+    with pytest.raises(DataError, match=r"data.val_split='dev': .*dev does not exist"):
+        build_splits(compose_config([*PRETRAIN, *data, "data.val_split=dev"]).data)
+    shutil.rmtree(root / "val")
+    splits = build_splits(compose_config([*PRETRAIN, *data, "data.holdout=2"]).data)
+    assert (len(splits.train), len(splits.val)) == (10, 2)  # train/'s 12 images, 2 of them held out

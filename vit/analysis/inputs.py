@@ -18,14 +18,14 @@ def load_model(checkpoint: str | Path, use_ema: bool = False) -> tuple[nn.Module
     """Model (eval mode, fp32), resolved config and class map of a trainer checkpoint; of a task=mae run, its
     masked autoencoder (vit/models/mae.py)."""
     from vit.train.checkpoint import CheckpointError, load_checkpoint
-    from vit.train.config import build_mae_from_config, build_model_from_config
+    from vit.train.config import build_mae_from_config, build_model_from_config, is_mae
 
     state = load_checkpoint(checkpoint)
     config = state.get("config") or {}
     if "model" not in config:
         raise CheckpointError(f"checkpoint {str(checkpoint)!r} holds no model config")
     classes = state.get("class_to_idx") or {}
-    if config.get("task") == "mae":
+    if is_mae(config):
         model = build_mae_from_config(OmegaConf.create(config["model"]), OmegaConf.create(config["mae"]))
     else:
         model = build_model_from_config(OmegaConf.create(config["model"]), num_classes=len(classes) or None)

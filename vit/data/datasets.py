@@ -204,24 +204,28 @@ class UnlabelledImages(Dataset):
 
 def _unlabelled_folder(cfg, root: Path) -> Splits:
     """data.unlabelled=true: the images under data.root whatever their folders. A tree with train/ and a
-    validation folder keeps that split (class folders inside are fine, and ignored); any other folder is one pool,
-    and the validation images are `data.holdout` of it."""
+    validation folder keeps that split (class folders inside are fine, and ignored); train/ alone, or any other
+    folder, is one pool, and the validation images are `data.holdout` of it."""
     try:
         tree = find_tree_root(root)
     except DataError:
         tree = None
-    val_name = None
-    if tree is not None:
-        val_name = cfg.get("val_split") or next((n for n in VAL_SPLIT_NAMES if (tree / n).is_dir()), None)
-    if tree is not None and val_name is not None and (tree / val_name).is_dir():
+    val_name = cfg.get("val_split")
+    if val_name is not None and (tree is None or not (tree / val_name).is_dir()):
+        raise DataError(f"data.val_split={val_name!r}: {(tree or root) / val_name} does not exist")
+    if tree is not None and val_name is None:
+        val_name = next((n for n in VAL_SPLIT_NAMES if (tree / n).is_dir()), None)
+    if tree is not None and val_name is not None:
         splits = {"train": UnlabelledImages(tree / "train"), val_name: UnlabelledImages(tree / val_name)}
     elif cfg.get("holdout") is None:
         raise DataError(
             f"data.root={str(root)!r} has no train/ and val/ folders to split by: with data.unlabelled=true set "
             "data.holdout=<n> (or a fraction) to validate on that many of its images"
         )
+    elif tree is not None:  # train/ alone: its images are the pool
+        splits = {"train": UnlabelledImages(tree / "train")}
     else:
-        tree, val_name = (tree or root), None
+        tree = root
         splits = {".": UnlabelledImages(tree)}
     for split, dataset in splits.items():
         if not len(dataset):

@@ -134,8 +134,9 @@ def build_model(
     `img_size` (else the preprocessing's), then loaded through the model.pretrained source checks."""
     from vit.models import create_model, list_models, load_pretrained
     from vit.models.pretrained import Pretrained
+    from vit.train.config import is_mae
 
-    if found.config is not None and found.config.get("task") == "mae":
+    if found.config is not None and is_mae(found.config):
         raise WeightsError(
             f"checkpoint {given!r} is a masked-autoencoder pretraining run (task=mae) and has no classifier: "
             f"fine-tune it first (train.py model.pretrained={given} ...)"

@@ -107,8 +107,8 @@ def train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed, 
         str(run_dir / "tb"),
         str(tcfg.progress),
         enabled=main,
-        attn_every=0 if mae else tcfg.attn_maps_every_n_epochs,  # the encoder sees a quarter of the patches
-        recon_every=int(tcfg.get("recon_images_every_n_epochs") or 0) if mae else 0,
+        attn_every=tcfg.attn_maps_every_n_epochs,  # 0 with task=mae (vit/train/config.py refuses any other)
+        recon_every=int(tcfg.get("recon_images_every_n_epochs") or 0) if mae else 0,  # a classifier has no decoder
     )
     with reporter as report:
         report.keep_images(setup.bundle.val_loader)
@@ -292,12 +292,9 @@ def finish(setup, settings, state, progress, report, stop, teacher, run_dir: Pat
         log.info("first step (compilation included): %.1f s", state.first_step_seconds)
     if setup.dist.is_main:
         atomic_write_text(json.dumps(metrics, indent=2), run_dir / "metrics.json")  # a failed write keeps the old one
-        if is_mae(cfg):
-            final, best = metrics["final"].get("val_loss"), metrics["best"]["val_loss"]
-            report.hparams(flat_hparams(setup.resolved), {"val_loss": final or 0.0, "best_val_loss": best or 0.0})
-        else:
-            final, best = metrics["final"].get("val_top1") or 0.0, metrics["best"]["val_top1"] or 0.0
-            report.hparams(flat_hparams(setup.resolved), {"val_top1": final, "best_val_top1": best})
+        score = "val_loss" if is_mae(cfg) else "val_top1"  # a pretraining run has no top-1
+        final, best = metrics["final"].get(score) or 0.0, metrics["best"][score] or 0.0
+        report.hparams(flat_hparams(setup.resolved), {score: final, f"best_{score}": best})
     return metrics
 
 
