@@ -10,7 +10,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,export,data]'
+	$(PY) -m pip install -q -e '.[dev,export,data,search]'
 	touch $(STAMP)
 
 test: $(STAMP)

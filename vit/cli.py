@@ -26,15 +26,19 @@ DIVERGED_EXIT_CODE = 3  # the loss stopped being finite: the settings were valid
 
 
 def train_task(cfg) -> float | None:
-    """The Hydra task: run one training; bad settings exit with code 2 and one line on stderr, a diverged
-    training with code 3."""
+    """The Hydra task: run one training and return `optimized_metric` (the value a sweeper optimises); bad
+    settings exit with code 2 and one line on stderr, a diverged training with code 3. In a trial of an Optuna
+    search (vit/sweeper.py) a diverged training returns NaN, which the study records as failed, and a trial its
+    pruner stopped raises optuna.TrialPruned: neither ends the search."""
     from vit.data import DataError
     from vit.train import CheckpointError, ConfigError, run
     from vit.train.checkpoint import OutputError
     from vit.train.loop import NonFiniteLossError
+    from vit.train.search import is_trial, optimized_metric
 
     logging.getLogger("vit").setLevel(logging.INFO)
     try:
+        metric = optimized_metric(cfg)
         metrics = run(cfg)
     except ConfigError as err:
         _fail("config", err)
@@ -46,11 +50,15 @@ def train_task(cfg) -> float | None:
         _fail("output", err)
     except NonFiniteLossError as err:
         print(f"training stopped: {err}", file=sys.stderr, flush=True)
+        if is_trial(cfg):
+            return float("nan")
         raise SystemExit(DIVERGED_EXIT_CODE) from None
-    # The value Hydra sweepers optimise, when one is used: top-1 (to maximise), or with task=mae the reconstruction
-    # loss (to minimise), the only score a pretraining run has.
-    final = metrics.get("final") or {}
-    return final.get("val_loss") if metrics.get("task") == "mae" else final.get("val_top1")
+    pruned = (metrics.get("search") or {}).get("pruned_after_epoch")
+    if pruned is not None:
+        import optuna
+
+        raise optuna.TrialPruned(f"pruned after epoch {pruned}")
+    return (metrics.get("final") or {}).get(metric)
 
 
 def check_group_choices(args: list[str]) -> None:

@@ -41,6 +41,7 @@ from vit.train.loop import (
 from vit.train.optimisation import batches_per_epoch, build_optimisation
 from vit.train.report import Reporter
 from vit.train.results import epoch_line, epoch_record, epoch_scalars, final_test, run_metrics, val_score
+from vit.train.search import TrialReport, check_search, is_trial
 from vit.train.setup import Setup, build_model_and_data, epoch_seed, rank_seed, seed_everything, setup_torch
 from vit.train.signals import StopSignal
 
@@ -60,6 +61,7 @@ def run(
     # the recipes' time goals are "process start to final evaluation". Other runs count from here.
     wall_start = time.perf_counter() - startup_seconds()
     validate(cfg)
+    check_search(cfg)
     own_dir = Path(output_dir) if output_dir is not None else hydra_output_dir()
     if own_dir is None:
         raise ConfigError("no run directory: call run(cfg, output_dir=...) or start through train.py")
@@ -103,6 +105,8 @@ def train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed, 
     stop = StopSignal()
     settings.stop_requested = stop.requested
     mae = is_mae(cfg)
+    searching = is_trial(cfg)  # a trial of an Optuna search (vit/sweeper.py): rank 0 reports to its study
+    trial = TrialReport.of(cfg) if searching and main else None
     reporter = Reporter(
         str(run_dir / "tb"),
         str(tcfg.progress),
@@ -130,10 +134,21 @@ def train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed, 
                     progress.best_score = max(progress.best_score, val_score(val))
                 check_weights(settings, state, epoch)
                 checkpoints.save_epoch(epoch + 1, state.step, progress, is_best)
+                if searching and trial_stops(trial, setup.dist, epoch, epochs, val, val_ema):
+                    break  # last.pt holds this epoch; no test split for a pruned trial
                 if pause_due(tcfg, epoch):
                     log.info("trainer.stop_after_epoch=%d reached; continue with trainer.resume=auto", epoch + 1)
                     break
-        return finish(setup, settings, state, progress, report, stop, teacher, run_dir)
+        return finish(setup, settings, state, progress, report, stop, teacher, run_dir, trial)
+
+
+def trial_stops(trial: TrialReport | None, dist: Distributed, epoch: int, epochs: int, val, val_ema) -> bool:
+    """Report the epoch's score to the study (rank 0 does) and whether its pruner stops the trial; every rank
+    learns the answer, so all of them stop together."""
+    if val is None:  # an epoch without an evaluation (the same on every rank)
+        return False
+    stop = trial.report(epoch + 1, val, val_ema, last=epoch + 1 == epochs) if trial is not None else False
+    return bool(dist.broadcast(stop))
 
 
 def start_epoch(setup: Setup, state: StepState, progress: Progress, epoch: int) -> int | None:
@@ -258,14 +273,18 @@ def evaluate_teacher(setup: Setup, settings: StepSettings, state: StepState, rep
     return result
 
 
-def finish(setup, settings, state, progress, report, stop, teacher, run_dir: Path) -> dict:
+def finish(setup, settings, state, progress, report, stop, teacher, run_dir: Path, trial=None) -> dict:
     """After the last epoch (or a stop): the test split set aside by data.holdout, metrics.json, hparams."""
     cfg, bundle, epochs = setup.cfg, setup.bundle, int(setup.cfg.trainer.epochs)
     metrics = run_metrics(setup, progress.history, settings)
+    if trial is not None:
+        metrics["search"] = trial.record()
     if teacher is not None:
         metrics["teacher"] = {"source": str(cfg.distill.teacher), **teacher}
     finished = progress.history and progress.history[-1]["epoch"] == epochs
-    if bundle.test_loader is not None and finished and not is_mae(cfg):  # pretraining has no labels to test
+    if bundle.test_loader is not None and finished and trial is not None:
+        log.info("a search trial does not read the %s split: the search chooses on the holdout", bundle.test_name)
+    elif bundle.test_loader is not None and finished and not is_mae(cfg):  # pretraining has no labels to test
         # data.holdout: epochs and settings are chosen on the holdout; the test split is looked at once, here.
         tcfg = cfg.trainer
         test = final_test(

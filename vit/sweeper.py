@@ -1,0 +1,369 @@
+"""The Optuna sweeper: `python train.py -m hparams_search=<name>` searches with current Optuna, its study kept in a
+database.
+
+Hydra finds sweepers only inside the `hydra_plugins` package, so hydra_plugins/vit_sweeper/ names this class
+there; configs/hydra/sweeper/optuna.yaml selects it and declares its settings. It does the job of the
+hydra-optuna-sweeper plugin (the `params:` grammar with choice/range/interval/tag(log, ...), the task's return
+value as the objective), written for today's Optuna because that plugin requires optuna<3 (docs/SEARCH.md).
+What it adds:
+- the study lives in `storage` (SQLite under the search's folder by default, PostgreSQL or MySQL across machines):
+  every process pointed at it works on the same study, and the same command continues a stopped search;
+- `n_trials` is the study's total: finished trials (complete, pruned or failed) count once and are never re-run;
+  a trial whose process died (its heartbeat stopped) is run again with the same parameters;
+- each trial's run knows its study and trial (`search.*`), so it reports its score after every evaluation and the
+  pruner can stop it early (vit/train/search.py);
+- a trial that diverges or fails is recorded as failed and the search goes on; a bad setting of the search
+  itself (an unknown key, a storage that cannot be opened) is one line and exit code 2, before any trial runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
+from hydra.core.plugins import Plugins
+from hydra.plugins.sweeper import Sweeper
+from hydra.types import HydraContext, TaskFunction
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger("vit.search")
+
+DIRECTIONS = ("maximize", "minimize")
+
+
+class SearchError(Exception):
+    """A setting of the search itself that cannot work: one line, exit code 2."""
+
+
+class OptunaSweeper(Sweeper):
+    """Hydra's Sweeper interface around an Optuna study (see the module's docstring)."""
+
+    def __init__(
+        self,
+        study_name: str,
+        storage: str,
+        direction: str = "maximize",
+        n_trials: int = 20,
+        sampler: Any = None,
+        params: Any = None,
+        heartbeat_interval: int = 10,
+        grace_period: int = 30,
+    ):
+        self.study_name = str(study_name)
+        self.storage_url = str(storage)
+        self.direction = str(direction)
+        self.n_trials = int(n_trials)
+        self.sampler_config = sampler
+        self.params = dict(params or {})
+        self.heartbeat_interval = int(heartbeat_interval)
+        self.grace_period = int(grace_period)
+        self.config: DictConfig | None = None
+        self.hydra_context: HydraContext | None = None
+        self.launcher = None
+
+    def setup(self, *, hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> None:
+        self.config, self.hydra_context = config, hydra_context
+        self.launcher = Plugins.instance().instantiate_launcher(
+            config=config, hydra_context=hydra_context, task_function=task_function
+        )
+
+    def sweep(self, arguments: list[str]) -> list:
+        logging.getLogger("vit").setLevel(logging.INFO)
+        try:
+            search = self.prepare(arguments)
+        except SearchError as err:
+            print(f"config error: {err}", file=sys.stderr, flush=True)
+            raise SystemExit(2) from None
+        return search.run()
+
+    def prepare(self, arguments: list[str]) -> Search:
+        """Everything checked before the first trial: the metric and its direction, the search space (each key
+        composes), the sampler and the study in its storage."""
+        try:
+            import optuna
+        except ImportError:
+            raise SearchError("the Optuna sweeper needs optuna: pip install -e '.[search]'") from None
+        assert self.config is not None
+        metric = self.check_metric()
+        space, fixed = search_space(self.params, arguments)
+        if self.n_trials < 1:
+            raise SearchError(f"hydra.sweeper.n_trials={self.n_trials} must be at least 1")
+        self.check_space(space, fixed)
+        study = open_study(
+            self.storage_url, self.study_name, self.direction, self.heartbeat_interval, self.grace_period
+        )
+        # A seeded sampler restarted on a study with trials would repeat its first suggestions: its seed moves on
+        # by the trials already there (reproducible for a resumed search; several workers get their own seeds).
+        study.sampler = self.sampler(seed_offset=len(study.get_trials(deepcopy=False)))
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # the trials' lines are ours, one per trial
+        return Search(self, study, space, fixed, metric)
+
+    def check_metric(self) -> str:
+        from vit.train.config import ConfigError
+        from vit.train.search import metric_direction, optimized_metric
+
+        if self.direction not in DIRECTIONS:
+            raise SearchError(f"hydra.sweeper.direction={self.direction!r} must be one of {DIRECTIONS}")
+        try:
+            metric = optimized_metric(self.config)
+            wanted = metric_direction(metric)
+        except ConfigError as err:
+            raise SearchError(str(err)) from None
+        if wanted != self.direction:
+            raise SearchError(
+                f"optimized_metric={metric} is to {wanted.rstrip('e')}e but hydra.sweeper.direction={self.direction}"
+            )
+        return metric
+
+    def check_space(self, space: dict, fixed: list[str]) -> None:
+        """Compose one trial's config (each parameter at its first value) so an unknown key or a bad value shows
+        now, not in the first trial."""
+        first = [f"{key}={format_value(first_value(dist))}" for key, dist in space.items()]
+        try:
+            self.validate_batch_is_legal([fixed + first])
+        except Exception as err:  # Hydra's ConfigCompositionException and its kin: the search space is wrong
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise SearchError(f"the search space does not compose: {reason}") from None
+
+    def sampler(self, seed_offset: int = 0):
+        if self.sampler_config is None:
+            import optuna
+
+            return optuna.samplers.TPESampler()
+        from hydra.utils import instantiate
+
+        config = OmegaConf.create(OmegaConf.to_container(self.sampler_config, resolve=True))
+        if config.get("seed") is not None:
+            config.seed = int(config.seed) + seed_offset
+        try:
+            return instantiate(config)
+        except Exception as err:
+            raise SearchError(f"hydra.sweeper.sampler cannot be built: {str(err).splitlines()[0]}") from None
+
+
+class Search:
+    """One process's part of a study: asks for trials until the study has `n_trials` finished ones."""
+
+    def __init__(self, sweeper: OptunaSweeper, study, space: dict, fixed: list[str], metric: str):
+        self.sweeper, self.study, self.space, self.fixed, self.metric = sweeper, study, space, fixed, metric
+        self.returns: list = []
+        self.exit_code: int | None = None
+
+    def run(self) -> list:
+        import optuna
+
+        done = finished_count(self.study)
+        todo = self.sweeper.n_trials - done
+        where = sqlite_path(self.sweeper.storage_url) or self.sweeper.storage_url
+        log.info(
+            "study %r in %s: %d of %d trials finished, %s", self.study.study_name, where, done,
+            self.sweeper.n_trials, f"{todo} to run" if todo > 0 else "nothing to run",
+        )  # fmt: skip
+        if todo > 0:
+            self.study.optimize(self.objective, n_trials=todo, callbacks=[self.stop_when_done], catch=(Exception,))
+        if self.exit_code is not None:
+            raise SystemExit(self.exit_code)
+        self.summary(optuna)
+        return self.returns
+
+    def objective(self, trial) -> float:
+        from hydra.core.utils import JobStatus
+
+        params = {key: suggest(trial, key, dist) for key, dist in self.space.items()}
+        overrides = [
+            *self.fixed,
+            *(f"{key}={format_value(value)}" for key, value in params.items()),
+            f"search.storage={quote(absolute_storage(self.sweeper.storage_url))}",
+            f"search.study={quote(self.study.study_name)}",
+            f"search.trial={trial.number}",
+        ]
+        log.info("trial %d: %s", trial.number, " ".join(f"{k}={format_value(v)}" for k, v in params.items()))
+        try:
+            [job] = self.sweeper.launcher.launch([overrides], initial_job_idx=trial.number)
+        except SystemExit as exit_:  # a bad setting in this trial's config: the run said why in one line
+            self.exit_code = exit_.code if isinstance(exit_.code, int) else 2
+            self.study.stop()  # recorded as failed (NaN); the search ends with the run's exit code
+            return float("nan")
+        self.returns.append(job)
+        if job.status == JobStatus.FAILED:
+            # Hydra keeps the task's exception as the job's return value; a pruned trial raised TrialPruned.
+            raise job._return_value
+        value = job.return_value
+        # A diverged run returns NaN: Optuna records the trial as failed, with one warning line.
+        return float("nan") if value is None or not math.isfinite(float(value)) else float(value)
+
+    def stop_when_done(self, study, trial) -> None:
+        """Another process sharing the study may have finished trials too: stop at the study's total."""
+        state = trial.state.name.lower()
+        value = f" {self.metric} {trial.value:.4f}" if trial.value is not None else ""
+        log.info("trial %d %s%s", trial.number, state, value)
+        if finished_count(study) >= self.sweeper.n_trials:
+            study.stop()
+
+    def summary(self, optuna) -> None:
+        complete = [t for t in self.study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
+        if not complete:
+            log.info("no trial of the study has completed yet")
+            return
+        best = self.study.best_trial
+        shown = " ".join(f"{k}={format_value(v)}" for k, v in best.params.items())
+        log.info("best trial %d: %s %.4f with %s", best.number, self.metric, best.value, shown)
+
+
+# ---- the search space: Hydra's sweep grammar as Optuna distributions ----
+
+
+def search_space(params: dict, arguments: list[str]) -> tuple[dict, list[str]]:
+    """`params` of the sweeper config and the command line's overrides as ({key: distribution}, fixed overrides).
+    A sweep form (`choice`, `range`, `interval`, `a,b,c`) is searched; any other value is passed to every trial."""
+    parser = OverridesParser.create()
+    lines = [f"{key}={value}" for key, value in params.items()] + list(arguments)
+    space, fixed = {}, []
+    for line in lines:
+        try:
+            [override] = parser.parse_overrides([line])
+        except Exception as err:
+            reason = str(err).strip().splitlines()[0]
+            raise SearchError(f"cannot parse the search parameter {line!r}: {reason}") from None
+        if override.is_sweep_override():
+            space[override.get_key_element()] = distribution(override)
+        else:
+            fixed.append(line)
+    return space, fixed
+
+
+def distribution(override: Override):
+    import optuna.distributions as d
+
+    value, key = override.value(), override.get_key_element()
+    if isinstance(value, ChoiceSweep):
+        choices = list(value.list)
+        if any(isinstance(c, (dict, list)) for c in choices):
+            raise SearchError(f"{key}: choice() of dicts or lists cannot be searched; give names or numbers")
+        return d.CategoricalDistribution(choices)
+    if isinstance(value, RangeSweep):
+        start, stop, step = value.start, value.stop, value.step
+        if all(isinstance(x, int) for x in (start, stop, step)):
+            return d.IntDistribution(int(start), int(stop) - int(step), step=int(step))
+        values = list(override.sweep_iterator())
+        return d.FloatDistribution(float(start), float(values[-1]), step=float(step))
+    if isinstance(value, IntervalSweep):
+        log_scale = "log" in value.tags
+        if isinstance(value.start, int) and isinstance(value.end, int):
+            return d.IntDistribution(value.start, value.end, log=log_scale)
+        return d.FloatDistribution(float(value.start), float(value.end), log=log_scale)
+    raise SearchError(f"{key}: {override.input_line} is a sweep form the Optuna sweeper cannot search")
+
+
+def suggest(trial, key: str, dist):
+    import optuna.distributions as d
+
+    if isinstance(dist, d.CategoricalDistribution):
+        return trial.suggest_categorical(key, dist.choices)
+    if isinstance(dist, d.IntDistribution):
+        return trial.suggest_int(key, dist.low, dist.high, step=dist.step, log=dist.log)
+    return trial.suggest_float(key, dist.low, dist.high, step=dist.step, log=dist.log)
+
+
+def first_value(dist):
+    return dist.choices[0] if hasattr(dist, "choices") else dist.low
+
+
+def format_value(value) -> str:
+    """A parameter as a Hydra override value: null, true/false, numbers as Python writes them, plain names."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value)
+    return text if text.replace("-", "").replace("_", "").replace(".", "").isalnum() else quote(text)
+
+
+def quote(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+# ---- the study ----
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file of a sqlite:/// URL (relative to the working folder, as SQLAlchemy reads it), else None."""
+    prefix = "sqlite:///"
+    return Path(url[len(prefix) :]) if url.startswith(prefix) and url != prefix + ":memory:" else None
+
+
+def absolute_storage(url: str) -> str:
+    """The URL with a relative SQLite path made absolute: the trials' runs open it too."""
+    path = sqlite_path(url)
+    return f"sqlite:///{path.resolve()}" if path is not None else url
+
+
+def shown_url(url: str) -> str:
+    """The URL for a message, its password hidden."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url
+
+
+def open_study(url: str, name: str, direction: str, heartbeat_interval: int, grace_period: int):
+    """The study `name` in `url`, created or loaded; SearchError naming the URL if the database cannot be opened.
+    Heartbeats mark a trial whose process died as failed after `grace_period` s; the retry callback queues it again
+    with the same parameters, once."""
+    import optuna
+
+    path = sqlite_path(url)
+    if path is not None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise SearchError(f"hydra.sweeper.storage={url}: cannot make {path.parent}: {err.strerror}") from None
+    try:
+        with warnings.catch_warnings():  # heartbeats are marked experimental in Optuna
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            storage = optuna.storages.RDBStorage(
+                absolute_storage(url),
+                heartbeat_interval=heartbeat_interval,
+                grace_period=grace_period,
+                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
+            )
+        study = optuna.create_study(
+            study_name=name, storage=storage, direction=direction, load_if_exists=True
+        )
+    except Exception as err:  # SQLAlchemy's errors for a bad URL, a missing driver, an unreachable server
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise SearchError(f"hydra.sweeper.storage={shown_url(url)} cannot be opened: {reason}") from None
+    if study.direction.name.lower() != direction:
+        raise SearchError(
+            f"study {name!r} in {shown_url(url)} was made to {study.direction.name.lower()}, not to {direction}: "
+            "give hydra.sweeper.study_name a new name"
+        )
+    return study
+
+
+def finished_count(study) -> int:
+    """Trials that count towards n_trials: complete, pruned, or failed while running (diverged, errors). A trial
+    failed because its process died (its heartbeat stopped) does not count: its retry, with the same parameters,
+    is queued in its place."""
+    import optuna
+    from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
+
+    states = optuna.trial.TrialState
+    trials = study.get_trials(deepcopy=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        retried = {n for t in trials for n in Retry.retry_history(t)}
+    return sum(
+        t.state in (states.COMPLETE, states.PRUNED) or (t.state == states.FAIL and t.number not in retried)
+        for t in trials
+    )

@@ -1,0 +1,142 @@
+"""A run as one trial of an Optuna study: the score a search optimises, and the reports that let its pruner stop
+a trial early.
+
+The search itself (which settings each trial gets, how many trials, the study's database) is the sweeper's
+(vit/sweeper.py). The sweeper tells each run its study and trial through `search.storage`, `search.study` and
+`search.trial`; the run reports its score after every evaluation through Optuna's storage API and asks the
+pruner (`search.pruner`) whether to go on. Reporting from inside the run, rather than from the sweeper, is what
+lets a trial stop after epoch k: Hydra's sweepers only see a job once it has returned.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from omegaconf import DictConfig
+
+from vit.train.config import ConfigError, is_mae
+
+log = logging.getLogger("vit.train")
+
+# The scores a run can return to a sweeper: every one is measured on the validation split (the holdout that
+# data.holdout sets aside), none on the test split, which a search must never see. name -> (result, key, direction)
+METRICS = {
+    "val_top1": ("val", "top1", "maximize"),
+    "val_top5": ("val", "top5", "maximize"),
+    "val_loss": ("val", "loss", "minimize"),
+    "val_ema_top1": ("val_ema", "top1", "maximize"),
+    "val_ema_top5": ("val_ema", "top5", "maximize"),
+    "val_ema_loss": ("val_ema", "loss", "minimize"),
+}
+
+
+def optimized_metric(cfg: DictConfig) -> str:
+    """`optimized_metric`, checked: null is val_top1 (val_loss with task=mae, which has no top-1)."""
+    name = cfg.get("optimized_metric")
+    if name is None:
+        return "val_loss" if is_mae(cfg) else "val_top1"
+    if name not in METRICS:
+        raise ConfigError(f"optimized_metric={name!r} is not a score a run measures; known: {', '.join(METRICS)}")
+    result, key, _ = METRICS[name]
+    if is_mae(cfg) and key != "loss":
+        raise ConfigError(f"optimized_metric={name} needs labels; task=mae measures only the loss (val_loss)")
+    if result == "val_ema" and not cfg.trainer.ema:
+        raise ConfigError(f"optimized_metric={name} is the EMA's score, but trainer.ema=false")
+    return name
+
+
+def metric_direction(name: str) -> str:
+    """'maximize' or 'minimize' for a name of METRICS (ConfigError for another)."""
+    if name not in METRICS:
+        raise ConfigError(f"optimized_metric={name!r} is not a score a run measures; known: {', '.join(METRICS)}")
+    return METRICS[name][2]
+
+
+def metric_value(name: str, val: dict | None, val_ema: dict | None) -> float | None:
+    """The score `name` in an epoch's evaluation results (None in an epoch without an evaluation)."""
+    result, key, _ = METRICS[name]
+    chosen = val if result == "val" else val_ema
+    return None if chosen is None or chosen.get(key) is None else float(chosen[key])
+
+
+def check_search(cfg: DictConfig) -> None:
+    """The `search` node: all three of storage, study and trial, or none (a plain run)."""
+    optimized_metric(cfg)
+    search = cfg.get("search")
+    if search is None:
+        return
+    given = [k for k in ("storage", "study", "trial") if search.get(k) is not None]
+    if given and len(given) < 3:
+        missing = sorted({"storage", "study", "trial"} - set(given))
+        raise ConfigError(
+            f"search.{given[0]} is set but search.{missing[0]} is not: a trial needs its study's storage, name and "
+            "trial number (the Optuna sweeper sets all three)"
+        )
+
+
+def is_trial(cfg: DictConfig) -> bool:
+    search = cfg.get("search")
+    return search is not None and search.get("trial") is not None
+
+
+class TrialReport:
+    """The study's view of this run: `report(epoch, val, val_ema)` after each evaluation returns True when the
+    pruner says the trial should stop. Build with `TrialReport.of(cfg)`, None for a run that is not a trial."""
+
+    def __init__(self, trial, metric: str, pruner_name: str):
+        self.trial = trial  # optuna.Trial, bound to the study's storage
+        self.metric = metric
+        self.pruner_name = pruner_name
+        self.pruned_after_epoch: int | None = None
+
+    @classmethod
+    def of(cls, cfg: DictConfig) -> TrialReport | None:
+        if not is_trial(cfg):
+            return None
+        search = cfg.search
+        try:
+            import optuna
+        except ImportError:
+            raise ConfigError("search.trial is set, which needs optuna: pip install -e '.[search]'") from None
+        from hydra.utils import instantiate
+
+        pruner = instantiate(search.pruner) if search.get("pruner") is not None else optuna.pruners.NopPruner()
+        storage = optuna.storages.get_storage(str(search.storage))
+        try:
+            study = optuna.load_study(study_name=str(search.study), storage=storage, pruner=pruner)
+            study_id = storage.get_study_id_from_name(str(search.study))
+            trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, int(search.trial))
+        except KeyError as err:
+            raise ConfigError(f"search.study={search.study} search.trial={search.trial}: no such trial ({err})") from None
+        return cls(optuna.trial.Trial(study, trial_id), optimized_metric(cfg), type(pruner).__name__)
+
+    def report(self, epoch: int, val: dict | None, val_ema: dict | None, last: bool) -> bool:
+        """Record the score of epoch `epoch` (counted from 1) as the trial's intermediate value at that step;
+        True if the pruner stops the trial here. A non-finite score is not reported (Optuna refuses it); the last
+        epoch is reported but not pruned (nothing would be saved, and the trial has its final score)."""
+        value = metric_value(self.metric, val, val_ema)
+        if value is None or not math.isfinite(value):
+            return False
+        self.trial.report(value, step=epoch)
+        if last or not self.trial.should_prune():
+            return False
+        self.pruned_after_epoch = epoch
+        log.info(
+            "trial %d pruned after epoch %d: %s %.4f is below the bar of the study's %s; last.pt keeps its weights",
+            self.trial.number,
+            epoch,
+            self.metric,
+            value,
+            self.pruner_name,
+        )
+        return True
+
+    def record(self) -> dict:
+        """metrics.json's `search` entry."""
+        return {
+            "study": self.trial.study.study_name,
+            "trial": self.trial.number,
+            "metric": self.metric,
+            "pruned_after_epoch": self.pruned_after_epoch,
+        }
