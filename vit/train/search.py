@@ -108,7 +108,8 @@ class TrialReport:
             study_id = storage.get_study_id_from_name(str(search.study))
             trial_id = storage.get_trial_id_from_study_id_trial_number(study_id, int(search.trial))
         except KeyError as err:
-            raise ConfigError(f"search.study={search.study} search.trial={search.trial}: no such trial ({err})") from None
+            where = f"search.study={search.study} search.trial={search.trial}"
+            raise ConfigError(f"{where}: no such trial in the study ({err})") from None
         return cls(optuna.trial.Trial(study, trial_id), optimized_metric(cfg), type(pruner).__name__)
 
     def report(self, epoch: int, val: dict | None, val_ema: dict | None, last: bool) -> bool:
