@@ -1,6 +1,6 @@
 """Summarise a Hydra multirun.
 
-usage: python scripts/summarize_runs.py <multirun folder> [out=<folder>]
+usage: python scripts/summarize_runs.py <multirun folder> [out=<folder>] [storage=<database URL>]
 
 Writes summary.md (one row per run: swept knobs, params, FLOPs, img/s, final/best val top-1, the EMA's and the
 test split's top-1 where runs have them, wall time; when `trainer.seed` is swept too, each setting's mean and
@@ -8,10 +8,15 @@ min-max over the seeds; a screen of more than three unrelated knobs gets one "ov
 (val top-1 against the swept knob; for a screen, each setting's seeds in a row) into the multirun folder (or
 `out=`), and prints the table.
 
+An Optuna search's folder (python train.py -m hparams_search=...) holds its study in optuna.db: summary.md then
+starts with the study (trials complete/pruned/failed, the trial-epochs pruning saved, the best trial, Optuna's
+parameter importances, a table of every trial). `storage=` reads a study kept elsewhere (postgresql://...).
+
 Example:
 
     python train.py -m model=vit_tiny model.lsa=false,true trainer.seed=0,1
     python scripts/summarize_runs.py multirun/<date>/<time>
+    python scripts/summarize_runs.py multirun/search/cifar10_proxy
 """
 
 from __future__ import annotations
@@ -30,33 +35,59 @@ from vit.analysis.runs import (
     summary_rows,
     swept_keys,
 )
+from vit.analysis.search import STUDY_FILE, load_studies, search_report, study_url
 from vit.args import UsageError, parse_args, run_script
 
 
 def main(argv: list[str]) -> int:
     if not argv or "=" in argv[0]:
-        raise UsageError("usage: python scripts/summarize_runs.py <multirun folder> [out=<folder>]")
+        raise UsageError(
+            "usage: python scripts/summarize_runs.py <multirun folder> [out=<folder>] [storage=<database URL>]"
+        )
     sweep_dir = Path(argv[0])
-    options = parse_args(argv[1:], {"out": None})
+    options = parse_args(argv[1:], {"out": None, "storage": None})
     records = read_runs(sweep_dir)
-    if not records:
-        raise UsageError(f"{str(sweep_dir)!r} holds no runs (no */.hydra/config.yaml)")
+    studies = read_studies(sweep_dir, options["storage"])
+    if not records and not studies:
+        raise UsageError(f"{str(sweep_dir)!r} holds no runs (no */.hydra/config.yaml) and no study ({STUDY_FILE})")
     out = Path(options["out"]) if options["out"] else sweep_dir
     out.mkdir(parents=True, exist_ok=True)
+    text = "".join(search_report(study, sweep_dir) + "\n" for study in studies)
+    if records:
+        text += runs_summary(records, out)
+    (out / "summary.md").write_text(f"# Sweep {sweep_dir}\n\n{text}")
+    print(text, end="")
+    return 0
+
+
+def read_studies(sweep_dir: Path, storage: str | None) -> list:
+    """The studies of an Optuna search's database: the one given, else the folder's optuna.db; none without."""
+    url = study_url(sweep_dir, storage)
+    if url is None:
+        return []
+    try:
+        return load_studies(url)
+    except ImportError:
+        raise UsageError("reading a search's study needs optuna: pip install -e '.[search]'") from None
+    except Exception as err:  # SQLAlchemy's errors: a bad URL, a file that is not a study database
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UsageError(f"cannot read the study in {url}: {reason}") from None
+
+
+def runs_summary(records: list, out: Path) -> str:
+    """The table of runs (and over seeds), and summary.png."""
     header, rows = summary_rows(records)
     table = markdown_table(header, rows)
     seeds = seed_rows(records)
     if seeds is not None:  # a sweep over seeds too: each setting's mean and range
         table += "\n\nOver seeds:\n\n" + markdown_table(*seeds)
-    (out / "summary.md").write_text(f"# Sweep {sweep_dir}\n\n{table}\n")
     screen = screen_settings(records)
     if screen is not None:  # a screen of unrelated levers: each setting's seeds in a row
         screen_figure(screen, out / "summary.png", xlabel=f"final {split_label(records) or 'val '}top-1 (%)")
     else:
         knobs = [k for k in swept_keys(records) if k != SEED_KEY] or swept_keys(records)
         sweep_figure(records, knobs, out / "summary.png")
-    print(table)
-    return 0
+    return table + "\n"
 
 
 if __name__ == "__main__":

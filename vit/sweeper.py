@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,9 @@ class OptunaSweeper(Sweeper):
         # A seeded sampler restarted on a study with trials would repeat its first suggestions: its seed moves on
         # by the trials already there (reproducible for a resumed search; several workers get their own seeds).
         study.sampler = self.sampler(seed_offset=len(study.get_trials(deepcopy=False)))
+        with warnings.catch_warnings():  # metric names are marked experimental in Optuna
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names([metric])  # the dashboard and summarize_runs name the objective
         optuna.logging.set_verbosity(optuna.logging.WARNING)  # the trials' lines are ours, one per trial
         return Search(self, study, space, fixed, metric)
 
@@ -320,7 +324,6 @@ def open_study(url: str, name: str, direction: str, heartbeat_interval: int, gra
     """The study `name` in `url`, created or loaded; SearchError naming the URL if the database cannot be opened.
     Heartbeats mark a trial whose process died as failed after `grace_period` s; the retry callback queues it again
     with the same parameters, once."""
-    import optuna
 
     path = sqlite_path(url)
     if path is not None:
@@ -328,6 +331,25 @@ def open_study(url: str, name: str, direction: str, heartbeat_interval: int, gra
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise SearchError(f"hydra.sweeper.storage={url}: cannot make {path.parent}: {err.strerror}") from None
+    for attempt in range(3):  # workers started together race to make the tables: the loser tries again
+        try:
+            study = _open_study(url, name, direction, heartbeat_interval, grace_period)
+            break
+        except SearchError:
+            if attempt == 2:
+                raise
+            time.sleep(1.0)
+    if study.direction.name.lower() != direction:
+        raise SearchError(
+            f"study {name!r} in {shown_url(url)} was made to {study.direction.name.lower()}, not to {direction}: "
+            "give hydra.sweeper.study_name a new name"
+        )
+    return study
+
+
+def _open_study(url: str, name: str, direction: str, heartbeat_interval: int, grace_period: int):
+    import optuna
+
     try:
         with warnings.catch_warnings():  # heartbeats are marked experimental in Optuna
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -337,17 +359,10 @@ def open_study(url: str, name: str, direction: str, heartbeat_interval: int, gra
                 grace_period=grace_period,
                 heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
             )
-        study = optuna.create_study(
-            study_name=name, storage=storage, direction=direction, load_if_exists=True
-        )
+        study = optuna.create_study(study_name=name, storage=storage, direction=direction, load_if_exists=True)
     except Exception as err:  # SQLAlchemy's errors for a bad URL, a missing driver, an unreachable server
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise SearchError(f"hydra.sweeper.storage={shown_url(url)} cannot be opened: {reason}") from None
-    if study.direction.name.lower() != direction:
-        raise SearchError(
-            f"study {name!r} in {shown_url(url)} was made to {study.direction.name.lower()}, not to {direction}: "
-            "give hydra.sweeper.study_name a new name"
-        )
     return study
 
 

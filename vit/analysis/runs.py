@@ -113,8 +113,9 @@ def read_runs(sweep_dir: str | Path) -> list[RunRecord]:
 
 
 def swept_keys(records: list[RunRecord]) -> list[str]:
-    """Override keys whose value differs between runs: the knobs of the sweep."""
-    keys = sorted({k for r in records for k in r.overrides})
+    """Override keys whose value differs between runs: the knobs of the sweep (not search.*, which an Optuna search
+    sets to name each run's study and trial)."""
+    keys = sorted({k for r in records for k in r.overrides if not k.startswith("search.")})
     return [k for k in keys if len({r.overrides.get(k) for r in records}) > 1]
 
 

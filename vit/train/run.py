@@ -106,7 +106,7 @@ def train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed, 
     settings.stop_requested = stop.requested
     mae = is_mae(cfg)
     searching = is_trial(cfg)  # a trial of an Optuna search (vit/sweeper.py): rank 0 reports to its study
-    trial = TrialReport.of(cfg) if searching and main else None
+    trial = TrialReport.of(cfg, run_dir) if searching and main else None
     reporter = Reporter(
         str(run_dir / "tb"),
         str(tcfg.progress),

@@ -91,7 +91,17 @@ class TrialReport:
         self.pruned_after_epoch: int | None = None
 
     @classmethod
-    def of(cls, cfg: DictConfig) -> TrialReport | None:
+    def of(cls, cfg: DictConfig, run_dir) -> TrialReport | None:
+        """The trial `cfg.search` names, with its run folder and epochs asked recorded in the study (user
+        attributes: a summary of the search reads them from the database alone)."""
+        report = cls._load(cfg)
+        if report is not None:
+            report.trial.set_user_attr("run_dir", str(run_dir))
+            report.trial.set_user_attr("epochs", int(cfg.trainer.epochs))
+        return report
+
+    @classmethod
+    def _load(cls, cfg: DictConfig) -> TrialReport | None:
         if not is_trial(cfg):
             return None
         search = cfg.search

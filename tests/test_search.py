@@ -1,0 +1,243 @@
+"""The Optuna search (vit/sweeper.py, vit/train/search.py): `train.py -m hparams_search=...` keeps its study in a
+database, returns the holdout score, prunes, continues a stopped search without re-running a trial, shares a study
+between processes, survives a diverged trial, and refuses bad settings in one line with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import optuna
+import pytest
+from trainer_utils import QUICK, REPO, compose_config, run_cli
+
+from vit.sweeper import search_space
+from vit.train.config import ConfigError
+from vit.train.search import optimized_metric
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+# The ready search, on tiny synthetic data: 3 epochs of 2 batches, an evaluation after each, no search space of its
+# own (each test gives one on the command line), no pruner unless a test sets one.
+SEARCH = [
+    "-m",
+    "hparams_search=cifar10_proxy_optuna",
+    *QUICK,
+    "data.holdout=null",
+    "trainer.epochs=3",
+    "trainer.val_every_n_epochs=1",
+    "trainer.limit_train_batches=2",
+    "trainer.ema=false",
+    "sched.warmup_epochs=0",
+    "hydra.sweeper.params=null",
+    "search.pruner=null",
+]
+
+
+def search(tmp_path, *args, n_trials: int, folder=None, timeout=300):
+    folder = folder or tmp_path / "search"
+    done = run_cli(
+        [*SEARCH, f"hydra.sweep.dir={folder}", f"hydra.sweeper.n_trials={n_trials}", *args], tmp_path, timeout
+    )
+    return done, folder
+
+
+def study_of(folder, name="cifar10_proxy"):
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{folder / 'optuna.db'}")
+
+
+def states(study) -> list[str]:
+    return [t.state.name for t in study.get_trials()]
+
+
+def final_metrics(folder, number: int) -> dict:
+    return json.loads((folder / f"trial_{number}" / "metrics.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def three_trials(tmp_path_factory):
+    """A finished 3-trial search over the learning rate."""
+    tmp_path = tmp_path_factory.mktemp("three")
+    done, folder = search(tmp_path, "optim.lr=tag(log, interval(1e-4, 1e-2))", n_trials=3)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return folder
+
+
+def test_a_search_keeps_its_study_and_its_best_value_is_the_best_trials_holdout_score(three_trials):
+    study = study_of(three_trials)
+    assert states(study) == ["COMPLETE"] * 3
+    scores = {n: final_metrics(three_trials, n)["final"]["val_top1"] for n in range(3)}
+    assert study.best_value == max(scores.values())
+    assert scores[study.best_trial.number] == study.best_value
+    # each trial's own learning rate reached its run, and the study knows where the run is and what it optimised
+    for trial in study.trials:
+        config = (three_trials / f"trial_{trial.number}" / ".hydra" / "overrides.yaml").read_text()
+        assert f"optim.lr={trial.params['optim.lr']!r}" in config
+        assert trial.user_attrs["run_dir"] == str(three_trials / f"trial_{trial.number}")
+    assert study.metric_names == ["val_top1"]
+    # a trial never reads the test split: the search chooses on the validation split only
+    assert "test" not in final_metrics(three_trials, 0)
+
+
+def test_the_same_command_continues_the_study_without_rerunning_a_trial(three_trials, tmp_path):
+    folder = tmp_path / "search"
+    shutil.copytree(three_trials, folder)
+    before = {n: (folder / f"trial_{n}" / "metrics.json").stat().st_mtime_ns for n in range(3)}
+    done, _ = search(tmp_path, "optim.lr=tag(log, interval(1e-4, 1e-2))", n_trials=4)
+    assert done.returncode == 0, done.stderr[-3000:]
+    study = study_of(folder)
+    assert [t.number for t in study.trials] == [0, 1, 2, 3] and states(study) == ["COMPLETE"] * 4
+    assert {n: (folder / f"trial_{n}" / "metrics.json").stat().st_mtime_ns for n in range(3)} == before
+    assert "3 of 4 trials finished, 1 to run" in done.stderr + done.stdout
+    # the seeded sampler moved on: the new trial is not a repeat of the first
+    assert study.trials[3].params != study.trials[0].params
+    again, _ = search(tmp_path, "optim.lr=tag(log, interval(1e-4, 1e-2))", n_trials=4)
+    assert again.returncode == 0 and len(study_of(folder).trials) == 4
+    assert "nothing to run" in again.stderr + again.stdout
+
+
+def enqueue(folder, *params: dict, name="cifar10_proxy"):
+    """A study with these trials queued, run first and in this order by the search."""
+    folder.mkdir(parents=True)
+    study = optuna.create_study(study_name=name, storage=f"sqlite:///{folder / 'optuna.db'}", direction="maximize")
+    for p in params:
+        study.enqueue_trial(p)
+
+
+def test_a_trial_below_the_median_is_pruned_and_stops_early_with_its_last_checkpoint(tmp_path):
+    folder = tmp_path / "search"
+    enqueue(folder, {"optim.lr": 0.003}, {"optim.lr": 1e-7})  # the second learns nothing
+    pruner = ["search.pruner={_target_: optuna.pruners.MedianPruner, n_startup_trials: 1}"]
+    done, _ = search(tmp_path, "optim.lr=choice(0.003, 1e-07)", *pruner, n_trials=2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    study = study_of(folder)
+    assert states(study) == ["COMPLETE", "PRUNED"]
+    pruned = final_metrics(folder, 1)
+    assert pruned["epochs_done"] == 1 < 3 and pruned["search"]["pruned_after_epoch"] == 1
+    assert final_metrics(folder, 0)["epochs_done"] == 3
+    assert (folder / "trial_1" / "checkpoints" / "last.pt").is_file()
+    assert study.trials[1].intermediate_values == {1: pruned["final"]["val_top1"]}
+
+
+def test_a_diverged_trial_is_recorded_failed_and_the_search_goes_on(tmp_path):
+    folder = tmp_path / "search"
+    enqueue(folder, {"optim.lr": 1e30}, {"optim.lr": 0.01})
+    diverging = ["optim.name=sgd", "trainer.grad_clip=null", "trainer.max_bad_steps=2"]
+    done, _ = search(tmp_path, "optim.lr=choice(1e30, 0.01)", *diverging, n_trials=2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert states(study_of(folder)) == ["FAIL", "COMPLETE"]
+    assert "Traceback" not in done.stderr
+    assert any(line.startswith("training stopped:") for line in done.stderr.splitlines())
+
+
+def test_a_trial_whose_process_died_is_run_again_and_counted_once(tmp_path):
+    """A trial left running by a killed search (its heartbeat stopped) is failed and queued again with its
+    parameters; the study's total counts it once."""
+    folder = tmp_path / "search"
+    folder.mkdir()
+    storage = optuna.storages.RDBStorage(f"sqlite:///{folder / 'optuna.db'}", heartbeat_interval=1, grace_period=1)
+    study = optuna.create_study(study_name="cifar10_proxy", storage=storage, direction="maximize")
+    trial = study.ask({"optim.lr": optuna.distributions.FloatDistribution(1e-4, 1e-2, log=True)})
+    storage.record_heartbeat(trial._trial_id)  # as a running search does, then it died
+    lr = trial.params["optim.lr"]
+    time.sleep(2.5)
+    done, _ = search(tmp_path, "optim.lr=tag(log, interval(1e-4, 1e-2))", "hydra.sweeper.grace_period=1", n_trials=2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = study_of(folder).trials
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE", "COMPLETE"]
+    assert trials[1].params["optim.lr"] == lr  # the retry, with the dead trial's parameters
+    assert (folder / "trial_1" / "metrics.json").is_file() and not (folder / "trial_0").exists()
+
+
+def test_two_processes_share_one_study(tmp_path):
+    folder = tmp_path / "search"
+    common = [*SEARCH, f"hydra.sweep.dir={folder}", "hydra.sweeper.n_trials=4"]
+    common.append("optim.lr=tag(log, interval(1e-4, 1e-2))")
+    workers = [
+        subprocess.Popen(
+            [sys.executable, str(REPO / "train.py"), *common, f"hydra.sweeper.sampler.seed={seed}"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for seed in (0, 1)
+    ]
+    outputs = [w.communicate(timeout=300)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs
+    trials = study_of(folder).trials
+    finished = [t for t in trials if t.state.is_finished()]
+    assert len(finished) in (4, 5)  # two workers may each start the last trial at once
+    ran = [{n for n in range(len(trials)) if f"] trial {n}: " in out} for out in outputs]
+    assert ran[0] and ran[1] and not ran[0] & ran[1]  # each worked on the study, never on the same trial
+    assert ran[0] | ran[1] == {t.number for t in trials}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["optimized_metric=val_top7"], "optimized_metric='val_top7' is not a score a run measures; known: val_top1"),
+        (["optimized_metric=val_loss"], "optimized_metric=val_loss is to minimize but hydra.sweeper.direction=max"),
+        (["hydra.sweeper.storage=nosuchdb://x/y"], "hydra.sweeper.storage=nosuchdb://x/y cannot be opened: "),
+        (["hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0 must be at least 1"),
+    ],
+)
+def test_bad_search_settings_exit_2_with_one_line(tmp_path, args, message):
+    done, folder = search(tmp_path, "optim.lr=interval(1e-4, 1e-2)", *args, n_trials=2)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert [line for line in done.stderr.splitlines() if "error" in line.lower()] == [done.stderr.strip()]
+    assert not (folder / "trial_0").exists()  # refused before any trial ran
+
+
+def test_a_storage_under_a_file_is_named(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    done, _ = search(
+        tmp_path, "optim.lr=interval(1e-4, 1e-2)", f"hydra.sweeper.storage=sqlite:///{blocker}/s.db", n_trials=1
+    )
+    assert done.returncode == 2 and done.stderr.startswith(f"config error: hydra.sweeper.storage=sqlite:///{blocker}")
+
+
+def test_a_plain_run_refuses_an_unknown_metric_and_returns_the_one_asked():
+    assert optimized_metric(compose_config([])) == "val_top1"
+    assert optimized_metric(compose_config(["task=mae"])) == "val_loss"
+    assert optimized_metric(compose_config(["optimized_metric=val_ema_top1", "trainer.ema=true"])) == "val_ema_top1"
+    with pytest.raises(ConfigError, match="needs labels"):
+        optimized_metric(compose_config(["task=mae", "optimized_metric=val_top1"]))
+    with pytest.raises(ConfigError, match="trainer.ema=false"):
+        optimized_metric(compose_config(["optimized_metric=val_ema_top1", "trainer.ema=false"]))
+
+
+def test_the_sweep_grammar_becomes_optuna_distributions():
+    d = optuna.distributions
+    space, fixed = search_space(
+        {"optim.lr": "tag(log, interval(1e-4, 1e-2))", "model.depth": "choice(4, 6)", "trainer.epochs": 3},
+        ["sched.warmup_epochs=range(0, 3)", "data.augment.auto_augment=null,autoaug", "model.embed_dim=64"],
+    )
+    assert space == {
+        "optim.lr": d.FloatDistribution(1e-4, 1e-2, log=True),
+        "model.depth": d.CategoricalDistribution([4, 6]),
+        "sched.warmup_epochs": d.IntDistribution(0, 2),
+        "data.augment.auto_augment": d.CategoricalDistribution([None, "autoaug"]),
+    }
+    assert fixed == ["trainer.epochs=3", "model.embed_dim=64"]
+
+
+def test_summarize_runs_reads_a_search(three_trials, tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "summarize_runs.py"), str(three_trials), f"out={tmp_path}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    text = (tmp_path / "summary.md").read_text()
+    study = study_of(three_trials)
+    assert "## Study 'cifar10_proxy': 3 trials (3 complete), maximize val_top1" in text
+    assert f"Best trial: {study.best_trial.number}, val_top1 {study.best_value:.2f}" in text
+    assert "Trial-epochs run: 9 of 9 asked by the 3 ended trials (0% saved by pruning)." in text
+    assert "| optim.lr | 1.000 |" in text  # the only parameter has all the importance
