@@ -20,8 +20,8 @@ test-all: $(STAMP)
 	$(PY) -m pytest -q -m ''
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check vit scripts tests train.py
-	$(VENV)/bin/ruff format --check vit scripts tests train.py
+	$(VENV)/bin/ruff check vit hydra_plugins scripts tests train.py
+	$(VENV)/bin/ruff format --check vit hydra_plugins scripts tests train.py
 
 train: $(STAMP)
 	$(PY) train.py model=vit_tiny

@@ -1,6 +1,7 @@
 """Imports point down the layers: models and data at the bottom, the trainer (vit/train) above them, the analysis
-and deploy tools (vit/analysis, vit/deploy, vit/args.py) above the trainer, the command line (vit/cli.py, train.py,
-scripts/) on top. Every import of every module counts, those inside functions too."""
+and deploy tools (vit/analysis, vit/deploy, vit/args.py) and the search's sweeper (vit/sweeper.py) above the
+trainer, the command line (vit/cli.py, train.py, scripts/) on top. Every import of every module counts, those
+inside functions too."""
 
 import ast
 from pathlib import Path
@@ -11,12 +12,14 @@ VIT = Path(__file__).resolve().parents[1] / "vit"
 
 # package -> the packages above it, which it must not import
 ABOVE = {
-    "vit.models": ("vit.train", "vit.analysis", "vit.deploy", "vit.args", "vit.cli"),
-    "vit.data": ("vit.train", "vit.analysis", "vit.deploy", "vit.args", "vit.cli"),
-    "vit.train": ("vit.analysis", "vit.deploy", "vit.args", "vit.cli"),
-    "vit.analysis": ("vit.cli",),
-    "vit.deploy": ("vit.cli",),
-    "vit.args": ("vit.analysis", "vit.deploy", "vit.cli"),
+    "vit.models": ("vit.train", "vit.analysis", "vit.deploy", "vit.args", "vit.sweeper", "vit.cli"),
+    "vit.data": ("vit.train", "vit.analysis", "vit.deploy", "vit.args", "vit.sweeper", "vit.cli"),
+    "vit.train": ("vit.analysis", "vit.deploy", "vit.args", "vit.sweeper", "vit.cli"),
+    "vit.analysis": ("vit.sweeper", "vit.cli"),
+    "vit.deploy": ("vit.sweeper", "vit.cli"),
+    "vit.args": ("vit.analysis", "vit.deploy", "vit.sweeper", "vit.cli"),
+    # Hydra's Optuna sweeper: it launches the trainer's runs, as the command line does
+    "vit.sweeper": ("vit.analysis", "vit.deploy", "vit.args", "vit.cli"),
 }
 
 
