@@ -193,6 +193,16 @@ def test_bad_search_settings_exit_2_with_one_line(tmp_path, args, message):
     assert not (folder / "trial_0").exists()  # refused before any trial ran
 
 
+def test_a_trial_with_an_impossible_setting_ends_the_search_with_its_one_line(tmp_path):
+    """Composing cannot tell that 5 heads do not divide 32 wide: the trial's run refuses it, the trial is recorded
+    as failed, and the search stops with the run's exit code and line."""
+    done, folder = search(tmp_path, "model.num_heads=choice(5)", n_trials=3)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "config error: model.num_heads=5 must be a positive divisor of embed_dim=32" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert states(study_of(folder)) == ["FAIL"]
+
+
 def test_a_storage_under_a_file_is_named(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
