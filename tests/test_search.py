@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -150,6 +151,37 @@ def test_a_trial_whose_process_died_is_run_again_and_counted_once(tmp_path):
     assert [t.state.name for t in trials] == ["FAIL", "COMPLETE", "COMPLETE"]
     assert trials[1].params["optim.lr"] == lr  # the retry, with the dead trial's parameters
     assert (folder / "trial_1" / "metrics.json").is_file() and not (folder / "trial_0").exists()
+
+
+def test_ctrl_c_stops_the_search_and_the_same_command_runs_the_stopped_trial_again(tmp_path):
+    folder = tmp_path / "search"
+    args = [*SEARCH, f"hydra.sweep.dir={folder}", "hydra.sweeper.n_trials=2", "optim.lr=interval(1e-4, 1e-2)"]
+    slow = ["trainer.epochs=40", "trainer.limit_train_batches=3"]  # long enough to be stopped inside its training
+    worker = subprocess.Popen(
+        [sys.executable, str(REPO / "train.py"), *args, *slow],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines = []
+    for line in worker.stdout:  # wait for the first trial's second epoch, then Ctrl-C
+        lines.append(line)
+        if "epoch 2/40" in line:
+            worker.send_signal(signal.SIGINT)
+            break
+    lines += worker.stdout.readlines()
+    assert worker.wait(timeout=120) == 0, "".join(lines)[-3000:]
+    trials = study_of(folder).trials
+    assert [t.state.name for t in trials] == ["FAIL", "WAITING"]
+    assert trials[1].params == trials[0].params  # queued again, with its parameters
+    assert (folder / "trial_0" / "checkpoints" / "last.pt").is_file()
+    assert "trial 0 is queued again with its parameters" in "".join(lines)
+    done, _ = search(tmp_path, "optim.lr=interval(1e-4, 1e-2)", n_trials=2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = study_of(folder).trials
+    assert [t.state.name for t in trials] == ["FAIL", "COMPLETE", "COMPLETE"]  # the stopped one counted once
+    assert trials[1].params == trials[0].params
 
 
 def test_two_processes_share_one_study(tmp_path):

@@ -29,12 +29,13 @@ def train_task(cfg) -> float | None:
     """The Hydra task: run one training and return `optimized_metric` (the value a sweeper optimises); bad
     settings exit with code 2 and one line on stderr, a diverged training with code 3. In a trial of an Optuna
     search (vit/sweeper.py) a diverged training returns NaN, which the study records as failed, and a trial its
-    pruner stopped raises optuna.TrialPruned: neither ends the search."""
+    pruner stopped raises optuna.TrialPruned: neither ends the search. A trial stopped by a signal raises
+    TrialInterrupted, which does."""
     from vit.data import DataError
     from vit.train import CheckpointError, ConfigError, run
     from vit.train.checkpoint import OutputError
     from vit.train.loop import NonFiniteLossError
-    from vit.train.search import is_trial, optimized_metric
+    from vit.train.search import TrialInterrupted, is_trial, optimized_metric
 
     logging.getLogger("vit").setLevel(logging.INFO)
     try:
@@ -53,6 +54,8 @@ def train_task(cfg) -> float | None:
         if is_trial(cfg):
             return float("nan")
         raise SystemExit(DIVERGED_EXIT_CODE) from None
+    if is_trial(cfg) and metrics.get("stopped_by_signal"):
+        raise TrialInterrupted(metrics["stopped_by_signal"])
     pruned = (metrics.get("search") or {}).get("pruned_after_epoch")
     if pruned is not None:
         import optuna

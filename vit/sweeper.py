@@ -33,6 +33,8 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from vit.train.search import TrialInterrupted
+
 log = logging.getLogger("vit.search")
 
 DIRECTIONS = ("maximize", "minimize")
@@ -158,6 +160,7 @@ class Search:
         self.sweeper, self.study, self.space, self.fixed, self.metric = sweeper, study, space, fixed, metric
         self.returns: list = []
         self.exit_code: int | None = None
+        self.running: int | None = None  # the number of the trial being run
 
     def run(self) -> list:
         import optuna
@@ -170,7 +173,15 @@ class Search:
             self.sweeper.n_trials, f"{todo} to run" if todo > 0 else "nothing to run",
         )  # fmt: skip
         if todo > 0:
-            self.study.optimize(self.objective, n_trials=todo, callbacks=[self.stop_when_done], catch=(Exception,))
+            try:
+                self.study.optimize(self.objective, n_trials=todo, callbacks=[self.stop_when_done], catch=(Exception,))
+            except TrialInterrupted as stop:
+                requeue(self.study, self.running)
+                log.info(
+                    "search stopped by %s; trial %d is queued again with its parameters: the same command continues "
+                    "the study", stop, self.running,
+                )  # fmt: skip
+                return self.returns
         if self.exit_code is not None:
             raise SystemExit(self.exit_code)
         self.summary(optuna)
@@ -188,6 +199,7 @@ class Search:
             f"search.trial={trial.number}",
         ]
         log.info("trial %d: %s", trial.number, " ".join(f"{k}={format_value(v)}" for k, v in params.items()))
+        self.running = trial.number
         try:
             [job] = self.sweeper.launcher.launch([overrides], initial_job_idx=trial.number)
         except SystemExit as exit_:  # a bad setting in this trial's config: the run said why in one line
@@ -364,6 +376,18 @@ def _open_study(url: str, name: str, direction: str, heartbeat_interval: int, gr
         reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise SearchError(f"hydra.sweeper.storage={shown_url(url)} cannot be opened: {reason}") from None
     return study
+
+
+def requeue(study, number: int) -> None:
+    """Record an interrupted trial as failed and queue it again with its parameters (marked as its retry, so the
+    study's total counts it once)."""
+    import optuna
+
+    study.tell(number, state=optuna.trial.TrialState.FAIL)
+    [trial] = [t for t in study.get_trials(deepcopy=False) if t.number == number]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.RetryHeartbeatStaleTrialCallback()(study, trial)
 
 
 def finished_count(study) -> int:

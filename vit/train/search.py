@@ -75,6 +75,12 @@ def check_search(cfg: DictConfig) -> None:
         )
 
 
+class TrialInterrupted(BaseException):  # a BaseException, as KeyboardInterrupt is: not an error of the run
+    """A trial's run was stopped by a signal (Ctrl-C, SIGTERM), after writing its last.pt: not an outcome of its
+    settings. It passes through Hydra's job (which keeps Exceptions only) and Optuna's loop to the sweeper, which
+    queues the trial again and ends the search; the same command continues it."""
+
+
 def is_trial(cfg: DictConfig) -> bool:
     search = cfg.get("search")
     return search is not None and search.get("trial") is not None
