@@ -2,6 +2,7 @@
 
 usage: python scripts/export.py checkpoint=<best.pt> [format=onnx|torchscript|exported-program] [output=<path>]
            [batch=dynamic|<n>] [ema=false] [image=<file, folder or a,b,c>] [atol=1e-4]
+           [quantize=int8|int8-dynamic|int8-static] [calibration=256] [check_images=<n>] [max_drop=1.0]
        python scripts/export.py model=<name> model.pretrained=<timm:name | file> [data=imagefolder]
            [preprocess=data|timm:<name>] output=<path> ...
 
@@ -13,9 +14,19 @@ validation split, else generated ones) and its logits compared with the PyTorch 
 onnxruntime, the others through PyTorch; a max |diff| above `atol` fails the command (exit 1) and keeps nothing.
 ONNX needs the optional extra: pip install -e '.[export]'.
 
+`quantize=` (format=onnx) writes an INT8 file instead (default name best.int8.onnx), with onnxruntime's
+quantization of the linear layers: `int8-dynamic` (int8 weights, activations quantized on the fly), `int8-static`
+(activation scales calibrated on `calibration` images of the training split, QDQ format), `int8` (the default way,
+chosen by measurement: vit/deploy/quantize.py). The float export is checked against PyTorch as above, then the
+float and INT8 files are run on the labelled validation split (all of it, or `check_images` images drawn across
+it): both top-1s, their agreement, the largest logit difference and the file sizes are printed and recorded in
+the side JSON (`quantization`). When the INT8 file loses more than `max_drop` top-1 points the command fails
+(exit 1) and writes nothing.
+
 Example:
 
     python scripts/export.py checkpoint=outputs/<date>/<time>/checkpoints/best.pt format=onnx batch=dynamic
+    python scripts/export.py checkpoint=outputs/<date>/<time>/checkpoints/best.pt quantize=int8 max_drop=0.5
 """
 
 from __future__ import annotations
@@ -23,21 +34,25 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from vit.deploy.export import (
     ATOL,
     FORMATS,
     ExportError,
+    Int8Request,
     check_writable,
     default_output,
     export_model,
     require_export_extra,
 )
 from vit.deploy.options import UsageError, parse_options, run_main
+from vit.deploy.quantize import CALIBRATION, MAX_DROP, resolve_mode
 from vit.deploy.weights import resolve
 
 KNOWN = ("checkpoint", "model", "format", "output", "batch", "ema", "image", "data", "preprocess", "atol")
+KNOWN += ("quantize", "calibration", "check_images", "max_drop")
 CHECK_IMAGES = 8
 
 
@@ -67,11 +82,77 @@ def check_images(image: str | None, pre, data_cfg) -> tuple[torch.Tensor, str]:
         )
 
 
+def labelled_images(data_cfg, split: str, count: int | None, pre) -> tuple[np.ndarray, np.ndarray]:
+    """`count` images of `split` (train | val) drawn across it with a fixed seed (a folder's split is sorted by
+    class; its first images would be one class), or all of them, through the evaluation preprocessing, and their
+    labels."""
+    from vit.data import DataError
+    from vit.data.datasets import build_splits
+
+    cfg = dict(data_cfg)
+    cfg.update(scan_images=False, limit_val_samples=None, limit_train_samples=None, download=False)
+    try:
+        dataset = getattr(build_splits(cfg), split)
+    except (DataError, OSError) as err:
+        raise ExportError(
+            f"quantize needs the model's data for the calibration and the accuracy check: {err} "
+            "(data.root=<folder or archive> points at it)"
+        ) from None
+    order = np.random.default_rng(0).permutation(len(dataset))[: count or len(dataset)]
+    transform = pre.transform()
+    images, labels = [], []
+    for index in order:
+        image, label = dataset[int(index)]
+        images.append(transform(image).numpy())
+        labels.append(int(label))
+    return np.stack(images), np.asarray(labels)
+
+
+def int8_request(options, pre, data_cfg) -> Int8Request:
+    """quantize=...: its mode, the labelled check images and the calibration images."""
+    mode = resolve_mode(options.get("quantize"))
+    check = labelled_images(data_cfg, "val", options.integer("check_images"), pre)
+    count = options.integer("calibration", CALIBRATION)
+    calibration = labelled_images(data_cfg, "train", count, pre)[0] if mode == "int8-static" else None
+    return Int8Request(mode, check, calibration, read_max_drop(options))
+
+
+def read_max_drop(options) -> float:
+    text = options.get("max_drop", str(MAX_DROP))
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise UsageError(f"max_drop={text!r} must be a number of top-1 points >= 0")
+    return value
+
+
+def check_int8_options(options, fmt: str) -> None:
+    """The quantize options, before any weights are read."""
+    quantize = options.get("quantize")
+    int8_only = [k for k in ("calibration", "check_images", "max_drop") if options.get(k) is not None]
+    if quantize is None:
+        if int8_only:
+            raise UsageError(f"{int8_only[0]}= is a setting of quantize=int8; add quantize=int8 or leave it out")
+        return
+    try:
+        resolve_mode(quantize)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if fmt != "onnx":
+        raise UsageError(f"quantize={quantize} writes ONNX: it needs format=onnx, not format={fmt}")
+    options.integer("calibration", CALIBRATION)
+    options.integer("check_images")
+    read_max_drop(options)
+
+
 def main(argv: list[str]) -> int:
     options = parse_options(argv, KNOWN)
     fmt = options.get("format", "onnx")
     if fmt not in FORMATS:
         raise ExportError(f"format={fmt} is not a known format; choose from {', '.join(FORMATS)}")
+    check_int8_options(options, fmt)
     if fmt == "onnx":
         require_export_extra()  # before any weights are read
     batch_text = options.get("batch", "dynamic")
@@ -86,10 +167,13 @@ def main(argv: list[str]) -> int:
         if not given or given.startswith("timm:"):
             raise UsageError("output=<path> is required when the weights are not a local file")
         output = default_output(given, fmt)
+        if options.get("quantize"):
+            output = output.with_name(output.name.removesuffix(".onnx") + ".int8.onnx")
     output = Path(output)
     check_writable(output)  # before the weights are read and the model built
     weights, pre, data_cfg = resolve(options)
     images, what = check_images(options.get("image"), pre, data_cfg)
+    int8 = int8_request(options, pre, data_cfg) if options.get("quantize") else None
     result = export_model(
         weights.model,
         output,
@@ -101,13 +185,18 @@ def main(argv: list[str]) -> int:
         model_name=weights.name,
         source=weights.source,
         atol=atol,
+        int8=int8,
     )
     runtime = "onnxruntime" if fmt == "onnx" else "PyTorch (loaded back)"
+    kind = f"{fmt}, {result.int8.mode}" if result.int8 is not None else fmt
+    float_check = "the float file " if result.int8 is not None else ""
     print(
-        f"wrote {result.path} ({fmt}, batch {'dynamic' if batch is None else batch}) and {result.side_json}; "
-        f"checked with {runtime} on {what}, batches {result.checked_batches}: max |diff| {result.max_abs_diff:.2e} "
-        f"<= {atol:g}"
+        f"wrote {result.path} ({kind}, batch {'dynamic' if batch is None else batch}) and {result.side_json}; "
+        f"{float_check}checked with {runtime} on {what}, batches {result.checked_batches}: max |diff| "
+        f"{result.max_abs_diff:.2e} <= {atol:g}"
     )
+    if result.int8 is not None:
+        print(f"INT8 against float on the {data_cfg.get('name')} validation split: {result.int8.line()}")
     return 0
 
 

@@ -4,7 +4,9 @@ or a dynamic batch size.
 
 An ONNX file is checked before it is kept: onnxruntime runs it on a batch of images and its logits must match
 the PyTorch model's (max |diff| <= `atol`, 1e-4 in fp32); the file is written beside its final name and renamed
-only then. TorchScript and exported programs are loaded back and checked the same way with PyTorch.
+only then. TorchScript and exported programs are loaded back and checked the same way with PyTorch. An INT8 ONNX
+file (vit/deploy/quantize.py) is quantized from the checked float one and kept only if its top-1 on labelled
+images is within `max_drop` points of the float file's.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 from torch import nn
 
 from vit.deploy.preprocessing import Preprocessing
+from vit.deploy.quantize import Int8Report, quantize_checked
 from vit.deploy.runtime import side_json_path
 
 FORMATS = {"onnx": ".onnx", "torchscript": ".torchscript.pt", "exported-program": ".pt2"}
@@ -89,6 +92,18 @@ class ExportResult:
     max_abs_diff: float
     checked_with: str  # "onnxruntime" or "torch"
     checked_batches: list[int]
+    int8: Int8Report | None = None  # the INT8 file's accuracy check against the float file
+
+
+@dataclass
+class Int8Request:
+    """quantize=...: the mode (resolved), the labelled images to check on, the calibration images (int8-static)
+    and the largest top-1 drop, in points, for which the INT8 file is kept."""
+
+    mode: str
+    check: tuple[np.ndarray, np.ndarray | None]
+    calibration: np.ndarray | None
+    max_drop: float
 
 
 def write_onnx(model: nn.Module, example: torch.Tensor, path: Path, dynamic: bool) -> None:
@@ -200,9 +215,11 @@ def export_model(
     model_name: str = "",
     source: str = "",
     atol: float = ATOL,
+    int8: Int8Request | None = None,
 ) -> ExportResult:
     """Export `model` (fp32, eval) to `path` in `fmt` for a fixed `batch` (None: dynamic), check it on
-    `images` (normalised, (N, 3, H, W)) against the PyTorch logits, then write the side JSON."""
+    `images` (normalised, (N, 3, H, W)) against the PyTorch logits, then write the side JSON. With `int8` (ONNX
+    only) the checked float file is quantized and `path` is the INT8 file, kept only within its top-1 bar."""
     if fmt not in FORMATS:
         raise ExportError(f"format={fmt} is not a known format; choose from {', '.join(FORMATS)}")
     if fmt == "onnx":
@@ -216,7 +233,20 @@ def export_model(
         # no antialiased bicubic resize to do it in the graph), on a copy so the caller's model is untouched.
         model = copy.deepcopy(model)
         model.set_input_size(size)
-    worst, checks = write_checked(model, path, fmt, batch, images, size, atol)
+    report = None
+    if int8 is None:
+        worst, checks = write_checked(model, path, fmt, batch, images, size, atol)
+    else:
+        if fmt != "onnx":
+            raise ExportError(f"quantize={int8.mode} needs format=onnx, not format={fmt}")
+        float_path = path.with_name(f".{path.name}.float-{os.getpid()}.onnx")
+        try:
+            worst, checks = write_checked(model, float_path, fmt, batch, images, size, atol)
+            report = quantize_checked(
+                float_path, path, int8.mode, INPUT_NAME, int8.check, int8.calibration, int8.max_drop
+            )
+        finally:
+            float_path.unlink(missing_ok=True)
 
     names = list(classes) if classes else [str(i) for i in range(int(getattr(model, "num_classes", 0)))]
     meta = {
@@ -234,7 +264,9 @@ def export_model(
         "preprocessing": preprocessing.to_dict(),
         "classes": names,
         "opset": ONNX_OPSET if fmt == "onnx" else None,
+        # the float export's check against PyTorch (for an INT8 file: the float file it was quantized from)
         "checked": {"runtime": "onnxruntime" if fmt == "onnx" else "torch", "batches": checks, "max_abs_diff": worst},
+        "quantization": report.to_dict() if report is not None else None,
         "torch": torch.__version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -243,4 +275,4 @@ def export_model(
         side.write_text(json.dumps(meta, indent=2) + "\n")
     except OSError as err:
         raise ExportError(f"cannot write {str(side)!r}: {err.strerror or err}") from err
-    return ExportResult(path, side, worst, meta["checked"]["runtime"], checks)
+    return ExportResult(path, side, worst, meta["checked"]["runtime"], checks, report)

@@ -77,12 +77,13 @@ def run_main(main: Callable[[list[str]], int], argv: list[str] | None = None, us
     path is one line on stderr and exit code 2), with the weights' and the export's errors as bad settings; an
     export that does not match PyTorch is exit code 1."""
     from vit.deploy.export import ExportError, VerificationError
+    from vit.deploy.quantize import QuantizationRefused
     from vit.deploy.weights import WeightsError
 
     def checked(args: list[str]) -> int:
         try:
             return main(args)
-        except VerificationError as err:
+        except (VerificationError, QuantizationRefused) as err:
             print(f"export check failed: {err}", file=sys.stderr)
             return 1
 
