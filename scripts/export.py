@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -118,13 +119,14 @@ def int8_request(options, pre, data_cfg) -> Int8Request:
 
 
 def read_max_drop(options) -> float:
+    """The most top-1 points the INT8 file may lose; a negative bar asks for a gain (a refusal on purpose)."""
     text = options.get("max_drop", str(MAX_DROP))
     try:
         value = float(text)
     except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise UsageError(f"max_drop={text!r} must be a number of top-1 points >= 0")
+        value = float("nan")
+    if not math.isfinite(value):
+        raise UsageError(f"max_drop={text!r} must be a number of top-1 points")
     return value
 
 
