@@ -1,7 +1,7 @@
 """Training-step throughput of the project's models, optionally against timm side by side; with --e2e, a
 real training run through the trainer and what its data path costs over the step alone; with --inference, the
-inference latency and img/s (PyTorch eager, torch.compile, the ONNX export in onnxruntime) at batch 1 and a large
-batch, interleaved with timm's model of the same shape.
+inference latency and img/s (PyTorch eager, torch.compile, the ONNX export in onnxruntime, in float or INT8) at
+batch 1 and a large batch, interleaved with timm's model of the same shape.
 
     python scripts/benchmark.py --models vit_tiny_cifar,vit_base --compile both --vs-timm --memory \\
         --json bench.json --md bench.md
@@ -9,6 +9,8 @@ batch, interleaved with timm's model of the same shape.
         data.patch_size=4 model=vit_tiny
     python scripts/benchmark.py --inference --models vit_tiny,vit_tiny_cifar --batches 1,64 \
         --runtimes eager,compiled,onnxruntime --vs-timm --device cpu --md inference.md
+    python scripts/benchmark.py --inference --models vit_tiny_cifar,vit_small --batches 1,64 --device cpu \
+        --runtimes eager,onnxruntime,onnxruntime-int8-dynamic,onnxruntime-int8-static
 
 Prints a markdown table last. See vit/analysis/benchmark.py (training steps; the models timed are
 vit/analysis/bench_cases.py's), vit/analysis/step_profile.py (--profile), vit/analysis/e2e.py (--e2e) and
@@ -60,7 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--runtimes",
         default="eager,compiled,onnxruntime",
-        help="--inference: comma list of eager, compiled, onnxruntime (the ONNX export; CPU only)",
+        help="--inference: comma list of eager, compiled, onnxruntime (the ONNX export; CPU only), "
+        "onnxruntime-int8-dynamic, onnxruntime-int8-static (the export quantized as export.py quantize= does)",
     )
     parser.add_argument("--threads", type=int, default=None, help="torch (and onnxruntime) CPU threads")
     parser.add_argument(
@@ -112,20 +115,21 @@ def run_e2e(args: argparse.Namespace) -> int:
 
 
 def run_inference(args: argparse.Namespace, names: list[str], device: torch.device) -> int:
-    from vit.analysis.inference import RUNTIMES, bench_inference, inference_json, inference_markdown
+    from vit.analysis.inference import ONNX_RUNTIMES, RUNTIMES, bench_inference, inference_json, inference_markdown
 
     runtimes = tuple(r for r in args.runtimes.split(",") if r)
     unknown = [r for r in runtimes if r not in RUNTIMES]
     if unknown:
         print(f"error: --runtimes {unknown[0]!r} is not a runtime; choose from {', '.join(RUNTIMES)}")
         return 2
-    if "onnxruntime" in runtimes:
+    onnx = [r for r in runtimes if r in ONNX_RUNTIMES]
+    if onnx:
         from vit.deploy.export import ExportError, require_export_extra
 
         try:
             require_export_extra()
         except ExportError as err:
-            print(f"error: --runtimes onnxruntime: {str(err).replace('format=onnx ', '')}")
+            print(f"error: --runtimes {onnx[0]}: {str(err).replace('format=onnx ', '')}")
             return 2
     try:
         batches = [int(b) for b in (args.batches or ("1,64" if device.type == "cpu" else "1,256")).split(",")]

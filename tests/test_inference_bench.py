@@ -53,6 +53,43 @@ def test_the_timed_onnx_sessions_compute_the_models_logits(tmp_path):
         assert np.abs(outputs[(side, "onnxruntime")][0] - eager).max() <= 1e-4
 
 
+def test_the_int8_sessions_are_quantized_files_close_to_the_model(tmp_path):
+    """The INT8 runtimes time the export quantized as export.py quantize= quantizes it: integer products in the
+    graph, logits near the float model's (not equal)."""
+    import onnx
+
+    runtimes = ("eager", "onnxruntime-int8-dynamic", "onnxruntime-int8-static")
+    variants = build_variants(CASES["toy"], 3, torch.device("cpu"), runtimes, False, tmp_path)
+    outputs = {v.runtime: v.call() for v in variants}
+    eager = outputs["eager"].numpy()
+    for runtime in runtimes[1:]:
+        difference = np.abs(outputs[runtime][0] - eager).max()
+        assert 0 < difference < 0.1 * np.abs(eager).max() + 0.05, (runtime, difference)
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "toy_ours.int8-static.onnx")).graph.node}
+    assert "QuantizeLinear" in ops
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "toy_ours.int8-dynamic.onnx")).graph.node}
+    assert "MatMulInteger" in ops or "DynamicQuantizeMatMul" in ops
+
+
+def test_each_variant_runs_after_each_other_one(monkeypatch):
+    """The timed order turns every round: no variant always follows the same one (a runtime's leftover threads
+    would bill the next)."""
+    from vit.analysis import inference
+
+    order = []
+    monkeypatch.setattr(inference, "time_calls", lambda call, calls, device: order.append(call()) or 1e-3)
+    fake = [
+        inference.Variant(s, r, lambda s=s, r=r: (s, r)) for r in ("eager", "onnxruntime") for s in ("ours", "peer")
+    ]
+    monkeypatch.setattr(inference, "build_variants", lambda *a, **k: fake)
+    inference.bench_inference(
+        CASES["toy"], torch.device("cpu"), 1, runtimes=("eager", "onnxruntime"), rounds=4, warmup=0
+    )
+    timed = order[len(fake) :]  # after the calibration calls
+    followers = {v: {timed[i + 1] for i in range(len(timed) - 1) if timed[i] == v} for v in set(timed)}
+    assert all(len(f) >= 2 for f in followers.values()), followers
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [

@@ -2,16 +2,23 @@
 export run by onnxruntime, at batch 1 (latency) and a large batch (throughput).
 
 Protocol: fixed random inputs (fp32) already on the device, `torch.no_grad()`, the model in eval mode. Every
-variant (ours and the peer, per runtime) is warmed up, then timed in interleaved rounds (ours eager, peer eager,
-ours compiled, peer compiled, ours onnxruntime, peer onnxruntime, then again), each round at least `min_round_s`
-of back-to-back calls; a variant's latency is the median over rounds of its mean call time, and the ratio column
-the median of the per-round throughput ratios ours/peer with its 10th-90th percentile spread, so that a
-neighbour's load or a clock change hits both sides alike. onnxruntime gets the same number of threads as torch.
+variant (ours and the peer, per runtime) is warmed up, then timed in interleaved rounds, each variant's turn at
+least `min_round_s` of back-to-back calls, in a new (seeded) random order every round, so that no variant always
+runs after the same one. onnxruntime gets the same number of threads as torch and does not spin its threads
+between calls (`session.intra_op.allow_spinning=0`): spinning threads would keep the cores busy into the next
+variant's turn. A variant's latency is the median over rounds of its mean call time, and the ratio column the
+median of the per-round throughput ratios ours/peer with its 10th-90th percentile spread, so that a neighbour's
+load or a clock change hits both sides alike.
+
+`onnxruntime-int8-dynamic` and `onnxruntime-int8-static` run the ONNX export quantized as `scripts/export.py
+quantize=...` quantizes it (vit/deploy/quantize.py; the static one calibrated on the timed inputs, which sets its
+scales, not its speed).
 """
 
 from __future__ import annotations
 
 import json
+import random
 import statistics
 import tempfile
 import time
@@ -27,7 +34,8 @@ from vit.analysis.bench_cases import BenchCase, build_side, peer_available
 from vit.analysis.benchmark import percentile, synchronize
 from vit.train.precision import Precision, choose_precision
 
-RUNTIMES = ("eager", "compiled", "onnxruntime")
+RUNTIMES = ("eager", "compiled", "onnxruntime", "onnxruntime-int8-dynamic", "onnxruntime-int8-static")
+ONNX_RUNTIMES = tuple(r for r in RUNTIMES if r.startswith("onnxruntime"))
 
 
 @dataclass
@@ -58,18 +66,29 @@ class InferenceResult:
     runtimes: list[RuntimeResult] = field(default_factory=list)
 
 
-def onnx_session(model: nn.Module, example: torch.Tensor, folder: Path, name: str, threads: int):
-    """Export `model` with the project's exporter (dynamic batch) and open it in onnxruntime on the CPU."""
+def onnx_session(
+    model: nn.Module, example: torch.Tensor, folder: Path, name: str, threads: int, runtime: str = "onnxruntime"
+):
+    """Export `model` with the project's exporter (dynamic batch), quantize it for an INT8 runtime, and open it in
+    onnxruntime on the CPU with `threads` threads that do not spin between calls."""
     import onnxruntime as ort
 
-    from vit.deploy.export import write_onnx
+    from vit.deploy.export import INPUT_NAME, write_onnx
+    from vit.deploy.quantize import quantize_file
 
     path = folder / f"{name}.onnx"
-    with torch.no_grad():
-        write_onnx(model, example, path, dynamic=True)
+    if not path.is_file():
+        with torch.no_grad():
+            write_onnx(model, example[:2].contiguous(), path, dynamic=True)
+    if runtime != "onnxruntime":
+        mode = runtime.removeprefix("onnxruntime-")
+        quantized = folder / f"{name}.{mode}.onnx"
+        quantize_file(path, quantized, mode, INPUT_NAME, example.numpy() if mode == "int8-static" else None)
+        path = quantized
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
@@ -97,8 +116,8 @@ def build_variants(
                 variants.append(Variant(side, runtime, _torch_call(model, x, precision)))
             elif runtime == "compiled":
                 variants.append(Variant(side, runtime, _torch_call(torch.compile(model), x, precision)))
-            elif runtime == "onnxruntime" and device.type == "cpu":
-                session = onnx_session(model, x[:2].contiguous(), folder, f"{case.name}_{side}", threads)
+            elif runtime in ONNX_RUNTIMES and device.type == "cpu":
+                session = onnx_session(model, x, folder, f"{case.name}_{side}", threads, runtime)
                 feed = {session.get_inputs()[0].name: x.numpy()}
                 variants.append(Variant(side, runtime, lambda s=session, f=feed: s.run(None, f)))
     # Interleaved by runtime: ours eager, peer eager, ours compiled, peer compiled, ...
@@ -144,8 +163,11 @@ def bench_inference(
                 variant.call()
         calls = {id(v): max(1, int(min_round_s / max(time_calls(v.call, 2, device), 1e-9)) + 1) for v in variants}
         seconds: dict[tuple[str, str], list[float]] = {(v.side, v.runtime): [] for v in variants}
+        shuffle = random.Random(0).shuffle
         for _ in range(rounds):
-            for variant in variants:
+            order = list(variants)
+            shuffle(order)  # a new order each round (module docstring)
+            for variant in order:
                 seconds[(variant.side, variant.runtime)].append(time_calls(variant.call, calls[id(variant)], device))
     result = InferenceResult(case.name, case.img_size, batch, str(device), torch.get_num_threads(), rounds)
     for runtime in runtimes:
