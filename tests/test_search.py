@@ -233,6 +233,13 @@ def test_a_trial_with_an_impossible_setting_ends_the_search_with_its_one_line(tm
     assert "config error: model.num_heads=5 must be a positive divisor of embed_dim=32" in done.stderr
     assert "Traceback" not in done.stderr
     assert states(study_of(folder)) == ["FAIL"]
+    # another search space in the same study: one line, before any trial
+    done, _ = search(tmp_path, "model.num_heads=choice(2, 4)", n_trials=3)
+    assert done.returncode == 2 and done.stderr.startswith("config error: model.num_heads: the search space differs")
+    # fixed, the same search runs its 3 trials: the refused one does not count
+    done, _ = search(tmp_path, "model.num_heads=choice(5)", "model.embed_dim=40", n_trials=3)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert states(study_of(folder)) == ["FAIL", "COMPLETE", "COMPLETE", "COMPLETE"]
 
 
 def test_a_storage_under_a_file_is_named(tmp_path):

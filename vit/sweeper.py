@@ -93,6 +93,7 @@ class OptunaSweeper(Sweeper):
         except ImportError:
             raise SearchError("the Optuna sweeper needs optuna: pip install -e '.[search]'") from None
         assert self.config is not None
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # the study's and the trials' lines are ours
         metric = self.check_metric()
         space, fixed = search_space(self.params, arguments)
         if self.n_trials < 1:
@@ -101,13 +102,13 @@ class OptunaSweeper(Sweeper):
         study = open_study(
             self.storage_url, self.study_name, self.direction, self.heartbeat_interval, self.grace_period
         )
+        check_same_space(study, space, self.study_name)
         # A seeded sampler restarted on a study with trials would repeat its first suggestions: its seed moves on
         # by the trials already there (reproducible for a resumed search; several workers get their own seeds).
         study.sampler = self.sampler(seed_offset=len(study.get_trials(deepcopy=False)))
         with warnings.catch_warnings():  # metric names are marked experimental in Optuna
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             study.set_metric_names([metric])  # the dashboard and summarize_runs name the objective
-        optuna.logging.set_verbosity(optuna.logging.WARNING)  # the trials' lines are ours, one per trial
         return Search(self, study, space, fixed, metric)
 
     def check_metric(self) -> str:
@@ -204,6 +205,7 @@ class Search:
             [job] = self.sweeper.launcher.launch([overrides], initial_job_idx=trial.number)
         except SystemExit as exit_:  # a bad setting in this trial's config: the run said why in one line
             self.exit_code = exit_.code if isinstance(exit_.code, int) else 2
+            trial.set_user_attr("exit_code", self.exit_code)  # failed, but not counted: the setting is to blame
             self.study.stop()  # recorded as failed (NaN); the search ends with the run's exit code
             return float("nan")
         self.returns.append(job)
@@ -390,10 +392,27 @@ def requeue(study, number: int) -> None:
         optuna.storages.RetryHeartbeatStaleTrialCallback()(study, trial)
 
 
+def check_same_space(study, space: dict, name: str) -> None:
+    """A study continues with the search space it was made with: a parameter Optuna cannot compare with its
+    earlier trials' (another kind, other choices) would fail every new trial."""
+    from optuna.distributions import check_distribution_compatibility
+
+    for trial in study.get_trials(deepcopy=False):
+        for key, earlier in trial.distributions.items():
+            if key in space:
+                try:
+                    check_distribution_compatibility(earlier, space[key])
+                except ValueError as err:
+                    raise SearchError(
+                        f"{key}: the search space differs from study {name!r}'s ({err}); keep its space or give "
+                        "hydra.sweeper.study_name a new name"
+                    ) from None
+
+
 def finished_count(study) -> int:
-    """Trials that count towards n_trials: complete, pruned, or failed while running (diverged, errors). A trial
-    failed because its process died (its heartbeat stopped) does not count: its retry, with the same parameters,
-    is queued in its place."""
+    """Trials that count towards n_trials: complete, pruned, or failed while running (diverged, errors). Not
+    counted: a trial failed because its process died (its heartbeat stopped) or was stopped by a signal (its retry,
+    with the same parameters, is queued in its place), and one whose run refused a bad setting (exit code 2)."""
     import optuna
     from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
 
@@ -403,6 +422,7 @@ def finished_count(study) -> int:
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         retried = {n for t in trials for n in Retry.retry_history(t)}
     return sum(
-        t.state in (states.COMPLETE, states.PRUNED) or (t.state == states.FAIL and t.number not in retried)
+        t.state in (states.COMPLETE, states.PRUNED)
+        or (t.state == states.FAIL and t.number not in retried and "exit_code" not in t.user_attrs)
         for t in trials
     )
