@@ -288,5 +288,5 @@ def test_summarize_runs_reads_a_search(three_trials, tmp_path):
     study = study_of(three_trials)
     assert "## Study 'cifar10_proxy': 3 trials (3 complete), maximize val_top1" in text
     assert f"Best trial: {study.best_trial.number}, val_top1 {study.best_value:.2f}" in text
-    assert "Trial-epochs run: 9 of 9 asked by the 3 ended trials (0% saved by pruning)." in text
+    assert "Trial-epochs run: 9 of 9 asked by the 3 trials the study counts (0% saved by pruning)." in text
     assert "| optim.lr | 1.000 |" in text  # the only parameter has all the importance

@@ -33,7 +33,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from vit.train.search import TrialInterrupted
+from vit.train.search import TrialInterrupted, counted_trials
 
 log = logging.getLogger("vit.search")
 
@@ -410,19 +410,5 @@ def check_same_space(study, space: dict, name: str) -> None:
 
 
 def finished_count(study) -> int:
-    """Trials that count towards n_trials: complete, pruned, or failed while running (diverged, errors). Not
-    counted: a trial failed because its process died (its heartbeat stopped) or was stopped by a signal (its retry,
-    with the same parameters, is queued in its place), and one whose run refused a bad setting (exit code 2)."""
-    import optuna
-    from optuna.storages import RetryHeartbeatStaleTrialCallback as Retry
-
-    states = optuna.trial.TrialState
-    trials = study.get_trials(deepcopy=False)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        retried = {n for t in trials for n in Retry.retry_history(t)}
-    return sum(
-        t.state in (states.COMPLETE, states.PRUNED)
-        or (t.state == states.FAIL and t.number not in retried and "exit_code" not in t.user_attrs)
-        for t in trials
-    )
+    """The trials that count towards n_trials (vit/train/search.py: counted_trials)."""
+    return len(counted_trials(study))

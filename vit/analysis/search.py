@@ -10,6 +10,8 @@ from pathlib import Path
 
 import yaml
 
+from vit.train.search import counted_trials
+
 STUDY_FILE = "optuna.db"  # the search configs' default storage: sqlite:///<the search's folder>/optuna.db
 
 
@@ -108,14 +110,19 @@ def search_report(study, folder: Path) -> str:
     counts = ", ".join(f"{n} {s}" for s, n in states.items() if n)
     aim = f"{study.direction.name.lower()} {metric}"
     lines = [f"## Study {study.study_name!r}: {len(rows)} trials ({counts}), {aim}", ""]
-    ended = [r for r in rows if r.state in ("complete", "pruned", "fail")]
+    counted = {t.number for t in counted_trials(study)}
+    ended = [r for r in rows if r.number in counted]
     if ended and all(r.epochs_run is not None and r.epochs_asked for r in ended):
         run, asked = sum(r.epochs_run for r in ended), sum(r.epochs_asked for r in ended)
-        lines += [
-            f"Trial-epochs run: {run} of {asked} asked by the {len(ended)} ended trials "
-            f"({100 * (1 - run / asked):.0f}% saved by pruning).",
-            "",
-        ]
+        lines.append(
+            f"Trial-epochs run: {run} of {asked} asked by the {len(ended)} trials the study counts "
+            f"({100 * (1 - run / asked):.0f}% saved by pruning)."
+        )
+        others = [r for r in rows if r.state == "fail" and r.number not in counted]
+        if others:
+            lost = ", ".join(f"trial {r.number} ({_value(r.epochs_run)} epochs)" for r in others)
+            lines.append(f"Not counted, run again or refused for a bad setting: {lost}.")
+        lines.append("")
     complete = [r for r in rows if r.state == "complete"]
     if complete:
         best = study.best_trial
