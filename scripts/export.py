@@ -83,22 +83,23 @@ def check_images(image: str | None, pre, data_cfg) -> tuple[torch.Tensor, str]:
         )
 
 
-def labelled_images(data_cfg, split: str, count: int | None, pre) -> tuple[np.ndarray, np.ndarray]:
+def labelled_images(data_cfg, split: str, count: int | None, pre) -> tuple[np.ndarray, np.ndarray, str]:
     """`count` images of `split` (train | val) drawn across it with a fixed seed (a folder's split is sorted by
-    class; its first images would be one class), or all of them, through the evaluation preprocessing, and their
-    labels."""
+    class; its first images would be one class), or all of them, through the evaluation preprocessing, their
+    labels, and the split's name (train; holdout with data.holdout, else the one it came from: test, val, ...)."""
     from vit.data import DataError
     from vit.data.datasets import build_splits
 
     cfg = dict(data_cfg)
     cfg.update(scan_images=False, limit_val_samples=None, limit_train_samples=None, download=False)
     try:
-        dataset = getattr(build_splits(cfg), split)
+        splits = build_splits(cfg)
     except (DataError, OSError) as err:
         raise ExportError(
             f"quantize needs the model's data for the calibration and the accuracy check: {err} "
             "(data.root=<folder or archive> points at it)"
         ) from None
+    dataset, name = (splits.train, "train") if split == "train" else (splits.val, splits.val_name)
     order = np.random.default_rng(0).permutation(len(dataset))[: count or len(dataset)]
     transform = pre.transform()
     images, labels = [], []
@@ -106,16 +107,16 @@ def labelled_images(data_cfg, split: str, count: int | None, pre) -> tuple[np.nd
         image, label = dataset[int(index)]
         images.append(transform(image).numpy())
         labels.append(int(label))
-    return np.stack(images), np.asarray(labels)
+    return np.stack(images), np.asarray(labels), name
 
 
 def int8_request(options, pre, data_cfg) -> Int8Request:
     """quantize=...: its mode, the labelled check images and the calibration images."""
     mode = resolve_mode(options.get("quantize"))
-    check = labelled_images(data_cfg, "val", options.integer("check_images"), pre)
+    images, labels, split = labelled_images(data_cfg, "val", options.integer("check_images"), pre)
     count = options.integer("calibration", CALIBRATION)
     calibration = labelled_images(data_cfg, "train", count, pre)[0] if mode == "int8-static" else None
-    return Int8Request(mode, check, calibration, read_max_drop(options))
+    return Int8Request(mode, (images, labels), calibration, read_max_drop(options), split)
 
 
 def read_max_drop(options) -> float:
@@ -198,7 +199,7 @@ def main(argv: list[str]) -> int:
         f"{result.max_abs_diff:.2e} <= {atol:g}"
     )
     if result.int8 is not None:
-        print(f"INT8 against float on the {data_cfg.get('name')} validation split: {result.int8.line()}")
+        print(f"INT8 against float on the {result.int8.split} split: {result.int8.line()}")
     return 0
 
 

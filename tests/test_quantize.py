@@ -51,13 +51,14 @@ def test_a_checkpoint_exports_to_int8_with_its_accuracy_measured(trained, tmp_pa
     assert report["int8_bytes"] == out.stat().st_size < report["float_bytes"]
     assert 0 <= report["agreement"] <= 100 and report["max_abs_logit_diff"] > 0  # INT8 never equals float
     # the float top-1 is the PyTorch model's own on the same images
-    images, labels = export_script.labelled_images(load_model(trained)[1]["data"], "val", None, pre_of(trained))
+    images, labels, split = export_script.labelled_images(load_model(trained)[1]["data"], "val", None, pre_of(trained))
+    assert split == report["split"] == "val"
     model = load_model(trained)[0]
     with torch.no_grad():
         top1 = 100.0 * (model(torch.from_numpy(images)).argmax(1).numpy() == labels).mean()
     assert report["float_top1"] == pytest.approx(top1)
     assert report["top1_drop"] == pytest.approx(report["float_top1"] - report["int8_top1"])
-    assert "INT8 against float on the synthetic validation split: top-1" in printed
+    assert "INT8 against float on the val split: top-1" in printed
     # MatMul weights are int8 now: the graph runs integer matrix products
     ops = {node.op_type for node in onnx.load(str(out)).graph.node}
     assert "MatMulInteger" in ops or "DynamicQuantizeMatMul" in ops

@@ -104,6 +104,7 @@ class Int8Request:
     check: tuple[np.ndarray, np.ndarray | None]
     calibration: np.ndarray | None
     max_drop: float
+    split: str = "val"  # the name of the split the check images come from
 
 
 def write_onnx(model: nn.Module, example: torch.Tensor, path: Path, dynamic: bool) -> None:
@@ -243,7 +244,7 @@ def export_model(
         try:
             worst, checks = write_checked(model, float_path, fmt, batch, images, size, atol)
             report = quantize_checked(
-                float_path, path, int8.mode, INPUT_NAME, int8.check, int8.calibration, int8.max_drop
+                float_path, path, int8.mode, INPUT_NAME, int8.check, int8.calibration, int8.max_drop, int8.split
             )
         finally:
             float_path.unlink(missing_ok=True)

@@ -41,6 +41,7 @@ class QuantizationRefused(RuntimeError):
 @dataclass
 class Int8Report:
     mode: str  # int8-dynamic | int8-static
+    split: str  # the split the images come from (holdout, test, val, ...)
     images: int  # labelled images the two files were compared on
     float_top1: float | None  # None: the images had no labels
     int8_top1: float | None
@@ -148,6 +149,7 @@ def check_int8(
     labels: np.ndarray | None,
     mode: str,
     calibration_images: int | None,
+    split: str = "val",
 ) -> Int8Report:
     """Both files on the same images: top-1 of each (with labels), agreement, largest logit difference, sizes."""
     images = np.ascontiguousarray(images, dtype=np.float32)
@@ -156,6 +158,7 @@ def check_int8(
     has_labels = labels is not None and len(labels) == len(images)
     return Int8Report(
         mode=mode,
+        split=split,
         images=len(images),
         float_top1=float(100.0 * (top_ref == labels).mean()) if has_labels else None,
         int8_top1=float(100.0 * (top_q == labels).mean()) if has_labels else None,
@@ -176,6 +179,7 @@ def quantize_checked(
     check: tuple[np.ndarray, np.ndarray | None],
     calibration: np.ndarray | None,
     max_drop: float = MAX_DROP,
+    split: str = "val",
 ) -> Int8Report:
     """Quantize `float_path` into a temporary file beside `path`, check it on `check` (images, labels) and move it
     to `path` only when its top-1 drop is within `max_drop` points; QuantizationRefused (nothing written) if not."""
@@ -183,7 +187,7 @@ def quantize_checked(
     try:
         quantize_file(float_path, tmp, mode, input_name, calibration)
         calibrated = len(calibration) if mode == "int8-static" and calibration is not None else None
-        report = check_int8(float_path, tmp, *check, mode, calibrated)
+        report = check_int8(float_path, tmp, *check, mode, calibrated, split)
         if report.drop is not None and report.drop > max_drop:
             raise QuantizationRefused(
                 f"the {mode} file loses {report.drop:.2f} top-1 points (> max_drop={max_drop:g}): {report.line()}; "
