@@ -30,6 +30,7 @@ def test_toy_inference_against_timm_writes_json_and_table(tmp_path, capsys):
         assert [row["runtime"] for row in result["runtimes"]] == ["eager", "onnxruntime"]
         for row in result["runtimes"]:
             assert row["ours_ms"] > 0 and row["peer_ms"] > 0
+            assert row["ours_p10_ms"] <= row["ours_ms"] <= row["ours_p90_ms"]
             assert row["ratio_p10"] <= row["ratio_median"] <= row["ratio_p90"]
     table = out_md.read_text()
     assert "| toy | 32 | 4 | onnxruntime |" in table and "| toy | 32 | 1 | eager |" in table

@@ -49,6 +49,8 @@ class Variant:
 class RuntimeResult:
     runtime: str
     ours_ms: float
+    ours_p10_ms: float | None = None  # the spread of the per-round latencies
+    ours_p90_ms: float | None = None
     peer_ms: float | None = None
     ratio_median: float | None = None  # throughput ours / peer
     ratio_p10: float | None = None
@@ -176,6 +178,7 @@ def bench_inference(
             continue
         peer = seconds.get(("peer", runtime))
         row = RuntimeResult(runtime, 1000 * statistics.median(ours))
+        row.ours_p10_ms, row.ours_p90_ms = 1000 * percentile(ours, 0.1), 1000 * percentile(ours, 0.9)
         if peer:
             row.peer_ms = 1000 * statistics.median(peer)
             ratios = [p / o for o, p in zip(ours, peer, strict=True)]  # throughput ours / peer, per round
@@ -186,7 +189,8 @@ def bench_inference(
 
 
 def inference_markdown(results: list[InferenceResult]) -> str:
-    columns = ["model", "img px", "batch", "runtime", "ours ms", "ours img/s", "timm ms", "timm img/s"]
+    columns = ["model", "img px", "batch", "runtime", "ours ms", "ours ms p10-p90", "ours img/s", "timm ms"]
+    columns.append("timm img/s")
     columns.append("ratio ours/timm (p10-p90)")
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for r in results:
@@ -195,8 +199,9 @@ def inference_markdown(results: list[InferenceResult]) -> str:
             ratio = "-"
             if row.ratio_median is not None:
                 ratio = f"{row.ratio_median:.3f} ({row.ratio_p10:.3f}-{row.ratio_p90:.3f})"
+            spread = "-" if row.ours_p10_ms is None else f"{row.ours_p10_ms:.2f}-{row.ours_p90_ms:.2f}"
             lines.append(
-                f"| {r.case} | {r.img_size} | {r.batch} | {row.runtime} | {row.ours_ms:.2f} | "
+                f"| {r.case} | {r.img_size} | {r.batch} | {row.runtime} | {row.ours_ms:.2f} | {spread} | "
                 f"{1000 * r.batch / row.ours_ms:,.0f} | {peer} | {ratio} |"
             )
     return "\n".join(lines)
