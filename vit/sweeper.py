@@ -123,9 +123,7 @@ class OptunaSweeper(Sweeper):
         except ConfigError as err:
             raise SearchError(str(err)) from None
         if wanted != self.direction:
-            raise SearchError(
-                f"optimized_metric={metric} is to {wanted.rstrip('e')}e but hydra.sweeper.direction={self.direction}"
-            )
+            raise SearchError(f"optimized_metric={metric} is to {wanted} but hydra.sweeper.direction={self.direction}")
         return metric
 
     def check_space(self, space: dict, fixed: list[str]) -> None:
@@ -168,7 +166,7 @@ class Search:
 
         done = finished_count(self.study)
         todo = self.sweeper.n_trials - done
-        where = sqlite_path(self.sweeper.storage_url) or self.sweeper.storage_url
+        where = sqlite_path(self.sweeper.storage_url) or shown_url(self.sweeper.storage_url)  # no password shown
         log.info(
             "study %r in %s: %d of %d trials finished, %s", self.study.study_name, where, done,
             self.sweeper.n_trials, f"{todo} to run" if todo > 0 else "nothing to run",
