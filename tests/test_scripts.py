@@ -194,6 +194,15 @@ def test_complexity_table_and_figure(tmp_path, capsys):
     assert_png(out)
 
 
+def test_complexity_counts_the_performer_t2t_models(tmp_path, capsys):
+    """T2T-ViT's performer keeps its kernel attention out of autocast; on the meta device, where the script counts
+    without weights, that must not stop it (torch.autocast refuses the meta device)."""
+    out = tmp_path / "t2t.png"
+    assert run_script(_script("complexity").main, ["model=t2t_vit_7", "model.depth=2", f"out={out}"]) == 0
+    assert "params (M)" in capsys.readouterr().out
+    assert_png(out)
+
+
 def test_crossover_interpolates_in_token_count():
     crossover = _script("complexity").crossover_size
     assert crossover([10, 20], [1.0, 1.0], [0.5, 2.0]) == pytest.approx((100 + 0.5 * 300 / 1.5) ** 0.5)

@@ -16,6 +16,7 @@ T2T-ViT code (`kqv`, `proj`, `norm1`, `norm2`, `mlp.0`, `mlp.2`, `w`) so its che
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -65,7 +66,7 @@ class TokenPerformer(nn.Module):
         Kept in fp32 even under autocast: w·k is several units in size, and bf16's 8-bit mantissa there, blown
         up by exp, costs 1-2% of the output (measured at N = 3136). It is O(N·m·dim_out), small beside `kqv`.
         """
-        with torch.autocast(device_type=q.device.type, enabled=False):
+        with fp32_context(q.device.type):
             phi_k, phi_q = self.features(k), self.features(q)  # (B, N, m)
             kv = torch.einsum("bnm,bne->bme", phi_k, v.float())  # Σ_s φ(k_s) v_sᵀ: (B, m, dim_out)
             normaliser = phi_q @ phi_k.sum(dim=1).unsqueeze(-1)  # φ(q_t)·Σ_s φ(k_s): (B, N, 1)
@@ -88,3 +89,11 @@ class TokenPerformer(nn.Module):
         random_features = 2 * tokens * self.m * self.dim_out  # φ(q), φ(k)
         attention = 2 * tokens * self.m * self.dim_out + tokens * self.m  # Σ φ(k) vᵀ, φ(q)·kv, normaliser
         return linear + random_features + attention
+
+
+def fp32_context(device_type: str):
+    """Autocast switched off where the device has autocast; a no-op elsewhere (the meta device, where
+    scripts/complexity.py counts FLOPs without weights: torch.autocast refuses a device type it does not know)."""
+    if torch.amp.is_autocast_available(device_type):
+        return torch.autocast(device_type=device_type, enabled=False)
+    return contextlib.nullcontext()
