@@ -82,7 +82,8 @@ def main(argv: list[str]) -> int:
         preds = [{"class": names[i], "index": int(i), "prob": round(float(row[i]), 4)} for i in indices]
         results.append({"image": str(path), "top": preds})
         if args["json"] != "-":
-            print(path.name + ": " + ", ".join(f"{p['class']} {100 * p['prob']:.1f}%" for p in preds))
+            # the path as found (cat/0000.jpg and ship/0000.jpg are different images)
+            print(f"{path}: " + ", ".join(f"{p['class']} {100 * p['prob']:.1f}%" for p in preds))
     if args["json"] == "-":
         print(json.dumps(results, indent=2))
     elif args["json"]:

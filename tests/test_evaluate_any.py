@@ -81,6 +81,14 @@ def timm_file(tmp_path_factory):
     return path, model
 
 
+def test_classes_without_an_evaluated_image_have_no_per_class_accuracy(folder, timm_file, capsys):
+    """limit_batches=1 over a split sorted by class sees its first classes only: the others get no entry, not 0%."""
+    path, _ = timm_file
+    argv = ["model=vit_tiny", "model.depth=2", f"model.pretrained={path}", "data=imagefolder", f"data.root={folder}"]
+    result, _ = evaluate([*argv, f"preprocess=timm:{TIMM_NAME}", "data.batch_size=2", "limit_batches=1"], capsys)
+    assert result["count"] == 2 and list(result["per_class_top1"]) == ["ant"]  # the 2 images of the first class
+
+
 def test_a_timm_file_gives_timms_top1_with_timms_preprocessing(folder, timm_file, capsys):
     path, model = timm_file
     paths, labels = val_images(folder)

@@ -42,9 +42,14 @@ def num_workers(cfg: Mapping) -> int:
     if requested is None:
         return min(8, cpus)
     if int(requested) > cpus:
-        log.info("data.num_workers=%d but this process has %d CPUs: using %d workers", int(requested), cpus, cpus)
+        if (int(requested), cpus) not in _SAID:  # the loaders and the scan each ask: the user hears it once
+            _SAID.add((int(requested), cpus))
+            log.info("data.num_workers=%d but this process has %d CPUs: using %d workers", int(requested), cpus, cpus)
         return cpus
     return int(requested)
+
+
+_SAID: set[tuple[int, int]] = set()  # (requested, CPUs) pairs already said in this process
 
 
 def user_cache(kind: str) -> Path:

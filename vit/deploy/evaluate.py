@@ -174,7 +174,10 @@ def evaluate_weights(argv: list[str]) -> dict:
     seconds = time.perf_counter() - start
     confusion = result.pop("confusion")
     per_class = (confusion.diag().float() / confusion.sum(1).clamp_min(1).float() * 100).tolist()
-    result["per_class_top1"] = {name: round(acc, 2) for name, acc in zip(data_classes, per_class, strict=True)}
+    seen = (confusion.sum(1) > 0).tolist()  # a class with no image evaluated has no accuracy, not 0%
+    result["per_class_top1"] = {
+        name: round(acc, 2) for name, acc, has in zip(data_classes, per_class, seen, strict=True) if has
+    }
     result["images_per_s"] = round(result["count"] / seconds, 1)
     result["precision"] = precision.name
     result["precision_reason"] = precision.reason

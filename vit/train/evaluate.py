@@ -82,7 +82,10 @@ def evaluate_checkpoint(argv: list[str]) -> dict:
     confusion = result.pop("confusion")
     names = sorted(bundle.class_to_idx, key=bundle.class_to_idx.get)
     per_class = (confusion.diag().float() / confusion.sum(1).clamp_min(1).float() * 100).tolist()
-    result["per_class_top1"] = {name: round(acc, 2) for name, acc in zip(names, per_class, strict=True)}
+    seen = (confusion.sum(1) > 0).tolist()  # a class with no image evaluated has no accuracy, not 0%
+    result["per_class_top1"] = {
+        name: round(acc, 2) for name, acc, has in zip(names, per_class, seen, strict=True) if has
+    }
     result["split"] = bundle.val_name  # "holdout" (data.holdout) or the validation split's own name
     result["weights"] = "ema" if use_ema else "model"
     result["flip"] = flip
