@@ -33,7 +33,7 @@ from timm.data import auto_augment as timm_aa
 from timm.data import create_transform
 
 from vit.data.augment import AugmentSpec, BatchAugment
-from vit.data.datasets import load_rgb
+from vit.data.images import read_rgb
 from vit.data.transforms import MEAN_STD, train_geometry
 
 SIZES = ((500, 375), (500, 333), (375, 500), (640, 480), (500, 400), (333, 500))
@@ -78,7 +78,7 @@ class Ours:
         self.generator = torch.Generator().manual_seed(0)
 
     def __call__(self, paths: list[Path]) -> None:
-        batch = torch.stack([self.worker(load_rgb(str(path))) for path in paths])  # as the DataLoader collates
+        batch = torch.stack([self.worker(read_rgb(path)) for path in paths])  # as the DataLoader collates
         if self.with_batch_stage:
             self.stage(batch, self.generator)
 

@@ -61,12 +61,13 @@ def check_images(image: str | None, pre, data_cfg) -> tuple[torch.Tensor, str]:
     """A batch of images to compare the export with PyTorch on, and what they are."""
     from vit.analysis.inputs import image_paths
     from vit.data import DataError
-    from vit.data.datasets import build_splits, load_rgb
+    from vit.data.datasets import build_splits
+    from vit.data.images import read_rgb
 
     transform = pre.transform()
     if image:
         paths = [p for spec in image.split(",") for p in image_paths(spec)][:CHECK_IMAGES]
-        return torch.stack([transform(load_rgb(str(p))) for p in paths]), f"{len(paths)} images from image={image}"
+        return torch.stack([transform(read_rgb(p)) for p in paths]), f"{len(paths)} images from image={image}"
     try:
         cfg = dict(data_cfg)
         cfg.update(scan_images=False, holdout=None, limit_val_samples=None, download=False)

@@ -57,6 +57,13 @@ def read_split(root: Path, train: bool, download: bool) -> tuple[np.ndarray, lis
     except RuntimeError as err:  # torchvision: "Dataset not found or corrupted. You can use download=True ..."
         hint = "" if download else "; --download fetches it there"
         raise UsageError(f"--root {str(root)!r}: no readable CIFAR-10 ({err}){hint}") from None
+    except OSError as err:  # with --download: no network (URLError), a refused or cut download
+        if not download or err.filename is not None:  # a file it could not write: main() names it
+            raise
+        raise UsageError(
+            f"--download: cannot fetch CIFAR-10 into --root {str(root)!r} ({' '.join(str(err).split())}); without "
+            "network, put cifar-10-python.tar.gz or its cifar-10-batches-py/ folder there and leave --download out"
+        ) from None
     return dataset.data, list(dataset.targets), list(dataset.classes)
 
 

@@ -8,7 +8,7 @@ for comparison. Each small map shows how similar one patch position's embedding 
 
 Example:
 
-    python scripts/plot_pos_embed.py checkpoint=outputs/<date>/<time>/best.pt out=pos_embed.png
+    python scripts/plot_pos_embed.py checkpoint=outputs/<date>/<time>/checkpoints/best.pt out=pos_embed.png
 """
 
 from __future__ import annotations

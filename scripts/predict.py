@@ -12,7 +12,7 @@ natively and the model is wide enough to gain, else fp32; vit/train/precision.py
 
 Example:
 
-    python scripts/predict.py checkpoint=outputs/<date>/<time>/best.pt image=cifar10/test/cat top=3
+    python scripts/predict.py checkpoint=outputs/<date>/<time>/checkpoints/best.pt image=cifar10/test/cat top=3
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ the images read from a folder.
 
 Example:
 
-    python scripts/visualize_attention.py checkpoint=outputs/<date>/<time>/best.pt image=cifar10/test/cat \
+    python scripts/visualize_attention.py checkpoint=outputs/<date>/<time>/checkpoints/best.pt image=cifar10/test/cat \
         layer=-1 max_images=4 out=attention.png
 """
 

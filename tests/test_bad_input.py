@@ -386,7 +386,9 @@ def test_a_checkpoint_carrying_code_is_refused_and_the_code_never_runs(trained, 
     )
     assert done.returncode == 2 and not marker.exists()
     (line,) = [x for x in done.stderr.splitlines() if "error" in x]  # one line, not torch's dozen
-    assert line.startswith(f"checkpoint error: cannot read checkpoint '{evil}' (weights_only=True): it holds pickled")
+    assert line.startswith(
+        f"checkpoint error: cannot read checkpoint '{evil}' with weights_only=True: it holds pickled"
+    )
     assert "GLOBAL io.open" in line and "refuses without running them" in line
     assert torch.load(evil, weights_only=False) is not None and marker.exists()  # the payload was real
 

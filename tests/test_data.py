@@ -18,8 +18,9 @@ import vit.data.decoded_cache as decoded_cache
 from vit.data import DataError, build_data
 from vit.data.archive import COMPLETE_MARKER, ArchiveError, extract_archive
 from vit.data.augment import build_policy, random_erasing, random_pad_crop, random_resized_crop
-from vit.data.datasets import to_rgb
+from vit.data.images import to_rgb
 from vit.data.rand_augment import TimmRandAugment
+from vit.data.sampling import evaluation_order
 
 
 def folder_cfg(root, **extra):
@@ -61,6 +62,17 @@ def test_imagefolder_tree_batches_and_class_map(tmp_path):
     assert x.shape == (4, 3, 16, 16) and x.dtype == torch.float32 and y.dtype == torch.int64
     assert len(bundle.train_loader) == 6 and len(bundle.val_loader) == 3
     assert bundle.mixup_fn is None and "LabelSmoothing" in type(bundle.train_criterion).__name__
+
+
+def test_images_far_smaller_than_img_size_are_said_once(tmp_path, caplog):
+    """32 px JPEGs at the image-folder default of 224 px train 49x the pixels: one line says so, with the fix."""
+    root = make_tree(tmp_path / "tree", size=20)
+    with caplog.at_level("WARNING", logger="vit.data"):
+        build_data(folder_cfg(root, img_size=16))
+        assert not [r for r in caplog.records if "upsampled" in r.getMessage()]
+        build_data(folder_cfg(root, img_size=64))
+    (line,) = [r.getMessage() for r in caplog.records if "upsampled" in r.getMessage()]
+    assert line.startswith("data.img_size=64 but the training images are about 20 px") and "data.img_size=20" in line
 
 
 @pytest.mark.parametrize("val_name", ["val", "validation", "test"])
@@ -326,10 +338,35 @@ def test_gpu_loader_val_batches_are_the_normalised_images():
     assert bundle.loader_kind == "gpu" and len(bundle.val_loader) == 2  # 20 images: 16 + 4
     xs, ys = zip(*bundle.val_loader, strict=True)
     x = torch.cat(xs)
-    raw = torch.from_numpy(bundle.val_loader.images.numpy()).float() / 255  # (N, 3, H, W)
+    order = bundle.val_loader.val_order  # every image once, classes interleaved
+    assert sorted(order.tolist()) == list(range(20))
+    raw = torch.from_numpy(bundle.val_loader.images.numpy()).float()[order] / 255  # (N, 3, H, W)
     mean, std = torch.tensor(bundle.mean).view(1, 3, 1, 1), torch.tensor(bundle.std).view(1, 3, 1, 1)
     torch.testing.assert_close(x, (raw - mean) / std)
-    assert torch.cat(ys).tolist() == bundle.val_loader.targets.tolist()
+    assert torch.cat(ys).tolist() == bundle.val_loader.targets[order].tolist()
+
+
+def test_every_prefix_of_the_evaluation_order_is_class_balanced():
+    targets = np.repeat([0, 1, 2], [40, 20, 4])  # sorted by class, as an image folder is, and unbalanced
+    order = evaluation_order(targets).numpy()
+    assert sorted(order.tolist()) == list(range(64))
+    for prefix in (3, 16, 32, 48):
+        counts = np.bincount(targets[order[:prefix]], minlength=3)
+        assert np.abs(counts - prefix * np.array([40, 20, 4]) / 64).max() <= 1, (prefix, counts)
+    assert evaluation_order(targets).tolist() == order.tolist()  # fixed: the same images in every run
+
+
+@pytest.mark.parametrize("loader", ["torch", "gpu"])
+def test_a_limited_evaluation_of_a_sorted_folder_sees_every_class(tmp_path, loader):
+    """limit_val_batches=1 over an image folder (sorted by class) evaluated the first class only."""
+    root = make_tree(tmp_path / "tree", per_class=4)
+    cfg = folder_cfg(root, loader=loader, batch_size=3, cache_dir=str(tmp_path / "cache"))
+    first = next(iter(build_data(cfg).val_loader))[1]
+    assert sorted(first.tolist()) == [0, 1, 2]
+    # Two ranks: disjoint, every image once, and the first batches together still hold every class.
+    ranks = [[y for _, y in build_data(cfg, rank=r, world_size=2).val_loader] for r in (0, 1)]
+    assert sorted(torch.cat([torch.cat(r) for r in ranks]).tolist()) == [0, 0, 1, 1, 2, 2]
+    assert set(torch.cat([r[0] for r in ranks]).tolist()) == {0, 1, 2}
 
 
 def test_gpu_loader_train_is_seeded_and_augments():

@@ -66,7 +66,7 @@ def add_bad_files(root: Path) -> dict[str, str]:
 @pytest.fixture
 def deny_read(monkeypatch):
     """Files named locked.* raise PermissionError when opened, as a mode-000 file does for a normal user
-    (the tests run as root, which chmod does not stop). Patches builtins.open, which PIL and load_rgb use."""
+    (the tests run as root, which chmod does not stop). Patches builtins.open, which PIL and read_rgb use."""
     real_open = builtins.open
 
     def guarded(file, *args, **kwargs):

@@ -292,6 +292,7 @@ def test_a_timm_teacher_without_network_or_cache_is_one_line(monkeypatch, tmp_pa
     with pytest.raises(CheckpointError, match=r"distill.teacher='timm:resnet18.a1_in1k': cannot download") as err:
         load_teacher({"teacher": "timm:resnet18.a1_in1k"})
     assert "\n" not in str(err.value)
+    assert "give a file: distill.teacher=" in str(err.value) and "model.pretrained" not in str(err.value)
 
 
 def test_a_teacher_of_other_classes_stops_before_the_data(resnet_file, tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ from PIL import Image
 from timm.data import ImageNetInfo, create_transform, resolve_data_config
 from trainer_utils import compose_config
 
-from vit.data.datasets import load_rgb
+from vit.data.images import read_rgb
 from vit.data.transforms import val_transform
 from vit.deploy.evaluate import cli
 from vit.models import create_model
@@ -81,12 +81,16 @@ def timm_file(tmp_path_factory):
     return path, model
 
 
-def test_classes_without_an_evaluated_image_have_no_per_class_accuracy(folder, timm_file, capsys):
-    """limit_batches=1 over a split sorted by class sees its first classes only: the others get no entry, not 0%."""
+def test_a_limited_evaluation_is_class_balanced_and_unseen_classes_have_no_accuracy(folder, timm_file, capsys):
+    """limit_batches over a split sorted by class (an image folder) takes every class in turn, not the first class's
+    images; with fewer images than classes, the classes not evaluated get no entry, not 0%."""
     path, _ = timm_file
     argv = ["model=vit_tiny", "model.depth=2", f"model.pretrained={path}", "data=imagefolder", f"data.root={folder}"]
-    result, _ = evaluate([*argv, f"preprocess=timm:{TIMM_NAME}", "data.batch_size=2", "limit_batches=1"], capsys)
-    assert result["count"] == 2 and list(result["per_class_top1"]) == ["ant"]  # the 2 images of the first class
+    argv += [f"preprocess=timm:{TIMM_NAME}", "limit_batches=1"]
+    result, _ = evaluate([*argv, "data.batch_size=4"], capsys)
+    assert result["count"] == 4 and list(result["per_class_top1"]) == ["ant", "bee", "cat", "dog"]
+    result, _ = evaluate([*argv, "data.batch_size=2"], capsys)
+    assert result["count"] == 2 and len(result["per_class_top1"]) == 2
 
 
 def test_a_timm_file_gives_timms_top1_with_timms_preprocessing(folder, timm_file, capsys):
@@ -191,7 +195,7 @@ def test_an_official_t2t_file_gives_our_models_numbers(folder, tmp_path, capsys)
     paths, labels = val_images(folder)
     transform = val_transform(compose_config(["data=imagefolder"]).data)  # the trainer's validation transform
     with torch.no_grad():
-        logits = direct(torch.stack([transform(load_rgb(str(p))) for p in paths]))
+        logits = direct(torch.stack([transform(read_rgb(p)) for p in paths]))
     top1, loss, _ = reference(logits, labels)
 
     argv = ["model=t2t_vit_7", "model.depth=2", f"model.qk_scale={scale}", f"model.pretrained={path}"]

@@ -17,7 +17,7 @@ from PIL import Image
 from trainer_utils import REPO, compose_config
 
 from vit.analysis.inputs import load_model
-from vit.data.datasets import load_rgb
+from vit.data.images import read_rgb
 from vit.data.transforms import mean_std, val_transform
 from vit.deploy.options import run_main
 from vit.deploy.preprocessing import from_data_config
@@ -93,7 +93,7 @@ def trainer_view(checkpoint, images):
     model, config, classes = load_model(checkpoint)
     transform = val_transform(config["data"])
     paths = sorted(images.glob("*.png"))
-    return model, torch.stack([transform(load_rgb(str(p))) for p in paths]), config, classes
+    return model, torch.stack([transform(read_rgb(p)) for p in paths]), config, classes
 
 
 @pytest.mark.parametrize("name", list(CASES))
@@ -138,12 +138,12 @@ def test_runtime_preprocessing_is_the_trainers_validation_transform(checkpoints)
         checkpoint, images = checkpoints[name]
         _, x, config, _ = trainer_view(checkpoint, images)
         pre = from_data_config(config["data"]).to_dict()
-        ours = np.stack([preprocess(load_rgb(str(p)), pre) for p in sorted(images.glob("*.png"))])
+        ours = np.stack([preprocess(read_rgb(p), pre) for p in sorted(images.glob("*.png"))])
         assert ours.shape == tuple(x.shape)
         assert np.abs(ours - x.numpy()).max() <= 1e-6
 
 
-def test_fixed_batch_torchscript_and_exported_program(checkpoints, tmp_path):
+def test_fixed_batch_torchscript_and_exported_program(checkpoints, tmp_path, capfd):
     checkpoint, images = checkpoints["vit_tiny_cifar"]
     model, x, _, _ = trainer_view(checkpoint, images)
     with torch.no_grad():
@@ -157,7 +157,9 @@ def test_fixed_batch_torchscript_and_exported_program(checkpoints, tmp_path):
 
     ts, ep = tmp_path / "m.torchscript.pt", tmp_path / "m.pt2"
     assert export([f"checkpoint={checkpoint}", "format=torchscript", f"output={ts}"]) == 0
+    capfd.readouterr()
     assert export([f"checkpoint={checkpoint}", "format=exported-program", f"output={ep}"]) == 0
+    assert "ending in .pt2" not in capfd.readouterr().err  # torch's log line: its temporary file ends in .pt2 too
     scripted, program = torch.jit.load(str(ts)), torch.export.load(str(ep)).module()
     with torch.no_grad():
         for batch in (1, 4):

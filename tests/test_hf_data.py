@@ -191,3 +191,22 @@ def test_uncached_hub_name_offline_exits_2_naming_the_cache(tmp_path):
     err = done.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("data error: data.dataset_name='someone/no-such-set'")
     assert f"not in the datasets cache {cache} " in err[0]
+
+
+def test_without_a_network_the_hub_is_not_retried(monkeypatch, tmp_path, caplog):
+    """Offline mode not set, and no network: huggingface_hub would retry each request for about 30 s with a
+    warning per try; the loader finds the Hub unreachable first and reads the cache in offline mode."""
+    import time
+
+    import vit.data.hf as hf_module
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hf_module, "host_reachable", lambda host: False)
+    start = time.perf_counter()
+    with pytest.raises(DataError) as err:
+        build_splits(hf(dataset_name="someone/no-such-set", cache_dir=str(tmp_path / "hub")))
+    assert time.perf_counter() - start < 10
+    assert "no network: huggingface.co is unreachable" in str(err.value) and "\n" not in str(err.value)
+    assert not [r for r in caplog.records if r.name.startswith("huggingface_hub")]
+    assert not datasets.config.HF_HUB_OFFLINE and not huggingface_hub.constants.HF_HUB_OFFLINE  # restored

@@ -56,7 +56,7 @@ def test_averaging_two_checkpoints_gives_the_elementwise_mean(kept_run):
         assert differs  # two epochs apart: the mean is not just one of them
 
 
-def test_the_script_writes_a_checkpoint_that_evaluation_and_finetuning_read(kept_run, tmp_path):
+def test_the_script_writes_a_checkpoint_that_evaluation_and_finetuning_read(kept_run, tmp_path, capsys):
     run_dir = kept_run[0]
     out = tmp_path / "averaged.pt"
     script = [sys.executable, str(REPO / "scripts" / "average_checkpoints.py"), str(run_dir), f"out={out}"]
@@ -75,6 +75,13 @@ def test_the_script_writes_a_checkpoint_that_evaluation_and_finetuning_read(kept
     assert torch.equal(weights.state_dict["head.weight"], load_checkpoint(out)["model"]["head.weight"])
     with pytest.raises(CheckpointError, match="holds no optimizer or scheduler state"):
         run(compose_config([*BASE, "trainer.epochs=5", f"trainer.resume={out}"]), output_dir=tmp_path / "resume")
+    # ema=true: the average is already of the EMA weights (the run had EMA), not "trained with trainer.ema=false"
+    from vit.deploy.evaluate import cli
+
+    assert cli([f"checkpoint={out}", "ema=true", "limit_batches=1"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "holds no separate EMA weights: it is the average of the ema weights of 2 checkpoints" in line
+    assert "trainer.ema=false" not in line
 
 
 def test_checkpoints_of_other_models_are_not_averaged(kept_run, tmp_path):

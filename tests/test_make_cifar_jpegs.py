@@ -80,3 +80,23 @@ def test_a_root_without_cifar_exits_2_naming_it(tmp_path, capsys):
     assert run_script(_script().main, ["--root", str(tmp_path / "empty"), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"--root '{tmp_path / 'empty'}': no readable CIFAR-10" in err[0] and "--download" in err[0]
+
+
+def test_a_download_without_network_says_so_not_a_write_failure(tmp_path, monkeypatch, capsys):
+    """Offline, torchvision's download raises URLError (an OSError): that is a network failure, not an unwritable
+    --out."""
+    import urllib.error
+
+    import torchvision.datasets.cifar as cifar
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(cifar, "download_and_extract_archive", offline)
+    from vit.args import run_script
+
+    argv = ["--root", str(tmp_path / "root"), "--out", str(tmp_path / "out"), "--download"]
+    assert run_script(_script().main, argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --download: cannot fetch CIFAR-10 into --root '{tmp_path}")
+    assert "name resolution" in err[0] and "cannot write" not in err[0]

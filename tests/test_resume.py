@@ -1,5 +1,7 @@
 """A run stopped after epoch 1 and resumed ends exactly where an uninterrupted run ends (CPU, deterministic)."""
 
+import json
+
 import pytest
 import torch
 from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config
@@ -46,11 +48,26 @@ def test_resume_from_an_explicit_path(tmp_path):
     assert 0 < elapsed[0] < elapsed[1] < elapsed[2] <= metrics["wall_time_s"]
 
 
-def test_resume_auto_finds_the_newest_matching_run(tmp_path):
+def test_resume_auto_finds_the_newest_matching_run_and_continues_in_its_folder(tmp_path, caplog):
+    """Hydra makes a new outputs/<date>/<time> folder per command: the run goes on in the folder it started in
+    (one set of checkpoints, one TensorBoard history, one metrics.json), the new folder keeps the command's log."""
     runs = tmp_path / "outputs" / "2026-01-01"
-    run(compose_config([*BASE, "trainer.stop_after_epoch=1"]), output_dir=runs / "10-00-00")
-    metrics = run(compose_config([*BASE, "trainer.resume=auto"]), output_dir=runs / "11-00-00")
+    first, second = runs / "10-00-00", runs / "11-00-00"
+    run(compose_config([*BASE, "trainer.stop_after_epoch=1"]), output_dir=first)
+    with caplog.at_level("INFO", logger="vit"):
+        metrics = run(compose_config([*BASE, "trainer.resume=auto"]), output_dir=second)
     assert [r["epoch"] for r in metrics["history"]] == [1, 2, 3]
+    assert load_checkpoint(first / "checkpoints" / "last.pt")["epoch"] == 3
+    assert len(json.loads((first / "metrics.json").read_text())["history"]) == 3
+    assert not (second / "checkpoints").exists() and not (second / "metrics.json").exists()
+    assert len(list((first / "tb").iterdir())) >= 1 and not (second / "tb").exists()
+    said = [r.getMessage() for r in caplog.records]
+    assert (
+        f"trainer.resume=auto: the run continues in {first}, where it started; {second} holds this command's log"
+        in said
+    )
+    assert any(m.startswith(f"resumed from {first / 'checkpoints' / 'last.pt'} after epoch 1 (step") for m in said)
+    assert "resumed from" in (first / "train.log").read_text()  # the earlier folder's log goes on too
 
 
 def test_gradient_accumulation_matches_the_large_batch(tmp_path):

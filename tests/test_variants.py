@@ -275,7 +275,7 @@ def test_evaluate_py_at_another_image_size_with_dynamic_img_size(tmp_path, capsy
     import torch.nn.functional as F
     from trainer_utils import make_tree
 
-    from vit.data.datasets import load_rgb
+    from vit.data.images import read_rgb
     from vit.data.transforms import val_transform
     from vit.deploy.evaluate import cli
 
@@ -298,7 +298,7 @@ def test_evaluate_py_at_another_image_size_with_dynamic_img_size(tmp_path, capsy
 
     transform = val_transform({**config["data"], "img_size": 48})
     items = [(p, c) for name, c in classes.items() for p in sorted((root / "val" / name).iterdir())]
-    x = torch.stack([transform(load_rgb(str(p))) for p, _ in items])
+    x = torch.stack([transform(read_rgb(p)) for p, _ in items])
     model.tokenizer.dynamic_img_size = True
     with torch.no_grad():
         loss = F.cross_entropy(model(x), torch.tensor([c for _, c in items])).item()

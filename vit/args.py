@@ -7,8 +7,8 @@
   path is one line on stderr and exit code 2.
 
 A script is then a docstring with a `usage:` line and an example, a `main(argv)` and
-`sys.exit(run_script(main, usage=__doc__))`. This module sits beside vit/analysis and vit/deploy: it imports the
-trainer, data and models (for their error types) and nothing above them.
+`sys.exit(run_script(main, usage=__doc__))`. This module sits beside vit/analysis and vit/deploy and imports
+nothing above them.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from vit.errors import UserError
+
 CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
 HELP_FLAGS = ("-h", "--help")
 
 
-class UsageError(ValueError):
+class UsageError(UserError):
     """A bad script argument: the script prints it as one line and exits with code 2."""
 
 
@@ -67,18 +69,14 @@ def run_script(
     usage: str | None = None,
     errors: tuple[type[Exception], ...] = (),
 ) -> int:
-    """Call `main(argv)` (default: sys.argv[1:]). `--help` or `-h` prints `usage` instead; UsageError, the
-    trainer's bad-setting errors, a missing file and `errors` become one line on stderr and exit code 2."""
-    from vit.data import DataError
-    from vit.train.checkpoint import CheckpointError, OutputError
-    from vit.train.config import ConfigError
-
+    """Call `main(argv)` (default: sys.argv[1:]). `--help` or `-h` prints `usage` instead; a UserError (a bad
+    setting, file or path, vit/errors.py), a missing file and `errors` become one line on stderr and exit code 2."""
     argv = sys.argv[1:] if argv is None else argv
     if wants_help(argv):
         print((usage or "").strip())
         return 0
     try:
         return main(argv) or 0
-    except (UsageError, CheckpointError, ConfigError, DataError, OutputError, FileNotFoundError, *errors) as err:
+    except (UserError, FileNotFoundError, *errors) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

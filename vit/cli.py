@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from vit.args import CONFIG_DIR, UsageError, compose
+from vit.errors import UserError
 
 
 def _fail(kind: str, err: Exception) -> None:
@@ -49,6 +50,8 @@ def train_task(cfg) -> float | None:
         _fail("checkpoint", err)
     except OutputError as err:
         _fail("output", err)
+    except UserError as err:  # any other bad input (an image file, a weights file): vit/errors.py
+        _fail("input", err)
     except NonFiniteLossError as err:
         print(f"training stopped: {err}", file=sys.stderr, flush=True)
         if is_trial(cfg):
@@ -287,6 +290,8 @@ def check_output_dir(args: list[str]) -> None:
         check_run_dir(path, create=False, setting=f"{key}={value}")
     except OutputError as err:
         _fail("output", err)
+    except UserError as err:  # any other bad input (an image file, a weights file): vit/errors.py
+        _fail("input", err)
 
 
 def _exit_config_error(message: str) -> None:

@@ -17,7 +17,7 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 def load_model(checkpoint: str | Path, use_ema: bool = False) -> tuple[nn.Module, dict, dict[str, int]]:
     """Model (eval mode, fp32), resolved config and class map of a trainer checkpoint; of a task=mae run, its
     masked autoencoder (vit/models/mae.py)."""
-    from vit.train.checkpoint import CheckpointError, load_checkpoint
+    from vit.train.checkpoint import CheckpointError, load_checkpoint, no_ema_message
     from vit.train.config import build_mae_from_config, build_model_from_config, is_mae
 
     state = load_checkpoint(checkpoint)
@@ -31,7 +31,7 @@ def load_model(checkpoint: str | Path, use_ema: bool = False) -> tuple[nn.Module
         model = build_model_from_config(OmegaConf.create(config["model"]), num_classes=len(classes) or None)
     weights = state.get("ema") if use_ema else state["model"]
     if weights is None:
-        raise CheckpointError(f"checkpoint {str(checkpoint)!r} has no EMA weights")
+        raise CheckpointError(no_ema_message(state, checkpoint))
     model.load_state_dict({k: v.float() for k, v in weights.items()})
     return model.eval(), config, classes
 
@@ -50,12 +50,12 @@ def image_paths(spec: str | Path) -> list[Path]:
 
 def load_images(spec: str | Path, config: dict, limit: int | None = None) -> tuple[list[Path], torch.Tensor]:
     """Images as the model's validation transform makes them: (B, 3, H, W), normalised."""
-    from vit.data.datasets import load_rgb
+    from vit.data.images import read_rgb
     from vit.data.transforms import val_transform
 
     paths = image_paths(spec)[:limit]
     transform = val_transform(config["data"])
-    return paths, torch.stack([transform(load_rgb(str(p))) for p in paths])
+    return paths, torch.stack([transform(read_rgb(p)) for p in paths])
 
 
 def denormalise(images: torch.Tensor, config: dict) -> torch.Tensor:

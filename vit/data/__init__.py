@@ -1,6 +1,20 @@
-"""Data: datasets (CIFAR, image folders, archives, synthetic), transforms, CPU and GPU-resident loaders."""
+"""Data: datasets (CIFAR, image folders, archives, synthetic), transforms, CPU and GPU-resident loaders.
 
-from vit.data.datasets import DataError
-from vit.data.loader import DataBundle, build_data
+`build_data`, `DataBundle` and `DataError` are loaded on first use (PEP 562), so `import vit.data.images` (the
+image reader, PIL and numpy only) does not import torch: the ONNX runtime runs without it."""
+
+from __future__ import annotations
 
 __all__ = ["DataBundle", "DataError", "build_data"]
+
+
+def __getattr__(name: str):
+    if name == "DataError":
+        from vit.data.datasets import DataError
+
+        return DataError
+    if name in ("DataBundle", "build_data"):
+        from vit.data import loader
+
+        return getattr(loader, name)
+    raise AttributeError(f"module 'vit.data' has no attribute {name!r}")

@@ -8,20 +8,23 @@ the target (absolute paths, `..`, links pointing out) are refused: no tar-slip.
 from __future__ import annotations
 
 import hashlib
+import lzma
 import os
 import shutil
 import tarfile
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path, PurePosixPath
 
 from vit.data.resources import cache_folder
+from vit.errors import UserError
 
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
 COMPLETE_MARKER = ".complete"
 
 
-class ArchiveError(ValueError):
+class ArchiveError(UserError):
     """An archive that cannot be used: unreadable, or with a member that escapes the target."""
 
 
@@ -155,9 +158,18 @@ def extract_archive(archive: str | Path, cache_dir: str | Path | None = None) ->
             # Another process (a second DDP rank) renamed its copy into place first: use that one.
             if not _is_complete(final, key):
                 raise
-    except (tarfile.TarError, zipfile.BadZipFile, OSError) as err:
-        raise ArchiveError(f"cannot extract data archive {archive}: {err}") from err
+    except (tarfile.TarError, zipfile.BadZipFile, OSError, EOFError, zlib.error, lzma.LZMAError) as err:
+        raise ArchiveError(f"cannot extract data archive {archive}: {_reason(archive, err)}") from None
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
     return final
+
+
+def _reason(archive: Path, err: BaseException) -> str:
+    """One line: tarfile lists every compression it tried, one per line."""
+    if isinstance(err, tarfile.ReadError | zipfile.BadZipFile | EOFError | zlib.error | lzma.LZMAError):
+        if Path(archive).is_file() and Path(archive).stat().st_size == 0:
+            return "empty file (0 bytes)"
+        return "not a readable tar or zip archive (truncated, damaged, or another kind of file)"
+    return " ".join(str(err).split()) or type(err).__name__

@@ -24,8 +24,10 @@ from torchvision import datasets as tv_datasets
 
 from vit.data.archive import ArchiveError, extract_archive, is_archive
 from vit.data.declared import complete
+from vit.data.images import read_rgb
 from vit.data.resources import cache_folder, num_workers
 from vit.data.scan import find_unreadable
+from vit.errors import UserError
 
 VAL_SPLIT_NAMES = ("val", "validation", "test")
 # webdataset (streamed tar shards) is routed by vit/data/loader.py before build_splits; listed here for the messages.
@@ -38,7 +40,7 @@ HOLDOUT_NAME = "holdout"
 log = logging.getLogger("vit.data")
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """A data setting that cannot work: one message naming the key, value or path, and how to fix it."""
 
 
@@ -62,43 +64,6 @@ class Splits:
     test: Dataset | None = None
     test_array: tuple[np.ndarray, np.ndarray] | None = None
     test_name: str | None = None
-
-
-def to_rgb(image: Image.Image) -> Image.Image:
-    """Any PIL mode as 8-bit RGB: palette, alpha (over white), CMYK, greyscale and 16/32-bit greyscale."""
-    if image.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
-        image = Image.fromarray(_high_depth_to_uint8(np.asarray(image)), mode="L")
-    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
-        image = image.convert("RGBA")
-        background = Image.new("RGBA", image.size, (255, 255, 255, 255))
-        image = Image.alpha_composite(background, image)
-    return image.convert("RGB")
-
-
-def _high_depth_to_uint8(array: np.ndarray) -> np.ndarray:
-    """16-bit (and 32-bit int / float) greyscale (H, W) -> uint8 (H, W) by a fixed rescale, not a clip.
-
-    PIL's convert("L") clips every 16-bit value above 255 to white. We divide by 257 instead (65535 -> 255),
-    a fixed map rather than a per-image min/max stretch, so the same raw value gives the same grey in every
-    image. Mode "I" holding only 0..255 is already 8-bit; float images in [0, 1] are scaled by 255.
-    """
-    is_float = array.dtype.kind == "f"
-    array = array.astype(np.float64)
-    top = float(array.max()) if array.size else 0.0
-    if is_float and top <= 1.0:
-        scaled = array * 255.0
-    elif top > 255:
-        scaled = np.clip(array, 0, 65535) / 257.0
-    else:
-        scaled = array
-    return np.clip(scaled.round(), 0, 255).astype(np.uint8)
-
-
-def load_rgb(path: str) -> Image.Image:
-    with open(path, "rb") as handle:
-        image = Image.open(handle)
-        image.load()
-    return to_rgb(image)
 
 
 def _cifar(cfg, name: str) -> Splits:
@@ -165,8 +130,8 @@ def _imagefolder(cfg) -> Splits:
         raise DataError(f"data.on_bad_image={on_bad!r} must be one of {BAD_IMAGE_MODES}")
     try:
         # allow_empty: an empty class folder is reported below by its split and name.
-        train = tv_datasets.ImageFolder(str(root / "train"), loader=load_rgb, allow_empty=True)
-        val = tv_datasets.ImageFolder(str(root / val_name), loader=load_rgb, allow_empty=True)
+        train = tv_datasets.ImageFolder(str(root / "train"), loader=read_rgb, allow_empty=True)
+        val = tv_datasets.ImageFolder(str(root / val_name), loader=read_rgb, allow_empty=True)
     except (FileNotFoundError, RuntimeError) as err:
         raise DataError(f"data.root={str(root)!r}: {err}") from err
     if val.class_to_idx != train.class_to_idx:
@@ -179,7 +144,32 @@ def _imagefolder(cfg) -> Splits:
         _check_no_empty_class(root, split, dataset, "holds no image files")
     if cfg.scan_images:
         _drop_unreadable(cfg, root, {"train": train, val_name: val}, on_bad)
+    _say_if_upsampled(train.samples, int(cfg.get("img_size") or 0))
     return Splits(train, val, dict(train.class_to_idx), root=root, val_name=val_name)
+
+
+UPSAMPLED_NOTICE_RATIO = 2  # data.img_size at least this many times the images' longer side: said in one line
+
+
+def _say_if_upsampled(samples: list[tuple[str, int]], img_size: int) -> None:
+    """One line when data.img_size is far above the images' own size (CIFAR's 32 px JPEGs at the image-folder
+    default of 224 cost 49x the compute for no new pixels). The size of 8 images spread over the split, from
+    their headers: nothing is decoded."""
+    if not samples or img_size <= 0:
+        return
+    sides = []
+    for path, _ in samples[:: max(1, len(samples) // 8)][:8]:
+        try:
+            with Image.open(path) as image:
+                sides.append(max(image.size))
+        except Exception:  # an unreadable file is the scan's to report
+            continue
+    if sides and img_size >= UPSAMPLED_NOTICE_RATIO * (side := int(np.median(sides))):
+        log.warning(
+            "data.img_size=%d but the training images are about %d px on their longer side: each is upsampled "
+            "%.0fx; for small images set data.img_size=%d (and data.patch_size to match, e.g. 4 for 32 px)",
+            img_size, side, img_size / side, side,
+        )  # fmt: skip
 
 
 class UnlabelledImages(Dataset):
@@ -199,7 +189,7 @@ class UnlabelledImages(Dataset):
 
     def __getitem__(self, index: int):
         path, target = self.samples[index]
-        return load_rgb(path), target
+        return read_rgb(path), target
 
 
 def _unlabelled_folder(cfg, root: Path) -> Splits:

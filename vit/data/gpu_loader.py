@@ -18,14 +18,14 @@ import numpy as np
 import torch
 
 from vit.data.augment import BatchAugment
-from vit.data.sampling import epoch_order
+from vit.data.sampling import epoch_order, evaluation_order
 
 
 class GpuLoader:
     """Iterable of (images float32 (B, 3, H, W) normalised, targets int64 (B,)) on `device`.
 
     Train: the epoch's permutation (from seed and epoch; `set_epoch` or one full pass advances it), every batch
-    through `augment`, last partial batch dropped. Val: the images in order, only normalised, every image once.
+    through `augment`, last partial batch dropped. Val: every image once in `evaluation_order`, only normalised.
     With world_size > 1 each rank takes every world_size-th index of the shared permutation.
     """
 
@@ -54,6 +54,7 @@ class GpuLoader:
         self.rank, self.world_size = rank, world_size
         self.epoch = 0
         self.skip = 0  # batches of the next epoch already trained (a resume inside an epoch)
+        self.val_order = None if train else evaluation_order(np.asarray(targets))
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -65,8 +66,8 @@ class GpuLoader:
 
     def _order(self) -> torch.Tensor:
         n = len(self.targets)
-        if not self.train:
-            order = torch.arange(n)
+        if not self.train:  # classes interleaved: a limited evaluation (limit_val_batches) sees every class
+            order = self.val_order
         else:  # the same permutation on every rank (same seed), so the strided shards are disjoint
             order = epoch_order(n, self.seed, self.epoch, self.repeats)
         return order.to(self.device)[self.rank :: self.world_size]

@@ -19,7 +19,9 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import Dataset
 
-from vit.data.datasets import DataError, Splits, to_rgb
+from vit.data.datasets import DataError, Splits
+from vit.data.images import to_rgb
+from vit.hub import host_reachable, hub_host, offline_hub
 
 HF_VAL_SPLIT_NAMES = ("validation", "val", "test")  # data.val_split=null: the first of these the dataset has
 FALLBACK_IMAGE_COLUMN = "img"  # tried when the default `image` is missing: CIFAR-10/100 on the Hub use it
@@ -56,12 +58,16 @@ def _load_hub(cfg):
 
     name, config = str(cfg["dataset_name"]), cfg.get("dataset_config")
     cache = Path(cfg["cache_dir"]).expanduser() if cfg.get("cache_dir") else Path(datasets.config.HF_DATASETS_CACHE)
+    # Offline, huggingface_hub would retry each request for about 30 s, a warning per try, before the cache.
+    online = Path(name).expanduser().is_dir() or host_reachable(hub_host())
     try:
-        return datasets.load_dataset(name, config, cache_dir=str(cache))
+        with offline_hub(not online):
+            return datasets.load_dataset(name, config, cache_dir=str(cache))
     except ConnectionError as err:  # offline (HF_DATASETS_OFFLINE=1) or no network, and not in the cache
+        why = _one_line(err) if online else f"no network: {hub_host()} is unreachable, or offline mode is on"
         raise DataError(
             f"data.dataset_name={name!r}: not in the datasets cache {cache} and the Hub cannot be reached "
-            f"({_one_line(err)}); "
+            f"({why}); "
             "load it once where a network exists with the same data.cache_dir (or HF_HOME), or use "
             "data.path=<folder saved with save_to_disk>"
         ) from err

@@ -18,12 +18,12 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
 from vit.data.augment import AugmentSpec, BatchAugment
-from vit.data.datasets import DataError, Splits, build_splits
+from vit.data.datasets import DataError, Splits, build_splits, targets_of
 from vit.data.declared import complete
 from vit.data.decoded_cache import cached_split
 from vit.data.gpu_loader import GpuLoader
 from vit.data.resources import available_memory, cache_folder, num_workers
-from vit.data.sampling import epoch_order
+from vit.data.sampling import epoch_order, evaluation_order
 from vit.data.transforms import mean_std, mixup_and_criterion, train_geometry, val_geometry
 
 log = logging.getLogger(__name__)
@@ -88,17 +88,32 @@ def _init_worker(worker_id: int) -> None:
 
 
 class ShardSampler(Sampler):
-    """Validation indices rank, rank + world_size, ...: every image evaluated exactly once over all ranks
-    (DistributedSampler would pad with repeats, skewing the all-reduced accuracy)."""
+    """Evaluation indices: rank r takes positions r, r + world_size, ... of `order` (default 0..size-1), so every
+    image is evaluated exactly once over all ranks (DistributedSampler would pad with repeats, skewing the
+    all-reduced accuracy)."""
 
-    def __init__(self, size: int, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(self, size: int, rank: int = 0, world_size: int = 1, order: torch.Tensor | None = None) -> None:
         self.size, self.rank, self.world_size = size, rank, world_size
+        self.order = order
 
     def __iter__(self):
-        return iter(range(self.rank, self.size, self.world_size))
+        if self.order is None:
+            return iter(range(self.rank, self.size, self.world_size))
+        return iter(self.order[self.rank :: self.world_size].tolist())
 
     def __len__(self) -> int:
         return len(range(self.rank, self.size, self.world_size))
+
+
+def class_balanced_order(dataset) -> torch.Tensor | None:
+    """`evaluation_order` of a split whose labels are known (every indexable split here: image folders, CIFAR,
+    synthetic, Hugging Face), so a limited evaluation sees every class; None leaves the split's own order."""
+    base = dataset.dataset if isinstance(dataset, Transformed) else dataset
+    try:
+        targets = targets_of(base)
+    except (AttributeError, TypeError):
+        return None
+    return evaluation_order(targets) if len(targets) == len(dataset) else None
 
 
 class EpochSampler(DistributedSampler):
@@ -131,7 +146,7 @@ def _torch_loader(dataset, cfg, *, train, device, seed, rank, world_size, batch_
         # (rank r takes every world_size-th index) holds the same images whether 1 or N processes train.
         sampler = EpochSampler(dataset, world_size, rank, seed, repeats=int(cfg.get("repeated_aug") or 1))
     else:
-        sampler = ShardSampler(len(dataset), rank, world_size)
+        sampler = ShardSampler(len(dataset), rank, world_size, order=class_balanced_order(dataset))
     generator = torch.Generator().manual_seed(seed)
     loader = DataLoader(
         dataset,

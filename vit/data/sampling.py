@@ -1,7 +1,9 @@
-"""The training order's one extra: repeated augmentation, shared by the torch sampler and the GPU loader."""
+"""The orders a loader visits a split in: the training order with repeated augmentation, and the evaluation order
+whose every prefix is class-balanced. Shared by the torch samplers and the GPU-resident loader."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
@@ -20,3 +22,19 @@ def epoch_order(size: int, seed: int, epoch: int, repeats: int = 1) -> torch.Ten
     same seed they visit the same images in the same batches."""
     generator = torch.Generator().manual_seed(seed + epoch)
     return repeat_order(torch.randperm(size, generator=generator), repeats)
+
+
+def evaluation_order(targets) -> torch.Tensor:
+    """Every index of a split once, int64 (N,), classes interleaved so that any prefix holds each class in
+    proportion to its size: `trainer.limit_val_batches=n` then evaluates a class-balanced sample, not the first
+    class or two of a split sorted by class (image folders are). Which image of a class comes first is fixed (seed
+    0), the same on every rank and run. The full pass visits the same images as before, so its accuracy is the same."""
+    targets = np.asarray(targets)
+    rng = np.random.default_rng(0)
+    position = np.empty(len(targets), dtype=np.float64)
+    for c in np.unique(targets):
+        members = rng.permutation(np.flatnonzero(targets == c))
+        position[members] = (np.arange(len(members)) + 0.5) / len(members)  # where in its class: (0, 1)
+    # Ties (equal-sized classes) keep class order: c0, c1, ..., c0, c1, ...
+    order = np.lexsort((targets, position))
+    return torch.from_numpy(order.astype(np.int64))

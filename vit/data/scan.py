@@ -1,7 +1,7 @@
 """Find the image files of a split that cannot be decoded, once per tree (`data.scan_images`).
 
-Every sample is opened and fully decoded with PIL (`Image.open` + `.load()`: a header check alone misses a
-truncated file). Zero-byte files, files PIL cannot identify (a `.jpg` that is really text), truncated or
+Every sample is opened and fully decoded by the one image reader (vit/data/images.py: a header check alone misses
+a truncated file). Zero-byte files, files PIL cannot identify (a `.jpg` that is really text), truncated or
 corrupt data and unreadable permissions are reported with a short reason each. A thread pool does the work:
 PIL releases the GIL while it decodes.
 
@@ -21,24 +21,15 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from PIL import Image, UnidentifiedImageError
+from vit.data.images import decode, problem_of, short_reason
 
 SCAN_VERSION = 1  # part of the cache key: bump when what counts as unreadable changes
 CHUNK = 256  # at most this many images per thread-pool task: few tasks, so the pool's overhead stays small
-_REASON_CHARS = 120
 
 log = logging.getLogger("vit.data")
 
 
-def decode_image(path: str) -> None:
-    """Open and fully decode one image; raise whatever PIL (or the file system) raises."""
-    with Image.open(path) as image:
-        image.load()
-
-
-def _short(err: BaseException) -> str:
-    text = " ".join(str(err).split()) or type(err).__name__
-    return text if len(text) <= _REASON_CHARS else text[: _REASON_CHARS - 3] + "..."
+decode_image = decode  # a module attribute: the tests count the decodes through it
 
 
 def image_problem(path: str, size: int) -> str | None:
@@ -47,16 +38,8 @@ def image_problem(path: str, size: int) -> str | None:
         return "empty file (0 bytes)"
     try:
         decode_image(path)
-    except PermissionError:
-        return "permission denied"
-    except UnidentifiedImageError:
-        return "not an image PIL can read (wrong extension, or a damaged header)"
-    except Image.DecompressionBombError as err:
-        return f"too many pixels: {_short(err)}"
-    except OSError as err:  # "image file is truncated", "broken data stream", decoder errors
-        return f"truncated or corrupt: {_short(err)}"
-    except Exception as err:  # PIL raises SyntaxError, ValueError, struct.error... on some damaged files
-        return f"cannot decode: {type(err).__name__}: {_short(err)}"
+    except Exception as err:  # PIL raises OSError, SyntaxError, ValueError, struct.error... on damaged files
+        return problem_of(err)
     return None
 
 
@@ -64,7 +47,7 @@ def _stat(path: str) -> tuple[int, int] | str:
     try:
         stat = os.stat(path)
     except OSError as err:  # vanished, a dangling link, a folder that cannot be listed
-        return f"cannot stat: {_short(err)}"
+        return f"cannot stat: {short_reason(err)}"
     return stat.st_size, stat.st_mtime_ns
 
 

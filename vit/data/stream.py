@@ -17,19 +17,18 @@ worker count.
 
 from __future__ import annotations
 
-import io
 import logging
 import random
 from collections.abc import Iterator
 
 import torch
-from PIL import Image
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from webdataset.filters import _shuffle
 from webdataset.tariterators import tarfile_samples
 
 from vit.data.augment import BatchAugment
-from vit.data.datasets import BAD_IMAGE_MODES, DataError, to_rgb
+from vit.data.datasets import BAD_IMAGE_MODES, DataError
+from vit.data.images import decode, problem_of, to_rgb
 from vit.data.loader import DataBundle, DeviceBatches, _init_worker
 from vit.data.resources import num_workers
 from vit.data.shards import (
@@ -188,13 +187,11 @@ class ShardStream(IterableDataset):
         if ext is None:
             raise DataError(f"shard {url}: sample {key} has no image ({', '.join('.' + e for e in IMAGE_EXTENSIONS)})")
         try:
-            with Image.open(io.BytesIO(sample[ext])) as image:
-                image.load()
-                rgb = to_rgb(image)
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+            rgb = to_rgb(decode(sample[ext]))
+        except Exception as err:  # PIL raises OSError, SyntaxError, ValueError... on damaged data
             if self.on_bad == "error":
                 raise DataError(
-                    f"shard {url}: sample {key}.{ext} cannot be decoded ({type(err).__name__}: {err}); "
+                    f"shard {url}: sample {key}.{ext} cannot be decoded ({problem_of(err)}); "
                     "set data.on_bad_image=skip to train on the rest"
                 ) from None
             return None

@@ -131,7 +131,7 @@ def class_indices(names: list[str] | None, outputs: int, data_classes: list[str]
 
 def evaluate_weights(argv: list[str]) -> dict:
     from vit.data.datasets import build_splits
-    from vit.data.loader import Transformed
+    from vit.data.loader import ShardSampler, Transformed, class_balanced_order
     from vit.train.config import resolve_device
     from vit.train.loop import evaluate
     from vit.train.precision import AMP_MODES, announce, choose_precision
@@ -156,10 +156,11 @@ def evaluate_weights(argv: list[str]) -> dict:
 
     workers = data_cfg.get("num_workers")
     workers = min(8, os.cpu_count() or 1) if workers is None else int(workers)
+    dataset = Transformed(splits.val, pre.transform())
     loader = DataLoader(
-        Transformed(splits.val, pre.transform()),
+        dataset,
         batch_size=batch_size,
-        shuffle=False,
+        sampler=ShardSampler(len(dataset), order=class_balanced_order(dataset)),  # limit_batches: every class
         num_workers=workers,
         pin_memory=device.type == "cuda",
     )

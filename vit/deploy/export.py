@@ -28,6 +28,7 @@ from torch import nn
 from vit.deploy.preprocessing import Preprocessing
 from vit.deploy.quantize import Int8Report, quantize_checked
 from vit.deploy.runtime import side_json_path
+from vit.errors import UserError
 
 FORMATS = {"onnx": ".onnx", "torchscript": ".torchscript.pt", "exported-program": ".pt2"}
 INPUT_NAME, OUTPUT_NAME = "images", "logits"
@@ -35,7 +36,7 @@ ONNX_OPSET = 17  # onnxruntime runs it everywhere; LayerNormalization is a singl
 ATOL = 1e-4  # fp32: the largest |onnxruntime - PyTorch| logit difference an export may have
 
 
-class ExportError(ValueError):
+class ExportError(UserError):
     """An export that cannot be done as asked: one line naming the setting or path (exit code 2)."""
 
 
@@ -171,7 +172,8 @@ def write_checked(
     """Export into a temporary file beside `path`, compare its logits with PyTorch's on each checked batch and
     move it to `path` only when they agree within `atol`. Returns (largest |diff|, checked batch sizes)."""
     pool, example, checks = check_batches(images, batch, size)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    # Hidden, and ending as `path` does: torch.export.save warns about a file not ending in .pt2.
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     try:
         with torch.no_grad():
             if fmt == "onnx":

@@ -1,5 +1,6 @@
 """Run an exported ONNX classifier with onnxruntime, without the training code: the side JSON beside the file
-(`<file>.json`) gives the preprocessing and the class names, the images go through PIL and numpy only.
+(`<file>.json`) gives the preprocessing and the class names, the images go through PIL and numpy only (the
+trainer's own image reader, vit/data/images.py, which needs no torch).
 
     from vit.deploy.runtime import OnnxClassifier
     classifier = OnnxClassifier("best.onnx")
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from vit.data.images import read_rgb
 
 PIL_FILTERS = {"bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC}
 PIL_FILTERS["nearest"] = Image.Resampling.NEAREST
@@ -37,19 +40,6 @@ def read_side_json(model_path: str | Path) -> dict:
         ) from None
     except (OSError, ValueError) as err:
         raise ValueError(f"cannot read {str(path)!r}: {err}") from err
-
-
-def load_rgb(path: str | Path) -> Image.Image:
-    """8-bit RGB as the trainer reads images: transparency over white, 16-bit greyscale divided by 257."""
-    with Image.open(path) as image:
-        image.load()
-    if image.mode in ("I;16", "I;16B", "I;16L", "I"):
-        array = np.asarray(image, dtype=np.float64)
-        array = array / 257.0 if array.size and array.max() > 255 else array
-        image = Image.fromarray(np.clip(array.round(), 0, 255).astype(np.uint8), mode="L")
-    if image.mode in ("RGBA", "LA", "PA") or (image.mode == "P" and "transparency" in image.info):
-        image = Image.alpha_composite(Image.new("RGBA", image.size, (255, 255, 255, 255)), image.convert("RGBA"))
-    return image.convert("RGB")
 
 
 def preprocess(image: Image.Image, pre: dict) -> np.ndarray:
@@ -112,7 +102,7 @@ class OnnxClassifier:
         return np.concatenate(outputs) if outputs else np.zeros((0, len(self.classes)), dtype=np.float32)
 
     def preprocess(self, paths: list[str | Path]) -> np.ndarray:
-        return np.stack([preprocess(load_rgb(p), self.meta["preprocessing"]) for p in paths])
+        return np.stack([preprocess(read_rgb(p), self.meta["preprocessing"]) for p in paths])
 
     def predict_proba(self, paths: list[str | Path], chunk: int = 64) -> np.ndarray:
         parts = [self.logits(self.preprocess(paths[i : i + chunk])) for i in range(0, len(paths), chunk)]

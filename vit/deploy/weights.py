@@ -17,9 +17,12 @@ import torch
 from torch import nn
 
 from vit.deploy.preprocessing import Preprocessing, from_data_config, from_timm
+from vit.errors import UserError
+from vit.models.weights_file import WeightsFileError, read_weights_file
+from vit.train.checkpoint import no_ema_message
 
 
-class WeightsError(ValueError):
+class WeightsError(UserError):
     """Weights that cannot be used as asked: one line naming the setting, file or mismatch (exit code 2)."""
 
 
@@ -76,23 +79,16 @@ def weights_from_source(source: str, use_ema: bool | None = None, key: str = "mo
             raise WeightsError(f"{key}={source}: {err}") from err
         return SourceWeights(found.state_dict, preprocessing=from_timm(name), num_heads=found.num_heads)
     path = Path(source)
-    if not path.is_file():
+    if not path.exists():
         raise WeightsError(f"{key}={source}: no such file ({pretrained.SOURCE_FORMS})")
-    if path.suffix == ".safetensors":
-        try:
-            return SourceWeights(pretrained.read_state_dict(path))
-        except (ValueError, OSError) as err:
-            raise WeightsError(f"{key}={source}: {err}") from err
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # truncated, pickled code, not a torch file
-        from vit.train.checkpoint import read_error_reason
-
-        raise WeightsError(f"{key}={source}: cannot read it with weights_only=True: {read_error_reason(err)}") from err
+        obj = read_weights_file(path, "file")
+    except WeightsFileError as err:
+        raise WeightsError(f"{key}={source}: {err}") from None
     if is_our_checkpoint(obj):
         ema = obj.get("ema")
         if use_ema and ema is None:
-            raise WeightsError(f"checkpoint {source!r} has no EMA weights (trained with trainer.ema=false)")
+            raise WeightsError(no_ema_message(obj, source))
         weights = ema if (use_ema or (use_ema is None and ema)) else obj["model"]
         config = obj["config"]
         pre = from_data_config(config["data"]) if "data" in config else None

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from vit.errors import UserError
+
 log = logging.getLogger("vit.models.pretrained")  # one logger for reading and fitting, as the trainer quiets it
 
 StateDict = dict[str, torch.Tensor]
 
 
-class PretrainedError(ValueError):
+class PretrainedError(UserError):
     """A source that cannot be read or does not fit the model: one line naming the source and the problem."""
 
 

@@ -16,11 +16,8 @@ Sources (`load_pretrained(model, source)`, the trainer's `model.pretrained=<sour
 
 from __future__ import annotations
 
-import contextlib
 import difflib
 import re
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -28,7 +25,7 @@ import torch
 from torch import nn
 
 # Fitting lives in vit/models/fit.py; its names are importable from here too, where callers have always found them.
-from vit.models.file_errors import first_line, read_error_reason
+from vit.hub import host_reachable, hub_host, offline_hub
 from vit.models.fit import (
     Pretrained,
     PretrainedError,
@@ -36,6 +33,7 @@ from vit.models.fit import (
     describe_mismatch,
     fit_state_dict,
 )
+from vit.models.weights_file import WeightsFileError, first_line, read_weights_file
 
 __all__ = [
     "SOURCE_FORMS",
@@ -72,25 +70,12 @@ def read_file(path: str | Path, use_ema: bool = True) -> Pretrained:
     containers, this trainer's checkpoints and a DataParallel/DDP/compile `module.` prefix. `use_ema`: of a file
     holding EMA and raw weights, the EMA ones."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint file {str(path)!r} does not exist")
-    if path.stat().st_size == 0:
-        raise PretrainedError(f"cannot read {str(path)!r}: the file is empty (0 bytes)")
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        try:
-            obj = load_file(str(path))
-        except Exception as err:  # truncated or not a safetensors file
-            raise PretrainedError(f"cannot read safetensors file {str(path)!r}: {first_line(err)}") from err
-        return Pretrained(unwrap_state_dict(obj, source=str(path)), str(path))
+    if not path.exists():
+        raise FileNotFoundError(f"weights file {str(path)!r} does not exist")  # the caller names the setting
     try:
-        obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # truncated file, pickled code, not a torch file at all
-        reason = read_error_reason(err)
-        if reason.startswith("not a torch checkpoint") and path.open("rb").read(2) == b"PK":  # a cut zip archive
-            reason = f"the file is truncated or corrupted ({first_line(err)})"
-        raise PretrainedError(f"cannot read {str(path)!r} with weights_only=True: {reason}") from err
+        obj = read_weights_file(path)
+    except WeightsFileError as err:
+        raise PretrainedError(str(err)) from None
     if is_trainer_checkpoint(obj):
         return trainer_weights(obj, str(path), use_ema)
     return Pretrained(unwrap_state_dict(obj, str(path), use_ema), str(path))
@@ -155,9 +140,10 @@ def timm_state_dict(name: str) -> StateDict:
     return timm_weights(name).state_dict
 
 
-def timm_weights(name: str) -> Pretrained:
+def timm_weights(name: str, instead: str = "model.pretrained=/path/to/weights.safetensors") -> Pretrained:
     """A pretrained timm model's weights and head count. An unknown name or tag, and a download that cannot
-    happen (no network, nothing cached), are one PretrainedError naming the cache looked in."""
+    happen (no network, nothing cached), are one PretrainedError naming the cache looked in and, as `instead`,
+    the setting that gives a file in its place."""
     import timm
 
     check_timm_name(name)
@@ -167,7 +153,7 @@ def timm_weights(name: str) -> Pretrained:
         raise PretrainedError(
             f"cannot download the weights of {name} (no network: {timm_host(name)} is unreachable, or offline "
             f"mode is on) and they are not in timm's cache {cache}; download them where a network exists, or give a "
-            "file: model.pretrained=/path/to/weights.safetensors"
+            f"file: {instead}"
         )
     try:
         with offline_hub(not online):  # cached, no network: read the cache without retrying the hub
@@ -175,7 +161,7 @@ def timm_weights(name: str) -> Pretrained:
     except Exception as err:  # the download or the cached file failed in timm / huggingface_hub
         raise PretrainedError(
             f"timm could not load the weights of {name} ({first_line(err)}); looked in {cache}; give a file "
-            "instead: model.pretrained=/path/to/weights.safetensors"
+            f"instead: {instead}"
         ) from err
     blocks = getattr(model, "blocks", None)
     heads = getattr(getattr(blocks[0], "attn", None), "num_heads", None) if blocks else None
@@ -216,40 +202,12 @@ def timm_cache(name: str) -> tuple[str, bool]:
 
 
 def timm_host(name: str) -> str:
-    from huggingface_hub import constants
     from timm.models import get_pretrained_cfg
 
     cfg = get_pretrained_cfg(name)
     if cfg is not None and not cfg.hf_hub_id and cfg.url:
         return urlparse(cfg.url).hostname or ""
-    return urlparse(constants.ENDPOINT).hostname or ""
-
-
-def host_reachable(host: str, timeout: float = 3.0) -> bool:
-    """A TCP connection to `host`:443 opens, and the hub's offline mode (HF_HUB_OFFLINE=1) is off."""
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE or not host:
-        return False
-    try:
-        socket.create_connection((host, 443), timeout=timeout).close()
-    except OSError:
-        return False
-    return True
-
-
-@contextlib.contextmanager
-def offline_hub(enabled: bool) -> Iterator[None]:
-    """The hub's offline mode for a cached file without a network: huggingface_hub would otherwise retry
-    its HEAD request for most of a minute before falling back to the cache."""
-    from huggingface_hub import constants
-
-    before = constants.HF_HUB_OFFLINE
-    constants.HF_HUB_OFFLINE = before or enabled
-    try:
-        yield
-    finally:
-        constants.HF_HUB_OFFLINE = before
+    return hub_host()
 
 
 def load_pretrained(model: nn.Module, source: str | Path | StateDict | Pretrained, use_ema: bool = True) -> nn.Module:

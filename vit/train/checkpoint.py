@@ -24,14 +24,15 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from vit.models.file_errors import first_line, read_error_reason
+from vit.errors import UserError
+from vit.models.weights_file import WeightsFileError, first_line, read_weights_file
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint that cannot be read or does not fit the run: one message naming file and mismatch."""
 
 
-class OutputError(ValueError):
+class OutputError(UserError):
     """The run directory, or a file of it (metrics.json, TensorBoard events), cannot be written: one message naming
     the path and the reason."""
 
@@ -135,21 +136,27 @@ def free_space(folder: Path) -> str:
 
 
 def load_checkpoint(path: str | Path) -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
-    if path.stat().st_size == 0:
-        raise CheckpointError(f"cannot read checkpoint {str(path)!r}: the file is empty (0 bytes)")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:
-        # A truncated or foreign file, or one whose unpickling would run code (refused by weights_only).
-        raise CheckpointError(
-            f"cannot read checkpoint {str(path)!r} (weights_only=True): {read_error_reason(err)}"
-        ) from err
+        state = read_weights_file(path, "checkpoint")
+    except WeightsFileError as err:
+        raise CheckpointError(str(err)) from None
     if not isinstance(state, dict) or "model" not in state:
         raise CheckpointError(f"checkpoint {str(path)!r} holds no 'model' state dict")
     return state
+
+
+def no_ema_message(state: dict, source: str | Path) -> str:
+    """Why a checkpoint of this trainer has no EMA weights to evaluate with `ema=true`, in one line."""
+    averaged = state.get("averaged_from")
+    if averaged:  # scripts/average_checkpoints.py: the average (of EMA or raw weights) is the model's weights
+        return (
+            f"checkpoint {str(source)!r} holds no separate EMA weights: it is the average of the "
+            f"{averaged.get('weights', 'raw')} weights of {len(averaged.get('files', []))} checkpoints "
+            "(scripts/average_checkpoints.py), and those are its model weights; leave ema=true out"
+        )
+    trained = ((state.get("config") or {}).get("trainer") or {}).get("ema")
+    why = "trained with trainer.ema=false" if not trained else "the file holds none"
+    return f"checkpoint {str(source)!r} has no EMA weights ({why})"
 
 
 def training_state(

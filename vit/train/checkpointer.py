@@ -147,6 +147,9 @@ def resume(path: Path, settings: StepSettings, state: StepState, setup, wall_sta
         resume_rng=rng_ranks[dist.rank] if len(rng_ranks) == dist.world_size else saved.get("rng"),
     )
     state.step = int(saved["step"])
-    where = f" + {progress.skip_batches} batches" if progress.skip_batches else ""
-    log.info("resumed from %s at epoch %d%s (step %d)", path, progress.start_epoch, where, state.step)
+    if progress.skip_batches:  # stopped inside an epoch: it goes on with the next batch of that epoch
+        where = f"in epoch {progress.start_epoch + 1} after its first {progress.skip_batches} batches"
+    else:
+        where = f"after epoch {progress.start_epoch}"
+    log.info("resumed from %s %s (step %d)", path, where, state.step)
     return progress

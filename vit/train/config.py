@@ -13,12 +13,13 @@ from vit.data.archive import is_archive
 from vit.data.augment import AugmentSpec
 from vit.data.datasets import DATASET_NAMES, DataError, parse_holdout
 from vit.data.loader import LOADERS
+from vit.errors import UserError
 from vit.models import create_mae, create_model, list_models
 from vit.train.finetune import FREEZE_MODES
 from vit.train.precision import AMP_MODES
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A setting that cannot work. The trainer prints it and exits with code 2."""
 
 

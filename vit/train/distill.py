@@ -29,11 +29,11 @@ from vit.models.pretrained import (
     PretrainedError,
     describe_mismatch,
     is_trainer_checkpoint,
-    read_file,
     timm_weights,
     unwrap_state_dict,
 )
-from vit.train.checkpoint import CheckpointError, class_difference, read_error_reason
+from vit.models.weights_file import WeightsFileError, read_weights_file
+from vit.train.checkpoint import CheckpointError, class_difference
 from vit.train.compile import eager
 from vit.train.config import ConfigError, build_model_from_config
 
@@ -194,7 +194,9 @@ def timm_teacher(name: str) -> Teacher:
     """A pretrained timm model through timm's download and cache (the offline errors of `model.pretrained`)."""
     import timm
 
-    state_dict = timm_weights(name).state_dict
+    # Offline, the one line says how to give the teacher as a file: the teacher's key, not model.pretrained.
+    instead = "distill.teacher=<last.pt/best.pt of this trainer, or a state dict with distill.teacher_model=<name>>"
+    state_dict = timm_weights(name, instead).state_dict
     model = timm.create_model(name, pretrained=False)
     fit_strictly(model, state_dict, f"timm:{name}")
     cfg = model.pretrained_cfg
@@ -204,20 +206,15 @@ def timm_teacher(name: str) -> Teacher:
 def file_teacher(path: Path, timm_name: str | None, use_ema: bool) -> Teacher:
     """A checkpoint of this trainer (its model config and class map come with it), or a state dict in the layout
     of the timm model `timm_name`."""
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(path)
-    if path.suffix == ".safetensors":
-        state_dict = read_file(path).state_dict
-    else:
-        try:
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as err:  # truncated, pickled code, not a torch file
-            raise PretrainedError(
-                f"cannot read {str(path)!r} with weights_only=True: {read_error_reason(err)}"
-            ) from err
-        if is_trainer_checkpoint(obj):
-            return checkpoint_teacher(obj, str(path), use_ema)
-        state_dict = unwrap_state_dict(obj, str(path), use_ema)
+    try:
+        obj = read_weights_file(path, "teacher file")
+    except WeightsFileError as err:
+        raise PretrainedError(str(err)) from None
+    if is_trainer_checkpoint(obj):
+        return checkpoint_teacher(obj, str(path), use_ema)
+    state_dict = unwrap_state_dict(obj, str(path), use_ema)
     if not timm_name:
         raise PretrainedError(
             "a state dict file does not say its architecture: set distill.teacher_model=<timm model name> "

@@ -21,7 +21,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from vit.data import DataError, build_data
-from vit.train.checkpoint import CheckpointError, load_checkpoint
+from vit.train.checkpoint import CheckpointError, load_checkpoint, no_ema_message
 from vit.train.config import ConfigError, build_model_from_config, resolve_device
 from vit.train.loop import evaluate
 from vit.train.precision import AMP_MODES, announce, choose_precision
@@ -64,9 +64,7 @@ def evaluate_checkpoint(argv: list[str]) -> dict:
     use_ema = options.get("ema", "false").lower() in TRUE
     weights = state.get("ema") if use_ema else state["model"]
     if weights is None:
-        raise CheckpointError(
-            f"checkpoint {options['checkpoint']!r} has no EMA weights (trained with trainer.ema=false)"
-        )
+        raise CheckpointError(no_ema_message(state, options["checkpoint"]))
     model = build_model_from_config(config.model, num_classes=len(state.get("class_to_idx") or {}) or None)
     model.load_state_dict(weights)
     model.to(device)

@@ -84,12 +84,43 @@ def run(
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
         torch.set_num_threads(threads)
         dist.close()
+        while _CONTINUATION_LOGS:
+            handler = _CONTINUATION_LOGS.pop()
+            logging.getLogger().removeHandler(handler)
+            handler.close()
+
+
+def continued_run_dir(setting, resume_path: Path | None, run_dir: Path, main: bool) -> Path:
+    """Where the run writes: `run_dir`, except that `trainer.resume=auto` continuing an earlier run folder (Hydra's
+    outputs/<date>/<time>, a new one per command) continues in that folder, so its checkpoints, TensorBoard curves
+    and metrics.json stay one run. Hydra's new folder keeps this command's config and log, whose first lines say
+    where the run went; the earlier folder's train.log gets the rest of the log too."""
+    if str(setting) != "auto" or resume_path is None or resume_path.parent.name != "checkpoints":
+        return run_dir
+    earlier = resume_path.parent.parent
+    if earlier.resolve() == run_dir.resolve():
+        return run_dir
+    if main:
+        log.info(
+            "trainer.resume=auto: the run continues in %s, where it started; %s holds this command's log",
+            earlier,
+            run_dir,
+        )
+        handler = logging.FileHandler(earlier / "train.log", mode="a", encoding="utf-8")
+        handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+        logging.getLogger().addHandler(handler)
+        _CONTINUATION_LOGS.append(handler)
+    return earlier
+
+
+_CONTINUATION_LOGS: list[logging.Handler] = []  # closed when `run` returns
 
 
 def train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed, loader_wrapper=None) -> dict:
     """The recipe: every phase is a named function; the epoch loop is the only logic here."""
     tcfg, main = cfg.trainer, dist.is_main  # only rank 0 writes: events, checkpoints, console lines, metrics.json
     setup = build_model_and_data(cfg, run_dir, setup_torch(tcfg, dist), dist, loader_wrapper)
+    run_dir = continued_run_dir(tcfg.resume, setup.resume_path, run_dir, main)
     settings, state = build_optimisation(setup), StepState()
     progress = Progress(wall_start)
     if setup.resume_path is not None:

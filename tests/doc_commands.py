@@ -1,0 +1,250 @@
+"""The shell commands of README.md and docs/*.md, as a user would type them, and how the tests run each one.
+
+`documented_commands()` reads every ```bash block and every 4-space-indented block of the Markdown files and
+returns the commands in them (backslash continuations joined, `python -c "..."` kept whole, comments dropped),
+each with its file, line and the block it belongs to: the commands of one block run in order in one folder, as a
+user runs them, so `train.py ... hydra.run.dir=runs/tiny` followed by `average_checkpoints.py runs/tiny` works.
+
+`verdict(command)` is the table: a command is run, with the placeholders of the docs (`<cifar10>`,
+`/path/to/imagenet`, `outputs/<date>/<time>/...`) replaced by small local data and files and with tiny sizes
+appended to every training (one epoch of two batches), or it is skipped with the reason (a GPU, several machines,
+the network, a server that runs until stopped). A command that matches no rule fails the test: a new command in
+the docs must be given a rule here.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+ENV_PREFIX = r"([A-Z_]+=\S+ )*"  # OMP_NUM_THREADS=1 python ...
+COMMAND_START = re.compile(ENV_PREFIX + r"(\.venv/bin/)?(python|torchrun|make|tensorboard|optuna-dashboard|srun|pip)\b")
+SHELL_LINE = re.compile(r"^([A-Z]+=|for |done\b|head=)")  # variables and loops the commands of a block use
+
+
+@dataclass(frozen=True)
+class Command:
+    file: str  # relative to the repository
+    line: int  # 1-based, where the command starts
+    block: int  # commands with the same (file, block) run in order in one folder
+    text: str  # continuations joined, comment removed
+
+    @property
+    def id(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+def _blocks(text: str):
+    """(first line number, lines) of each ```bash block and each 4-space-indented block."""
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("```"):
+            lang = line[3:].strip()
+            j = i + 1
+            while j < len(lines) and not lines[j].startswith("```"):
+                j += 1
+            if lang in ("bash", "sh", "shell"):
+                yield i + 2, lines[i + 1 : j]
+            i = j + 1
+            continue
+        if line.startswith("    ") and (i == 0 or not lines[i - 1].strip()):
+            j = i
+            while j < len(lines) and (lines[j].startswith("    ") or not lines[j].strip()):
+                j += 1
+            yield i + 1, [x[4:] if x.startswith("    ") else x for x in lines[i:j]]
+            i = j
+            continue
+        i += 1
+
+
+def _strip_comment(line: str) -> str:
+    """The line without a trailing `# comment` outside quotes."""
+    quote = None
+    for k, ch in enumerate(line):
+        if ch in "'\"" and quote in (None, ch):
+            quote = None if quote == ch else ch
+        elif ch == "#" and quote is None and (k == 0 or line[k - 1].isspace()):
+            return line[:k].rstrip()
+    return line.rstrip()
+
+
+def _statements(first_line: int, lines: list[str]):
+    """(line number, statement) of a block: continuations joined, quotes spanning lines kept whole."""
+    k = 0
+    while k < len(lines):
+        start, text = first_line + k, lines[k]
+        while text.rstrip().endswith("\\") or text.count('"') % 2:
+            if k + 1 >= len(lines):
+                break
+            k += 1
+            if text.rstrip().endswith("\\"):
+                text = text.rstrip()[:-1] + " " + lines[k].strip()
+            else:  # inside a quoted python -c "..." program: its lines stay lines
+                text = text + "\n" + lines[k]
+        k += 1
+        statement = _strip_comment(text.strip()) if text.count('"') % 2 == 0 else text.strip()
+        if statement:
+            yield start, statement
+
+
+def documented_commands() -> list[Command]:
+    commands = []
+    for path in DOC_FILES:
+        for block, (first, lines) in enumerate(_blocks(path.read_text())):
+            for line, statement in _statements(first, lines):
+                if COMMAND_START.match(statement) or SHELL_LINE.match(statement):
+                    commands.append(Command(str(path.relative_to(REPO)), line, block, " ".join(statement.split(" "))))
+    return commands
+
+
+# --- the table ---------------------------------------------------------------------------------------------------
+
+# (pattern, reason): a command matching one is not run, and the reason is the test's skip message.
+SKIPPED = [
+    (r"\bsrun\b|--nnodes|scontrol", "several machines (torchrun across nodes, Slurm)"),
+    (r"--nproc_per_node=8", "8 GPUs"),
+    (r"--device cuda|trainer\.compile=true", "a GPU: a measurement of the lent H100 (compiling: minutes on a CPU)"),
+    (r"\btimm:", "the network: timm downloads the weights"),
+    (r"--download\b", "the network: torchvision downloads CIFAR-10"),
+    (r"data\.dataset_name=", "the network: the Hugging Face Hub"),
+    (r"postgresql", "a PostgreSQL server"),
+    (r"^make (train|test)\b", "make test is this suite; make train trains ViT-Ti on CIFAR-10 for hours"),
+    (r"^pip ", "the network: the package index"),
+    (r"\$SLURM|^head=", "Slurm"),
+    (r"bench_memory\.py|--device cuda", "a GPU: the peak-memory benchmark measures CUDA memory"),
+    (r"data\.path=/data/", "a Hugging Face dataset saved on the writer's disk"),
+    (
+        r"distill_experiment\.py|transfer_experiment\.py",
+        "a measurement of an hour; tests/test_distill.py and tests/test_finetune.py run its parts",
+    ),  # fmt: skip
+    (r"cifar10_cpu_reference\.py", "a 30-minute measurement of the peer pipeline; tests/test_cpu_scripts.py runs it"),
+    (
+        r"bench_cpu_bf16\.py|bench_cpu_setup\.py|bench_shards\.py|bench_augment\.py|bench_cpu_loader\.py",
+        "a timing measurement of minutes; tests/test_cpu_scripts.py, tests/test_benchmark.py run it small",
+    ),  # fmt: skip
+    (
+        r"benchmark\.py",
+        "a timing measurement of minutes; tests/test_benchmark.py and tests/test_inference_bench.py run it small",
+    ),  # fmt: skip
+    (
+        r"plot_recipes\.py <runs>|plot_recipes\.py recipes",
+        "plots the recipe runs of docs/RESULTS.md (hours); tests/test_plot_recipes.py runs it on small runs",
+    ),  # fmt: skip
+]
+
+# (pattern, exit code): a command its doc says fails, and how.
+EXPECTED_EXIT = [
+    (r"data\.augment\.policy_impl=", 2),  # BENCHMARKS.md: "the key existed then; the command no longer runs as written"
+]
+
+
+def expected_exit(text: str) -> int:
+    return next((code for pattern, code in EXPECTED_EXIT if re.search(pattern, text)), 0)
+
+
+# Appended to every training: two epochs of two batches, one validation batch, on the CPU (an epoch-2 checkpoint
+# is there for the commands that read a kept epoch).
+TINY_TRAIN = (
+    "trainer.epochs=2 trainer.limit_train_batches=2 trainer.limit_val_batches=1 data.batch_size=8 data.num_workers=0 "
+    "trainer.device=cpu trainer.attn_maps_every_n_epochs=0"
+)
+# The CIFAR-10 stand-in: the tests' small JPEG tree in CIFAR-10's layout (vit_tiny's data config, data=cifar10,
+# downloads torchvision's copy, which this machine cannot).
+CIFAR_JPEG = "data/cifar10-jpeg.tar.gz"
+CIFAR_AS_FOLDER = f"data=imagefolder data.root={CIFAR_JPEG} data.img_size=32 data.patch_size=4"
+NEWEST_RUN = "$(ls -td outputs/*/*/ | head -1)"  # Hydra's outputs/<date>/<time> of the newest run in the folder
+NEWEST_SWEEP = "$(ls -td multirun/*/*/ | head -1)"
+
+# (pattern, replacement), in order: the docs' placeholders as the files and folders of the test's workspace.
+SUBSTITUTIONS = [
+    (r"\[the best trial's overrides below\]|<the lever's overrides>|<same overrides>|<overrides>", ""),
+    (r"<([\w.-]+)\|[^>]*>", r"\1"),  # one of several values: the first
+    (r"outputs/<date>/<time>/", NEWEST_RUN),
+    (r"multirun/<date>/<time>", NEWEST_SWEEP),
+    (r"<run>/|<mae run>/", "{mae_run}/"),
+    (r"<folder holding the nine runs>", "multirun"),
+    (r"data\.root=(/path/to/\w+|/data/imagenet|\.\.\.|<[^>]*>|\.device/cifar10)", f"data.root={CIFAR_JPEG}"),
+    (r"image=(<file or folder>|<folder>)", "image=images"),
+    (r"image=a\.jpg,b\.png", "image=images/a.jpg,images/b.png"),
+    (r"/path/to/vit_small\.safetensors", "{vit_small_file}"),
+    (r"/path/to/resnet18\.safetensors", "{resnet18_file}"),
+    (r"check_images=<n>", "check_images=8"),
+    (r"\[([^\] ]*=[^\] ]*)\]", r"\1"),  # an optional key=value: given
+    (r"batch=dynamic\|<n>", "batch=dynamic"),
+    (r"/data/cifar10-shards", "data/cifar10-shards"),
+    (r"--samples-per-shard \d+", "--samples-per-shard 64"),  # 320 training images: 5 shards, 100 test images: 2
+    (r"train-\{000000\.\.000009\}", "train-{000000..000004}"),
+    (r"epoch_\d{4}\.pt", "epoch_0002.pt"),
+    (r"data\.holdout=\d{3,}", "data.holdout=20"),
+    (r"out=/tmp/", "out="),
+    (r"<runs>|<figures>", "runs"),
+    (r"<lever>|<s>|<seed>", "0"),
+    (r"hydra\.run\.dir=proxy/0/seed0", "hydra.run.dir=proxy/lever/seed0"),
+    (r" &$", ""),  # two searches on one study, here one after the other
+]
+
+
+def verdict(text: str) -> str | None:
+    """The reason a command is not run here, or None."""
+    return next((reason for pattern, reason in SKIPPED if re.search(pattern, text)), None)
+
+
+def runnable(text: str, variables: dict[str, str], files: dict[str, str]) -> str:
+    """The command as the test runs it: placeholders replaced, shell variables of its block expanded, tiny sizes
+    appended to a training."""
+    for name, value in variables.items():
+        text = text.replace(f"${name}", value)
+    if re.match(r"^(\.venv/bin/)?(tensorboard|optuna-dashboard) ", text):
+        return re.sub(r"^(\.venv/bin/)?(tensorboard|optuna-dashboard) .*", rf"{files['bin']}/\2 --help", text)
+    for pattern, replacement in SUBSTITUTIONS:
+        text = re.sub(pattern, replacement, text)
+    for key, value in files.items():
+        text = text.replace(f"{{{key}}}", value)
+    env = re.match(ENV_PREFIX, text).group(0)
+    text = text[len(env) :]
+    text = re.sub(r"^(\.venv/bin/)?python ", f"{files['python']} ", text)
+    text = re.sub(r"^torchrun ", f"{files['python']} -m torch.distributed.run ", text)
+    text = re.sub(r"(^|\s)(train\.py|scripts/)", rf"\1{files['repo']}/\2", text)
+    text = env + text
+    if re.search(r"\btrain\.py\b", text):
+        if "data=" not in text and "data.root=" not in text and "experiment=cifar10_cpu" not in text:
+            text += " " + CIFAR_AS_FOLDER
+        if "data.holdout=" not in text:  # the proxy and MAE experiments hold out 1,000 or 2,000 images
+            text += " data.holdout=20"
+        if "hparams_search=" in text:
+            text += " hydra.sweeper.n_trials=2"
+        text += " " + TINY_TRAIN
+    return text
+
+
+def expand_block(commands: list[Command]):
+    """(command, its runnable text or None, skip reason or None) for the commands of one block, in order; shell
+    assignments (`C="..."`) become variables, a `for x in a b; do` loop runs its body once with the first value, and
+    `train.py ... key=value` is the block's previous training with key=value added."""
+    variables: dict[str, str] = {}
+    previous = ""  # the arguments of the block's last training: `train.py ... <key=value>` adds to them
+    for command in commands:
+        text = command.text
+        if "train.py ... " in text:
+            text = text.replace("train.py ... ", f"train.py {previous} ")
+        elif "train.py " in text:
+            previous = text.split("train.py ", 1)[1]
+        assignment = re.match(r"^([A-Z]+)=(.*)$", text)
+        loop = re.match(r"^for (\w+) in (\S+)", text)
+        if assignment:
+            variables[assignment.group(1)] = shlex.split(assignment.group(2))[0] if assignment.group(2) else ""
+            continue
+        if loop:
+            variables[loop.group(1)] = loop.group(2)
+            continue
+        if text.startswith("done"):
+            continue
+        for name, value in variables.items():
+            text = text.replace(f"${name}", value)
+        yield command, text, verdict(text)
