@@ -541,3 +541,10 @@ def test_a_hand_built_config_means_what_its_file_declares(name):
     composed = OmegaConf.to_container(compose_config([f"data={name}"]).data, resolve=True)
     assert OmegaConf.to_container(complete({"name": name})) == composed
     assert complete({"name": name, "batch_size": 3}).batch_size == 3  # what the config gives wins
+
+
+def test_an_archive_given_to_the_cifar_config_points_to_imagefolder(tmp_path):
+    archive = tmp_path / "cifar10-jpeg.tar.gz"
+    archive.write_bytes(b"x")
+    with pytest.raises(DataError, match=r"is an archive: data=cifar10 reads torchvision's cifar-10-batches-py folder"):
+        build_data(compose_config(["data=cifar10", f"data.root={archive}"]).data)

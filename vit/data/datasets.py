@@ -70,6 +70,12 @@ def _cifar(cfg, name: str) -> Splits:
     root = Path(cfg.get("root") or "data").expanduser()
     cls = tv_datasets.CIFAR10 if name == "cifar10" else tv_datasets.CIFAR100
     folder = root / cls.base_folder
+    if root.is_file():
+        kind = "an archive" if is_archive(root) else "a file"
+        raise DataError(
+            f"data.root={str(root)!r} is {kind}: data={name} reads torchvision's {cls.base_folder} folder; for image "
+            "folders (or an archive of them, as scripts/make_cifar_jpegs.py writes) use data=imagefolder"
+        )
     try:
         train = cls(str(root), train=True, download=bool(cfg.download))
         val = cls(str(root), train=False, download=False)
