@@ -11,29 +11,19 @@ import pytest
 VIT = Path(__file__).resolve().parents[1] / "vit"
 
 # package -> the packages above it, which it must not import
+EVERY_PACKAGE = (
+    "vit.models",
+    "vit.data",
+    "vit.train",
+    "vit.analysis",
+    "vit.deploy",
+    "vit.args",
+    "vit.sweeper",
+    "vit.cli",
+)
 ABOVE = {
-    # the one base of the errors a user can fix: below everything, importing nothing of the project
-    # the Hub's offline check, for the pretrained weights and the Hugging Face datasets
-    "vit.hub": (
-        "vit.models",
-        "vit.data",
-        "vit.train",
-        "vit.analysis",
-        "vit.deploy",
-        "vit.args",
-        "vit.sweeper",
-        "vit.cli",
-    ),
-    "vit.errors": (
-        "vit.models",
-        "vit.data",
-        "vit.train",
-        "vit.analysis",
-        "vit.deploy",
-        "vit.args",
-        "vit.sweeper",
-        "vit.cli",
-    ),
+    "vit.errors": EVERY_PACKAGE,  # the one base of the errors a user can fix: below everything
+    "vit.hub": EVERY_PACKAGE,  # the Hub's offline check, for the pretrained weights and the Hugging Face datasets
     "vit.models": ("vit.train", "vit.analysis", "vit.deploy", "vit.args", "vit.sweeper", "vit.cli"),
     "vit.data": ("vit.train", "vit.analysis", "vit.deploy", "vit.args", "vit.sweeper", "vit.cli"),
     "vit.train": ("vit.analysis", "vit.deploy", "vit.args", "vit.sweeper", "vit.cli"),

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
+from vit import CONFIG_DIR as PACKAGE_CONFIG_DIR
 from vit.errors import UserError
 
-CONFIG_DIR = str(Path(__file__).resolve().parents[1] / "configs")
+CONFIG_DIR = str(PACKAGE_CONFIG_DIR)  # a str: Hydra takes the folder as text
 HELP_FLAGS = ("-h", "--help")
 
 

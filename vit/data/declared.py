@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-DATA_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "data"
+from vit import CONFIG_DIR
+
+DATA_CONFIGS = CONFIG_DIR / "data"
 BASE = "cifar10"
 
 

@@ -74,11 +74,10 @@ def parse_options(argv: list[str], known: tuple[str, ...], data_keys: bool = Tru
 
 def run_main(main: Callable[[list[str]], int], argv: list[str] | None = None, usage: str = "") -> int:
     """Run a script's `main` through vit/args.py's `run_script` (`--help` prints `usage`; a bad setting, file or
-    path is one line on stderr and exit code 2), with the weights' and the export's errors as bad settings; an
-    export that does not match PyTorch is exit code 1."""
-    from vit.deploy.export import ExportError, VerificationError
+    path is one line on stderr and exit code 2, the weights' and the export's errors included); an export that does
+    not match PyTorch is exit code 1."""
+    from vit.deploy.export import VerificationError
     from vit.deploy.quantize import QuantizationRefused
-    from vit.deploy.weights import WeightsError
 
     def checked(args: list[str]) -> int:
         try:
@@ -87,4 +86,4 @@ def run_main(main: Callable[[list[str]], int], argv: list[str] | None = None, us
             print(f"export check failed: {err}", file=sys.stderr)
             return 1
 
-    return run_script(checked, argv, usage=usage, errors=(WeightsError, ExportError))
+    return run_script(checked, argv, usage=usage)  # WeightsError, ExportError: UserErrors, exit code 2

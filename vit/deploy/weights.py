@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from vit import CONFIG_DIR
 from vit.deploy.preprocessing import Preprocessing, from_data_config, from_timm
 from vit.errors import UserError
 from vit.models.weights_file import WeightsFileError, read_weights_file
@@ -167,7 +168,7 @@ def build_model(
     return Weights(model.eval(), model_name, found.classes, found.preprocessing, given, which=found.which)
 
 
-DATA_CONFIGS_DIR = Path(__file__).resolve().parents[2] / "configs" / "data"
+DATA_CONFIGS_DIR = CONFIG_DIR / "data"
 
 
 def compose_data_config(name: str, overrides: list[str]):

@@ -135,11 +135,6 @@ def read_source(source: str | Path, use_ema: bool = True) -> Pretrained:
 # --- timm ------------------------------------------------------------------------------------------------------
 
 
-def timm_state_dict(name: str) -> StateDict:
-    """Weights of a pretrained timm model (timm downloads them where a network exists)."""
-    return timm_weights(name).state_dict
-
-
 def timm_weights(name: str, instead: str = "model.pretrained=/path/to/weights.safetensors") -> Pretrained:
     """A pretrained timm model's weights and head count. An unknown name or tag, and a download that cannot
     happen (no network, nothing cached), are one PretrainedError naming the cache looked in and, as `instead`,

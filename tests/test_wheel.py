@@ -1,0 +1,42 @@
+"""The project installs as a wheel and trains from any folder: the wheel carries the Hydra config tree (configs/
+as vit/configs) and the sweeper plugin, and `vit-train` / `vit-eval` run from a folder outside the checkout."""
+
+import os
+import subprocess
+import sys
+import zipfile
+
+from trainer_utils import REPO
+
+
+def test_the_wheel_installs_and_trains_outside_the_checkout(tmp_path):
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    wheels, site, elsewhere = tmp_path / "wheels", tmp_path / "site", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    # No build isolation: the venv's setuptools builds it, no download.
+    subprocess.run([*pip, "wheel", str(REPO), "--no-deps", "--no-build-isolation", "-w", str(wheels)], check=True,
+                   capture_output=True, timeout=300)  # fmt: skip
+    (wheel,) = wheels.glob("vit-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "vit/configs/config.yaml" in names and "vit/configs/model/vit_tiny.yaml" in names
+    assert "vit/__init__.py" in names and "hydra_plugins/vit_sweeper/__init__.py" in names
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True,
+                   capture_output=True, timeout=300)  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(site)}  # the dependencies from this environment, the project from the wheel
+
+    where = subprocess.run([sys.executable, "-c", "import vit; print(vit.__file__); print(vit.CONFIG_DIR)"],
+                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert where.stdout.split() == [str(site / "vit" / "__init__.py"), str(site / "vit" / "configs")], where.stderr
+    train = [
+        str(site / "bin" / "vit-train"),
+        "data=synthetic",
+        "trainer=debug",
+        "trainer.device=cpu",
+        "hydra.run.dir=run",
+    ]
+    done = subprocess.run(train, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (elsewhere / "run" / "metrics.json").is_file() and (elsewhere / "run" / "checkpoints" / "last.pt").is_file()
+    helped = subprocess.run([str(site / "bin" / "vit-eval"), "--help"], cwd=elsewhere, env=env, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert helped.returncode == 0 and "usage: python scripts/evaluate.py" in helped.stdout
