@@ -6,9 +6,11 @@ import subprocess
 import sys
 import zipfile
 
+import pytest
 from trainer_utils import REPO
 
 
+@pytest.mark.slow  # 20 s: builds and installs the wheel, then trains
 def test_the_wheel_installs_and_trains_outside_the_checkout(tmp_path):
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     wheels, site, elsewhere = tmp_path / "wheels", tmp_path / "site", tmp_path / "elsewhere"

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 
 from vit import CONFIG_DIR as PACKAGE_CONFIG_DIR
-from vit.errors import UserError
+from vit.errors import UserError, one_line
 
 CONFIG_DIR = str(PACKAGE_CONFIG_DIR)  # a str: Hydra takes the folder as text
 HELP_FLAGS = ("-h", "--help")
@@ -78,5 +78,5 @@ def run_script(
     try:
         return main(argv) or 0
     except (UserError, FileNotFoundError, *errors) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        print(one_line(err, kind=False), file=sys.stderr)
+        return getattr(err, "exit_code", 2)

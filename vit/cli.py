@@ -12,15 +12,16 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from vit.args import CONFIG_DIR, UsageError, compose
-from vit.errors import UserError
+from vit.errors import UserError, exit_with
 
 
-def _fail(kind: str, err: Exception) -> None:
-    print(f"{kind} error: {err}", file=sys.stderr, flush=True)
-    # SystemExit is not an Exception, so Hydra's error handler lets it through with our exit code.
-    raise SystemExit(2)
+class CommandLineError(UserError):
+    """A bad override, found before Hydra composes anything (and before torch is imported)."""
+
+    kind = "config"
 
 
 DIVERGED_EXIT_CODE = 3  # the loss stopped being finite: the settings were valid, the training was not
@@ -32,9 +33,7 @@ def train_task(cfg) -> float | None:
     search (vit/sweeper.py) a diverged training returns NaN, which the study records as failed, and a trial its
     pruner stopped raises optuna.TrialPruned: neither ends the search. A trial stopped by a signal raises
     TrialInterrupted, which does."""
-    from vit.data import DataError
-    from vit.train import CheckpointError, ConfigError, run
-    from vit.train.checkpoint import OutputError
+    from vit.train import run
     from vit.train.loop import NonFiniteLossError
     from vit.train.search import TrialInterrupted, is_trial, optimized_metric
 
@@ -42,16 +41,8 @@ def train_task(cfg) -> float | None:
     try:
         metric = optimized_metric(cfg)
         metrics = run(cfg)
-    except ConfigError as err:
-        _fail("config", err)
-    except DataError as err:
-        _fail("data", err)
-    except CheckpointError as err:
-        _fail("checkpoint", err)
-    except OutputError as err:
-        _fail("output", err)
-    except UserError as err:  # any other bad input (an image file, a weights file): vit/errors.py
-        _fail("input", err)
+    except UserError as err:  # a setting, the data, a checkpoint, the run folder: "<kind> error: ..." and exit 2
+        exit_with(err)
     except NonFiniteLossError as err:
         print(f"training stopped: {err}", file=sys.stderr, flush=True)
         if is_trial(cfg):
@@ -78,12 +69,7 @@ def check_group_choices(args: list[str]) -> None:
         known = sorted(p.stem for p in group_dir.glob("*.yaml"))
         for choice in value.split(","):
             if choice not in known and not (group == "experiment" and choice == "null"):
-                print(
-                    f"config error: {group}={choice} is not a known {group} config; known: {', '.join(known)}",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                raise SystemExit(2)
+                _exit_config_error(f"{group}={choice} is not a known {group} config; known: {', '.join(known)}")
 
 
 def dotted_keys(node, prefix: str = "") -> list[str]:
@@ -154,8 +140,7 @@ def parse_overrides(args: list[str]) -> list:
             parsed.extend(parser.parse_overrides([arg]))
         except OverrideParseException as err:
             reason = str(err).strip().splitlines()[0]
-            print(f"config error: cannot parse the override {arg!r}: {reason}", file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
+            _exit_config_error(f"cannot parse the override {arg!r}: {reason}")
     return parsed
 
 
@@ -289,14 +274,11 @@ def check_output_dir(args: list[str]) -> None:
     try:
         check_run_dir(path, create=False, setting=f"{key}={value}")
     except OutputError as err:
-        _fail("output", err)
-    except UserError as err:  # any other bad input (an image file, a weights file): vit/errors.py
-        _fail("input", err)
+        exit_with(err)
 
 
-def _exit_config_error(message: str) -> None:
-    print(f"config error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
+def _exit_config_error(message: str) -> NoReturn:
+    exit_with(CommandLineError(message))
 
 
 def without_null_groups(args: list[str]) -> list[str]:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -33,6 +32,7 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from vit.errors import UserError, exit_with
 from vit.train.search import TrialInterrupted, counted_trials
 
 log = logging.getLogger("vit.search")
@@ -40,8 +40,10 @@ log = logging.getLogger("vit.search")
 DIRECTIONS = ("maximize", "minimize")
 
 
-class SearchError(Exception):
+class SearchError(UserError):
     """A setting of the search itself that cannot work: one line, exit code 2."""
+
+    kind = "config"
 
 
 class OptunaSweeper(Sweeper):
@@ -81,8 +83,7 @@ class OptunaSweeper(Sweeper):
         try:
             search = self.prepare(arguments)
         except SearchError as err:
-            print(f"config error: {err}", file=sys.stderr, flush=True)
-            raise SystemExit(2) from None
+            exit_with(err)
         return search.run()
 
     def prepare(self, arguments: list[str]) -> Search:

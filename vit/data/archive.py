@@ -27,6 +27,8 @@ COMPLETE_MARKER = ".complete"
 class ArchiveError(UserError):
     """An archive that cannot be used: unreadable, or with a member that escapes the target."""
 
+    kind = "data"
+
 
 def is_archive(path: str | Path) -> bool:
     name = str(path).lower()

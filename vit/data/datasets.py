@@ -43,6 +43,8 @@ log = logging.getLogger("vit.data")
 class DataError(UserError):
     """A data setting that cannot work: one message naming the key, value or path, and how to fix it."""
 
+    kind = "data"
+
 
 @dataclass
 class Splits:
@@ -173,7 +175,8 @@ def _say_if_upsampled(samples: list[tuple[str, int]], img_size: int) -> None:
     if sides and img_size >= UPSAMPLED_NOTICE_RATIO * (side := int(np.median(sides))):
         log.warning(
             "data.img_size=%d but the training images are about %d px on their longer side: each is upsampled "
-            "%.0fx; for small images set data.img_size=%d (and data.patch_size to match, e.g. 4 for 32 px)",
+            "%.0fx (as fine-tuning weights trained at that size wants); to train at their own size set "
+            "data.img_size=%d (and data.patch_size to match, e.g. 4 for 32 px)",
             img_size, side, img_size / side, side,
         )  # fmt: skip
 

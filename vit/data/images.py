@@ -22,6 +22,8 @@ _REASON_CHARS = 120
 class ImageReadError(UserError):
     """An image file that cannot be read: its path and why, in one line."""
 
+    kind = "data"
+
 
 def to_rgb(image: Image.Image) -> Image.Image:
     """Any PIL mode as 8-bit RGB: palette, alpha (over white), CMYK, greyscale and 16/32-bit greyscale."""

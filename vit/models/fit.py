@@ -26,6 +26,8 @@ StateDict = dict[str, torch.Tensor]
 class PretrainedError(UserError):
     """A source that cannot be read or does not fit the model: one line naming the source and the problem."""
 
+    kind = "checkpoint"
+
 
 @dataclass
 class Pretrained:

@@ -23,6 +23,8 @@ _PICKLE_PROTO = 0x80  # the first byte of a pickle of protocol 2 or newer (torch
 class WeightsFileError(UserError):
     """A weights file that cannot be read: its path and why, in one line."""
 
+    kind = "checkpoint"
+
 
 def first_line(err: BaseException) -> str:
     """An exception's first line, without terminal colour codes: error messages here are one line."""

@@ -31,10 +31,14 @@ from vit.models.weights_file import WeightsFileError, first_line, read_weights_f
 class CheckpointError(UserError):
     """A checkpoint that cannot be read or does not fit the run: one message naming file and mismatch."""
 
+    kind = "checkpoint"
+
 
 class OutputError(UserError):
     """The run directory, or a file of it (metrics.json, TensorBoard events), cannot be written: one message naming
     the path and the reason."""
+
+    kind = "output"
 
 
 def atomic_save(obj: Any, path: str | Path) -> None:

@@ -22,6 +22,8 @@ from vit.train.precision import AMP_MODES
 class ConfigError(UserError):
     """A setting that cannot work. The trainer prints it and exits with code 2."""
 
+    kind = "config"
+
 
 DEVICES = ("auto", "cpu", "cuda")
 PROGRESS = ("auto", "bar", "log")
