@@ -19,6 +19,7 @@ def cifar_like(tmp_path_factory):
     return make_tree(tmp_path_factory.mktemp("cifar-like"), classes=("a", "b", "c"), per_class=8, val="test", size=32)
 
 
+@pytest.mark.slow  # 17 s: the peer pipeline's training loop, end to end
 def test_reference_loop_fits_its_budget_and_writes_a_run_plot_recipes_reads(cifar_like, tmp_path):
     out = tmp_path / "reference" / "seed0"
     small = ["embed_dim=16", "depth=1", "num_heads=2", "batch_size=4", "workers=0", "eval_every=3"]
@@ -45,6 +46,7 @@ def test_reference_loop_refuses_bad_input_in_one_line(tmp_path):
     assert done.returncode == 2 and "budget_s='-1' must be positive" in done.stderr
 
 
+@pytest.mark.slow  # 14 s: times matmuls in both precisions
 def test_bf16_crossover_table_times_both_precisions():
     done = script("bench_cpu_bf16.py", "cases=32x16x8x2,64x64x4x4", "rounds=1", "threads=1")
     assert done.returncode == 0, done.stderr
