@@ -67,16 +67,15 @@ def run_script(
     main: Callable[[list[str]], int | None],
     argv: list[str] | None = None,
     usage: str | None = None,
-    errors: tuple[type[Exception], ...] = (),
 ) -> int:
     """Call `main(argv)` (default: sys.argv[1:]). `--help` or `-h` prints `usage` instead; a UserError (a bad
-    setting, file or path, vit/errors.py), a missing file and `errors` become one line on stderr and exit code 2."""
+    setting, file or path, vit/errors.py) and a missing file become one line on stderr and exit code 2."""
     argv = sys.argv[1:] if argv is None else argv
     if wants_help(argv):
         print((usage or "").strip())
         return 0
     try:
         return main(argv) or 0
-    except (UserError, FileNotFoundError, *errors) as err:
+    except (UserError, FileNotFoundError) as err:
         print(one_line(err, kind=False), file=sys.stderr)
         return getattr(err, "exit_code", 2)

@@ -62,7 +62,7 @@ def short_reason(err: BaseException) -> str:
 
 def decode(source: str | Path | bytes) -> Image.Image:
     """Open and fully decode a file (a path) or an encoded image (bytes, a shard's sample); raise what PIL or the
-    file system raises (`image_problem` names it). A header check alone misses a truncated file."""
+    file system raises (`problem_of` names it). A header check alone misses a truncated file."""
     if isinstance(source, bytes):
         image = Image.open(io.BytesIO(source))
         image.load()
