@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 
 from vit.args import UsageError, parse_args, run_script
+from vit.engine.files import atomic_save
 from vit.train.averaging import average_checkpoints
-from vit.train.checkpoint import atomic_save
-from vit.train.checkpointer import EPOCH_FILE
+from vit.train.checkpoints import EPOCH_FILE
 
 
 def kept_epochs(run_dir: Path) -> list[Path]:

@@ -6,7 +6,7 @@ usage: python scripts/bench_cpu_bf16.py [threads=2] [rounds=5] [cases=<width>x<t
 Each case builds `create_model("vit_tiny", embed_dim=<width>, depth=6, mlp_ratio=2, ...)` at 32 px with patch 4
 (64 tokens), 8 (16 tokens) or 2 (256 tokens), times fp32 and bf16 steps on fixed random data in interleaved rounds
 (fp32, bf16, fp32, ...; about 640 images a round after 2 warm-up steps) and prints the median img/s of each and
-their ratio. The default cases are those behind trainer.amp=auto's width bar (vit/train/precision.py,
+their ratio. The default cases are those behind trainer.amp=auto's width bar (vit/engine/device.py,
 `CPU_BF16_MIN_WIDTH`; docs/BENCHMARKS.md, "bf16 on the CPU").
 """
 

@@ -86,8 +86,8 @@ def run_e2e(args: argparse.Namespace) -> int:
     from vit.args import UsageError, compose
     from vit.cli import check_group_choices, check_override_keys
     from vit.data import DataError
-    from vit.train import ConfigError
-    from vit.train.checkpoint import OutputError
+    from vit.engine.files import OutputError
+    from vit.errors import ConfigError
 
     if args.epochs < 4:
         print(

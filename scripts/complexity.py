@@ -22,11 +22,11 @@ from collections import Counter
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from vit.analysis.figures import flops_vs_size_figure
+from vit.analysis.plots import flops_vs_size_figure
 from vit.args import UsageError, compose, run_script
+from vit.engine.build import build_model_from_config
 from vit.models import Attention, complexity
 from vit.models.complexity import _component  # the grouping of the formula table, reused for params
-from vit.train.config import build_model_from_config
 
 
 def image_shape(model) -> tuple[int, int]:

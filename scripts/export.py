@@ -38,18 +38,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vit.args import UsageError, parse_args
 from vit.deploy.export import (
     ATOL,
-    FORMATS,
+    DEFAULT_FORMAT,
+    EXPORT_FORMATS,
     ExportError,
     Int8Request,
+    check_format,
     check_writable,
     default_output,
     export_model,
-    require_export_extra,
 )
-from vit.deploy.options import UsageError, parse_options, run_main
 from vit.deploy.quantize import CALIBRATION, MAX_DROP, resolve_mode
+from vit.deploy.script import run_main
 from vit.deploy.weights import resolve
 
 KNOWN = ("checkpoint", "model", "format", "output", "batch", "ema", "image", "data", "preprocess", "atol")
@@ -144,21 +146,19 @@ def check_int8_options(options, fmt: str) -> None:
         resolve_mode(quantize)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    if fmt != "onnx":
-        raise UsageError(f"quantize={quantize} writes ONNX: it needs format=onnx, not format={fmt}")
+    if not EXPORT_FORMATS[fmt].quantizable:
+        quantizable = ", ".join(name for name, entry in EXPORT_FORMATS.items() if entry.quantizable)
+        raise UsageError(f"quantize={quantize} writes ONNX: it needs format={quantizable}, not format={fmt}")
     options.integer("calibration", CALIBRATION)
     options.integer("check_images")
     read_max_drop(options)
 
 
 def main(argv: list[str]) -> int:
-    options = parse_options(argv, KNOWN)
-    fmt = options.get("format", "onnx")
-    if fmt not in FORMATS:
-        raise ExportError(f"format={fmt} is not a known format; choose from {', '.join(FORMATS)}")
+    options = parse_args(argv, KNOWN, model_keys=True, data_keys=True)
+    fmt = options.get("format", DEFAULT_FORMAT)
+    check_format(fmt)  # a known format with its packages installed, before any weights are read
     check_int8_options(options, fmt)
-    if fmt == "onnx":
-        require_export_extra()  # before any weights are read
     batch_text = options.get("batch", "dynamic")
     batch = None if batch_text == "dynamic" else options.integer("batch")
     try:
@@ -172,7 +172,8 @@ def main(argv: list[str]) -> int:
             raise UsageError("output=<path> is required when the weights are not a local file")
         output = default_output(given, fmt)
         if options.get("quantize"):
-            output = output.with_name(output.name.removesuffix(".onnx") + ".int8.onnx")
+            suffix = EXPORT_FORMATS[fmt].suffix
+            output = output.with_name(output.name.removesuffix(suffix) + ".int8" + suffix)
     output = Path(output)
     check_writable(output)  # before the weights are read and the model built
     weights, pre, data_cfg = resolve(options)
@@ -191,7 +192,7 @@ def main(argv: list[str]) -> int:
         atol=atol,
         int8=int8,
     )
-    runtime = "onnxruntime" if fmt == "onnx" else "PyTorch (loaded back)"
+    runtime = EXPORT_FORMATS[fmt].runtime_words
     kind = f"{fmt}, {result.int8.mode}" if result.int8 is not None else fmt
     float_check = "the float file " if result.int8 is not None else ""
     print(

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import sys
 
-from vit.analysis.figures import pos_embed_similarity_figure
 from vit.analysis.inputs import load_model
+from vit.analysis.plots import pos_embed_similarity_figure
 from vit.analysis.pos_embed import position_similarity
 from vit.args import UsageError, parse_args, run_script
 from vit.models import sinusoid_table

@@ -28,7 +28,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from vit.analysis.figures import recipes_figure
+from vit.analysis.plots import recipes_figure
 from vit.analysis.recipes import CAPTION, find_runs, group_recipes, parse_point, recipes_markdown
 from vit.args import UsageError, parse_args, run_script
 

@@ -24,10 +24,10 @@ import sys
 
 import torch
 
-from vit.analysis.figures import registers_figure
 from vit.analysis.inputs import denormalise, load_images, load_model
+from vit.analysis.plots import registers_figure
 from vit.args import UsageError, parse_args, run_script
-from vit.train.figures import attention_views
+from vit.engine.figures import attention_views
 
 ARGS = {
     "checkpoints": None,

@@ -8,7 +8,7 @@ best.onnx.json that scripts/export.py writes beside it); an ONNX file runs throu
 preprocessing and class names of its side JSON, without the model code. Prints one line per image;
 `json=<path>` also writes them as JSON, `json=-` prints the JSON instead of the lines. A checkpoint's model runs
 in the precision `amp` gives it on this CPU (default: its run's trainer.amp; auto: bf16 where the CPU has it
-natively and the model is wide enough to gain, else fp32; vit/train/precision.py), said in one line on stderr.
+natively and the model is wide enough to gain, else fp32; vit/engine/device.py), said in one line on stderr.
 
 Example:
 
@@ -26,7 +26,7 @@ import torch
 
 from vit.analysis.inputs import image_paths, load_images, load_model
 from vit.args import UsageError, parse_args, run_script
-from vit.train.precision import AMP_MODES, choose_precision
+from vit.engine.device import AMP_MODES, choose_precision
 
 
 def probabilities(

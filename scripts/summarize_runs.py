@@ -24,7 +24,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from vit.analysis.figures import screen_figure, sweep_figure
+from vit.analysis.plots import screen_figure, sweep_figure
 from vit.analysis.runs import (
     SEED_KEY,
     markdown_table,

@@ -11,15 +11,15 @@ import yaml
 from PIL import Image
 from trainer_utils import DATA_CFG, compose_config, fake_run
 
-from vit.analysis import figures
+from vit.analysis import plots
 from vit.analysis.inputs import denormalise, image_paths, load_images, load_model
 from vit.analysis.pos_embed import position_similarity
 from vit.analysis.runs import knob_value, markdown_table, read_runs, summary_rows, swept_keys
 from vit.args import UsageError
+from vit.engine import figures
+from vit.engine.figures import attention_views, cls_attention, rollout, upsample
+from vit.engine.weights import CheckpointError
 from vit.models import Attention, create_model, sinusoid_table
-from vit.train import figures as train_figures
-from vit.train.checkpoint import CheckpointError
-from vit.train.figures import attention_views, cls_attention, rollout, upsample
 
 MODEL_CFG = {
     "name": "vit_tiny",
@@ -176,15 +176,15 @@ def test_summary_rows_hold_knobs_cost_and_accuracy(split_sweep):
 def test_sweep_figure_orders_numeric_knobs(split_sweep, tmp_path, monkeypatch):
     records = read_runs(split_sweep)
     ticks = {}
-    real_subplots = figures.plt.subplots
+    real_subplots = plots.plt.subplots
 
     def spy(*args, **kwargs):
         fig, ax = real_subplots(*args, **kwargs)
         monkeypatch.setattr(ax, "set_xticks", lambda positions, labels: ticks.update(labels=list(labels)))
         return fig, ax
 
-    monkeypatch.setattr(figures.plt, "subplots", spy)
-    out = figures.sweep_figure(records, swept_keys(records), tmp_path / "sweep.png")
+    monkeypatch.setattr(plots.plt, "subplots", spy)
+    out = plots.sweep_figure(records, swept_keys(records), tmp_path / "sweep.png")
     assert ticks["labels"] == ["0.0625", "null\n(0.125)", "1.0"]
     assert_png(out)
 
@@ -200,26 +200,26 @@ def test_read_runs_of_a_missing_folder_says_so(tmp_path):
 
 def test_confusion_matrix_figure(tmp_path):
     matrix = np.array([[8, 1, 1], [0, 10, 0], [0, 0, 0]])  # the last class has no examples: no division by 0
-    out = train_figures.confusion_matrix_figure(matrix, ["cat", "dog", "ship"], tmp_path / "sub" / "cm.png")
+    out = figures.confusion_matrix_figure(matrix, ["cat", "dog", "ship"], tmp_path / "sub" / "cm.png")
     assert out == tmp_path / "sub" / "cm.png"
     assert_png(out)
     many = np.random.default_rng(0).integers(0, 20, (30, 30))  # no numbers in the cells beyond 20 classes
-    assert_png(train_figures.confusion_matrix_figure(many, [f"c{i}" for i in range(30)], tmp_path / "cm30.png"))
+    assert_png(figures.confusion_matrix_figure(many, [f"c{i}" for i in range(30)], tmp_path / "cm30.png"))
 
 
 def test_position_and_complexity_figures(tmp_path):
     sim = position_similarity(torch.randn(1, 1 + 16, 8), (4, 4)).numpy()
-    assert_png(figures.pos_embed_similarity_figure([("a", sim), ("b", sim)], tmp_path / "pos.png"))
+    assert_png(plots.pos_embed_similarity_figure([("a", sim), ("b", sim)], tmp_path / "pos.png"))
     sizes = [32, 64, 128, 256]
-    out = figures.flops_vs_size_figure(sizes, [1e9, 4e9, 16e9, 64e9], [1e8, 2e9, 3e10, 5e11], tmp_path / "f.png", "t")
+    out = plots.flops_vs_size_figure(sizes, [1e9, 4e9, 16e9, 64e9], [1e8, 2e9, 3e10, 5e11], tmp_path / "f.png", "t")
     assert_png(out)
 
 
 def test_attention_grid_figure_has_a_column_per_panel(tmp_path):
     images = torch.rand(2, 3, 32, 32)
     heads, roll = torch.rand(2, 3, 32, 32), torch.rand(2, 1, 32, 32)
-    narrow = train_figures.attention_grid_figure(images, heads, roll, tmp_path / "a.png")
-    wide = train_figures.attention_grid_figure(images, heads, roll, tmp_path / "b.png", token_maps=roll)
+    narrow = figures.attention_grid_figure(images, heads, roll, tmp_path / "a.png")
+    wide = figures.attention_grid_figure(images, heads, roll, tmp_path / "b.png", token_maps=roll)
     assert_png(narrow) and assert_png(wide)
     with Image.open(narrow) as a, Image.open(wide) as b:
         assert b.size[0] > a.size[0] * 1.1  # input + 3 heads + rollout, then + T2T stage
@@ -299,7 +299,8 @@ REPO = Path(__file__).resolve().parents[1]
 def test_ablation_experiments_sweep_one_knob_on_a_short_cifar10_schedule(experiment, knob, values):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from vit.train.config import build_model_from_config, validate
+    from vit.engine.build import build_model_from_config
+    from vit.train.config import validate
 
     raw = yaml.safe_load((REPO / "configs" / "experiment" / f"{experiment}.yaml").read_text())
     sweep = raw["hydra"]["sweeper"]["params"]

@@ -20,7 +20,8 @@ from vit.data import DataError, build_data, resources
 from vit.data import rand_augment as ra
 from vit.data import rand_augment_ops as rops
 from vit.data.augment import AugmentSpec, BatchAugment, build_policy, declared_defaults, random_hflip
-from vit.train.config import ConfigError, validate
+from vit.errors import ConfigError
+from vit.train.config import validate
 
 FILL = (124, 116, 104)
 

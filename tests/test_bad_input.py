@@ -13,16 +13,13 @@ from omegaconf import OmegaConf
 from trainer_utils import QUICK, QUICK_SYNTHETIC, REPO, compose_config, run_cli
 
 from vit.cli import check_override_keys
-from vit.train import CheckpointError, atomic_save, load_checkpoint, run
-from vit.train.config import (
-    NUMBER_LISTS,
-    NUMERIC_KEYS,
-    ConfigError,
-    build_mae_from_config,
-    build_model_from_config,
-    is_mae,
-    validate,
-)
+from vit.engine.build import build_mae_from_config, build_model_from_config, is_mae
+from vit.engine.config_types import NUMBER_LISTS, NUMERIC_KEYS
+from vit.engine.files import atomic_save
+from vit.engine.weights import CheckpointError, load_checkpoint
+from vit.errors import ConfigError
+from vit.train import run
+from vit.train.config import validate
 from vit.train.loop import NonFiniteLossError, weights_finite
 
 setup_phase = importlib.import_module("vit.train.setup")  # where a run builds its model and data
@@ -409,7 +406,7 @@ def test_a_full_disk_during_a_checkpoint_write_keeps_the_previous_one(tmp_path, 
         handle.write(b"PK\x03\x04 half a checkpoint")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr("vit.train.checkpoint.torch.save", save_until_full)
+    monkeypatch.setattr("vit.engine.files.torch.save", save_until_full)
     with pytest.raises(CheckpointError) as err:
         run(compose_config([*QUICK, "trainer.epochs=3"]), output_dir=tmp_path)
     message = str(err.value)
@@ -469,9 +466,9 @@ def test_every_os_error_while_saving_names_path_and_reason_and_keeps_the_old_fil
         raise failure
 
     monkeypatch.setattr("builtins.open", failing_open)
-    monkeypatch.setattr("vit.train.checkpoint.torch.save", failing_save)
+    monkeypatch.setattr("vit.engine.files.torch.save", failing_save)
     if where == "rename":
-        monkeypatch.setattr("vit.train.checkpoint.os.replace", failing_replace)
+        monkeypatch.setattr("vit.engine.files.os.replace", failing_replace)
     with pytest.raises(CheckpointError) as err:
         atomic_save({"model": {"w": torch.zeros(2)}, "epoch": 2}, path)
     monkeypatch.undo()

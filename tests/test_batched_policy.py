@@ -16,7 +16,8 @@ from vit.data import batched_policy as bp
 from vit.data import build_data
 from vit.data.augment import build_policy
 from vit.data.gpu_loader import GpuLoader
-from vit.train.config import ConfigError, validate
+from vit.errors import ConfigError
+from vit.train.config import validate
 
 NEAREST = v2.InterpolationMode.NEAREST
 

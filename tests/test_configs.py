@@ -8,9 +8,11 @@ from trainer_utils import TINY_MODEL, compose_config, run_cli
 import vit.train
 from vit.cli import check_group_choices, train_task
 from vit.data import DataError
+from vit.engine.build import build_model_from_config
+from vit.engine.weights import CheckpointError
+from vit.errors import ConfigError
 from vit.models import Attention
-from vit.train import CheckpointError
-from vit.train.config import ConfigError, build_model_from_config, validate
+from vit.train.config import validate
 
 MODELS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs" / "model").glob("*.yaml"))
 DATA = ["cifar10", "cifar100", "imagefolder", "synthetic"]

@@ -15,10 +15,12 @@ from torch import nn
 from torchvision.transforms import functional as TF
 from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config, run_cli
 
-from vit.models import create_model, load_pretrained
-from vit.train import load_checkpoint, run
-from vit.train.checkpoint import CheckpointError
-from vit.train.config import ConfigError, build_model_from_config, validate
+from vit.engine.build import build_model_from_config
+from vit.engine.weights import CheckpointError, load_checkpoint, load_pretrained
+from vit.errors import ConfigError
+from vit.models import create_model
+from vit.train import run
+from vit.train.config import validate
 from vit.train.distill import Distiller, TeacherView, load_teacher
 
 setup_phase = importlib.import_module("vit.train.setup")  # where a run builds its model and data
@@ -286,7 +288,7 @@ def test_a_timm_distilled_deit_file_is_a_teacher_computing_what_timm_computes(tm
 
 
 def test_a_timm_teacher_without_network_or_cache_is_one_line(monkeypatch, tmp_path):
-    monkeypatch.setattr("vit.models.pretrained.host_reachable", lambda *a, **k: False)
+    monkeypatch.setattr("vit.engine.weights.host_reachable", lambda *a, **k: False)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(CheckpointError, match=r"distill.teacher='timm:resnet18.a1_in1k': cannot download") as err:

@@ -18,7 +18,7 @@ import pytest
 import torch
 from trainer_utils import REPO, TINY_MODEL
 
-from vit.train import load_checkpoint
+from vit.engine.weights import load_checkpoint
 
 # 256 training images = 8 global batches of 32 per epoch.
 COMMON = ["data=synthetic", "data.synthetic.num_train=256", "data.synthetic.num_val=60", *TINY_MODEL]
@@ -121,8 +121,8 @@ def test_sigterm_to_torchrun_stops_every_rank_with_a_good_checkpoint(tmp_path):
 def step_context(model, **kwargs):
     from timm.scheduler import CosineLRScheduler
 
+    from vit.engine.device import Precision
     from vit.train.loop import StepSettings
-    from vit.train.precision import Precision
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     defaults = dict(

@@ -14,14 +14,14 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from PIL import Image
 from timm.data import ImageNetInfo, create_transform, resolve_data_config
-from trainer_utils import compose_config
+from trainer_utils import compose_config, trainer_path_evaluation
 
 from vit.data.images import read_rgb
 from vit.data.transforms import val_transform
 from vit.deploy.evaluate import cli
+from vit.engine.build import build_model_from_config
 from vit.models import create_model
 from vit.models.t2t import official_qk_scale
-from vit.train.config import build_model_from_config
 
 TIMM_NAME = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"  # bicubic, crop_pct 0.9, mean = std = 0.5
 ARCHIVE = os.environ.get("VIT_CIFAR10_ARCHIVE")
@@ -119,7 +119,7 @@ def test_a_timm_file_gives_timms_top1_with_timms_preprocessing(folder, timm_file
 def test_the_precision_follows_the_trainers_rule_and_amp(folder, timm_file, monkeypatch, capsys):
     """Without amp=, foreign weights are evaluated as trainer.amp=auto decides for this device and model (bf16 on a
     CPU with native bf16 for a model 192 wide, simulated here); amp= overrides it; the JSON and summary say it."""
-    from vit.train import precision
+    from vit.engine import device as precision
 
     path, _ = timm_file
     argv = ["model=vit_tiny", "model.depth=2", f"model.pretrained={path}", "data=imagefolder", f"data.root={folder}"]
@@ -139,15 +139,18 @@ def test_a_timm_source_uses_timms_preprocessing_unless_told(folder, timm_file, m
     """`model.pretrained=timm:<name>` (the download stood in for: no network here) takes timm's eval config of
     those weights by default."""
     path, model = timm_file
-    from vit.models.pretrained import Pretrained
+    from vit.models.fit import Weights
 
     asked = []
 
     def download(name):
         asked.append(name)
-        return Pretrained(model.state_dict(), f"timm:{name}", num_heads=3)
+        return Weights(model.state_dict(), f"timm:{name}", num_heads=3, kind="timm", timm_model=name)
 
-    monkeypatch.setattr("vit.deploy.weights.timm_source", download)
+    from vit.engine.weights import WEIGHT_SOURCES, WeightSource
+
+    timm_source = WEIGHT_SOURCES["timm"]
+    monkeypatch.setitem(WEIGHT_SOURCES, "timm", WeightSource(timm_source.prefix, lambda n, *_: download(n), ""))
     paths, labels = val_images(folder)
     transform = create_transform(**resolve_data_config({}, model=model))
     with torch.no_grad():
@@ -219,16 +222,14 @@ def our_checkpoint(tmp_path_factory):
 
 
 def test_our_checkpoint_gives_the_trainers_evaluation(our_checkpoint, tmp_path, capsys):
-    from vit.train.evaluate import evaluate_checkpoint
-
-    expected = evaluate_checkpoint([f"checkpoint={our_checkpoint}", "device=cpu", "data.num_workers=0"])
+    expected = trainer_path_evaluation(our_checkpoint)
     out = tmp_path / "eval.json"
     result, summary = evaluate([f"checkpoint={our_checkpoint}", f"json={out}"], capsys)
     assert json.loads(out.read_text()) == result
     for key in ("top1", "top5", "loss", "count", "split"):
         assert result[key] == pytest.approx(expected[key]), key
     assert result["per_class_top1"] == pytest.approx(expected["per_class_top1"])
-    flipped = evaluate_checkpoint([f"checkpoint={our_checkpoint}", "device=cpu", "data.num_workers=0", "flip=true"])
+    flipped = trainer_path_evaluation(our_checkpoint, flip=True)
     result_flip, _ = evaluate([f"checkpoint={our_checkpoint}", "flip=true"], capsys)
     assert result_flip["flip"] and result_flip["loss"] == pytest.approx(flipped["loss"])
     assert result_flip["loss"] != pytest.approx(result["loss"])

@@ -19,11 +19,11 @@ from trainer_utils import REPO, compose_config
 from vit.analysis.inputs import load_model
 from vit.data.images import read_rgb
 from vit.data.transforms import mean_std, val_transform
-from vit.deploy.options import run_main
 from vit.deploy.preprocessing import from_data_config
 from vit.deploy.runtime import OnnxClassifier, preprocess
+from vit.deploy.script import run_main
+from vit.engine.build import build_model_from_config
 from vit.models import capture_attention
-from vit.train.config import build_model_from_config
 
 
 def _script(name):

@@ -18,14 +18,17 @@ from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, compose_config
 
 import vit.train
 from vit.cli import train_task
+from vit.engine.build import build_model_from_config
+from vit.engine.weights import load_checkpoint
+from vit.errors import ConfigError
 from vit.models import create_model, sinusoid_table
-from vit.train import load_checkpoint, run
-from vit.train.config import ConfigError, build_model_from_config, validate
+from vit.train import run
+from vit.train.config import validate
 from vit.train.finetune import read_pretrained
-from vit.train.optim import build_optimizer, build_scheduler
+from vit.train.optimizer import build_optimizer, build_scheduler
 
 setup_phase = importlib.import_module("vit.train.setup")  # where a run builds its model and data
-optimisation_phase = importlib.import_module("vit.train.optimisation")
+optimisation_phase = importlib.import_module("vit.train.optimizer")
 CPU = ["trainer.device=cpu", "trainer.attn_maps_every_n_epochs=0", "trainer.ema=false"]
 # 5 classes at 32 px (patch 4: an 8 x 8 grid), a few steps.
 TARGET = ["data=synthetic", "data.synthetic.num_train=32", "data.synthetic.num_val=16", "data.batch_size=16"]
@@ -138,7 +141,7 @@ def test_a_checkpoint_of_ours_starts_the_run_with_its_ema_or_raw_weights(our_run
 )
 def test_tables_of_384_and_224_px_are_resampled_for_each_other(source_name, size, old, new, tmp_path):
     """timm's 384 px checkpoints hold 1 + 24 * 24 = 577 rows, its 224 px ones 1 + 14 * 14 = 197."""
-    from vit.models import load_pretrained
+    from vit.engine.weights import load_pretrained
 
     source = timm.create_model(source_name, pretrained=False, depth=1).state_dict()
     assert source["pos_embed"].shape == (1, 1 + old * old, 192)
@@ -338,7 +341,7 @@ def test_cached_timm_weights_load_without_a_network(tmp_path, monkeypatch):
     at once, with the head count timm's model records."""
     from huggingface_hub import constants
 
-    from vit.models.pretrained import read_source
+    from vit.engine.weights import read_weights
 
     source = timm.create_model("vit_tiny_patch16_224", pretrained=False)
     repo = tmp_path / "hub" / "models--timm--vit_tiny_patch16_224.augreg_in21k_ft_in1k"
@@ -348,18 +351,18 @@ def test_cached_timm_weights_load_without_a_network(tmp_path, monkeypatch):
     save_safetensors(source.state_dict(), repo / "snapshots" / ("0" * 40) / "model.safetensors")
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    weights = read_source("timm:vit_tiny_patch16_224.augreg_in21k_ft_in1k")
+    weights = read_weights("timm:vit_tiny_patch16_224.augreg_in21k_ft_in1k")
     assert weights.num_heads == 3 and weights.where == "timm:vit_tiny_patch16_224.augreg_in21k_ft_in1k"
     assert_equal_except(weights.state_dict, source.state_dict(), set())
 
 
 def test_a_checkpoint_trained_on_other_classes_gets_a_fresh_head_at_the_same_count():
-    from vit.models.pretrained import Pretrained
+    from vit.models.fit import Weights
     from vit.train.finetune import load_pretrained_weights
 
     source = create_model("vit_tiny", depth=1, num_classes=2).state_dict()
     for classes, kept in ((["cat", "dog"], True), (["car", "ship"], False)):
-        weights = Pretrained(source, "last.pt", 3, class_to_idx={"cat": 0, "dog": 1})
+        weights = Weights(source, "last.pt", 3, class_to_idx={"cat": 0, "dog": 1})
         model = create_model("vit_tiny", depth=1, num_classes=2)
         fresh = model.head.weight.detach().clone()
         load_pretrained_weights(model, weights, {name: i for i, name in enumerate(classes)})

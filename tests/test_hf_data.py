@@ -13,7 +13,7 @@ from trainer_utils import run_cli
 
 from vit.data.datasets import DataError, build_splits
 from vit.data.loader import build_data
-from vit.train import load_checkpoint
+from vit.engine.weights import load_checkpoint
 
 NAMES = ["cat", "dog", "frog"]
 

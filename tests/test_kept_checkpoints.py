@@ -9,9 +9,11 @@ import pytest
 import torch
 from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, compose_config, run_cli
 
-from vit.train import CheckpointError, ConfigError, load_checkpoint, run, validate
+from vit.engine.build import build_model_from_config
+from vit.engine.weights import CheckpointError, load_checkpoint
+from vit.errors import ConfigError
+from vit.train import run, validate
 from vit.train.averaging import average_checkpoints
-from vit.train.config import build_model_from_config
 from vit.train.finetune import read_pretrained
 
 BASE = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.device=cpu", "trainer.deterministic=true"]

@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from vit.models import create_model, load_pretrained
+from vit.engine.weights import load_pretrained
+from vit.models import create_model
 from vit.models.mae import MaskedAutoencoder
 from vit.models.pos_embed import sincos_2d_table
 

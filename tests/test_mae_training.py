@@ -22,9 +22,12 @@ from trainer_utils import (
 )
 
 from vit.data.datasets import DataError, build_splits
-from vit.train import load_checkpoint, run
-from vit.train.config import ConfigError, build_mae_from_config, validate
-from vit.train.logger import reconstruction_image
+from vit.engine.build import build_mae_from_config
+from vit.engine.weights import load_checkpoint
+from vit.errors import ConfigError
+from vit.train import run
+from vit.train.config import validate
+from vit.train.report import reconstruction_image
 
 DECODER = ["mae.decoder_embed_dim=32", "mae.decoder_depth=1", "mae.decoder_num_heads=4"]
 # Two short epochs of pretraining of the tiny model on the CPU; MAE on the synthetic images (their labels unread).
@@ -59,7 +62,7 @@ def test_the_hydra_task_returns_the_runs_score(task, expected, monkeypatch):
 def test_the_validation_loss_uses_the_same_masks_every_time(tmp_path):
     """Evaluating the same weights twice gives the same loss: the masks are fixed, not drawn anew."""
     from vit.data import build_data
-    from vit.train.loop import evaluate_reconstruction
+    from vit.engine.evaluation import evaluate_reconstruction
 
     cfg = compose_config(MAE)
     model = build_mae_from_config(cfg.model, cfg.mae)
@@ -170,8 +173,8 @@ def test_an_official_mae_file_continues_pretraining_strictly(tmp_path):
 def test_the_figure_script_draws_a_run_and_the_deploy_scripts_refuse_it(tmp_path):
     import importlib.util
 
-    from vit.deploy.options import run_main
-    from vit.deploy.weights import WeightsError, weights_from_source
+    from vit.deploy.script import run_main
+    from vit.deploy.weights import WeightsError, read_source
     from vit.deploy.weights import build_model as build_deploy_model
 
     run(compose_config(MAE), output_dir=tmp_path / "mae")
@@ -185,7 +188,7 @@ def test_the_figure_script_draws_a_run_and_the_deploy_scripts_refuse_it(tmp_path
     args = [f"checkpoint={checkpoint}", f"image={tmp_path}", f"out={out}", "max_images=2"]
     assert run_main(script.main, args, usage=script.__doc__) == 0 and out.stat().st_size > 0
     with pytest.raises(WeightsError, match="is a masked-autoencoder pretraining run .task=mae. and has no classifier"):
-        build_deploy_model(weights_from_source(str(checkpoint)), str(checkpoint))
+        build_deploy_model(read_source(str(checkpoint)), str(checkpoint))
 
 
 def test_an_unlabelled_tree_names_a_missing_val_split_and_pools_a_lone_train_folder(tmp_path):

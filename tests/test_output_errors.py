@@ -14,9 +14,10 @@ from tensorboard.compat.tensorflow_stub.io.gfile import LocalFileSystem
 from trainer_utils import QUICK, TINY_MODEL, compose_config, run_cli
 
 from vit.cli import check_output_dir
-from vit.train import CheckpointError, load_checkpoint, run
-from vit.train.checkpoint import OutputError, atomic_write_text
-from vit.train.logger import TensorBoard
+from vit.engine.files import OutputError, atomic_write_text
+from vit.engine.weights import CheckpointError, load_checkpoint
+from vit.train import run
+from vit.train.report import TensorBoard
 
 setup_phase = importlib.import_module("vit.train.setup")  # where a run builds its model and data
 NAMES = {f"class_{i}": i for i in range(10)}  # the synthetic data's classes, as the `trained` checkpoint holds them
@@ -264,7 +265,7 @@ def test_an_unwritable_run_directory_is_named(tmp_path, monkeypatch, capsys, cod
     def refused(*args, **kwargs):
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr("vit.train.checkpoint.tempfile.TemporaryFile", refused)
+    monkeypatch.setattr("vit.engine.files.tempfile.TemporaryFile", refused)
     with pytest.raises(SystemExit) as exit_info:
         check_output_dir([f"hydra.run.dir={tmp_path / 'new' / 'run'}"])
     assert exit_info.value.code == 2

@@ -13,7 +13,7 @@ import yaml
 from PIL import Image
 from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, run_cli
 
-from vit.analysis import figures
+from vit.analysis import plots
 from vit.analysis.recipes import find_runs, group_recipes, parse_point
 from vit.args import run_script
 
@@ -139,24 +139,24 @@ def test_the_best_epoch_is_never_read(sweep, tmp_path, capsys):
     assert "99.99" not in capsys.readouterr().out and "99.99" not in (copy / "recipes.md").read_text()
     sources = [REPO / "scripts" / "plot_recipes.py", REPO / "vit" / "analysis" / "recipes.py"]
     code = "\n".join(p.read_text() for p in sources)
-    code += re.search(r"def recipes_figure.*?return save", (REPO / "vit/analysis/figures.py").read_text(), re.S)[0]
+    code += re.search(r"def recipes_figure.*?return save", (REPO / "vit/analysis/plots.py").read_text(), re.S)[0]
     assert not re.search(r"""\[["']best["']\]|get\(["']best["']|best_top1""", code)
 
 
 def test_figure_one_colour_per_recipe_and_the_markers(sweep, tmp_path, monkeypatch):
     axes = []
-    real_subplots = figures.plt.subplots
+    real_subplots = plots.plt.subplots
 
     def spy(*args, **kwargs):
         fig, ax = real_subplots(*args, **kwargs)
         axes.append(ax)
         return fig, ax
 
-    monkeypatch.setattr(figures.plt, "subplots", spy)
+    monkeypatch.setattr(plots.plt, "subplots", spy)
     recipes = group_recipes(find_runs(sweep))
     anchors = [parse_point("326:81.4:plain pipeline (timm + torchvision)", "anchor")]
     goals = [parse_point("65:81.4", "goal"), parse_point("300:90", "goal")]
-    assert_png(figures.recipes_figure(recipes, anchors, goals, tmp_path / "r.png"))
+    assert_png(plots.recipes_figure(recipes, anchors, goals, tmp_path / "r.png"))
     ax = axes[0]
     assert ax.get_xscale() == "log"
     curves = [line for line in ax.get_lines() if len(line.get_xdata()) == 2]  # 2 epochs: one line per run

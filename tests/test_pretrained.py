@@ -7,8 +7,9 @@ import timm
 import torch
 from safetensors.torch import save_file
 
-import vit.models.pretrained as pretrained
-from vit.models import create_model, load_pretrained
+import vit.engine.weights as pretrained
+from vit.engine.weights import load_pretrained
+from vit.models import create_model
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +96,7 @@ def test_pickled_code_is_refused(tmp_path):
     path = tmp_path / "evil.pth"
     torch.save({"state_dict": {"x": torch.zeros(1)}, "payload": Payload()}, path)
     with pytest.raises(ValueError, match="weights_only=True"):
-        pretrained.read_state_dict(path)
+        pretrained.read_weights(path)
 
 
 def test_truncated_file_is_refused(tmp_path, timm_tiny):

@@ -4,12 +4,14 @@ import pytest
 import torch
 from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config
 
+from vit.engine.device import Precision
+from vit.engine.weights import load_checkpoint
+from vit.errors import ConfigError
 from vit.models import create_model
 from vit.models.pos_embed import resample_pos_embed
-from vit.train import load_checkpoint, run
-from vit.train.config import ConfigError, validate
+from vit.train import run
+from vit.train.config import validate
 from vit.train.loop import StepSettings, StepState, train_one_epoch
-from vit.train.precision import Precision
 from vit.train.progressive import ResizeSchedule, allow_recompiles, resize_batch
 
 BASE = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.device=cpu", "trainer.deterministic=true", "data.img_size=32"]

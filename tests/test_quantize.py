@@ -13,7 +13,7 @@ from trainer_utils import QUICK, REPO, run_cli
 
 from vit.analysis.inputs import load_model
 from vit.args import run_script
-from vit.deploy.options import run_main
+from vit.deploy.script import run_main
 
 
 def _script(name):

@@ -12,8 +12,8 @@ from PIL import Image
 from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, compose_config, fake_run, run_cli
 
 from vit.args import run_script
+from vit.engine.figures import rollout
 from vit.train import run
-from vit.train.figures import rollout
 
 
 def _script(name):
@@ -42,7 +42,7 @@ def t2t_checkpoint(tmp_path_factory):
     )
     from omegaconf import OmegaConf
 
-    from vit.train.config import build_model_from_config
+    from vit.engine.build import build_model_from_config
 
     model = build_model_from_config(cfg.model)
     path = tmp_path_factory.mktemp("t2t") / "t2t.pt"
@@ -127,7 +127,7 @@ def test_predict_top5_json(vit_checkpoint, images, tmp_path, capsys):
 def test_predict_runs_in_the_precision_the_trainers_rule_gives(vit_checkpoint, images, monkeypatch, capsys):
     """The run's trainer.amp (auto) on this CPU: the 32-wide model stays in fp32, said in one line; amp=bf16 runs
     bf16 (close to, not equal to, fp32's probabilities); fp16 on a CPU without it says what runs instead."""
-    from vit.train import precision
+    from vit.engine import device as precision
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     monkeypatch.setattr(precision, "cpu_has_native_fp16", lambda: False)

@@ -16,8 +16,8 @@ import optuna
 import pytest
 from trainer_utils import QUICK, REPO, compose_config, run_cli
 
+from vit.errors import ConfigError
 from vit.sweeper import search_space
-from vit.train.config import ConfigError
 from vit.train.search import optimized_metric
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

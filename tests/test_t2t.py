@@ -6,7 +6,8 @@ import sys
 import pytest
 import torch
 
-from vit.models import T2TViT, capture_attention, complexity, create_model, list_models, load_pretrained
+from vit.engine.weights import load_pretrained
+from vit.models import T2TViT, capture_attention, complexity, create_model, list_models
 from vit.models.performer import TokenPerformer
 from vit.models.t2t import TokenTransformer, official_qk_scale
 

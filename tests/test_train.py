@@ -10,13 +10,14 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
-from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config, make_tree, run_cli
+from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config, make_tree, run_cli, trainer_path_evaluation
 
 from vit.deploy.evaluate import cli as evaluate_main
-from vit.train import load_checkpoint, run
-from vit.train.config import build_model_from_config
+from vit.engine.build import build_model_from_config
+from vit.engine.weights import load_checkpoint
+from vit.train import run
 from vit.train.loop import count_skipped_steps
-from vit.train.optim import build_optimizer, build_scheduler, param_groups, scaled_lr
+from vit.train.optimizer import build_optimizer, build_scheduler, param_groups, scaled_lr
 
 EXPECTED_TAGS = {
     "train/loss",
@@ -201,7 +202,7 @@ def test_lr_per_512_images_scaled_warmup_then_cosine_per_step():
 
 
 def test_flip_evaluation_averages_the_probabilities_of_image_and_mirror():
-    from vit.train.loop import evaluate
+    from vit.engine.evaluation import evaluate
 
     gen = torch.Generator().manual_seed(0)
     images, targets = torch.randn(32, 3, 4, 4, generator=gen), torch.randint(0, 5, (32,), generator=gen)
@@ -246,14 +247,12 @@ def test_holdout_selects_and_the_test_split_is_reported_once_at_the_end(tmp_path
     metrics = run(compose_config([*args, f"data.loader={loader}", "trainer.ema=true"]), output_dir=tmp_path)
     assert metrics["val_split"] == "holdout" and metrics["test"]["split"] == "val"
     # The report is the final weights on the untouched val split: what evaluate.py says with the holdout off.
-    from vit.train.evaluate import evaluate_checkpoint
-
     ckpt = tmp_path / "checkpoints" / "last.pt"
     for weights, key in (("false", "top1"), ("true", "ema_top1")):
-        direct = evaluate_checkpoint([f"checkpoint={ckpt}", "data.holdout=null", f"ema={weights}"])
+        direct = trainer_path_evaluation(ckpt, "holdout=null", ema=weights == "true")
         assert direct["count"] == 64 and direct["top1"] == pytest.approx(metrics["test"][key])
         assert direct["split"] == "val"
-    on_holdout = evaluate_checkpoint([f"checkpoint={ckpt}"])  # the run's own selection split
+    on_holdout = trainer_path_evaluation(ckpt)  # the run's own selection split
     assert on_holdout["split"] == "holdout" and on_holdout["count"] == 32
     assert on_holdout["top1"] == pytest.approx(metrics["final"]["val_top1"])
     plain = run(compose_config([*args[:-1], f"data.loader={loader}"]), output_dir=tmp_path / "plain")

@@ -15,11 +15,12 @@ from omegaconf import OmegaConf
 from torch import nn
 from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, assert_resumes_exactly, compose_config, run_cli
 
-from vit.deploy.options import run_main
-from vit.models import create_model, load_pretrained
-from vit.models.pretrained import eva_to_vit_keys
-from vit.train import load_checkpoint, run
-from vit.train.config import ConfigError, build_model_from_config
+from vit.deploy.script import run_main
+from vit.engine.build import build_model_from_config
+from vit.engine.weights import eva_to_vit_keys, load_checkpoint, load_pretrained
+from vit.errors import ConfigError
+from vit.models import create_model
+from vit.train import run
 
 SMALL = {"img_size": 64, "num_classes": 10}  # 4 x 4 patches of 16: every part of the model, at a test's cost
 
@@ -389,8 +390,8 @@ def test_attention_figures_hide_the_registers_and_say_their_share(tmp_path, caps
     is the cls row's attention on them, a model without a cls token reads the image tokens' mean row."""
     from PIL import Image
 
+    from vit.engine.figures import attention_views
     from vit.models import capture_attention
-    from vit.train.figures import attention_views
 
     spec = importlib.util.spec_from_file_location("plot_registers", REPO / "scripts" / "plot_registers.py")
     script = importlib.util.module_from_spec(spec)

@@ -98,7 +98,8 @@ def assert_resumes_exactly(overrides: list[str], tmp_path: Path) -> tuple[dict, 
     metrics, the straight run's model state dict)."""
     import torch
 
-    from vit.train import load_checkpoint, run
+    from vit.engine.weights import load_checkpoint
+    from vit.train import run
 
     straight = run(compose_config(overrides), output_dir=tmp_path / "straight")
     run(compose_config([*overrides, "trainer.stop_after_epoch=1"]), output_dir=tmp_path / "resumed")
@@ -108,3 +109,33 @@ def assert_resumes_exactly(overrides: list[str], tmp_path: Path) -> tuple[dict, 
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert [r["train_loss"] for r in straight["history"]] == [r["train_loss"] for r in resumed["history"]]
     return straight, resumed, a
+
+
+def trainer_path_evaluation(checkpoint, *data_overrides: str, ema: bool = False, flip: bool = False) -> dict:
+    """The reference the evaluation tool is checked against: a checkpoint's weights through the trainer's own data
+    path (`vit.data.build_data` on the checkpoint's data config) and the engine's evaluation pass, with the split's
+    name and the per-class top-1 of the classes evaluated."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from vit.data import build_data
+    from vit.engine.build import build_model_from_config
+    from vit.engine.evaluation import evaluate
+    from vit.engine.weights import load_checkpoint
+
+    state = load_checkpoint(checkpoint)
+    config = OmegaConf.create(state["config"])
+    data_cfg = OmegaConf.merge(config.data, OmegaConf.from_dotlist(list(data_overrides)))
+    data_cfg.num_workers = 0
+    model = build_model_from_config(config.model, num_classes=len(state.get("class_to_idx") or {}) or None)
+    model.load_state_dict(state["ema"] if ema else state["model"])
+    device = torch.device("cpu")
+    bundle = build_data(data_cfg, device=device)
+    result = evaluate(model, bundle.val_loader, device, None, num_classes=bundle.num_classes, flip=flip)
+    confusion = result.pop("confusion")
+    names = sorted(bundle.class_to_idx, key=bundle.class_to_idx.get)
+    accuracy = (confusion.diag().float() / confusion.sum(1).clamp_min(1).float() * 100).tolist()
+    seen = (confusion.sum(1) > 0).tolist()
+    result["per_class_top1"] = {n: round(a, 2) for n, a, s in zip(names, accuracy, seen, strict=True) if s}
+    result["split"] = bundle.val_name
+    return result

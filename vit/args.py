@@ -1,7 +1,8 @@
 """Command-line arguments shared by the scripts in scripts/, the analysis and deploy tools and vit/cli.py.
 
 - `UsageError`: a bad argument; the script prints it as one line on stderr and exits with code 2.
-- `parse_args`: `key=value` arguments (Hydra style) against a table of known keys and their defaults.
+- `parse_args`: `key=value` arguments (Hydra style) against a table of known keys and their defaults, with
+  `model.<key>=` and `data.<key>=` for the tools that build a model or read data: the one parser of them.
 - `compose`: the trainer's config (configs/config.yaml) with Hydra overrides, as train.py composes it.
 - `run_script`: `--help`/`-h` prints the script's usage (its module docstring) and exits 0; a bad setting, file or
   path is one line on stderr and exit code 2.
@@ -27,20 +28,81 @@ class UsageError(UserError):
     """A bad script argument: the script prints it as one line and exits with code 2."""
 
 
-def parse_args(argv: list[str], known: dict[str, object], required: tuple[str, ...] = ()) -> dict:
-    """`key=value` arguments (Hydra style) with defaults from `known`; unknown keys and missing ones fail."""
-    values = dict(known)
+TRUE = ("1", "true", "yes")
+FALSE = ("0", "false", "no")
+
+
+class Arguments(dict):
+    """The parsed `key=value` arguments: the known keys as a dict (with their defaults), and with `model_keys`
+    the model's constructor arguments (`model.<key>=`, typed as YAML reads them), its weights
+    (`model.pretrained=`) and with `data_keys` the data config's keys (`data.<key>=`, a dotlist without "data.")."""
+
+    def __init__(self, values: dict) -> None:
+        super().__init__(values)
+        self.model: dict[str, object] = {}
+        self.source: str | None = None
+        self.data: list[str] = []
+
+    def flag(self, key: str, default: bool = False) -> bool:
+        value = self.get(key)
+        if value is None:
+            return default
+        if str(value).lower() in TRUE:
+            return True
+        if str(value).lower() in FALSE:
+            return False
+        raise UsageError(f"{key}={value!r} must be true or false")
+
+    def integer(self, key: str, default: int | None = None, minimum: int = 1) -> int | None:
+        value = self.get(key)
+        if value is None:
+            return default
+        try:
+            number = int(value)
+        except ValueError:
+            number = minimum - 1
+        if number < minimum:
+            raise UsageError(f"{key}={value!r} must be an integer >= {minimum}")
+        return number
+
+
+def parse_args(
+    argv: list[str],
+    known: dict[str, object] | tuple[str, ...],
+    required: tuple[str, ...] = (),
+    *,
+    model_keys: bool = False,
+    data_keys: bool = False,
+) -> Arguments:
+    """`key=value` arguments (Hydra style): the keys of `known` (a dict gives their defaults; a tuple none, so an
+    absent key is absent), and `model.<key>=`/`data.<key>=` where asked for. An unknown key, a missing required
+    one or an argument without `=` is a UsageError naming it."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    args = Arguments(dict(known) if isinstance(known, dict) else {})
     for arg in argv:
         key, sep, value = arg.partition("=")
         if not sep:
             raise UsageError(f"argument {arg!r} must look like key=value")
-        if key not in known:
-            raise UsageError(f"unknown argument {key!r}; known: {', '.join(known)}")
-        values[key] = value
-    missing = [k for k in required if values.get(k) in (None, "")]
+        if model_keys and key == "model.pretrained":
+            args.source = value
+        elif model_keys and key.startswith("model.") and key.count(".") == 1:
+            try:
+                args.model.update(OmegaConf.to_container(OmegaConf.from_dotlist([arg[len("model.") :]])))
+            except OmegaConfBaseException as err:
+                raise UsageError(f"cannot read {arg!r}: {err}") from None
+        elif data_keys and key.startswith("data."):
+            args.data.append(arg[len("data.") :])
+        elif key in known:
+            args[key] = value
+        else:
+            groups = (", model.<key>, model.pretrained" if model_keys else "") + (", data.<key>" if data_keys else "")
+            raise UsageError(f"unknown argument {key!r}; known: {', '.join(known)}{groups}")
+    missing = [k for k in required if args.get(k) in (None, "")]
     if missing:
         raise UsageError(f"{missing[0]}=<...> is required")
-    return values
+    return args
 
 
 def compose(overrides: list[str], config_name: str = "config"):

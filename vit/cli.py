@@ -2,12 +2,15 @@
 
 Before Hydra runs the training, the command line is checked here so that every bad setting (an unknown group
 choice or key, an override that does not parse, an output folder that cannot be made) is one line on stderr and
-exit code 2, as the trainer's own errors are; Hydra would stop with exit code 1 and a longer message.
+exit code 2, as the trainer's own errors are. Hydra cannot do this itself: its error path (`run_and_report` in
+hydra/_internal/utils.py) prints the exception's several lines and a hint about HYDRA_FULL_ERROR, and exits with
+code 1 whatever went wrong, with no setting or hook to change either. So the overrides are read with Hydra's own
+parsers (its argument parser and override grammar) and the config composed with its compose API, here, first;
+what this adds is only the exit code, the one line and the nearest existing key.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -89,22 +92,6 @@ def dotted_keys(node, prefix: str = "") -> list[str]:
 MAX_SWEEP_COMPOSITIONS = 32  # a sweep over more group combinations is checked one group at a time
 
 
-def hydra_flags_parser() -> argparse.ArgumentParser:
-    """The flags a Hydra app takes (Hydra 1.3's command line), to find the overrides among them; Hydra itself
-    parses the command line again when it runs."""
-    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
-    for flag in ("--help/-h", "--hydra-help", "--version", "--resolve", "--run/-r", "--multirun/-m"):
-        parser.add_argument(*flag.split("/"), action="store_true")
-    parser.add_argument("--shell-completion", "-sc", action="store_true")
-    parser.add_argument("--cfg", "-c", choices=["job", "hydra", "all"])
-    parser.add_argument("--info", "-i", nargs="?", const="all")
-    for flag in ("--package/-p", "--config-path/-cp", "--config-name/-cn", "--config-dir/-cd"):
-        parser.add_argument(*flag.split("/"))
-    parser.add_argument("--experimental-rerun")
-    parser.add_argument("overrides", nargs="*")
-    return parser
-
-
 def parse_command_line(args: list[str]):
     """The command line as Hydra reads it: (flags, overrides), or None where Hydra itself refuses it (it then says
     why) or where the config comes from elsewhere (--config-path, --config-dir) or nothing runs (--help, --info,
@@ -112,16 +99,19 @@ def parse_command_line(args: list[str]):
     import contextlib
     import io
 
+    from hydra._internal.utils import get_args_parser  # the parser hydra.main itself reads the command line with
+
     try:
-        with contextlib.redirect_stderr(io.StringIO()):  # Hydra says what is wrong when it parses them
-            flags, unknown = hydra_flags_parser().parse_known_args(args)
-    except (argparse.ArgumentError, SystemExit):
+        # Hydra says itself what is wrong with the flags, and prints --version, when it parses them after this
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            flags, unknown = get_args_parser().parse_known_args(args)
+    except SystemExit:
         return None
-    if unknown or flags.version:
-        return None  # a flag Hydra does not know: Hydra says so
+    if unknown:
+        return None  # a flag Hydra does not know: Hydra says so (--version printed and exited above)
     if flags.config_path or flags.config_dir or flags.help or flags.hydra_help or flags.shell_completion:
         return None
-    if flags.info is not None or flags.experimental_rerun is not None:
+    if flags.info or flags.experimental_rerun is not None:
         return None
     if not (Path(CONFIG_DIR) / f"{flags.config_name or 'config'}.yaml").is_file():
         return None
@@ -253,7 +243,7 @@ def check_output_dir(args: list[str]) -> None:
     to its first `${`. Nothing is created (`--cfg` prints the config and writes nothing)."""
     from omegaconf import OmegaConf
 
-    from vit.train.checkpoint import OutputError, check_run_dir
+    from vit.engine.files import OutputError, check_run_dir
 
     command_line = parse_command_line(args)
     if command_line is None or command_line[0].cfg:
@@ -295,7 +285,7 @@ def without_null_groups(args: list[str]) -> list[str]:
 def train_main() -> None:
     import hydra
 
-    from vit.train.distributed import worker_hydra_overrides
+    from vit.engine.distributed import worker_hydra_overrides
     from vit.train.run import count_from_process_start
 
     count_from_process_start()  # this process exists for the run: its wall time counts from the process start

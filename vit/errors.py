@@ -28,3 +28,15 @@ def exit_with(err: BaseException, kind: bool = True) -> NoReturn:
     handler lets it through with this code."""
     print(one_line(err, kind), file=sys.stderr, flush=True)
     raise SystemExit(getattr(err, "exit_code", 2))
+
+
+class ConfigError(UserError):
+    """A setting that cannot work, named with its key and value: `model.depth=0 must be >= 1`."""
+
+    kind = "config"
+
+
+def require(ok: bool, message: str) -> None:
+    """Raise ConfigError(message) unless `ok`: the one-line form of every setting's check."""
+    if not ok:
+        raise ConfigError(message)

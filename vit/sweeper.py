@@ -32,8 +32,9 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
+from vit.engine.study import counted_trials
 from vit.errors import UserError, exit_with
-from vit.train.search import TrialInterrupted, counted_trials
+from vit.train.search import TrialInterrupted
 
 log = logging.getLogger("vit.search")
 
@@ -113,7 +114,7 @@ class OptunaSweeper(Sweeper):
         return Search(self, study, space, fixed, metric)
 
     def check_metric(self) -> str:
-        from vit.train.config import ConfigError
+        from vit.errors import ConfigError
         from vit.train.search import metric_direction, optimized_metric
 
         if self.direction not in DIRECTIONS:
@@ -409,5 +410,5 @@ def check_same_space(study, space: dict, name: str) -> None:
 
 
 def finished_count(study) -> int:
-    """The trials that count towards n_trials (vit/train/search.py: counted_trials)."""
+    """The trials that count towards n_trials (vit/engine/study.py: counted_trials)."""
     return len(counted_trials(study))

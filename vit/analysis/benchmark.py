@@ -26,7 +26,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from vit.analysis.bench_cases import H100_BF16_PEAK_FLOPS, BenchCase, build_side, num_classes_of, peer_available
-from vit.train.precision import Precision, choose_precision
+from vit.engine.device import Precision, choose_precision
 
 
 def make_train_step(
@@ -113,7 +113,7 @@ class CaseResult:
     compile_mode: str | None
     device: str
     sides: list[SideResult]
-    precision: str = "fp32"  # what ours ran in (`amp`, decided by vit/train/precision.py's rule)
+    precision: str = "fp32"  # what ours ran in (`amp`, decided by vit/engine/device.py's rule)
     peer_precision: str | None = None
     ratio_median: float | None = None
     ratio_p10: float | None = None

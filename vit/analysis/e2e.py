@@ -88,8 +88,8 @@ def pair_overheads(history: list[dict]) -> tuple[list[float], list[float]]:
 
 def end_to_end(cfg, output_dir: Path) -> EndToEnd:
     """Train `cfg` (a composed trainer config; `trainer.epochs` >= 4) with alternating real and static epochs."""
+    from vit.engine.device import resolve_device
     from vit.train import run
-    from vit.train.config import resolve_device
 
     device = resolve_device(cfg.trainer.device)
     epochs = int(cfg.trainer.epochs)

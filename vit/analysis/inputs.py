@@ -16,23 +16,26 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 
 def load_model(checkpoint: str | Path, use_ema: bool = False) -> tuple[nn.Module, dict, dict[str, int]]:
     """Model (eval mode, fp32), resolved config and class map of a trainer checkpoint; of a task=mae run, its
-    masked autoencoder (vit/models/mae.py)."""
-    from vit.train.checkpoint import CheckpointError, load_checkpoint, no_ema_message
-    from vit.train.config import build_mae_from_config, build_model_from_config, is_mae
+    masked autoencoder (vit/models/mae.py). `use_ema`: its EMA weights, which it must hold."""
+    from vit.engine.build import build_mae_from_config, build_model_from_config, is_mae
+    from vit.engine.weights import CheckpointError, read_weights
+    from vit.models.fit import PretrainedError
 
-    state = load_checkpoint(checkpoint)
-    config = state.get("config") or {}
-    if "model" not in config:
-        raise CheckpointError(f"checkpoint {str(checkpoint)!r} holds no model config")
-    classes = state.get("class_to_idx") or {}
+    try:
+        weights = read_weights(checkpoint, ema=use_ema)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {str(checkpoint)!r} does not exist") from None
+    except PretrainedError as err:
+        raise CheckpointError(str(err)) from None
+    config = weights.config
+    if config is None or "model" not in config:
+        raise CheckpointError(f"checkpoint {str(checkpoint)!r} holds no model config: not a checkpoint of this trainer")
+    classes = weights.class_to_idx or {}
     if is_mae(config):
         model = build_mae_from_config(OmegaConf.create(config["model"]), OmegaConf.create(config["mae"]))
     else:
         model = build_model_from_config(OmegaConf.create(config["model"]), num_classes=len(classes) or None)
-    weights = state.get("ema") if use_ema else state["model"]
-    if weights is None:
-        raise CheckpointError(no_ema_message(state, checkpoint))
-    model.load_state_dict({k: v.float() for k, v in weights.items()})
+    model.load_state_dict({k: v.float() for k, v in weights.state_dict.items()})
     return model.eval(), config, classes
 
 

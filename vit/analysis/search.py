@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from vit.train.search import counted_trials
+from vit.engine.study import counted_trials
 
 STUDY_FILE = "optuna.db"  # the search configs' default storage: sqlite:///<the search's folder>/optuna.db
 

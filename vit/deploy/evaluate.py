@@ -31,7 +31,7 @@ and the loss are over the data's classes). The names come from the checkpoint (o
 chosen by default for 1000-class weights on folders named like synsets). Equal counts and no names: in order.
 
 Precision: `amp=` (default: the run's own trainer.amp, or auto for foreign weights), decided for this device by
-the trainer's rule (vit/train/precision.py: auto is bf16 where the device has it natively and the model is wide
+the trainer's rule (vit/engine/device.py: auto is bf16 where the device has it natively and the model is wide
 enough to gain, else fp32); the JSON's "precision" names what ran.
 
 Output: JSON on stdout (top1, top5, loss, per-class top-1, images/s of the evaluation loop with decoding, the
@@ -51,7 +51,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from vit.deploy.options import UsageError, parse_options, run_main
+from vit.args import UsageError, parse_args
+from vit.deploy.script import run_main
 from vit.deploy.weights import resolve
 
 KNOWN_KEYS = (
@@ -132,11 +133,10 @@ def class_indices(names: list[str] | None, outputs: int, data_classes: list[str]
 def evaluate_weights(argv: list[str]) -> dict:
     from vit.data.datasets import build_splits
     from vit.data.loader import ShardSampler, Transformed, class_balanced_order
-    from vit.train.config import resolve_device
-    from vit.train.loop import evaluate
-    from vit.train.precision import AMP_MODES, announce, choose_precision
+    from vit.engine.device import AMP_MODES, announce, choose_precision, resolve_device
+    from vit.engine.evaluation import evaluate
 
-    options = parse_options(argv, KNOWN_KEYS)
+    options = parse_args(argv, KNOWN_KEYS, model_keys=True, data_keys=True)
     if options.get("amp", "auto") not in AMP_MODES:
         raise UsageError(f"amp={options.get('amp')!r} must be one of {AMP_MODES}")
     weights, pre, data_cfg = resolve(options)
@@ -198,7 +198,7 @@ def evaluate_weights(argv: list[str]) -> dict:
     if weights.config is not None:
         result["checkpoint"] = weights.source
     if options.get("confusion"):
-        from vit.train.figures import confusion_matrix_figure
+        from vit.engine.figures import confusion_matrix_figure
 
         confusion_matrix_figure(confusion.numpy(), data_classes, Path(options.get("confusion")))
         result["confusion_png"] = options.get("confusion")
@@ -217,7 +217,7 @@ def summary_line(result: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    out = parse_options(argv, KNOWN_KEYS).get("json")
+    out = parse_args(argv, KNOWN_KEYS, model_keys=True, data_keys=True).get("json")
     if out and not Path(out).resolve().parent.is_dir():
         raise UsageError(f"json={out}: the folder {str(Path(out).resolve().parent)!r} does not exist")
     result = evaluate_weights(argv)

@@ -18,6 +18,7 @@ import json
 import os
 import tempfile
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +31,6 @@ from vit.deploy.quantize import Int8Report, quantize_checked
 from vit.deploy.runtime import side_json_path
 from vit.errors import UserError
 
-FORMATS = {"onnx": ".onnx", "torchscript": ".torchscript.pt", "exported-program": ".pt2"}
 INPUT_NAME, OUTPUT_NAME = "images", "logits"
 ONNX_OPSET = 17  # onnxruntime runs it everywhere; LayerNormalization is a single op from 17 on
 ATOL = 1e-4  # fp32: the largest |onnxruntime - PyTorch| logit difference an export may have
@@ -59,6 +59,15 @@ def require_export_extra() -> None:
         )
 
 
+def check_format(fmt: str) -> ExportFormat:
+    """The entry of `format=<fmt>`, its packages checked: ExportError naming the format otherwise."""
+    if fmt not in EXPORT_FORMATS:
+        raise ExportError(f"format={fmt} is not a known format; choose from {', '.join(EXPORT_FORMATS)}")
+    if EXPORT_FORMATS[fmt].needs_export_extra:
+        require_export_extra()
+    return EXPORT_FORMATS[fmt]
+
+
 def default_output(weights_path: str | Path, fmt: str) -> Path:
     """`.../best.pt` -> `.../best.onnx` (or .torchscript.pt, .pt2) beside it; `81.5_T2T_ViT_7.pth.tar` ->
     `81.5_T2T_ViT_7.onnx`."""
@@ -68,12 +77,12 @@ def default_output(weights_path: str | Path, fmt: str) -> Path:
         if stem.endswith(suffix) and len(stem) > len(suffix):
             stem = stem[: -len(suffix)]
             break
-    return path.with_name(stem + FORMATS[fmt])
+    return path.with_name(stem + EXPORT_FORMATS[fmt].suffix)
 
 
 def check_writable(path: Path) -> None:
     """The folder of `path` exists (or can be made) and takes a file; else ExportError naming the path."""
-    from vit.train.checkpoint import write_error_reason
+    from vit.engine.files import write_error_reason
 
     folder = path.parent
     try:
@@ -127,30 +136,66 @@ def write_onnx(model: nn.Module, example: torch.Tensor, path: Path, dynamic: boo
         )
 
 
-def _export_torchscript(model: nn.Module, example: torch.Tensor, path: Path) -> None:
+def run_onnx(path: Path, images: torch.Tensor) -> np.ndarray:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return session.run(None, {INPUT_NAME: images.numpy()})[0]
+
+
+def write_torchscript(model: nn.Module, example: torch.Tensor, path: Path, dynamic: bool) -> None:
+    # A trace: its batch size is free anyway (`dynamic` needs nothing more).
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings about shape checks, fixed for the traced sizes
         traced = torch.jit.trace(model, (example,), check_trace=False)
     torch.jit.save(traced, str(path))
 
 
-def _export_program(model: nn.Module, example: torch.Tensor, path: Path, dynamic: bool) -> None:
+def run_torchscript(path: Path, images: torch.Tensor) -> np.ndarray:
+    with torch.no_grad():
+        return torch.jit.load(str(path)).eval()(images).numpy()
+
+
+def write_program(model: nn.Module, example: torch.Tensor, path: Path, dynamic: bool) -> None:
     shapes = {"x": {0: torch.export.Dim("batch", min=1, max=4096)}} if dynamic else None
     program = torch.export.export(model, (example,), dynamic_shapes=shapes)
     torch.export.save(program, str(path))
 
 
+def run_program(path: Path, images: torch.Tensor) -> np.ndarray:
+    with torch.no_grad():
+        return torch.export.load(str(path)).module()(images).numpy()
+
+
+@dataclass(frozen=True)
+class ExportFormat:
+    """How a format is written, and run back for its check by the runtime a user would run it with."""
+
+    suffix: str  # the file's ending, after the weights file's stem
+    write: Callable[[nn.Module, torch.Tensor, Path, bool], None]  # (model, example batch, path, dynamic batch)
+    run: Callable[[Path, torch.Tensor], np.ndarray]  # (path, images (B, 3, H, W)) -> logits (B, classes)
+    runtime: str  # what checks it, in the side JSON
+    runtime_words: str  # the same, in the script's last line
+    opset: int | None = None  # ONNX's operator set
+    quantizable: bool = False  # quantize=int8 can write it (onnxruntime's quantization)
+    needs_export_extra: bool = False  # onnx and onnxruntime, the optional `export` extra
+
+
+# format=<name> -> its entry: adding a format is one entry here (and, to serve it, a runtime in
+# vit/deploy/runtime.py).
+EXPORT_FORMATS: dict[str, ExportFormat] = {
+    "onnx": ExportFormat(".onnx", write_onnx, run_onnx, "onnxruntime", "onnxruntime", ONNX_OPSET, True, True),
+    "torchscript": ExportFormat(
+        ".torchscript.pt", write_torchscript, run_torchscript, "torch", "PyTorch (loaded back)"
+    ),
+    "exported-program": ExportFormat(".pt2", write_program, run_program, "torch", "PyTorch (loaded back)"),
+}
+DEFAULT_FORMAT = next(iter(EXPORT_FORMATS))
+
+
 def run_exported(path: Path, fmt: str, images: torch.Tensor) -> np.ndarray:
     """Logits of the exported file on `images` (B, 3, H, W), by the runtime a user would run it with."""
-    if fmt == "onnx":
-        import onnxruntime as ort
-
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        return session.run(None, {INPUT_NAME: images.numpy()})[0]
-    with torch.no_grad():
-        if fmt == "torchscript":
-            return torch.jit.load(str(path)).eval()(images).numpy()
-        return torch.export.load(str(path)).module()(images).numpy()
+    return EXPORT_FORMATS[fmt].run(path, images)
 
 
 def check_batches(images: torch.Tensor, batch: int | None, size: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
@@ -176,12 +221,7 @@ def write_checked(
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     try:
         with torch.no_grad():
-            if fmt == "onnx":
-                write_onnx(model, example, tmp, dynamic=batch is None)
-            elif fmt == "torchscript":
-                _export_torchscript(model, example, tmp)
-            else:
-                _export_program(model, example, tmp, dynamic=batch is None)
+            EXPORT_FORMATS[fmt].write(model, example, tmp, batch is None)
         worst = 0.0
         for n in checks:
             chunk = pool[:n].contiguous()
@@ -198,7 +238,7 @@ def write_checked(
             )
         os.replace(tmp, path)
     except OSError as err:
-        from vit.train.checkpoint import write_error_reason
+        from vit.engine.files import write_error_reason
 
         raise ExportError(f"cannot write the export to {str(path)!r}: {write_error_reason(err, path.parent)}") from err
     finally:
@@ -223,10 +263,7 @@ def export_model(
     """Export `model` (fp32, eval) to `path` in `fmt` for a fixed `batch` (None: dynamic), check it on
     `images` (normalised, (N, 3, H, W)) against the PyTorch logits, then write the side JSON. With `int8` (ONNX
     only) the checked float file is quantized and `path` is the INT8 file, kept only within its top-1 bar."""
-    if fmt not in FORMATS:
-        raise ExportError(f"format={fmt} is not a known format; choose from {', '.join(FORMATS)}")
-    if fmt == "onnx":
-        require_export_extra()
+    entry = check_format(fmt)
     path = Path(path)
     check_writable(path)
     model = model.float().eval().cpu()
@@ -240,9 +277,10 @@ def export_model(
     if int8 is None:
         worst, checks = write_checked(model, path, fmt, batch, images, size, atol)
     else:
-        if fmt != "onnx":
-            raise ExportError(f"quantize={int8.mode} needs format=onnx, not format={fmt}")
-        float_path = path.with_name(f".{path.name}.float-{os.getpid()}.onnx")
+        if not entry.quantizable:
+            quantizable = ", ".join(name for name, e in EXPORT_FORMATS.items() if e.quantizable)
+            raise ExportError(f"quantize={int8.mode} needs format={quantizable}, not format={fmt}")
+        float_path = path.with_name(f".{path.name}.float-{os.getpid()}{entry.suffix}")
         try:
             worst, checks = write_checked(model, float_path, fmt, batch, images, size, atol)
             report = quantize_checked(
@@ -266,9 +304,9 @@ def export_model(
         "batch": "dynamic" if batch is None else batch,
         "preprocessing": preprocessing.to_dict(),
         "classes": names,
-        "opset": ONNX_OPSET if fmt == "onnx" else None,
+        "opset": entry.opset,
         # the float export's check against PyTorch (for an INT8 file: the float file it was quantized from)
-        "checked": {"runtime": "onnxruntime" if fmt == "onnx" else "torch", "batches": checks, "max_abs_diff": worst},
+        "checked": {"runtime": entry.runtime, "batches": checks, "max_abs_diff": worst},
         "quantization": report.to_dict() if report is not None else None,
         "torch": torch.__version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

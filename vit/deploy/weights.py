@@ -1,26 +1,22 @@
-"""The weights a finished model is evaluated, exported or served with: a checkpoint of this trainer (its config
-builds the model), or a model name with a source of foreign weights (`model=vit_small
-model.pretrained=<source>`).
+"""The model a finished run is evaluated, exported or served with: a checkpoint of this trainer (its config
+builds the model), or a model name with a source of foreign weights (`model=vit_small model.pretrained=<source>`).
 
-`weights_from_source` is the one place that turns a source into a state dict: a timm name (`timm:<name>`,
-downloaded by timm where a network exists), a local .pth/.pt/.pth.tar/.safetensors file in timm's or the
-official T2T-ViT layout (read with `torch.load(weights_only=True)` or safetensors), or a checkpoint of ours.
+The weights come from vit/engine/weights.py's `read_weights`, the project's one reader (timm names, files of
+ours, state-dict files); this module builds the model for them and says which preprocessing they prescribe.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
-import torch
 from torch import nn
 
 from vit import CONFIG_DIR
 from vit.deploy.preprocessing import Preprocessing, from_data_config, from_timm
+from vit.engine.weights import SOURCE_FORMS, NoEmaError, read_weights, source_kind, source_name
 from vit.errors import UserError
-from vit.models.weights_file import WeightsFileError, read_weights_file
-from vit.train.checkpoint import no_ema_message
+from vit.models.fit import PretrainedError, Weights
 
 
 class WeightsError(UserError):
@@ -28,7 +24,7 @@ class WeightsError(UserError):
 
 
 @dataclass
-class Weights:
+class LoadedModel:
     model: nn.Module  # eval mode, fp32, on the CPU
     name: str  # registry name of the model
     classes: list[str] | None  # class names in output order, when the weights carry them
@@ -38,68 +34,40 @@ class Weights:
     which: str = ""  # "ema" or "model" for a checkpoint of ours; for a file, which of its weights were taken
 
 
-@dataclass
-class SourceWeights:
-    state_dict: dict[str, torch.Tensor]
-    classes: list[str] | None = None
-    preprocessing: Preprocessing | None = None
-    config: dict | None = None  # a checkpoint of ours: its config
-    which: str = ""  # "ema" or "model": which weights of a checkpoint of ours; for other files, which first
-    num_heads: int | None = None  # where the source records it (timm), checked against the model
+def read_source(source: str, use_ema: bool | None = None, key: str = "model.pretrained") -> Weights:
+    """`read_weights(source, ema=use_ema)`, its errors naming the setting as `key=source`."""
+    try:
+        return read_weights(source, ema=use_ema)
+    except FileNotFoundError:
+        raise WeightsError(f"{key}={source}: no such file ({SOURCE_FORMS})") from None
+    except NoEmaError as err:  # names the checkpoint and why it has no EMA weights
+        raise WeightsError(str(err)) from None
+    except PretrainedError as err:  # unknown timm name or tag, no network and nothing cached, an unreadable file
+        raise WeightsError(f"{key}={source}: {err}") from err
 
 
-def is_our_checkpoint(obj: object) -> bool:
-    return isinstance(obj, dict) and isinstance(obj.get("config"), dict) and "model" in obj["config"]
+def prescribed_preprocessing(weights: Weights) -> Preprocessing | None:
+    """What the weights say their images look like: timm's pretrained config of a timm source, the data config of a
+    checkpoint of ours; None for a bare state dict."""
+    if weights.timm_model is not None:
+        return from_timm(weights.timm_model)
+    if weights.config is not None and "data" in weights.config:
+        return from_data_config(weights.config["data"])
+    return None
 
 
-def classes_of(state: Mapping) -> list[str] | None:
-    class_to_idx = state.get("class_to_idx") or {}
+def class_names(weights: Weights) -> list[str] | None:
+    class_to_idx = weights.class_to_idx or {}
     return sorted(class_to_idx, key=class_to_idx.get) if class_to_idx else None
 
 
-def timm_source(name: str):
-    """timm's pretrained `name` (a `vit.models.pretrained.Pretrained`): downloaded by timm where a network exists,
-    else from its cache; no network and no cache is one line naming the cache."""
-    from vit.models import pretrained
-
-    return pretrained.read_source(f"timm:{name}")
-
-
-def weights_from_source(source: str, use_ema: bool | None = None, key: str = "model.pretrained") -> SourceWeights:
-    """A state dict (plus what the source says about classes and preprocessing) from `source`; errors name it
-    as `key=source`. `use_ema`: of a source holding EMA and raw weights (our checkpoints, official T2T-ViT
-    releases) the EMA ones (True: they must be there), the raw ones (False), or None: the EMA ones where there are
-    any, as `model.pretrained` starts a run."""
-    from vit.models import pretrained
-
-    if source.startswith("timm:"):
-        name = source[len("timm:") :]
-        try:
-            found = timm_source(name)
-        except ValueError as err:  # unknown name or tag, no network and nothing cached
-            raise WeightsError(f"{key}={source}: {err}") from err
-        return SourceWeights(found.state_dict, preprocessing=from_timm(name), num_heads=found.num_heads)
-    path = Path(source)
-    if not path.exists():
-        raise WeightsError(f"{key}={source}: no such file ({pretrained.SOURCE_FORMS})")
-    try:
-        obj = read_weights_file(path, "file")
-    except WeightsFileError as err:
-        raise WeightsError(f"{key}={source}: {err}") from None
-    if is_our_checkpoint(obj):
-        ema = obj.get("ema")
-        if use_ema and ema is None:
-            raise WeightsError(no_ema_message(obj, source))
-        weights = ema if (use_ema or (use_ema is None and ema)) else obj["model"]
-        config = obj["config"]
-        pre = from_data_config(config["data"]) if "data" in config else None
-        return SourceWeights(dict(weights), classes_of(obj), pre, config, "ema" if weights is ema else "model")
-    try:
-        state_dict = pretrained.unwrap_state_dict(obj, source, use_ema=use_ema is not False)
-    except ValueError as err:
-        raise WeightsError(f"{key}={source}: {err}") from err
-    which = "raw first where the file holds EMA ones too" if use_ema is False else "EMA first where the file holds both"
-    return SourceWeights(state_dict, which=which)
+def which_weights(weights: Weights, use_ema: bool | None) -> str:
+    """For the report: "ema" or "model" of a checkpoint of ours; for a file, which of its weights come first."""
+    if weights.config is not None:
+        return "ema" if weights.ema else "model"
+    if weights.timm_model is not None:
+        return ""
+    return "raw first where the file holds EMA ones too" if use_ema is False else "EMA first where the file holds both"
 
 
 def model_from_config(config: dict, state_dict: dict, num_classes: int | None, overrides: Mapping) -> nn.Module:
@@ -107,7 +75,7 @@ def model_from_config(config: dict, state_dict: dict, num_classes: int | None, o
     (model.attn_backend=math, model.img_size for another resolution)."""
     from omegaconf import OmegaConf
 
-    from vit.train.config import build_model_from_config
+    from vit.engine.build import build_model_from_config
 
     model_cfg = OmegaConf.merge(OmegaConf.create(config["model"]), OmegaConf.create(dict(overrides)))
     model = build_model_from_config(model_cfg, num_classes=num_classes)
@@ -120,18 +88,19 @@ def model_from_config(config: dict, state_dict: dict, num_classes: int | None, o
 
 
 def build_model(
-    found: SourceWeights,
+    found: Weights,
     given: str,
     model_name: str | None = None,
     overrides: Mapping | None = None,
     img_size: int | None = None,
-) -> Weights:
+    use_ema: bool | None = None,
+) -> LoadedModel:
     """The model for the weights read from `given`: a checkpoint of ours builds the model its config describes;
     other weights need `model_name`, built with the registry's defaults, `overrides`, the weights' class count and
     `img_size` (else the preprocessing's), then loaded through the model.pretrained source checks."""
-    from vit.models import create_model, list_models, load_pretrained
-    from vit.models.pretrained import Pretrained
-    from vit.train.config import is_mae
+    from vit.engine.build import is_mae
+    from vit.engine.weights import load_pretrained
+    from vit.models import create_model, list_models
 
     if found.config is not None and is_mae(found.config):
         raise WeightsError(
@@ -142,9 +111,9 @@ def build_model(
         name = found.config["model"].get("name")
         if model_name and model_name != name:
             raise WeightsError(f"model={model_name} but checkpoint {given!r} holds a {name}")
-        num_classes = len(found.classes or []) or None
-        model = model_from_config(found.config, found.state_dict, num_classes, overrides or {})
-        return Weights(model.eval(), name, found.classes, found.preprocessing, given, found.config, found.which)
+        classes, which = class_names(found), which_weights(found, use_ema)
+        model = model_from_config(found.config, found.state_dict, len(classes or []) or None, overrides or {})
+        return LoadedModel(model.eval(), name, classes, prescribed_preprocessing(found), given, found.config, which)
     if not model_name:
         raise WeightsError(
             f"checkpoint {given!r} is not a checkpoint of this trainer (no config inside): name the model and give "
@@ -156,16 +125,18 @@ def build_model(
     head = found.state_dict.get("head.weight")
     if "num_classes" not in kwargs and head is not None:
         kwargs["num_classes"] = int(head.shape[0])
-    if "img_size" not in kwargs and (img_size or found.preprocessing):
-        kwargs["img_size"] = int(img_size or found.preprocessing.img_size)
+    prescribed = prescribed_preprocessing(found)
+    if "img_size" not in kwargs and (img_size or prescribed):
+        kwargs["img_size"] = int(img_size or prescribed.img_size)
     try:
         model = create_model(model_name, **kwargs)
         # Width, depth and heads checked first (naming the model.<key> to set), then every key and shape.
-        load_pretrained(model, Pretrained(found.state_dict, given, found.num_heads))
+        load_pretrained(model, Weights(found.state_dict, given, found.num_heads))
     except (ValueError, TypeError) as err:
         raise WeightsError(f"model={model_name} with model.pretrained={given}: {err}") from err
     model.float()
-    return Weights(model.eval(), model_name, found.classes, found.preprocessing, given, which=found.which)
+    which = which_weights(found, use_ema)
+    return LoadedModel(model.eval(), model_name, class_names(found), prescribed, given, which=which)
 
 
 DATA_CONFIGS_DIR = CONFIG_DIR / "data"
@@ -191,15 +162,15 @@ def preprocessing_option(value: str | None, data_cfg) -> Preprocessing | None:
         return None
     if value == "data":
         return from_data_config(data_cfg)
-    if value.startswith("timm:"):
+    if source_kind(value) == "timm":  # the weight source's prefix names timm's pretrained config too
         try:
-            return from_timm(value[len("timm:") :])
+            return from_timm(source_name(value))
         except ValueError as err:
             raise WeightsError(f"preprocess={value}: {err}") from err
     raise WeightsError(f"preprocess={value!r} must be 'data' or timm:<model name>")
 
 
-def resolve(options, default_data: str = "imagefolder") -> tuple[Weights, Preprocessing, object]:
+def resolve(options, default_data: str = "imagefolder") -> tuple[LoadedModel, Preprocessing, object]:
     """The weights, the preprocessing to feed them and the data config, from a script's options: ours from the
     checkpoint (its data config, with data.<key> overrides), foreign ones from model=/model.pretrained= with
     data=<config> (default `default_data`). The preprocessing is `preprocess=` if given, else what the weights
@@ -220,16 +191,16 @@ def resolve(options, default_data: str = "imagefolder") -> tuple[Weights, Prepro
     if ema_setting is not None and options.get("ema") is None:
         use_ema = bool(ema_setting)
     options.model.pop("freeze", None)  # a training setting, not the model's
-    found = weights_from_source(given, use_ema=use_ema, key=key)  # read once
+    found = read_source(given, use_ema=use_ema, key=key)  # read once
     if found.config is not None and "data" in found.config and not options.get("data"):
         data_cfg = OmegaConf.merge(OmegaConf.create(found.config["data"]), OmegaConf.from_dotlist(options.data))
     else:
         data_cfg = compose_data_config(options.get("data") or default_data, options.data)
     explicit = preprocessing_option(options.get("preprocess"), data_cfg)
     img_size = explicit.img_size if explicit else None
-    if img_size is None and found.config is None and found.preprocessing is None:
+    if img_size is None and found.config is None and found.timm_model is None:
         img_size = int(data_cfg.img_size)
-    weights = build_model(found, given, options.get("model"), options.model, img_size)
+    weights = build_model(found, given, options.get("model"), options.model, img_size, use_ema)
     if explicit is not None:
         pre = explicit
     elif weights.preprocessing is not None and found.config is None:

@@ -1,4 +1,5 @@
-"""Models: attention and the layers around it, the encoder ViT and T2T-ViT share, their registry and weight loading."""
+"""Models: attention and the layers around it, the encoder ViT and T2T-ViT share, their registry, and fitting
+weights read by vit/engine/weights.py to a model (vit/models/fit.py)."""
 
 from vit.models.attention import Attention, LocalitySelfAttention, TokenAttention, capture_attention
 from vit.models.complexity import Complexity, attention_macs, complexity, mlp_macs
@@ -6,7 +7,6 @@ from vit.models.encoder import Encoder
 from vit.models.layers import Block, DropPath, LayerScale, Mlp, PatchEmbed, SwiGLU
 from vit.models.mae import MaskedAutoencoder, create_mae
 from vit.models.pos_embed import resample_pos_embed, sinusoid_table
-from vit.models.pretrained import load_pretrained, read_state_dict
 from vit.models.registry import create_model, list_models, register_model
 from vit.models.rope import MixedRope, apply_rope, axial_rope_table
 from vit.models.t2t import T2TModule, T2TViT
@@ -37,9 +37,7 @@ __all__ = [
     "create_mae",
     "create_model",
     "list_models",
-    "load_pretrained",
     "mlp_macs",
-    "read_state_dict",
     "register_model",
     "resample_pos_embed",
     "sinusoid_table",

@@ -1,7 +1,7 @@
 """Fitting weights read from a source to a model: the architecture checked, what may differ adapted, the rest exact.
 
-`vit/models/pretrained.py` reads a source (a timm name, a weight file, a checkpoint of this trainer) into a
-`Pretrained`; this module checks that the weights are the model's architecture (width, depth, heads where the source
+`vit/engine/weights.py` reads a source (a timm name, a weight file, a checkpoint of this trainer) into
+`Weights`; this module checks that the weights are the model's architecture (width, depth, heads where the source
 records them), adapts the position table (resampled to the model's grid), the patch kernel (resampled to its patch
 size) and a classifier of another size (replaced by the model's own), and names every key that still does not fit.
 """
@@ -18,7 +18,7 @@ from torch import nn
 
 from vit.errors import UserError
 
-log = logging.getLogger("vit.models.pretrained")  # one logger for reading and fitting, as the trainer quiets it
+log = logging.getLogger("vit.models.fit")  # what is adapted; the trainer quiets it while checking, says it at the load
 
 StateDict = dict[str, torch.Tensor]
 
@@ -30,8 +30,8 @@ class PretrainedError(UserError):
 
 
 @dataclass
-class Pretrained:
-    """Weights read from a source, before they are fitted to a model."""
+class Weights:
+    """Weights as read from a source (vit/engine/weights.py's `read_weights`), before they are fitted to a model."""
 
     state_dict: StateDict
     where: str  # the source as given, for messages
@@ -39,6 +39,10 @@ class Pretrained:
     which: str = ""  # which weights of a source holding several ("its EMA weights")
     class_to_idx: dict | None = None  # the classes its head was trained on, where the source records them
     reset_head: bool = False  # replace the classifier even where its size fits (trained on other classes)
+    kind: str = ""  # the source's kind in vit/engine/weights.py's WEIGHT_SOURCES ("timm", "file")
+    timm_model: str | None = None  # the timm model (and tag) the weights were released for, when the source says
+    config: dict | None = None  # a checkpoint of this trainer: its resolved config (model, data, trainer, ...)
+    ema: bool | None = None  # a checkpoint of this trainer: whether these are its EMA weights; None for other sources
 
 
 def encoder_shape(state_dict: StateDict) -> tuple[int, int] | None:
@@ -51,7 +55,7 @@ def encoder_shape(state_dict: StateDict) -> tuple[int, int] | None:
     return int(norm.shape[0]), max(depths) + 1
 
 
-def check_architecture(weights: Pretrained, model: nn.Module) -> None:
+def check_architecture(weights: Weights, model: nn.Module) -> None:
     """Width, depth and heads of the weights are the model's: a disagreement names the config keys, before any
     tensor is compared."""
     shape = encoder_shape(weights.state_dict)
@@ -214,7 +218,7 @@ def describe_mismatch(state_dict: StateDict, model: nn.Module, limit: int = 5) -
     return "; ".join(parts) if parts else None
 
 
-def fit_state_dict(weights: Pretrained, model: nn.Module) -> StateDict:
+def fit_state_dict(weights: Weights, model: nn.Module) -> StateDict:
     """The source's state dict made to fit `model` (architecture checked, then adapted), or PretrainedError
     naming the first missing, unexpected or wrongly shaped keys."""
     check_architecture(weights, model)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from vit.train.checkpoint import CheckpointError, load_checkpoint
+from vit.engine.weights import CheckpointError, load_checkpoint
 
 WEIGHT_CHOICES = ("auto", "ema", "raw")
 

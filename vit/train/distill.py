@@ -19,23 +19,17 @@ import logging
 from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit.models.pretrained import (
-    PretrainedError,
-    describe_mismatch,
-    is_trainer_checkpoint,
-    timm_weights,
-    unwrap_state_dict,
-)
-from vit.models.weights_file import WeightsFileError, read_weights_file
-from vit.train.checkpoint import CheckpointError, class_difference
-from vit.train.compile import eager
-from vit.train.config import ConfigError, build_model_from_config
+from vit.engine.build import build_model_from_config
+from vit.engine.compile import eager
+from vit.engine.weights import CheckpointError, read_weights
+from vit.errors import ConfigError
+from vit.models.fit import PretrainedError, Weights, describe_mismatch
+from vit.train.checkpoints import class_difference
 
 log = logging.getLogger("vit.train")
 
@@ -177,10 +171,16 @@ def load_teacher(dcfg: Mapping) -> Teacher | None:
     if not source:
         return None
     setting = f"distill.teacher={str(source)!r}"
+    # Offline, the one line says how to give the teacher as a file: the teacher's key, not model.pretrained.
+    instead = "distill.teacher=<last.pt/best.pt of this trainer, or a state dict with distill.teacher_model=<name>>"
     try:
-        if str(source).startswith("timm:"):
-            return timm_teacher(str(source)[len("timm:") :])
-        return file_teacher(Path(str(source)), dcfg.get("teacher_model"), bool(dcfg.get("teacher_ema", True)))
+        # distill.teacher_ema=true: the EMA weights where the source holds them, else its raw ones
+        weights = read_weights(str(source), ema=None if dcfg.get("teacher_ema", True) else False, instead=instead)
+        if weights.timm_model is not None:
+            return timm_teacher(weights)
+        if weights.config is not None:
+            return checkpoint_teacher(weights)
+        return state_dict_teacher(weights, dcfg.get("teacher_model"))
     except FileNotFoundError:
         raise CheckpointError(
             f"{setting}: no such file (give timm:<name>, a last.pt/best.pt of this trainer, or a state dict file "
@@ -190,52 +190,37 @@ def load_teacher(dcfg: Mapping) -> Teacher | None:
         raise CheckpointError(f"{setting}: {err}") from None
 
 
-def timm_teacher(name: str) -> Teacher:
-    """A pretrained timm model through timm's download and cache (the offline errors of `model.pretrained`)."""
+def timm_teacher(weights: Weights) -> Teacher:
+    """A pretrained timm model (timm's download and cache), with its own input size and normalisation."""
     import timm
 
-    # Offline, the one line says how to give the teacher as a file: the teacher's key, not model.pretrained.
-    instead = "distill.teacher=<last.pt/best.pt of this trainer, or a state dict with distill.teacher_model=<name>>"
-    state_dict = timm_weights(name, instead).state_dict
-    model = timm.create_model(name, pretrained=False)
-    fit_strictly(model, state_dict, f"timm:{name}")
+    model = timm.create_model(weights.timm_model, pretrained=False)
+    fit_strictly(model, weights.state_dict, weights.where)
     cfg = model.pretrained_cfg
-    return Teacher(model, f"timm:{name}", model.num_classes, None, cfg["input_size"][-1], cfg["mean"], cfg["std"])
+    return Teacher(model, weights.where, model.num_classes, None, cfg["input_size"][-1], cfg["mean"], cfg["std"])
 
 
-def file_teacher(path: Path, timm_name: str | None, use_ema: bool) -> Teacher:
-    """A checkpoint of this trainer (its model config and class map come with it), or a state dict in the layout
-    of the timm model `timm_name`."""
-    if not path.exists():
-        raise FileNotFoundError(path)
-    try:
-        obj = read_weights_file(path, "teacher file")
-    except WeightsFileError as err:
-        raise PretrainedError(str(err)) from None
-    if is_trainer_checkpoint(obj):
-        return checkpoint_teacher(obj, str(path), use_ema)
-    state_dict = unwrap_state_dict(obj, str(path), use_ema)
+def state_dict_teacher(weights: Weights, timm_name: str | None) -> Teacher:
+    """A state dict in the layout of the timm model `timm_name` (a file does not say its architecture)."""
     if not timm_name:
         raise PretrainedError(
             "a state dict file does not say its architecture: set distill.teacher_model=<timm model name> "
             "(e.g. resnet18), or give a last.pt/best.pt of this trainer"
         )
-    model = timm_from_state_dict(str(timm_name), state_dict, str(path))
-    return Teacher(model, str(path), int(model.num_classes))
+    model = timm_from_state_dict(str(timm_name), weights.state_dict, weights.where)
+    return Teacher(model, weights.where, int(model.num_classes))
 
 
-def checkpoint_teacher(state: dict, where: str, use_ema: bool) -> Teacher:
-    """A last.pt/best.pt of this trainer: its model rebuilt from its saved config, its EMA weights when it holds
-    them (and `use_ema`), its image size and normalisation from its data config."""
-    config = state.get("config") or {}
-    classes = state.get("class_to_idx") or {}
+def checkpoint_teacher(weights: Weights) -> Teacher:
+    """A last.pt/best.pt of this trainer: its model rebuilt from its saved config, with the weights `read_weights`
+    chose (its EMA ones where it holds them, unless distill.teacher_ema=false), its image size and normalisation
+    from its data config."""
+    config, classes = weights.config, weights.class_to_idx or {}
     model = build_model_from_config(config.get("model") or {}, num_classes=len(classes) or None)
-    ema = state.get("ema")
-    weights = ema if use_ema and isinstance(ema, dict) and ema else state["model"]
-    fit_strictly(model, unwrap_state_dict(weights, where), where)
+    fit_strictly(model, weights.state_dict, weights.where)
     data = config.get("data") or {}
     mean, std = data.get("mean"), data.get("std")
-    return Teacher(model, where, model.num_classes, dict(classes) or None, data.get("img_size"), mean, std)
+    return Teacher(model, weights.where, model.num_classes, dict(classes) or None, data.get("img_size"), mean, std)
 
 
 def timm_from_state_dict(name: str, state_dict: dict, where: str) -> nn.Module:

@@ -1,5 +1,6 @@
 """Fine-tuning: a run that starts from pretrained weights (`model.pretrained`), optionally with a frozen backbone
-(`model.freeze`). Layer-wise learning-rate decay (`optim.layer_decay`) lives with the optimizer (vit/train/optim.py).
+(`model.freeze`). Layer-wise learning-rate decay (`optim.layer_decay`) lives with the optimizer
+(vit/train/optimizer.py).
 
 Order inside a run (vit/train/run.py): the weights are read and checked against the configured model before any
 data is read (a bad source stops the run with exit code 2); they are loaded into the model built for the data's
@@ -16,8 +17,8 @@ from dataclasses import replace
 
 from torch import nn
 
-from vit.models.pretrained import SOURCE_FORMS, Pretrained, PretrainedError, fit_state_dict, read_source
-from vit.train.checkpoint import CheckpointError
+from vit.engine.weights import SOURCE_FORMS, CheckpointError, read_weights
+from vit.models.fit import PretrainedError, Weights, fit_state_dict
 
 log = logging.getLogger("vit.train")
 
@@ -27,7 +28,7 @@ FREEZE_MODES = ("none", "backbone")
 TRAINABLE_WITH_FROZEN_BACKBONE = ("head.",)
 
 
-def read_pretrained(model_cfg: Mapping, model: nn.Module) -> Pretrained | None:
+def read_pretrained(model_cfg: Mapping, model: nn.Module) -> Weights | None:
     """`model.pretrained`'s weights, checked against `model` (architecture, then every key and shape after the
     position table, patch kernel and classifier are adapted); None without a source. Any problem is a
     CheckpointError naming the setting: the trainer prints it in one line and exits with code 2."""
@@ -36,8 +37,9 @@ def read_pretrained(model_cfg: Mapping, model: nn.Module) -> Pretrained | None:
         return None
     setting = f"model.pretrained={str(source)!r}"
     try:
-        weights = read_source(str(source), use_ema=bool(model_cfg.get("pretrained_ema", True)))
-        with quiet(logging.getLogger("vit.models.pretrained")):  # what is adapted is said once, at the load
+        # model.pretrained_ema=true: the EMA weights where the source holds them, else its raw ones
+        weights = read_weights(str(source), ema=None if model_cfg.get("pretrained_ema", True) else False)
+        with quiet(logging.getLogger("vit.models.fit")):  # what is adapted is said once, at the load
             fit_state_dict(weights, model)
     except FileNotFoundError:
         raise CheckpointError(f"{setting}: no such file (give {SOURCE_FORMS})") from None
@@ -56,7 +58,7 @@ def quiet(logger: logging.Logger) -> Iterator[None]:
         logger.setLevel(level)
 
 
-def load_pretrained_weights(model: nn.Module, weights: Pretrained, class_to_idx: Mapping | None = None) -> None:
+def load_pretrained_weights(model: nn.Module, weights: Weights, class_to_idx: Mapping | None = None) -> None:
     """Load checked weights into the model the run trains (built for the data's class count). A checkpoint of
     this trainer whose classes are not the data's (`class_to_idx`) gets a fresh classifier even where the count
     is the same: its head would map the new images to the old classes."""

@@ -1,15 +1,31 @@
-"""What a run tells its user while it trains: per-step and per-epoch lines on the console, TensorBoard scalars,
-attention-map images and the hparams table. Only rank 0 reports; the other ranks' reporter writes nothing.
+"""What a run tells its user while it trains: per-step and per-epoch lines on the console (a progress bar on a
+terminal, plain log lines otherwise), TensorBoard scalars, attention-map images and the hparams table. Only rank 0
+reports; the other ranks' reporter writes nothing.
 
 `with Reporter(...) as report:` closes the TensorBoard writer however the run ends; a failure to close it is
 reported only when nothing else went wrong (see `TensorBoard.close`)."""
 
 from __future__ import annotations
 
-import torch
+import io
+import logging
+import math
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
-from vit.train.compile import eager
-from vit.train.logger import Console, TensorBoard, attention_image, reconstruction_image
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.tensorboard import SummaryWriter
+
+from vit.engine.compile import eager
+from vit.engine.files import OutputError, free_space, write_error_reason
+
+log = logging.getLogger("vit.train")
 
 ATTENTION_IMAGES = 4  # fixed validation images whose attention maps go to TensorBoard
 
@@ -80,3 +96,199 @@ def first_images(loader, count: int) -> torch.Tensor | None:
     except StopIteration:
         return None
     return images[:count]
+
+
+def use_progress_bar(setting: str) -> bool:
+    if setting == "bar":
+        return True
+    if setting == "log":
+        return False
+    return sys.stderr.isatty() and not os.environ.get("CI")
+
+
+class Console:
+    """Per-epoch progress: a tqdm bar (loss, lr, img/s, ETA) on a terminal, a log line every N steps elsewhere."""
+
+    def __init__(self, progress: str, enabled: bool = True) -> None:
+        self.enabled = enabled  # off on torchrun ranks other than 0
+        self.bar_enabled = enabled and use_progress_bar(progress)
+        self._bar = None
+
+    def start_epoch(self, epoch: int, epochs: int, steps: int) -> None:
+        self.epoch, self.epochs, self.steps = epoch, epochs, steps
+        self.start = time.perf_counter()
+        if self.bar_enabled:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=steps, desc=f"epoch {epoch + 1}/{epochs}", leave=False, dynamic_ncols=True)
+
+    def update(self, step_in_epoch: int, done: int, loss: float, lr: float, img_s: float) -> None:
+        if self._bar is not None:
+            self._bar.n = step_in_epoch
+            self._bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", img_s=f"{img_s:,.0f}", refresh=False)
+            self._bar.refresh()
+            return
+        if not self.enabled:
+            return
+        elapsed = time.perf_counter() - self.start
+        eta = elapsed / max(step_in_epoch, 1) * (self.steps - step_in_epoch)
+        log.info(
+            "epoch %d/%d step %d/%d loss %.4f lr %.2e %.0f img/s eta %.0fs",
+            self.epoch + 1,
+            self.epochs,
+            step_in_epoch,
+            self.steps,
+            loss,
+            lr,
+            img_s,
+            eta,
+        )
+
+    def end_epoch(self, summary: str) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self.enabled:
+            log.info(summary)
+
+
+class TensorBoard:
+    """Scalars under train/, val/, val_ema/, time/, sys/; attention-map images; the hparams table.
+
+    TensorBoard's writer appends each event to the file from a background thread; a failed write (full disk,
+    folder removed) ends that thread, and the next add_* or flush raises its OSError in the training thread. Here
+    that error becomes one OutputError naming the folder, and the thread's own traceback is not printed.
+    """
+
+    def __init__(self, log_dir: str, enabled: bool = True) -> None:
+        self.log_dir = log_dir
+        self.writer = None
+        if not enabled:
+            return
+        self._previous_hook = threading.excepthook
+        threading.excepthook = self._quiet_writer_thread
+        try:
+            self.writer = SummaryWriter(log_dir)  # creates log_dir and writes the file's first event
+        except OSError as err:
+            self._restore_hook()
+            raise self._error(err) from err
+
+    def scalars(self, values: Mapping[str, float], step: int) -> None:
+        if self.writer is None:
+            return
+        try:
+            for tag, value in values.items():
+                if value is not None and math.isfinite(float(value)):
+                    self.writer.add_scalar(tag, float(value), step)
+        except OSError as err:
+            raise self._error(err) from err
+
+    def image(self, tag: str, image, step: int) -> None:
+        if self.writer is None:
+            return
+        try:
+            self.writer.add_image(tag, image, step)
+        except OSError as err:
+            raise self._error(err) from err
+
+    def hparams(self, hparams: Mapping[str, object], metrics: Mapping[str, float]) -> None:
+        """One row of TensorBoard's HPARAMS view: the knobs of this run beside its final metrics."""
+        if self.writer is None:
+            return
+        clean = {k: (v if isinstance(v, (int, float, str, bool)) else str(v)) for k, v in hparams.items()}
+        try:
+            self.writer.add_hparams(clean, {f"hparam/{k}": float(v) for k, v in metrics.items()}, run_name=".")
+        except OSError as err:
+            raise self._error(err) from err
+
+    def close(self) -> None:
+        """Flush and close the event files. A failure raises OutputError, except while another exception is on its
+        way up (the run's own error, or this writer's): that one is the news, and is not replaced."""
+        if self.writer is None:
+            return
+        writer, self.writer = self.writer, None
+        failure = None
+        try:
+            writer.flush()  # raises the writer thread's error, if it met one
+        except OSError as err:
+            failure = err
+        for file_writer in (writer.all_writers or {}).values():  # each one, even after a failure: stop its thread
+            try:
+                file_writer.close()
+            except OSError as err:
+                failure = failure or err
+        writer.file_writer = writer.all_writers = None
+        self._restore_hook()
+        if failure is not None and sys.exc_info()[1] is None:
+            raise self._error(failure) from failure
+
+    def _error(self, err: OSError) -> OutputError:
+        folder = Path(self.log_dir)
+        return OutputError(
+            f"cannot write TensorBoard events in {str(folder)!r}: {write_error_reason(err, folder)} "
+            f"({free_space(folder)} free there)"
+        )
+
+    def _quiet_writer_thread(self, args) -> None:
+        """threading.excepthook while the writer is open: a dead event-writer thread prints nothing (its error comes
+        back as an OutputError in the training thread); any other thread's exception goes to the previous hook."""
+        if type(args.thread).__module__.startswith("tensorboard.summary.writer"):
+            return
+        self._previous_hook(args)
+
+    def _restore_hook(self) -> None:
+        if threading.excepthook == self._quiet_writer_thread:  # (a bound method: equal, not identical)
+            threading.excepthook = self._previous_hook
+
+
+def flat_hparams(config: Mapping, prefix: str = "") -> dict:
+    """Nested config -> {"model.num_heads": 3, ...} for TensorBoard's HPARAMS view: every model/optim/sched/data
+    key (lists left out) plus trainer.epochs/seed/amp, so the runs of a sweep line up column by column."""
+    out = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            if prefix or key in ("model", "optim", "sched", "data"):
+                out.update(flat_hparams(value, f"{name}."))
+        elif not isinstance(value, (list, tuple)):
+            out[name] = "null" if value is None else value
+    if not prefix:
+        trainer = config.get("trainer", {})
+        out.update({f"trainer.{k}": trainer.get(k) for k in ("epochs", "seed", "amp") if k in trainer})
+    return out
+
+
+def reconstruction_image(
+    model: torch.nn.Module, images: torch.Tensor, mean: Sequence[float], std: Sequence[float]
+) -> torch.Tensor:
+    """task=mae: one row per image of original | masked | reconstruction, as a (3, height, width) uint8 tensor
+    for `add_image` (vit/engine/figures.py's `reconstruction_views`, the same masks every epoch)."""
+    from torchvision.utils import make_grid
+
+    from vit.engine.figures import reconstruction_views
+
+    original, masked, recon = reconstruction_views(model, images, mean, std)
+    rows = torch.stack([original, masked, recon], dim=1).flatten(0, 1)  # (3B, 3, H, W): image by image
+    grid = make_grid(rows, nrow=3, padding=2, pad_value=1.0)  # (3, height, width) in [0, 1]
+    return (grid * 255).round().to(torch.uint8)
+
+
+def attention_image(
+    model: torch.nn.Module, images: torch.Tensor, mean: Sequence[float], std: Sequence[float]
+) -> torch.Tensor:
+    """The figure of scripts/visualize_attention.py (per-head cls maps and rollout) for `images` (B, 3, H, W),
+    normalised as the loader gives them, rendered to a (3, height, width) uint8 tensor for `add_image`."""
+    from vit.engine.figures import attention_grid_figure, attention_views, register_note
+
+    device = next(model.parameters()).device
+    views = attention_views(model, images.to(device))
+    mean_t = torch.tensor(mean).view(1, 3, 1, 1)
+    std_t = torch.tensor(std).view(1, 3, 1, 1)
+    pictures = (images.cpu().float() * std_t + mean_t).clamp(0, 1)  # undo the normalisation for display
+    buffer = io.BytesIO()
+    note = register_note(views, getattr(model, "num_reg_tokens", 0))
+    attention_grid_figure(
+        pictures, views["heads"], views["rollout"], buffer, token_maps=views.get("token_stage"), note=note
+    )
+    picture = np.array(Image.open(io.BytesIO(buffer.getvalue())).convert("RGB"))  # (height, width, 3)
+    return torch.from_numpy(picture).permute(2, 0, 1)

@@ -1,14 +1,15 @@
 """`run(cfg)`: one training run from a composed config, start (or resume) to `metrics.json`.
 
-`train` is the recipe, read top to bottom: set up torch; build the model and the data (vit/train/setup.py);
-build the optimisation (vit/train/optimisation.py); resume (vit/train/checkpointer.py); then for each epoch:
-train it (vit/train/loop.py), evaluate, report (vit/train/report.py), checkpoint; finally the test split and
-metrics.json (vit/train/results.py).
+`build_run` builds the one `Run` object every phase takes (vit/train/setup.py): the trainer's typed settings
+(vit/train/settings.py), torch set up, the model and the data, the optimisation (vit/train/optimizer.py), the
+checkpoints resumed (vit/train/checkpoints.py) and the writers (vit/train/report.py). `train` is the recipe, read
+top to bottom: for each epoch, train it (vit/train/loop.py), evaluate, report, checkpoint; finally the test split
+and metrics.json (vit/train/metrics.py).
 
 Run directory (Hydra's, or `output_dir`): .hydra/ (written by Hydra), tb/ (TensorBoard events),
 checkpoints/{last,best}.pt (and epoch_NNNN.pt with trainer.keep_last), metrics.json.
 
-Under `torchrun` (see vit/train/distributed.py) every rank runs this same function on its shard of the data;
+Under `torchrun` (see vit/engine/distributed.py) every rank runs this same function on its shard of the data;
 rank 0's run directory is the run's, and only rank 0 writes into it.
 """
 
@@ -24,25 +25,20 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from vit.train.checkpoint import atomic_write_text, check_run_dir, rng_state, set_rng_state
-from vit.train.checkpointer import Checkpointer, Progress, resume
-from vit.train.config import ConfigError, is_mae, resolve_device, validate
-from vit.train.distributed import Distributed, setup_distributed
-from vit.train.logger import flat_hparams
-from vit.train.loop import (
-    NonFiniteLossError,
-    StepSettings,
-    StepState,
-    evaluate,
-    evaluate_reconstruction,
-    train_one_epoch,
-    weights_finite,
-)
-from vit.train.optimisation import batches_per_epoch, build_optimisation
-from vit.train.report import Reporter
-from vit.train.results import epoch_line, epoch_record, epoch_scalars, final_test, run_metrics, val_score
+from vit.engine.build import is_mae
+from vit.engine.device import resolve_device
+from vit.engine.distributed import Distributed, setup_distributed
+from vit.engine.files import atomic_write_text, check_run_dir
+from vit.errors import ConfigError
+from vit.train.checkpoints import Checkpointer, Progress, resume, rng_state, set_rng_state
+from vit.train.config import validate
+from vit.train.loop import NonFiniteLossError, StepState, train_one_epoch, weights_finite
+from vit.train.metrics import epoch_line, epoch_record, epoch_scalars, final_test, run_metrics, val_score
+from vit.train.optimizer import build_optimisation
+from vit.train.report import Reporter, flat_hparams
 from vit.train.search import TrialReport, check_search, is_trial
-from vit.train.setup import Setup, build_model_and_data, epoch_seed, rank_seed, seed_everything, setup_torch
+from vit.train.settings import TrainerSettings
+from vit.train.setup import Run, build_model_and_data, epoch_seed, rank_seed, seed_everything, setup_torch
 from vit.train.signals import StopSignal
 
 log = logging.getLogger("vit.train")
@@ -116,88 +112,95 @@ def continued_run_dir(setting, resume_path: Path | None, run_dir: Path, main: bo
 _CONTINUATION_LOGS: list[logging.Handler] = []  # closed when `run` returns
 
 
-def train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed, loader_wrapper=None) -> dict:
-    """The recipe: every phase is a named function; the epoch loop is the only logic here."""
-    tcfg, main = cfg.trainer, dist.is_main  # only rank 0 writes: events, checkpoints, console lines, metrics.json
-    setup = build_model_and_data(cfg, run_dir, setup_torch(tcfg, dist), dist, loader_wrapper)
-    run_dir = continued_run_dir(tcfg.resume, setup.resume_path, run_dir, main)
-    settings, state = build_optimisation(setup), StepState()
+def build_run(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed, loader_wrapper=None) -> Run:
+    """The run object every phase takes: torch set up, the model and the data, the optimisation, the checkpoints
+    resumed, and the writers. Only rank 0 writes: events, checkpoints, console lines, metrics.json."""
+    trainer = TrainerSettings.of(cfg.trainer)
+    device = setup_torch(trainer, dist)
+    parts = build_model_and_data(cfg, trainer, run_dir, device, dist, loader_wrapper)
+    run_dir = continued_run_dir(trainer.resume, parts.resume_path, run_dir, dist.is_main)
+    step, state = build_optimisation(cfg, trainer, parts, device, dist), StepState()
     progress = Progress(wall_start)
-    if setup.resume_path is not None:
-        progress = resume(setup.resume_path, settings, state, setup, wall_start)
+    if parts.resume_path is not None:
+        progress = resume(parts.resume_path, step, state, parts.bundle.class_to_idx, wall_start)
     checkpoints = Checkpointer(
         run_dir / "checkpoints",
-        enabled=bool(tcfg.save_checkpoints) and main,
-        keep_last=tcfg.keep_last,
-        settings=settings,
-        setup=setup,
+        enabled=trainer.save_checkpoints and dist.is_main,
+        keep_last=trainer.keep_last,
+        settings=step,
+        class_to_idx=parts.bundle.class_to_idx,
+        config=parts.resolved,
     )
-    epochs = int(tcfg.epochs)
-    stop = StopSignal()
-    settings.stop_requested = stop.requested
-    mae = is_mae(cfg)
-    searching = is_trial(cfg)  # a trial of an Optuna search (vit/sweeper.py): rank 0 reports to its study
-    trial = TrialReport.of(cfg, run_dir) if searching and main else None
-    reporter = Reporter(
+    report = Reporter(
         str(run_dir / "tb"),
-        str(tcfg.progress),
-        enabled=main,
-        attn_every=tcfg.attn_maps_every_n_epochs,  # 0 with task=mae (vit/train/config.py refuses any other)
-        recon_every=int(tcfg.get("recon_images_every_n_epochs") or 0) if mae else 0,  # a classifier has no decoder
+        trainer.progress,
+        enabled=dist.is_main,
+        attn_every=trainer.attn_maps_every_n_epochs,  # 0 with task=mae (vit/train/config.py refuses any other)
+        recon_every=trainer.recon_images_every_n_epochs if is_mae(cfg) else 0,  # a classifier has no decoder
     )
-    with reporter as report:
-        report.keep_images(setup.bundle.val_loader)
-        teacher = evaluate_teacher(setup, settings, state, report)  # a bad teacher shows before the student trains
-        with stop.installed():
+    stop = StopSignal()
+    step.stop_requested = stop.requested
+    trial = TrialReport.of(cfg, run_dir) if is_trial(cfg) and dist.is_main else None
+    return Run(cfg, trainer, run_dir, device, dist, parts, step, state, progress, checkpoints, report, stop, trial)
+
+
+def train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed, loader_wrapper=None) -> dict:
+    """The recipe: every phase is a named function taking the run; the epoch loop is the only logic here."""
+    run = build_run(cfg, run_dir, wall_start, dist, loader_wrapper)
+    epochs, progress = run.trainer.epochs, run.progress
+    with run.report:
+        run.report.keep_images(run.bundle.val_loader)
+        teacher = evaluate_teacher(run)  # a bad teacher shows before the student trains
+        with run.stop.installed():
             for epoch in range(progress.start_epoch, epochs):
-                limit = start_epoch(setup, state, progress, epoch)
-                report.start_epoch(epoch, epochs, batches_per_epoch(setup))
+                limit = start_epoch(run, epoch)
+                run.report.start_epoch(epoch, epochs, run.batches_per_epoch())
                 trained = train_one_epoch(
-                    settings, state, setup.bundle.train_loader, limit_batches=limit, reporter=report
+                    run.step, run.state, run.bundle.train_loader, limit_batches=limit, reporter=run.report
                 )
                 if trained["stopped"]:
-                    save_stopped(checkpoints, settings, state, progress, epoch, trained, stop)
+                    save_stopped(run, epoch, trained)
                     break
-                val, val_ema = evaluate_epoch(setup, settings, epoch)
-                record_epoch(setup, settings, state, progress, report, epoch, trained, val, val_ema)
+                val, val_ema = evaluate_epoch(run, epoch)
+                record_epoch(run, epoch, trained, val, val_ema)
                 is_best = val is not None and val_score(val) > progress.best_score
                 if val is not None:
                     progress.best_score = max(progress.best_score, val_score(val))
-                check_weights(settings, state, epoch)
-                checkpoints.save_epoch(epoch + 1, state.step, progress, is_best)
-                if searching and trial_stops(trial, setup.dist, epoch, epochs, val, val_ema):
+                check_weights(run, epoch)
+                run.checkpoints.save_epoch(epoch + 1, run.state.step, progress, is_best)
+                if is_trial(cfg) and trial_stops(run, epoch, val, val_ema):
                     break  # last.pt holds this epoch; no test split for a pruned trial
-                if pause_due(tcfg, epoch):
+                if run.trainer.pauses_after(epoch):
                     log.info("trainer.stop_after_epoch=%d reached; continue with trainer.resume=auto", epoch + 1)
                     break
-        return finish(setup, settings, state, progress, report, stop, teacher, run_dir, trial)
+        return finish(run, teacher)
 
 
-def trial_stops(trial: TrialReport | None, dist: Distributed, epoch: int, epochs: int, val, val_ema) -> bool:
+def trial_stops(run: Run, epoch: int, val, val_ema) -> bool:
     """Report the epoch's score to the study (rank 0 does) and whether its pruner stops the trial; every rank
     learns the answer, so all of them stop together."""
     if val is None:  # an epoch without an evaluation (the same on every rank)
         return False
-    stop = trial.report(epoch + 1, val, val_ema, last=epoch + 1 == epochs) if trial is not None else False
-    return bool(dist.broadcast(stop))
+    last = epoch + 1 == run.trainer.epochs
+    stop = run.trial.report(epoch + 1, val, val_ema, last=last) if run.trial is not None else False
+    return bool(run.dist.broadcast(stop))
 
 
-def start_epoch(setup: Setup, state: StepState, progress: Progress, epoch: int) -> int | None:
+def start_epoch(run: Run, epoch: int) -> int | None:
     """Point the data at `epoch` and seed its randomness; returns the epoch's batch limit. In the epoch a stop
     interrupted, the loader skips the batches trained before it and the RNG is the checkpoint's."""
-    tcfg, bundle, dist = setup.cfg.trainer, setup.bundle, setup.dist
-    seed = int(tcfg.seed)
-    set_loader_epoch(bundle.train_loader, bundle.train_sampler, seed, epoch, dist.rank)
-    limit = tcfg.limit_train_batches
-    done_before = progress.batches_done_before(epoch)
+    trainer, bundle, rank = run.trainer, run.bundle, run.dist.rank
+    set_loader_epoch(bundle.train_loader, bundle.train_sampler, trainer.seed, epoch, rank)
+    limit = trainer.limit_train_batches
+    done_before = run.progress.batches_done_before(epoch)
     if done_before:
         skip_train_batches(bundle, done_before)
-        limit = max(0, int(limit) - done_before) if limit else None
-        set_rng_state(progress.resume_rng)
+        limit = max(0, limit - done_before) if limit else None
+        set_rng_state(run.progress.resume_rng)
     else:
-        seed_everything(rank_seed(epoch_seed(seed, epoch), dist.rank))
-    if setup.resize is not None:
-        state.train_img_size = setup.resize.size_at(epoch, int(tcfg.epochs))
+        seed_everything(rank_seed(epoch_seed(trainer.seed, epoch), rank))
+    if run.parts.resize is not None:
+        run.state.train_img_size = run.parts.resize.size_at(epoch, trainer.epochs)
     return limit
 
 
@@ -219,132 +222,109 @@ def skip_train_batches(bundle, count: int) -> None:
         bundle.train_sampler.skip = count * bundle.train_loader.batch_size
 
 
-def save_stopped(checkpoints, settings, state, progress, epoch: int, trained: dict, stop: StopSignal) -> None:
+def save_stopped(run: Run, epoch: int, trained: dict) -> None:
     """Stopped after an optimizer step: last.pt records the step (and the batches of this epoch done), so a
     resumed run continues with the next batch as the uninterrupted run would have."""
-    batches_done = progress.batches_done_before(epoch) + trained["steps"]
-    rng_ranks = settings.dist.gather(rng_state())  # every rank takes part; rank 0 writes
+    batches_done = run.progress.batches_done_before(epoch) + trained["steps"]
+    rng_ranks = run.dist.gather(rng_state())  # every rank takes part; rank 0 writes
+    step = run.state.step
     if trained["steps"]:
-        checkpoints.save_stop(epoch, state.step, progress, batches_done, rng_ranks)
-    if settings.dist.is_main:
+        run.checkpoints.save_stop(epoch, step, run.progress, batches_done, rng_ranks)
+    if run.dist.is_main:
         print(
-            f"stopped by {stop.name or 'a signal'} in epoch {epoch + 1} after batch {batches_done} "
-            f"(step {state.step}); last.pt in {checkpoints.folder} holds this step. Resume with the same command "
+            f"stopped by {run.stop.name or 'a signal'} in epoch {epoch + 1} after batch {batches_done} "
+            f"(step {step}); last.pt in {run.checkpoints.folder} holds this step. Resume with the same command "
             "plus trainer.resume=auto",
             flush=True,
         )
 
 
-def pause_due(tcfg, epoch: int) -> bool:
-    """trainer.stop_after_epoch: stop (with the checkpoints written) after this epoch, before the last one."""
-    stop_after = int(tcfg.stop_after_epoch) if tcfg.stop_after_epoch else None
-    return stop_after is not None and stop_after <= epoch + 1 < int(tcfg.epochs)
-
-
-def evaluate_epoch(setup: Setup, settings: StepSettings, epoch: int) -> tuple[dict | None, dict | None]:
+def evaluate_epoch(run: Run, epoch: int) -> tuple[dict | None, dict | None]:
     """The raw weights' and the EMA's validation results, or (None, None) in an epoch without evaluation
     (trainer.val_every_n_epochs: a short recipe cannot spare one every epoch; the last is always due)."""
-    tcfg = setup.cfg.trainer
-    last_here = epoch + 1 == int(tcfg.epochs) or pause_due(tcfg, epoch)  # the last epoch of this process
-    if (epoch + 1) % int(tcfg.val_every_n_epochs or 1) and not last_here:
+    if not run.trainer.evaluates_after(epoch):
         return None, None
-    args = (setup.bundle.val_loader, setup.device, settings.amp_dtype, tcfg.limit_val_batches)
-    if is_mae(setup.cfg):  # the reconstruction loss on fixed masks: no labels to score
-        val = evaluate_reconstruction(setup.model, *args, dist=setup.dist)
-        ema = settings.ema
-        return val, evaluate_reconstruction(ema.module, *args, dist=setup.dist) if ema is not None else None
-    flip = bool(tcfg.eval_flip)
-    val = evaluate(setup.model, *args, dist=setup.dist, flip=flip)
-    val_ema = evaluate(settings.ema.module, *args, dist=setup.dist, flip=flip) if settings.ema is not None else None
-    return val, val_ema
+    val_loader = run.bundle.val_loader
+    val = run.evaluate(val_loader)
+    return val, run.evaluate(val_loader, ema=True) if run.step.ema is not None else None
 
 
-def record_epoch(setup, settings, state, progress, report, epoch: int, trained, val, val_ema) -> None:
+def record_epoch(run: Run, epoch: int, trained: dict, val: dict | None, val_ema: dict | None) -> None:
     """The epoch's history entry, TensorBoard scalars and attention maps, and its console line."""
-    history = progress.history
-    history.append(epoch_record(epoch, state.step, trained, val, val_ema, progress.elapsed()))
-    scalars = epoch_scalars(trained, val, val_ema, setup.device, state.skipped_steps)
+    state, history, epochs = run.state, run.progress.history, run.trainer.epochs
+    history.append(epoch_record(epoch, state.step, trained, val, val_ema, run.progress.elapsed()))
+    scalars = epoch_scalars(trained, val, val_ema, run.device, state.skipped_steps)
     if state.train_img_size is not None:
         history[-1]["train_img_size"] = scalars["train/img_size"] = state.train_img_size
-    distiller = setup.distiller
+    distiller = run.parts.distiller
     if distiller is not None and distiller.teacher is not None and val is not None:
         # percent of validation images where student and teacher agree
-        tcfg = setup.cfg.trainer
-        agree = distiller.agreement(
-            setup.model, setup.bundle.val_loader, setup.device, settings.amp_dtype, tcfg.limit_val_batches, setup.dist
-        )
+        agree = distiller.agreement(run.model, run.bundle.val_loader, *evaluation_settings(run))
         history[-1]["val_teacher_agreement"] = scalars["val/teacher_agreement"] = agree
-    report.scalars(scalars, state.step)
-    epochs = int(setup.cfg.trainer.epochs)
-    report.attention_maps(setup.model, setup.bundle, epoch, epochs, state.step)
-    report.reconstructions(setup.model, setup.bundle, epoch, epochs, state.step)
-    report.line(epoch_line(epoch, epochs, trained, val, val_ema, state.train_img_size, setup.bundle.val_name))
+    run.report.scalars(scalars, state.step)
+    run.report.attention_maps(run.model, run.bundle, epoch, epochs, state.step)
+    run.report.reconstructions(run.model, run.bundle, epoch, epochs, state.step)
+    val_name = run.bundle.val_name
+    run.report.line(epoch_line(epoch, epochs, trained, val, val_ema, state.train_img_size, val_name))
 
 
-def check_weights(settings: StepSettings, state: StepState, epoch: int) -> None:
+def evaluation_settings(run: Run) -> tuple:
+    """(device, amp dtype, batch limit, process group): how the teacher's passes evaluate, as `run.evaluate` does."""
+    return run.device, run.step.amp_dtype, run.trainer.limit_val_batches, run.dist
+
+
+def check_weights(run: Run, epoch: int) -> None:
     """Non-finite steps too few to stop the loop may still have ruined the weights: never checkpoint those."""
-    if not weights_finite(settings.model):
+    if not weights_finite(run.model):
         raise NonFiniteLossError(
-            f"the weights are not finite after epoch {epoch + 1} (step {state.step}); the checkpoints of "
+            f"the weights are not finite after epoch {epoch + 1} (step {run.state.step}); the checkpoints of "
             f"epoch {epoch} are kept"
         )
 
 
-def evaluate_teacher(setup: Setup, settings: StepSettings, state: StepState, report: Reporter) -> dict | None:
+def evaluate_teacher(run: Run) -> dict | None:
     """distill.teacher: its top-1 on the validation split, logged before the student trains."""
-    distiller = setup.distiller
+    distiller = run.parts.distiller
     if distiller is None or distiller.teacher is None:
         return None
-    tcfg = setup.cfg.trainer
-    result = distiller.evaluate_teacher(
-        setup.bundle.val_loader, setup.device, settings.amp_dtype, tcfg.limit_val_batches, setup.dist
-    )
-    log.info("teacher top-1 on the %s split: %.2f%% (%d images)", setup.bundle.val_name, *result.values())
-    report.scalars({"distill/teacher_top1": result["top1"]}, state.step)
+    result = distiller.evaluate_teacher(run.bundle.val_loader, *evaluation_settings(run))
+    log.info("teacher top-1 on the %s split: %.2f%% (%d images)", run.bundle.val_name, *result.values())
+    run.report.scalars({"distill/teacher_top1": result["top1"]}, run.state.step)
     return result
 
 
-def finish(setup, settings, state, progress, report, stop, teacher, run_dir: Path, trial=None) -> dict:
+def finish(run: Run, teacher: dict | None) -> dict:
     """After the last epoch (or a stop): the test split set aside by data.holdout, metrics.json, hparams."""
-    cfg, bundle, epochs = setup.cfg, setup.bundle, int(setup.cfg.trainer.epochs)
-    metrics = run_metrics(setup, progress.history, settings)
-    if trial is not None:
-        metrics["search"] = trial.record()
+    cfg, bundle, state, report = run.cfg, run.bundle, run.state, run.report
+    metrics = run_metrics(run)
+    if run.trial is not None:
+        metrics["search"] = run.trial.record()
     if teacher is not None:
         metrics["teacher"] = {"source": str(cfg.distill.teacher), **teacher}
-    finished = progress.history and progress.history[-1]["epoch"] == epochs
-    if bundle.test_loader is not None and finished and trial is not None:
+    history = run.progress.history
+    finished = history and history[-1]["epoch"] == run.trainer.epochs
+    if bundle.test_loader is not None and finished and run.trial is not None:
         log.info("a search trial does not read the %s split: the search chooses on the holdout", bundle.test_name)
-    elif bundle.test_loader is not None and finished and not is_mae(cfg):  # pretraining has no labels to test
+    elif bundle.test_loader is not None and finished and not run.masked_pretraining:  # no labels to test
         # data.holdout: epochs and settings are chosen on the holdout; the test split is looked at once, here.
-        tcfg = cfg.trainer
-        test = final_test(
-            setup.model,
-            settings.ema,
-            bundle,
-            setup.device,
-            settings.amp_dtype,
-            tcfg.limit_val_batches,
-            setup.dist,
-            bool(tcfg.eval_flip),
-        )
+        test = final_test(run)
         metrics["test"] = test
         report.scalars({f"test/{k}": v for k, v in test.items() if k != "split"}, state.step)
-        ema_part = f" (EMA {test['ema_top1']:.2f}%)" if settings.ema is not None else ""
+        ema_part = f" (EMA {test['ema_top1']:.2f}%)" if run.step.ema is not None else ""
         report.line(f"{bundle.test_name} split after training: top-1 {test['top1']:.2f}%{ema_part}")
     # Process start (or the first run's start, over resumes) to the end of the final evaluation.
-    metrics["wall_time_s"] = progress.elapsed()
-    metrics["stopped_by_signal"] = stop.name
-    metrics["world_size"] = setup.dist.world_size
+    metrics["wall_time_s"] = run.progress.elapsed()
+    metrics["stopped_by_signal"] = run.stop.name
+    metrics["world_size"] = run.dist.world_size
     # With torch.compile the first step holds the compilation (reported apart from the img/s of later steps).
     metrics["first_step_seconds"] = state.first_step_seconds
-    if settings.compiled and state.first_step_seconds is not None:
+    if run.step.compiled and state.first_step_seconds is not None:
         log.info("first step (compilation included): %.1f s", state.first_step_seconds)
-    if setup.dist.is_main:
-        atomic_write_text(json.dumps(metrics, indent=2), run_dir / "metrics.json")  # a failed write keeps the old one
-        score = "val_loss" if is_mae(cfg) else "val_top1"  # a pretraining run has no top-1
+    if run.dist.is_main:
+        atomic_write_text(json.dumps(metrics, indent=2), run.run_dir / "metrics.json")  # a failed write keeps the old
+        score = "val_loss" if run.masked_pretraining else "val_top1"  # a pretraining run has no top-1
         final, best = metrics["final"].get(score) or 0.0, metrics["best"][score] or 0.0
-        report.hparams(flat_hparams(setup.resolved), {score: final, f"best_{score}": best})
+        report.hparams(flat_hparams(run.parts.resolved), {score: final, f"best_{score}": best})
     return metrics
 
 

@@ -17,13 +17,22 @@ from torch import nn
 
 from vit.data import DataBundle, build_data
 from vit.data.resources import available_cpus
-from vit.models import complexity
-from vit.train.checkpoint import find_resume_checkpoint
-from vit.train.config import ConfigError, build_mae_from_config, build_model_from_config, is_mae, resolve_device
+from vit.engine.build import build_mae_from_config, build_model_from_config, is_mae
+from vit.engine.device import resolve_device
+from vit.engine.distributed import Distributed
+from vit.engine.evaluation import evaluate, evaluate_reconstruction
+from vit.errors import ConfigError
+from vit.models import Complexity, complexity
+from vit.train.checkpoints import Checkpointer, Progress, find_resume_checkpoint
 from vit.train.distill import build_distiller, check_teacher_classes, load_teacher
-from vit.train.distributed import Distributed
 from vit.train.finetune import freeze, load_pretrained_weights, read_pretrained
+from vit.train.loop import StepSettings, StepState
+from vit.train.optimizer import batches_per_epoch
 from vit.train.progressive import ResizeSchedule, resize_schedule
+from vit.train.report import Reporter
+from vit.train.search import TrialReport
+from vit.train.settings import TrainerSettings
+from vit.train.signals import StopSignal
 
 log = logging.getLogger("vit.train")
 
@@ -45,11 +54,11 @@ def rank_seed(seed: int, rank: int) -> int:
     return seed + 1_000_033 * rank
 
 
-def setup_torch(tcfg: DictConfig, dist: Distributed) -> torch.device:
+def setup_torch(trainer: TrainerSettings, dist: Distributed) -> torch.device:
     """This rank's device, the global seed, determinism or TF32, and a fresh peak-memory count."""
-    device = dist.device(resolve_device(tcfg.device))
-    seed_everything(int(tcfg.seed))
-    if tcfg.deterministic:
+    device = dist.device(resolve_device(trainer.device))
+    seed_everything(trainer.seed)
+    if trainer.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=device.type == "cuda")
         torch.backends.cudnn.benchmark = False
     elif device.type == "cuda":
@@ -61,35 +70,81 @@ def setup_torch(tcfg: DictConfig, dist: Distributed) -> torch.device:
 
 
 @dataclass
-class Setup:
-    """What the later phases build on; none of it changes while the run trains."""
+class ModelAndData:
+    """The first phases' product: the model (on its device, with pretrained weights and the teacher) and the data."""
 
-    cfg: DictConfig
     resolved: dict  # the config with interpolations resolved, as checkpoints store it
-    device: torch.device
-    dist: Distributed
     model: nn.Module  # on the device; the module whose weights the checkpoints hold
     bundle: DataBundle
     distiller: object | None  # vit/train/distill.py's Distiller, with or without a teacher
-    cost: object  # vit/models/complexity.py's Complexity of the model
+    cost: Complexity
     resume_path: Path | None
     resize: ResizeSchedule | None  # trainer.progressive_resize
     threads: int  # torch's intra-op threads (trainer.threads)
     threads_reason: str
 
 
+@dataclass
+class Run:
+    """One training run, built once (vit/train/run.py's `build_run`) and handed to every phase: the typed trainer
+    settings, the model and the data, what each step reads (`step`: the optimizer, schedule, EMA and precision,
+    with this run's model, device and process group) and changes (`state`), where the run stands (`progress`),
+    and its writers."""
+
+    cfg: DictConfig
+    trainer: TrainerSettings
+    run_dir: Path
+    device: torch.device
+    dist: Distributed
+    parts: ModelAndData
+    step: StepSettings
+    state: StepState
+    progress: Progress
+    checkpoints: Checkpointer
+    report: Reporter
+    stop: StopSignal
+    trial: TrialReport | None  # a trial of an Optuna search (vit/sweeper.py): rank 0 reports to its study
+
+    @property
+    def model(self) -> nn.Module:
+        return self.parts.model
+
+    @property
+    def bundle(self) -> DataBundle:
+        return self.parts.bundle
+
+    @property
+    def masked_pretraining(self) -> bool:
+        return self.step.masked_pretraining
+
+    def batches_per_epoch(self) -> int:
+        """Training batches per epoch and process (trainer.limit_train_batches caps them)."""
+        return batches_per_epoch(self.bundle, self.trainer)
+
+    def evaluate(self, loader, *, ema: bool = False) -> dict:
+        """The model's (or its EMA's) results over `loader`, as every evaluation of the run measures them: top-1,
+        top-5 and loss (with trainer.eval_flip, over each image and its mirror), or with task=mae the
+        reconstruction loss on fixed masks; trainer.limit_val_batches caps the batches, torchrun's ranks share them."""
+        model = self.step.ema.module if ema else self.model
+        args = (model, loader, self.device, self.step.amp_dtype, self.trainer.limit_val_batches)
+        if self.masked_pretraining:
+            return evaluate_reconstruction(*args, dist=self.dist)
+        return evaluate(*args, dist=self.dist, flip=self.trainer.eval_flip)
+
+
 def build_model_and_data(
     cfg: DictConfig,
+    trainer: TrainerSettings,
     run_dir: Path,
     device: torch.device,
     dist: Distributed,
     loader_wrapper: Callable[[Iterable], Iterable] | None = None,
-) -> Setup:
-    tcfg, seed = cfg.trainer, int(cfg.trainer.seed)
+) -> ModelAndData:
+    seed = trainer.seed
     # With `num_classes: null` the data decides, and the model is rebuilt with its class count (same seed, so the
     # same initial weights).
     num_classes_cfg = cfg.model.get("num_classes")
-    resize = resize_schedule(tcfg.get("progressive_resize"), cfg.data.img_size, cfg.model.get("patch_size") or 1)
+    resize = resize_schedule(trainer.progressive_resize, cfg.data.img_size, cfg.model.get("patch_size") or 1)
     dynamic = resize is not None  # progressive resizing: the ViT takes the smaller images too
     if is_mae(cfg):  # task=mae: the masked autoencoder around the configured encoder; no head, no labels
         model = build_mae_from_config(cfg.model, cfg.mae)
@@ -98,14 +153,14 @@ def build_model_and_data(
     # model.pretrained: read and checked against this model before any data is read. A resumed run continues from
     # its own checkpoint and does not read them again.
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    resume_path = dist.broadcast(resume_checkpoint_path(tcfg.resume, run_dir, resolved) if dist.is_main else None)
+    resume_path = dist.broadcast(resume_checkpoint_path(trainer.resume, run_dir, resolved) if dist.is_main else None)
     pretrained = read_pretrained(cfg.model, model) if resume_path is None else None
     # distill.teacher: read before any data, and again on resume (checkpoints hold the student only).
     teacher = load_teacher(cfg.get("distill") or {})
     if teacher is not None:
         check_teacher_classes(teacher, cfg.data.get("num_classes"))
     bundle = build_data(cfg.data, device=device, seed=seed, rank=dist.rank, world_size=dist.world_size)
-    threads = choose_threads(tcfg.threads, device, dist)
+    threads = choose_threads(trainer.threads, device, dist)
     torch.set_num_threads(threads[0])
     log.info("threads: %d (%s)", *threads)
     if loader_wrapper is not None:
@@ -117,12 +172,12 @@ def build_model_and_data(
     if pretrained is not None:
         load_pretrained_weights(model, pretrained, bundle.class_to_idx)
     freeze(model, cfg.model.get("freeze"))  # frozen parameters get no optimizer state and no weight decay
-    use_grad_checkpointing(model, bool(tcfg.grad_checkpointing))
+    use_grad_checkpointing(model, trainer.grad_checkpointing)
     model = model.to(device)
     distiller = build_distiller(cfg.get("distill") or {}, teacher, model, bundle, int(cfg.data.img_size), device)
     cost = complexity(model)
     log.info("%s: %.2f M params, %.3f GMACs per image", cfg.model.name, cost.params / 1e6, cost.macs / 1e9)
-    return Setup(cfg, resolved, device, dist, model, bundle, distiller, cost, resume_path, resize, *threads)
+    return ModelAndData(resolved, model, bundle, distiller, cost, resume_path, resize, *threads)
 
 
 def choose_threads(setting, device: torch.device, dist: Distributed) -> tuple[int, str]:

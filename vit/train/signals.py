@@ -6,7 +6,7 @@ import contextlib
 import signal
 from collections.abc import Iterator
 
-from vit.train.distributed import env_rank
+from vit.engine.distributed import env_rank
 
 
 class StopSignal:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from vit.errors import ConfigError
+
 log = logging.getLogger("vit.train")
 
 AMP_MODES = ("auto", "bf16", "fp16", "none")
@@ -148,3 +150,11 @@ def _auto(device: torch.device, model: nn.Module | None) -> Precision:
 def announce(precision: Precision) -> None:
     """Log the choice once: a warning where an explicit setting could not run as asked, else an info line."""
     (log.warning if precision.substituted else log.info)(precision.describe())
+
+
+def resolve_device(setting: str) -> torch.device:
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if setting == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("trainer.device=cuda but no CUDA device is available; use trainer.device=auto or cpu")
+    return torch.device(setting)

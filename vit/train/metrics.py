@@ -6,8 +6,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vit.train.loop import evaluate
-
 
 def epoch_record(epoch: int, step: int, train: dict, val: dict | None, val_ema: dict | None, elapsed_s: float) -> dict:
     """One entry of the run's history (metrics.json, checkpoints): epoch counted from 1; `elapsed_s` is the run's
@@ -72,20 +70,21 @@ def val_score(result: dict) -> float:
     return float(result["top1"]) if result["top1"] is not None else -float(result["loss"])
 
 
-def final_test(model, ema, bundle, device, amp_dtype, limit, dist, flip: bool) -> dict:
+def final_test(run) -> dict:
     """Top-1/top-5/loss of the final weights (and the EMA's) on the test split that data.holdout set aside."""
-    result = evaluate(model, bundle.test_loader, device, amp_dtype, limit, dist=dist, flip=flip)
+    bundle = run.bundle
+    result = run.evaluate(bundle.test_loader)
     test = {"split": bundle.test_name, "top1": result["top1"], "top5": result["top5"], "loss": result["loss"]}
-    if ema is not None:
-        ema_result = evaluate(ema.module, bundle.test_loader, device, amp_dtype, limit, dist=dist, flip=flip)
+    if run.step.ema is not None:
+        ema_result = run.evaluate(bundle.test_loader, ema=True)
         test.update(ema_top1=ema_result["top1"], ema_top5=ema_result["top5"], ema_loss=ema_result["loss"])
     return test
 
 
-def run_metrics(setup, history: list[dict], settings) -> dict:
+def run_metrics(run) -> dict:
     """metrics.json: final and best epoch, mean throughput, model size, how it ran (loader, precision, compile,
     threads) with the reasons, and the whole history."""
-    cfg, cost, bundle = setup.cfg, setup.cost, setup.bundle
+    cfg, cost, bundle, settings, history = run.cfg, run.parts.cost, run.bundle, run.step, run.progress.history
     evaluated = [r for r in history if r.get("val_loss") is not None]
     scored = [r for r in evaluated if r.get("val_top1") is not None]
     if scored:
@@ -109,8 +108,8 @@ def run_metrics(setup, history: list[dict], settings) -> dict:
         "precision_reason": settings.precision.reason,
         "compiled": settings.compiled,
         "device": str(settings.device),
-        "threads": setup.threads,
-        "threads_reason": setup.threads_reason,
+        "threads": run.parts.threads,
+        "threads_reason": run.parts.threads_reason,
         "history": history,
         "val_split": bundle.val_name,
     }

@@ -1,4 +1,6 @@
-"""Optimizer with decay/no-decay parameter groups, learning-rate scaling and the per-step schedule."""
+"""The optimisation of a run: the optimizer with decay/no-decay parameter groups (and layer-wise decay), its
+learning rate scaled to the global batch, the per-step schedule, and `build_optimisation`, which gathers them with
+the AMP scaler, EMA, DDP and torch.compile into the `StepSettings` every training step reads."""
 
 from __future__ import annotations
 
@@ -6,9 +8,19 @@ import math
 from collections.abc import Mapping
 
 import torch
+from omegaconf import DictConfig
 from timm.scheduler import CosineLRScheduler
 from timm.scheduler.scheduler import Scheduler
+from timm.utils import ModelEmaV3
 from torch import nn
+
+from vit.engine.build import is_mae
+from vit.engine.compile import compile_blocks
+from vit.engine.device import announce, choose_precision
+from vit.engine.distributed import Distributed
+from vit.train.loop import StepSettings
+from vit.train.progressive import ResizeSchedule, allow_recompiles
+from vit.train.settings import TrainerSettings
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
@@ -157,3 +169,68 @@ def build_scheduler(
         return lr
     start = max(group["weight_decay"] for group in optimizer.param_groups)
     return Schedules(lr, WeightDecayCosine(optimizer, start, float(weight_decay_end), total))
+
+
+def batches_per_epoch(bundle, trainer: TrainerSettings) -> int:
+    """Training batches per epoch and process (trainer.limit_train_batches caps them)."""
+    batches = len(bundle.train_loader)
+    return min(batches, trainer.limit_train_batches) if trainer.limit_train_batches else batches
+
+
+def build_optimisation(
+    cfg: DictConfig, trainer: TrainerSettings, parts, device: torch.device, dist: Distributed
+) -> StepSettings:
+    """What every step reads, from the built model and data (`parts`, vit/train/setup.py's ModelAndData)."""
+    model, bundle = parts.model, parts.bundle
+    global_batch = int(cfg.data.batch_size) * trainer.accum_steps * dist.world_size  # data.batch_size: per process
+    optimizer = build_optimizer(model, cfg.optim, scaled_lr(cfg.optim, global_batch=global_batch), device)
+    steps_per_epoch = max(1, math.ceil(batches_per_epoch(bundle, trainer) / trainer.accum_steps))
+    scheduler = build_scheduler(
+        optimizer, cfg.sched, trainer.epochs, steps_per_epoch, cfg.optim.get("weight_decay_end")
+    )
+    precision = choose_precision(trainer.amp, device, model)
+    announce(precision)
+    # EMA warmup (timm): the decay ramps up over the first steps, so short runs get a useful average too.
+    ema = ModelEmaV3(model, decay=trainer.ema_decay, use_warmup=trainer.ema_warmup) if trainer.ema else None
+    ddp = None
+    if dist.enabled:  # broadcasts rank 0's weights; all-reduces (averages) the gradients in backward
+        device_ids = [device.index] if device.type == "cuda" else None
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+    use_compile = trainer.use_compile(device.type)
+    step_model = ddp if ddp is not None else model
+    return StepSettings(
+        train_model=compiled_model(model, step_model, trainer, parts.resize) if use_compile else step_model,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        criterion=bundle.train_criterion,
+        device=device,
+        precision=precision,
+        scaler=torch.amp.GradScaler(device.type) if precision.dtype == torch.float16 else None,
+        mixup_fn=bundle.mixup_fn,
+        ema=ema,
+        grad_clip=trainer.grad_clip,
+        accum_steps=trainer.accum_steps,
+        log_every=trainer.log_every_n_steps,
+        max_bad_steps=trainer.max_bad_steps,
+        dist=dist,
+        ddp=ddp,
+        distill=parts.distiller,
+        compiled=use_compile,
+        masked_pretraining=is_mae(cfg),
+    )
+
+
+def compiled_model(
+    model: nn.Module, step_model: nn.Module, trainer: TrainerSettings, resize: ResizeSchedule | None
+) -> nn.Module:
+    """What the step calls: `step_model` (the model or its DDP wrapper) compiled whole, or with the model's blocks
+    compiled in place (trainer.compile_scope=blocks: same state dict, the EMA untouched)."""
+    if resize is not None:
+        allow_recompiles(len(set(resize.sizes(trainer.epochs))))
+    # Progressive resizing: one static-shape graph per image size (dynamic shapes would cost speed every step).
+    dynamic = False if resize is not None else None
+    if trainer.compile_scope == "blocks":
+        compile_blocks(model, mode=trainer.compile_mode, dynamic=dynamic)
+        return step_model
+    return torch.compile(step_model, mode=trainer.compile_mode, dynamic=dynamic)

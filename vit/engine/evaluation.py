@@ -1,0 +1,123 @@
+"""The evaluation pass: top-1, top-5, loss (and the confusion matrix) of a classifier over a loader, or a masked
+autoencoder's reconstruction loss; under torchrun each rank evaluates its shard and the sums are all-reduced."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import nullcontext
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from vit.engine.compile import eager
+from vit.engine.distributed import Distributed
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    loader: Iterable,
+    device: torch.device,
+    amp_dtype: torch.dtype | None,
+    limit_batches: int | None = None,
+    num_classes: int | None = None,
+    dist: Distributed | None = None,
+    flip: bool = False,
+) -> dict:
+    """Top-1, top-5 and mean cross-entropy over the loader (sums kept on the device until the end).
+    With `num_classes`, also the confusion matrix (rows: true class, columns: predicted).
+    Under torchrun each rank evaluates its shard and the sums are all-reduced: every rank gets the totals.
+    `flip`: test-time augmentation, the class probabilities averaged over each image and its mirror image."""
+    model.eval()
+    ctx = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
+    with eager():  # blocks compiled in place for training (trainer.compile_scope=blocks) evaluate eagerly
+        return _evaluate(model, loader, device, ctx, limit_batches, num_classes, dist, flip)
+
+
+def _evaluate(model, loader, device, ctx, limit_batches, num_classes, dist, flip) -> dict:
+    correct1 = torch.zeros((), device=device, dtype=torch.long)
+    correct5 = torch.zeros((), device=device, dtype=torch.long)
+    loss_sum = torch.zeros((), device=device)
+    confusion = torch.zeros(num_classes, num_classes, dtype=torch.long, device=device) if num_classes else None
+    count = 0
+    for i, (images, targets) in enumerate(loader):
+        if limit_batches is not None and i >= limit_batches:
+            break
+        images = images.to(device, non_blocking=True)
+        targets = targets.to(device, non_blocking=True)
+        with ctx:
+            logits = model(images).float()  # (B, classes)
+            if flip:
+                mirrored = model(images.flip(-1)).float()
+        if flip:
+            scores = (logits.softmax(-1) + mirrored.softmax(-1)) / 2  # probabilities (B, classes)
+            loss_sum += F.nll_loss(scores.clamp_min(1e-12).log(), targets, reduction="sum")
+        else:
+            scores = logits
+            loss_sum += F.cross_entropy(logits, targets, reduction="sum")
+        top5 = scores.topk(min(5, scores.shape[-1]), dim=-1).indices  # (B, 5)
+        correct1 += (top5[:, 0] == targets).sum()
+        correct5 += (top5 == targets[:, None]).any(dim=-1).sum()
+        if confusion is not None:
+            confusion += torch.bincount(targets * num_classes + top5[:, 0], minlength=num_classes * num_classes).view(
+                num_classes, num_classes
+            )
+        count += targets.shape[0]
+    sums = torch.stack([correct1.double(), correct5.double(), loss_sum.double(), loss_sum.new_tensor(count).double()])
+    if dist is not None:
+        dist.sum_(sums)
+        if confusion is not None:
+            dist.sum_(confusion)
+    correct1, correct5, loss_total, count = sums.tolist()
+    count = max(int(count), 1)
+    result = {
+        "top1": 100.0 * correct1 / count,
+        "top5": 100.0 * correct5 / count,
+        "loss": loss_total / count,
+        "count": count,
+    }
+    if confusion is not None:
+        result["confusion"] = confusion.cpu()
+    return result
+
+
+# The masks of evaluation: the same noise, so the same hidden patches, for each validation image in every epoch.
+RECONSTRUCTION_EVAL_SEED = 0
+
+
+@torch.no_grad()
+def evaluate_reconstruction(
+    model: nn.Module,
+    loader: Iterable,
+    device: torch.device,
+    amp_dtype: torch.dtype | None,
+    limit_batches: int | None = None,
+    dist: Distributed | None = None,
+) -> dict:
+    """task=mae: the masked autoencoder's loss (mean squared error on the hidden patches) over the loader, as
+    {"loss", "count"} with top1/top5 None (no labels). Each batch's masking noise comes from a generator seeded
+    once per pass, so every epoch hides the same patches of the same images and the losses compare."""
+    model.eval()
+    ctx = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
+    generator = torch.Generator().manual_seed(RECONSTRUCTION_EVAL_SEED)
+    num_patches = model.patch_embed.num_patches
+    loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+    count = 0
+    with eager():
+        for i, (images, _) in enumerate(loader):
+            if limit_batches is not None and i >= limit_batches:
+                break
+            images = images.to(device, non_blocking=True)  # (B, 3, H, W)
+            noise = torch.rand(images.shape[0], num_patches, generator=generator).to(device)  # (B, N)
+            with ctx:
+                loss, _, _ = model(images, noise=noise)
+            # Every image hides the same number of patches, so the batch mean weighs each image alike.
+            loss_sum += loss.double() * images.shape[0]
+            count += images.shape[0]
+    sums = torch.stack([loss_sum, loss_sum.new_tensor(float(count))])
+    if dist is not None:
+        dist.sum_(sums)
+    total, count = sums.tolist()
+    count = max(int(count), 1)
+    return {"top1": None, "top5": None, "loss": total / count, "count": count}

@@ -1,0 +1,311 @@
+"""The run's checkpoints: what they hold, what is written when, and how a resumed run takes up where one stopped.
+
+A checkpoint is a dict of tensors and plain containers, written atomically (vit/engine/files.py) and read with
+`weights_only=True` (vit/engine/weights.py):
+    model, optimizer, scheduler, scaler, ema: state dicts (ema/scaler may be None)
+    rng: torch/CUDA/numpy/python generator states
+    epoch (finished epochs), step (optimizer steps), best_score (`Progress` below),
+    class_to_idx, config (resolved, plain),
+    history (one dict of metrics per finished epoch)
+
+checkpoints/last.pt after every epoch and at a stop inside an epoch (a signal: it then holds the batches done
+and every rank's RNG, so the resumed run goes on with the next batch); best.pt when the validation score
+improves (top-1; with task=mae, the reconstruction loss falls); with `trainer.keep_last=N` also epoch_0001.pt,
+epoch_0002.pt, ... of which the newest N are kept (an older one is removed only after the newer one and last.pt
+are written in full). Every file holds the same `training_state`, so any of them resumes a run, seeds a
+fine-tuning, or goes into scripts/average_checkpoints.py."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import re
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vit.engine.files import atomic_save
+from vit.engine.weights import CheckpointError, load_checkpoint
+from vit.models.weights_file import first_line
+from vit.train.loop import StepSettings, StepState
+
+
+def training_state(
+    *, model, optimizer, scheduler, scaler, ema, epoch: int, step: int, best_score: float, class_to_idx, config, history
+) -> dict:
+    """Everything a resumed run needs to continue exactly where this one is (the layout in the module doc)."""
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "ema": ema.module.state_dict() if ema is not None else None,
+        "rng": rng_state(),
+        "epoch": epoch,
+        "step": step,
+        "best_score": best_score,
+        "class_to_idx": dict(class_to_idx),
+        "config": config,
+        "history": list(history),
+    }
+
+
+def restore_training_state(
+    state: dict, *, model, optimizer, scheduler, scaler, ema, path, class_to_idx: Mapping[str, int] | None = None
+) -> None:
+    """Load a `training_state` dict into freshly built objects; a model that does not fit names the file and
+    the first differing keys and shapes (another model, another class count), and a checkpoint trained on other
+    classes than the data's `class_to_idx` (other names, or the same names in another order) names the first
+    index where they part. Every check comes before any weight is loaded."""
+    from vit.models.fit import describe_mismatch
+
+    weights = state["model"]
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise CheckpointError(f"checkpoint {str(path)!r}: its 'model' entry is not a state dict of tensors")
+    missing = [key for key in ("optimizer", "scheduler") if not state.get(key)]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} holds no {' or '.join(missing)} state: a resume needs a last.pt or best.pt "
+            "written by this trainer (a file of weights alone cannot continue a training)"
+        )
+    saved_config = state.get("config") or {}
+    problem = describe_mismatch(weights, model)
+    if problem is not None:
+        saved = saved_config.get("model", {}).get("name", "another model")
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} ({saved}) does not fit the configured {type(model).__name__}: {problem}"
+        )
+    saved_classes = state.get("class_to_idx")
+    if saved_classes and class_to_idx:  # older checkpoints, and data without class names, have no map to compare
+        difference = class_difference(saved_classes, class_to_idx, path)
+        if difference is not None:
+            same = set(saved_classes) == set(class_to_idx)
+            trained_on = f"the same {len(saved_classes)} classes in another order" if same else "other classes"
+            raise CheckpointError(
+                f"checkpoint {str(path)!r} was trained on {trained_on} than the data's: {difference}; a resume needs "
+                "the data it was trained on"
+            )
+    saved_optim = (saved_config.get("optim") or {}).get("name")
+    if saved_optim and str(saved_optim).lower() != type(optimizer).__name__.lower():
+        # The other optimizer's state (momentum buffers for AdamW's moments) would fail at the first step.
+        raise CheckpointError(
+            f"checkpoint {str(path)!r} was trained with optim.name={saved_optim}, this run uses "
+            f"{type(optimizer).__name__}: resume with optim={saved_optim}"
+        )
+    model.load_state_dict(weights)
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: its optimizer or schedule state does not fit this run: {first_line(err)}"
+        ) from err
+    if scaler is not None and state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
+    if ema is not None and state.get("ema"):
+        ema.module.load_state_dict(state["ema"])
+    if state.get("rng"):
+        set_rng_state(state["rng"])
+
+
+def class_difference(saved: Mapping, data: Mapping[str, int], path) -> str | None:
+    """The first index at which the checkpoint's class map and the data's name different classes ("index 3 is
+    'cat' in the checkpoint but 'dog' in the data"), or None where they agree."""
+    try:
+        saved_names = {int(index): name for name, index in saved.items()}
+    except (AttributeError, TypeError, ValueError):
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: its class_to_idx is not a map of class names to indices"
+        ) from None
+    data_names = {index: name for name, index in data.items()}
+    for index in sorted(saved_names.keys() | data_names.keys()):
+        ours, theirs = saved_names.get(index), data_names.get(index)
+        if ours != theirs:
+            return (
+                f"index {index} is {'unused' if ours is None else repr(ours)} in the checkpoint but "
+                f"{'unused' if theirs is None else repr(theirs)} in the data"
+            )
+    return None
+
+
+def rng_state() -> dict:
+    np_state = np.random.get_state()
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        "numpy": [np_state[0], torch.from_numpy(np_state[1].astype(np.int64)), *map(float, np_state[2:])],
+        "python": [random.getstate()[0], list(random.getstate()[1]), random.getstate()[2]],
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(gauss)))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+def find_resume_checkpoint(run_dir: Path, runs_root: Path | None, config_match: dict | None) -> Path | None:
+    """`trainer.resume=auto`: this run's last.pt, else the newest last.pt under `runs_root` whose saved
+    model and data config equal this run's (so rerunning the same command continues it)."""
+    own = run_dir / "checkpoints" / "last.pt"
+    if own.is_file():
+        return own
+    if runs_root is None or not runs_root.is_dir():
+        return None
+    candidates = sorted(runs_root.glob("**/checkpoints/last.pt"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for candidate in candidates:
+        if config_match is None:
+            return candidate
+        try:
+            saved = load_checkpoint(candidate).get("config") or {}
+        except CheckpointError:
+            continue
+        if all(saved.get(k) == v for k, v in config_match.items()):
+            return candidate
+    return None
+
+
+log = logging.getLogger("vit.train")
+
+EPOCH_FILE = re.compile(r"epoch_(\d+)\.pt")
+
+
+@dataclass
+class Progress:
+    """Where the run stands between epochs: what the epoch loop reads and changes, and checkpoints record."""
+
+    wall_start: float  # time.perf_counter() reading the run's clock counts from (earlier processes' time included)
+    start_epoch: int = 0  # the first epoch this process trains
+    # The best validation score so far: top-1 (classification) or minus the reconstruction loss (task=mae).
+    best_score: float = -math.inf
+    history: list[dict] = field(default_factory=list)  # one record per finished epoch (vit/train/metrics.py)
+    skip_batches: int = 0  # batches of `start_epoch` trained before a stop inside it
+    resume_rng: dict | None = None  # this rank's RNG at that stop
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.wall_start
+
+    def batches_done_before(self, epoch: int) -> int:
+        """Batches of `epoch` trained by an earlier process (a stop inside the epoch this one resumes)."""
+        return self.skip_batches if epoch == self.start_epoch else 0
+
+
+def training_parts(settings: StepSettings) -> dict:
+    """What a checkpoint saves and a resume loads, by `training_state`'s names."""
+    return dict(
+        model=settings.model,
+        optimizer=settings.optimizer,
+        scheduler=settings.scheduler,
+        scaler=settings.scaler,
+        ema=settings.ema,
+    )
+
+
+class Checkpointer:
+    """Writes the run's checkpoints (rank 0 only; `enabled=False` writes nothing)."""
+
+    def __init__(
+        self, folder: Path, *, enabled: bool, keep_last: int | None, settings: StepSettings, class_to_idx, config
+    ) -> None:
+        self.folder, self.enabled, self.keep_last = folder, enabled, keep_last
+        self.parts = training_parts(settings)
+        self.class_to_idx, self.config = class_to_idx, config
+
+    def state(self, epoch: int, step: int, progress: Progress) -> dict:
+        state = training_state(
+            **self.parts,
+            epoch=epoch,
+            step=step,
+            best_score=progress.best_score,
+            class_to_idx=self.class_to_idx,
+            config=self.config,
+            history=progress.history,
+        )
+        state["elapsed_s"] = progress.elapsed()
+        return state
+
+    def save_epoch(self, epochs_done: int, step: int, progress: Progress, is_best: bool) -> None:
+        """After an epoch (`epochs_done` counted from 1): last.pt, best.pt if `is_best`, the kept epoch files."""
+        if not self.enabled:
+            return
+        state = self.state(epochs_done, step, progress)
+        last = self.folder / "last.pt"
+        if self.keep_last:
+            epoch_file = self.folder / f"epoch_{epochs_done:04d}.pt"
+            atomic_save(state, epoch_file)
+            link_or_save(epoch_file, last, state)  # the same bytes: a second name, not a second write
+        else:
+            atomic_save(state, last)
+        if is_best:
+            link_or_save(last, self.folder / "best.pt", state)
+        if self.keep_last:
+            self.remove_old_epochs()
+
+    def save_stop(self, epoch: int, step: int, progress: Progress, batches_done: int, rng_ranks: list) -> Path:
+        """A stop inside epoch `epoch` (from 0) after `batches_done` of its batches: last.pt says so."""
+        last = self.folder / "last.pt"
+        if self.enabled:
+            state = self.state(epoch, step, progress)
+            state.update(batches_into_epoch=batches_done, rng=rng_ranks[0], rng_ranks=rng_ranks)
+            atomic_save(state, last)
+        return last
+
+    def remove_old_epochs(self) -> None:
+        """Keep the newest `keep_last` epoch files (by epoch number); last.pt and best.pt are other names."""
+        numbered = sorted(
+            (int(match.group(1)), path)
+            for path in self.folder.glob("epoch_*.pt")
+            if (match := EPOCH_FILE.fullmatch(path.name))
+        )
+        for _, path in numbered[: max(0, len(numbered) - self.keep_last)]:
+            path.unlink(missing_ok=True)
+
+
+def link_or_save(source: Path, target: Path, state: dict) -> None:
+    """Give the file `source` the name `target` too (atomically replacing it); where the file system has no hard
+    links, write `state` to `target` instead."""
+    temporary = target.with_name(f".{target.name}.link")
+    try:
+        temporary.unlink(missing_ok=True)
+        os.link(source, temporary)
+        os.replace(temporary, target)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        atomic_save(state, target)
+
+
+def resume(path: Path, settings: StepSettings, state: StepState, class_to_idx, wall_start: float) -> Progress:
+    """Load the checkpoint at `path` into the model, optimizer, schedule, scaler and EMA; return where the run
+    stands. The time of the earlier processes counts too (not the pause between them): the run's clock goes on
+    from the moment the checkpoint was written (inside an epoch too), else from the last finished epoch."""
+    saved = load_checkpoint(path)
+    restore_training_state(saved, path=path, class_to_idx=class_to_idx, **training_parts(settings))
+    history = list(saved.get("history", []))
+    elapsed = float(saved.get("elapsed_s") or (history[-1] if history else {}).get("elapsed_s") or 0.0)
+    rng_ranks = saved.get("rng_ranks") or []
+    dist = settings.dist
+    progress = Progress(
+        wall_start=wall_start - elapsed,
+        start_epoch=int(saved["epoch"]),
+        best_score=float(saved.get("best_score", saved.get("best_top1", -math.inf))),  # older files: best_top1
+        history=history,
+        skip_batches=int(saved.get("batches_into_epoch") or 0),
+        resume_rng=rng_ranks[dist.rank] if len(rng_ranks) == dist.world_size else saved.get("rng"),
+    )
+    state.step = int(saved["step"])
+    if progress.skip_batches:  # stopped inside an epoch: it goes on with the next batch of that epoch
+        where = f"in epoch {progress.start_epoch + 1} after its first {progress.skip_batches} batches"
+    else:
+        where = f"after epoch {progress.start_epoch}"
+    log.info("resumed from %s %s (step %d)", path, where, state.step)
+    return progress
