@@ -14,7 +14,7 @@ from torch import nn
 
 from vit import CONFIG_DIR
 from vit.deploy.preprocessing import Preprocessing, from_data_config, from_timm
-from vit.engine.weights import SOURCE_FORMS, NoEmaError, read_weights, source_kind, source_name
+from vit.engine.weights import NoEmaError, read_weights, source_forms, source_kind, source_name
 from vit.errors import UserError
 from vit.models.fit import PretrainedError, Weights
 
@@ -39,7 +39,7 @@ def read_source(source: str, use_ema: bool | None = None, key: str = "model.pret
     try:
         return read_weights(source, ema=use_ema)
     except FileNotFoundError:
-        raise WeightsError(f"{key}={source}: no such file ({SOURCE_FORMS})") from None
+        raise WeightsError(f"{key}={source}: no such file ({source_forms()})") from None
     except NoEmaError as err:  # names the checkpoint and why it has no EMA weights
         raise WeightsError(str(err)) from None
     except PretrainedError as err:  # unknown timm name or tag, no network and nothing cached, an unreadable file

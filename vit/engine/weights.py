@@ -66,7 +66,6 @@ def no_ema_message(state: dict, source: str | Path) -> str:
 # official T2T-ViT release evaluates them); RAW_FIRST when the raw weights are asked for.
 WRAPPER_KEYS = ("state_dict_ema", "model_ema", "state_dict", "model")
 RAW_FIRST = ("state_dict", "model", "state_dict_ema", "model_ema")
-SOURCE_FORMS = "timm:<name>, a .safetensors/.pth/.pt/.bin file, a .pth.tar release file or a last.pt/best.pt"
 GIVE_A_FILE = "model.pretrained=/path/to/weights.safetensors"  # what a failed timm download suggests instead
 
 
@@ -80,7 +79,7 @@ class WeightSource:
 
     prefix: str  # what a source of this kind starts with; "" for a path
     read: Callable[[str, bool | None, str], Weights]  # (source, ema, the setting a failed download suggests)
-    form: str  # how to give it, for --help and messages
+    form: str  # how to give it, for messages (`source_forms`)
 
 
 def read_weights(source: str | Path, ema: bool | None = None, instead: str = GIVE_A_FILE) -> Weights:
@@ -89,6 +88,11 @@ def read_weights(source: str | Path, ema: bool | None = None, instead: str = GIV
     that gives a file in place of a timm download that cannot happen."""
     text = str(source)
     return WEIGHT_SOURCES[source_kind(text)].read(source_name(text), ema, instead)
+
+
+def source_forms() -> str:
+    """How a source is given, every kind's form, for messages: "timm:<name>[.<tag>] or a last.pt/best.pt ..."."""
+    return " or ".join(entry.form for entry in WEIGHT_SOURCES.values())
 
 
 def source_kind(source: str) -> str:
@@ -274,5 +278,5 @@ def timm_host(name: str) -> str:
 # The kinds of source, tried in order: the first whose prefix the source starts with reads it.
 WEIGHT_SOURCES: dict[str, WeightSource] = {
     "timm": WeightSource("timm:", read_timm, "timm:<name>[.<tag>]"),
-    "file": WeightSource("", read_file, "a last.pt/best.pt of this trainer or a .safetensors/.pth/.pt/.bin file"),
+    "file": WeightSource("", read_file, "a file (a last.pt/best.pt of this trainer, .safetensors, .pth, .pth.tar)"),
 }

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from torch import nn
 
-from vit.engine.weights import SOURCE_FORMS, CheckpointError, read_weights
+from vit.engine.weights import CheckpointError, read_weights, source_forms
 from vit.models.fit import PretrainedError, Weights, fit_state_dict
 
 log = logging.getLogger("vit.train")
@@ -42,7 +42,7 @@ def read_pretrained(model_cfg: Mapping, model: nn.Module) -> Weights | None:
         with quiet(logging.getLogger("vit.models.fit")):  # what is adapted is said once, at the load
             fit_state_dict(weights, model)
     except FileNotFoundError:
-        raise CheckpointError(f"{setting}: no such file (give {SOURCE_FORMS})") from None
+        raise CheckpointError(f"{setting}: no such file (give {source_forms()})") from None
     except PretrainedError as err:
         raise CheckpointError(f"{setting}: {err}") from None
     return weights

@@ -140,8 +140,8 @@ def build_run(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distribut
     )
     stop = StopSignal()
     step.stop_requested = stop.requested
-    trial = TrialReport.of(cfg, run_dir) if is_trial(cfg) and dist.is_main else None
-    return Run(cfg, trainer, run_dir, device, dist, parts, step, state, progress, checkpoints, report, stop, trial)
+    trial = TrialReport.of(cfg, run_dir, trainer.epochs) if is_trial(cfg) and dist.is_main else None
+    return Run(cfg, trainer, run_dir, parts, step, state, progress, checkpoints, report, stop, trial)
 
 
 def train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed, loader_wrapper=None) -> dict:

@@ -89,7 +89,8 @@ def is_trial(cfg: DictConfig) -> bool:
 
 class TrialReport:
     """The study's view of this run: `report(epoch, val, val_ema)` after each evaluation returns True when the
-    pruner says the trial should stop. Build with `TrialReport.of(cfg)`, None for a run that is not a trial."""
+    pruner says the trial should stop. Build with `TrialReport.of(cfg, run_dir, epochs)`, None for a run that is
+    not a trial."""
 
     def __init__(self, trial, metric: str, pruner_name: str):
         self.trial = trial  # optuna.Trial, bound to the study's storage
@@ -98,13 +99,13 @@ class TrialReport:
         self.pruned_after_epoch: int | None = None
 
     @classmethod
-    def of(cls, cfg: DictConfig, run_dir) -> TrialReport | None:
+    def of(cls, cfg: DictConfig, run_dir, epochs: int) -> TrialReport | None:
         """The trial `cfg.search` names, with its run folder and epochs asked recorded in the study (user
         attributes: a summary of the search reads them from the database alone)."""
         report = cls._load(cfg)
         if report is not None:
             report.trial.set_user_attr("run_dir", str(run_dir))
-            report.trial.set_user_attr("epochs", int(cfg.trainer.epochs))
+            report.trial.set_user_attr("epochs", epochs)
         return report
 
     @classmethod

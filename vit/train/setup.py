@@ -94,10 +94,8 @@ class Run:
     cfg: DictConfig
     trainer: TrainerSettings
     run_dir: Path
-    device: torch.device
-    dist: Distributed
     parts: ModelAndData
-    step: StepSettings
+    step: StepSettings  # the one holder of the model, the device and the process group; the properties read it
     state: StepState
     progress: Progress
     checkpoints: Checkpointer
@@ -107,7 +105,15 @@ class Run:
 
     @property
     def model(self) -> nn.Module:
-        return self.parts.model
+        return self.step.model
+
+    @property
+    def device(self) -> torch.device:
+        return self.step.device
+
+    @property
+    def dist(self) -> Distributed:
+        return self.step.dist
 
     @property
     def bundle(self) -> DataBundle:
