@@ -14,7 +14,7 @@ from trainer_utils import compose_config
 
 from vit.models import Attention, LocalitySelfAttention, capture_attention, complexity, create_model
 from vit.models.layers import PatchEmbed, ShiftedPatchEmbed
-from vit.models.vit import VisionTransformer
+from vit.models.vit import VisionTransformer, ViTConfig
 from vit.train.config import ConfigError, build_model_from_config
 
 # ---------------------------------------------------------------- Shifted Patch Tokenization
@@ -256,9 +256,10 @@ def test_complexity_counts_the_larger_spt_projection():
 
 def test_both_levers_overfit_a_fixed_batch():
     torch.manual_seed(0)
-    model = VisionTransformer(
+    config = ViTConfig(
         img_size=16, patch_size=4, num_classes=4, embed_dim=32, depth=2, num_heads=2, patch_embed="spt", lsa=True
     )
+    model = VisionTransformer(config)
     images, labels = torch.randn(16, 3, 16, 16), torch.randint(0, 4, (16,))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     start = model.blocks[0].attn.scale.detach().clone()
