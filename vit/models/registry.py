@@ -75,6 +75,14 @@ def model_settings(config: type[EncoderConfig]) -> list[str]:
     return [f.name for f in fields(config) if f.init]
 
 
+def model_defaults(name: str) -> dict[str, Any]:
+    """Every setting of the registered model `name` with the value `create_model(name)` builds it with: its
+    config class's defaults, and its identity over them (the trainer's config keys start from these)."""
+    entry = model_entry(name)
+    config = entry.config(**entry.identity)
+    return {key: getattr(config, key) for key in model_settings(entry.config)}
+
+
 def create_model(name: str, **overrides: Any) -> nn.Module:
     """Build a registered model; every setting of its config class can be overridden by keyword.
 
