@@ -294,7 +294,7 @@ def check_encoder_args(config: EncoderConfig) -> None:
         check_rate(name, getattr(config, name))
 
 
-def encoder_blocks(depth: int, dim: int, num_heads: int, drop_path_rate: float = 0.0, **block_kwargs) -> nn.Sequential:
+def encoder_blocks(depth: int, dim: int, num_heads: int, drop_path_rate: float, **block_kwargs) -> nn.Sequential:
     """`depth` Blocks whose drop-path rates rise linearly: rate_i = drop_path_rate * i / (depth - 1), so deeper
     blocks are dropped more often (stochastic depth, Huang et al. 2016)."""
     rates = torch.linspace(0, drop_path_rate, depth).tolist()
