@@ -36,6 +36,12 @@ def test_every_model_name_is_listed_in_the_registry_only():
         assert listed == [REGISTRY], f"{name!r} is listed in {[str(p.relative_to(REPO)) for p in listed]}"
 
 
+def test_every_registry_row_is_a_valid_config():
+    """A row's identity names settings of its config class, with values its checks accept."""
+    for name in list_models():
+        assert model_defaults(name)["embed_dim"] > 0
+
+
 @pytest.mark.parametrize(
     ("model", "parameters"),
     [
