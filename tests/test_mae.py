@@ -12,7 +12,7 @@ from torch import nn
 
 from vit.engine.weights import load_pretrained
 from vit.models import create_model
-from vit.models.mae import MaskedAutoencoder
+from vit.models.mae import MAEConfig, MaskedAutoencoder
 from vit.models.pos_embed import sincos_2d_table
 
 SMALL = {
@@ -43,7 +43,7 @@ def test_masking_keeps_an_exact_count_differing_per_sample_and_ids_restore_inver
 
 def test_the_loss_reads_the_hidden_patches_only():
     torch.manual_seed(0)
-    model = MaskedAutoencoder(**SMALL, norm_pix_loss=True)
+    model = MaskedAutoencoder(MAEConfig(**SMALL, norm_pix_loss=True))
     images = torch.randn(2, 3, 32, 32)
     noise = torch.rand(2, 64)
     loss, pred, mask = model(images, noise=noise)
@@ -67,7 +67,7 @@ def test_the_2d_table_encodes_the_column_then_the_row():
 
 def test_the_encoder_fine_tunes_in_a_classifier_without_the_decoder(tmp_path):
     torch.manual_seed(0)
-    mae = MaskedAutoencoder(**SMALL)
+    mae = MaskedAutoencoder(MAEConfig(**SMALL))
     path = tmp_path / "mae.pth"
     torch.save({"model": mae.state_dict()}, path)  # the official release files' layout
     encoder = {k: v for k, v in SMALL.items() if not k.startswith("decoder")}
@@ -88,7 +88,7 @@ def test_the_encoder_fine_tunes_in_a_classifier_without_the_decoder(tmp_path):
 )
 def test_settings_it_cannot_take_are_named(kwargs, needle):
     with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(")", r"\)")):
-        MaskedAutoencoder(**{**SMALL, **kwargs})
+        MaskedAutoencoder(MAEConfig(**{**SMALL, **kwargs}))
 
 
 OFFICIAL = os.environ.get("VIT_MAE_OFFICIAL")
@@ -112,7 +112,7 @@ def test_same_numbers_as_the_official_code(norm_pix_loss, monkeypatch):
     theirs = models_mae.MaskedAutoencoderViT(
         **SMALL, mlp_ratio=4.0, norm_layer=partial(nn.LayerNorm, eps=1e-6), norm_pix_loss=norm_pix_loss
     )
-    ours = MaskedAutoencoder(**SMALL, norm_pix_loss=norm_pix_loss)
+    ours = MaskedAutoencoder(MAEConfig(**SMALL, norm_pix_loss=norm_pix_loss))
     state = theirs.state_dict()
     torch.testing.assert_close(ours.pos_embed, state["pos_embed"], atol=1e-6, rtol=0)  # the same fixed tables
     torch.testing.assert_close(ours.decoder_pos_embed, state["decoder_pos_embed"], atol=1e-6, rtol=0)
@@ -139,7 +139,7 @@ def test_the_encoder_fine_tunes_with_average_pooling_as_the_paper_does(tmp_path)
     """MAE's fine-tuning pools the image tokens and normalises after the pooling: the encoder's `norm` is left out
     and the classifier's own `fc_norm` starts fresh (ones and zeros)."""
     torch.manual_seed(0)
-    mae = MaskedAutoencoder(**SMALL)
+    mae = MaskedAutoencoder(MAEConfig(**SMALL))
     with torch.no_grad():
         mae.norm.weight.add_(0.5)
     encoder = {k: v for k, v in SMALL.items() if not k.startswith("decoder")}

@@ -16,7 +16,7 @@ from vit.engine.build import build_model_from_config
 from vit.errors import ConfigError
 from vit.models import Attention, LocalitySelfAttention, capture_attention, complexity, create_model
 from vit.models.layers import PatchEmbed, ShiftedPatchEmbed
-from vit.models.vit import VisionTransformer
+from vit.models.vit import VisionTransformer, ViTConfig
 
 # ---------------------------------------------------------------- Shifted Patch Tokenization
 
@@ -257,9 +257,10 @@ def test_complexity_counts_the_larger_spt_projection():
 
 def test_both_levers_overfit_a_fixed_batch():
     torch.manual_seed(0)
-    model = VisionTransformer(
+    config = ViTConfig(
         img_size=16, patch_size=4, num_classes=4, embed_dim=32, depth=2, num_heads=2, patch_embed="spt", lsa=True
     )
+    model = VisionTransformer(config)
     images, labels = torch.randn(16, 3, 16, 16), torch.randint(0, 4, (16,))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     start = model.blocks[0].attn.scale.detach().clone()

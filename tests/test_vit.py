@@ -4,7 +4,7 @@ import pytest
 import timm
 import torch
 
-from vit.models import VisionTransformer, capture_attention, create_model, list_models
+from vit.models import VisionTransformer, ViTConfig, capture_attention, create_model, list_models
 
 # (our name, overrides, timm name, timm kwargs)
 PAIRS = [
@@ -130,6 +130,6 @@ def test_wrong_input_size_or_channels():
 
 
 def test_no_weight_decay_names_are_parameters():
-    model = VisionTransformer(img_size=32, patch_size=4, embed_dim=32, depth=1, num_heads=2)
+    model = VisionTransformer(ViTConfig(img_size=32, patch_size=4, embed_dim=32, depth=1, num_heads=2))
     names = dict(model.named_parameters())
     assert model.no_weight_decay() <= set(names)

@@ -3,14 +3,14 @@ weights read by vit/engine/weights.py to a model (vit/models/fit.py)."""
 
 from vit.models.attention import Attention, LocalitySelfAttention, TokenAttention, capture_attention
 from vit.models.complexity import Complexity, attention_macs, complexity, mlp_macs
-from vit.models.encoder import Encoder
+from vit.models.encoder import Encoder, EncoderConfig
 from vit.models.layers import Block, DropPath, LayerScale, Mlp, PatchEmbed, SwiGLU
-from vit.models.mae import MaskedAutoencoder, create_mae
+from vit.models.mae import MAEConfig, MaskedAutoencoder, create_mae
 from vit.models.pos_embed import resample_pos_embed, sinusoid_table
-from vit.models.registry import create_model, list_models, register_model
+from vit.models.registry import create_model, list_models
 from vit.models.rope import MixedRope, apply_rope, axial_rope_table
-from vit.models.t2t import T2TModule, T2TViT
-from vit.models.vit import VisionTransformer
+from vit.models.t2t import T2TConfig, T2TModule, T2TViT
+from vit.models.vit import VisionTransformer, ViTConfig
 
 __all__ = [
     "Attention",
@@ -18,16 +18,20 @@ __all__ = [
     "Complexity",
     "DropPath",
     "Encoder",
+    "EncoderConfig",
     "LayerScale",
     "LocalitySelfAttention",
+    "MAEConfig",
     "MaskedAutoencoder",
     "MixedRope",
     "Mlp",
     "PatchEmbed",
     "SwiGLU",
+    "T2TConfig",
     "T2TModule",
     "T2TViT",
     "TokenAttention",
+    "ViTConfig",
     "VisionTransformer",
     "apply_rope",
     "attention_macs",
@@ -38,7 +42,6 @@ __all__ = [
     "create_model",
     "list_models",
     "mlp_macs",
-    "register_model",
     "resample_pos_embed",
     "sinusoid_table",
 ]

@@ -33,6 +33,8 @@ Parameter names are timm's (`cls_token`, `dist_token`, `reg_token`, `pos_embed`,
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torch.nn.init import trunc_normal_
@@ -47,142 +49,117 @@ ROPE_KINDS = ("rope", "rope_mixed")  # rotary positions: axial (fixed frequencie
 ROPE_TEMPERATURES = {"rope": 100.0, "rope_mixed": 10.0}
 
 
+@dataclass(frozen=True)
+class EncoderConfig:
+    """The settings of the `Encoder`, each default declared here once (timm's, so the plain model is timm's ViT).
+    A model's config adds its tokenizer's settings (`ViTConfig`, `T2TConfig`); a config that exists is valid:
+    every check below raises a ValueError naming the setting and its value."""
+
+    num_classes: int = 1000  # classes of the head (0: no head, `forward` returns pooled features)
+    embed_dim: int = 768  # C, the width of every token
+    depth: int = 12  # number of blocks
+    num_heads: int = 12  # heads per block
+    mlp_ratio: float = 4.0  # MLP width / C
+    qkv_bias: bool = True  # see `Attention`
+    qk_scale: float | None = None  # the attention scale; None: head_dim ** -0.5
+    drop_rate: float = 0.0  # dropout after the position embedding and inside every block (timm's classic ViT)
+    attn_drop_rate: float = 0.0  # dropout on the attention weights
+    drop_path_rate: float = 0.0  # stochastic depth of the last block; rates rise linearly from 0 at the first
+    # "learned" (trunc-normal init), "sinusoidal" (fixed, 1D) or "sincos2d" (fixed, 2D over the patch grid, MAE's),
+    # a table added to the tokens; "rope" (axial rotary positions) or "rope_mixed" (rotary with learned 2D
+    # frequencies), in the attention.
+    pos_embed: str = "learned"
+    # "token" reads the cls token; "avg" averages the image's tokens (not the cls, dist or register tokens) and,
+    # as timm does, moves the final LayerNorm after the pooling (`fc_norm`).
+    global_pool: str = "token"
+    init_values: float | None = None  # LayerScale init (None: off)
+    attn_backend: str = "auto"  # see `Attention`
+    lsa: bool = False  # Locality Self-Attention in every block (`LocalitySelfAttention`)
+    distill_token: bool = False  # DeiT's distillation token and second head; needs global_pool="token"
+    qk_norm: bool = False  # a LayerNorm on each head's q and k in every block (`Attention`)
+    mlp: str = "gelu"  # "gelu" (`Mlp`) or "swiglu" (`SwiGLU`; mlp_ratio sizes its fc1, gate and value together)
+    reg_tokens: int = 0  # register tokens after the cls (and dist) token, `reg_token` (1, R, C)
+    class_token: bool = True  # the cls token; False needs global_pool="avg" (timm's `class_token`)
+    no_embed_class: bool = False  # the position table has rows for the image's tokens only (timm's)
+    # The final LayerNorm after pooling (True) or before it (False); None: after it exactly when global_pool="avg"
+    # (timm's `fc_norm`).
+    fc_norm: bool | None = None
+    rope_temperature: float | None = None  # the rotary frequencies' base; None: 100 for "rope", 10 for "rope_mixed"
+
+    def __post_init__(self) -> None:
+        check_switches(self)
+        check_encoder_args(self)
+
+
 class Encoder(nn.Module):
     """Tokenizer -> prefix tokens -> position table -> Blocks -> norm -> head. Subclasses choose the tokenizer.
 
     Args:
         tokenizer: (B, C_in, H, W) -> (B, N, embed_dim); it has `img_size`, `grid_size` (rows, columns of its
             tokens), `num_patches` and `input_grid(x)` (the grid of an input of another size, with a dynamic size).
-        num_classes: classes of the head (0: no head, `forward` returns pooled features).
-        embed_dim, depth, num_heads, mlp_ratio: width, number of blocks, heads per block, MLP width / C.
-        qkv_bias, qk_scale, attn_backend: see `Attention`.
-        drop_rate: dropout after the position embedding and inside every block (timm's classic ViT).
-        attn_drop_rate: dropout on the attention weights.
-        drop_path_rate: stochastic depth of the last block; rates rise linearly from 0 at the first.
-        pos_embed: "learned" (trunc-normal init), "sinusoidal" (fixed, 1D) or "sincos2d" (fixed, 2D over the patch
-            grid, MAE's), a table added to the tokens; "rope"
-            (axial rotary positions) or "rope_mixed" (rotary with learned 2D frequencies), in the attention.
-        global_pool: "token" reads the cls token; "avg" averages the image's tokens (not the cls, dist or
-            register tokens) and, as timm does, moves the final LayerNorm after the pooling (`fc_norm`).
-        init_values: LayerScale init (None: off).
-        lsa: Locality Self-Attention in every block (`LocalitySelfAttention`).
-        distill_token: DeiT's distillation token and second head; needs `global_pool="token"`.
-        norm_eps: the LayerNorms' epsilon: 1e-6 in timm's ViTs, 1e-5 in the official T2T-ViT code.
-        qk_norm: a LayerNorm on each head's q and k in every block (`Attention`).
-        mlp: "gelu" (`Mlp`) or "swiglu" (`SwiGLU`; `mlp_ratio` sizes its fc1, gate and value together).
-        reg_tokens: register tokens after the cls (and dist) token, `reg_token` (1, R, C).
-        class_token: the cls token; False needs `global_pool="avg"` (timm's `class_token`).
-        no_embed_class: the position table has rows for the image's tokens only (timm's `no_embed_class`).
-        fc_norm: the final LayerNorm after pooling (True) or before it (False); None: after it exactly when
-            `global_pool="avg"` (timm's `fc_norm`).
-        rope_temperature: the rotary frequencies' base; None: 100 for "rope", 10 for "rope_mixed".
+        config: every other setting, `EncoderConfig` (or a model's config built on it).
     """
 
     tokenizer_name = "patch_embed"  # the attribute (and state-dict prefix) of the tokenizer: timm's by default
+    norm_eps = 1e-6  # the LayerNorms' epsilon: timm's ViTs'; the official T2T-ViT code uses PyTorch's 1e-5
 
-    def __init__(
-        self,
-        tokenizer: nn.Module,
-        *,
-        num_classes: int,
-        embed_dim: int,
-        depth: int,
-        num_heads: int,
-        mlp_ratio: float,
-        qkv_bias: bool,
-        qk_scale: float | None,
-        drop_rate: float,
-        attn_drop_rate: float,
-        drop_path_rate: float,
-        attn_backend: str,
-        pos_embed: str = "learned",
-        global_pool: str = "token",
-        init_values: float | None = None,
-        lsa: bool = False,
-        distill_token: bool = False,
-        norm_eps: float = 1e-6,
-        qk_norm: bool = False,
-        mlp: str = "gelu",
-        reg_tokens: int = 0,
-        class_token: bool = True,
-        no_embed_class: bool = False,
-        fc_norm: bool | None = None,
-        rope_temperature: float | None = None,
-    ) -> None:
+    def __init__(self, tokenizer: nn.Module, config: EncoderConfig) -> None:
         super().__init__()
-        check_switches(
-            global_pool=global_pool,
-            lsa=lsa,
-            distill_token=distill_token,
-            qk_norm=qk_norm,
-            mlp=mlp,
-            reg_tokens=reg_tokens,
-            class_token=class_token,
-            no_embed_class=no_embed_class,
-            fc_norm=fc_norm,
-            pos_embed=pos_embed,
-            rope_temperature=rope_temperature,
-        )
-        check_encoder_args(
-            embed_dim=embed_dim,
-            depth=depth,
-            num_heads=num_heads,
-            num_classes=num_classes,
-            drop_rate=drop_rate,
-            attn_drop_rate=attn_drop_rate,
-            drop_path_rate=drop_path_rate,
-        )
-        self.num_classes = num_classes
+        self.config = config
+        embed_dim, pos_embed = config.embed_dim, config.pos_embed
+        self.num_classes = config.num_classes
         self.embed_dim = self.num_features = embed_dim
-        self.global_pool = global_pool
-        self.distilled = distill_token
-        self.num_reg_tokens = reg_tokens
+        self.global_pool = config.global_pool
+        self.distilled = config.distill_token
+        self.num_reg_tokens = config.reg_tokens
         # The tokens before the image's: cls, dist, then the registers.
-        self.num_prefix_tokens = int(class_token) + int(distill_token) + reg_tokens
-        self.no_embed_class = no_embed_class
+        self.num_prefix_tokens = int(config.class_token) + int(config.distill_token) + config.reg_tokens
+        self.no_embed_class = config.no_embed_class
         self.grad_checkpointing = False
 
         self.add_module(self.tokenizer_name, tokenizer)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
-        self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if distill_token else None
-        self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if config.class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if config.distill_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, config.reg_tokens, embed_dim)) if config.reg_tokens else None
         self.pos_embed_kind = pos_embed
         if pos_embed in ROPE_KINDS:
             self.pos_embed = None
-            head_dim = embed_dim // num_heads
-            temperature = ROPE_TEMPERATURES[pos_embed] if rope_temperature is None else float(rope_temperature)
+            head_dim = embed_dim // config.num_heads
+            temperature = config.rope_temperature
+            temperature = ROPE_TEMPERATURES[pos_embed] if temperature is None else float(temperature)
             self.rope_temperature = temperature
             # Mixed: the learned frequencies (2, depth, heads, head_dim / 2) under timm's name `rope.freqs`.
-            self.rope = MixedRope(head_dim, depth, num_heads, temperature) if pos_embed == "rope_mixed" else None
+            mixed = pos_embed == "rope_mixed"
+            self.rope = MixedRope(head_dim, config.depth, config.num_heads, temperature) if mixed else None
         else:
             # One row per prefix token (none with no_embed_class), then one per token of the tokenizer's grid.
-            prefix_rows = 0 if no_embed_class else self.num_prefix_tokens
+            prefix_rows = 0 if config.no_embed_class else self.num_prefix_tokens
             table_rows = tokenizer.num_patches + prefix_rows
             self.pos_embed = make_pos_embed(pos_embed, table_rows, embed_dim, tokenizer.grid_size, prefix_rows)
             self.rope = None
-        self.pos_drop = nn.Dropout(drop_rate)
+        self.pos_drop = nn.Dropout(config.drop_rate)
         self.blocks = encoder_blocks(
-            depth=depth,
+            depth=config.depth,
             dim=embed_dim,
-            num_heads=num_heads,
-            drop_path_rate=drop_path_rate,
-            mlp_ratio=mlp_ratio,
-            qkv_bias=qkv_bias,
-            qk_scale=qk_scale,
-            proj_drop=drop_rate,
-            attn_drop=attn_drop_rate,
-            init_values=init_values,
-            attn_backend=attn_backend,
-            norm_eps=norm_eps,
-            lsa=lsa,
-            qk_norm=qk_norm,
-            mlp=mlp,
+            num_heads=config.num_heads,
+            drop_path_rate=config.drop_path_rate,
+            mlp_ratio=config.mlp_ratio,
+            qkv_bias=config.qkv_bias,
+            qk_scale=config.qk_scale,
+            proj_drop=config.drop_rate,
+            attn_drop=config.attn_drop_rate,
+            init_values=config.init_values,
+            attn_backend=config.attn_backend,
+            norm_eps=self.norm_eps,
+            lsa=config.lsa,
+            qk_norm=config.qk_norm,
+            mlp=config.mlp,
         )
-        use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
-        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(embed_dim, eps=norm_eps)
-        self.fc_norm = nn.LayerNorm(embed_dim, eps=norm_eps) if use_fc_norm else nn.Identity()
+        use_fc_norm = config.global_pool == "avg" if config.fc_norm is None else config.fc_norm
+        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(embed_dim, eps=self.norm_eps)
+        self.fc_norm = nn.LayerNorm(embed_dim, eps=self.norm_eps) if use_fc_norm else nn.Identity()
         self.head = self._new_head()
-        self.head_dist = self._new_head() if distill_token else None
+        self.head_dist = self._new_head() if config.distill_token else None
         self.init_weights()
 
     @property
@@ -304,87 +281,61 @@ class Encoder(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
-def check_encoder_args(
-    embed_dim: int,
-    depth: int,
-    num_heads: int,
-    num_classes: int,
-    drop_rate: float,
-    attn_drop_rate: float,
-    drop_path_rate: float,
-) -> None:
+def check_encoder_args(config: EncoderConfig) -> None:
     """The checks every encoder-stack model makes, each a ValueError naming the argument and value."""
+    depth, num_heads, embed_dim, num_classes = config.depth, config.num_heads, config.embed_dim, config.num_classes
     if depth <= 0:
         raise ValueError(f"depth={depth} must be positive")
     if num_classes < 0:
         raise ValueError(f"num_classes={num_classes} must be >= 0")
     if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
         raise ValueError(f"num_heads={num_heads} must be a positive divisor of embed_dim={embed_dim}")
-    for name, rate in (
-        ("drop_rate", drop_rate),
-        ("attn_drop_rate", attn_drop_rate),
-        ("drop_path_rate", drop_path_rate),
-    ):
-        check_rate(name, rate)
+    for name in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
+        check_rate(name, getattr(config, name))
 
 
-def encoder_blocks(depth: int, dim: int, num_heads: int, drop_path_rate: float = 0.0, **block_kwargs) -> nn.Sequential:
+def encoder_blocks(depth: int, dim: int, num_heads: int, drop_path_rate: float, **block_kwargs) -> nn.Sequential:
     """`depth` Blocks whose drop-path rates rise linearly: rate_i = drop_path_rate * i / (depth - 1), so deeper
     blocks are dropped more often (stochastic depth, Huang et al. 2016)."""
     rates = torch.linspace(0, drop_path_rate, depth).tolist()
     return nn.Sequential(*[Block(dim=dim, num_heads=num_heads, drop_path=rate, **block_kwargs) for rate in rates])
 
 
-def check_switches(
-    global_pool: str,
-    lsa: bool,
-    distill_token: bool,
-    qk_norm: bool = False,
-    mlp: str = "gelu",
-    reg_tokens: int = 0,
-    class_token: bool = True,
-    no_embed_class: bool = False,
-    fc_norm: bool | None = None,
-    pos_embed: str = "learned",
-    rope_temperature: float | None = None,
-) -> None:
+def check_switches(config: EncoderConfig) -> None:
     """The encoder's choices and the combinations that cannot work, each a ValueError naming the argument and its
     value (the trainer turns it into one line naming `model.<argument>`)."""
-    if global_pool not in GLOBAL_POOLS:
-        raise ValueError(f"global_pool={global_pool!r} must be one of {GLOBAL_POOLS}")
-    if pos_embed not in POS_EMBED_KINDS + ROPE_KINDS:
-        raise ValueError(f"pos_embed={pos_embed!r} must be one of {POS_EMBED_KINDS + ROPE_KINDS}")
-    switches = {
-        "lsa": lsa,
-        "distill_token": distill_token,
-        "qk_norm": qk_norm,
-        "class_token": class_token,
-        "no_embed_class": no_embed_class,
-    }
-    for name, value in switches.items():
+    c = config
+    if c.global_pool not in GLOBAL_POOLS:
+        raise ValueError(f"global_pool={c.global_pool!r} must be one of {GLOBAL_POOLS}")
+    if c.pos_embed not in POS_EMBED_KINDS + ROPE_KINDS:
+        raise ValueError(f"pos_embed={c.pos_embed!r} must be one of {POS_EMBED_KINDS + ROPE_KINDS}")
+    for name in ("lsa", "distill_token", "qk_norm", "class_token", "no_embed_class"):
+        value = getattr(c, name)
         if not isinstance(value, bool):
             raise ValueError(f"{name}={value!r} must be true or false")
-    if fc_norm is not None and not isinstance(fc_norm, bool):
-        raise ValueError(f"fc_norm={fc_norm!r} must be true, false or null (null: after the pooling with avg)")
-    if mlp not in MLPS:
-        raise ValueError(f"mlp={mlp!r} must be one of {tuple(MLPS)}")
-    if isinstance(reg_tokens, bool) or not isinstance(reg_tokens, int) or reg_tokens < 0:
-        raise ValueError(f"reg_tokens={reg_tokens!r} must be an integer >= 0")
-    if distill_token and global_pool != "token":
+    if c.fc_norm is not None and not isinstance(c.fc_norm, bool):
+        raise ValueError(f"fc_norm={c.fc_norm!r} must be true, false or null (null: after the pooling with avg)")
+    if c.mlp not in MLPS:
+        raise ValueError(f"mlp={c.mlp!r} must be one of {tuple(MLPS)}")
+    if isinstance(c.reg_tokens, bool) or not isinstance(c.reg_tokens, int) or c.reg_tokens < 0:
+        raise ValueError(f"reg_tokens={c.reg_tokens!r} must be an integer >= 0")
+    if c.distill_token and c.global_pool != "token":
         raise ValueError(
-            f"distill_token=true needs global_pool=token (the heads read the two tokens), not {global_pool!r}"
+            f"distill_token=true needs global_pool=token (the heads read the two tokens), not {c.global_pool!r}"
         )
-    if not class_token and global_pool == "token":
+    if not c.class_token and c.global_pool == "token":
         raise ValueError("class_token=false needs global_pool=avg: global_pool=token reads the cls token")
-    if not class_token and distill_token:
+    if not c.class_token and c.distill_token:
         raise ValueError("distill_token=true needs class_token=true: the two heads read the cls and dist tokens")
-    if pos_embed in ROPE_KINDS and no_embed_class:
-        raise ValueError(f"no_embed_class=true places a position table, and pos_embed={pos_embed!r} has none")
-    if rope_temperature is not None:
-        if pos_embed not in ROPE_KINDS:
-            raise ValueError(f"rope_temperature={rope_temperature} is for pos_embed=rope|rope_mixed, not {pos_embed!r}")
-        if not rope_temperature > 0:
-            raise ValueError(f"rope_temperature={rope_temperature} must be > 0")
+    if c.pos_embed in ROPE_KINDS and c.no_embed_class:
+        raise ValueError(f"no_embed_class=true places a position table, and pos_embed={c.pos_embed!r} has none")
+    if c.rope_temperature is not None:
+        if c.pos_embed not in ROPE_KINDS:
+            raise ValueError(
+                f"rope_temperature={c.rope_temperature} is for pos_embed=rope|rope_mixed, not {c.pos_embed!r}"
+            )
+        if not c.rope_temperature > 0:
+            raise ValueError(f"rope_temperature={c.rope_temperature} must be > 0")
 
 
 def identity_prefix(table: torch.Tensor, num_prefix: int) -> torch.Tensor:

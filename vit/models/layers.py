@@ -52,7 +52,7 @@ class PatchGrid(nn.Module):
         self.num_patches = self.grid_size[0] * self.grid_size[1]
 
     # Any input whose sides are multiples of the patch size, not only `img_size` (the ViT resamples its position
-    # table to the input's grid): set by `VisionTransformer(dynamic_img_size=True)`, e.g. for progressive resizing.
+    # table to the input's grid): set by `ViTConfig(dynamic_img_size=True)`, e.g. for progressive resizing.
     dynamic_img_size: bool = False
 
     def check_input(self, x: torch.Tensor) -> None:

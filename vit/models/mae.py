@@ -23,6 +23,8 @@ classifier for fine-tuning. Both position tables are the fixed 2D sin-cos table 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 from einops import rearrange
 from torch import nn
@@ -30,61 +32,62 @@ from torch import nn
 from vit.models.layers import Block
 from vit.models.pos_embed import sincos_2d_table
 from vit.models.registry import model_arguments, model_entry
-from vit.models.vit import VisionTransformer
+from vit.models.vit import VisionTransformer, ViTConfig
+
+
+@dataclass(frozen=True)
+class MAEConfig(ViTConfig):
+    """The masked autoencoder's settings: its ViT encoder's (`ViTConfig`; the position table defaults to the fixed
+    "sincos2d", there is no head) and the decoder's and the masking's."""
+
+    pos_embed: str = "sincos2d"
+    num_classes: int = field(default=0, init=False)  # no head: the decoder is the output
+    # The decoder's width, blocks and heads (512, 8, 16 in the paper's ViT-B/L/H models); its MLP ratio is the
+    # encoder's, as in the official code.
+    decoder_embed_dim: int = 512
+    decoder_depth: int = 8
+    decoder_num_heads: int = 16
+    mask_ratio: float = 0.75  # the share of patches hidden from the encoder
+    # Targets normalised per patch (mean 0, variance 1 over its p·p·3 values), the paper's better setting.
+    norm_pix_loss: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        unsupported = {k: getattr(self, k) for k in ("distill_token", "reg_tokens", "dynamic_img_size")}
+        if any(unsupported.values()) or self.class_token is False:
+            raise ValueError(f"the masked autoencoder keeps the cls token and nothing else: {unsupported} unsupported")
+        if not 0.0 < self.mask_ratio < 1.0:
+            raise ValueError(f"mask_ratio={self.mask_ratio} must be in (0, 1)")
+        embed_dim, heads = self.decoder_embed_dim, self.decoder_num_heads
+        if embed_dim <= 0 or heads <= 0 or embed_dim % heads:
+            raise ValueError(f"decoder_num_heads={heads} must be a positive divisor of decoder_embed_dim={embed_dim}")
+        if self.decoder_depth <= 0:
+            raise ValueError(f"decoder_depth={self.decoder_depth} must be positive")
+        if self.patch_embed != "standard":
+            raise ValueError(f"patch_embed={self.patch_embed!r}: the masked autoencoder hides p x p patches")
 
 
 class MaskedAutoencoder(VisionTransformer):
-    """MAE: the ViT encoder (any `VisionTransformer` argument) plus the decoder and the masked-pixel loss.
+    """MAE: the ViT encoder plus the decoder and the masked-pixel loss, every setting in `config` (`MAEConfig`)."""
 
-    Args:
-        decoder_embed_dim, decoder_depth, decoder_num_heads: the decoder's width, blocks and heads (512, 8, 16 in
-            the paper's ViT-B/L/H models); its MLP ratio is the encoder's, as in the official code.
-        mask_ratio: the share of patches hidden from the encoder (0.75).
-        norm_pix_loss: targets normalised per patch (mean 0, variance 1 over its p·p·3 values), the paper's
-            better setting.
-        **vit_kwargs: the encoder's; `pos_embed` defaults to the fixed "sincos2d" table, `num_classes` is 0.
-    """
-
-    def __init__(
-        self,
-        decoder_embed_dim: int = 512,
-        decoder_depth: int = 8,
-        decoder_num_heads: int = 16,
-        mask_ratio: float = 0.75,
-        norm_pix_loss: bool = False,
-        **vit_kwargs,
-    ) -> None:
-        vit_kwargs = {"pos_embed": "sincos2d", "qkv_bias": True, **vit_kwargs, "num_classes": 0}
-        unsupported = {k: vit_kwargs.get(k) for k in ("distill_token", "reg_tokens", "dynamic_img_size")}
-        if any(unsupported.values()) or vit_kwargs.get("class_token") is False:
-            raise ValueError(f"the masked autoencoder keeps the cls token and nothing else: {unsupported} unsupported")
-        if not 0.0 < mask_ratio < 1.0:
-            raise ValueError(f"mask_ratio={mask_ratio} must be in (0, 1)")
-        if decoder_embed_dim <= 0 or decoder_num_heads <= 0 or decoder_embed_dim % decoder_num_heads:
-            raise ValueError(
-                f"decoder_num_heads={decoder_num_heads} must be a positive divisor of "
-                f"decoder_embed_dim={decoder_embed_dim}"
-            )
-        if decoder_depth <= 0:
-            raise ValueError(f"decoder_depth={decoder_depth} must be positive")
-        super().__init__(**vit_kwargs)
-        if self.patch_embed_kind != "standard":
-            raise ValueError(f"patch_embed={self.patch_embed_kind!r}: the masked autoencoder hides p x p patches")
-        self.mask_ratio = mask_ratio
-        self.norm_pix_loss = norm_pix_loss
+    def __init__(self, config: MAEConfig) -> None:
+        super().__init__(config)
+        self.mask_ratio = config.mask_ratio
+        self.norm_pix_loss = config.norm_pix_loss
+        width = config.decoder_embed_dim  # C_d
         patch_dim = self.patch_embed.patch_size[0] * self.patch_embed.patch_size[1] * self.patch_embed.in_chans
         mlp_ratio = self.blocks[0].mlp.fc1.out_features / self.embed_dim
 
-        self.decoder_embed = nn.Linear(self.embed_dim, decoder_embed_dim)
-        self.mask_token = nn.Parameter(torch.zeros(1, 1, decoder_embed_dim))
-        table = sincos_2d_table(self.grid_size, decoder_embed_dim, num_prefix=1)  # (1, 1 + N, C_d)
+        self.decoder_embed = nn.Linear(self.embed_dim, width)
+        self.mask_token = nn.Parameter(torch.zeros(1, 1, width))
+        table = sincos_2d_table(self.grid_size, width, num_prefix=1)  # (1, 1 + N, C_d)
         self.decoder_pos_embed = nn.Parameter(table, requires_grad=False)
         self.decoder_blocks = nn.ModuleList(
-            Block(decoder_embed_dim, decoder_num_heads, mlp_ratio=mlp_ratio, qkv_bias=True)
-            for _ in range(decoder_depth)
+            Block(width, config.decoder_num_heads, mlp_ratio=mlp_ratio, qkv_bias=True)
+            for _ in range(config.decoder_depth)
         )
-        self.decoder_norm = nn.LayerNorm(decoder_embed_dim, eps=1e-6)
-        self.decoder_pred = nn.Linear(decoder_embed_dim, patch_dim)
+        self.decoder_norm = nn.LayerNorm(width, eps=1e-6)
+        self.decoder_pred = nn.Linear(width, patch_dim)
         self.init_weights()
 
     def init_weights(self) -> None:
@@ -186,8 +189,8 @@ def create_mae(name: str, decoder: dict, **encoder_overrides) -> MaskedAutoencod
     """A masked autoencoder whose encoder is the registered ViT `name` with `encoder_overrides` (as
     `create_model(name, ...)` would build it), and `decoder` its decoder and masking settings
     (`decoder_embed_dim`, `decoder_depth`, `decoder_num_heads`, `mask_ratio`, `norm_pix_loss`)."""
-    if not issubclass(model_entry(name).constructor, VisionTransformer):
+    if not issubclass(model_entry(name).model, VisionTransformer):
         raise ValueError(f"name={name!r} is not a ViT: the masked autoencoder hides patches of a plain ViT encoder")
     encoder = model_arguments(name, **encoder_overrides)
     encoder.pop("num_classes", None)  # no head: the decoder is the output
-    return MaskedAutoencoder(**decoder, **encoder)
+    return MaskedAutoencoder(MAEConfig(**decoder, **encoder))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 from einops import rearrange
@@ -32,10 +33,9 @@ from torch import nn
 from torch.nn.init import trunc_normal_
 
 from vit.models.attention import TokenAttention
-from vit.models.encoder import Encoder, init_linear_trunc_normal
+from vit.models.encoder import Encoder, EncoderConfig, init_linear_trunc_normal
 from vit.models.layers import Mlp, run_blocks
 from vit.models.performer import TokenPerformer
-from vit.models.registry import register_model
 
 # (kernel, stride, padding) of the three soft splits.
 SOFT_SPLITS = {
@@ -123,7 +123,8 @@ class TokenTransformer(nn.Module):
 
 
 class T2TModule(nn.Module):
-    """Image -> tokens through three soft splits with two token-attention stages in between.
+    """Image -> tokens through three soft splits with two token-attention stages in between. A T2T-ViT builds it
+    from its `T2TConfig`, where the defaults are.
 
     Args:
         img_size: input side; the soft splits must tile it (see `soft_split_grids`).
@@ -143,14 +144,15 @@ class T2TModule(nn.Module):
 
     def __init__(
         self,
-        img_size: int = 224,
-        tokens_type: str = "performer",
-        in_chans: int = 3,
-        embed_dim: int = 768,
-        token_dim: int = 64,
-        soft_split="auto",
-        token_scale: str = "input",
-        attn_backend: str = "auto",
+        *,
+        img_size: int,
+        tokens_type: str,
+        in_chans: int,
+        embed_dim: int,
+        token_dim: int,
+        soft_split,
+        token_scale: str,
+        attn_backend: str,
     ) -> None:
         super().__init__()
         if tokens_type not in TOKEN_TYPES:
@@ -206,6 +208,33 @@ class T2TModule(nn.Module):
         return self.project(x)  # (B, N2, embed_dim)
 
 
+@dataclass(frozen=True)
+class T2TConfig(EncoderConfig):
+    """A T2T-ViT's settings: the `EncoderConfig`'s with the official code's defaults, and the T2T module's (see
+    `T2TModule` for each). The position table (the fixed sinusoid) is the official code's, not a setting; nor are
+    the encoder's variants that the official model has no place for (LSA, LayerScale, rotary positions)."""
+
+    qkv_bias: bool = False  # the official code's
+    pos_embed: str = field(default="sinusoidal", init=False)
+    lsa: bool = field(default=False, init=False)
+    init_values: float | None = field(default=None, init=False)
+    rope_temperature: float | None = field(default=None, init=False)
+    img_size: int = 224
+    tokens_type: str = "performer"  # "performer" (linear time) or "transformer" (the core Attention)
+    in_chans: int = 3
+    token_dim: int = 64  # width of the tokens between the T2T stages (64 in the paper)
+    soft_split: str | Sequence = "auto"  # "auto", "imagenet", "cifar", or three (kernel, stride, padding) triples
+    token_scale: str = "input"  # "input": (input width // heads) ** -0.5 as the official code | "output"
+    dynamic_img_size: bool = False  # ViTs only: kept as a setting so a config shared with ViTs can say false
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.dynamic_img_size is not False:
+            raise ValueError(
+                "dynamic_img_size=true is for ViTs: the T2T module's soft splits and token grid are fixed by img_size"
+            )
+
+
 class T2TViT(Encoder):
     """T2T-ViT: the T2T module under the official name `tokens_to_token`, then the `Encoder` with the fixed
     sinusoid position table and PyTorch's LayerNorm epsilon (1e-5), as in the official code.
@@ -217,74 +246,20 @@ class T2TViT(Encoder):
     """
 
     tokenizer_name = "tokens_to_token"
+    norm_eps = 1e-5  # nn.LayerNorm's default, as in the official code
 
-    def __init__(
-        self,
-        img_size: int = 224,
-        tokens_type: str = "performer",
-        in_chans: int = 3,
-        num_classes: int = 1000,
-        embed_dim: int = 768,
-        depth: int = 12,
-        num_heads: int = 12,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = False,
-        qk_scale: float | None = None,
-        drop_rate: float = 0.0,
-        attn_drop_rate: float = 0.0,
-        drop_path_rate: float = 0.0,
-        token_dim: int = 64,
-        soft_split="auto",
-        token_scale: str = "input",
-        attn_backend: str = "auto",
-        distill_token: bool = False,
-        qk_norm: bool = False,
-        mlp: str = "gelu",
-        reg_tokens: int = 0,
-        global_pool: str = "token",
-        class_token: bool = True,
-        no_embed_class: bool = False,
-        fc_norm: bool | None = None,
-        dynamic_img_size: bool = False,
-    ) -> None:
-        if dynamic_img_size is not False:
-            raise ValueError(
-                "dynamic_img_size=true is for ViTs: the T2T module's soft splits and token grid are fixed by img_size"
-            )
+    def __init__(self, config: T2TConfig) -> None:
         tokenizer = T2TModule(
-            img_size=img_size,
-            tokens_type=tokens_type,
-            in_chans=in_chans,
-            embed_dim=embed_dim,
-            token_dim=token_dim,
-            soft_split=soft_split,
-            token_scale=token_scale,
-            attn_backend=attn_backend,
+            img_size=config.img_size,
+            tokens_type=config.tokens_type,
+            in_chans=config.in_chans,
+            embed_dim=config.embed_dim,
+            token_dim=config.token_dim,
+            soft_split=config.soft_split,
+            token_scale=config.token_scale,
+            attn_backend=config.attn_backend,
         )
-        super().__init__(
-            tokenizer,
-            num_classes=num_classes,
-            embed_dim=embed_dim,
-            depth=depth,
-            num_heads=num_heads,
-            mlp_ratio=mlp_ratio,
-            qkv_bias=qkv_bias,
-            qk_scale=qk_scale,
-            drop_rate=drop_rate,
-            attn_drop_rate=attn_drop_rate,
-            drop_path_rate=drop_path_rate,
-            attn_backend=attn_backend,
-            pos_embed="sinusoidal",
-            distill_token=distill_token,
-            norm_eps=1e-5,  # nn.LayerNorm's default, as in the official code
-            qk_norm=qk_norm,
-            mlp=mlp,
-            reg_tokens=reg_tokens,
-            global_pool=global_pool,
-            class_token=class_token,
-            no_embed_class=no_embed_class,
-            fc_norm=fc_norm,
-        )
+        super().__init__(tokenizer, config)
 
     def init_weights(self) -> None:
         """The official init: trunc-normal(0.02) cls token and Linears, zero biases (and the distillation token
@@ -295,31 +270,9 @@ class T2TViT(Encoder):
         self.apply(init_linear_trunc_normal)
 
 
-# name: (tokens_type, embed_dim, depth, num_heads, mlp_ratio), the paper's Table 1.
-T2T_SHAPES = {
-    "t2t_vit_7": ("performer", 256, 7, 4, 2.0),
-    "t2t_vit_10": ("performer", 256, 10, 4, 2.0),
-    "t2t_vit_12": ("performer", 256, 12, 4, 2.0),
-    "t2t_vit_14": ("performer", 384, 14, 6, 3.0),
-    "t2t_vit_19": ("performer", 448, 19, 7, 3.0),
-    "t2t_vit_24": ("performer", 512, 24, 8, 3.0),
-    "t2t_vit_t_14": ("transformer", 384, 14, 6, 3.0),
-    "t2t_vit_t_19": ("transformer", 448, 19, 7, 3.0),
-    "t2t_vit_t_24": ("transformer", 512, 24, 8, 3.0),
-}
-for _name, (_tokens, _dim, _depth, _heads, _ratio) in T2T_SHAPES.items():
-    register_model(
-        _name,
-        T2TViT,
-        f"T2T-ViT ({_tokens} tokens), {_dim} wide, {_depth} deep, {_heads} heads",
-        tokens_type=_tokens,
-        embed_dim=_dim,
-        depth=_depth,
-        num_heads=_heads,
-        mlp_ratio=_ratio,
-    )
-
-
 def official_qk_scale(name: str) -> float:
-    """The encoder scale the released checkpoints were trained with: embed_dim ** -0.5."""
-    return T2T_SHAPES[name][1] ** -0.5
+    """The encoder scale the released checkpoints of the registered T2T-ViT `name` were trained with:
+    embed_dim ** -0.5."""
+    from vit.models.registry import model_arguments  # the registry imports this module
+
+    return model_arguments(name)["embed_dim"] ** -0.5
