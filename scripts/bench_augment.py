@@ -1,4 +1,4 @@
-"""What the batch augmentation (vit/data/augment.py's `BatchAugment`: pad-crop, flip, policy, normalisation) costs
+"""What the batch augmentation (vit/data/augment/batch.py's `BatchAugment`: pad-crop, flip, policy, normalisation) costs
 per batch, against torchvision's v2 policies called on chunks of 16 images (one draw per call: the way a loader
 uses them on batches): wall time and the number of aten ops dispatched, the proxy for kernel launches on a GPU.
 
@@ -22,8 +22,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torchvision.transforms import v2
 
-from vit.data.augment import AugmentSpec, BatchAugment, is_small
-from vit.data.transforms import MEAN_STD
+from vit.data.augment.batch import AugmentSpec, BatchAugment, is_small
+from vit.data.augment.transforms import MEAN_STD
 
 # (label, implementation, force the whole-batch path)
 IMPLS = (

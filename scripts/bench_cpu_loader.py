@@ -32,9 +32,9 @@ from PIL import Image
 from timm.data import auto_augment as timm_aa
 from timm.data import create_transform
 
-from vit.data.augment import AugmentSpec, BatchAugment
+from vit.data.augment.batch import AugmentSpec, BatchAugment
+from vit.data.augment.transforms import MEAN_STD, train_geometry
 from vit.data.images import read_rgb
-from vit.data.transforms import MEAN_STD, train_geometry
 
 SIZES = ((500, 375), (500, 333), (375, 500), (640, 480), (500, 400), (333, 500))
 

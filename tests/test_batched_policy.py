@@ -1,4 +1,4 @@
-"""The batched AutoAugment / RandAugment / TrivialAugmentWide (vit/data/batched_policy.py) against torchvision:
+"""The batched AutoAugment / RandAugment / TrivialAugmentWide (vit/data/augment/batched_policy.py) against torchvision:
 every op image by image, exactly; the magnitude tables and sub-policies; the draw frequencies; seeding; and the
 policies as the loaders build them."""
 
@@ -11,11 +11,11 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 from trainer_utils import REPO, compose_config
 
-from vit.data import batched_ops as bo
-from vit.data import batched_policy as bp
 from vit.data import build_data
-from vit.data.augment import build_policy
-from vit.data.gpu_loader import GpuLoader
+from vit.data.augment import batched_ops as bo
+from vit.data.augment import batched_policy as bp
+from vit.data.augment.batch import build_policy
+from vit.data.loading.gpu_loader import GpuLoader
 from vit.train.config import ConfigError, validate
 
 NEAREST = v2.InterpolationMode.NEAREST

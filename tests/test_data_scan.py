@@ -13,10 +13,10 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-import vit.data.datasets as datasets_module
-import vit.data.scan as scan_module
+import vit.data.sources.datasets as datasets_module
+import vit.data.sources.scan as scan_module
 from vit.data import DataError, build_data
-from vit.data.datasets import build_splits, scan_cache_dir, targets_of
+from vit.data.sources.datasets import build_splits, scan_cache_dir, targets_of
 
 # Odd names on purpose: spaces, non-ASCII letters (NFC), a name starting with a dash.
 CLASSES = ("chat noir", "chien", "grenouille été")

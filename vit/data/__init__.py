@@ -10,11 +10,11 @@ __all__ = ["DataBundle", "DataError", "build_data"]
 
 def __getattr__(name: str):
     if name == "DataError":
-        from vit.data.datasets import DataError
+        from vit.data.sources.datasets import DataError
 
         return DataError
     if name in ("DataBundle", "build_data"):
-        from vit.data import loader
+        from vit.data.loading import build as loader
 
         return getattr(loader, name)
     raise AttributeError(f"module 'vit.data' has no attribute {name!r}")

@@ -74,7 +74,7 @@ def decode(source: str | Path | bytes) -> Image.Image:
 
 
 def problem_of(err: BaseException) -> str:
-    """Why `decode` failed, in a few words (also the scan's reasons, vit/data/scan.py)."""
+    """Why `decode` failed, in a few words (also the scan's reasons, vit/data/sources/scan.py)."""
     if isinstance(err, IsADirectoryError):
         return "a folder, not an image file"
     if isinstance(err, FileNotFoundError):

@@ -9,10 +9,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from vit.data.archive import is_archive
-from vit.data.augment import AugmentSpec
-from vit.data.datasets import DATASET_NAMES, DataError, parse_holdout
-from vit.data.loader import LOADERS
+from vit.data.augment.batch import AugmentSpec
+from vit.data.loading.build import LOADERS
+from vit.data.sources.archive import is_archive
+from vit.data.sources.datasets import DATASET_NAMES, DataError, parse_holdout
 from vit.errors import UserError
 from vit.models import create_mae, create_model, list_models
 from vit.train.finetune import FREEZE_MODES

@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from torchvision.transforms import v2
 
-from vit.data.batched_policy import BatchedAutoAugment, BatchedTrivialAugmentWide
-from vit.data.datasets import DataError
+from vit.data.augment.batched_policy import BatchedAutoAugment, BatchedTrivialAugmentWide
+from vit.data.augment.rand_augment import LEVEL_DENOM, TimmRandAugment
 from vit.data.declared import BASE, declared
-from vit.data.rand_augment import LEVEL_DENOM, TimmRandAugment
+from vit.data.sources.datasets import DataError
 
 CROPS = ("pad", "rrc", "none")
 POLICY_HELP = (
@@ -184,8 +184,8 @@ def build_policy(text: str | None, img_size: int, mean: tuple[float, ...]):
     """`data.augment.auto_augment` as a callable (uint8 (B, 3, H, W), generator) -> uint8 (B, 3, H, W), or None.
 
     autoaug: AutoAugment (the CIFAR-10 policy up to 64 px, ImageNet's above), trivial: TrivialAugmentWide, both
-    torchvision's policies drawn per sample (vit/data/batched_policy.py); rand-...: timm's RandAugment
-    (vit/data/rand_augment.py); augmix...: torchvision's AugMix, per image."""
+    torchvision's policies drawn per sample (vit/data/augment/batched_policy.py); rand-...: timm's RandAugment
+    (vit/data/augment/rand_augment.py); augmix...: torchvision's AugMix, per image."""
     if not text:
         return None
     if text == "autoaug":

@@ -1,5 +1,5 @@
 """What happens to single images before batching (decoding geometry), per-dataset normalisation constants,
-Mixup/CutMix and the loss. The augmentation of the batches themselves is vit/data/augment.py."""
+Mixup/CutMix and the loss. The augmentation of the batches themselves is vit/data/augment/batch.py."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from torchvision import transforms as T
 
-from vit.data.augment import AugmentSpec
-from vit.data.datasets import DataError
+from vit.data.augment.batch import AugmentSpec
+from vit.data.sources.datasets import DataError
 
 MEAN_STD = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),

@@ -1,5 +1,5 @@
 """The datasets behind `data.name`: CIFAR-10/100 (torchvision), ImageNet-style folders, synthetic images, and
-Hugging Face datasets (vit/data/hf.py).
+Hugging Face datasets (vit/data/sources/hf.py).
 
 Each builder returns the train and val datasets (without transforms; the loader adds them) and the
 class-to-index map that is saved with every checkpoint. Image folders are scanned for files that cannot be
@@ -22,15 +22,16 @@ from PIL import Image
 from torch.utils.data import Dataset, Subset
 from torchvision import datasets as tv_datasets
 
-from vit.data.archive import ArchiveError, extract_archive, is_archive
 from vit.data.declared import complete
 from vit.data.images import read_rgb
 from vit.data.resources import cache_folder, num_workers
-from vit.data.scan import find_unreadable
+from vit.data.sources.archive import ArchiveError, extract_archive, is_archive
+from vit.data.sources.scan import find_unreadable
 from vit.errors import UserError
 
 VAL_SPLIT_NAMES = ("val", "validation", "test")
-# webdataset (streamed tar shards) is routed by vit/data/loader.py before build_splits; listed here for the messages.
+# webdataset (streamed tar shards) is routed by vit/data/loading/build.py before build_splits; listed here for the
+# messages.
 DATASET_NAMES = ("cifar10", "cifar100", "imagefolder", "synthetic", "hf", "webdataset")
 BAD_IMAGE_MODES = ("error", "skip")
 BAD_IMAGES_LISTED = 20  # paths named in the data.on_bad_image=error message; the count covers all of them
@@ -454,7 +455,9 @@ def build_splits(cfg, seed: int = 0) -> Splits:
     elif name == "synthetic":
         splits = _synthetic(cfg, seed)
     elif name == "hf":
-        from vit.data.hf import build_hf_splits  # imported here: it imports this module, and the datasets library
+        from vit.data.sources.hf import (
+            build_hf_splits,  # imported here: it imports this module, and the datasets library
+        )
 
         splits = build_hf_splits(cfg)
     else:

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import Dataset
 
-from vit.data.datasets import DataError, Splits
 from vit.data.images import to_rgb
+from vit.data.sources.datasets import DataError, Splits
 from vit.hub import host_reachable, hub_host, offline_hub
 
 HF_VAL_SPLIT_NAMES = ("validation", "val", "test")  # data.val_split=null: the first of these the dataset has

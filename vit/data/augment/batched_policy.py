@@ -1,5 +1,5 @@
 """AutoAugment, RandAugment and TrivialAugmentWide for whole uint8 (B, 3, H, W) batches, every sample with its own
-draw: what `data.augment.auto_augment=autoaug|trivial` means on both loaders (vit/data/augment.py builds them).
+draw: what `data.augment.auto_augment=autoaug|trivial` means on both loaders (vit/data/augment/batch.py builds them).
 
 torchvision's v2 policies draw ONE op per call, from the global RNG, so a loader calling them on a batch either
 shares one draw among many images or makes a call per chunk of images, each a handful of small kernels (and host
@@ -9,7 +9,7 @@ syncs) launched from Python. Here a batch costs a fixed number of launches per o
       --draw, per sample and per slot (1 for TrivialAugmentWide, N for RandAugment, 2 for AutoAugment): a row of
         the policy's table = (op, magnitude bin, sign), and for AutoAugment a sub-policy and whether each of its two
         ops applies-->
-      --per slot, three families (vit/data/batched_ops.py): the geometric ops in ONE nearest grid_sample with a
+      --per slot, three families (vit/data/augment/batched_ops.py): the geometric ops in ONE nearest grid_sample with a
         per-sample affine matrix; the value-to-value ops in ONE lookup-table gather; Color / Contrast / Sharpness in
         ONE fused multiply-add-->
     uint8 (B, 3, H, W)
@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 import torch
 
-from vit.data.batched_ops import OP_INDEX, OPS, affine_theta, apply_ops, member, static_lut
+from vit.data.augment.batched_ops import OP_INDEX, OPS, affine_theta, apply_ops, member, static_lut
 
 # The ops whose magnitude takes a random sign, as torchvision's `_AUGMENTATION_SPACE` marks them.
 SIGNED = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast", "Sharpness")

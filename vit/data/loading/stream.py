@@ -1,11 +1,11 @@
 """data=webdataset: tar shards streamed through DataLoader workers, then the same device-side augmentation as every
 other dataset.
 
-An image's way: a worker reads its pieces of the shards (vit/data/shards.py says which) as raw samples (bytes),
+An image's way: a worker reads its pieces of the shards (vit/data/sources/shards.py says which) as raw samples (bytes),
 shuffles them in a buffer seeded from (seed, epoch, rank, stream), drops the ones a resume skips (before
 decoding them), decodes the rest with the image folders' PIL conversion (`to_rgb`) into uint8 (3, H, W) by the
 folders' worker geometry (`train_geometry` / `val_geometry`), and the DataLoader stacks B of them into a uint8
-(B, 3, H, W) batch. `DeviceBatches` (vit/data/loader.py) then moves the batch to the device and runs
+(B, 3, H, W) batch. `DeviceBatches` (vit/data/loading/build.py) then moves the batch to the device and runs
 `BatchAugment` on it: float32 (B, 3, H, W), normalised.
 
 Batch i of a rank comes from stream i % K (K = max(1, data.num_workers)), which is how the DataLoader takes
@@ -26,12 +26,13 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from webdataset.filters import _shuffle
 from webdataset.tariterators import tarfile_samples
 
-from vit.data.augment import BatchAugment
-from vit.data.datasets import BAD_IMAGE_MODES, DataError
+from vit.data.augment.batch import BatchAugment
+from vit.data.augment.transforms import mixup_and_criterion, train_geometry, val_geometry
 from vit.data.images import decode, problem_of, to_rgb
-from vit.data.loader import DataBundle, DeviceBatches, _init_worker
+from vit.data.loading.build import DataBundle, DeviceBatches, _init_worker
 from vit.data.resources import num_workers
-from vit.data.shards import (
+from vit.data.sources.datasets import BAD_IMAGE_MODES, DataError
+from vit.data.sources.shards import (
     IMAGE_EXTENSIONS,
     LABEL_EXTENSION,
     class_map,
@@ -43,7 +44,6 @@ from vit.data.shards import (
     val_plan,
     val_shards,
 )
-from vit.data.transforms import mixup_and_criterion, train_geometry, val_geometry
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Two loaders, one augmentation. The torch loader decodes and crops in CPU workers and hands uint8 batches to the
 device; the GPU-resident loader keeps the decoded split on the device. Either way a batch then goes through the
-same `BatchAugment` (vit/data/augment.py) on the device, so a config means the same augmented images on both.
+same `BatchAugment` (vit/data/augment/batch.py) on the device, so a config means the same augmented images on both.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-from vit.data.augment import AugmentSpec, BatchAugment
-from vit.data.datasets import DataError, Splits, build_splits, targets_of
+from vit.data.augment.batch import AugmentSpec, BatchAugment
+from vit.data.augment.transforms import mean_std, mixup_and_criterion, train_geometry, val_geometry
 from vit.data.declared import complete
-from vit.data.decoded_cache import cached_split
-from vit.data.gpu_loader import GpuLoader
+from vit.data.loading.decoded_cache import cached_split
+from vit.data.loading.gpu_loader import GpuLoader
+from vit.data.loading.sampling import epoch_order, evaluation_order
 from vit.data.resources import available_memory, cache_folder, num_workers
-from vit.data.sampling import epoch_order, evaluation_order
-from vit.data.transforms import mean_std, mixup_and_criterion, train_geometry, val_geometry
+from vit.data.sources.datasets import DataError, Splits, build_splits, targets_of
 
 log = logging.getLogger(__name__)
 
@@ -252,8 +252,8 @@ def build_data(
     device = torch.device(device)
     if cfg.loader not in LOADERS:
         raise DataError(f"data.loader={cfg.get('loader')!r} must be one of {LOADERS}")
-    if cfg.get("name") == "webdataset":  # tar shards, streamed: no splits to hold in memory (vit/data/stream.py)
-        from vit.data.stream import build_stream_data  # imports this module: loaded only when asked for
+    if cfg.get("name") == "webdataset":  # tar shards, streamed: no splits to hold in memory (stream.py)
+        from vit.data.loading.stream import build_stream_data  # imports this module: loaded only when asked for
 
         mean, std = mean_std(cfg)
         common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
