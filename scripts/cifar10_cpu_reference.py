@@ -37,7 +37,7 @@ from torchvision import datasets, transforms
 
 from vit.args import UsageError, parse_args, run_script
 from vit.data.sources.archive import extract_archive, is_archive
-from vit.data.sources.datasets import find_tree_root
+from vit.data.sources.folders import find_tree_root
 from vit.train.run import startup_seconds
 
 DEFAULTS = {

@@ -62,7 +62,7 @@ def check_images(image: str | None, pre, data_cfg) -> tuple[torch.Tensor, str]:
     from vit.analysis.inputs import image_paths
     from vit.data import DataError
     from vit.data.images import read_rgb
-    from vit.data.sources.datasets import build_splits
+    from vit.data.sources.registry import build_splits
 
     transform = pre.transform()
     if image:
@@ -89,7 +89,7 @@ def labelled_images(data_cfg, split: str, count: int | None, pre) -> tuple[np.nd
     class; its first images would be one class), or all of them, through the evaluation preprocessing, their
     labels, and the split's name (train; holdout with data.holdout, else the one it came from: test, val, ...)."""
     from vit.data import DataError
-    from vit.data.sources.datasets import build_splits
+    from vit.data.sources.registry import build_splits
 
     cfg = dict(data_cfg)
     cfg.update(scan_images=False, limit_val_samples=None, limit_train_samples=None, download=False)

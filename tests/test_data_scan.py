@@ -13,10 +13,12 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-import vit.data.sources.datasets as datasets_module
+import vit.data.sources.cifar as cifar_module
 import vit.data.sources.scan as scan_module
 from vit.data import DataError, build_data
-from vit.data.sources.datasets import build_splits, scan_cache_dir, targets_of
+from vit.data.sources.folders import scan_cache_dir
+from vit.data.sources.registry import build_splits
+from vit.data.sources.splits import targets_of
 
 # Odd names on purpose: spaces, non-ASCII letters (NFC), a name starting with a dash.
 CLASSES = ("chat noir", "chien", "grenouille été")
@@ -350,7 +352,7 @@ class FakeCifar(Dataset):
 
 
 def test_holdout_cifar_same_images_for_every_seed_and_disjoint(monkeypatch, tmp_path):
-    monkeypatch.setattr(datasets_module.tv_datasets, "CIFAR10", FakeCifar)
+    monkeypatch.setattr(cifar_module.tv_datasets, "CIFAR10", FakeCifar)
     cfg = {"name": "cifar10", "root": str(tmp_path), "img_size": 8, "download": False, "holdout": 50}
     a, b = build_splits(cfg, seed=0), build_splits(cfg, seed=5)
     assert build_splits({**cfg, "holdout": None}).val_name == "test" and a.val_name == "holdout"
@@ -371,14 +373,14 @@ def _indices(subset) -> list[int]:
 
 @pytest.mark.parametrize("value", [0, -3, 0.0, 1.0, 1.5, "abc", True, [5], 300, 291])
 def test_bad_holdout_values_are_named(monkeypatch, tmp_path, value):
-    monkeypatch.setattr(datasets_module.tv_datasets, "CIFAR10", FakeCifar)
+    monkeypatch.setattr(cifar_module.tv_datasets, "CIFAR10", FakeCifar)
     cfg = {"name": "cifar10", "root": str(tmp_path), "img_size": 8, "download": False, "holdout": value}
     with pytest.raises(DataError, match=r"data\.holdout="):
         build_splits(cfg)
 
 
 def test_holdout_as_large_as_allowed_keeps_one_image_per_class(monkeypatch, tmp_path):
-    monkeypatch.setattr(datasets_module.tv_datasets, "CIFAR10", FakeCifar)
+    monkeypatch.setattr(cifar_module.tv_datasets, "CIFAR10", FakeCifar)
     cfg = {"name": "cifar10", "root": str(tmp_path), "img_size": 8, "download": False, "holdout": 290}
     splits = build_splits(cfg)
     assert len(splits.val) == 290 and sorted(splits.train_array[1].tolist()) == list(range(10))

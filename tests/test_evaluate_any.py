@@ -264,7 +264,7 @@ def test_help(capsys):
 @pytest.mark.skipif(not ARCHIVE, reason="VIT_CIFAR10_ARCHIVE is not set (CI sets it)")
 def test_a_timm_file_on_real_cifar10_images(timm_file, tmp_path_factory, capsys):
     """100 real CIFAR-10 test images (class-balanced), upsampled by timm's preprocessing: timm's numbers."""
-    from vit.data.sources.datasets import build_splits
+    from vit.data.sources.registry import build_splits
 
     torch.manual_seed(5)
     model = timm.create_model(TIMM_NAME, pretrained=False, num_classes=10, depth=2).eval()

@@ -11,8 +11,9 @@ from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
 from PIL import Image as PILImage
 from trainer_utils import run_cli
 
+from vit.data.errors import DataError
 from vit.data.loading.build import build_data
-from vit.data.sources.datasets import DataError, build_splits
+from vit.data.sources.registry import build_splits
 from vit.train import load_checkpoint
 
 NAMES = ["cat", "dog", "frog"]

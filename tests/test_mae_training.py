@@ -21,7 +21,8 @@ from trainer_utils import (
     run_cli,
 )
 
-from vit.data.sources.datasets import DataError, build_splits
+from vit.data.errors import DataError
+from vit.data.sources.registry import build_splits
 from vit.train import load_checkpoint, run
 from vit.train.config import ConfigError, build_mae_from_config, validate
 from vit.train.logger import reconstruction_image

@@ -130,8 +130,8 @@ def class_indices(names: list[str] | None, outputs: int, data_classes: list[str]
 
 
 def evaluate_weights(argv: list[str]) -> dict:
-    from vit.data.loading.build import ShardSampler, Transformed, class_balanced_order
-    from vit.data.sources.datasets import build_splits
+    from vit.data.loading.torch_loader import ShardSampler, Transformed, class_balanced_order
+    from vit.data.sources.registry import build_splits
     from vit.train.config import resolve_device
     from vit.train.loop import evaluate
     from vit.train.precision import AMP_MODES, announce, choose_precision

@@ -10,9 +10,11 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from vit.data.augment.batch import AugmentSpec
+from vit.data.errors import DataError
 from vit.data.loading.build import LOADERS
 from vit.data.sources.archive import is_archive
-from vit.data.sources.datasets import DATASET_NAMES, DataError, parse_holdout
+from vit.data.sources.registry import DATASET_NAMES
+from vit.data.sources.splits import parse_holdout
 from vit.errors import UserError
 from vit.models import create_mae, create_model, list_models
 from vit.train.finetune import FREEZE_MODES

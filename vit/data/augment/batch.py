@@ -31,7 +31,7 @@ from torchvision.transforms import v2
 from vit.data.augment.batched_policy import BatchedAutoAugment, BatchedTrivialAugmentWide
 from vit.data.augment.rand_augment import LEVEL_DENOM, TimmRandAugment
 from vit.data.declared import BASE, declared
-from vit.data.sources.datasets import DataError
+from vit.data.errors import DataError
 
 CROPS = ("pad", "rrc", "none")
 POLICY_HELP = (

@@ -11,7 +11,7 @@ from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from torchvision import transforms as T
 
 from vit.data.augment.batch import AugmentSpec
-from vit.data.sources.datasets import DataError
+from vit.data.errors import DataError
 
 MEAN_STD = {
     "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),

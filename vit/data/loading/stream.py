@@ -5,7 +5,7 @@ An image's way: a worker reads its pieces of the shards (vit/data/sources/shards
 shuffles them in a buffer seeded from (seed, epoch, rank, stream), drops the ones a resume skips (before
 decoding them), decodes the rest with the image folders' PIL conversion (`to_rgb`) into uint8 (3, H, W) by the
 folders' worker geometry (`train_geometry` / `val_geometry`), and the DataLoader stacks B of them into a uint8
-(B, 3, H, W) batch. `DeviceBatches` (vit/data/loading/build.py) then moves the batch to the device and runs
+(B, 3, H, W) batch. `DeviceBatches` (torch_loader.py) then moves the batch to the device and runs
 `BatchAugment` on it: float32 (B, 3, H, W), normalised.
 
 Batch i of a rank comes from stream i % K (K = max(1, data.num_workers)), which is how the DataLoader takes
@@ -28,10 +28,11 @@ from webdataset.tariterators import tarfile_samples
 
 from vit.data.augment.batch import BatchAugment
 from vit.data.augment.transforms import mixup_and_criterion, train_geometry, val_geometry
-from vit.data.images import decode, problem_of, to_rgb
-from vit.data.loading.build import DataBundle, DeviceBatches, _init_worker
+from vit.data.errors import DataError
+from vit.data.images import BAD_IMAGE_MODES, decode, problem_of, to_rgb
+from vit.data.loading.bundle import DataBundle
+from vit.data.loading.torch_loader import DeviceBatches, init_worker
 from vit.data.resources import num_workers
-from vit.data.sources.datasets import BAD_IMAGE_MODES, DataError
 from vit.data.sources.shards import (
     IMAGE_EXTENSIONS,
     LABEL_EXTENSION,
@@ -323,7 +324,7 @@ def build_stream_data(cfg, spec, mean, std, *, device, seed, rank, world_size, b
                              (val_ds, BatchAugment(spec, mean, std, img_size, train=False))):  # fmt: skip
         # Not persistent: each pass copies the dataset (its epoch and skip) into fresh workers.
         loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, pin_memory=pin,
-                            worker_init_fn=_init_worker, generator=torch.Generator().manual_seed(seed))  # fmt: skip
+                            worker_init_fn=init_worker, generator=torch.Generator().manual_seed(seed))  # fmt: skip
         loaders.append(DeviceBatches(StreamLoader(dataset, loader), dataset, augment, **wrap))
     if len(loaders[0]) == 0:
         raise DataError(

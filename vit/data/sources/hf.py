@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import Dataset
 
+from vit.data.errors import DataError
 from vit.data.images import to_rgb
-from vit.data.sources.datasets import DataError, Splits
+from vit.data.sources.splits import Splits
 from vit.hub import host_reachable, hub_host, offline_hub
 
 HF_VAL_SPLIT_NAMES = ("validation", "val", "test")  # data.val_split=null: the first of these the dataset has

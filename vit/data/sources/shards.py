@@ -32,7 +32,7 @@ from webdataset.gopen import gopen
 from webdataset.shardlists import expand_urls
 from webdataset.tariterators import base_plus_ext
 
-from vit.data.sources.datasets import DataError
+from vit.data.errors import DataError
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 LABEL_EXTENSION = "cls"
