@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torchvision.transforms import v2
 
 from vit.data.augment.batch import AugmentSpec, BatchAugment, is_small
-from vit.data.augment.transforms import MEAN_STD
+from vit.data.sources.registry import DATASETS
 
 # (label, implementation, force the whole-batch path)
 IMPLS = (
@@ -67,7 +67,7 @@ def make_augment(policy: str | None, impl: str, whole_batch: bool, size: int):
          "cutmix_alpha": 0.0, "mixup_prob": 1.0, "label_smoothing": 0.0,
          "auto_augment": policy if impl == "ours" else None}
     )  # fmt: skip
-    augment = BatchAugment(spec, *MEAN_STD["cifar10"], size, train=True)
+    augment = BatchAugment(spec, *DATASETS["cifar10"].mean_std, size, train=True)
     if impl == "ours":
         if whole_batch and augment.policy is not None:
             augment.policy.subsets = False

@@ -17,8 +17,9 @@ from PIL import Image
 from trainer_utils import REPO, compose_config
 
 from vit.analysis.inputs import load_model
-from vit.data.augment.transforms import mean_std, val_transform
+from vit.data.augment.transforms import val_transform
 from vit.data.images import read_rgb
+from vit.data.sources.registry import mean_std
 from vit.deploy.options import run_main
 from vit.deploy.preprocessing import from_data_config
 from vit.deploy.runtime import OnnxClassifier, preprocess

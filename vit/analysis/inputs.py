@@ -59,7 +59,7 @@ def load_images(spec: str | Path, config: dict, limit: int | None = None) -> tup
 
 
 def denormalise(images: torch.Tensor, config: dict) -> torch.Tensor:
-    from vit.data.augment.transforms import mean_std
+    from vit.data.sources.registry import mean_std
 
     mean, std = mean_std(config["data"])
     return (images * torch.tensor(std).view(1, 3, 1, 1) + torch.tensor(mean).view(1, 3, 1, 1)).clamp(0, 1)

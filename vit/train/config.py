@@ -13,7 +13,7 @@ from vit.data.augment.batch import AugmentSpec
 from vit.data.errors import DataError
 from vit.data.loading.build import LOADERS
 from vit.data.sources.archive import is_archive
-from vit.data.sources.registry import DATASET_NAMES
+from vit.data.sources.registry import DATASETS
 from vit.data.sources.splits import parse_holdout
 from vit.errors import UserError
 from vit.models import create_mae, create_model, list_models
@@ -265,7 +265,7 @@ def validate(cfg: DictConfig) -> None:
 
 def check_data(cfg: DictConfig) -> None:
     data = cfg.data
-    _require(data.name in DATASET_NAMES, f"data.name={data.name!r} must be one of {DATASET_NAMES}")
+    _require(data.name in DATASETS, f"data.name={data.name!r} must be one of {tuple(DATASETS)}")
     _require(int(data.img_size) > 0, f"data.img_size={data.img_size} must be positive")
     _require(int(data.batch_size) > 0, f"data.batch_size={data.batch_size} must be positive")
     if data.get("patch_size") is not None:
@@ -276,8 +276,8 @@ def check_data(cfg: DictConfig) -> None:
         raise ConfigError(str(err)) from None
     if data.get("std") is not None:
         _require(all(float(v) > 0 for v in data.std), f"data.std={list(data.std)} must be > 0 in every channel")
-    if data.name == "imagefolder":
-        _require(data.root is not None, "data.root is not set: data=imagefolder needs data.root=<folder or archive>")
+    if DATASETS[data.name].needs_root:
+        _require(data.root is not None, f"data.root is not set: data={data.name} needs data.root=<folder or archive>")
         root = Path(str(data.root)).expanduser()
         _require(root.is_dir() or is_archive(root), f"data.root={str(data.root)!r} does not exist")
     try:

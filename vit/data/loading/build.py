@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from vit.data.augment.batch import AugmentSpec, BatchAugment
-from vit.data.augment.transforms import mean_std, mixup_and_criterion, train_geometry, val_geometry
+from vit.data.augment.transforms import mixup_and_criterion, train_geometry, val_geometry
 from vit.data.declared import complete
 from vit.data.errors import DataError
 from vit.data.loading.bundle import DataBundle
@@ -23,7 +23,7 @@ from vit.data.loading.gpu_loader import GpuLoader
 from vit.data.loading.stream import build_stream_data
 from vit.data.loading.torch_loader import DeviceBatches, Transformed, torch_loader
 from vit.data.resources import available_memory, cache_folder, num_workers
-from vit.data.sources.registry import build_splits
+from vit.data.sources.registry import build_splits, dataset_source, mean_std
 from vit.data.sources.splits import Splits
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def build_data(
     device = torch.device(device)
     if cfg.loader not in LOADERS:
         raise DataError(f"data.loader={cfg.get('loader')!r} must be one of {LOADERS}")
-    if cfg.get("name") == "webdataset":  # tar shards, streamed: no splits to hold in memory (stream.py)
+    if dataset_source(cfg.get("name")).streams:  # tar shards: no splits to hold in memory (stream.py)
         mean, std = mean_std(cfg)
         common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
         return build_stream_data(cfg, spec, mean, std, **common)

@@ -334,7 +334,8 @@ def build_stream_data(cfg, spec, mean, std, *, device, seed, rank, world_size, b
     reason = f"data=webdataset: {len(train_urls)} training shards streamed through {workers} CPU loader workers"
     log.info("loader: webdataset (%s)", reason)
     mixup_fn, criterion = mixup_and_criterion(spec, num_classes)
+    kind = str(cfg.name)  # the loader is the stream of this dataset's shards, reported by the dataset's name
     return DataBundle(
         loaders[0], loaders[1], num_classes, class_to_idx, mixup_fn, criterion, mean, std, img_size,
-        train_ds.num_samples(), val_ds.num_samples(), None, "webdataset", reason, val_name, train_workers=workers,
+        train_ds.num_samples(), val_ds.num_samples(), None, kind, reason, val_name, train_workers=workers,
     )  # fmt: skip

@@ -13,11 +13,11 @@ from vit.data.sources.archive import is_archive
 from vit.data.sources.splits import Splits
 
 
-def cifar_splits(cfg, name: str) -> Splits:
+def cifar_splits(cfg, seed: int = 0, *, torchvision_class: type[tv_datasets.CIFAR10]) -> Splits:
     """The train and test sets of torchvision's CIFAR-10 or CIFAR-100 under data.root (downloaded with
     data.download), as uint8 arrays too: the GPU loader uses them without decoding anything."""
     root = Path(cfg.get("root") or "data").expanduser()
-    cls = tv_datasets.CIFAR10 if name == "cifar10" else tv_datasets.CIFAR100
+    name, cls = cfg.get("name"), torchvision_class
     folder = root / cls.base_folder
     if root.is_file():
         kind = "an archive" if is_archive(root) else "a file"

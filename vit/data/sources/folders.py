@@ -46,7 +46,7 @@ def find_tree_root(root: Path) -> Path:
 
 def folder_splits(cfg, seed: int = 0) -> Splits:
     """data.root's train/ and validation folders (or an archive of them), one class per subfolder; with
-    data.unlabelled, every image under data.root in one class."""
+    data.unlabelled, every image under data.root in one class. `seed` unused: the split is the folders'."""
     if not cfg.get("root"):
         raise DataError("data.root is not set: data=imagefolder needs data.root=<folder or .tar/.tar.gz/.zip>")
     root = Path(cfg["root"]).expanduser().resolve()
