@@ -22,7 +22,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torchvision.transforms import v2
 
-from vit.data.augment.batch import AugmentSpec, BatchAugment, is_small
+from vit.data.augment.batch import BatchAugment
+from vit.data.augment.policies import is_small
+from vit.data.augment.spec import AugmentSpec
 from vit.data.sources.registry import DATASETS
 
 # (label, implementation, force the whole-batch path)

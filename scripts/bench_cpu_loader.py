@@ -32,7 +32,8 @@ from PIL import Image
 from timm.data import auto_augment as timm_aa
 from timm.data import create_transform
 
-from vit.data.augment.batch import AugmentSpec, BatchAugment
+from vit.data.augment.batch import BatchAugment
+from vit.data.augment.spec import AugmentSpec
 from vit.data.augment.transforms import train_geometry
 from vit.data.images import read_rgb
 from vit.data.sources.registry import IMAGENET_MEAN_STD

@@ -19,7 +19,9 @@ from trainer_utils import REPO, compose_config, run_cli
 from vit.data import DataError, build_data, resources
 from vit.data.augment import rand_augment as ra
 from vit.data.augment import rand_augment_ops as rops
-from vit.data.augment.batch import AugmentSpec, BatchAugment, build_policy, declared_defaults, random_hflip
+from vit.data.augment.batch import BatchAugment, random_hflip
+from vit.data.augment.policies import build_policy
+from vit.data.augment.spec import AugmentSpec, declared_defaults
 from vit.train.config import ConfigError, validate
 
 FILL = (124, 116, 104)

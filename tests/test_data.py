@@ -16,7 +16,8 @@ from trainer_utils import MODES, REPO, compose_config, make_tree, noise_image
 import vit.data.loading.decoded_cache as decoded_cache
 import vit.data.sources.archive as archive_module
 from vit.data import DataError, build_data
-from vit.data.augment.batch import build_policy, random_erasing, random_pad_crop, random_resized_crop
+from vit.data.augment.batch import random_erasing, random_pad_crop, random_resized_crop
+from vit.data.augment.policies import build_policy
 from vit.data.augment.rand_augment import TimmRandAugment
 from vit.data.images import to_rgb
 from vit.data.loading.sampling import evaluation_order

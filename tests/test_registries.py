@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from vit.data.augment.policies import POLICIES
 from vit.data.sources.registry import DATASETS
 
 VIT = Path(__file__).resolve().parents[1] / "vit"
@@ -15,7 +16,7 @@ VIT = Path(__file__).resolve().parents[1] / "vit"
 SAME_WORD_OTHER_MEANING = {
     ("vit.data.declared", "cifar10"): "BASE: configs/data/cifar10.yaml, the file every data config builds on",
     ("vit.data.augment.batched_policy", "cifar10"): "AutoAugment's CIFAR-10 sub-policies (torchvision's name)",
-    ("vit.data.augment.batch", "cifar10"): "the AutoAugment sub-policies chosen for small images",
+    ("vit.data.augment.policies", "cifar10"): "the AutoAugment sub-policies chosen for small images",
     ("vit.train.config", "synthetic"): "the key of the data.synthetic node (num_train, num_val)",
     ("vit.deploy.weights", "imagefolder"): "the data= config evaluation and export compose when none is given",
 }
@@ -61,10 +62,19 @@ def test_dataset_names_listed_once():
     )
 
 
-@pytest.mark.parametrize("line", ['if cfg.name == "cifar10":\n    pass\n', 'STREAMED = ("webdataset",)\n'])
+def test_policy_names_listed_once():
+    elsewhere = listed_elsewhere(POLICIES, "vit.data.augment.policies")
+    assert not elsewhere, (
+        f"augmentation policy names written outside vit/data/augment/policies.py ({elsewhere}): read them from POLICIES"
+    )
+
+
+@pytest.mark.parametrize(
+    "line", ['if cfg.name == "cifar10":\n    pass\n', 'STREAMED = ("webdataset",)\n', 'if kind == "rand":\n    pass\n']
+)
 def test_the_check_sees_a_name_written_elsewhere(tmp_path, line):
     (tmp_path / "loader.py").write_text(line)
-    found = modules_naming(DATASETS, tmp_path)
+    found = modules_naming([*DATASETS, *POLICIES], tmp_path)
     assert ["loader.py"] in found.values()
 
 

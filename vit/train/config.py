@@ -9,7 +9,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from vit.data.augment.batch import AugmentSpec
+from vit.data.augment.spec import AugmentSpec
 from vit.data.errors import DataError
 from vit.data.loading.build import LOADERS
 from vit.data.sources.archive import is_archive

@@ -1,5 +1,5 @@
-"""The image ops of the batched AutoAugment / RandAugment / TrivialAugmentWide (vit/data/augment/batched_policy.py),
-each once, for whole uint8 (B, 3, H, W) batches with a per-sample op and magnitude: `apply_ops(x, ops, magnitude)`.
+"""The image ops of the batched AutoAugment / TrivialAugmentWide (vit/data/augment/batched_policy.py), each once,
+for whole uint8 (B, 3, H, W) batches with a per-sample op and magnitude: `apply_ops(x, ops, magnitude)`.
 
 Three families, each one pass over the batch whatever mix of its ops it drew:
 

@@ -10,7 +10,7 @@ from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from torchvision import transforms as T
 
-from vit.data.augment.batch import AugmentSpec
+from vit.data.augment.spec import AugmentSpec
 from vit.data.sources.registry import mean_std
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from vit.data.augment.batch import AugmentSpec, BatchAugment
+from vit.data.augment.batch import BatchAugment
+from vit.data.augment.spec import AugmentSpec
 from vit.data.augment.transforms import mixup_and_criterion, train_geometry, val_geometry
 from vit.data.declared import complete
 from vit.data.errors import DataError
