@@ -23,8 +23,6 @@ from collections.abc import Iterator
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-from webdataset.filters import _shuffle
-from webdataset.tariterators import tarfile_samples
 
 from vit.data.augment.batch import BatchAugment
 from vit.data.augment.transforms import mixup_and_criterion, train_geometry, val_geometry
@@ -119,6 +117,10 @@ class ShardStream(IterableDataset):
         quota = self.batches()[stream] * self.batch_size if self.train else None
         raw = self._raw(self.plan()[stream], quota)
         if self.train and self.shuffle_buffer > 1:
+            # webdataset is an optional dependency (pip install .[data]), imported where shards are read, so that
+            # vit/data loads and trains the other datasets without it.
+            from webdataset.filters import _shuffle
+
             rng = random.Random(_mix(self.seed, self.epoch, self.rank, stream))
             raw = _shuffle(raw, self.shuffle_buffer, self.shuffle_buffer, rng=rng)
         yield from self._decoded(raw, skipped * self.batch_size, stream)
@@ -143,6 +145,8 @@ class ShardStream(IterableDataset):
 
     def _piece(self, shard: int, first: int, stop: int | None) -> Iterator[dict]:
         """Samples first..stop-1 of a shard, undecoded (those before `first` are read past, not decoded)."""
+        from webdataset.tariterators import tarfile_samples  # optional dependency: see ShardStream.__iter__
+
         url, index = self.urls[shard], -1
         try:
             for index, sample in enumerate(tarfile_samples(iter([{"url": url}]))):
