@@ -1,4 +1,4 @@
-"""What the batch augmentation (vit/data/augment.py's `BatchAugment`: pad-crop, flip, policy, normalisation) costs
+"""What the batch augmentation (vit/data/augment/batch.py's `BatchAugment`: pad-crop, flip, policy, normalisation) costs
 per batch, against torchvision's v2 policies called on chunks of 16 images (one draw per call: the way a loader
 uses them on batches): wall time and the number of aten ops dispatched, the proxy for kernel launches on a GPU.
 
@@ -22,8 +22,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torchvision.transforms import v2
 
-from vit.data.augment import AugmentSpec, BatchAugment, is_small
-from vit.data.transforms import MEAN_STD
+from vit.data.augment.batch import BatchAugment
+from vit.data.augment.policies import is_small
+from vit.data.augment.spec import AugmentSpec
+from vit.data.sources.registry import DATASETS
 
 # (label, implementation, force the whole-batch path)
 IMPLS = (
@@ -67,7 +69,7 @@ def make_augment(policy: str | None, impl: str, whole_batch: bool, size: int):
          "cutmix_alpha": 0.0, "mixup_prob": 1.0, "label_smoothing": 0.0,
          "auto_augment": policy if impl == "ours" else None}
     )  # fmt: skip
-    augment = BatchAugment(spec, *MEAN_STD["cifar10"], size, train=True)
+    augment = BatchAugment(spec, *DATASETS["cifar10"].mean_std, size, train=True)
     if impl == "ours":
         if whole_batch and augment.policy is not None:
             augment.policy.subsets = False

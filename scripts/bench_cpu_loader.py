@@ -32,9 +32,11 @@ from PIL import Image
 from timm.data import auto_augment as timm_aa
 from timm.data import create_transform
 
-from vit.data.augment import AugmentSpec, BatchAugment
+from vit.data.augment.batch import BatchAugment
+from vit.data.augment.spec import AugmentSpec
+from vit.data.augment.transforms import train_geometry
 from vit.data.images import read_rgb
-from vit.data.transforms import MEAN_STD, train_geometry
+from vit.data.sources.registry import IMAGENET_MEAN_STD
 
 SIZES = ((500, 375), (500, 333), (375, 500), (640, 480), (500, 400), (333, 500))
 
@@ -73,7 +75,7 @@ class Ours:
     def __init__(self, policy: str, with_batch_stage: bool) -> None:
         spec = AugmentSpec.from_config({"crop": "rrc", "auto_augment": policy, "label_smoothing": 0.1})
         self.worker = train_geometry({"img_size": 224}, spec)
-        self.stage = BatchAugment(spec, *MEAN_STD["imagenet"], 224, train=True, crop_done=True)
+        self.stage = BatchAugment(spec, *IMAGENET_MEAN_STD, 224, train=True, crop_done=True)
         self.with_batch_stage = with_batch_stage
         self.generator = torch.Generator().manual_seed(0)
 
@@ -88,7 +90,7 @@ class Timm:
     DataLoader would (float32, or uint8 with the prefetcher)."""
 
     def __init__(self, policy: str, prefetcher: bool) -> None:
-        mean, std = MEAN_STD["imagenet"]
+        mean, std = IMAGENET_MEAN_STD
         self.transform = create_transform(
             224, is_training=True, auto_augment=policy, interpolation="bilinear", mean=mean, std=std,
             use_prefetcher=prefetcher,

@@ -35,8 +35,8 @@ import torch
 
 from vit.args import run_script
 from vit.data import build_data
-from vit.data.archive import extract_archive
-from vit.data.datasets import find_tree_root
+from vit.data.sources.archive import extract_archive
+from vit.data.sources.folders import find_tree_root
 
 REPO = Path(__file__).resolve().parents[1]
 READ_ONLY = "reading only, 1 process"

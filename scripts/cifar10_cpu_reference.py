@@ -36,8 +36,8 @@ from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
 from vit.args import UsageError, parse_args, run_script
-from vit.data.archive import extract_archive, is_archive
-from vit.data.datasets import find_tree_root
+from vit.data.sources.archive import extract_archive, is_archive
+from vit.data.sources.folders import find_tree_root
 from vit.train.run import startup_seconds
 
 DEFAULTS = {

@@ -63,8 +63,8 @@ def check_images(image: str | None, pre, data_cfg) -> tuple[torch.Tensor, str]:
     """A batch of images to compare the export with PyTorch on, and what they are."""
     from vit.analysis.inputs import image_paths
     from vit.data import DataError
-    from vit.data.datasets import build_splits
     from vit.data.images import read_rgb
+    from vit.data.sources.registry import build_splits
 
     transform = pre.transform()
     if image:
@@ -91,7 +91,7 @@ def labelled_images(data_cfg, split: str, count: int | None, pre) -> tuple[np.nd
     class; its first images would be one class), or all of them, through the evaluation preprocessing, their
     labels, and the split's name (train; holdout with data.holdout, else the one it came from: test, val, ...)."""
     from vit.data import DataError
-    from vit.data.datasets import build_splits
+    from vit.data.sources.registry import build_splits
 
     cfg = dict(data_cfg)
     cfg.update(scan_images=False, limit_val_samples=None, limit_train_samples=None, download=False)

@@ -37,9 +37,10 @@ from torchvision.datasets import ImageFolder
 from webdataset import TarWriter
 
 from vit.args import run_script
-from vit.data.archive import ArchiveError, extract_archive, is_archive
-from vit.data.datasets import VAL_SPLIT_NAMES, DataError, find_tree_root
-from vit.data.shards import CLASSES_NAME, IMAGE_EXTENSIONS, INFO_NAME
+from vit.data.errors import DataError
+from vit.data.sources.archive import ArchiveError, extract_archive, is_archive
+from vit.data.sources.folders import VAL_SPLIT_NAMES, find_tree_root
+from vit.data.sources.shards import CLASSES_NAME, IMAGE_EXTENSIONS, INFO_NAME
 
 SHARD_MTIME = 0  # every member's time stamp: the same tree and seed give byte-identical shards
 

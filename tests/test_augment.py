@@ -1,6 +1,6 @@
-"""The augmentation both loaders apply (vit/data/augment.py, vit/data/rand_augment.py): every policy at every
-magnitude on both code paths, timm's RandAugment op by op against timm's own Pillow ops and its sampling, the two
-loaders giving the same batches, the defaults declared once, the loader choice, and bad policy strings."""
+"""The augmentation both loaders apply (vit/data/augment/batch.py, vit/data/augment/rand_augment.py): every policy
+at every magnitude on both code paths, timm's RandAugment op by op against timm's own Pillow ops and its sampling, the
+two loaders giving the same batches, the defaults declared once, the loader choice, and bad policy strings."""
 
 import importlib.util
 import json
@@ -17,9 +17,11 @@ from timm.data import auto_augment as timm_aa
 from trainer_utils import REPO, compose_config, run_cli
 
 from vit.data import DataError, build_data, resources
-from vit.data import rand_augment as ra
-from vit.data import rand_augment_ops as rops
-from vit.data.augment import AugmentSpec, BatchAugment, build_policy, declared_defaults, random_hflip
+from vit.data.augment import rand_augment as ra
+from vit.data.augment import rand_augment_ops as rops
+from vit.data.augment.batch import BatchAugment, random_hflip
+from vit.data.augment.policies import build_policy
+from vit.data.augment.spec import AugmentSpec, declared_defaults
 from vit.errors import ConfigError
 from vit.train.config import validate
 
@@ -311,9 +313,9 @@ def test_a_bad_policy_exits_2_before_any_data_is_read(tmp_path):
 
 def test_loader_choice_is_logged_and_said_why(caplog, monkeypatch):
     """On a CPU, auto holds the decoded splits in memory when they take under a quarter of the free memory."""
-    import vit.data.loader as loader_module
+    import vit.data.loading.build as loader_module
 
-    caplog.set_level("INFO", logger="vit.data.loader")
+    caplog.set_level("INFO", logger="vit.data.loading.build")
     monkeypatch.setattr(loader_module, "available_memory", lambda: 2**30)
     bundle = build_data(synthetic_cfg("auto", crop="none"))
     images = bundle.num_train + bundle.num_val

@@ -1,4 +1,4 @@
-"""The batched AutoAugment / RandAugment / TrivialAugmentWide (vit/data/batched_policy.py) against torchvision:
+"""The batched AutoAugment / TrivialAugmentWide (vit/data/augment/batched_policy.py) against torchvision:
 every op image by image, exactly; the magnitude tables and sub-policies; the draw frequencies; seeding; and the
 policies as the loaders build them."""
 
@@ -11,11 +11,11 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 from trainer_utils import REPO, compose_config
 
-from vit.data import batched_ops as bo
-from vit.data import batched_policy as bp
 from vit.data import build_data
-from vit.data.augment import build_policy
-from vit.data.gpu_loader import GpuLoader
+from vit.data.augment import batched_ops as bo
+from vit.data.augment import batched_policy as bp
+from vit.data.augment.policies import build_policy
+from vit.data.loading.gpu_loader import GpuLoader
 from vit.errors import ConfigError
 from vit.train.config import validate
 
@@ -143,7 +143,6 @@ def test_mixed_ops_in_one_batch_match_torchvision():
 
 POLICIES = {  # ours and torchvision's
     "trivial": (bp.BatchedTrivialAugmentWide(), v2.TrivialAugmentWide()),
-    "rand-m9-n2": (bp.BatchedRandAugment(2, 9, 11), v2.RandAugment(num_ops=2, magnitude=9, num_magnitude_bins=11)),
     "autoaug-cifar10": (bp.BatchedAutoAugment("cifar10"), v2.AutoAugment(v2.AutoAugmentPolicy.CIFAR10)),
     "autoaug-imagenet": (bp.BatchedAutoAugment("imagenet"), v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET)),
 }
@@ -191,8 +190,6 @@ def torchvision_slot(theirs, slot: int, size: int) -> tuple[torch.Tensor, dict[s
             values = fn(bins, size, size)
             if values is None:
                 allowed[name] = {0.0}
-            elif isinstance(theirs, v2.RandAugment):
-                allowed[name] = {float(values[theirs.magnitude])}
             else:
                 allowed[name] = {float(v) for v in values}
     return freq, allowed

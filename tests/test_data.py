@@ -13,14 +13,15 @@ from PIL import Image
 from torch.utils.data import DistributedSampler
 from trainer_utils import MODES, REPO, compose_config, make_tree, noise_image
 
-import vit.data.archive as archive_module
-import vit.data.decoded_cache as decoded_cache
+import vit.data.loading.decoded_cache as decoded_cache
+import vit.data.sources.archive as archive_module
 from vit.data import DataError, build_data
-from vit.data.archive import COMPLETE_MARKER, ArchiveError, extract_archive
-from vit.data.augment import build_policy, random_erasing, random_pad_crop, random_resized_crop
+from vit.data.augment.batch import random_erasing, random_pad_crop, random_resized_crop
+from vit.data.augment.policies import build_policy
+from vit.data.augment.rand_augment import TimmRandAugment
 from vit.data.images import to_rgb
-from vit.data.rand_augment import TimmRandAugment
-from vit.data.sampling import evaluation_order
+from vit.data.loading.sampling import evaluation_order
+from vit.data.sources.archive import COMPLETE_MARKER, ArchiveError, extract_archive
 
 
 def folder_cfg(root, **extra):
@@ -487,7 +488,7 @@ def test_real_cifar10_archive(tmp_path_factory):
 
 
 def test_repeat_order_repeats_a_slice_of_the_permutation_in_place():
-    from vit.data.sampling import repeat_order
+    from vit.data.loading.sampling import repeat_order
 
     order = torch.tensor([5, 2, 7, 0, 1, 3, 6, 4])
     assert repeat_order(order, 1) is order

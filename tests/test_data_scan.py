@@ -2,6 +2,8 @@
 selection slice (data.holdout)."""
 
 import builtins
+import dataclasses
+import functools
 import json
 import logging
 import os
@@ -13,10 +15,13 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-import vit.data.datasets as datasets_module
-import vit.data.scan as scan_module
+import vit.data.sources.registry as registry
+import vit.data.sources.scan as scan_module
 from vit.data import DataError, build_data
-from vit.data.datasets import build_splits, scan_cache_dir, targets_of
+from vit.data.sources.cifar import cifar_splits
+from vit.data.sources.folders import scan_cache_dir
+from vit.data.sources.registry import build_splits
+from vit.data.sources.splits import targets_of
 
 # Odd names on purpose: spaces, non-ASCII letters (NFC), a name starting with a dash.
 CLASSES = ("chat noir", "chien", "grenouille été")
@@ -349,8 +354,15 @@ class FakeCifar(Dataset):
         return Image.fromarray(self.data[index]), self.targets[index]
 
 
+def use_fake_cifar(monkeypatch) -> None:
+    """data=cifar10 reads FakeCifar in place of torchvision's class."""
+    entry = registry.DATASETS["cifar10"]
+    fake = dataclasses.replace(entry, splits=functools.partial(cifar_splits, torchvision_class=FakeCifar))
+    monkeypatch.setitem(registry.DATASETS, "cifar10", fake)
+
+
 def test_holdout_cifar_same_images_for_every_seed_and_disjoint(monkeypatch, tmp_path):
-    monkeypatch.setattr(datasets_module.tv_datasets, "CIFAR10", FakeCifar)
+    use_fake_cifar(monkeypatch)
     cfg = {"name": "cifar10", "root": str(tmp_path), "img_size": 8, "download": False, "holdout": 50}
     a, b = build_splits(cfg, seed=0), build_splits(cfg, seed=5)
     assert build_splits({**cfg, "holdout": None}).val_name == "test" and a.val_name == "holdout"
@@ -371,14 +383,14 @@ def _indices(subset) -> list[int]:
 
 @pytest.mark.parametrize("value", [0, -3, 0.0, 1.0, 1.5, "abc", True, [5], 300, 291])
 def test_bad_holdout_values_are_named(monkeypatch, tmp_path, value):
-    monkeypatch.setattr(datasets_module.tv_datasets, "CIFAR10", FakeCifar)
+    use_fake_cifar(monkeypatch)
     cfg = {"name": "cifar10", "root": str(tmp_path), "img_size": 8, "download": False, "holdout": value}
     with pytest.raises(DataError, match=r"data\.holdout="):
         build_splits(cfg)
 
 
 def test_holdout_as_large_as_allowed_keeps_one_image_per_class(monkeypatch, tmp_path):
-    monkeypatch.setattr(datasets_module.tv_datasets, "CIFAR10", FakeCifar)
+    use_fake_cifar(monkeypatch)
     cfg = {"name": "cifar10", "root": str(tmp_path), "img_size": 8, "download": False, "holdout": 290}
     splits = build_splits(cfg)
     assert len(splits.val) == 290 and sorted(splits.train_array[1].tolist()) == list(range(10))

@@ -16,12 +16,12 @@ from PIL import Image
 from timm.data import ImageNetInfo, create_transform, resolve_data_config
 from trainer_utils import compose_config, trainer_path_evaluation
 
+from vit.data.augment.transforms import val_transform
 from vit.data.images import read_rgb
-from vit.data.transforms import val_transform
 from vit.deploy.evaluate import cli
 from vit.engine.build import build_model_from_config
 from vit.models import create_model
-from vit.models.t2t import official_qk_scale
+from vit.models.registry import official_qk_scale
 
 TIMM_NAME = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"  # bicubic, crop_pct 0.9, mean = std = 0.5
 ARCHIVE = os.environ.get("VIT_CIFAR10_ARCHIVE")
@@ -265,7 +265,7 @@ def test_help(capsys):
 @pytest.mark.skipif(not ARCHIVE, reason="VIT_CIFAR10_ARCHIVE is not set (CI sets it)")
 def test_a_timm_file_on_real_cifar10_images(timm_file, tmp_path_factory, capsys):
     """100 real CIFAR-10 test images (class-balanced), upsampled by timm's preprocessing: timm's numbers."""
-    from vit.data.datasets import build_splits
+    from vit.data.sources.registry import build_splits
 
     torch.manual_seed(5)
     model = timm.create_model(TIMM_NAME, pretrained=False, num_classes=10, depth=2).eval()

@@ -17,8 +17,9 @@ from PIL import Image
 from trainer_utils import REPO, compose_config
 
 from vit.analysis.inputs import load_model
+from vit.data.augment.transforms import val_transform
 from vit.data.images import read_rgb
-from vit.data.transforms import mean_std, val_transform
+from vit.data.sources.registry import mean_std
 from vit.deploy.preprocessing import from_data_config
 from vit.deploy.runtime import OnnxClassifier, preprocess
 from vit.deploy.script import run_main

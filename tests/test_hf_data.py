@@ -11,8 +11,9 @@ from datasets import ClassLabel, Dataset, DatasetDict, Features, Image, Value
 from PIL import Image as PILImage
 from trainer_utils import run_cli
 
-from vit.data.datasets import DataError, build_splits
-from vit.data.loader import build_data
+from vit.data.errors import DataError
+from vit.data.loading.build import build_data
+from vit.data.sources.registry import build_splits
 from vit.engine.weights import load_checkpoint
 
 NAMES = ["cat", "dog", "frog"]
@@ -198,7 +199,7 @@ def test_without_a_network_the_hub_is_not_retried(monkeypatch, tmp_path, caplog)
     warning per try; the loader finds the Hub unreachable first and reads the cache in offline mode."""
     import time
 
-    import vit.data.hf as hf_module
+    import vit.data.sources.hf as hf_module
 
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)

@@ -21,7 +21,8 @@ from trainer_utils import (
     run_cli,
 )
 
-from vit.data.datasets import DataError, build_splits
+from vit.data.errors import DataError
+from vit.data.sources.registry import build_splits
 from vit.engine.build import build_mae_from_config
 from vit.engine.weights import load_checkpoint
 from vit.errors import ConfigError

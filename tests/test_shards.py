@@ -20,7 +20,7 @@ from trainer_utils import REPO, run_cli
 from webdataset import TarWriter
 
 from vit.data import DataError, build_data
-from vit.data.stream import ShardStream
+from vit.data.loading.stream import ShardStream
 
 CLASSES = ("cat", "dog", "frog")
 TINY = ["model=vit_tiny", "model.depth=1", "model.embed_dim=32", "model.num_heads=2"]
@@ -187,7 +187,7 @@ def test_on_bad_image_skip_counts_it_and_keeps_the_number_of_batches(tmp_path, c
     url = write_bad_shard(tmp_path, {"broken": {"jpg": b"\xff\xd8 not a jpeg", "cls": b"0"}})
     cfg = {"name": "webdataset", "urls": url, "val_urls": url, "img_size": 8, "batch_size": 3, "num_workers": 0}
     bundle = build_data({**cfg, "augment": {"crop": "none"}, "on_bad_image": "skip"})
-    with caplog.at_level(logging.WARNING, logger="vit.data.stream"):
+    with caplog.at_level(logging.WARNING, logger="vit.data.loading.stream"):
         batches = list(bundle.train_loader)
     assert len(batches) == len(bundle.train_loader) == 3  # 9 samples, the broken one's place taken
     assert sum(len(t) for _, t in batches) == 9

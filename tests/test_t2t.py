@@ -9,7 +9,8 @@ import torch
 from vit.engine.weights import load_pretrained
 from vit.models import T2TViT, capture_attention, complexity, create_model, list_models
 from vit.models.performer import TokenPerformer
-from vit.models.t2t import TokenTransformer, official_qk_scale
+from vit.models.registry import official_qk_scale
+from vit.models.t2t import TokenTransformer
 
 
 def _stage_shapes(model, x):

@@ -275,8 +275,8 @@ def test_evaluate_py_at_another_image_size_with_dynamic_img_size(tmp_path, capsy
     import torch.nn.functional as F
     from trainer_utils import make_tree
 
+    from vit.data.augment.transforms import val_transform
     from vit.data.images import read_rgb
-    from vit.data.transforms import val_transform
     from vit.deploy.evaluate import cli
 
     root = make_tree(tmp_path / "data", per_class=4, size=40)

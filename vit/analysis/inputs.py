@@ -53,8 +53,8 @@ def image_paths(spec: str | Path) -> list[Path]:
 
 def load_images(spec: str | Path, config: dict, limit: int | None = None) -> tuple[list[Path], torch.Tensor]:
     """Images as the model's validation transform makes them: (B, 3, H, W), normalised."""
+    from vit.data.augment.transforms import val_transform
     from vit.data.images import read_rgb
-    from vit.data.transforms import val_transform
 
     paths = image_paths(spec)[:limit]
     transform = val_transform(config["data"])
@@ -62,7 +62,7 @@ def load_images(spec: str | Path, config: dict, limit: int | None = None) -> tup
 
 
 def denormalise(images: torch.Tensor, config: dict) -> torch.Tensor:
-    from vit.data.transforms import mean_std
+    from vit.data.sources.registry import mean_std
 
     mean, std = mean_std(config["data"])
     return (images * torch.tensor(std).view(1, 3, 1, 1) + torch.tensor(mean).view(1, 3, 1, 1)).clamp(0, 1)

@@ -17,6 +17,9 @@ from PIL import Image, UnidentifiedImageError
 from vit.errors import UserError
 
 _REASON_CHARS = 120
+# data.on_bad_image: what training does with an image it cannot read (image folders, tar shards): stop naming it, or
+# leave it out with a warning.
+BAD_IMAGE_MODES = ("error", "skip")
 
 
 class ImageReadError(UserError):
@@ -74,7 +77,7 @@ def decode(source: str | Path | bytes) -> Image.Image:
 
 
 def problem_of(err: BaseException) -> str:
-    """Why `decode` failed, in a few words (also the scan's reasons, vit/data/scan.py)."""
+    """Why `decode` failed, in a few words (also the scan's reasons, vit/data/sources/scan.py)."""
     if isinstance(err, IsADirectoryError):
         return "a folder, not an image file"
     if isinstance(err, FileNotFoundError):

@@ -131,8 +131,8 @@ def class_indices(names: list[str] | None, outputs: int, data_classes: list[str]
 
 
 def evaluate_weights(argv: list[str]) -> dict:
-    from vit.data.datasets import build_splits
-    from vit.data.loader import ShardSampler, Transformed, class_balanced_order
+    from vit.data.loading.torch_loader import ShardSampler, Transformed, class_balanced_order
+    from vit.data.sources.registry import build_splits
     from vit.engine.device import AMP_MODES, announce, choose_precision, resolve_device
     from vit.engine.evaluation import evaluate
 

@@ -58,9 +58,9 @@ class Preprocessing:
 
 
 def from_data_config(cfg: Mapping) -> Preprocessing:
-    """The trainer's validation transform (vit.data.transforms.val_transform) as numbers: bilinear resize to
+    """The trainer's validation transform (vit.data.augment.transforms.val_transform) as numbers: bilinear resize to
     img_size / 0.875 from 128 px up (the central 87.5%), the whole image below."""
-    from vit.data.transforms import mean_std
+    from vit.data.sources.registry import mean_std
 
     size = int(cfg["img_size"])
     mean, std = mean_std(cfg)

@@ -109,3 +109,9 @@ def model_arguments(name: str, **overrides: Any) -> dict[str, Any]:
             continue
         kwargs[key] = value
     return kwargs
+
+
+def official_qk_scale(name: str) -> float:
+    """The encoder scale the released checkpoints of the registered T2T-ViT `name` were trained with:
+    embed_dim ** -0.5."""
+    return model_arguments(name)["embed_dim"] ** -0.5

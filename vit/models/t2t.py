@@ -268,11 +268,3 @@ class T2TViT(Encoder):
             if token is not None:
                 trunc_normal_(token, std=0.02)
         self.apply(init_linear_trunc_normal)
-
-
-def official_qk_scale(name: str) -> float:
-    """The encoder scale the released checkpoints of the registered T2T-ViT `name` were trained with:
-    embed_dim ** -0.5."""
-    from vit.models.registry import model_arguments  # the registry imports this module
-
-    return model_arguments(name)["embed_dim"] ** -0.5

@@ -6,10 +6,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from vit.data.archive import is_archive
-from vit.data.augment import AugmentSpec
-from vit.data.datasets import DATASET_NAMES, DataError, parse_holdout
-from vit.data.loader import LOADERS
+from vit.data.augment.spec import AugmentSpec
+from vit.data.errors import DataError
+from vit.data.loading.build import LOADERS
+from vit.data.sources.archive import is_archive
+from vit.data.sources.registry import DATASETS
+from vit.data.sources.splits import parse_holdout
 from vit.engine.build import MAE_KEYS, is_mae
 from vit.engine.config_types import check_types
 from vit.engine.device import AMP_MODES, resolve_device
@@ -46,7 +48,7 @@ def validate(cfg: DictConfig) -> None:
 
 def check_data(cfg: DictConfig) -> None:
     data = cfg.data
-    require(data.name in DATASET_NAMES, f"data.name={data.name!r} must be one of {DATASET_NAMES}")
+    require(data.name in DATASETS, f"data.name={data.name!r} must be one of {tuple(DATASETS)}")
     require(int(data.img_size) > 0, f"data.img_size={data.img_size} must be positive")
     require(int(data.batch_size) > 0, f"data.batch_size={data.batch_size} must be positive")
     if data.get("patch_size") is not None:
@@ -57,8 +59,8 @@ def check_data(cfg: DictConfig) -> None:
         raise ConfigError(str(err)) from None
     if data.get("std") is not None:
         require(all(float(v) > 0 for v in data.std), f"data.std={list(data.std)} must be > 0 in every channel")
-    if data.name == "imagefolder":
-        require(data.root is not None, "data.root is not set: data=imagefolder needs data.root=<folder or archive>")
+    if DATASETS[data.name].needs_root:
+        require(data.root is not None, f"data.root is not set: data={data.name} needs data.root=<folder or archive>")
         root = Path(str(data.root)).expanduser()
         require(root.is_dir() or is_archive(root), f"data.root={str(data.root)!r} does not exist")
     try:

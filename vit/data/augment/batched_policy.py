@@ -1,15 +1,15 @@
-"""AutoAugment, RandAugment and TrivialAugmentWide for whole uint8 (B, 3, H, W) batches, every sample with its own
-draw: what `data.augment.auto_augment=autoaug|trivial` means on both loaders (vit/data/augment.py builds them).
+"""AutoAugment and TrivialAugmentWide for whole uint8 (B, 3, H, W) batches, every sample with its own draw: what
+`data.augment.auto_augment=autoaug|trivial` means on both loaders (vit/data/augment/policies.py builds them).
 
 torchvision's v2 policies draw ONE op per call, from the global RNG, so a loader calling them on a batch either
 shares one draw among many images or makes a call per chunk of images, each a handful of small kernels (and host
 syncs) launched from Python. Here a batch costs a fixed number of launches per op family, whatever its size:
 
     uint8 (B, 3, H, W), generator
-      --draw, per sample and per slot (1 for TrivialAugmentWide, N for RandAugment, 2 for AutoAugment): a row of
+      --draw, per sample and per slot (1 for TrivialAugmentWide, 2 for AutoAugment): a row of
         the policy's table = (op, magnitude bin, sign), and for AutoAugment a sub-policy and whether each of its two
         ops applies-->
-      --per slot, three families (vit/data/batched_ops.py): the geometric ops in ONE nearest grid_sample with a
+      --per slot, three families (vit/data/augment/batched_ops.py): the geometric ops in ONE nearest grid_sample with a
         per-sample affine matrix; the value-to-value ops in ONE lookup-table gather; Color / Contrast / Sharpness in
         ONE fused multiply-add-->
     uint8 (B, 3, H, W)
@@ -27,13 +27,13 @@ from collections.abc import Callable
 
 import torch
 
-from vit.data.batched_ops import OP_INDEX, OPS, affine_theta, apply_ops, member, static_lut
+from vit.data.augment.batched_ops import OP_INDEX, OPS, affine_theta, apply_ops, member, static_lut
 
 # The ops whose magnitude takes a random sign, as torchvision's `_AUGMENTATION_SPACE` marks them.
 SIGNED = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate", "Brightness", "Color", "Contrast", "Sharpness")
 
 # The magnitude bins of each op, (num_bins, height, width) -> (num_bins,) or None (no magnitude), as torchvision's
-# `_AUGMENTATION_SPACE`s: the "standard" one of AutoAugment and RandAugment, and TrivialAugmentWide's "wide" one.
+# `_AUGMENTATION_SPACE`s: the "standard" one of AutoAugment, and TrivialAugmentWide's "wide" one.
 MagnitudeFn = Callable[[int, int, int], torch.Tensor | None]
 _NONE: MagnitudeFn = lambda bins, h, w: None  # noqa: E731
 
@@ -227,29 +227,6 @@ class BatchedTrivialAugmentWide(BatchedPolicy):
         bins = torch.randint(self.num_bins, (batch,), device=device, generator=generator)
         negative = torch.rand(batch, device=device, generator=generator) <= 0.5
         return [self.row(ops, bins, negative)]
-
-
-class BatchedRandAugment(BatchedPolicy):
-    """RandAugment: `num_ops` ops in sequence per sample, each uniform over 14, all at bin `magnitude` of
-    `num_magnitude_bins`, each with a random sign."""
-
-    space = {name: fn for name, fn in STANDARD_SPACE.items() if name != "Invert"}
-
-    def __init__(self, num_ops: int = 2, magnitude: int = 9, num_magnitude_bins: int = 31) -> None:
-        super().__init__()
-        if not 0 <= magnitude < num_magnitude_bins:
-            raise ValueError(f"magnitude={magnitude} must be in [0, num_magnitude_bins={num_magnitude_bins})")
-        self.num_ops, self.magnitude, self.num_bins = num_ops, magnitude, num_magnitude_bins
-        self.slot_kinds = [tuple(self.space)] * num_ops
-
-    def draw(self, batch, height, width, device, generator):
-        choices = self.tables(height, width, device)["choices"]
-        slots = []
-        for _ in range(self.num_ops):
-            ops = choices[torch.randint(len(choices), (batch,), device=device, generator=generator)]
-            negative = torch.rand(batch, device=device, generator=generator) <= 0.5
-            slots.append(self.row(ops, torch.full_like(ops, self.magnitude), negative))
-        return slots
 
 
 class BatchedAutoAugment(BatchedPolicy):

@@ -1,5 +1,5 @@
-"""What happens to single images before batching (decoding geometry), per-dataset normalisation constants,
-Mixup/CutMix and the loss. The augmentation of the batches themselves is vit/data/augment.py."""
+"""What happens to single images before batching (decoding geometry), Mixup/CutMix and the loss. The augmentation
+of the batches themselves is vit/data/augment/batch.py."""
 
 from __future__ import annotations
 
@@ -10,24 +10,8 @@ from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from torchvision import transforms as T
 
-from vit.data.augment import AugmentSpec
-from vit.data.datasets import DataError
-
-MEAN_STD = {
-    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
-    "synthetic": ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)),
-}
-
-
-def mean_std(cfg: Mapping) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    default = MEAN_STD.get(cfg.get("name"), MEAN_STD["imagenet"])
-    mean = tuple(float(v) for v in (cfg.get("mean") or default[0]))
-    std = tuple(float(v) for v in (cfg.get("std") or default[1]))
-    if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
-        raise DataError(f"data.mean={list(mean)} / data.std={list(std)} must be 3 values each, std > 0")
-    return mean, std
+from vit.data.augment.spec import AugmentSpec
+from vit.data.sources.registry import mean_std
 
 
 def eval_resize(img_size: int) -> int:

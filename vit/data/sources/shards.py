@@ -28,11 +28,8 @@ import tarfile
 from pathlib import Path
 
 import torch
-from webdataset.gopen import gopen
-from webdataset.shardlists import expand_urls
-from webdataset.tariterators import base_plus_ext
 
-from vit.data.datasets import DataError
+from vit.data.errors import DataError
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 LABEL_EXTENSION = "cls"
@@ -57,6 +54,10 @@ def expand_shards(value, key: str) -> list[str]:
     exist."""
     if value is None or value == "" or (not isinstance(value, str) and len(value) == 0):
         raise DataError(f"data.{key} is not set: data=webdataset needs data.{key}=<dir>/train-{{000000..000009}}.tar")
+    # webdataset is an optional dependency (pip install .[data]), imported where shards are read (here and below), so
+    # that vit/data loads and trains the other datasets without it.
+    from webdataset.shardlists import expand_urls
+
     items = [value] if isinstance(value, str) else [str(v) for v in value]
     urls = [url for item in items for url in expand_urls(item)]
     missing = [url for url in urls if is_local(url) and not local_path(url).is_file()]
@@ -85,6 +86,8 @@ def read_json(url: str) -> dict | None:
                 return None
             text = path.read_text()
         else:
+            from webdataset.gopen import gopen  # optional dependency: see expand_shards
+
             with gopen(url) as stream:
                 text = stream.read().decode()
     except Exception:  # a remote store without the file
@@ -108,6 +111,8 @@ def info_lengths(info: dict | None, url: str) -> dict[str, int]:
 
 def count_samples(url: str) -> int:
     """The samples (distinct keys) of a local shard, read from its tar headers only."""
+    from webdataset.tariterators import base_plus_ext  # optional dependency: see expand_shards
+
     keys = set()
     try:
         with tarfile.open(local_path(url)) as tar:

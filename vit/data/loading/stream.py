@@ -1,11 +1,11 @@
 """data=webdataset: tar shards streamed through DataLoader workers, then the same device-side augmentation as every
 other dataset.
 
-An image's way: a worker reads its pieces of the shards (vit/data/shards.py says which) as raw samples (bytes),
+An image's way: a worker reads its pieces of the shards (vit/data/sources/shards.py says which) as raw samples (bytes),
 shuffles them in a buffer seeded from (seed, epoch, rank, stream), drops the ones a resume skips (before
 decoding them), decodes the rest with the image folders' PIL conversion (`to_rgb`) into uint8 (3, H, W) by the
 folders' worker geometry (`train_geometry` / `val_geometry`), and the DataLoader stacks B of them into a uint8
-(B, 3, H, W) batch. `DeviceBatches` (vit/data/loader.py) then moves the batch to the device and runs
+(B, 3, H, W) batch. `DeviceBatches` (torch_loader.py) then moves the batch to the device and runs
 `BatchAugment` on it: float32 (B, 3, H, W), normalised.
 
 Batch i of a rank comes from stream i % K (K = max(1, data.num_workers)), which is how the DataLoader takes
@@ -23,15 +23,15 @@ from collections.abc import Iterator
 
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-from webdataset.filters import _shuffle
-from webdataset.tariterators import tarfile_samples
 
-from vit.data.augment import BatchAugment
-from vit.data.datasets import BAD_IMAGE_MODES, DataError
-from vit.data.images import decode, problem_of, to_rgb
-from vit.data.loader import DataBundle, DeviceBatches, _init_worker
+from vit.data.augment.batch import BatchAugment
+from vit.data.augment.transforms import mixup_and_criterion, train_geometry, val_geometry
+from vit.data.errors import DataError
+from vit.data.images import BAD_IMAGE_MODES, decode, problem_of, to_rgb
+from vit.data.loading.bundle import DataBundle
+from vit.data.loading.torch_loader import DeviceBatches, init_worker
 from vit.data.resources import num_workers
-from vit.data.shards import (
+from vit.data.sources.shards import (
     IMAGE_EXTENSIONS,
     LABEL_EXTENSION,
     class_map,
@@ -43,7 +43,6 @@ from vit.data.shards import (
     val_plan,
     val_shards,
 )
-from vit.data.transforms import mixup_and_criterion, train_geometry, val_geometry
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +117,10 @@ class ShardStream(IterableDataset):
         quota = self.batches()[stream] * self.batch_size if self.train else None
         raw = self._raw(self.plan()[stream], quota)
         if self.train and self.shuffle_buffer > 1:
+            # webdataset is an optional dependency (pip install .[data]), imported where shards are read, so that
+            # vit/data loads and trains the other datasets without it.
+            from webdataset.filters import _shuffle
+
             rng = random.Random(_mix(self.seed, self.epoch, self.rank, stream))
             raw = _shuffle(raw, self.shuffle_buffer, self.shuffle_buffer, rng=rng)
         yield from self._decoded(raw, skipped * self.batch_size, stream)
@@ -142,6 +145,8 @@ class ShardStream(IterableDataset):
 
     def _piece(self, shard: int, first: int, stop: int | None) -> Iterator[dict]:
         """Samples first..stop-1 of a shard, undecoded (those before `first` are read past, not decoded)."""
+        from webdataset.tariterators import tarfile_samples  # optional dependency: see ShardStream.__iter__
+
         url, index = self.urls[shard], -1
         try:
             for index, sample in enumerate(tarfile_samples(iter([{"url": url}]))):
@@ -323,7 +328,7 @@ def build_stream_data(cfg, spec, mean, std, *, device, seed, rank, world_size, b
                              (val_ds, BatchAugment(spec, mean, std, img_size, train=False))):  # fmt: skip
         # Not persistent: each pass copies the dataset (its epoch and skip) into fresh workers.
         loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, pin_memory=pin,
-                            worker_init_fn=_init_worker, generator=torch.Generator().manual_seed(seed))  # fmt: skip
+                            worker_init_fn=init_worker, generator=torch.Generator().manual_seed(seed))  # fmt: skip
         loaders.append(DeviceBatches(StreamLoader(dataset, loader), dataset, augment, **wrap))
     if len(loaders[0]) == 0:
         raise DataError(
@@ -333,7 +338,8 @@ def build_stream_data(cfg, spec, mean, std, *, device, seed, rank, world_size, b
     reason = f"data=webdataset: {len(train_urls)} training shards streamed through {workers} CPU loader workers"
     log.info("loader: webdataset (%s)", reason)
     mixup_fn, criterion = mixup_and_criterion(spec, num_classes)
+    kind = str(cfg.name)  # the loader is the stream of this dataset's shards, reported by the dataset's name
     return DataBundle(
         loaders[0], loaders[1], num_classes, class_to_idx, mixup_fn, criterion, mean, std, img_size,
-        train_ds.num_samples(), val_ds.num_samples(), None, "webdataset", reason, val_name, train_workers=workers,
+        train_ds.num_samples(), val_ds.num_samples(), None, kind, reason, val_name, train_workers=workers,
     )  # fmt: skip

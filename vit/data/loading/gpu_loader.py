@@ -1,10 +1,11 @@
 """A loader for datasets that fit in GPU memory: the split lives on the device as uint8, and whole batches are
 augmented there, so no CPU worker sits between the GPU and its next batch.
 
-Per epoch: the shared training permutation (vit/data/sampling.py, the torch loader's too); per batch of B images,
-uint8 (B, 3, H, W) gathered on the device and handed to `BatchAugment` (vit/data/augment.py: crop, flip, policy,
-normalisation, erasing), the stage the torch loader's batches go through as well.
-The decoded split comes from vit/data/decoded_cache.py (decoded once, cached on disk as .npy, reused across runs).
+Per epoch: the shared training permutation (vit/data/loading/sampling.py, the torch loader's too); per batch of B
+images, uint8 (B, 3, H, W) gathered on the device and handed to `BatchAugment` (vit/data/augment/batch.py: crop,
+flip, policy, normalisation, erasing), the stage the torch loader's batches go through as well.
+The decoded split comes from vit/data/loading/decoded_cache.py (decoded once, cached on disk as .npy, reused across
+runs).
 
 It also runs with device="cpu" (tests, debugging): the same ops, only slower.
 """
@@ -17,8 +18,8 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from vit.data.augment import BatchAugment
-from vit.data.sampling import epoch_order, evaluation_order
+from vit.data.augment.batch import BatchAugment
+from vit.data.loading.sampling import epoch_order, evaluation_order
 
 
 class GpuLoader:

@@ -12,8 +12,8 @@ GPU-resident loader's batches come out of the same code. Per sample and per slot
     argument = the op's formula of level (below), with a random sign for the signed ops
 
 The draws come from the batch's generator on any device; the drawn ops then run where the batch is
-(vit/data/rand_augment_ops.py): through Pillow image by image on the CPU, as batched tensor kernels with Pillow's
-arithmetic on a GPU.
+(vit/data/augment/rand_augment_ops.py): through Pillow image by image on the CPU, as batched tensor kernels with
+Pillow's arithmetic on a GPU.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from vit.data.rand_augment_ops import OP_INDEX, OPS, apply_with_pillow, apply_with_tensors
+from vit.data.augment.rand_augment_ops import OP_INDEX, OPS, apply_with_pillow, apply_with_tensors
 
 # The ops whose argument takes a random sign; the enhance ops, whose "increasing" variant is 1 +- level.
 SIGNED = ("Rotate", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel")
@@ -148,5 +148,5 @@ class TimmRandAugment:
         return self.apply_with_tensors(x, slots, on_cpu if self.subsets is None else self.subsets)
 
     def apply_with_tensors(self, x: torch.Tensor, slots: list[tuple], subsets: bool) -> torch.Tensor:
-        """The drawn ops as batched tensor kernels (vit/data/rand_augment_ops.py)."""
+        """The drawn ops as batched tensor kernels (vit/data/augment/rand_augment_ops.py)."""
         return apply_with_tensors(x, slots, self.fill, subsets)

@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import Dataset
 
-from vit.data.datasets import DataError, Splits
+from vit.data.errors import DataError
 from vit.data.images import to_rgb
+from vit.data.sources.splits import Splits
 from vit.hub import host_reachable, hub_host, offline_hub
 
 HF_VAL_SPLIT_NAMES = ("validation", "val", "test")  # data.val_split=null: the first of these the dataset has
@@ -209,8 +210,9 @@ def _split_root(dataset, split: str) -> tuple[Path | None, Path]:
     return folder, Path(folder or ".") / f"{split}-{dataset._fingerprint}"
 
 
-def build_hf_splits(cfg) -> Splits:
-    """The Splits of data=hf: exactly one of data.dataset_name and data.path."""
+def build_hf_splits(cfg, seed: int = 0) -> Splits:
+    """The Splits of data=hf: exactly one of data.dataset_name and data.path (`seed` unused: the splits are the
+    dataset's own)."""
     name, path = cfg.get("dataset_name"), cfg.get("path")
     if bool(name) == bool(path):
         given = "both are set" if name else "neither is set"

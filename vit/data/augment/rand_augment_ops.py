@@ -1,4 +1,4 @@
-"""The 15 ops of timm's RandAugment (vit/data/rand_augment.py draws which, and their arguments) on uint8
+"""The 15 ops of timm's RandAugment (vit/data/augment/rand_augment.py draws which, and their arguments) on uint8
 (B, 3, H, W) batches; per sample and slot an op index into OPS (-1: skipped) and its float64 argument. Two paths:
 
   `apply_with_pillow` (the CPU's): Pillow itself, image by image (Pillow's C loops beat tensor kernels on single
@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageEnhance, ImageOps
 
-from vit.data.batched_ops import apply_lut, equalize_lut, per_sample, ramp_table, update_samples
+from vit.data.augment.batched_ops import apply_lut, equalize_lut, per_sample, ramp_table, update_samples
 
 OPS = (
     "AutoContrast",

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from vit.data.transforms import decode_geometry, eval_resize
+from vit.data.augment.transforms import decode_geometry, eval_resize
 
 
 def decode_size(img_size: int, train: bool) -> int:

@@ -1,5 +1,5 @@
-"""The training augmentation both loaders apply, defined once: `AugmentSpec` (the `data.augment` keys, checked) and
-`BatchAugment` (the ops on uint8 batches).
+"""The training augmentation both loaders apply, defined once: `BatchAugment`, the ops on uint8 batches, as
+`AugmentSpec` (spec.py: the `data.augment` keys, checked) describes them.
 
 Both loaders hand `BatchAugment` the same thing, a uint8 (B, 3, H, W) batch at the training size, and it runs
 on the training device:
@@ -8,7 +8,7 @@ on the training device:
       --crop: pad-and-crop (one gather) or random-resized-crop (one grid_sample; the torch loader has already
         cropped from the full-size file in its workers, so here only for the GPU-resident loader)-->
       --horizontal flip-->
-      --policy: `data.augment.auto_augment` (`build_policy`), every sample with its own draws-->
+      --policy: `data.augment.auto_augment` (policies.py's `build_policy`), every sample with its own draws-->
     float (B, 3, H, W), normalised
       --random erasing (a random box of N(0, 1) noise, like RandomErasing(value="random"))-->
 
@@ -19,186 +19,13 @@ two loaders draw alike for the same batch.
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
 
 import torch
 import torch.nn.functional as F
-from torchvision.transforms import v2
 
-from vit.data.batched_policy import BatchedAutoAugment, BatchedTrivialAugmentWide
-from vit.data.datasets import DataError
-from vit.data.declared import BASE, declared
-from vit.data.rand_augment import LEVEL_DENOM, TimmRandAugment
-
-CROPS = ("pad", "rrc", "none")
-POLICY_HELP = (
-    "null, autoaug, trivial, rand-<sections> (timm's RandAugment: m<int>, n<int>, p<float>, mstd<float>, "
-    "mmax<int>, inc<0|1>, tweights; e.g. rand-m9-mstd0.5-inc1) or augmix[-m<severity>-w<width>-d<depth>-a<alpha>]"
-)
-
-
-# The one declaration of the augment keys' defaults: the base data config, which every data config inherits.
-
-
-@functools.lru_cache(maxsize=1)
-def declared_defaults() -> dict:
-    """The `augment` node of configs/data/cifar10.yaml: what a key left out of a hand-built config means."""
-    return dict(declared(BASE)["augment"])
-
-
-@dataclass(frozen=True)
-class AugmentSpec:
-    """The `data.augment` node, checked. Keys a config leaves out take their value from `declared_defaults()`."""
-
-    crop: str  # pad | rrc | none
-    pad: int
-    scale_min: float
-    hflip: bool
-    auto_augment: str | None
-    re_prob: float
-    mixup_alpha: float
-    cutmix_alpha: float
-    mixup_prob: float
-    label_smoothing: float
-
-    @classmethod
-    def from_config(cls, node: Mapping | None) -> AugmentSpec:
-        """Check the node (exit-2 messages name the key and value) and read it."""
-        values = declared_defaults()
-        known = [f.name for f in fields(cls)]
-        for key, value in dict(node or {}).items():
-            if key not in known:
-                raise DataError(f"data.augment.{key} is not a known key (known: {', '.join(known)})")
-            values = {**values, key: value}
-        spec = cls(**{key: values[key] for key in known})
-        spec.check()
-        return spec
-
-    def check(self) -> None:
-        def require(ok: bool, message: str) -> None:
-            if not ok:
-                raise DataError(f"data.augment.{message}")
-
-        require(self.crop in CROPS, f"crop={self.crop!r} must be one of {CROPS}")
-        require(int(self.pad) >= 0, f"pad={self.pad} must be >= 0")
-        require(0.0 < float(self.scale_min) <= 1.0, f"scale_min={float(self.scale_min)} must be in (0, 1]")
-        for key in ("re_prob", "label_smoothing"):
-            value = float(getattr(self, key))
-            require(0.0 <= value < 1.0, f"{key}={value} must be in [0, 1)")
-        require(0.0 <= float(self.mixup_prob) <= 1.0, f"mixup_prob={float(self.mixup_prob)} must be in [0, 1]")
-        for key in ("mixup_alpha", "cutmix_alpha"):
-            require(float(getattr(self, key)) >= 0, f"{key}={getattr(self, key)} must be >= 0")
-        build_policy(self.auto_augment, 32, (0.5, 0.5, 0.5))  # refuses a bad policy string up front
-
-
-# ---- the policy: one meaning of `data.augment.auto_augment` ----
-
-
-def _sections(text: str, parsers: dict[str, type]) -> dict[str, object]:
-    """ "rand-m9-mstd0.5-inc1" -> {"m": 9, "mstd": 0.5, "inc": 1}: each section is a known key (the longest that
-    prefixes it) and a number of that key's type; "tweights" is the one word-valued section."""
-    values: dict[str, object] = {}
-    for section in text.split("-")[1:]:
-        key = max((k for k in parsers if section.startswith(k)), key=len, default=None)
-        try:
-            values[key] = parsers[key](section[len(key) :])
-        except (KeyError, TypeError, ValueError):
-            key = None
-        if key is None or values[key] == "":
-            known = ", ".join(f"{k}<{p.__name__}>" for k, p in parsers.items())
-            raise DataError(f"data.augment.auto_augment={text!r}: section {section!r} is not one of {known}")
-    return values
-
-
-def _rand_augment(text: str, mean: tuple[float, ...]) -> TimmRandAugment:
-    options = _sections(text, {"m": int, "n": int, "p": float, "mstd": float, "mmax": int, "inc": int, "t": str})
-    magnitude, magnitude_max = options.get("m", 10), options.get("mmax", int(LEVEL_DENOM))
-    std, num_ops, prob = options.get("mstd", 0.0), options.get("n", 2), options.get("p", 0.5)
-    problems = {
-        f"m{magnitude} must be in [0, mmax={magnitude_max}] (raise the bound with mmax)": 0
-        <= magnitude
-        <= magnitude_max,
-        f"n{num_ops} must be between 1 and 15 ops": 1 <= num_ops <= 15,
-        f"p{prob} must be in [0, 1]": 0.0 <= prob <= 1.0,
-        f"mstd{std} must be >= 0 (over 100: uniform in [0, m])": std >= 0,
-        f"inc{options.get('inc', 0)} must be 0 or 1": options.get("inc", 0) in (0, 1),
-        f"t{options.get('t', 'weights')} must be tweights (the weighted op choice)": options.get("t", "weights")
-        == "weights",
-    }
-    for problem, ok in problems.items():
-        if not ok:
-            raise DataError(f"data.augment.auto_augment={text!r}: {problem}")
-    return TimmRandAugment(
-        num_ops=num_ops,
-        magnitude=magnitude,
-        magnitude_std=math.inf if std > 100 else std,
-        magnitude_max=magnitude_max,
-        increasing=bool(options.get("inc", 0)),
-        prob=prob,
-        weighted="t" in options,
-        fill=tuple(round(255 * m) for m in mean),  # timm's img_mean
-    )
-
-
-class PerImageAugMix:
-    """torchvision's AugMix, one image at a time (its op chain is drawn once per call, so a batch in one call would
-    share it), seeded from the batch's generator so its draws repeat on resume and leave the global RNG alone."""
-
-    def __init__(self, **kwargs) -> None:
-        self.augmix = v2.AugMix(**kwargs)
-
-    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        seeds = torch.randint(2**62, (len(x),), device=x.device, generator=generator).tolist()
-        out = []
-        for image, seed in zip(x, seeds, strict=True):
-            with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):
-                torch.manual_seed(seed)
-                out.append(self.augmix(image))
-        return torch.stack(out)
-
-
-def _augmix(text: str) -> PerImageAugMix:
-    options = _sections(text, {"m": int, "w": int, "d": int, "a": float})
-    severity, width, depth, alpha = (
-        options.get("m", 3),
-        options.get("w", 3),
-        options.get("d", -1),
-        options.get("a", 1.0),
-    )
-    if not (1 <= severity <= 10 and width >= 1 and (depth == -1 or 1 <= depth) and alpha > 0):
-        raise DataError(
-            f"data.augment.auto_augment={text!r}: needs m (severity) in [1, 10], w >= 1, d = -1 or >= 1, a > 0"
-        )
-    return PerImageAugMix(severity=severity, mixture_width=width, chain_depth=depth, alpha=alpha)
-
-
-def is_small(img_size: int) -> bool:
-    """CIFAR-like images: AutoAugment uses its CIFAR-10 policy for these, ImageNet's for larger ones."""
-    return img_size <= 64
-
-
-def build_policy(text: str | None, img_size: int, mean: tuple[float, ...]):
-    """`data.augment.auto_augment` as a callable (uint8 (B, 3, H, W), generator) -> uint8 (B, 3, H, W), or None.
-
-    autoaug: AutoAugment (the CIFAR-10 policy up to 64 px, ImageNet's above), trivial: TrivialAugmentWide, both
-    torchvision's policies drawn per sample (vit/data/batched_policy.py); rand-...: timm's RandAugment
-    (vit/data/rand_augment.py); augmix...: torchvision's AugMix, per image."""
-    if not text:
-        return None
-    if text == "autoaug":
-        return BatchedAutoAugment("cifar10" if is_small(img_size) else "imagenet")
-    if text == "trivial":
-        return BatchedTrivialAugmentWide()
-    kind = str(text).split("-")[0]
-    if kind == "rand":
-        return _rand_augment(str(text), mean)
-    if kind == "augmix":
-        return _augmix(str(text))
-    raise DataError(f"data.augment.auto_augment={text!r} must be {POLICY_HELP}")
-
+from vit.data.augment.policies import build_policy
+from vit.data.augment.spec import AugmentSpec
 
 # ---- the batch ops: uint8 or float (B, C, H, W), every sample with its own draw from `generator` ----
 

@@ -1,0 +1,165 @@
+"""`build_data(cfg.data)`: datasets, transforms and loaders assembled into one `DataBundle`.
+
+Two loaders, one augmentation. The torch loader decodes and crops in CPU workers and hands uint8 batches to the
+device; the GPU-resident loader keeps the decoded split on the device. Either way a batch then goes through the
+same `BatchAugment` (vit/data/augment/batch.py) on the device, so a config means the same augmented images on both.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from vit.data.augment.batch import BatchAugment
+from vit.data.augment.spec import AugmentSpec
+from vit.data.augment.transforms import mixup_and_criterion, train_geometry, val_geometry
+from vit.data.declared import complete
+from vit.data.errors import DataError
+from vit.data.loading.bundle import DataBundle
+from vit.data.loading.decoded_cache import cached_split
+from vit.data.loading.gpu_loader import GpuLoader
+from vit.data.loading.stream import build_stream_data
+from vit.data.loading.torch_loader import DeviceBatches, Transformed, torch_loader
+from vit.data.resources import available_memory, cache_folder, num_workers
+from vit.data.sources.registry import build_splits, dataset_source, mean_std
+from vit.data.sources.splits import Splits
+
+log = logging.getLogger(__name__)
+
+LOADERS = ("auto", "torch", "gpu")
+
+
+def _in_memory_fits(splits: Splits, img_size: int, device: torch.device) -> tuple[bool, str]:
+    """Whether the splits as uint8 (N, 3, H, W) take under a quarter of the free memory of the device they would
+    live on (the GPU's, or the host's for a CPU run), and the reason in words; estimated before anything is
+    decoded, so a split too large is never decoded for nothing. On a CPU the in-memory path pays most: the torch
+    loader's workers would decode every JPEG again each epoch on the same cores the step needs (measured in
+    docs/BENCHMARKS.md, "The CPU loader and thread defaults")."""
+    if device.type == "cuda":
+        free, where = torch.cuda.mem_get_info(device)[0], str(device)
+    elif device.type == "cpu":
+        free, where = available_memory(), "this machine's memory"
+    else:
+        return False, f"the device is {device.type}"
+    images = len(splits.train) + len(splits.val) + (len(splits.test) if splits.test is not None else 0)
+    needed = images * 3 * img_size * img_size
+    verdict = "under" if needed < 0.25 * free else "over"
+    return needed < 0.25 * free, (
+        f"the device is {device.type}; {images} images at {img_size} px take {needed / 2**30:.2f} GiB, {verdict} a "
+        f"quarter of the {free / 2**30:.1f} GiB free in {where}"
+    )
+
+
+def decoded_cache_dir(cfg: Mapping, splits: Splits) -> Path:
+    """Where the GPU loader keeps decoded splits (vit/data/resources.py's rule, beside the folder holding train/
+    or the CIFAR root)."""
+    return cache_folder(cfg, splits.root, "decoded")
+
+
+def choose_loader(cfg: Mapping, splits: Splits, device: torch.device) -> tuple[str, str]:
+    """("torch" or "gpu", why): data.loader=gpu|torch as asked; auto: the decoded in-memory loader (the
+    GPU-resident loader's code, on the training device) when the decoded splits fit (`_in_memory_fits`), on CUDA
+    and on a CPU alike, else the torch loader."""
+    kind = cfg.loader
+    if kind != "auto":
+        return kind, f"data.loader={kind}"
+    fits, why = _in_memory_fits(splits, int(cfg["img_size"]), device)
+    return ("gpu" if fits else "torch"), f"data.loader=auto: {why}"
+
+
+def build_data(
+    cfg: Mapping, *, device: torch.device | str = "cpu", seed: int = 0, rank: int = 0, world_size: int = 1
+) -> DataBundle:
+    """Build the train/val loaders described by the `data` config node."""
+    cfg = complete(cfg)  # a hand-built config's missing keys: as configs/data/<name>.yaml declares them
+    batch_size = int(cfg.batch_size)
+    if batch_size <= 0:
+        raise DataError(f"data.batch_size={batch_size} must be positive")
+    spec = AugmentSpec.from_config(cfg.get("augment"))
+    img_size = int(cfg["img_size"])
+    device = torch.device(device)
+    if cfg.loader not in LOADERS:
+        raise DataError(f"data.loader={cfg.get('loader')!r} must be one of {LOADERS}")
+    if dataset_source(cfg.get("name")).streams:  # tar shards: no splits to hold in memory (stream.py)
+        mean, std = mean_std(cfg)
+        common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
+        return build_stream_data(cfg, spec, mean, std, **common)
+    splits = build_splits(cfg, seed=seed)
+    num_classes = int(cfg.get("num_classes") or len(splits.class_to_idx))
+    if num_classes < len(splits.class_to_idx):
+        raise DataError(f"data.num_classes={num_classes} but the data has {len(splits.class_to_idx)} classes")
+    mixup_fn, criterion = mixup_and_criterion(spec, num_classes)
+    mean, std = mean_std(cfg)
+    kind, reason = choose_loader(cfg, splits, device)
+    log.info("loader: %s (%s)", kind, reason)
+    # data.loader=gpu is allowed on a CPU too (tests, debugging): the same batched code runs there.
+    common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
+    build = _gpu_loaders if kind == "gpu" else _torch_loaders
+    train_loader, val_loader, test_loader, sampler = build(cfg, splits, spec, mean, std, **common)
+    if len(train_loader) == 0:
+        raise DataError(
+            f"data.batch_size={batch_size} is larger than the {len(splits.train)} training images: no full batch"
+        )
+    return DataBundle(
+        train_loader,
+        val_loader,
+        num_classes,
+        splits.class_to_idx,
+        mixup_fn,
+        criterion,
+        mean,
+        std,
+        img_size,
+        len(splits.train),
+        len(splits.val),
+        sampler,
+        kind,
+        reason,
+        splits.val_name,
+        test_loader,
+        splits.test_name,
+        train_workers=num_workers(cfg) if kind == "torch" else 0,
+    )
+
+
+def _torch_loaders(cfg, splits, spec, mean, std, *, device, seed, rank, world_size, batch_size):
+    """DataLoaders over the files (workers decode and, for crop=rrc, crop), each wrapped in `DeviceBatches`."""
+    img_size = int(cfg["img_size"])
+    common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
+    train_aug = BatchAugment(spec, mean, std, img_size, train=True, crop_done=True)
+    val_aug = BatchAugment(spec, mean, std, img_size, train=False)
+    train, sampler = torch_loader(Transformed(splits.train, train_geometry(cfg, spec)), cfg, train=True, **common)
+    wrap = dict(device=device, seed=seed, rank=rank)
+    loaders = [DeviceBatches(train, sampler, train_aug, **wrap)]
+    for split in (splits.val, splits.test):
+        if split is None:
+            loaders.append(None)
+            continue
+        loader, shards = torch_loader(Transformed(split, val_geometry(cfg)), cfg, train=False, **common)
+        loaders.append(DeviceBatches(loader, shards, val_aug, **wrap))
+    return *loaders, sampler
+
+
+def _gpu_loaders(cfg, splits, spec, mean, std, *, device, seed, rank, world_size, batch_size):
+    """GPU-resident loaders over decoded uint8 splits."""
+    img_size = int(cfg["img_size"])
+    arrays = []
+    parts = [(True, splits.train, splits.train_array), (False, splits.val, splits.val_array)]
+    if splits.test is not None:
+        parts.append((False, splits.test, splits.test_array))
+    for train, dataset, array in parts:
+        # CIFAR and synthetic splits are already uint8 arrays; decode (once, cached) when the size differs.
+        if array is None or array[0].shape[1:3] != (img_size, img_size):
+            array = cached_split(dataset, img_size, train, decoded_cache_dir(cfg, splits), num_workers(cfg))
+        arrays.append(array)
+    common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
+    train_aug = BatchAugment(spec, mean, std, img_size, train=True)
+    val_aug = BatchAugment(spec, mean, std, img_size, train=False)
+    repeats = int(cfg.get("repeated_aug") or 1)
+    train_loader = GpuLoader(*arrays[0], train_aug, train=True, repeats=repeats, **common)
+    val_loader = GpuLoader(*arrays[1], val_aug, train=False, **common)
+    test_loader = GpuLoader(*arrays[2], val_aug, train=False, **common) if len(arrays) > 2 else None
+    return train_loader, val_loader, test_loader, None

@@ -1,0 +1,100 @@
+"""The one table of the datasets `data.name` can name, `DATASETS`, and `build_splits`: the named dataset's train and
+val splits (without transforms; the loader adds them) and its class-to-index map (saved with every checkpoint),
+after data.holdout and data.limit_*_samples.
+
+Adding a dataset is one entry here (its splits builder, its normalisation, whether it streams) and its
+configs/data/<name>.yaml (the keys it reads, with their defaults); every list of the known names, and every message
+that gives them, reads this table.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from torchvision import datasets as tv_datasets
+
+from vit.data.declared import complete
+from vit.data.errors import DataError
+from vit.data.sources.cifar import cifar_splits
+from vit.data.sources.folders import folder_splits
+from vit.data.sources.hf import build_hf_splits
+from vit.data.sources.splits import HOLDOUT_SEED, Splits, hold_out, limit_split, parse_holdout
+from vit.data.sources.synthetic import synthetic_splits
+
+MeanStd = tuple[tuple[float, float, float], tuple[float, float, float]]  # per channel (R, G, B), on a [0, 1] scale
+IMAGENET_MEAN_STD: MeanStd = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+
+@dataclass(frozen=True)
+class DatasetSource:
+    """One dataset `data.name` can name."""
+
+    # (the data config, completed from its YAML file; the run's seed) -> its Splits. None: the dataset streams.
+    splits: Callable[[Mapping, int], Splits] | None
+    # The normalisation when data.mean and data.std are null: the dataset's per-channel mean and std where the entry
+    # gives them, else ImageNet's, which pretrained weights expect.
+    mean_std: MeanStd = IMAGENET_MEAN_STD
+    # data.root must name an existing folder or archive: checked with the config, before a run starts.
+    needs_root: bool = False
+
+    @property
+    def streams(self) -> bool:
+        """Tar shards read as a stream (vit/data/loading/stream.py): no splits held in memory, no loader to choose."""
+        return self.splits is None
+
+
+DATASETS: dict[str, DatasetSource] = {
+    "cifar10": DatasetSource(
+        functools.partial(cifar_splits, torchvision_class=tv_datasets.CIFAR10),
+        ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    ),
+    "cifar100": DatasetSource(
+        functools.partial(cifar_splits, torchvision_class=tv_datasets.CIFAR100),
+        ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    ),
+    "imagefolder": DatasetSource(folder_splits, needs_root=True),
+    "synthetic": DatasetSource(synthetic_splits, ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))),
+    "hf": DatasetSource(build_hf_splits),  # Hugging Face datasets: the datasets library is imported when called
+    "webdataset": DatasetSource(None),  # tar shards, streamed by vit/data/loading/stream.py
+}
+
+
+def dataset_source(name: str | None) -> DatasetSource:
+    """The entry of `name`, or a DataError naming the known ones."""
+    if name not in DATASETS:
+        raise DataError(f"data.name={name!r} must be one of {tuple(DATASETS)}")
+    return DATASETS[name]
+
+
+def mean_std(cfg: Mapping) -> MeanStd:
+    """data.mean and data.std, or the dataset's normalisation where they are null (ImageNet's for a name not in
+    the table: a tool's config may name a dataset this code does not build)."""
+    source = DATASETS.get(cfg.get("name"))
+    default = source.mean_std if source is not None else IMAGENET_MEAN_STD
+    mean = tuple(float(v) for v in (cfg.get("mean") or default[0]))
+    std = tuple(float(v) for v in (cfg.get("std") or default[1]))
+    if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
+        raise DataError(f"data.mean={list(mean)} / data.std={list(std)} must be 3 values each, std > 0")
+    return mean, std
+
+
+def build_splits(cfg, seed: int = 0) -> Splits:
+    """The train and val splits of the dataset `cfg.name` names, after data.holdout and data.limit_*_samples."""
+    cfg = complete(cfg)  # a hand-built config's missing keys: as configs/data/<name>.yaml declares them
+    name = cfg.get("name")
+    holdout = parse_holdout(cfg.get("holdout"))  # before any data is read: a typo fails at once
+    source = dataset_source(name)
+    if source.streams:
+        raise DataError(f"data.name={name!r} streams its tar shards: it has no splits to build (build_data reads it)")
+    splits = source.splits(cfg, seed)
+    val_seed = seed + 1
+    if holdout is not None:
+        splits = hold_out(splits, holdout)
+        val_seed = HOLDOUT_SEED + 1  # a limited holdout is also the same images in every run
+    splits.train, splits.train_array = limit_split(
+        splits.train, splits.train_array, cfg.get("limit_train_samples"), seed
+    )
+    splits.val, splits.val_array = limit_split(splits.val, splits.val_array, cfg.get("limit_val_samples"), val_seed)
+    return splits
