@@ -88,6 +88,7 @@ def run_e2e(args: argparse.Namespace) -> int:
     from vit.data import DataError
     from vit.engine.files import OutputError
     from vit.errors import ConfigError
+    from vit.train import run
 
     if args.epochs < 4:
         print(
@@ -100,7 +101,7 @@ def run_e2e(args: argparse.Namespace) -> int:
     check_override_keys(overrides)
     out = args.e2e_dir or Path(tempfile.mkdtemp(prefix="vit-e2e-"))
     try:
-        result = end_to_end(compose(overrides), out)
+        result = end_to_end(compose(overrides), out, train=run)
     except (UsageError, ConfigError, DataError, OutputError) as err:  # bad settings: one line, as train.py says them
         print(f"error: {err}")
         return 2

@@ -84,6 +84,7 @@ def test_a_search_keeps_its_study_and_its_best_value_is_the_best_trials_holdout_
     assert "test" not in final_metrics(three_trials, 0)
 
 
+@pytest.mark.slow  # a whole search (12-18 s on 2 cores): make test-all runs it
 def test_the_same_command_continues_the_study_without_rerunning_a_trial(three_trials, tmp_path):
     folder = tmp_path / "search"
     shutil.copytree(three_trials, folder)
@@ -157,6 +158,7 @@ def test_a_trial_whose_process_died_is_run_again_and_counted_once(tmp_path):
     assert (folder / "trial_1" / "metrics.json").is_file() and not (folder / "trial_0").exists()
 
 
+@pytest.mark.slow  # a whole search (12-18 s on 2 cores): make test-all runs it
 def test_ctrl_c_stops_the_search_and_the_same_command_runs_the_stopped_trial_again(tmp_path):
     folder = tmp_path / "search"
     args = [*SEARCH, f"hydra.sweep.dir={folder}", "hydra.sweeper.n_trials=2", "optim.lr=interval(1e-4, 1e-2)"]
@@ -229,6 +231,7 @@ def test_bad_search_settings_exit_2_with_one_line(tmp_path, args, message):
     assert not (folder / "trial_0").exists()  # refused before any trial ran
 
 
+@pytest.mark.slow  # a whole search (12-18 s on 2 cores): make test-all runs it
 def test_a_trial_with_an_impossible_setting_ends_the_search_with_its_one_line(tmp_path):
     """Composing cannot tell that 5 heads do not divide 32 wide: the trial's run refuses it, the trial is recorded
     as failed, and the search stops with the run's exit code and line."""

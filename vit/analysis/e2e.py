@@ -1,8 +1,8 @@
 """End-to-end throughput: what the data path costs on top of the training step, measured inside the trainer.
 
-One real training run (`vit.train.run`, the user's own config) whose train loader alternates, epoch by epoch,
-between the real data path and a *static* epoch that replays the first batch of the previous real epoch
-(already augmented, already on the device) as many times as the loader has batches:
+One real training run (`vit.train.run`, which the caller passes in; the user's own config) whose train loader
+alternates, epoch by epoch, between the real data path and a *static* epoch that replays the first batch of the
+previous real epoch (already augmented, already on the device) as many times as the loader has batches:
 
     epoch 0   real      (compilation, warm-up: not counted)
     epoch 1   static
@@ -20,7 +20,7 @@ drift out of the ratio; the result is the median of the per-pair ratios with the
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -86,16 +86,16 @@ def pair_overheads(history: list[dict]) -> tuple[list[float], list[float]]:
     return [real for real, _ in pairs], [static for _, static in pairs]
 
 
-def end_to_end(cfg, output_dir: Path) -> EndToEnd:
-    """Train `cfg` (a composed trainer config; `trainer.epochs` >= 4) with alternating real and static epochs."""
+def end_to_end(cfg, output_dir: Path, train: Callable[..., dict]) -> EndToEnd:
+    """Train `cfg` (a composed trainer config; `trainer.epochs` >= 4) with alternating real and static epochs.
+    `train` is the trainer's `vit.train.run`, given by the caller: the analysis layer does not import the trainer."""
     from vit.engine.device import resolve_device
-    from vit.train import run
 
     device = resolve_device(cfg.trainer.device)
     epochs = int(cfg.trainer.epochs)
     if epochs < 4:
         raise ValueError(f"trainer.epochs={epochs}: the end-to-end benchmark needs >= 4 epochs (one counted pair)")
-    metrics = run(
+    metrics = train(
         cfg, output_dir=output_dir, train_loader_wrapper=lambda loader: AlternatingStaticLoader(loader, device)
     )
     real, static = pair_overheads(metrics["history"])
