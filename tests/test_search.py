@@ -136,6 +136,7 @@ def test_a_diverged_trial_is_recorded_failed_and_the_search_goes_on(tmp_path):
     assert any(line.startswith("training stopped:") for line in done.stderr.splitlines())
 
 
+@pytest.mark.slow  # two search processes (9 s on 2 cores): make test-all runs it
 def test_a_trial_whose_process_died_is_run_again_and_counted_once(tmp_path):
     """A trial left running by a killed search (its heartbeat stopped) is failed and queued again with its
     parameters; the study's total counts it once."""
@@ -190,6 +191,7 @@ def test_ctrl_c_stops_the_search_and_the_same_command_runs_the_stopped_trial_aga
     assert trials[1].params == trials[0].params
 
 
+@pytest.mark.slow  # two search processes (9 s on 2 cores): make test-all runs it
 def test_two_processes_share_one_study(tmp_path):
     folder = tmp_path / "search"
     common = [*SEARCH, f"hydra.sweep.dir={folder}", "hydra.sweeper.n_trials=4"]
