@@ -1,6 +1,8 @@
-"""The project installs as a wheel and trains from any folder: the wheel carries the Hydra config tree (configs/
-as vit/configs) and the sweeper plugin, and `vit-train` / `vit-eval` run from a folder outside the checkout."""
+"""The project installs as a wheel, trains and evaluates from any folder: the wheel carries the Hydra config tree
+(configs/ as vit/configs), every subpackage and the Hydra plugins (the models' defaults, the sweeper), and
+`vit-train` / `vit-eval` run from a folder outside the checkout."""
 
+import json
 import os
 import subprocess
 import sys
@@ -10,8 +12,8 @@ import pytest
 from trainer_utils import REPO
 
 
-@pytest.mark.slow  # 20 s: builds and installs the wheel, then trains
-def test_the_wheel_installs_and_trains_outside_the_checkout(tmp_path):
+@pytest.mark.slow  # 25 s: builds and installs the wheel, then trains and evaluates
+def test_the_wheel_installs_trains_and_evaluates_outside_the_checkout(tmp_path):
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     wheels, site, elsewhere = tmp_path / "wheels", tmp_path / "site", tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -22,6 +24,10 @@ def test_the_wheel_installs_and_trains_outside_the_checkout(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "vit/configs/config.yaml" in names and "vit/configs/model/vit_tiny.yaml" in names
     assert "vit/__init__.py" in names and "hydra_plugins/vit_sweeper/__init__.py" in names
+    assert "hydra_plugins/vit_models/__init__.py" in names  # configs/model/*.yaml take their defaults from it
+    for module in ("vit/engine/weights.py", "vit/data/sources/registry.py", "vit/data/augment/policies.py",
+                   "vit/data/loading/build.py"):  # fmt: skip
+        assert module in names, module
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)], check=True,
                    capture_output=True, timeout=300)  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(site)}  # the dependencies from this environment, the project from the wheel
@@ -42,3 +48,8 @@ def test_the_wheel_installs_and_trains_outside_the_checkout(tmp_path):
     helped = subprocess.run([str(site / "bin" / "vit-eval"), "--help"], cwd=elsewhere, env=env, capture_output=True,
                             text=True, timeout=120)  # fmt: skip
     assert helped.returncode == 0 and "usage: python scripts/evaluate.py" in helped.stdout
+    evaluated = subprocess.run([str(site / "bin" / "vit-eval"), "checkpoint=run/checkpoints/last.pt"], cwd=elsewhere,
+                               env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    result = json.loads(evaluated.stdout)
+    assert result["count"] > 0 and 0.0 <= result["top1"] <= 100.0 and result["model"] == "vit_tiny"
