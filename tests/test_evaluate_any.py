@@ -145,7 +145,7 @@ def test_a_timm_source_uses_timms_preprocessing_unless_told(folder, timm_file, m
 
     def download(name):
         asked.append(name)
-        return Weights(model.state_dict(), f"timm:{name}", num_heads=3, kind="timm", timm_model=name)
+        return Weights(model.state_dict(), f"timm:{name}", num_heads=3, timm_model=name)
 
     from vit.engine.weights import WEIGHT_SOURCES, WeightSource
 

@@ -52,7 +52,7 @@ def test_a_new_source_is_one_entry(tmp_path, monkeypatch):
     from vit.models.fit import Weights
 
     def read_hub(name, ema, instead):
-        return Weights({"w": __import__("torch").zeros(1)}, f"hub:{name}", kind="hub")
+        return Weights({"w": __import__("torch").zeros(1)}, f"hub:{name}")
 
     entries = {"hub": WeightSource("hub:", read_hub, "hub:<name>"), **WEIGHT_SOURCES}
     monkeypatch.setattr("vit.engine.weights.WEIGHT_SOURCES", entries)

@@ -54,12 +54,15 @@ class Precision:
 
     def autocast(self, device: torch.device):
         """The context a forward pass runs in."""
-        if self.dtype is None:
-            return nullcontext()
-        return torch.autocast(device.type, dtype=self.dtype)
+        return autocast_to(device, self.dtype)
 
     def describe(self) -> str:
         return f"precision: {self.name} ({self.reason})"
+
+
+def autocast_to(device: torch.device, dtype: torch.dtype | None):
+    """Autocast to `dtype` on `device`'s type; no autocast (fp32) for None."""
+    return nullcontext() if dtype is None else torch.autocast(device.type, dtype=dtype)
 
 
 def cpu_has_native_bf16() -> bool:

@@ -4,13 +4,13 @@ autoencoder's reconstruction loss; under torchrun each rank evaluates its shard 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from vit.engine.compile import eager
+from vit.engine.device import autocast_to
 from vit.engine.distributed import Distributed
 
 
@@ -30,7 +30,7 @@ def evaluate(
     Under torchrun each rank evaluates its shard and the sums are all-reduced: every rank gets the totals.
     `flip`: test-time augmentation, the class probabilities averaged over each image and its mirror image."""
     model.eval()
-    ctx = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
+    ctx = autocast_to(device, amp_dtype)
     with eager():  # blocks compiled in place for training (trainer.compile_scope=blocks) evaluate eagerly
         return _evaluate(model, loader, device, ctx, limit_batches, num_classes, dist, flip)
 
@@ -99,7 +99,7 @@ def evaluate_reconstruction(
     {"loss", "count"} with top1/top5 None (no labels). Each batch's masking noise comes from a generator seeded
     once per pass, so every epoch hides the same patches of the same images and the losses compare."""
     model.eval()
-    ctx = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
+    ctx = autocast_to(device, amp_dtype)
     generator = torch.Generator().manual_seed(RECONSTRUCTION_EVAL_SEED)
     num_patches = model.patch_embed.num_patches
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)

@@ -141,7 +141,7 @@ def read_file(path: str, ema: bool | None, instead: str = "") -> Weights:
         raise PretrainedError(str(err)) from None
     if is_our_checkpoint(obj):
         return checkpoint_weights(obj, path, ema)
-    weights = Weights(unwrap_state_dict(obj, path, ema), path, kind="file")
+    weights = Weights(unwrap_state_dict(obj, path, ema), path)
     weights.which = "raw weights first where it holds EMA ones too" if ema is False else ""
     return weights
 
@@ -169,7 +169,6 @@ def checkpoint_weights(state: dict, where: str, ema: bool | None) -> Weights:
         int(heads) if heads else None,
         which,
         state.get("class_to_idx") or None,
-        kind="file",
         config=config,
         ema=use_ema,
     )
@@ -230,7 +229,7 @@ def read_timm(name: str, ema: bool | None = None, instead: str = GIVE_A_FILE) ->
         ) from err
     blocks = getattr(model, "blocks", None)
     heads = getattr(getattr(blocks[0], "attn", None), "num_heads", None) if blocks else None
-    return Weights(model.state_dict(), f"timm:{name}", heads, kind="timm", timm_model=name)
+    return Weights(model.state_dict(), f"timm:{name}", heads, timm_model=name)
 
 
 def check_timm_name(name: str) -> None:

@@ -39,7 +39,6 @@ class Weights:
     which: str = ""  # which weights of a source holding several ("its EMA weights")
     class_to_idx: dict | None = None  # the classes its head was trained on, where the source records them
     reset_head: bool = False  # replace the classifier even where its size fits (trained on other classes)
-    kind: str = ""  # the source's kind in vit/engine/weights.py's WEIGHT_SOURCES ("timm", "file")
     timm_model: str | None = None  # the timm model (and tag) the weights were released for, when the source says
     config: dict | None = None  # a checkpoint of this trainer: its resolved config (model, data, trainer, ...)
     ema: bool | None = None  # a checkpoint of this trainer: whether these are its EMA weights; None for other sources

@@ -17,7 +17,6 @@ from __future__ import annotations
 import difflib
 import logging
 from collections.abc import Iterable, Mapping
-from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +25,7 @@ from torch import nn
 
 from vit.engine.build import build_model_from_config
 from vit.engine.compile import eager
+from vit.engine.device import autocast_to
 from vit.engine.weights import CheckpointError, read_weights
 from vit.errors import ConfigError
 from vit.models.fit import PretrainedError, Weights, describe_mismatch
@@ -148,7 +148,7 @@ def predictions(model: nn.Module, loader: Iterable, device, amp_dtype, limit) ->
     was_training = model.training
     model.eval()
     preds, targets = [], []
-    autocast = torch.autocast(device.type, dtype=amp_dtype) if amp_dtype is not None else nullcontext()
+    autocast = autocast_to(device, amp_dtype)
     with eager():
         for i, (images, labels) in enumerate(loader):
             if limit is not None and i >= limit:
