@@ -7,6 +7,7 @@ A checkpoint is a dict of tensors and plain containers, written atomically (vit/
     epoch (finished epochs), step (optimizer steps), best_score (`Progress` below),
     class_to_idx, config (resolved, plain),
     history (one dict of metrics per finished epoch)
+    budget: trainer.budget's plan and measured epoch-end costs (vit/train/budget.py), None without a budget
 
 checkpoints/last.pt after every epoch and at a stop inside an epoch (a signal: it then holds the batches done
 and every rank's RNG, so the resumed run goes on with the next batch); best.pt when the validation score
@@ -191,6 +192,7 @@ class Progress:
     history: list[dict] = field(default_factory=list)  # one record per finished epoch (vit/train/metrics.py)
     skip_batches: int = 0  # batches of `start_epoch` trained before a stop inside it
     resume_rng: dict | None = None  # this rank's RNG at that stop
+    budget_state: dict | None = None  # the budget's plan in the checkpoint resumed from (vit/train/budget.py)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.wall_start
@@ -218,7 +220,7 @@ class Checkpointer:
         self, folder: Path, *, enabled: bool, keep_last: int | None, settings: StepSettings, class_to_idx, config
     ) -> None:
         self.folder, self.enabled, self.keep_last = folder, enabled, keep_last
-        self.parts = training_parts(settings)
+        self.parts, self.settings = training_parts(settings), settings
         self.class_to_idx, self.config = class_to_idx, config
 
     def state(self, epoch: int, step: int, progress: Progress) -> dict:
@@ -232,6 +234,8 @@ class Checkpointer:
             history=progress.history,
         )
         state["elapsed_s"] = progress.elapsed()
+        budget = self.settings.budget
+        state["budget"] = budget.state_dict() if budget is not None else None
         return state
 
     def save_epoch(self, epochs_done: int, step: int, progress: Progress, is_best: bool) -> None:
@@ -301,6 +305,7 @@ def resume(path: Path, settings: StepSettings, state: StepState, class_to_idx, w
         history=history,
         skip_batches=int(saved.get("batches_into_epoch") or 0),
         resume_rng=rng_ranks[dist.rank] if len(rng_ranks) == dist.world_size else saved.get("rng"),
+        budget_state=saved.get("budget"),
     )
     state.step = int(saved["step"])
     if progress.skip_batches:  # stopped inside an epoch: it goes on with the next batch of that epoch

@@ -17,6 +17,7 @@ from vit.engine.config_types import check_types
 from vit.engine.device import AMP_MODES, resolve_device
 from vit.engine.weights import names_a_source
 from vit.errors import ConfigError, require
+from vit.train.budget import parse_budget
 from vit.train.finetune import FREEZE_MODES
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -189,6 +190,7 @@ def check_sched(sched: DictConfig, optim: DictConfig) -> None:
 
 def check_trainer(trainer: DictConfig) -> None:
     require(int(trainer.epochs) > 0, f"trainer.epochs={trainer.epochs} must be positive")
+    parse_budget(trainer.get("budget"))  # a ConfigError naming the value
     require(0 <= int(trainer.seed) < 2**32, f"trainer.seed={trainer.seed} must be in [0, 2**32)")
     require(trainer.amp in AMP_MODES, f"trainer.amp={trainer.amp!r} must be one of {AMP_MODES}")
     threads = trainer.get("threads", "auto")

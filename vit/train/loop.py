@@ -44,6 +44,7 @@ class StepSettings:
     stop_requested: Callable[[], bool] = field(default=lambda: False)
     compiled: bool = False  # whether torch.compile is on (reported in metrics.json)
     masked_pretraining: bool = False  # task=mae: the model returns (loss, pred, mask) and no label is read
+    budget: object | None = None  # trainer.budget (vit/train/budget.py): plans the steps, ends the run on the last
 
     @property
     def amp_dtype(self) -> torch.dtype | None:
@@ -140,15 +141,16 @@ def weights_finite(model: nn.Module) -> bool:
 def train_one_epoch(
     settings: StepSettings, state: StepState, loader: Iterable, *, limit_batches: int | None, reporter=None
 ) -> dict:
-    """Train over `loader`; returns the epoch's mean loss, images/s, seconds, steps and whether a stop was
-    requested (then the epoch is unfinished). `reporter.log_step(step_in_epoch, step, values)` receives the
+    """Train over `loader`; returns the epoch's mean loss, images/s, seconds, steps, whether a stop was
+    requested (then the epoch is unfinished) and whether the budget's planned last step was trained.
+    `reporter.log_step(step_in_epoch, step, values)` receives the
     logged values every `log_every` steps (vit/train/report.py)."""
     settings.train_model.train()
     count_skipped_steps(settings, state)  # the scale before this epoch's first step
     steps = len(loader) if limit_batches is None else min(len(loader), limit_batches)
     if stop_agreed(settings):  # a signal that came during the last evaluation or checkpoint
-        return {"loss": float("nan"), "img_per_s": 0.0, "seconds": 0.0, "steps": 0, "stopped": True}
-    stopped, done, images_seen = False, 0, 0
+        return {"loss": math.nan, "img_per_s": 0.0, "seconds": 0.0, "steps": 0, "stopped": True, "planned_end": False}
+    stopped, planned_end, done, images_seen = False, False, 0, 0
     loss_sum = torch.zeros((), device=settings.device)
     window = Window(settings.device)
     start = time.perf_counter()
@@ -166,12 +168,15 @@ def train_one_epoch(
             window.add_step(optimizer_step(settings, state))
             if state.first_step_seconds is None:  # compiling blocks the host, so no sync is needed to time it
                 state.first_step_seconds = time.perf_counter() - first_start
-        log_step = (i + 1) % settings.log_every == 0 or i + 1 == steps
+            planned_end = settings.budget is not None and settings.budget.reached(state.step)
+        log_step = (i + 1) % settings.log_every == 0 or i + 1 == steps or planned_end
         if log_step:
             values = window_values(settings, state, window)
             if reporter is not None:
                 reporter.log_step(i + 1, state.step, values)
             window.reset()
+        if planned_end:  # trainer.budget: the plan's last step
+            break
         # Single process: stop after any optimizer step (never inside an accumulation, whose gradients a
         # checkpoint would not hold). Under torchrun: at those of the log steps, where the ranks compare flags.
         if last_micro_step and (log_step or not settings.dist.enabled) and stop_agreed(settings):
@@ -186,6 +191,7 @@ def train_one_epoch(
         "seconds": seconds,
         "steps": max(done, 1),
         "stopped": stopped,
+        "planned_end": planned_end,  # trainer.budget's last step was trained
     }
 
 
@@ -262,6 +268,8 @@ def optimizer_step(settings: StepSettings, state: StepState) -> torch.Tensor:
         settings.optimizer.step()
     settings.optimizer.zero_grad(set_to_none=True)
     state.step += 1
+    if settings.budget is not None:  # measure the speed; a re-plan takes effect in the schedule below
+        settings.budget.after_step(state.step)
     settings.scheduler.step_update(num_updates=state.step)
     if settings.ema is not None:
         settings.ema.update(settings.model, step=state.step)

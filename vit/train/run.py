@@ -30,6 +30,7 @@ from vit.engine.device import resolve_device
 from vit.engine.distributed import Distributed, setup_distributed
 from vit.engine.files import atomic_write_text, check_run_dir
 from vit.errors import ConfigError
+from vit.train.budget import attach_budget, duration
 from vit.train.checkpoints import Checkpointer, Progress, resume, rng_state, set_rng_state
 from vit.train.config import validate
 from vit.train.loop import NonFiniteLossError, StepState, train_one_epoch, weights_finite
@@ -141,47 +142,63 @@ def build_run(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distribut
     stop = StopSignal()
     step.stop_requested = stop.requested
     trial = TrialReport.of(cfg, run_dir, trainer.epochs) if is_trial(cfg) and dist.is_main else None
-    return Run(cfg, trainer, run_dir, parts, step, state, progress, checkpoints, report, stop, trial)
+    run = Run(cfg, trainer, run_dir, parts, step, state, progress, checkpoints, report, stop, trial)
+    attach_budget(run)  # trainer.budget: plans the steps from the measured speed (vit/train/budget.py)
+    return run
 
 
 def train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed, loader_wrapper=None) -> dict:
     """The recipe: every phase is a named function taking the run; the epoch loop is the only logic here."""
     run = build_run(cfg, run_dir, wall_start, dist, loader_wrapper)
-    epochs, progress = run.trainer.epochs, run.progress
+    progress, budget = run.progress, run.budget
     with run.report:
         run.report.keep_images(run.bundle.val_loader)
         teacher = evaluate_teacher(run)  # a bad teacher shows before the student trains
         with run.stop.installed():
-            for epoch in range(progress.start_epoch, epochs):
+            for epoch in range(progress.start_epoch, run.trainer.epochs):
+                if budget is not None and budget.reached(run.state.step):
+                    break  # a resumed run whose plan is done
                 limit = start_epoch(run, epoch)
-                run.report.start_epoch(epoch, epochs, run.batches_per_epoch())
-                trained = train_one_epoch(
-                    run.step, run.state, run.bundle.train_loader, limit_batches=limit, reporter=run.report
-                )
+                run.report.start_epoch(epoch, run.planned_epochs(), run.batches_per_epoch())
+                trained = train_epoch(run, limit)
                 if trained["stopped"]:
                     save_stopped(run, epoch, trained)
                     break
-                val, val_ema = evaluate_epoch(run, epoch)
+                last = trained["planned_end"] or epoch + 1 == run.trainer.epochs
+                val, val_ema = evaluate_epoch(run, epoch, last)
                 record_epoch(run, epoch, trained, val, val_ema)
                 is_best = val is not None and val_score(val) > progress.best_score
                 if val is not None:
                     progress.best_score = max(progress.best_score, val_score(val))
                 check_weights(run, epoch)
                 run.checkpoints.save_epoch(epoch + 1, run.state.step, progress, is_best)
-                if is_trial(cfg) and trial_stops(run, epoch, val, val_ema):
+                if budget is not None:
+                    budget.epoch_ended(evaluated=val is not None)
+                if is_trial(cfg) and trial_stops(run, epoch, val, val_ema, last):
                     break  # last.pt holds this epoch; no test split for a pruned trial
+                if last:
+                    break
                 if run.trainer.pauses_after(epoch):
                     log.info("trainer.stop_after_epoch=%d reached; continue with trainer.resume=auto", epoch + 1)
                     break
         return finish(run, teacher)
 
 
-def trial_stops(run: Run, epoch: int, val, val_ema) -> bool:
+def train_epoch(run: Run, limit: int | None) -> dict:
+    """The epoch's training loop (vit/train/loop.py), timed for the budget."""
+    if run.budget is not None:
+        run.budget.epoch_starts()
+    trained = train_one_epoch(run.step, run.state, run.bundle.train_loader, limit_batches=limit, reporter=run.report)
+    if run.budget is not None:
+        run.budget.epoch_trained()
+    return trained
+
+
+def trial_stops(run: Run, epoch: int, val, val_ema, last: bool) -> bool:
     """Report the epoch's score to the study (rank 0 does) and whether its pruner stops the trial; every rank
     learns the answer, so all of them stop together."""
     if val is None:  # an epoch without an evaluation (the same on every rank)
         return False
-    last = epoch + 1 == run.trainer.epochs
     stop = run.trial.report(epoch + 1, val, val_ema, last=last) if run.trial is not None else False
     return bool(run.dist.broadcast(stop))
 
@@ -200,7 +217,7 @@ def start_epoch(run: Run, epoch: int) -> int | None:
     else:
         seed_everything(rank_seed(epoch_seed(trainer.seed, epoch), rank))
     if run.parts.resize is not None:
-        run.state.train_img_size = run.parts.resize.size_at(epoch, trainer.epochs)
+        run.state.train_img_size = run.parts.resize.size_at(epoch, run.planned_epochs())
     return limit
 
 
@@ -239,10 +256,10 @@ def save_stopped(run: Run, epoch: int, trained: dict) -> None:
         )
 
 
-def evaluate_epoch(run: Run, epoch: int) -> tuple[dict | None, dict | None]:
+def evaluate_epoch(run: Run, epoch: int, last: bool) -> tuple[dict | None, dict | None]:
     """The raw weights' and the EMA's validation results, or (None, None) in an epoch without evaluation
     (trainer.val_every_n_epochs: a short recipe cannot spare one every epoch; the last is always due)."""
-    if not run.trainer.evaluates_after(epoch):
+    if not (last or run.trainer.evaluates_after(epoch)):
         return None, None
     val_loader = run.bundle.val_loader
     val = run.evaluate(val_loader)
@@ -251,7 +268,7 @@ def evaluate_epoch(run: Run, epoch: int) -> tuple[dict | None, dict | None]:
 
 def record_epoch(run: Run, epoch: int, trained: dict, val: dict | None, val_ema: dict | None) -> None:
     """The epoch's history entry, TensorBoard scalars and attention maps, and its console line."""
-    state, history, epochs = run.state, run.progress.history, run.trainer.epochs
+    state, history, epochs = run.state, run.progress.history, run.planned_epochs()
     history.append(epoch_record(epoch, state.step, trained, val, val_ema, run.progress.elapsed()))
     scalars = epoch_scalars(trained, val, val_ema, run.device, state.skipped_steps)
     if state.train_img_size is not None:
@@ -261,6 +278,8 @@ def record_epoch(run: Run, epoch: int, trained: dict, val: dict | None, val_ema:
         # percent of validation images where student and teacher agree
         agree = distiller.agreement(run.model, run.bundle.val_loader, *evaluation_settings(run))
         history[-1]["val_teacher_agreement"] = scalars["val/teacher_agreement"] = agree
+    if run.budget is not None:
+        scalars.update({"budget/planned_steps": run.budget.total_steps(), "budget/elapsed_s": run.budget.elapsed()})
     run.report.scalars(scalars, state.step)
     run.report.attention_maps(run.model, run.bundle, epoch, epochs, state.step)
     run.report.reconstructions(run.model, run.bundle, epoch, epochs, state.step)
@@ -301,8 +320,7 @@ def finish(run: Run, teacher: dict | None) -> dict:
         metrics["search"] = run.trial.record()
     if teacher is not None:
         metrics["teacher"] = {"source": str(cfg.distill.teacher), **teacher}
-    history = run.progress.history
-    finished = history and history[-1]["epoch"] == run.trainer.epochs
+    finished = run.finished()
     if bundle.test_loader is not None and finished and run.trial is not None:
         log.info("a search trial does not read the %s split: the search chooses on the holdout", bundle.test_name)
     elif bundle.test_loader is not None and finished and not run.masked_pretraining:  # no labels to test
@@ -314,6 +332,11 @@ def finish(run: Run, teacher: dict | None) -> dict:
         report.line(f"{bundle.test_name} split after training: top-1 {test['top1']:.2f}%{ema_part}")
     # Process start (or the first run's start, over resumes) to the end of the final evaluation.
     metrics["wall_time_s"] = run.progress.elapsed()
+    if run.budget is not None:
+        final_lr = run.step.optimizer.param_groups[0]["lr"]
+        metrics["budget"] = run.budget.record(state.step, metrics["wall_time_s"], final_lr)
+        report.scalars({"budget/wall_s": metrics["wall_time_s"], "budget/trained_steps": state.step}, state.step)
+        report.line(budget_line(metrics["budget"]))
     metrics["stopped_by_signal"] = run.stop.name
     metrics["world_size"] = run.dist.world_size
     # With torch.compile the first step holds the compilation (reported apart from the img/s of later steps).
@@ -326,6 +349,16 @@ def finish(run: Run, teacher: dict | None) -> dict:
         final, best = metrics["final"].get(score) or 0.0, metrics["best"][score] or 0.0
         report.hparams(flat_hparams(run.parts.resolved), {score: final, f"best_{score}": best})
     return metrics
+
+
+def budget_line(record: dict) -> str:
+    """The run's last console line about its budget: the time used against it, the steps planned and trained."""
+    over = "" if record["within_tolerance"] else f" (over by {record['overrun_s']:.1f} s, more than the tolerance)"
+    return (
+        f"budget {duration(record['budget_s'])}: {record['wall_s']:.1f} s used{over}; {record['trained_steps']:,} of "
+        f"{record['planned_steps']:,} planned steps ({record['planned_epochs']:.2f} epochs), final lr "
+        f"{record['final_lr']:.3g}"
+    )
 
 
 def hydra_output_dir() -> Path | None:

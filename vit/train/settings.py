@@ -10,10 +10,13 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from vit.train.budget import parse_budget
+
 
 @dataclass(frozen=True)
 class TrainerSettings:
-    epochs: int
+    epochs: int  # with a budget: the upper bound
+    budget: float | None  # trainer.budget in seconds (vit/train/budget.py)
     device: str  # auto | cpu | cuda
     amp: str  # auto | bf16 | fp16 | none
     threads: int | str  # auto | <n>
@@ -63,6 +66,7 @@ class TrainerSettings:
         value["ema_decay"] = float(value["ema_decay"])
         for key in ("deterministic", "ema", "ema_warmup", "save_checkpoints", "grad_checkpointing", "eval_flip"):
             value[key] = bool(value[key])
+        value["budget"] = parse_budget(value["budget"])
         value["resume"] = None if value["resume"] is None else str(value["resume"])
         for key in ("device", "amp", "compile_mode", "compile_scope", "progress"):
             value[key] = str(value[key])

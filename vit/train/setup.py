@@ -123,6 +123,22 @@ class Run:
     def masked_pretraining(self) -> bool:
         return self.step.masked_pretraining
 
+    @property
+    def budget(self):
+        """trainer.budget's plan (vit/train/budget.py), None without a budget."""
+        return self.step.budget
+
+    def planned_epochs(self) -> int:
+        """The epochs the run will train: trainer.epochs, or with a budget the epochs its plan reaches."""
+        return self.budget.planned_epochs() if self.budget is not None else self.trainer.epochs
+
+    def finished(self) -> bool:
+        """Whether the last epoch is done: trainer.epochs', or the budget plan's last step."""
+        history = self.progress.history
+        if self.budget is not None:
+            return bool(history) and self.budget.reached(self.state.step)
+        return bool(history) and history[-1]["epoch"] == self.trainer.epochs
+
     def batches_per_epoch(self) -> int:
         """Training batches per epoch and process (trainer.limit_train_batches caps them)."""
         return batches_per_epoch(self.bundle, self.trainer)

@@ -1,0 +1,180 @@
+"""trainer.budget: the run measures its speed, plans the steps that fit its wall-clock budget, re-plans when the
+speed drifts, and ends on the planned step with the learning rate decayed to sched.min_lr; a stopped run resumes
+to the step count and weights of an unbroken one; a budget too small for the run is refused in one line."""
+
+import math
+import os
+import signal
+import time
+
+import pytest
+import torch
+from trainer_utils import QUICK, compose_config
+
+from vit.engine.weights import load_checkpoint
+from vit.errors import ConfigError
+from vit.train import run
+from vit.train.budget import parse_budget
+from vit.train.config import validate
+
+MIN_LR = 1e-5  # not 0, so the final rate being the minimum says something
+BUDGETED = [*QUICK, "trainer.epochs=100", f"sched.min_lr={MIN_LR}", "sched.warmup_epochs=1", "trainer.ema=false"]
+BUDGETED += ["trainer.save_checkpoints=false", "trainer.val_every_n_epochs=4", "trainer.threads=1"]
+
+
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [(90, 90.0), ("90", 90.0), ("90s", 90.0), ("30m", 1800.0), ("2h", 7200.0), ("1h30m", 5400.0), ("1.5m", 90.0)],
+)
+def test_budget_forms(value, seconds):
+    assert parse_budget(value) == seconds
+
+
+@pytest.mark.parametrize("value", ["soon", "30 minutes", "m30", "0", "-5m", "2x"])
+def test_a_bad_budget_is_named(value):
+    with pytest.raises(ConfigError) as err:
+        validate(compose_config([*QUICK, f"trainer.budget={value}"]))
+    assert str(err.value).startswith("trainer.budget=") and "\n" not in str(err.value)
+
+
+class SlowedLoader:
+    """The train loader, each batch `delay` seconds late once `after` batches have passed: a machine that gets
+    slower in the middle of a run."""
+
+    def __init__(self, loader, delay: float, after: int) -> None:
+        self.loader, self.delay, self.after, self.seen = loader, delay, after, 0
+
+    def __iter__(self):
+        for batch in self.loader:
+            self.seen += 1
+            if self.seen > self.after:
+                time.sleep(self.delay)
+            yield batch
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __getattr__(self, name):
+        return getattr(self.loader, name)
+
+
+BUDGET_S = 4.0
+
+
+@pytest.fixture(scope="module")
+def steady(tmp_path_factory):
+    return run(compose_config([*BUDGETED, f"trainer.budget={BUDGET_S:g}s"]), output_dir=tmp_path_factory.mktemp("a"))
+
+
+@pytest.fixture(scope="module")
+def slowed(tmp_path_factory):
+    return run(
+        compose_config([*BUDGETED, f"trainer.budget={BUDGET_S:g}s"]),
+        output_dir=tmp_path_factory.mktemp("b"),
+        train_loader_wrapper=lambda loader: SlowedLoader(loader, delay=0.03, after=40),
+    )
+
+
+def check_budget_held(metrics: dict) -> dict:
+    budget = metrics["budget"]
+    assert budget["budget_s"] == BUDGET_S
+    assert budget["wall_s"] == metrics["wall_time_s"]
+    # Ends inside the budget, and does not give much of it away (a 4 s budget is 0.2 s of margin).
+    assert BUDGET_S * 0.8 <= metrics["wall_time_s"] <= BUDGET_S + 0.3, budget
+    assert budget["within_tolerance"] and budget["overrun_s"] == 0.0
+    assert budget["trained_steps"] == budget["planned_steps"] == metrics["final"]["step"]
+    # The decay ends on the last step: the rate set after it is the minimum, and the run did not stop early.
+    assert budget["final_lr"] == pytest.approx(MIN_LR, rel=1e-6)
+    assert metrics["epochs_done"] == math.ceil(budget["planned_steps"] / 8)  # 256 images in batches of 32
+    return budget
+
+
+def test_a_budgeted_run_ends_on_time_with_the_decay_complete(steady):
+    budget = check_budget_held(steady)
+    assert budget["planned_steps"] < 100 * 8  # the budget, not trainer.epochs, ended the run
+    # Planned after three timed steps, once the first step and each loader worker's first batch are past.
+    assert budget["plans"][0]["step"] == 1 + steady["loader_workers"] + 3
+    assert steady["history"][-1]["val_top1"] is not None  # the last epoch is evaluated, even a partial one
+
+
+def test_a_slowed_machine_gets_fewer_steps_and_the_decay_still_completes(steady, slowed):
+    budget = check_budget_held(slowed)
+    assert budget["trained_steps"] < 0.8 * steady["budget"]["trained_steps"]
+    # The first plan was made at full speed: the slowdown made the run re-plan to fewer steps.
+    assert budget["plans"][-1]["total_steps"] < 0.8 * budget["plans"][0]["total_steps"]
+
+
+class FakeClock:
+    """time.perf_counter for a deterministic run: it moves only when the train loader hands out a batch, by
+    `dt` seconds, so a run's plan depends on its steps alone."""
+
+    def __init__(self, dt: float) -> None:
+        self.now, self.dt = 1000.0, dt
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ClockedLoader(SlowedLoader):
+    """Each batch costs `clock.dt` of fake time; at batch `stop_at` (if given) the process gets a SIGTERM."""
+
+    def __init__(self, loader, clock: FakeClock, stop_at: int | None = None) -> None:
+        super().__init__(loader, 0.0, 0)
+        self.clock, self.stop_at = clock, stop_at
+
+    def __iter__(self):
+        for batch in self.loader:
+            self.seen += 1
+            self.clock.now += self.clock.dt
+            if self.seen == self.stop_at:
+                os.kill(os.getpid(), signal.SIGTERM)  # the run stops after this step, as a scheduler would stop it
+            yield batch
+
+
+DETERMINISTIC = [*BUDGETED, "trainer.deterministic=true", "trainer.save_checkpoints=true", "trainer.budget=6s"]
+DETERMINISTIC += ["data.augment.hflip=true", "model.drop_path_rate=0.1", "trainer.ema=true"]
+
+
+def test_a_stopped_budgeted_run_resumes_to_the_unbroken_runs_steps_and_weights(tmp_path, monkeypatch):
+    clock = FakeClock(dt=0.1)
+    monkeypatch.setattr(time, "perf_counter", clock)
+    straight = run(
+        compose_config(DETERMINISTIC),
+        output_dir=tmp_path / "straight",
+        train_loader_wrapper=lambda loader: ClockedLoader(loader, clock),
+    )
+    first = run(
+        compose_config(DETERMINISTIC),
+        output_dir=tmp_path / "resumed",
+        train_loader_wrapper=lambda loader: ClockedLoader(loader, clock, stop_at=21),
+    )
+    assert first["stopped_by_signal"] == "SIGTERM" and "budget" in first
+    resumed = run(
+        compose_config([*DETERMINISTIC, "trainer.resume=auto"]),
+        output_dir=tmp_path / "resumed",
+        train_loader_wrapper=lambda loader: ClockedLoader(loader, clock),
+    )
+    planned = straight["budget"]["planned_steps"]
+    assert 21 < planned < 100 * 8
+    assert resumed["budget"]["trained_steps"] == resumed["budget"]["planned_steps"] == planned
+    assert resumed["budget"]["wall_s"] == pytest.approx(straight["budget"]["wall_s"])
+    a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")
+    b = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")
+    assert a["step"] == b["step"] == planned
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    assert resumed["budget"]["final_lr"] == pytest.approx(MIN_LR, rel=1e-6)
+
+
+def test_a_budget_too_small_for_the_run_is_one_line(tmp_path, monkeypatch):
+    clock = FakeClock(dt=1.0)  # a step costs a second: three seconds hold no more than the warm-up steps
+    monkeypatch.setattr(time, "perf_counter", clock)
+    with pytest.raises(ConfigError) as err:
+        run(
+            compose_config([*BUDGETED, "trainer.budget=3s"]),
+            output_dir=tmp_path,
+            train_loader_wrapper=lambda loader: ClockedLoader(loader, clock),
+        )
+    message = str(err.value)
+    assert message.startswith("trainer.budget=3s is too small for this run: the start and the first ")
+    assert "a step takes 1.00 s" in message and "\n" not in message

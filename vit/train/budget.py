@@ -1,0 +1,449 @@
+"""`trainer.budget`: a wall-clock budget for the whole run, from the process start to the end of the final test
+evaluation, spent on as many optimizer steps as fit, with the learning-rate decay ending on the last of them.
+
+A count of epochs is a guess at how fast the machine is; a budget is what the user actually has. Cutting a fixed
+schedule off when time runs out (Lightning's `max_time`) stops it before the learning rate has decayed, and a
+schedule that ends exactly at the budget beats a longer one cut off there (Li, Yumer and Ramanan, "Budgeted
+Training", ICLR 2020). So the run measures its own speed and sizes its schedule to the time left:
+
+- After a few warm-up steps (the first one holds allocations or compilation and is not timed), the plan: the
+  largest number of optimizer steps T such that the steps left, the end of every epoch still to come (its
+  evaluation, when `trainer.val_every_n_epochs` or the last epoch asks for one, and its checkpoint) and the final
+  test evaluation all end before the budget, less a small margin for writing metrics.json.
+- The speed is measured again at every step (every 10 steps under torchrun, where rank 0 plans and broadcasts the
+  plan at the same steps on every rank), over the last epoch's worth of steps; an epoch's end is timed when it
+  happens. When the predicted end drifts away from the budget by more than a small band (a loaded machine, a slower
+  epoch, larger images under progressive resizing), the run re-plans, with one log line.
+- The schedule is a function of planned progress. The warmup runs over its configured steps (at most half of the
+  plan); the cosine after it runs over the planned progress q in [0, 1], and a re-plan at step s keeps q(s) and
+  stretches or shrinks what is left so that q reaches 1 on the new last step: the learning rate never jumps and
+  always ends at `sched.min_lr`. timm's scheduler computes the rate: it is stepped at the virtual step that
+  progress corresponds to in the schedule it was built for (`trainer.epochs` of steps, the upper bound), so a plan
+  that fills every epoch trains exactly the schedule a run without a budget trains.
+- `trainer.epochs` is the upper bound. The plan, its re-plans, the time used and the steps planned and trained go to
+  the log, metrics.json (`budget`) and TensorBoard (`budget/*`); a resumed run keeps the plan of the run it
+  continues and counts the time already spent (checkpoints hold the budget's state).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import re
+import time
+from dataclasses import dataclass
+
+from vit.errors import ConfigError
+
+log = logging.getLogger("vit.train")
+
+
+def clock() -> float:
+    """The clock every budget decision reads: the run's own (`Progress.elapsed`) is time.perf_counter too."""
+    return time.perf_counter()
+
+
+UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([smhd])")
+
+
+def parse_budget(value) -> float | None:
+    """`trainer.budget` in seconds: null -> None; a number of seconds; or a duration such as `90s`, `30m`, `2h`,
+    `1h30m`. Raises ConfigError naming the value otherwise."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "null", "none")):
+        return None
+    bad = ConfigError(
+        f"trainer.budget={value!r} is not a duration: give seconds (e.g. 1800) or a number with a unit s, m, h or d "
+        "(e.g. 90s, 30m, 2h, 1h30m)"
+    )
+    if isinstance(value, bool):
+        raise bad
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower().replace(" ", "")
+        try:
+            seconds = float(text)
+        except ValueError:
+            parts = _PART.findall(text)
+            if not parts or "".join(number + unit for number, unit in parts) != text:
+                raise bad from None
+            seconds = sum(float(number) * UNITS[unit] for number, unit in parts)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"trainer.budget={value!r} must be a positive duration")
+    return seconds
+
+
+def duration(seconds: float) -> str:
+    """A budget as the user would write it: 30m, 2h, 90s, 1h30m."""
+    if seconds >= 60 and seconds % 60 == 0:
+        hours, minutes = divmod(int(seconds) // 60, 60)
+        return (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
+    return f"{seconds:g}s"
+
+
+def tolerance(seconds: float) -> float:
+    """How far past its budget a run may end before that counts as a bug: 2% or 5 s, whichever is larger."""
+    return max(0.02 * seconds, 5.0)
+
+
+@dataclass
+class Plan:
+    """The steps the run ends on, and the point the cosine's progress is anchored at: progress(anchor_step) is
+    anchor_progress and reaches 1 at total_steps, linearly in between."""
+
+    total_steps: int
+    anchor_step: int
+    anchor_progress: float
+    warmup_steps: int
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What the plan needs to know of the run besides the clock."""
+
+    budget_s: float
+    steps_per_epoch: int  # optimizer steps per epoch and process
+    max_epochs: int  # trainer.epochs: the upper bound
+    warmup_steps: int  # the configured warmup, in optimizer steps
+    val_every: int  # trainer.val_every_n_epochs
+    val_batches: int  # batches of one evaluation pass (trainer.limit_val_batches applied)
+    test_batches: int  # batches of the final test pass, 0 when the run has none
+    eval_passes: int  # passes per evaluation: 1, 2 with an EMA (its own pass)
+    flip: bool  # trainer.eval_flip: each pass sees every image twice
+    images_per_step: int  # global images per optimizer step (batch x accumulation x processes)
+    loader_workers: int = 0  # the train loader's worker processes: each one's first batch waits for its start
+
+    @property
+    def max_steps(self) -> int:
+        return self.max_epochs * self.steps_per_epoch
+
+
+class Budget:
+    """The plan of a budgeted run and the measurements behind it. `optimizer_step` (vit/train/loop.py) calls
+    `after_step` once per optimizer step, before the schedule is stepped; the epoch loop calls `epoch_starts`,
+    `epoch_trained` and `epoch_ended` around each epoch's training loop, evaluation and checkpoint."""
+
+    WARMUP_STEPS = 3  # timed steps before the first plan (after the untimed first step of each process)
+    DISTRIBUTED_EVERY = 10  # under torchrun, the ranks agree on the plan every this many steps
+    MAX_WINDOW = 50  # the speed is measured over at most this many latest steps (and at most an epoch's)
+
+    def __init__(self, shape: RunShape, elapsed_s: float, dist=None, state: dict | None = None) -> None:
+        self.shape, self.dist = shape, dist
+        self.start = clock() - elapsed_s  # the run's clock, over resumes: elapsed = clock() - start
+        # End `margin` before the budget (metrics.json and the event files are written after the test).
+        self.margin = max(0.2, 0.002 * shape.budget_s)
+        state = state or {}
+        self.plan = Plan(**state["plan"]) if state.get("plan") else None  # None: the upper bound rules
+        self.history: list[dict] = list(state.get("history", []))  # one entry per plan and re-plan
+        self.eval_end_s: float | None = state.get("eval_end_s")  # measured: an epoch end with an evaluation
+        self.plain_end_s: float | None = state.get("plain_end_s")  # ... and one without
+        self.step_s: float | None = None  # measured seconds per optimizer step in this process
+        self.samples: collections.deque = collections.deque(maxlen=self.MAX_WINDOW + 1)  # (step, training s)
+        self.train_seconds = 0.0  # time spent inside training loops in this process
+        self.loop_started: float | None = None
+        self.loop_ended: float | None = None
+        self.too_small_reason: str | None = None
+        # Untimed steps of this process: the first (allocations, compilation) and one per loader worker, whose
+        # first batch waits for the worker to start (the main process's start-up copied into it).
+        self.untimed_left = 1 + shape.loader_workers
+
+    @property
+    def planner(self) -> bool:
+        """Rank 0 plans; under torchrun the others take its plan."""
+        return self.dist is None or self.dist.is_main
+
+    # --- the run's clock ---------------------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return clock() - self.start
+
+    def check_start(self) -> None:
+        """Before the first step: a budget the start-up has already spent is refused at once."""
+        if self.elapsed() >= self.shape.budget_s - self.margin:
+            raise ConfigError(
+                f"trainer.budget={duration(self.shape.budget_s)} is too small for this run: the start (imports, "
+                f"model, data) took {self.elapsed():.1f} s of it before the first step; give a longer budget"
+            )
+
+    def epoch_starts(self) -> None:
+        self.loop_started = clock()
+
+    def epoch_trained(self) -> None:
+        """An epoch's training loop has ended (its evaluation and checkpoint come next)."""
+        now = clock()
+        if self.loop_started is not None:
+            self.train_seconds += now - self.loop_started
+        self.loop_started, self.loop_ended = None, now
+
+    def epoch_ended(self, evaluated: bool) -> None:
+        """The epoch's evaluation, record and checkpoint are done: their time is what an epoch end costs."""
+        if self.loop_ended is None:
+            return
+        seconds = clock() - self.loop_ended
+        if evaluated:
+            self.eval_end_s = seconds
+        else:
+            self.plain_end_s = seconds
+        self.loop_ended = None
+
+    def training_clock(self) -> float:
+        running = clock() - self.loop_started if self.loop_started is not None else 0.0
+        return self.train_seconds + running
+
+    # --- the step loop -----------------------------------------------------------------------------------------
+    def total_steps(self) -> int:
+        return self.plan.total_steps if self.plan is not None else self.shape.max_steps
+
+    def reached(self, step: int) -> bool:
+        """Whether the plan's last step is done (before the first plan: the trainer.epochs bound)."""
+        return step >= self.total_steps()
+
+    def planned_epochs(self) -> int:
+        return max(1, math.ceil(self.total_steps() / self.shape.steps_per_epoch))
+
+    def after_step(self, step: int) -> None:
+        """After optimizer step `step`: measure the speed, and plan or re-plan."""
+        if self.untimed_left:  # the process's first steps: allocations, compilation, the loader workers' start
+            self.untimed_left -= 1
+            self.samples.clear()
+            self.samples.append((step, self.training_clock()))
+            return
+        distributed = self.dist is not None and self.dist.enabled
+        if distributed and step % self.DISTRIBUTED_EVERY:
+            return
+        self.samples.append((step, self.training_clock()))
+        self.step_s = self.measured_step_seconds(step)
+        decision = self.decide(step) if self.planner and self.step_s is not None else None
+        if distributed:  # rank 0's decision on every rank, taken at the same steps
+            decision = self.dist.broadcast(decision)
+        if decision == TOO_SMALL:
+            raise ConfigError(self.too_small_reason or f"trainer.budget={duration(self.shape.budget_s)} is too small")
+        if decision is not None:
+            self.adopt(step, decision)
+
+    def measured_step_seconds(self, step: int) -> float | None:
+        """Seconds per optimizer step over the latest steps (at most an epoch's and MAX_WINDOW), once enough of
+        them are timed."""
+        window = max(self.WARMUP_STEPS, min(self.shape.steps_per_epoch, self.MAX_WINDOW))
+        oldest_step, oldest_clock = next(s for s in self.samples if s[0] >= step - window)
+        steps = step - oldest_step
+        if steps < self.WARMUP_STEPS:
+            return None
+        return max(self.samples[-1][1] - oldest_clock, 1e-9) / steps
+
+    # --- planning ----------------------------------------------------------------------------------------------
+    def evaluated(self, epochs: int) -> list[int]:
+        """The epochs (from 0) of a run of `epochs` that end with an evaluation."""
+        every = self.shape.val_every
+        return [e for e in range(epochs) if e == epochs - 1 or (e + 1) % every == 0]
+
+    def eval_batch_seconds(self) -> float:
+        """Seconds per batch of an evaluation, all its passes (the EMA's) and mirrors (flip) together: measured by
+        the latest epoch end with an evaluation (its record and checkpoint included), else estimated from the step:
+        a forward pass costs about a third of a training step's forward and backward."""
+        shape = self.shape
+        if self.eval_end_s is not None and shape.val_batches:
+            return self.eval_end_s / shape.val_batches
+        return self.step_s / 3 * shape.eval_passes * (2 if shape.flip else 1)
+
+    def end_cost(self, evaluated: bool) -> float:
+        if not evaluated:
+            return self.plain_end_s or 0.0
+        return self.eval_end_s if self.eval_end_s is not None else self.eval_batch_seconds() * self.shape.val_batches
+
+    def ends_cost(self, step: int, epochs: int) -> float:
+        """Seconds of the epoch ends still to come after `step` in a run of `epochs` epochs, and of the test."""
+        current = max(0, step - 1) // self.shape.steps_per_epoch  # the epoch of `step`: its end is still to come
+        evaluated = set(self.evaluated(epochs))
+        ends = sum(self.end_cost(e in evaluated) for e in range(current, epochs))
+        return ends + self.eval_batch_seconds() * self.shape.test_batches
+
+    def most_steps(self, step: int, left: float) -> int | None:
+        """The most steps (at least `step`) whose training, epoch ends and test take at most `left` seconds from
+        now; None when not even ending now fits."""
+        spe, best = self.shape.steps_per_epoch, None
+        for epochs in range(max(1, math.ceil(step / spe)), self.shape.max_epochs + 1):
+            low, high = max(step, (epochs - 1) * spe + 1), epochs * spe  # steps of a run that has `epochs` epochs
+            fits = step + math.floor((left - self.ends_cost(step, epochs)) / self.step_s)
+            if fits >= low:
+                best = max(best or 0, min(fits, high))
+        return best
+
+    def decide(self, step: int):
+        """The plan's new last step; None to keep the plan (its predicted end is within the band around the
+        target, or its last step is done); TOO_SMALL when the first plan finds no room for the run."""
+        left = self.shape.budget_s - self.margin - self.elapsed()
+        current = self.total_steps()
+        if self.plan is not None:
+            if step >= current:
+                return None
+            predicted = (current - step) * self.step_s + self.ends_cost(step, self.planned_epochs())
+            if abs(predicted - left) <= self.band(left):
+                return None
+        best = self.most_steps(step, left)
+        if self.plan is None and (best is None or best <= step):
+            self.too_small_reason = self.too_small(step)
+            return TOO_SMALL
+        best = step if best is None else best  # out of time: this step is the last
+        return None if best == current else best
+
+    def band(self, left: float) -> float:
+        """How far the predicted end may stray from the target before the run re-plans: 2% of the time left (the
+        measured speed wavers by a few percent from window to window, and re-planning on that noise helps nobody),
+        narrowing to 0.5% of the budget near the end, so the run ends well within the tolerance."""
+        return max(0.2, 0.005 * self.shape.budget_s, 0.02 * left)
+
+    def too_small(self, step: int) -> str:
+        shape = self.shape
+        evaluation = self.eval_batch_seconds() * (shape.val_batches + shape.test_batches)
+        return (
+            f"trainer.budget={duration(shape.budget_s)} is too small for this run: the start and the first {step} "
+            f"steps took {self.elapsed():.1f} s, a step takes {self.step_s:.2f} s and the final evaluation about "
+            f"{evaluation:.1f} s; give a longer budget"
+        )
+
+    def adopt(self, step: int, total: int) -> None:
+        """Make `total` the plan from `step` on, keeping the cosine's progress at `step` (the rate does not jump)."""
+        first = self.plan is None
+        if first or step <= self.plan.warmup_steps:
+            warmup = min(self.shape.warmup_steps, total // 2)  # a short plan: at most half of it warms up
+            anchor = (max(warmup, step), 0.0)
+        else:
+            warmup = self.plan.warmup_steps
+            anchor = (step, 1.0 if total <= step else self.progress(step))
+        self.plan = Plan(total, anchor[0], anchor[1], warmup)
+        self.history.append({"step": step, "total_steps": total, "elapsed_s": self.elapsed(), "step_s": self.step_s})
+        if self.planner:
+            self.announce(step, first)
+
+    def announce(self, step: int, first: bool) -> None:
+        shape, total = self.shape, self.plan.total_steps
+        epochs = self.planned_epochs()
+        evaluations = len(self.evaluated(epochs))
+        kept = self.ends_cost(step, epochs)
+        bound = " (the trainer.epochs bound)" if total == shape.max_steps else ""
+        what = f"budget {duration(shape.budget_s)}" if first else f"budget re-plan at step {step:,}"
+        test = " and the test" if shape.test_batches else ""
+        log.info(
+            f"{what}: {total:,} steps of {shape.images_per_step} images ({total / shape.steps_per_epoch:.1f} epochs)"
+            f"{bound} at {shape.images_per_step / self.step_s:,.0f} img/s measured; {kept:.0f} s kept for "
+            f"{evaluations} evaluation{'s' if evaluations != 1 else ''}{test}; {self.elapsed():.0f} s spent"
+        )
+
+    def progress(self, step: int) -> float:
+        """The cosine's planned progress at `step`, in [0, 1] (0 until the warmup's end)."""
+        plan = self.plan
+        if plan is None:
+            return 0.0
+        if step <= plan.anchor_step:
+            return plan.anchor_progress
+        span = plan.total_steps - plan.anchor_step
+        return min(1.0, plan.anchor_progress + (step - plan.anchor_step) * (1 - plan.anchor_progress) / span)
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps: the plan and the measured epoch-end costs (the speed is measured afresh)."""
+        return {
+            "budget_s": self.shape.budget_s,
+            "plan": None if self.plan is None else vars(self.plan).copy(),
+            "history": list(self.history),
+            "eval_end_s": self.eval_end_s,
+            "plain_end_s": self.plain_end_s,
+        }
+
+    def record(self, step: int, wall_s: float, final_lr: float) -> dict:
+        """metrics.json's `budget`: the budget, the time used, the steps planned and trained, the plans."""
+        budget = self.shape.budget_s
+        return {
+            "budget_s": budget,
+            "wall_s": wall_s,
+            "planned_steps": self.total_steps(),
+            "trained_steps": step,
+            "planned_epochs": self.total_steps() / self.shape.steps_per_epoch,
+            "final_lr": final_lr,
+            "overrun_s": max(0.0, wall_s - budget),
+            "within_tolerance": wall_s - budget <= tolerance(budget),
+            "plans": list(self.history),
+        }
+
+
+TOO_SMALL = -1  # a decision: the budget cannot hold the run
+
+
+class BudgetSchedule:
+    """The run's schedule (timm's scheduler, with the weight-decay cosine) stepped at the virtual step that the
+    budget's planned progress corresponds to in the schedule it was built for: warmup steps map onto its warmup,
+    the cosine's progress q onto warmup + q * (its cosine length)."""
+
+    def __init__(self, schedule, budget: Budget) -> None:
+        lr = getattr(schedule, "lr", schedule)  # vit/train/optimizer.py's Schedules, or the timm scheduler alone
+        self.schedule, self.budget = schedule, budget
+        self.built_warmup, self.built_cosine = int(lr.warmup_t), float(lr.t_initial)
+
+    def virtual_step(self, step: int) -> float:
+        plan = self.budget.plan
+        if plan is None:  # before the first plan: the schedule of the trainer.epochs bound, as built
+            return float(step)
+        if step < plan.warmup_steps:
+            return step * self.built_warmup / plan.warmup_steps
+        return self.built_warmup + self.budget.progress(step) * self.built_cosine
+
+    def step_update(self, num_updates: int) -> None:
+        self.schedule.step_update(num_updates=self.virtual_step(num_updates))
+
+    def state_dict(self) -> dict:
+        return self.schedule.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.schedule.load_state_dict(state)
+
+
+def attach_budget(run) -> Budget | None:
+    """trainer.budget: the run's Budget (its plan resumed where the checkpoint had one), hooked into the step
+    settings: the loop asks it after every optimizer step, and the schedule follows its planned progress.
+    `run` is vit/train/setup.py's Run, with its checkpoint resumed."""
+    trainer, step, bundle = run.trainer, run.step, run.bundle
+    saved = run.progress.budget_state
+    if trainer.budget is None:
+        if saved:
+            log.info(
+                "the checkpoint's run had trainer.budget=%s; this one has none and trains to trainer.epochs=%d",
+                duration(saved["budget_s"]),
+                trainer.epochs,
+            )
+        return None
+    if saved and saved["budget_s"] != trainer.budget:
+        log.info(
+            "trainer.budget=%s, the checkpoint's run had %s: the plan is fitted to the new budget",
+            duration(trainer.budget),
+            duration(saved["budget_s"]),
+        )
+    schedule = getattr(step.scheduler, "lr", step.scheduler)
+    val_loader, test_loader = bundle.val_loader, bundle.test_loader
+    limit = trainer.limit_val_batches
+    tests = test_loader is not None and run.trial is None and not run.masked_pretraining
+    shape = RunShape(
+        budget_s=trainer.budget,
+        steps_per_epoch=max(1, math.ceil(run.batches_per_epoch() / trainer.accum_steps)),
+        max_epochs=trainer.epochs,
+        warmup_steps=int(schedule.warmup_t),
+        val_every=trainer.val_every_n_epochs,
+        val_batches=min(len(val_loader), limit) if limit else len(val_loader),
+        test_batches=(min(len(test_loader), limit) if limit else len(test_loader)) if tests else 0,
+        eval_passes=2 if step.ema is not None else 1,
+        flip=trainer.eval_flip and not run.masked_pretraining,
+        images_per_step=int(run.cfg.data.batch_size) * trainer.accum_steps * run.dist.world_size,
+        loader_workers=int(bundle.train_workers or 0),
+    )
+    budget = Budget(shape, run.progress.elapsed(), dist=run.dist, state=saved)
+    budget.check_start()
+    step.budget, step.scheduler = budget, BudgetSchedule(step.scheduler, budget)
+    if budget.plan is None:
+        log.info(
+            "budget %s: %.0f s spent by the start; the plan follows %d timed steps after %d untimed",
+            duration(trainer.budget),
+            budget.elapsed(),
+            Budget.WARMUP_STEPS,
+            budget.untimed_left,
+        )
+    return budget
