@@ -178,3 +178,39 @@ def test_a_budget_too_small_for_the_run_is_one_line(tmp_path, monkeypatch):
     message = str(err.value)
     assert message.startswith("trainer.budget=3s is too small for this run: the start and the first ")
     assert "a step takes 1.00 s" in message and "\n" not in message
+
+
+MAE = ["task=mae", "mae.decoder_embed_dim=32", "mae.decoder_depth=1", "mae.decoder_num_heads=4"]
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        pytest.param(["trainer.accum_steps=2", "data.batch_size=16"], id="accumulation"),
+        pytest.param(MAE, id="mae"),
+        pytest.param(["trainer.progressive_resize.min_size=16", "trainer.progressive_resize.end=0.5"], id="resize"),
+        pytest.param(["trainer.ema=true", "trainer.eval_flip=true", "data.holdout=32"], id="ema-flip-test"),
+        pytest.param("distill", id="distill"),
+    ],
+)
+def test_every_kind_of_run_ends_on_its_planned_step(extra, trained, tmp_path, monkeypatch):
+    """Accumulation (steps are optimizer steps), task=mae (no labels, no test), progressive resizing (the sizes
+    follow the planned epochs), an EMA with flip-averaged evaluations and a test split, distillation from a teacher."""
+    if extra == "distill":
+        extra = [f"distill.teacher={trained}", "distill.type=hard", "model.distill_token=false"]
+    clock = FakeClock(dt=0.05)
+    monkeypatch.setattr(time, "perf_counter", clock)
+    metrics = run(
+        compose_config([*BUDGETED, "trainer.budget=2s", *extra]),
+        output_dir=tmp_path,
+        train_loader_wrapper=lambda loader: ClockedLoader(loader, clock),
+    )
+    budget = metrics["budget"]
+    assert 8 < budget["trained_steps"] == budget["planned_steps"] < 40  # 2 s of 0.05 s steps, less the margin
+    assert budget["final_lr"] == pytest.approx(MIN_LR, rel=1e-6) and budget["within_tolerance"]
+    assert metrics["epochs_done"] == math.ceil(budget["planned_epochs"])  # the last, partial epoch included
+    if "data.holdout=32" in extra:
+        assert metrics["test"]["top1"] is not None and "ema_top1" in metrics["test"]
+    if "trainer.progressive_resize.min_size=16" in extra:
+        sizes = [r["train_img_size"] for r in metrics["history"]]
+        assert sizes[0] == 16 and sizes[-1] == 32  # the ramp ends halfway through the planned epochs

@@ -8,6 +8,7 @@ so global batch k holds the same images in both runs; DDP averages the ranks' me
 over the global batch. Nothing random remains inside a step (no drop path, no augmentation, no mixup).
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -220,3 +221,19 @@ def test_masked_autoencoder_pretrains_under_torchrun(tmp_path):
     losses = [r["val_loss"] for r in state["history"]]
     assert all(0 < loss < 10 for loss in losses) and all(r["val_top1"] is None for r in state["history"])
     assert proc.stdout.count("epoch 2/2: train loss") == 1, proc.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_two_ranks_agree_on_one_budget_plan(tmp_path):
+    """trainer.budget under torchrun: rank 0 plans, every rank takes its plan at the same steps, so both end on the
+    same (planned) step inside the budget; only rank 0 speaks of the plan."""
+    budget_s = 25
+    proc = train(tmp_path, ["data.batch_size=16", "trainer.epochs=1000", f"trainer.budget={budget_s}s"], nproc=2)
+    state = finished(tmp_path, proc)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())["budget"]
+    assert state["step"] == metrics["trained_steps"] == metrics["planned_steps"] < 1000 * 8
+    assert metrics["within_tolerance"] and metrics["wall_s"] <= budget_s + 1.0, metrics
+    assert metrics["final_lr"] == pytest.approx(1e-6)  # configs/sched/cosine.yaml's min_lr, on the last step
+    out = proc.stdout + proc.stderr
+    # the start line, the first plan and the closing line, rank 0's only
+    assert out.count(f"budget {budget_s}s: ") == 3, out[-3000:]
