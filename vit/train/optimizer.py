@@ -81,12 +81,9 @@ def layer_decay_groups(
     from timm.optim import param_groups_layer_decay
 
     skip = set(getattr(model, "no_weight_decay", lambda: set())())
+    hybrid = {"fallback_list": tuple(fallback)} if fallback else {}  # (a keyword timm has had since it has Muon)
     groups = param_groups_layer_decay(
-        _Grouped(model),
-        weight_decay=weight_decay,
-        no_weight_decay_list=sorted(skip),
-        fallback_list=tuple(fallback),
-        layer_decay=layer_decay,
+        _Grouped(model), weight_decay=weight_decay, no_weight_decay_list=sorted(skip), layer_decay=layer_decay, **hybrid
     )
     return sorted(groups, key=lambda g: -g["lr_scale"])
 
@@ -112,9 +109,10 @@ MUON_FALLBACK = ("patch_embed.*", "tokens_to_token.*", "head.*", "head_dist.*", 
 def fallback_patterns(model: nn.Module, optimizer_class: type) -> tuple[str, ...]:
     """The parameter names the AdamW half of a hybrid optimizer takes (`MUON_FALLBACK` plus the model's
     `no_weight_decay()` names); none for any other optimizer."""
-    from timm.optim import Muon
+    import timm.optim
 
-    if not (isinstance(optimizer_class, type) and issubclass(optimizer_class, Muon)):
+    muon = getattr(timm.optim, "Muon", None)  # absent from older timm versions
+    if muon is None or not (isinstance(optimizer_class, type) and issubclass(optimizer_class, muon)):
         return ()
     return (*MUON_FALLBACK, *sorted(getattr(model, "no_weight_decay", lambda: set())()))
 
