@@ -335,7 +335,10 @@ def test_resuming_a_vit_tiny_checkpoint_as_vit_small_through_the_cli(trained, tm
 
 def test_resuming_with_another_optimizer_is_named(trained, tmp_path):
     cfg = compose_config([*QUICK, "trainer.epochs=2", "optim=sgd", f"trainer.resume={trained}"])
-    with pytest.raises(CheckpointError, match="was trained with optim.name=adamw, this run uses SGD"):
+    with pytest.raises(
+        CheckpointError,
+        match="was trained with optim.name=adamw, this run uses optim.name=sgd: resume with optim.name=adamw",
+    ):
         run(cfg, output_dir=tmp_path)
 
 

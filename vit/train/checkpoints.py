@@ -58,12 +58,22 @@ def training_state(
 
 
 def restore_training_state(
-    state: dict, *, model, optimizer, scheduler, scaler, ema, path, class_to_idx: Mapping[str, int] | None = None
+    state: dict,
+    *,
+    model,
+    optimizer,
+    scheduler,
+    scaler,
+    ema,
+    path,
+    class_to_idx: Mapping[str, int] | None = None,
+    optim_name: str,
 ) -> None:
     """Load a `training_state` dict into freshly built objects; a model that does not fit names the file and
-    the first differing keys and shapes (another model, another class count), and a checkpoint trained on other
+    the first differing keys and shapes (another model, another class count), a checkpoint trained on other
     classes than the data's `class_to_idx` (other names, or the same names in another order) names the first
-    index where they part. Every check comes before any weight is loaded."""
+    index where they part, and one trained with another `optim.name` than the run's `optim_name` names both.
+    Every check comes before any weight is loaded."""
     from vit.models.fit import describe_mismatch
 
     weights = state["model"]
@@ -93,11 +103,12 @@ def restore_training_state(
                 "the data it was trained on"
             )
     saved_optim = (saved_config.get("optim") or {}).get("name")
-    if saved_optim and str(saved_optim).lower() != type(optimizer).__name__.lower():
-        # The other optimizer's state (momentum buffers for AdamW's moments) would fail at the first step.
+    if saved_optim and str(saved_optim) != str(optim_name):
+        # The other optimizer's state (momentum buffers for AdamW's moments) would fail at the first step, or load
+        # and mean something else (timm's muon and adamuon, sgd and momentum share a class).
         raise CheckpointError(
             f"checkpoint {str(path)!r} was trained with optim.name={saved_optim}, this run uses "
-            f"{type(optimizer).__name__}: resume with optim={saved_optim}"
+            f"optim.name={optim_name}: resume with optim.name={saved_optim}"
         )
     model.load_state_dict(weights)
     try:
@@ -288,12 +299,16 @@ def link_or_save(source: Path, target: Path, state: dict) -> None:
         atomic_save(state, target)
 
 
-def resume(path: Path, settings: StepSettings, state: StepState, class_to_idx, wall_start: float) -> Progress:
+def resume(
+    path: Path, settings: StepSettings, state: StepState, class_to_idx, wall_start: float, optim_name: str
+) -> Progress:
     """Load the checkpoint at `path` into the model, optimizer, schedule, scaler and EMA; return where the run
     stands. The time of the earlier processes counts too (not the pause between them): the run's clock goes on
     from the moment the checkpoint was written (inside an epoch too), else from the last finished epoch."""
     saved = load_checkpoint(path)
-    restore_training_state(saved, path=path, class_to_idx=class_to_idx, **training_parts(settings))
+    restore_training_state(
+        saved, path=path, class_to_idx=class_to_idx, optim_name=optim_name, **training_parts(settings)
+    )
     history = list(saved.get("history", []))
     elapsed = float(saved.get("elapsed_s") or (history[-1] if history else {}).get("elapsed_s") or 0.0)
     rng_ranks = saved.get("rng_ranks") or []

@@ -23,7 +23,6 @@ from vit.train.finetune import FREEZE_MODES
 DEVICES = ("auto", "cpu", "cuda")
 PROGRESS = ("auto", "bar", "log")
 COMPILE_SCOPES = ("model", "blocks")
-OPTIMIZERS = ("adamw", "sgd")
 SCHEDULES = ("cosine", "constant")
 DISTILL_TYPES = ("none", "hard", "soft")
 TASKS = ("classify", "mae")
@@ -156,8 +155,44 @@ def check_task(cfg: DictConfig) -> None:
     )
 
 
+# Keys of optim.kwargs that are not the optimizer's: the settings optim.* has a key for, and the parameter grouping
+# of timm's factory (create_optimizer_v2), which would ignore them since vit/train/optimizer.py passes its own groups.
+OPTIM_KEYS = ("lr", "weight_decay", "momentum", "betas", "eps", "layer_decay")
+FACTORY_KEYS = (
+    "model_or_params",
+    "opt",
+    "filter_bias_and_bn",
+    "fallback_list",
+    "fallback_no_weight_decay",
+    "layer_decay_min_scale",
+    "layer_decay_no_opt_scale",
+    "param_group_fn",
+)
+
+
 def check_optim(optim: DictConfig) -> None:
-    require(optim.name in OPTIMIZERS, f"optim.name={optim.name!r} must be one of {OPTIMIZERS}")
+    """`optim.name`: any optimizer of timm's registry (timm.optim.list_optimizers()) that one backward pass per
+    step can drive; the keys the optimizer shares with every other are range-checked here, optim.kwargs by the
+    optimizer's constructor (vit/train/optimizer.py names a keyword it does not take)."""
+    from timm.optim import get_optimizer_info, list_optimizers
+
+    known = list_optimizers()
+    require(
+        optim.name in known, f"optim.name={optim.name!r} is not an optimizer timm knows; one of: {', '.join(known)}"
+    )
+    require(
+        not get_optimizer_info(optim.name).second_order,
+        f"optim.name={optim.name} is a second-order optimizer (its step needs the gradients' own graph, "
+        "backward(create_graph=True)), which this trainer's step does not build",
+    )
+    kwargs = optim.get("kwargs")
+    require(kwargs is None or isinstance(kwargs, DictConfig), f"optim.kwargs={kwargs!r} must be a mapping or null")
+    for key in kwargs or {}:
+        require(key not in OPTIM_KEYS, f"optim.kwargs.{key}: set optim.{key} instead")
+        require(
+            key not in FACTORY_KEYS,
+            f"optim.kwargs.{key} is timm's parameter grouping, which the trainer does itself (vit/train/optimizer.py)",
+        )
     require(float(optim.lr) > 0, f"optim.lr={optim.lr} must be > 0")
     require(float(optim.weight_decay) >= 0, f"optim.weight_decay={optim.weight_decay} must be >= 0")
     if optim.get("weight_decay_end") is not None:

@@ -4,11 +4,14 @@ the AMP scaler, EMA, DDP and torch.compile into the `StepSettings` every trainin
 
 from __future__ import annotations
 
+import inspect
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Collection, Mapping
+from fnmatch import fnmatch
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from timm.scheduler import CosineLRScheduler
 from timm.scheduler.scheduler import Scheduler
 from timm.utils import ModelEmaV3
@@ -18,26 +21,30 @@ from vit.engine.build import is_mae
 from vit.engine.compile import compile_blocks
 from vit.engine.device import announce, choose_precision
 from vit.engine.distributed import Distributed
+from vit.errors import ConfigError
+from vit.models.weights_file import first_line
 from vit.train.loop import StepSettings
 from vit.train.progressive import ResizeSchedule, allow_recompiles
 from vit.train.settings import TrainerSettings
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float, fallback: Collection[str] = ()) -> list[dict]:
     """Weight decay on weight matrices only: norms, biases (1-d), position embeddings and the cls token
-    (`model.no_weight_decay()`) would only be pulled towards zero. Frozen parameters are left out."""
+    (`model.no_weight_decay()`) would only be pulled towards zero. Frozen parameters are left out. The parameters
+    whose names match a `fallback` pattern (fnmatch, as timm's) get groups of their own marked `use_fallback`
+    (the AdamW half of a hybrid optimizer, Muon: `MUON_FALLBACK`)."""
     skip = set(getattr(model, "no_weight_decay", lambda: set())())
-    decay, no_decay = [], []
+    groups = {(decays, falls_back): [] for decays in (True, False) for falls_back in (False, True)}
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
-        if param.ndim <= 1 or name in skip or name.endswith(".bias"):
-            no_decay.append(param)
-        else:
-            decay.append(param)
+        decays = not (param.ndim <= 1 or name in skip or name.endswith(".bias"))
+        groups[decays, any(fnmatch(name, pattern) for pattern in fallback)].append(param)
     return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {"params": params, "weight_decay": weight_decay if decays else 0.0}
+        | ({"use_fallback": True} if falls_back else {})
+        for (decays, falls_back), params in groups.items()
+        if params or not falls_back  # the two plain groups always (group 0 decays), fallback groups where they hold any
     ]
 
 
@@ -64,18 +71,50 @@ class _Grouped:
         return LAYER_MATCHER
 
 
-def layer_decay_groups(model: nn.Module, weight_decay: float, layer_decay: float) -> list[dict]:
+def layer_decay_groups(
+    model: nn.Module, weight_decay: float, layer_decay: float, fallback: Collection[str] = ()
+) -> list[dict]:
     """BEiT/MAE layer-wise learning-rate decay through timm's `param_groups_layer_decay`: with L blocks the head
     gets `lr_scale` 1, block i `layer_decay ** (L - i)`, the stem `layer_decay ** (L + 1)`; the schedule multiplies
-    each group's rate by its `lr_scale`. Weight decay as in `param_groups`. Groups are ordered by scale, highest
-    first, so the logged `train/lr` (group 0) is the head's rate."""
+    each group's rate by its `lr_scale`. Weight decay and `fallback` as in `param_groups`. Groups are ordered by
+    scale, highest first, so the logged `train/lr` (group 0) is the head's rate."""
     from timm.optim import param_groups_layer_decay
 
     skip = set(getattr(model, "no_weight_decay", lambda: set())())
+    hybrid = {"fallback_list": tuple(fallback)} if fallback else {}  # (a keyword timm has had since it has Muon)
     groups = param_groups_layer_decay(
-        _Grouped(model), weight_decay=weight_decay, no_weight_decay_list=sorted(skip), layer_decay=layer_decay
+        _Grouped(model), weight_decay=weight_decay, no_weight_decay_list=sorted(skip), layer_decay=layer_decay, **hybrid
     )
     return sorted(groups, key=lambda g: -g["lr_scale"])
+
+
+# Muon (timm's `Muon` class: optim.name=muon, nmuon, adamuon, nadamuon) orthogonalises the update of each weight
+# matrix and hands every other parameter to an AdamW (NAdamW with Nesterov) inside the same optimizer. timm routes a
+# parameter by its group's `use_fallback` flag, else by its shape (`_is_suitable_for_muon` in timm/optim/muon.py):
+# Muon takes a tensor with at least two dimensions > 1, neither of its first two of size 1, whose 2-d view (a conv
+# kernel (out, in, k, k) seen as (out, in * k * k)) has both sides >= 4 and a side ratio <= 128. On a ViT:
+#   - the blocks' qkv, proj, fc1 and fc2 matrices (MAE's decoder_embed and decoder blocks too): Muon;
+#   - norms, biases, layer-scale gammas (1-d): AdamW by shape;
+#   - pos_embed, cls/reg/dist tokens (1, N, D), MAE's mask token and decoder position table, the learned rotary
+#     frequencies: AdamW (no_weight_decay() names, flagged here; most would also fall back by shape);
+#   - the patch embedding (a (D, 3, p, p) conv, the conv stem, SPT's linear, T2T's tokens-to-token module) and the
+#     classifier heads (head, head_dist; MAE's decoder_pred): AdamW, flagged here. By shape timm would give the
+#     patch kernel and most heads (10 x 192: yes) to Muon; Muon is meant for the hidden layers, with the input
+#     embedding and the output layer left to AdamW (Jordan et al. 2024, the Muon write-up and modded-nanogpt).
+# Both halves run at the group's learning rate (timm's fallback_lr_scale 1), so the schedule and the layer decay
+# apply to both.
+MUON_FALLBACK = ("patch_embed.*", "tokens_to_token.*", "head.*", "head_dist.*", "decoder_pred.*")
+
+
+def fallback_patterns(model: nn.Module, optimizer_class: type) -> tuple[str, ...]:
+    """The parameter names the AdamW half of a hybrid optimizer takes (`MUON_FALLBACK` plus the model's
+    `no_weight_decay()` names); none for any other optimizer."""
+    import timm.optim
+
+    muon = getattr(timm.optim, "Muon", None)  # absent from older timm versions
+    if muon is None or not (isinstance(optimizer_class, type) and issubclass(optimizer_class, muon)):
+        return ()
+    return (*MUON_FALLBACK, *sorted(getattr(model, "no_weight_decay", lambda: set())()))
 
 
 def scaled_lr(optim_cfg: Mapping, global_batch: int) -> float:
@@ -84,23 +123,68 @@ def scaled_lr(optim_cfg: Mapping, global_batch: int) -> float:
     return float(optim_cfg["lr"]) * global_batch / float(optim_cfg.get("lr_batch") or 512)
 
 
+def optimizer_class(name: str) -> type:
+    """timm's class for `optim.name` (the raw class, its registry defaults such as sgd's nesterov not bound); a
+    name whose package is missing (bitsandbytes, apex) or that needs CUDA is a ConfigError."""
+    from timm.optim import get_optimizer_class
+
+    try:
+        return get_optimizer_class(name, bind_defaults=False)
+    except (ImportError, AssertionError) as err:
+        raise ConfigError(f"optim.name={name}: {first_line(err)}") from err
+
+
+def optimizer_kwargs(optim_cfg: Mapping, opt_class: type, device: torch.device) -> dict:
+    """What `create_optimizer_v2` gets besides the groups and the rate: optim.betas, eps and momentum where set,
+    then optim.kwargs as given. A key left null is not passed: the optimizer's own default applies (timm's factory
+    gives momentum 0.9 to every optimizer that takes one, and drops betas or eps for one that takes none). On CUDA
+    torch's Adam and AdamW run fused (one kernel launch updates every parameter); SGD's fused kernel, never measured
+    here, is `+optim.kwargs.fused=true`."""
+    kwargs = {}
+    if optim_cfg.get("betas") is not None:
+        kwargs["betas"] = tuple(float(b) for b in optim_cfg["betas"])
+    if optim_cfg.get("eps") is not None:
+        kwargs["eps"] = float(optim_cfg["eps"])
+    if optim_cfg.get("momentum") is not None:
+        kwargs["momentum"] = float(optim_cfg["momentum"])
+    extra = optim_cfg.get("kwargs") or {}
+    extra = OmegaConf.to_container(extra, resolve=True) if isinstance(extra, DictConfig) else dict(extra)
+    kwargs.update({key: value for key, value in extra.items() if value is not None})
+    if device.type == "cuda" and opt_class in (torch.optim.Adam, torch.optim.AdamW):
+        kwargs.setdefault("fused", True)
+    return kwargs
+
+
 def build_optimizer(model: nn.Module, optim_cfg: Mapping, lr: float, device: torch.device) -> torch.optim.Optimizer:
-    layer_decay = optim_cfg.get("layer_decay")
+    """timm's `create_optimizer_v2` for `optim.name`, on our parameter groups: given a list of groups it passes them
+    to the optimizer as they are (its own grouping, filter_bias_and_bn and layer_decay, applies to a model only),
+    so each group keeps its weight_decay and lr_scale; its weight_decay argument (0) is only the constructor's
+    default for a group without one, and ours all have one. A keyword the optimizer does not take is a ConfigError
+    naming `optim.kwargs.<key>`."""
+    from timm.optim import create_optimizer_v2
+
+    name = str(optim_cfg["name"])
+    opt_class = optimizer_class(name)
+    weight_decay, layer_decay = float(optim_cfg["weight_decay"]), optim_cfg.get("layer_decay")
+    fallback = fallback_patterns(model, opt_class)
     if layer_decay is not None:
-        groups = layer_decay_groups(model, float(optim_cfg["weight_decay"]), float(layer_decay))
+        groups = layer_decay_groups(model, weight_decay, float(layer_decay), fallback)
     else:
-        groups = param_groups(model, float(optim_cfg["weight_decay"]))
-    if optim_cfg["name"] == "sgd":
-        momentum = float(optim_cfg.get("momentum") or 0.9)
-        return torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
-    # The fused kernel updates every parameter in one launch on CUDA.
-    return torch.optim.AdamW(
-        groups,
-        lr=lr,
-        betas=tuple(optim_cfg.get("betas") or (0.9, 0.999)),
-        eps=float(optim_cfg.get("eps") or 1e-8),
-        fused=device.type == "cuda",
-    )
+        groups = param_groups(model, weight_decay, fallback)
+    kwargs = optimizer_kwargs(optim_cfg, opt_class, device)
+    try:
+        return create_optimizer_v2(groups, opt=name, lr=lr, **kwargs)
+    except TypeError as err:
+        unexpected = re.search(r"unexpected keyword argument '(\w+)'", str(err))
+        if unexpected is None:
+            raise
+        takes = [p for p in inspect.signature(opt_class).parameters if p not in ("self", "params")]
+        raise ConfigError(
+            f"optim.kwargs.{unexpected.group(1)} is not a setting of optim.name={name} "
+            f"({opt_class.__name__} takes: {', '.join(takes)})"
+        ) from err
+    except ValueError as err:  # the optimizer's own range checks: "Invalid beta parameter at index 1: 1.5"
+        raise ConfigError(f"optim.name={name}: {first_line(err)}") from err
 
 
 class WeightDecayCosine:

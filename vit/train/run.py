@@ -123,7 +123,7 @@ def build_run(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distribut
     step, state = build_optimisation(cfg, trainer, parts, device, dist), StepState()
     progress = Progress(wall_start)
     if parts.resume_path is not None:
-        progress = resume(parts.resume_path, step, state, parts.bundle.class_to_idx, wall_start)
+        progress = resume(parts.resume_path, step, state, parts.bundle.class_to_idx, wall_start, cfg.optim.name)
     checkpoints = Checkpointer(
         run_dir / "checkpoints",
         enabled=trainer.save_checkpoints and dist.is_main,
