@@ -104,8 +104,8 @@ def test_adamw_and_sgd_are_todays_torch_optimizers():
     cfg, model = tiny("optim=adamw")
     adamw = build_optimizer(model, cfg.optim, lr=1e-3, device=CPU)
     assert type(adamw) is torch.optim.AdamW
-    assert adamw.defaults["betas"] == (0.9, 0.999) and adamw.defaults["eps"] == 1e-8 and not adamw.defaults["fused"]
-    # On a GPU the fused kernel (one launch for every parameter), as before; an explicit kwargs.fused wins.
+    assert adamw.defaults["betas"] == (0.9, 0.999) and adamw.defaults["eps"] == 1e-8 and adamw.defaults["fused"]
+    # The fused kernel (one launch for every parameter) on the CPU and on a GPU; an explicit kwargs.fused wins.
     assert optimizer_kwargs(cfg.optim, torch.optim.AdamW, torch.device("cuda")) == {"fused": True}
     cfg, _ = tiny("optim=adamw", "+optim.kwargs.fused=false", "optim.betas=[0.9,0.95]")
     assert optimizer_kwargs(cfg.optim, torch.optim.AdamW, torch.device("cuda")) == {
