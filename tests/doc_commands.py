@@ -126,7 +126,8 @@ SKIPPED = [
     ),  # fmt: skip
     (r"cifar10_cpu_reference\.py", "a 30-minute measurement of the peer pipeline; tests/test_cpu_scripts.py runs it"),
     (
-        r"bench_cpu_bf16\.py|bench_cpu_setup\.py|bench_shards\.py|bench_augment\.py|bench_cpu_loader\.py",
+        r"bench_cpu_bf16\.py|bench_cpu_setup\.py|bench_shards\.py|bench_augment\.py|bench_cpu_loader\.py|"
+        r"bench_optimizer\.py",
         "a timing measurement of minutes; tests/test_cpu_scripts.py, tests/test_benchmark.py run it small",
     ),  # fmt: skip
     (

@@ -70,3 +70,15 @@ def test_cpu_setup_names_its_settings_and_refuses_unknown_ones():
     assert len(settings) == 2 + 3 * 2
     done = script("bench_cpu_setup.py", "data.root=x", "settings=memory-t9")
     assert done.returncode == 2 and "'memory-t9' is not one of" in done.stderr
+
+
+def test_optimizer_step_table_times_each_optimizer_as_the_trainer_builds_it():
+    tiny = ["model.embed_dim=32", "model.depth=1", "model.num_heads=2", "rounds=1", "steps=2", "threads=1"]
+    done = script("bench_optimizer.py", "optimizers=adamw,adamw:loop,lion", *tiny)
+    assert done.returncode == 0, done.stderr
+    table = [line.split("|") for line in done.stdout.splitlines() if line.startswith(("| adamw", "| lion"))]
+    rows = {cells[1].strip(): cells[2:5] for cells in table}
+    assert [cls.strip() for cls, _, _ in rows.values()] == ["AdamW", "AdamW", "Lion"]
+    assert all(float(ms) > 0 for _, ms, _ in rows.values()) and float(rows["adamw"][2]) == 1.0
+    bad = script("bench_optimizer.py", "optimizers=lion:loop")
+    assert bad.returncode == 2 and "only adam and adamw have the variants" in bad.stderr

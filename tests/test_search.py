@@ -299,3 +299,27 @@ def test_summarize_runs_reads_a_search(three_trials, tmp_path):
     assert f"Best trial: {study.best_trial.number}, val_top1 {study.best_value:.2f}" in text
     assert "Trial-epochs run: 9 of 9 asked by the 3 trials the study counts (0% saved by pruning)." in text
     assert "| optim.lr | 1.000 |" in text  # the only parameter has all the importance
+
+
+def test_every_setting_of_the_budgeted_cpu_search_builds(tmp_path):
+    """hparams_search=cifar10_cpu_budget: each value of its space (width with every head count) is a valid recipe
+    whose model builds, so no trial of a 2-hour search dies on a setting."""
+    import itertools
+
+    import yaml
+
+    from vit.engine.build import build_model_from_config
+    from vit.train.config import validate
+
+    raw = yaml.safe_load((REPO / "configs" / "hparams_search" / "cifar10_cpu_budget.yaml").read_text())
+    assert raw["trainer"]["budget"] == "5m" and raw["data"]["holdout"] == 5000 and raw["search"]["pruner"] is None
+    space, fixed = search_space(raw["hydra"]["sweeper"]["params"], [])
+    assert fixed == [] and len(space) == 9
+    (tmp_path / "train" / "a").mkdir(parents=True)
+    choices = {k: v.choices for k, v in space.items() if isinstance(v, optuna.distributions.CategoricalDistribution)}
+    singles = [[f"{key}={value}"] for key, values in choices.items() for value in values if "model.embed" not in key]
+    pairs = itertools.product(choices["model.embed_dim"], choices["model.num_heads"])
+    for overrides in [*singles, *([f"model.embed_dim={w}", f"model.num_heads={h}"] for w, h in pairs)]:
+        cfg = compose_config(["experiment=cifar10_cpu", f"data.root={tmp_path}", "data.holdout=5000", *overrides])
+        validate(cfg)
+        build_model_from_config(cfg.model, num_classes=10)

@@ -11,9 +11,10 @@ Training", ICLR 2020). So the run measures its own speed and sizes its schedule 
   evaluation, when `trainer.val_every_n_epochs` or the last epoch asks for one, and its checkpoint) and the final
   test evaluation all end before the budget, less a small margin for writing metrics.json.
 - The speed is measured again at every step (every 10 steps under torchrun, where rank 0 plans and broadcasts the
-  plan at the same steps on every rank), over the last epoch's worth of steps; an epoch's end is timed when it
-  happens. When the predicted end drifts away from the budget by more than a small band (a loaded machine, a slower
-  epoch, larger images under progressive resizing), the run re-plans, with one log line.
+  plan at the same steps on every rank), over the latest half of the steps left; an epoch's end is timed when it
+  happens. When the predicted end drifts away from the budget by more than a band (2% of the time left, 0.5% of
+  the budget near the end: a loaded machine, a slower epoch, larger images under progressive resizing), the run
+  re-plans, with one log line.
 - The schedule is a function of planned progress. The warmup runs over its configured steps (at most half of the
   plan); the cosine after it runs over the planned progress q in [0, 1], and a re-plan at step s keeps q(s) and
   stretches or shrinks what is left so that q reaches 1 on the new last step: the learning rate never jumps and
@@ -27,7 +28,7 @@ Training", ICLR 2020). So the run measures its own speed and sizes its schedule 
 
 from __future__ import annotations
 
-import collections
+import bisect
 import logging
 import math
 import re
@@ -127,7 +128,8 @@ class Budget:
 
     WARMUP_STEPS = 3  # timed steps before the first plan (after the untimed first step of each process)
     DISTRIBUTED_EVERY = 10  # under torchrun, the ranks agree on the plan every this many steps
-    MAX_WINDOW = 50  # the speed is measured over at most this many latest steps (and at most an epoch's)
+    MIN_WINDOW = 20  # the speed is measured over half the steps left, at least this many (MAX_SAMPLES: at most)
+    MAX_SAMPLES = 8192
 
     def __init__(self, shape: RunShape, elapsed_s: float, dist=None, state: dict | None = None) -> None:
         self.shape, self.dist = shape, dist
@@ -140,7 +142,8 @@ class Budget:
         self.eval_end_s: float | None = state.get("eval_end_s")  # measured: an epoch end with an evaluation
         self.plain_end_s: float | None = state.get("plain_end_s")  # ... and one without
         self.step_s: float | None = None  # measured seconds per optimizer step in this process
-        self.samples: collections.deque = collections.deque(maxlen=self.MAX_WINDOW + 1)  # (step, training s)
+        self.sample_steps: list[int] = []  # optimizer steps timed in this process, ascending ...
+        self.sample_clock: list[float] = []  # ... and the training clock after each
         self.train_seconds = 0.0  # time spent inside training loops in this process
         self.loop_started: float | None = None
         self.loop_ended: float | None = None
@@ -206,13 +209,15 @@ class Budget:
         """After optimizer step `step`: measure the speed, and plan or re-plan."""
         if self.untimed_left:  # the process's first steps: allocations, compilation, the loader workers' start
             self.untimed_left -= 1
-            self.samples.clear()
-            self.samples.append((step, self.training_clock()))
+            self.sample_steps, self.sample_clock = [step], [self.training_clock()]
             return
         distributed = self.dist is not None and self.dist.enabled
         if distributed and step % self.DISTRIBUTED_EVERY:
             return
-        self.samples.append((step, self.training_clock()))
+        self.sample_steps.append(step)
+        self.sample_clock.append(self.training_clock())
+        if len(self.sample_steps) > self.MAX_SAMPLES:  # a long run: the oldest half is older than any window
+            del self.sample_steps[: self.MAX_SAMPLES // 2], self.sample_clock[: self.MAX_SAMPLES // 2]
         self.step_s = self.measured_step_seconds(step)
         decision = self.decide(step) if self.planner and self.step_s is not None else None
         if distributed:  # rank 0's decision on every rank, taken at the same steps
@@ -223,14 +228,16 @@ class Budget:
             self.adopt(step, decision)
 
     def measured_step_seconds(self, step: int) -> float | None:
-        """Seconds per optimizer step over the latest steps (at most an epoch's and MAX_WINDOW), once enough of
-        them are timed."""
-        window = max(self.WARMUP_STEPS, min(self.shape.steps_per_epoch, self.MAX_WINDOW))
-        oldest_step, oldest_clock = next(s for s in self.samples if s[0] >= step - window)
-        steps = step - oldest_step
+        """Seconds per optimizer step over the latest half of the steps left (at least MIN_WINDOW, at most those
+        timed in this process), once WARMUP_STEPS are timed. The speed of a shared machine wavers by 10-20% from one
+        minute to the next: a window as long as half of what is left averages that out while the end is far (the
+        plan does not swing with it), and shrinks towards the end, where a lasting change matters and is caught."""
+        window = max(self.MIN_WINDOW, (self.total_steps() - step) // 2)
+        first = min(bisect.bisect_left(self.sample_steps, step - window), len(self.sample_steps) - 1)
+        steps = step - self.sample_steps[first]
         if steps < self.WARMUP_STEPS:
             return None
-        return max(self.samples[-1][1] - oldest_clock, 1e-9) / steps
+        return max(self.sample_clock[-1] - self.sample_clock[first], 1e-9) / steps
 
     # --- planning ----------------------------------------------------------------------------------------------
     def evaluated(self, epochs: int) -> list[int]:
@@ -252,9 +259,13 @@ class Budget:
             return self.plain_end_s or 0.0
         return self.eval_end_s if self.eval_end_s is not None else self.eval_batch_seconds() * self.shape.val_batches
 
+    def current_epoch(self, step: int) -> int:
+        """The epoch (from 0) of optimizer step `step`: its end is still to come."""
+        return max(0, step - 1) // self.shape.steps_per_epoch
+
     def ends_cost(self, step: int, epochs: int) -> float:
         """Seconds of the epoch ends still to come after `step` in a run of `epochs` epochs, and of the test."""
-        current = max(0, step - 1) // self.shape.steps_per_epoch  # the epoch of `step`: its end is still to come
+        current = self.current_epoch(step)
         evaluated = set(self.evaluated(epochs))
         ends = sum(self.end_cost(e in evaluated) for e in range(current, epochs))
         return ends + self.eval_batch_seconds() * self.shape.test_batches
@@ -320,7 +331,7 @@ class Budget:
     def announce(self, step: int, first: bool) -> None:
         shape, total = self.shape, self.plan.total_steps
         epochs = self.planned_epochs()
-        evaluations = len(self.evaluated(epochs))
+        evaluations = sum(1 for e in self.evaluated(epochs) if e >= self.current_epoch(step))  # still to come
         kept = self.ends_cost(step, epochs)
         bound = " (the trainer.epochs bound)" if total == shape.max_steps else ""
         what = f"budget {duration(shape.budget_s)}" if first else f"budget re-plan at step {step:,}"

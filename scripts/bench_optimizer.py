@@ -1,0 +1,94 @@
+"""What an optimizer step costs on this machine: `optimizer.step()` alone over a recipe's model, for each optimizer
+the trainer can build (timm's names, with this project's parameter groups), in interleaved rounds.
+
+usage: python scripts/bench_optimizer.py [experiment=cifar10_cpu] [optimizers=adamw:loop,adamw:foreach,adamw,lion,muon]
+    [threads=<n>] [rounds=7] [steps=20] [device=cpu] [model.<key>=<value> ...]
+
+Each optimizer is built by vit/train/optimizer.py's `build_optimizer` from `optim=<name>` (configs/optim/<name>.yaml,
+or `optim.name=<name>` on the AdamW config where no file exists), exactly as the trainer builds it: so `adamw` is
+the fused AdamW the trainer runs. `adamw:loop` and `adamw:foreach` are torch's per-tensor loop and multi-tensor
+(foreach) implementations of the same AdamW, for comparison. Every parameter gets a fixed random gradient; after
+two warm-up steps each round times `steps` steps of every optimizer in turn. Prints the median milliseconds per
+step of each, and its ratio to the first. The trainer's whole step, for scale: scripts/benchmark.py.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+
+from vit import CONFIG_DIR
+from vit.args import UsageError, compose, parse_args, run_script
+from vit.engine.build import build_model_from_config
+from vit.train.optimizer import build_optimizer, scaled_lr
+
+VARIANTS = {"loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True, "fused": False}}
+
+
+def optimizer_config(experiment: str, spec: str, model_overrides: list[str]):
+    name, _, variant = spec.partition(":")
+    if variant and (name not in ("adam", "adamw") or variant not in VARIANTS):
+        raise UsageError(f"optimizers: {spec!r}: only adam and adamw have the variants {', '.join(VARIANTS)}")
+    has_file = (CONFIG_DIR / "optim" / f"{name}.yaml").is_file()
+    group = [f"optim={name}"] if has_file else ["optim=adamw", f"optim.name={name}"]
+    kwargs = [f"+optim.kwargs.{key}={str(value).lower()}" for key, value in VARIANTS.get(variant, {}).items()]
+    return compose([f"experiment={experiment}", *group, *kwargs, *model_overrides])
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(
+        argv,
+        {
+            "experiment": "cifar10_cpu",
+            "optimizers": "adamw:loop,adamw:foreach,adamw,lion,muon",
+            "threads": None,
+            "rounds": "7",
+            "steps": "20",
+            "device": "cpu",
+        },
+        model_keys=True,
+    )
+    if args.get("threads"):
+        torch.set_num_threads(int(args["threads"]))
+    device = torch.device(args["device"])
+    specs = [s for s in args["optimizers"].split(",") if s]
+    model_overrides = [f"model.{key}={value}" for key, value in args.model.items()]
+    configs = {spec: optimizer_config(args["experiment"], spec, model_overrides) for spec in specs}
+    first = next(iter(configs.values()))
+    torch.manual_seed(0)
+    model = build_model_from_config(first.model, num_classes=int(first.data.get("num_classes") or 10)).to(device)
+    for param in model.parameters():
+        param.grad = torch.randn_like(param) * 1e-3
+    lr = scaled_lr(first.optim, int(first.data.batch_size))
+    optimizers = {spec: build_optimizer(model, cfg.optim, lr, device) for spec, cfg in configs.items()}
+    params = sum(p.numel() for p in model.parameters())
+    tensors = len(list(model.parameters()))
+    print(
+        f"{args['experiment']}'s model: {params:,} parameters in {tensors} tensors; {torch.get_num_threads()} threads, "
+        f"torch {torch.__version__}, {device}"
+    )
+    for optimizer in optimizers.values():  # warm-up: state allocated, kernels chosen
+        for _ in range(2):
+            optimizer.step()
+    steps, times = int(args["steps"]), {spec: [] for spec in specs}
+    for _ in range(int(args["rounds"])):
+        for spec, optimizer in optimizers.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                optimizer.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times[spec].append((time.perf_counter() - start) / steps * 1000)
+    base = statistics.median(times[specs[0]])
+    print(f"| optimizer | class | ms per step (median) | vs {specs[0]} |\n|---|---|---|---|")
+    for spec in specs:
+        ms = statistics.median(times[spec])
+        print(f"| {spec} | {type(optimizers[spec]).__name__} | {ms:.2f} | {ms / base:.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(main, usage=__doc__))
