@@ -1,5 +1,6 @@
 """The reference for experiment=cifar10_cpu: a plain timm + torchvision CIFAR-10 training loop, as a user would write
-it, given the same wall-clock budget on the same machine (docs/RESULTS.md, "CIFAR-10 on a 2-core CPU in 30 minutes").
+it, given the same wall-clock budget on the same machine (docs/RESULTS.md, "CIFAR-10 on a 2-core CPU in a 30-minute
+budget").
 
 usage: python scripts/cifar10_cpu_reference.py data.root=<CIFAR-10 JPEG folder or archive> out=<folder>
     [budget_s=1800] [seed=0] [batch_size=128] [workers=2] [lr=5e-4] [weight_decay=0.05] [embed_dim=128]

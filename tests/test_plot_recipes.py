@@ -293,3 +293,20 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys, args, needle):
     assert plot_recipes([a.format(tmp=tmp_path) for a in args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle.format(tmp=tmp_path) in err[0], err
+
+
+def test_a_budgeted_run_is_finished_by_its_plan_not_by_trainer_epochs():
+    """trainer.budget: trainer.epochs is an upper bound, so 7 of 200 epochs is a finished run when the plan's
+    steps were all trained, and a stopped one when they were not."""
+    from vit.analysis.recipes import recipe_run
+    from vit.analysis.runs import RunRecord
+
+    def record(trained: int) -> RunRecord:
+        metrics = {"epochs_done": 7, "final": {"val_top1": 69.4}, "budget": {"trained_steps": trained}}
+        metrics["budget"]["planned_steps"] = 2382
+        config = {"trainer": {"epochs": 200, "seed": 0}, "data": {"holdout": None}}
+        return RunRecord(Path("run"), "run", {}, config, metrics)
+
+    finished, stopped = recipe_run(record(2382)), recipe_run(record(1000))
+    assert finished.problem is None and finished.test_top1 == 69.4
+    assert stopped.problem == "stopped after 1000 of 2382 planned steps" and stopped.test_top1 is None

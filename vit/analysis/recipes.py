@@ -147,7 +147,10 @@ def recipe_run(record: RunRecord) -> RecipeRun:
     run = RecipeRun(record=record, seed=_seed(record), test_top1=None)
     planned = (config.get("trainer") or {}).get("epochs")
     done = m.get("epochs_done", len(m.get("history") or []))
-    if planned is not None and done < planned:
+    budget = m.get("budget")  # trainer.budget: the plan's steps, not trainer.epochs (its upper bound), end the run
+    if budget is not None and budget["trained_steps"] < budget["planned_steps"]:
+        run.problem = f"stopped after {budget['trained_steps']} of {budget['planned_steps']} planned steps"
+    elif budget is None and planned is not None and done < planned:
         run.problem = f"stopped after {done} of {planned} epochs"
     elif m.get("test"):
         run.test_top1, run.ema_top1 = m["test"].get("top1"), m["test"].get("ema_top1")
