@@ -72,6 +72,7 @@ def test_cpu_setup_names_its_settings_and_refuses_unknown_ones():
     assert done.returncode == 2 and "'memory-t9' is not one of" in done.stderr
 
 
+@pytest.mark.slow  # 16 s on 2 cores: a process that builds a model and three optimizers and times them
 def test_optimizer_step_table_times_each_optimizer_as_the_trainer_builds_it():
     tiny = ["model.embed_dim=32", "model.depth=1", "model.num_heads=2", "rounds=1", "steps=2", "threads=1"]
     done = script("bench_optimizer.py", "optimizers=adamw,adamw:loop,lion", *tiny)

@@ -14,6 +14,7 @@ import warnings
 
 import optuna
 import pytest
+from omegaconf import OmegaConf
 from trainer_utils import QUICK, REPO, compose_config, run_cli
 
 from vit.errors import ConfigError
@@ -316,10 +317,13 @@ def test_every_setting_of_the_budgeted_cpu_search_builds(tmp_path):
     space, fixed = search_space(raw["hydra"]["sweeper"]["params"], [])
     assert fixed == [] and len(space) == 9
     (tmp_path / "train" / "a").mkdir(parents=True)
+    recipe = compose_config(["experiment=cifar10_cpu", f"data.root={tmp_path}", "data.holdout=5000"])
     choices = {k: v.choices for k, v in space.items() if isinstance(v, optuna.distributions.CategoricalDistribution)}
-    singles = [[f"{key}={value}"] for key, values in choices.items() for value in values if "model.embed" not in key]
+    singles = [{key: value} for key, values in choices.items() for value in values if key != "model.embed_dim"]
     pairs = itertools.product(choices["model.embed_dim"], choices["model.num_heads"])
-    for overrides in [*singles, *([f"model.embed_dim={w}", f"model.num_heads={h}"] for w, h in pairs)]:
-        cfg = compose_config(["experiment=cifar10_cpu", f"data.root={tmp_path}", "data.holdout=5000", *overrides])
+    for settings in [*singles, *({"model.embed_dim": w, "model.num_heads": h} for w, h in pairs)]:
+        cfg = recipe.copy()
+        for key, value in settings.items():
+            OmegaConf.update(cfg, key, value)
         validate(cfg)
         build_model_from_config(cfg.model, num_classes=10)

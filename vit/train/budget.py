@@ -272,13 +272,16 @@ class Budget:
 
     def most_steps(self, step: int, left: float) -> int | None:
         """The most steps (at least `step`) whose training, epoch ends and test take at most `left` seconds from
-        now; None when not even ending now fits."""
+        now; None when not even ending now fits. For each count of epochs the evaluations are fixed, so the steps
+        that fit follow; a longer run has more epoch ends to pay for, so the search stops at the first count whose
+        last epoch cannot be reached."""
         spe, best = self.shape.steps_per_epoch, None
         for epochs in range(max(1, math.ceil(step / spe)), self.shape.max_epochs + 1):
             low, high = max(step, (epochs - 1) * spe + 1), epochs * spe  # steps of a run that has `epochs` epochs
             fits = step + math.floor((left - self.ends_cost(step, epochs)) / self.step_s)
-            if fits >= low:
-                best = max(best or 0, min(fits, high))
+            if fits < low:
+                break
+            best = max(best or 0, min(fits, high))
         return best
 
     def decide(self, step: int):
@@ -293,7 +296,8 @@ class Budget:
             if abs(predicted - left) <= self.band(left):
                 return None
         best = self.most_steps(step, left)
-        if self.plan is None and (best is None or best <= step):
+        # Too small: nothing fits, or only the steps already timed when time, not trainer.epochs, is the bound.
+        if self.plan is None and (best is None or step >= best < self.shape.max_steps):
             self.too_small_reason = self.too_small(step)
             return TOO_SMALL
         best = step if best is None else best  # out of time: this step is the last
