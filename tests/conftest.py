@@ -1,11 +1,21 @@
 """Shared test settings and fixtures: small thread count (CI has 2 cores), a fixed seed per test, and a finished
-1-epoch run of the tiny model. Plain helpers are in trainer_utils.py."""
+1-epoch run of the tiny model, the GPU tier skipped where no CUDA device is. Plain helpers are in trainer_utils.py."""
 
 import pytest
 import torch
 from trainer_utils import QUICK, compose_config
 
 torch.set_num_threads(2)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The GPU tier (tests marked `cuda`) runs where a CUDA device is, and is skipped, with that reason, elsewhere."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="marked cuda: torch.cuda.is_available() is False on this machine")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

@@ -24,6 +24,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from vit.data.augment import draws
 from vit.data.augment.policies import build_policy
 from vit.data.augment.spec import AugmentSpec
 
@@ -31,15 +32,15 @@ from vit.data.augment.spec import AugmentSpec
 
 
 def _uniform(n: int, low: float, high: float, device: torch.device, generator: torch.Generator) -> torch.Tensor:
-    return torch.rand(n, device=device, generator=generator) * (high - low) + low
+    return draws.rand(n, generator, device) * (high - low) + low
 
 
 def random_pad_crop(x: torch.Tensor, pad: int, generator: torch.Generator) -> torch.Tensor:
     """Zero-pad by `pad` and cut a random HxW window per sample, in one gather. (B, C, H, W) -> same."""
     batch, _, height, width = x.shape
     padded = F.pad(x, (pad, pad, pad, pad))
-    off_y = torch.randint(0, 2 * pad + 1, (batch, 1), device=x.device, generator=generator)
-    off_x = torch.randint(0, 2 * pad + 1, (batch, 1), device=x.device, generator=generator)
+    off_y = draws.randint(2 * pad + 1, (batch, 1), generator, x.device)
+    off_x = draws.randint(2 * pad + 1, (batch, 1), generator, x.device)
     rows = off_y + torch.arange(height, device=x.device)  # (B, H)
     cols = off_x + torch.arange(width, device=x.device)  # (B, W)
     b = torch.arange(batch, device=x.device).view(batch, 1, 1)
@@ -62,8 +63,8 @@ def random_resized_crop(
     aspect = torch.exp(_uniform(batch, math.log(ratio[0]), math.log(ratio[1]), x.device, generator))
     box_w = torch.sqrt(area * aspect).clamp(max=1.0)  # (B,) fractions of the width and height
     box_h = torch.sqrt(area / aspect).clamp(max=1.0)
-    left = torch.rand(batch, device=x.device, generator=generator) * (1 - box_w)
-    top = torch.rand(batch, device=x.device, generator=generator) * (1 - box_h)
+    left = draws.rand(batch, generator, x.device) * (1 - box_w)
+    top = draws.rand(batch, generator, x.device) * (1 - box_h)
     # affine_grid maps output coords in [-1, 1] to input coords: x_in = box_w * x_out + box centre.
     theta = torch.zeros(batch, 2, 3, device=x.device)
     theta[:, 0, 0], theta[:, 0, 2] = box_w, 2 * left + box_w - 1
@@ -79,7 +80,7 @@ def random_hflip(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     On CUDA one torch.where over the batch (finding the flipped samples would be a host sync); on the CPU only the
     flipped samples are copied, written over a copy of the batch as 8-byte words (uint8 rows one byte at a time are
     several times slower)."""
-    flip = torch.rand(x.shape[0], device=x.device, generator=generator) < 0.5  # (B,)
+    flip = draws.rand(x.shape[0], generator, x.device) < 0.5  # (B,)
     if x.device.type != "cpu" or x[0].numel() * x.element_size() % 8:
         return torch.where(flip.view(-1, 1, 1, 1), x.flip(3), x)
     index = flip.nonzero().squeeze(1)
@@ -101,15 +102,19 @@ def random_erasing(
     aspect = torch.exp(_uniform(batch, math.log(ratio[0]), math.log(ratio[1]), x.device, generator))
     box_h = torch.sqrt(area * aspect).round().clamp(1, height)  # (B,) in pixels
     box_w = torch.sqrt(area / aspect).round().clamp(1, width)
-    top = (torch.rand(batch, device=x.device, generator=generator) * (height - box_h + 1)).floor()
-    left = (torch.rand(batch, device=x.device, generator=generator) * (width - box_w + 1)).floor()
-    apply = torch.rand(batch, device=x.device, generator=generator) < prob
+    top = (draws.rand(batch, generator, x.device) * (height - box_h + 1)).floor()
+    left = (draws.rand(batch, generator, x.device) * (width - box_w + 1)).floor()
+    apply = draws.rand(batch, generator, x.device) < prob
     rows = torch.arange(height, device=x.device).view(1, height)
     cols = torch.arange(width, device=x.device).view(1, width)
     in_rows = (rows >= top[:, None]) & (rows < (top + box_h)[:, None])  # (B, H)
     in_cols = (cols >= left[:, None]) & (cols < (left + box_w)[:, None])  # (B, W)
     mask = (in_rows[:, :, None] & in_cols[:, None, :] & apply[:, None, None]).unsqueeze(1)  # (B, 1, H, W)
-    noise = torch.randn(x.shape, device=x.device, generator=generator, dtype=x.dtype)
+    # The noise is a whole batch of values: drawn where the batch is, from a generator seeded by one CPU draw (its
+    # values differ between a CPU and a GPU; the boxes do not).
+    noise_seed = int(draws.randint(2**62, (1,), generator, torch.device("cpu")))
+    noise_generator = torch.Generator(device=x.device).manual_seed(noise_seed)
+    noise = torch.randn(x.shape, device=x.device, generator=noise_generator, dtype=x.dtype)
     return torch.where(mask, noise, x)
 
 
@@ -138,7 +143,9 @@ class BatchAugment:
         self._device_stats: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def generator(self, device: torch.device, seed: int, epoch: int, rank: int, index: int) -> torch.Generator:
-        return torch.Generator(device=device).manual_seed(batch_seed(seed, epoch, rank, index))
+        """The batch's generator: on the CPU whatever `device` is (vit/data/augment/draws.py says why)."""
+        del device
+        return torch.Generator().manual_seed(batch_seed(seed, epoch, rank, index))
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         spec = self.spec

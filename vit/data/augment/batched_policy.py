@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import torch
 
+from vit.data.augment import draws
 from vit.data.augment.batched_ops import OP_INDEX, OPS, affine_theta, apply_ops, member, static_lut
 
 # The ops whose magnitude takes a random sign, as torchvision's `_AUGMENTATION_SPACE` marks them.
@@ -223,9 +224,9 @@ class BatchedTrivialAugmentWide(BatchedPolicy):
 
     def draw(self, batch, height, width, device, generator):
         choices = self.tables(height, width, device)["choices"]
-        ops = choices[torch.randint(len(choices), (batch,), device=device, generator=generator)]
-        bins = torch.randint(self.num_bins, (batch,), device=device, generator=generator)
-        negative = torch.rand(batch, device=device, generator=generator) <= 0.5
+        ops = choices[draws.randint(len(choices), (batch,), generator, device)]
+        bins = draws.randint(self.num_bins, (batch,), generator, device)
+        negative = draws.rand(batch, generator, device) <= 0.5
         return [self.row(ops, bins, negative)]
 
 
@@ -253,12 +254,12 @@ class BatchedAutoAugment(BatchedPolicy):
 
     def draw(self, batch, height, width, device, generator):
         tables = self.tables(height, width, device)
-        sub = torch.randint(len(self.sub_policies), (batch,), device=device, generator=generator)
+        sub = draws.randint(len(self.sub_policies), (batch,), generator, device)
         slots = []
         for j in range(2):
             # torchvision: `if not torch.rand(()) <= probability: skip` (compared in float32); skipped: Identity
-            applied = torch.rand(batch, device=device, generator=generator) <= tables["probability"][sub, j]
-            negative = torch.rand(batch, device=device, generator=generator) <= 0.5
+            applied = draws.rand(batch, generator, device) <= tables["probability"][sub, j]
+            negative = draws.rand(batch, generator, device) <= 0.5
             rows = tables["step_rows"][sub, j] + negative  # the - sign's row follows the + sign's
             slots.append(torch.where(applied, rows, 0))  # row 0: Identity
         return slots

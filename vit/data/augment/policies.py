@@ -75,7 +75,7 @@ class PerImageAugMix:
         self.augmix = v2.AugMix(**kwargs)
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        seeds = torch.randint(2**62, (len(x),), device=x.device, generator=generator).tolist()
+        seeds = torch.randint(2**62, (len(x),), generator=generator).tolist()  # a CPU generator, like every draw
         out = []
         for image, seed in zip(x, seeds, strict=True):
             with torch.random.fork_rng(devices=[x.device] if x.device.type == "cuda" else []):

@@ -11,7 +11,7 @@ GPU-resident loader's batches come out of the same code. Per sample and per slot
     level = m, or ~ N(m, mstd) (mstd > 100: U(0, m)), clipped to [0, mmax] (mmax: 10 unless given)
     argument = the op's formula of level (below), with a random sign for the signed ops
 
-The draws come from the batch's generator on any device; the drawn ops then run where the batch is
+The draws come from the batch's CPU generator (vit/data/augment/draws.py); the drawn ops then run where the batch is
 (vit/data/augment/rand_augment_ops.py): through Pillow image by image on the CPU, as batched tensor kernels with
 Pillow's arithmetic on a GPU.
 """
@@ -22,6 +22,7 @@ import math
 
 import torch
 
+from vit.data.augment import draws
 from vit.data.augment.rand_augment_ops import OP_INDEX, OPS, apply_with_pillow, apply_with_tensors
 
 # The ops whose argument takes a random sign; the enhance ops, whose "increasing" variant is 1 +- level.
@@ -119,16 +120,16 @@ class TimmRandAugment:
         """Per slot: (op int64 (B,), or -1 where the op is skipped; argument float64 (B,)). A fixed number of random
         values per batch, so the generator advances the same whatever is drawn."""
         if self.weights is None:
-            ops = torch.randint(len(OPS), (batch, self.num_ops), device=device, generator=generator)
+            ops = draws.randint(len(OPS), (batch, self.num_ops), generator, device)
         else:
-            weights = self.weights.to(device).expand(batch, -1)
-            ops = torch.multinomial(weights, self.num_ops, replacement=False, generator=generator)
+            weights = self.weights.expand(batch, -1)  # on the CPU, like every draw
+            ops = torch.multinomial(weights, self.num_ops, replacement=False, generator=generator).to(device)
         slots = []
         for k in range(self.num_ops):
-            applied = torch.rand(batch, device=device, generator=generator, dtype=torch.float64) <= self.prob
-            noise = torch.randn(batch, device=device, generator=generator, dtype=torch.float64)
-            uniform = torch.rand(batch, device=device, generator=generator, dtype=torch.float64)
-            negate = torch.rand(batch, device=device, generator=generator, dtype=torch.float64) > 0.5
+            applied = draws.rand(batch, generator, device, torch.float64) <= self.prob
+            noise = draws.randn(batch, generator, device, torch.float64)
+            uniform = draws.rand(batch, generator, device, torch.float64)
+            negate = draws.rand(batch, generator, device, torch.float64) > 0.5
             level = torch.full((batch,), self.magnitude, dtype=torch.float64, device=device)
             if math.isinf(self.magnitude_std):
                 level = uniform * self.magnitude

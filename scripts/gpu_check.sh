@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The GPU machine's check, in one command: the GPU test tier, then the GPU measurements the docs list as owed.
+#
+# usage: bash scripts/gpu_check.sh [part ...]      parts: tier peak warm minute fast (default: tier peak warm minute)
+#   tier    pytest -m cuda tests/test_cuda.py (the device paths behind the GPU figures; docs/BENCHMARKS.md)
+#   peak    scripts/bench_matmul.py: the measured bf16 matmul peak that MFU figures divide by
+#   warm    one short cifar10_minute run that fills the decoded-image cache and the compile cache, so the budgeted
+#           runs after it start warm (its own time is not a result)
+#   minute  experiment=cifar10_minute with trainer.budget=60s, for each seed in $SEEDS (default "0 1 2")
+#   fast    experiment=cifar10_fast with trainer.budget=5m, for each seed in $FAST_SEEDS (default "0")
+# Environment: CIFAR10 (the CIFAR-10 JPEG archive or folder; default .device/cifar10-jpeg.tar.gz, extracted to
+# .device/cifar10), OUT (where records go; default outputs/gpu_check), VIT_COMMIT (the commit, where no .git is),
+# TRAIN_ARGS (overrides added to every run, e.g. `data.batch_size=32` for a dry run of the script on a CPU).
+# Writes $OUT/records.tgz (every run's metrics.json, config and log; the tier's junit XML; the matmul record) and
+# $OUT/summary.txt, printed last. Sized for one call of under 10 minutes on one H100 with the default parts
+# (about 6 minutes; `fast` adds 5).
+set -uo pipefail
+case "${1:-}" in -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
+cd "$(dirname "$0")/.."
+parts=("$@"); [ ${#parts[@]} -eq 0 ] && parts=(tier peak warm minute)
+OUT=${OUT:-outputs/gpu_check}; mkdir -p "$OUT"
+runs=$(mktemp -d /tmp/gpu_check.XXXX)
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+
+# What the GPU machine lacks (docs/BENCHMARKS.md, "Running on the GPU machine"): the wheels and the archive in .device/.
+if ls .device/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --target .device/site .device/*.whl || exit 1
+    export PYTHONPATH=$PWD/.device/site:$PWD
+fi
+data=${CIFAR10:-.device/cifar10-jpeg.tar.gz}
+if [ -f "$data" ]; then
+    tar xzf "$data" -C "$(dirname "$data")" && data=$(dirname "$data")/cifar10
+fi
+commit=${VIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+{
+    echo "commit $commit; date $(date -u +%FT%TZ)"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
+    $PY -c 'import torch, timm; print("torch", torch.__version__, "timm", timm.__version__, "cuda", torch.cuda.is_available())'
+} | tee "$runs/machine.txt"
+
+train() {  # train <name> <overrides...>: one run in its own folder; its last lines go to the summary
+    local name=$1; shift
+    $PY train.py data=imagefolder data.root="$data" "$@" ${TRAIN_ARGS:-} hydra.run.dir="$runs/$name" >"$runs/$name.log" 2>&1
+    echo "$name: rc $? $(grep -E '^budget|test top-1|final' "$runs/$name.log" | tail -3 | tr '\n' ' ')" >>"$runs/summary.txt"
+}
+
+for part in "${parts[@]}"; do
+    case $part in
+        tier) $PY -m pytest -q -m cuda tests/test_cuda.py -rs --junitxml="$runs/tier.xml" 2>&1 | tail -25 | tee "$runs/tier.txt"
+              echo "tier: $(tail -1 "$runs/tier.txt")" >>"$runs/summary.txt" ;;
+        peak) $PY scripts/bench_matmul.py n=8192 dtype=bf16 rounds=10 json="$runs/matmul_bf16.json" >>"$runs/summary.txt" ;;
+        warm) train warm experiment=cifar10_minute trainer.epochs=1 trainer.limit_train_batches=30 trainer.save_checkpoints=false ;;
+        minute) for seed in ${SEEDS:-0 1 2}; do
+                    train "cifar10_minute_60s_seed$seed" experiment=cifar10_minute trainer.budget=60s trainer.seed="$seed"
+                done ;;
+        fast) for seed in ${FAST_SEEDS:-0}; do
+                  train "cifar10_fast_5m_seed$seed" experiment=cifar10_fast trainer.budget=5m trainer.seed="$seed"
+              done ;;
+        *) echo "unknown part: $part (parts: tier peak warm minute fast)" >&2; exit 2 ;;
+    esac
+done
+cp "$runs/machine.txt" "$OUT/machine.txt"
+tar czf "$OUT/records.tgz" -C "$runs" --exclude='*.pt' --exclude='events.out.*' --exclude='*.npy' .
+cat "$runs/machine.txt" "$runs/summary.txt" | tee "$OUT/summary.txt"
