@@ -50,7 +50,7 @@ for part in "${parts[@]}"; do
         tier) $PY -m pytest -q -m cuda tests/test_cuda.py -rs --junitxml="$runs/tier.xml" 2>&1 | tail -25 | tee "$runs/tier.txt"
               echo "tier: $(tail -1 "$runs/tier.txt")" >>"$runs/summary.txt" ;;
         peak) $PY scripts/bench_matmul.py n=8192 dtype=bf16 rounds=10 json="$runs/matmul_bf16.json" >>"$runs/summary.txt" ;;
-        warm) train warm experiment=cifar10_minute trainer.epochs=1 trainer.limit_train_batches=30 trainer.save_checkpoints=false ;;
+        warm) train warm experiment=cifar10_minute trainer.epochs=2 trainer.limit_train_batches=10 trainer.save_checkpoints=false ;;  # both sizes compiled
         minute) for seed in ${SEEDS:-0 1 2}; do
                     train "cifar10_minute_60s_seed$seed" experiment=cifar10_minute trainer.budget=60s trainer.seed="$seed"
                 done ;;
