@@ -266,12 +266,12 @@ def export_model(
     entry = check_format(fmt)
     path = Path(path)
     check_writable(path)
-    model = model.float().eval().cpu()
+    # Exported from an fp32 CPU copy in eval mode: the caller's model keeps its device, dtype and mode.
+    model = copy.deepcopy(model).float().eval().cpu()
     size = preprocessing.img_size
     if tuple(getattr(model, "img_size", (size, size))) != (size, size) and hasattr(model, "set_input_size"):
         # A dynamic-size ViT exported at another size: its position table resampled once for that size (ONNX has
-        # no antialiased bicubic resize to do it in the graph), on a copy so the caller's model is untouched.
-        model = copy.deepcopy(model)
+        # no antialiased bicubic resize to do it in the graph).
         model.set_input_size(size)
     report = None
     if int8 is None:
