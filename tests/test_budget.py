@@ -14,7 +14,7 @@ from trainer_utils import QUICK, compose_config
 from vit.engine.weights import load_checkpoint
 from vit.errors import ConfigError
 from vit.train import run
-from vit.train.budget import parse_budget
+from vit.train.budget import Budget, RunShape, parse_budget
 from vit.train.config import validate
 
 MIN_LR = 1e-5  # not 0, so the final rate being the minimum says something
@@ -100,8 +100,10 @@ def test_a_budgeted_run_ends_on_time_with_the_decay_complete(steady):
 def test_a_slowed_machine_gets_fewer_steps_and_the_decay_still_completes(steady, slowed):
     budget = check_budget_held(slowed)
     assert budget["trained_steps"] < 0.8 * steady["budget"]["trained_steps"]
-    # The first plan was made at full speed: the slowdown made the run re-plan to fewer steps.
-    assert budget["plans"][-1]["total_steps"] < 0.8 * budget["plans"][0]["total_steps"]
+    # The plans made at full speed (before the loader slowed down after 40 batches) were longer: the slowdown made
+    # the run re-plan to fewer steps.
+    before = [plan["total_steps"] for plan in budget["plans"] if plan["step"] <= 40]
+    assert budget["plans"][-1]["total_steps"] < 0.8 * max(before), budget["plans"]
 
 
 class FakeClock:
@@ -214,3 +216,46 @@ def test_every_kind_of_run_ends_on_its_planned_step(extra, trained, tmp_path, mo
     if "trainer.progressive_resize.min_size=16" in extra:
         sizes = [r["train_img_size"] for r in metrics["history"]]
         assert sizes[0] == 16 and sizes[-1] == 32  # the ramp ends halfway through the planned epochs
+
+
+def scripted_budget(monkeypatch, budget_s: float = 100.0) -> tuple[Budget, list[float]]:
+    """A Budget over 1,000 steps per epoch whose clock is a list the test moves: now[0] seconds."""
+    now = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    shape = RunShape(budget_s, 1000, 10, 10, 100, 1, 0, 1, False, 32)
+    return Budget(shape, elapsed_s=0.0), now
+
+
+def train_steps(budget: Budget, now: list[float], first: int, count: int, seconds: float) -> None:
+    for step in range(first, first + count):
+        now[0] += seconds
+        budget.after_step(step)
+
+
+def test_a_new_image_size_leaves_its_compiling_step_untimed_and_measures_afresh(monkeypatch):
+    budget, now = scripted_budget(monkeypatch)
+    budget.epoch_starts(16)
+    train_steps(budget, now, 1, 50, 0.01)  # the first untimed, then 0.01 s a step at 16 px
+    assert budget.step_s == pytest.approx(0.01)
+    budget.epoch_trained()
+    budget.epoch_ended(False)
+    budget.epoch_starts(32)
+    train_steps(budget, now, 51, 1, 5.0)  # the first step at 32 px compiles for 5 s: not a speed
+    train_steps(budget, now, 52, 10, 0.04)
+    assert budget.step_s == pytest.approx(0.04)  # 32 px steps alone, neither the 16 px ones nor the compilation
+
+
+def test_the_speed_window_does_not_swing_with_the_plan(monkeypatch):
+    """A slow stretch (a compilation, a neighbour's job) inside a window of planned steps enters and leaves it as
+    the plan grows and shrinks, so the plan swings back and forth; in a window of time it is diluted as the run
+    goes on and leaves it once, so the plan moves one way."""
+    budget, now = scripted_budget(monkeypatch, budget_s=60.0)
+    budget.epoch_starts()
+    train_steps(budget, now, 1, 200, 0.01)
+    now[0] += 3.0  # a 3-second stall inside step 201
+    budget.after_step(201)
+    train_steps(budget, now, 202, 3000, 0.01)
+    totals = [plan["total_steps"] for plan in budget.history if plan["step"] > 201]
+    turns = sum((b - a) * (c - b) < 0 for a, b, c in zip(totals, totals[1:], totals[2:], strict=False))
+    assert turns == 0, totals
+    assert budget.reached(budget.history[-1]["total_steps"])

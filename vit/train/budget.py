@@ -6,15 +6,16 @@ schedule off when time runs out (Lightning's `max_time`) stops it before the lea
 schedule that ends exactly at the budget beats a longer one cut off there (Li, Yumer and Ramanan, "Budgeted
 Training", ICLR 2020). So the run measures its own speed and sizes its schedule to the time left:
 
-- After a few warm-up steps (the first one holds allocations or compilation and is not timed), the plan: the
+- After a few warm-up steps (the first one holds allocations or compilation and is not timed, as is the first step
+  at each new image size under progressive resizing, after which the speed is measured afresh), the plan: the
   largest number of optimizer steps T such that the steps left, the end of every epoch still to come (its
   evaluation, when `trainer.val_every_n_epochs` or the last epoch asks for one, and its checkpoint) and the final
   test evaluation all end before the budget, less a small margin for writing metrics.json.
 - The speed is measured again at every step (every 10 steps under torchrun, where rank 0 plans and broadcasts the
-  plan at the same steps on every rank), over the latest half of the steps left; an epoch's end is timed when it
-  happens. When the predicted end drifts away from the budget by more than a band (2% of the time left, 0.5% of
-  the budget near the end: a loaded machine, a slower epoch, larger images under progressive resizing), the run
-  re-plans, with one log line.
+  plan at the same steps on every rank), over the steps of the latest half of the time left; an epoch's end is
+  timed when it happens. When the predicted end drifts away from the budget by more than a band (2% of the time
+  left, 0.5% of the budget near the end: a loaded machine, a slower epoch, larger images under progressive
+  resizing), the run re-plans, with one log line.
 - The schedule is a function of planned progress. The warmup runs over its configured steps (at most half of the
   plan); the cosine after it runs over the planned progress q in [0, 1], and a re-plan at step s keeps q(s) and
   stretches or shrinks what is left so that q reaches 1 on the new last step: the learning rate never jumps and
@@ -128,7 +129,7 @@ class Budget:
 
     WARMUP_STEPS = 3  # timed steps before the first plan (after the untimed first step of each process)
     DISTRIBUTED_EVERY = 10  # under torchrun, the ranks agree on the plan every this many steps
-    MIN_WINDOW = 20  # the speed is measured over half the steps left, at least this many (MAX_SAMPLES: at most)
+    MIN_WINDOW = 20  # the speed is measured over the latest half of the time left, at least this many steps
     MAX_SAMPLES = 8192
 
     def __init__(self, shape: RunShape, elapsed_s: float, dist=None, state: dict | None = None) -> None:
@@ -151,6 +152,7 @@ class Budget:
         # Untimed steps of this process: the first (allocations, compilation) and one per loader worker, whose
         # first batch waits for the worker to start (the main process's start-up copied into it).
         self.untimed_left = 1 + shape.loader_workers
+        self.img_size: int | None = None  # the image size of the epoch being trained (progressive resizing)
 
     @property
     def planner(self) -> bool:
@@ -169,7 +171,13 @@ class Budget:
                 f"model, data) took {self.elapsed():.1f} s of it before the first step; give a longer budget"
             )
 
-    def epoch_starts(self) -> None:
+    def epoch_starts(self, img_size: int | None = None) -> None:
+        """An epoch's training loop starts, at `img_size` (progressive resizing; None: the loader's size). A new
+        size costs a compilation in its first step and changes the step's cost: the speed is measured afresh from
+        the step after it, as at the start of the process."""
+        if img_size != self.img_size and self.img_size is not None:
+            self.untimed_left = max(self.untimed_left, 1)
+        self.img_size = img_size
         self.loop_started = clock()
 
     def epoch_trained(self) -> None:
@@ -228,12 +236,17 @@ class Budget:
             self.adopt(step, decision)
 
     def measured_step_seconds(self, step: int) -> float | None:
-        """Seconds per optimizer step over the latest half of the steps left (at least MIN_WINDOW, at most those
-        timed in this process), once WARMUP_STEPS are timed. The speed of a shared machine wavers by 10-20% from one
-        minute to the next: a window as long as half of what is left averages that out while the end is far (the
-        plan does not swing with it), and shrinks towards the end, where a lasting change matters and is caught."""
-        window = max(self.MIN_WINDOW, (self.total_steps() - step) // 2)
-        first = min(bisect.bisect_left(self.sample_steps, step - window), len(self.sample_steps) - 1)
+        """Seconds per optimizer step over the steps trained in the latest half of the time left (at least
+        MIN_WINDOW steps, at most those timed in this process at this image size), once WARMUP_STEPS are timed.
+        The speed of a shared machine wavers by 10-20% from one minute to the next: a window as long as half of
+        what is left averages that out while the end is far (the plan does not swing with it), and shrinks towards
+        the end, where a lasting change matters and is caught. The window is time, not planned steps: a window of
+        planned steps would grow with every longer plan and take in older, different steps, which changes the
+        plan again (measured: a 5-minute GPU run swung between 3,400 and 4,700 planned steps that way)."""
+        left = max(0.0, self.shape.budget_s - self.margin - self.elapsed())
+        by_time = bisect.bisect_left(self.sample_clock, self.sample_clock[-1] - 0.5 * left)
+        by_count = max(0, bisect.bisect_right(self.sample_steps, step - self.MIN_WINDOW) - 1)
+        first = min(by_time, by_count, len(self.sample_steps) - 1)
         steps = step - self.sample_steps[first]
         if steps < self.WARMUP_STEPS:
             return None

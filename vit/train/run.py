@@ -187,7 +187,7 @@ def train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed, 
 def train_epoch(run: Run, limit: int | None) -> dict:
     """The epoch's training loop (vit/train/loop.py), timed for the budget."""
     if run.budget is not None:
-        run.budget.epoch_starts()
+        run.budget.epoch_starts(run.state.train_img_size)
     trained = train_one_epoch(run.step, run.state, run.bundle.train_loader, limit_batches=limit, reporter=run.report)
     if run.budget is not None:
         run.budget.epoch_trained()
