@@ -285,3 +285,21 @@ def test_a_timm_file_on_real_cifar10_images(timm_file, tmp_path_factory, capsys)
     top1, loss, _ = reference(logits, torch.tensor(labels))
     assert result["count"] == 100 and result["split"] == "test"
     assert result["top1"] == pytest.approx(top1) and result["loss"] == pytest.approx(loss, abs=1e-5)
+
+
+def test_a_limit_in_the_checkpoints_config_is_named_and_not_applied(our_checkpoint, tmp_path, capsys):
+    """A run trained with data.limit_val_samples evaluated every epoch on a subset; an evaluation of the dataset
+    evaluates all of it, unless this command limits it."""
+    state = torch.load(our_checkpoint, weights_only=True)
+    state["config"]["data"]["limit_val_samples"] = 20
+    limited = tmp_path / "limited.pt"
+    torch.save(state, limited)
+    result, err = evaluate([f"checkpoint={limited}"], capsys)
+    assert result["count"] == 48  # every image of the split
+    lines = [line for line in err.splitlines() if "limit_val_samples" in line]
+    assert lines == [
+        "data.limit_val_samples=20 of the checkpoint's training config is not applied: every image of the split "
+        "is evaluated (data.limit_val_samples=<n> on this command limits it)"
+    ]
+    asked, _ = evaluate([f"checkpoint={limited}", "data.limit_val_samples=20"], capsys)
+    assert asked["count"] == 20

@@ -18,7 +18,8 @@ data.holdout on its holdout unless data.holdout=null). Foreign weights take `dat
 with data.<key> overrides, and the model is the registry's `model` with `model.<key>=value` overrides, the class
 count of the weights and the image size of the preprocessing. The split is the data config's validation split:
 `data.val_split=<folder>` for image folders (default val/, validation/ or test/), CIFAR's test split, or with
-`data.holdout=<n>` a class-balanced slice of the training images; `data.limit_val_samples=<n>` a balanced subset.
+`data.holdout=<n>` a class-balanced slice of the training images; `data.limit_val_samples=<n>` a balanced subset,
+only when given on this command (a limit in a checkpoint's training config is named in one line and not applied).
 
 Preprocessing: `preprocess=timm:<name>` is timm's pretrained config of those weights (resize ratio, interpolation,
 mean/std), `preprocess=data` the data config's validation transform; by default a `timm:` source uses timm's
@@ -142,6 +143,17 @@ def evaluate_weights(argv: list[str]) -> dict:
     weights, pre, data_cfg = resolve(options)
     if weights.config is not None and not any(o.startswith("num_workers=") for o in options.data):
         data_cfg.num_workers = None  # this machine's default, not the training machine's worker count
+    carried_limit = data_cfg.get("limit_val_samples")
+    if weights.config is not None and carried_limit is not None:
+        if not any(o.startswith("limit_val_samples=") for o in options.data):
+            # The run's limit served its training (a quick evaluation per epoch); an evaluation of a dataset
+            # evaluates all of it unless this command limits it.
+            data_cfg.limit_val_samples = None
+            print(
+                f"data.limit_val_samples={carried_limit} of the checkpoint's training config is not applied: every "
+                "image of the split is evaluated (data.limit_val_samples=<n> on this command limits it)",
+                file=sys.stderr,
+            )
     batch_size = options.integer("batch_size", int(data_cfg.get("batch_size") or 256))
     device = resolve_device(options.get("device", "auto"))
     flip = options.flag("flip")
