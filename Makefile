@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all lint train clean
+.PHONY: install test test-all test-gpu lint train clean
 
 install: $(STAMP)
 
@@ -18,6 +18,10 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q -m ''
+
+# The GPU tier alone (tests/test_cuda.py): skipped, with the reason, where no CUDA device is.
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q -rs -m cuda tests/test_cuda.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check vit hydra_plugins scripts tests train.py

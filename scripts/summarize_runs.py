@@ -3,14 +3,17 @@
 usage: python scripts/summarize_runs.py <multirun folder> [out=<folder>] [storage=<database URL>]
 
 Writes summary.md (one row per run: swept knobs, params, FLOPs, img/s, final/best val top-1, the EMA's and the
-test split's top-1 where runs have them, wall time; when `trainer.seed` is swept too, each setting's mean and
+test split's top-1 where runs have them, the run's own seconds (`run s`: its wall time less the process start-up
+it was charged, which the first run of a multirun process pays alone; that start-up gets a column of its own);
+when `trainer.seed` is swept too, each setting's mean and
 min-max over the seeds; a screen of more than three unrelated knobs gets one "overrides" column) and summary.png
 (val top-1 against the swept knob; for a screen, each setting's seeds in a row) into the multirun folder (or
 `out=`), and prints the table.
 
 An Optuna search's folder (python train.py -m hparams_search=...) holds its study in optuna.db: summary.md then
 starts with the study (trials complete/pruned/failed, the trial-epochs pruning saved, the best trial, Optuna's
-parameter importances, a table of every trial). `storage=` reads a study kept elsewhere (postgresql://...).
+parameter importances with the number of complete trials behind them, shown from 10 trials and two per parameter
+on, a table of every trial). `storage=` reads a study kept elsewhere (postgresql://...).
 
 Example:
 

@@ -7,7 +7,8 @@ user runs them, so `train.py ... hydra.run.dir=runs/tiny` followed by `average_c
 
 `verdict(command)` is the table: a command is run, with the placeholders of the docs (`<cifar10>`,
 `/path/to/imagenet`, `outputs/<date>/<time>/...`) replaced by small local data and files and with tiny sizes
-appended to every training (one epoch of two batches), or it is skipped with the reason (a GPU, several machines,
+appended to every training (one epoch of two batches) and to the measurement scripts of TINY_SCRIPT_ARGS, or it
+is skipped with the reason (a GPU, several machines,
 the network, a server that runs until stopped). A command that matches no rule fails the test: a new command in
 the docs must be given a rule here.
 """
@@ -118,7 +119,6 @@ SKIPPED = [
     (r"^make (train|test)\b", "make test is this suite; make train trains ViT-Ti on CIFAR-10 for hours"),
     (r"^pip ", "the network: the package index"),
     (r"\$SLURM|^head=", "Slurm"),
-    (r"bench_memory\.py|--device cuda", "a GPU: the peak-memory benchmark measures CUDA memory"),
     (r"data\.path=/data/", "a Hugging Face dataset saved on the writer's disk"),
     (
         r"distill_experiment\.py|transfer_experiment\.py",
@@ -138,6 +138,12 @@ SKIPPED = [
         r"plot_recipes\.py <runs>|plot_recipes\.py recipes",
         "plots the recipe runs of docs/RESULTS.md (hours); tests/test_plot_recipes.py runs it on small runs",
     ),  # fmt: skip
+]
+
+# (pattern, arguments): a measurement script run as its doc says, with these arguments appended so that it measures
+# a tiny case in seconds (its flags given last win).
+TINY_SCRIPT_ARGS = [
+    (r"scripts/bench_memory\.py", "--model vit_tiny --img-size 32 --batch-size 2 --num-classes 10 --repeats 1"),
 ]
 
 # (pattern, exit code): a command its doc says fails, and how.
@@ -220,6 +226,7 @@ def runnable(text: str, variables: dict[str, str], files: dict[str, str]) -> str
     text = re.sub(r"^torchrun ", f"{files['python']} -m torch.distributed.run ", text)
     text = re.sub(r"(^|\s)(train\.py|scripts/)", rf"\1{files['repo']}/\2", text)
     text = env + text
+    text += "".join(f" {args}" for pattern, args in TINY_SCRIPT_ARGS if re.search(pattern, text))
     if re.search(r"\btrain\.py\b", text):
         if "data=" not in text and "data.root=" not in text and "experiment=cifar10_cpu" not in text:
             text += " " + CIFAR_AS_FOLDER

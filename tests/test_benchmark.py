@@ -1,7 +1,9 @@
-"""The benchmark runs end to end on CPU with a toy shape (no timing assertions: speed lives in the docs)."""
+"""The benchmark runs end to end on CPU with a toy shape (no timing assertions: speed lives in the docs), and its ratio
+follows a slowdown planted in one side."""
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -141,3 +143,48 @@ def test_e2e_benchmark_trains_through_the_trainer_and_reports_the_data_path_cost
 def test_e2e_arguments_are_checked(args, message, capsys):
     assert benchmark.main(args) == 2
     assert message in capsys.readouterr().out
+
+
+def slowed_side(monkeypatch, side: str, delay: float) -> None:
+    """Make the next bench_case's `side` ("ours" is built first, then "peer") sleep `delay` seconds a step."""
+    from vit.analysis import benchmark as bench
+
+    real, built = bench.make_train_step, []
+
+    def make(*args, **kwargs):
+        step = real(*args, **kwargs)
+        built.append(step)
+        if len(built) == (1 if side == "ours" else 2):
+
+            def slowed() -> None:
+                step()
+                time.sleep(delay)
+
+            return slowed
+        return step
+
+    monkeypatch.setattr(bench, "make_train_step", make)
+
+
+@pytest.mark.parametrize("side", ["peer", "ours"])
+def test_a_planted_slowdown_moves_the_ratio_by_about_its_size(side, monkeypatch):
+    """The reported ratio is ours over the peer's throughput: a sleep planted in one side's step moves that side's
+    step time by the sleep and the ratio the way and by about the amount the sleep predicts."""
+    from vit.analysis.benchmark import bench_case
+
+    def measure():
+        return bench_case(CASES["toy"], torch.device("cpu"), vs_peer=True, rounds=3, warmup=1, min_round_s=0.1)
+
+    before = measure()
+    delay = 0.03
+    with monkeypatch.context() as patch:
+        slowed_side(patch, side, delay)
+        after = measure()
+    ms = {s.side: s.step_ms for s in before.sides}
+    planted = {s.side: s.step_ms for s in after.sides}[side]
+    assert planted - ms[side] == pytest.approx(1000 * delay, rel=0.5)
+    # Predicted ratio: the unplanted one with the slowed side's step time grown by the sleep.
+    grown = (ms[side] + 1000 * delay) / ms[side]
+    predicted = before.ratio_median * grown if side == "peer" else before.ratio_median / grown
+    assert after.ratio_median == pytest.approx(predicted, rel=0.4)
+    assert (after.ratio_median > before.ratio_median) == (side == "peer")

@@ -5,6 +5,9 @@ classes; and on our checkpoints the numbers of the trainer's own evaluation."""
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +17,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from PIL import Image
 from timm.data import ImageNetInfo, create_transform, resolve_data_config
-from trainer_utils import compose_config, trainer_path_evaluation
+from trainer_utils import TINY_MODEL, compose_config, trainer_path_evaluation
 
 from vit.data.augment.transforms import val_transform
 from vit.data.images import read_rgb
@@ -27,10 +30,10 @@ TIMM_NAME = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"  # bicubic, crop_pct 0.9
 ARCHIVE = os.environ.get("VIT_CIFAR10_ARCHIVE")
 
 
-def make_folder(root, classes, per_class=3, size=(90, 70), seed=0):
+def make_folder(root, classes, per_class=3, size=(90, 70), seed=0, train_per_class=1):
     """root/{train,val}/<class>/*.png: smooth colour blobs plus noise, one colour scheme per class."""
     rng = np.random.default_rng(seed)
-    for split, count in (("train", 1), ("val", per_class)):
+    for split, count in (("train", train_per_class), ("val", per_class)):
         for c, name in enumerate(classes):
             folder = root / split / name
             folder.mkdir(parents=True)
@@ -303,3 +306,34 @@ def test_a_limit_in_the_checkpoints_config_is_named_and_not_applied(our_checkpoi
     ]
     asked, _ = evaluate([f"checkpoint={limited}", "data.limit_val_samples=20"], capsys)
     assert asked["count"] == 20
+
+
+TIMM_SCRIPTS = os.environ.get("VIT_TIMM_SCRIPTS")
+
+
+@pytest.mark.skipif(not TIMM_SCRIPTS, reason="VIT_TIMM_SCRIPTS (a folder holding timm's validate.py) is not set")
+def test_timms_validate_script_gives_our_top1_for_a_trained_checkpoint(tmp_path, capsys):
+    """An outside check of scripts/evaluate.py: a checkpoint the trainer wrote, evaluated by timm's own evaluation
+    script (unmodified, run from its folder with the installed timm) with the same preprocessing."""
+    from vit.train import run
+
+    root = make_folder(tmp_path / "tree", ["ant", "bee", "cat"], per_class=8, size=(32, 32), train_per_class=8)
+    data = ["data=imagefolder", f"data.root={root}", "data.img_size=32", "data.patch_size=4", "data.batch_size=8"]
+    overrides = [*data, *TINY_MODEL, "data.num_workers=0", "trainer.device=cpu", "trainer.epochs=3"]
+    run(compose_config([*overrides, "trainer.attn_maps_every_n_epochs=0"]), output_dir=tmp_path / "run")
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.pt"
+    ours, _ = evaluate([f"checkpoint={checkpoint}"], capsys)
+    pre = ours["preprocessing"]
+    assert pre["resize"] == pre["img_size"] == 32  # crop_pct 1.0 for timm
+    command = [sys.executable, str(Path(TIMM_SCRIPTS) / "validate.py"), str(root), "--split", "val"]
+    command += ["--model", "vit_tiny_patch16_224", "--num-classes", "3", "--img-size", "32", "--crop-pct", "1.0"]
+    command += ["--model-kwargs", "embed_dim=32", "depth=2", "num_heads=2", "patch_size=4", "img_size=32"]
+    command += ["--interpolation", pre["interpolation"], "--mean", *map(str, pre["mean"]), "--std"]
+    command += [*map(str, pre["std"]), "--checkpoint", str(checkpoint), "--device", "cpu", "-j", "0", "-b", "8"]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = json.loads(done.stdout.split("--result", 1)[1])
+    assert ours["count"] == 24 and theirs["top1"] == pytest.approx(ours["top1"], abs=1e-3), (theirs, ours)
+    assert theirs["top5"] == pytest.approx(ours["top5"], abs=1e-3)

@@ -1,5 +1,6 @@
 """scripts/benchmark.py --inference on the toy shape: every runtime asked for gets a row beside timm's, the ONNX
-sessions compute the models' logits, bad arguments exit 2 (no timing assertions: speed lives in the docs)."""
+sessions compute the models' logits, bad arguments exit 2, a planted slowdown moves the ratio as predicted (no timing
+assertions: speed lives in the docs)."""
 
 import importlib.util
 import json
@@ -108,3 +109,38 @@ def test_onnxruntime_without_the_export_extra(monkeypatch, capsys):
     assert benchmark.main(["--inference", "--models", "toy", "--device", "cpu"]) == 2
     out = capsys.readouterr().out.strip()
     assert out.startswith("error: --runtimes onnxruntime: needs onnxruntime") and "'.[export]'" in out
+
+
+def test_a_planted_slowdown_in_the_peer_raises_the_ratio_by_about_its_size(monkeypatch):
+    """The ratio is ours over the peer's throughput: a sleep planted in the peer's call grows its latency by the
+    sleep, and the ratio by what that predicts."""
+    import time
+
+    from vit.analysis import inference
+
+    def measure():
+        return inference.bench_inference(
+            CASES["toy"], torch.device("cpu"), 4, rounds=5, warmup=1, min_round_s=0.05
+        ).runtimes[0]
+
+    before = measure()
+    real, built, delay = inference._torch_call, [], 0.01
+
+    def torch_call(model, x, precision):
+        call = real(model, x, precision)
+        built.append(call)
+        if len(built) == 2:  # the peer's (ours is built first)
+
+            def slowed():
+                out = call()
+                time.sleep(delay)
+                return out
+
+            return slowed
+        return call
+
+    monkeypatch.setattr(inference, "_torch_call", torch_call)
+    after = measure()
+    assert after.peer_ms - before.peer_ms == pytest.approx(1000 * delay, rel=0.5)
+    predicted = before.ratio_median * (before.peer_ms + 1000 * delay) / before.peer_ms
+    assert after.ratio_median == pytest.approx(predicted, rel=0.4) and after.ratio_median > before.ratio_median

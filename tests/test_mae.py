@@ -2,13 +2,13 @@
 encoder's weights into a classifier, and (with a checkout of the official MAE code) the official numbers."""
 
 import os
-import sys
 from functools import partial
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
+from trainer_utils import reference_code
 
 from vit.engine.weights import load_pretrained
 from vit.models import create_model
@@ -103,15 +103,14 @@ def test_same_numbers_as_the_official_code(norm_pix_loss, monkeypatch):
     import timm.models.vision_transformer as timm_vit
 
     monkeypatch.setattr(np, "float", float, raising=False)
-    monkeypatch.syspath_prepend(OFFICIAL)
-    sys.modules.pop("models_mae", None)
-    import models_mae
+    with reference_code(OFFICIAL):
+        import models_mae
 
-    monkeypatch.setattr(models_mae, "Block", lambda *a, qk_scale=None, **k: timm_vit.Block(*a, **k))
-    torch.manual_seed(0)
-    theirs = models_mae.MaskedAutoencoderViT(
-        **SMALL, mlp_ratio=4.0, norm_layer=partial(nn.LayerNorm, eps=1e-6), norm_pix_loss=norm_pix_loss
-    )
+        monkeypatch.setattr(models_mae, "Block", lambda *a, qk_scale=None, **k: timm_vit.Block(*a, **k))
+        torch.manual_seed(0)
+        theirs = models_mae.MaskedAutoencoderViT(
+            **SMALL, mlp_ratio=4.0, norm_layer=partial(nn.LayerNorm, eps=1e-6), norm_pix_loss=norm_pix_loss
+        )
     ours = MaskedAutoencoder(MAEConfig(**SMALL, norm_pix_loss=norm_pix_loss))
     state = theirs.state_dict()
     torch.testing.assert_close(ours.pos_embed, state["pos_embed"], atol=1e-6, rtol=0)  # the same fixed tables

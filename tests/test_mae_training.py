@@ -3,6 +3,7 @@ figure, the checkpoint fine-tuning a classifier, and the settings it refuses (th
 
 from __future__ import annotations
 
+import logging
 import shutil
 
 import numpy as np
@@ -192,11 +193,20 @@ def test_the_figure_script_draws_a_run_and_the_deploy_scripts_refuse_it(tmp_path
         build_deploy_model(read_source(str(checkpoint)), str(checkpoint))
 
 
-def test_an_unlabelled_tree_names_a_missing_val_split_and_pools_a_lone_train_folder(tmp_path):
+def test_an_unlabelled_tree_names_a_missing_val_split_and_pools_every_image_with_a_holdout(tmp_path, caplog):
     root = make_tree(tmp_path / "tree", per_class=4)
     data = ["data=imagefolder", f"data.root={root}", "data.unlabelled=true", "data.img_size=16", "data.patch_size=4"]
     with pytest.raises(DataError, match=r"data.val_split='dev': .*dev does not exist"):
         build_splits(compose_config([*PRETRAIN, *data, "data.val_split=dev"]).data)
+    # With data.holdout every image under the root is the pool, val/'s too (no labels to keep apart); one line says so.
+    with caplog.at_level(logging.INFO, logger="vit.data"):
+        splits = build_splits(compose_config([*PRETRAIN, *data, "data.holdout=2"]).data)
+    assert (len(splits.train), len(splits.val)) == (16, 2)  # train/'s 12 and val/'s 6 images, 2 of them held out
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("data.unlabelled=true")]
+    assert said == [
+        "data.unlabelled=true: every image under data.root is the pool (18 images; train/, val/), data.holdout=2 "
+        "of them held out for validation"
+    ]
     shutil.rmtree(root / "val")
     splits = build_splits(compose_config([*PRETRAIN, *data, "data.holdout=2"]).data)
     assert (len(splits.train), len(splits.val)) == (10, 2)  # train/'s 12 images, 2 of them held out

@@ -227,10 +227,14 @@ def test_summarize_runs_on_a_real_multirun(tmp_path):
     summarize = _script("summarize_runs")
     assert run_script(summarize.main, [str(sweep)]) == 0
     table = (sweep / "summary.md").read_text()
-    assert "| run | model.qkv_bias | params (M) | GFLOPs | img/s | final top-1 | best top-1 | wall s |" in table
+    header = "| run | model.qkv_bias | params (M) | GFLOPs | img/s | final top-1 | best top-1 | run s | start-up s |"
+    assert header in table
     rows = [line for line in table.splitlines() if line.startswith("| 0 |") or line.startswith("| 1 |")]
     assert rows[0].startswith("| 0 | True |") and rows[1].startswith("| 1 | False |") and len(rows) == 2
     assert all("-" not in cell for row in rows for cell in row.split("|")[3:-1])  # every metric was found
+    # The process's start-up (imports) is charged to the first run of the sweep only, in a column of its own.
+    startups = [float(row.split("|")[-2]) for row in rows]
+    assert startups[0] > 0 and startups[1] == 0
     assert_png(sweep / "summary.png")
     assert run_script(summarize.main, [str(tmp_path / "nothing")]) == 2
 

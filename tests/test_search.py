@@ -299,7 +299,24 @@ def test_summarize_runs_reads_a_search(three_trials, tmp_path):
     assert "## Study 'cifar10_proxy': 3 trials (3 complete), maximize val_top1" in text
     assert f"Best trial: {study.best_trial.number}, val_top1 {study.best_value:.2f}" in text
     assert "Trial-epochs run: 9 of 9 asked by the 3 trials the study counts (0% saved by pruning)." in text
-    assert "| optim.lr | 1.000 |" in text  # the only parameter has all the importance
+    # Three trials are too few for fANOVA to mean anything: said, not shown.
+    assert "Parameter importances: not shown, 3 complete trials (at least 10 are needed for 1 parameters)." in text
+    assert "| optim.lr |" not in text.split("| trial |")[0]
+
+
+def test_importances_are_shown_with_their_trial_count_once_there_are_enough():
+    from vit.analysis.search import importance_lines
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    study.optimize(lambda t: t.suggest_float("lr", 0, 1) + 0.01 * t.suggest_float("wd", 0, 1), n_trials=12)
+    lines = importance_lines(study)
+    assert lines[0] == "Parameter importances (Optuna's fANOVA over the 12 complete trials):"
+    ranked = [line.split("|")[1].strip() for line in lines[4:] if line]
+    assert ranked[0] == "lr"  # the parameter the score depends on ranks first
+    tied = optuna.create_study()
+    tied.optimize(lambda t: t.suggest_float("lr", 0, 1) * 0 + 1.0, n_trials=12)
+    assert importance_lines(tied)[0] == "Parameter importances: not shown, the 12 complete trials all scored the same."
 
 
 def test_every_setting_of_the_budgeted_cpu_search_builds(tmp_path):

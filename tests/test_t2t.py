@@ -1,10 +1,10 @@
 """T2T-ViT: soft-split token counts, the token attentions, paper sizes, the official state-dict layout."""
 
 import os
-import sys
 
 import pytest
 import torch
+from trainer_utils import reference_code
 
 from vit.engine.weights import load_pretrained
 from vit.models import T2TViT, capture_attention, complexity, create_model, list_models
@@ -258,10 +258,10 @@ OFFICIAL = os.environ.get("VIT_T2T_OFFICIAL")
 @pytest.mark.parametrize("name", ["t2t_vit_7", "t2t_vit_t_14"])
 def test_same_numbers_as_the_official_code(name):
     """Optional, beside the layout test above: the official modules with their weights give our numbers."""
-    sys.path.insert(0, OFFICIAL)
-    import models.t2t_vit as official
+    with reference_code(OFFICIAL):
+        import models.t2t_vit as official
 
-    theirs = getattr(official, name)(qk_scale=official_qk_scale(name)).eval()
+        theirs = getattr(official, name)(qk_scale=official_qk_scale(name)).eval()
     ours = create_model(name, qk_scale=official_qk_scale(name)).eval()
     ours.load_state_dict(theirs.state_dict(), strict=True)
     x = torch.randn(2, 3, 224, 224)

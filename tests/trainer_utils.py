@@ -3,6 +3,7 @@ writing small image trees and fake finished runs. No test module imports another
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -139,3 +140,22 @@ def trainer_path_evaluation(checkpoint, *data_overrides: str, ema: bool = False,
     result["per_class_top1"] = {n: round(a, 2) for n, a, s in zip(names, accuracy, seen, strict=True) if s}
     result["split"] = bundle.val_name
     return result
+
+
+@contextlib.contextmanager
+def reference_code(folder: str):
+    """Import unmodified reference code (an official implementation a parity test compares with) from `folder`
+    inside the block, read-only: nothing is written there (no __pycache__), and the modules loaded from it are
+    forgotten afterwards, so its generic names (`models`, `util`) do not linger in sys.modules."""
+    folder = str(Path(folder).resolve())
+    before = set(sys.modules)
+    writes_bytecode, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        sys.path.remove(folder)
+        sys.dont_write_bytecode = writes_bytecode
+        for name in set(sys.modules) - before:
+            if str(getattr(sys.modules[name], "__file__", None) or "").startswith(folder + os.sep):
+                del sys.modules[name]

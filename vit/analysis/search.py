@@ -95,6 +95,37 @@ def importances(study) -> dict[str, float] | None:
         return None
 
 
+def min_trials_for_importance(num_params: int) -> int:
+    """Complete trials below which the importances are not shown: fANOVA fits a random forest of the objective over
+    the parameters, and with fewer trials than two per parameter (or ten) it splits on noise (two tied trials gave
+    every one of 8 parameters 0.125)."""
+    return max(10, 2 * num_params)
+
+
+def importance_lines(study) -> list[str]:
+    """The parameters' importances with the count of trials behind them, or one line saying why there are none."""
+    import optuna
+
+    complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
+    keys = sorted({k for r in complete for k in r.params})
+    needed = min_trials_for_importance(len(keys))
+    if len(complete) < needed:
+        return [
+            f"Parameter importances: not shown, {len(complete)} complete trials (at least {needed} are needed for "
+            f"{len(keys)} parameters).",
+            "",
+        ]
+    if len({r.value for r in complete}) == 1:
+        return [f"Parameter importances: not shown, the {len(complete)} complete trials all scored the same.", ""]
+    found = importances(study)
+    if not found:
+        return []
+    lines = [f"Parameter importances (Optuna's fANOVA over the {len(complete)} complete trials):", ""]
+    lines += ["| parameter | importance |", "|---|---|"]
+    lines += [f"| {k} | {v:.3f} |" for k, v in found.items()]
+    return [*lines, ""]
+
+
 def _value(value) -> str:
     if isinstance(value, float):
         return f"{value:.3g}"
@@ -128,12 +159,7 @@ def search_report(study, folder: Path) -> str:
         best = study.best_trial
         shown = " ".join(f"{k}={_value(v)}" for k, v in best.params.items())
         lines += [f"Best trial: {best.number}, {metric} {best.value:.2f}, with `{shown}`.", ""]
-    found = importances(study) if len(complete) >= 2 else None
-    if found:
-        lines += ["Parameter importances (Optuna's fANOVA over the complete trials):", ""]
-        lines += ["| parameter | importance |", "|---|---|"]
-        lines += [f"| {k} | {v:.3f} |" for k, v in found.items()]
-        lines.append("")
+    lines += importance_lines(study)
     keys = sorted({k for r in rows for k in r.params})
     header = ["trial", "state", metric, "epochs", *keys]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

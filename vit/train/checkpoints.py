@@ -204,6 +204,7 @@ class Progress:
     skip_batches: int = 0  # batches of `start_epoch` trained before a stop inside it
     resume_rng: dict | None = None  # this rank's RNG at that stop
     budget_state: dict | None = None  # the budget's plan in the checkpoint resumed from (vit/train/budget.py)
+    startup_s: float = 0.0  # this process's start-up before the run, inside wall_start's count (not saved)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.wall_start

@@ -56,7 +56,8 @@ def run(
     vit/analysis/e2e.py)."""
     # Wall time counts from the process start (imports, config composition) for the first run of a train.py process:
     # the recipes' time goals are "process start to final evaluation". Other runs count from here.
-    wall_start = time.perf_counter() - startup_seconds()
+    startup_s = startup_seconds()
+    wall_start = time.perf_counter() - startup_s
     validate(cfg)
     check_search(cfg)
     own_dir = Path(output_dir) if output_dir is not None else hydra_output_dir()
@@ -76,7 +77,7 @@ def run(
     previous = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
     threads = torch.get_num_threads()
     try:
-        return train(cfg, run_dir, wall_start, dist, train_loader_wrapper)
+        return train(cfg, run_dir, wall_start, dist, train_loader_wrapper, startup_s)
     finally:
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
         torch.set_num_threads(threads)
@@ -113,7 +114,9 @@ def continued_run_dir(setting, resume_path: Path | None, run_dir: Path, main: bo
 _CONTINUATION_LOGS: list[logging.Handler] = []  # closed when `run` returns
 
 
-def build_run(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed, loader_wrapper=None) -> Run:
+def build_run(
+    cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed, loader_wrapper=None, startup_s: float = 0.0
+) -> Run:
     """The run object every phase takes: torch set up, the model and the data, the optimisation, the checkpoints
     resumed, and the writers. Only rank 0 writes: events, checkpoints, console lines, metrics.json."""
     trainer = TrainerSettings.of(cfg.trainer)
@@ -124,6 +127,7 @@ def build_run(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distribut
     progress = Progress(wall_start)
     if parts.resume_path is not None:
         progress = resume(parts.resume_path, step, state, parts.bundle.class_to_idx, wall_start, cfg.optim.name)
+    progress.startup_s = startup_s
     checkpoints = Checkpointer(
         run_dir / "checkpoints",
         enabled=trainer.save_checkpoints and dist.is_main,
@@ -147,9 +151,11 @@ def build_run(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distribut
     return run
 
 
-def train(cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed, loader_wrapper=None) -> dict:
+def train(
+    cfg: DictConfig, run_dir: Path, wall_start: float, dist: Distributed, loader_wrapper=None, startup_s: float = 0.0
+) -> dict:
     """The recipe: every phase is a named function taking the run; the epoch loop is the only logic here."""
-    run = build_run(cfg, run_dir, wall_start, dist, loader_wrapper)
+    run = build_run(cfg, run_dir, wall_start, dist, loader_wrapper, startup_s)
     progress, budget = run.progress, run.budget
     with run.report:
         run.report.keep_images(run.bundle.val_loader)
@@ -332,6 +338,9 @@ def finish(run: Run, teacher: dict | None) -> dict:
         report.line(f"{bundle.test_name} split after training: top-1 {test['top1']:.2f}%{ema_part}")
     # Process start (or the first run's start, over resumes) to the end of the final evaluation.
     metrics["wall_time_s"] = run.progress.elapsed()
+    # Of it, the process's start-up before this run (imports, config): the first run of a train.py process pays it,
+    # a multirun sweep's later runs do not; tables that compare runs subtract it (vit/analysis/runs.py).
+    metrics["startup_s"] = run.progress.startup_s
     if run.budget is not None:
         final_lr = run.step.optimizer.param_groups[0]["lr"]
         metrics["budget"] = run.budget.record(state.step, metrics["wall_time_s"], final_lr)

@@ -136,9 +136,10 @@ class UnlabelledImages(Dataset):
 
 
 def _unlabelled_folder(cfg, root: Path) -> Splits:
-    """data.unlabelled=true: the images under data.root whatever their folders. A tree with train/ and a
-    validation folder keeps that split (class folders inside are fine, and ignored); train/ alone, or any other
-    folder, is one pool, and the validation images are `data.holdout` of it."""
+    """data.unlabelled=true: the images under data.root whatever their folders. With data.holdout, every image under
+    data.root is one pool (train/, val/ or test/ and any other folder alike: no labels are read, so none needs to be
+    kept apart) and the validation images are `data.holdout` of it. Without it, a tree with train/ and a validation
+    folder keeps that split (class folders inside are fine, and ignored). One line says which."""
     try:
         tree = find_tree_root(root)
     except DataError:
@@ -146,20 +147,36 @@ def _unlabelled_folder(cfg, root: Path) -> Splits:
     val_name = cfg.get("val_split")
     if val_name is not None and (tree is None or not (tree / val_name).is_dir()):
         raise DataError(f"data.val_split={val_name!r}: {(tree or root) / val_name} does not exist")
-    if tree is not None and val_name is None:
+    if tree is not None and val_name is None and cfg.get("holdout") is None:
         val_name = next((n for n in VAL_SPLIT_NAMES if (tree / n).is_dir()), None)
-    if tree is not None and val_name is not None:
+    if cfg.get("holdout") is None and val_name is not None:
         splits = {"train": UnlabelledImages(tree / "train"), val_name: UnlabelledImages(tree / val_name)}
+        log.info(
+            "data.unlabelled=true: training on the %d images of train/, validating on the %d of %s/ "
+            "(data.holdout=<n> pools every image under data.root and holds n of them out)",
+            len(splits["train"]),
+            len(splits[val_name]),
+            val_name,
+        )
     elif cfg.get("holdout") is None:
         raise DataError(
             f"data.root={str(root)!r} has no train/ and val/ folders to split by: with data.unlabelled=true set "
             "data.holdout=<n> (or a fraction) to validate on that many of its images"
         )
-    elif tree is not None:  # train/ alone: its images are the pool
-        splits = {"train": UnlabelledImages(tree / "train")}
     else:
-        tree = root
+        val_name = None
+        tree = tree or root
         splits = {".": UnlabelledImages(tree)}
+        parts = [Path(path).relative_to(tree).parts for path, _ in splits["."].samples]
+        folders = sorted({f"{p[0]}/" for p in parts if len(p) > 1})  # the top folders the pool comes from
+        shown = ", ".join(folders[:4]) + (", ..." if len(folders) > 4 else "") if folders else "no subfolders"
+        log.info(
+            "data.unlabelled=true: every image under data.root is the pool (%d images; %s), data.holdout=%s of "
+            "them held out for validation",
+            len(parts),
+            shown,
+            cfg.get("holdout"),
+        )
     for split, dataset in splits.items():
         if not len(dataset):
             shown = str(tree / split) if split != "." else str(tree)
