@@ -256,6 +256,8 @@ OFFICIAL = os.environ.get("VIT_T2T_OFFICIAL")
 
 @pytest.mark.skipif(not OFFICIAL, reason="VIT_T2T_OFFICIAL (a checkout of the official T2T-ViT code) is not set")
 @pytest.mark.parametrize("name", ["t2t_vit_7", "t2t_vit_t_14"])
+# Each import of the official modules registers their model names with timm again.
+@pytest.mark.filterwarnings("ignore:Overwriting .* in registry")
 def test_same_numbers_as_the_official_code(name):
     """Optional, beside the layout test above: the official modules with their weights give our numbers."""
     with reference_code(OFFICIAL):
