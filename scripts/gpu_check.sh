@@ -23,7 +23,8 @@ runs=$(mktemp -d /tmp/gpu_check.XXXX)
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
 
-# What the GPU machine lacks (docs/BENCHMARKS.md, "Running on the GPU machine"): the wheels and the archive in .device/.
+# A GPU machine without a network: the wheels of what its Python lacks (hydra-core, omegaconf, antlr4-python3-runtime)
+# and the CIFAR-10 archive are put into .device/ beforehand, and installed and extracted here.
 if ls .device/*.whl >/dev/null 2>&1; then
     $PY -m pip install -q --no-index --no-deps --no-compile --target .device/site .device/*.whl || exit 1
     export PYTHONPATH=$PWD/.device/site:$PWD
