@@ -12,8 +12,8 @@
 # .device/cifar10), OUT (where records go; default outputs/gpu_check), VIT_COMMIT (the commit, where no .git is),
 # TRAIN_ARGS (overrides added to every run, e.g. `data.batch_size=32` for a dry run of the script on a CPU).
 # Writes $OUT/records.tgz (every run's metrics.json, config and log; the tier's junit XML; the matmul record) and
-# $OUT/summary.txt, printed last. Sized for one call of under 10 minutes on one H100 with the default parts
-# (about 6 minutes; `fast` adds 5).
+# $OUT/summary.txt, printed last. Sized for one call of under 10 minutes with the default parts: 274 s on an H200
+# (2026-11-26); `tier fast` took 369 s there on a fresh machine.
 set -uo pipefail
 case "${1:-}" in -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;; esac
 cd "$(dirname "$0")/.."
