@@ -3,7 +3,6 @@ follows a slowdown planted in one side."""
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import benchmark  # noqa: E402
+from trainer_utils import VirtualClock  # noqa: E402
 
 from vit.analysis.bench_cases import CASES  # noqa: E402
 from vit.analysis.benchmark import percentile  # noqa: E402
@@ -145,46 +145,31 @@ def test_e2e_arguments_are_checked(args, message, capsys):
     assert message in capsys.readouterr().out
 
 
-def slowed_side(monkeypatch, side: str, delay: float) -> None:
-    """Make the next bench_case's `side` ("ours" is built first, then "peer") sleep `delay` seconds a step."""
+@pytest.mark.parametrize(("side", "ratio"), [("peer", 13 / 2), ("ours", 3 / 12)])
+def test_a_planted_slowdown_moves_the_ratio_by_its_size(side, ratio, monkeypatch):
+    """The reported ratio is ours over the peer's throughput: with the steps charged known costs on a virtual clock
+    (ours 2 ms, the peer 3 ms; 3/2 unplanted), a 10 ms slowdown planted in one side's step grows that side's step
+    time by 10 ms and moves the ratio to what those step times give."""
     from vit.analysis import benchmark as bench
 
-    real, built = bench.make_train_step, []
+    clock = VirtualClock()
+    monkeypatch.setattr(bench, "time", clock)
+    real = bench.make_train_step
 
-    def make(*args, **kwargs):
-        step = real(*args, **kwargs)
-        built.append(step)
-        if len(built) == (1 if side == "ours" else 2):
+    def measure(planted: str | None):
+        built = []
 
-            def slowed() -> None:
-                step()
-                time.sleep(delay)
+        def make(*args, **kwargs):
+            built.append(args[0])  # ours is built first, then the peer
+            name = "ours" if len(built) == 1 else "peer"
+            cost = {"ours": 0.002, "peer": 0.003}[name] + (0.010 if name == planted else 0.0)
+            return clock.costing(real(*args, **kwargs), cost)
 
-            return slowed
-        return step
+        monkeypatch.setattr(bench, "make_train_step", make)
+        result = bench.bench_case(CASES["toy"], torch.device("cpu"), vs_peer=True, rounds=3, warmup=1, min_round_s=0.01)
+        return {s.side: s.step_ms for s in result.sides}, result.ratio_median
 
-    monkeypatch.setattr(bench, "make_train_step", make)
-
-
-@pytest.mark.parametrize("side", ["peer", "ours"])
-def test_a_planted_slowdown_moves_the_ratio_by_about_its_size(side, monkeypatch):
-    """The reported ratio is ours over the peer's throughput: a sleep planted in one side's step moves that side's
-    step time by the sleep and the ratio the way and by about the amount the sleep predicts."""
-    from vit.analysis.benchmark import bench_case
-
-    def measure():
-        return bench_case(CASES["toy"], torch.device("cpu"), vs_peer=True, rounds=3, warmup=1, min_round_s=0.1)
-
-    before = measure()
-    delay = 0.03
-    with monkeypatch.context() as patch:
-        slowed_side(patch, side, delay)
-        after = measure()
-    ms = {s.side: s.step_ms for s in before.sides}
-    planted = {s.side: s.step_ms for s in after.sides}[side]
-    assert planted - ms[side] == pytest.approx(1000 * delay, rel=0.5)
-    # Predicted ratio: the unplanted one with the slowed side's step time grown by the sleep.
-    grown = (ms[side] + 1000 * delay) / ms[side]
-    predicted = before.ratio_median * grown if side == "peer" else before.ratio_median / grown
-    assert after.ratio_median == pytest.approx(predicted, rel=0.4)
-    assert (after.ratio_median > before.ratio_median) == (side == "peer")
+    assert measure(None) == (pytest.approx({"ours": 2.0, "peer": 3.0}), pytest.approx(1.5))
+    step_ms, planted_ratio = measure(side)
+    assert step_ms[side] == pytest.approx(12.0 if side == "ours" else 13.0)
+    assert planted_ratio == pytest.approx(ratio)

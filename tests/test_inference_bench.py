@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from trainer_utils import REPO
+from trainer_utils import REPO, VirtualClock
 
 from vit.analysis.bench_cases import CASES
 from vit.analysis.inference import build_variants
@@ -111,36 +111,28 @@ def test_onnxruntime_without_the_export_extra(monkeypatch, capsys):
     assert out.startswith("error: --runtimes onnxruntime: needs onnxruntime") and "'.[export]'" in out
 
 
-def test_a_planted_slowdown_in_the_peer_raises_the_ratio_by_about_its_size(monkeypatch):
-    """The ratio is ours over the peer's throughput: a sleep planted in the peer's call grows its latency by the
-    sleep, and the ratio by what that predicts."""
-    import time
-
+def test_a_planted_slowdown_in_the_peer_raises_the_ratio_by_its_size(monkeypatch):
+    """The ratio is ours over the peer's throughput, per round: with the calls charged known costs on a virtual
+    clock (ours 2 ms, the peer 3 ms), the latencies are those costs, and a 10 ms slowdown planted in the peer's call
+    raises the peer's latency by 10 ms and the ratio from 3/2 to 13/2."""
     from vit.analysis import inference
 
-    def measure():
+    clock = VirtualClock()
+    monkeypatch.setattr(inference, "time", clock)
+    real = inference._torch_call
+
+    def measure(peer_s: float):
+        built = []
+
+        def torch_call(model, x, precision):
+            built.append(model)  # ours is built first, then the peer
+            return clock.costing(real(model, x, precision), 0.002 if len(built) == 1 else peer_s)
+
+        monkeypatch.setattr(inference, "_torch_call", torch_call)
         return inference.bench_inference(
-            CASES["toy"], torch.device("cpu"), 4, rounds=5, warmup=1, min_round_s=0.05
+            CASES["toy"], torch.device("cpu"), 4, rounds=3, warmup=1, min_round_s=0.01
         ).runtimes[0]
 
-    before = measure()
-    real, built, delay = inference._torch_call, [], 0.01
-
-    def torch_call(model, x, precision):
-        call = real(model, x, precision)
-        built.append(call)
-        if len(built) == 2:  # the peer's (ours is built first)
-
-            def slowed():
-                out = call()
-                time.sleep(delay)
-                return out
-
-            return slowed
-        return call
-
-    monkeypatch.setattr(inference, "_torch_call", torch_call)
-    after = measure()
-    assert after.peer_ms - before.peer_ms == pytest.approx(1000 * delay, rel=0.5)
-    predicted = before.ratio_median * (before.peer_ms + 1000 * delay) / before.peer_ms
-    assert after.ratio_median == pytest.approx(predicted, rel=0.4) and after.ratio_median > before.ratio_median
+    before, after = measure(0.003), measure(0.003 + 0.010)
+    assert (before.ours_ms, before.peer_ms, before.ratio_median) == pytest.approx((2.0, 3.0, 1.5))
+    assert (after.ours_ms, after.peer_ms, after.ratio_median) == pytest.approx((2.0, 13.0, 6.5))
