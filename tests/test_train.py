@@ -2,6 +2,8 @@
 
 import json
 import math
+import os
+import subprocess
 import tarfile
 import time
 from types import SimpleNamespace
@@ -10,7 +12,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import plugin_data_pb2
-from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config, make_tree, run_cli, trainer_path_evaluation
+from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, compose_config, make_tree, run_cli, trainer_path_evaluation
 
 from vit.deploy.evaluate import cli as evaluate_main
 from vit.engine.build import build_model_from_config
@@ -56,6 +58,11 @@ def test_cli_run_directory_layout(cli_run):
     assert metrics["final"]["val_top1"] == metrics["history"][-1]["val_top1"]
     assert metrics["best"]["val_top1"] >= metrics["final"]["val_top1"]
     assert "epoch 2/2" in done.stdout  # plain log lines when not on a terminal
+    # Where the run came from: this checkout's commit, the command, this machine (vit/engine/provenance.py).
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    source = metrics["provenance"]
+    assert source["commit"] == head and source["command"].split()[0].endswith("train.py")
+    assert "trainer.epochs=2" in source["command"] and source["machine"]["cpu"]["cores"] == os.cpu_count()
 
 
 def test_cli_tensorboard_holds_finite_scalars_and_a_falling_loss(cli_run):

@@ -29,6 +29,7 @@ from vit.engine.build import is_mae
 from vit.engine.device import resolve_device
 from vit.engine.distributed import Distributed, setup_distributed
 from vit.engine.files import atomic_write_text, check_run_dir
+from vit.engine.provenance import provenance
 from vit.errors import ConfigError
 from vit.train.budget import attach_budget, duration
 from vit.train.checkpoints import Checkpointer, Progress, resume, rng_state, set_rng_state
@@ -347,6 +348,7 @@ def finish(run: Run, teacher: dict | None) -> dict:
         report.scalars({"budget/wall_s": metrics["wall_time_s"], "budget/trained_steps": state.step}, state.step)
         report.line(budget_line(metrics["budget"]))
     metrics["stopped_by_signal"] = run.stop.name
+    metrics["provenance"] = provenance()  # command, commit, machine, versions, date (vit/engine/provenance.py)
     metrics["world_size"] = run.dist.world_size
     # With torch.compile the first step holds the compilation (reported apart from the img/s of later steps).
     metrics["first_step_seconds"] = state.first_step_seconds
