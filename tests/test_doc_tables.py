@@ -1,0 +1,71 @@
+"""The docs' tables of measured figures come from their records (vit/analysis/doc_tables.py,
+scripts/doc_tables.py)."""
+
+import json
+import shutil
+import sys
+
+from trainer_utils import REPO
+
+from vit.analysis import doc_tables
+
+sys.path.insert(0, str(REPO / "scripts"))
+import doc_tables as script  # noqa: E402
+
+
+def test_every_generated_table_matches_its_records_and_every_measured_table_is_accounted_for(capsys):
+    assert script.main(["check=true"]) == 0, capsys.readouterr().out
+    generated = {name for doc in script.DOCS for name, _ in doc_tables.blocks(doc.read_text())}
+    assert generated == set(doc_tables.TABLES)  # every table the generator knows is in a document
+
+
+def test_a_figure_typed_over_a_generated_table_is_caught():
+    text = (REPO / "docs" / "RESULTS.md").read_text()
+    assert "**69.13% ± 0.28**" in text
+    edited = text.replace("**69.13% ± 0.28**", "**70.13% ± 0.28**")
+    assert doc_tables.regenerate(edited) == text
+
+
+def test_the_mean_and_spread_are_computed_from_the_records(tmp_path):
+    """A seed's record changed by +3 points moves the mean row by +1 over 3 seeds, and its own row by 3."""
+    folder = tmp_path / "gpu_budget_h200"
+    shutil.copytree(REPO / "docs" / "results" / "gpu_budget_h200", folder)
+    before = doc_tables.gpu_budget_table(folder)
+    record = folder / "cifar10_minute_60s_seed1.json"
+    metrics = json.loads(record.read_text())
+    metrics["final"]["val_top1"] += 3.0  # 53.92 -> 56.92
+    record.write_text(json.dumps(metrics))
+    after = doc_tables.gpu_budget_table(folder)
+    assert "| same | 1 | 58.4 | 1,940 (20.0) | 24,717 | 56.92% |" in after
+    assert "**55.13%** (53.92-56.75)" in before and "**56.13%** (54.71-56.92)" in after
+
+
+def test_a_measured_table_with_no_record_and_no_registry_entry_is_named(tmp_path):
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    doc, readme = tmp_path / "docs" / "NEW.md", tmp_path / "README.md"
+    doc.write_text("# New\n\n## A new measurement\n\n| model | img/s |\n|---|---|\n| vit | 100 |\n")
+    readme.write_text("# Project\n\n| option | what |\n|---|---|\n| a | b |\n")  # not a table of figures
+    registry = tmp_path / "docs" / "results" / "README.md"
+    header = f"{doc_tables.REGISTRY_SECTION}\n\n| document | section | measured | machine |\n|---|---|---|---|\n"
+    registry.write_text(header)
+    [problem] = doc_tables.unaccounted([readme, doc], registry, root=tmp_path)
+    assert problem.startswith("docs/NEW.md:5 (A new measurement): a table of measured figures that is neither")
+    registry.write_text(header + "| docs/NEW.md | A new measurement | 2026-11-26 | a CPU |\n")
+    assert doc_tables.unaccounted([readme, doc], registry, root=tmp_path) == []
+    # The README quotes no figure without a record, listed or not; and a listed section must exist.
+    readme.write_text("# Project\n\n## Speed\n\n| model | img/s |\n|---|---|\n| vit | 100 |\n")
+    registry.write_text(
+        header + "| docs/NEW.md | A new measurement | 2026-11-26 | a CPU |\n| docs/NEW.md | Gone | - | - |\n"
+    )
+    problems = doc_tables.unaccounted([readme, doc], registry, root=tmp_path)
+    assert problems[0].startswith("README.md:5: a table of measured figures in the README")
+    assert problems[1] == "docs/results/README.md: lists docs/NEW.md, 'Gone', which holds no table of measured figures"
+
+
+def test_an_unknown_table_name_is_one_line_naming_it(tmp_path, monkeypatch, capsys):
+    doc = tmp_path / "X.md"
+    doc.write_text("<!-- table: no_such_table -->\n<!-- /table -->\n")
+    monkeypatch.setattr(script, "DOCS", [doc])
+    monkeypatch.setattr(script, "REPO", tmp_path)
+    assert script.run_script(script.main, ["check=true"]) == 2
+    assert "X.md: no table named 'no_such_table'" in capsys.readouterr().err

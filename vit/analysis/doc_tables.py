@@ -1,0 +1,336 @@
+"""The docs' tables of measured figures, generated from the records under docs/results/ and never typed.
+
+A generated table sits in a Markdown file between two comments that name it:
+
+    <!-- table: cifar10_cpu_budget_avx2 -->
+    | run | ... |
+    ...
+    <!-- /table -->
+
+`TABLES` maps each name to the record folder it reads and the function that turns those records into the table
+(means, spreads and ratios computed here). `regenerate(text)` rewrites every marked block of a document;
+`scripts/doc_tables.py` does it for README.md and docs/*.md, and its `check=true` (run by the default test suite)
+fails when a document's block differs from what its records give. Each block ends with the line naming its
+records, so a reader can go from the figure to the files and from there to the commit, machine and command.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from vit.analysis.recipes import find_runs, recipe_run
+from vit.analysis.runs import markdown_table
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "docs" / "results"
+BLOCK = re.compile(r"(?P<open><!-- table: (?P<name>[\w-]+) -->\n)(?P<body>.*?)(?P<close><!-- /table -->)", re.S)
+
+
+@dataclass(frozen=True)
+class DocTable:
+    """One generated table: the record folder (relative to docs/results/) and what builds its Markdown."""
+
+    records: str
+    build: Callable[[Path], str]
+
+
+def mean_and_half_range(values: list[float]) -> tuple[float, float]:
+    """The mean and half the min-max range: how the docs report a figure over seeds."""
+    return statistics.fmean(values), (max(values) - min(values)) / 2
+
+
+def _seed_of(path: Path) -> int:
+    match = re.search(r"seed(\d+)", path.as_posix())
+    if match is None:
+        raise ValueError(f"{path}: no seed<N> in its name")
+    return int(match.group(1))
+
+
+# --- CIFAR-10 on a 2-core CPU in a 30-minute budget ------------------------------------------------------------
+
+
+def budget_text(seconds: float) -> str:
+    """A budget as the user writes it: 1800 -> 30m, 7200 -> 2h, 90 -> 90s."""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds % size == 0 and seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:g}s"
+
+
+def _vit_name(config: dict) -> str:
+    model = OmegaConf.to_container(OmegaConf.create(config), resolve=True)["model"]  # `${data.patch_size}`
+    name = f"ViT/{model['patch_size']} {model['embed_dim']} x {model['depth']}"
+    return name + (", conv stem" if model.get("patch_embed") == "conv" else "")
+
+
+def cpu_budget_table(folder: Path) -> str:
+    """`experiment=cifar10_cpu` under its budget and the plain timm + torchvision loop, a row a seed and a mean row
+    for each (run folders `<recipe>/seed<N>/` holding metrics.json and .hydra/)."""
+    header = ["run", "model", "params", "precision", "trained", "images seen", "mean train img/s", "wall time"]
+    header.append("test top-1")
+    rows = []
+    for recipe_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
+        runs = sorted((recipe_run(r) for r in find_runs(recipe_dir)), key=lambda run: run.seed)
+        reference = recipe_dir.name == "timm_torchvision_reference"
+        for index, run in enumerate(runs):
+            metrics, config = run.metrics, run.record.config
+            if reference:
+                ref = config["reference"]
+                label = "plain timm + torchvision" if index == 0 else "same"
+                model = f"timm ViT/4 {ref['embed_dim']} x {ref['depth']}"
+                precision, trained = "fp32", f"{metrics['epochs_done']} epochs (fitted after the first)"
+                seen, img_s = metrics["images_seen"], ""
+            else:
+                budget = metrics["budget"]
+                label = f"`experiment={recipe_dir.name}` (`trainer.budget={budget_text(budget['budget_s'])}`)"
+                label = label if index == 0 else "same"
+                model, precision = _vit_name(config), metrics["precision"]
+                trained = f"{budget['trained_steps']:,} steps ({budget['planned_epochs']:.2f} epochs, planned)"
+                seen = budget["trained_steps"] * config["data"]["batch_size"]
+                img_s = f"{metrics['train_img_per_s']:.0f}"
+            row = [f"{label}, seed {run.seed}", model, f"{metrics['params'] / 1e6:.2f} M", precision, trained]
+            row += [f"{seen:,}", img_s, f"{run.wall_time_s:,.0f} s", f"{run.test_top1:.2f}%"]
+            rows.append(row)
+        top1, spread = mean_and_half_range([run.test_top1 for run in runs])
+        wall = statistics.fmean(run.wall_time_s for run in runs)
+        name = "plain loop" if reference else "recipe"
+        rows.append(
+            [f"**{name}, mean over {len(runs)} seeds** (± half the spread)", "", "", "", "", "", ""]
+            + [f"{wall:,.0f} s", f"**{top1:.2f}% ± {spread:.2f}**"]
+        )
+    return markdown_table(header, rows)
+
+
+# --- The GPU recipes as budgets ----------------------------------------------------------------------------------
+
+
+def gpu_budget_table(folder: Path) -> str:
+    """Each `<experiment>_<budget>_seed<N>.json` (a run's metrics.json) a row, and a mean row per experiment with
+    more than one seed."""
+    header = ["run", "seed", "wall s", "planned = trained steps (epochs)", "train img/s", "test top-1", "EMA"]
+    groups: dict[str, list[tuple[int, dict]]] = {}
+    for path in sorted(folder.glob("*_seed*.json")):
+        group = re.sub(r"_seed\d+$", "", path.stem)
+        groups.setdefault(group, []).append((_seed_of(path), json.loads(path.read_text())))
+    rows = []
+    for group, runs in groups.items():
+        runs.sort(key=lambda item: item[0])
+        experiment, budget = group.rsplit("_", 1)
+        for index, (seed, metrics) in enumerate(runs):
+            plan, final = metrics["budget"], metrics["final"]
+            if plan["planned_steps"] != plan["trained_steps"]:
+                raise ValueError(f"{group} seed {seed}: trained {plan['trained_steps']} of {plan['planned_steps']}")
+            label = f"`experiment={experiment} trainer.budget={budget}`" if index == 0 else "same"
+            rows.append(
+                [label, str(seed), f"{metrics['wall_time_s']:.1f}"]
+                + [f"{plan['trained_steps']:,} ({plan['planned_epochs']:.1f})", f"{metrics['train_img_per_s']:,.0f}"]
+                + [f"{final['val_top1']:.2f}%", f"{final['val_ema_top1']:.2f}%" if "val_ema_top1" in final else ""]
+            )
+        if len(runs) > 1:
+            top1 = [metrics["final"]["val_top1"] for _, metrics in runs]
+            wall = statistics.fmean(metrics["wall_time_s"] for _, metrics in runs)
+            rows.append(
+                [f"**mean of {len(runs)} seeds** (min-max)", "", f"{wall:.1f}", "", ""]
+                + [f"**{statistics.fmean(top1):.2f}%** ({min(top1):.2f}-{max(top1):.2f})", ""]
+            )
+    return markdown_table(header, rows)
+
+
+def matmul_peak_table(folder: Path) -> str:
+    """scripts/bench_matmul.py's JSON: every round and the median."""
+    rows = []
+    for path in sorted(folder.glob("matmul_*.json")):
+        record = json.loads(path.read_text())
+        rounds = ", ".join(f"{t:.0f}" for t in record["tflops_rounds"])
+        size = f"{record['n']}^3 {record['dtype']}"
+        rows.append([record["device"], size, rounds, f"{statistics.median(record['tflops_rounds']):.0f}"])
+    return markdown_table(["device", "product", "TFLOP/s, each round in order", "median"], rows)
+
+
+def cuda_tier_table(folder: Path) -> str:
+    """The GPU tier's JUnit files (`cuda_tier_<commit>.xml`): each test's outcome at each commit it ran at."""
+    runs, started = {}, {}
+    for path in folder.glob("cuda_tier_*.xml"):
+        root, outcomes = ET.parse(path).getroot(), {}
+        started[path] = next(root.iter("testsuite")).get("timestamp")
+        for case in root.iter("testcase"):
+            failed = case.find("failure") is not None or case.find("error") is not None
+            skipped = case.find("skipped") is not None
+            outcomes[case.get("name")] = "failed" if failed else "skipped" if skipped else "passed"
+        runs[path] = outcomes
+    runs = {path.stem.removeprefix("cuda_tier_"): runs[path] for path in sorted(runs, key=started.get)}  # run order
+    names = sorted({name for outcomes in runs.values() for name in outcomes})
+    rows = [[f"`{name}`", *(outcomes.get(name, "-") for outcomes in runs.values())] for name in names]
+    totals = ["**passed**"] + [f"**{sum(v == 'passed' for v in o.values())} of {len(o)}**" for o in runs.values()]
+    return markdown_table(["test (tests/test_cuda.py)", *(f"commit {c}" for c in runs)], [*rows, totals])
+
+
+# --- The CPU recipe's step (the AVX2 machine) ---------------------------------------------------------------------
+
+OPTIMIZER_LABELS = {
+    "adamw:loop": "`adamw:loop` (torch's default on a CPU before: one tensor at a time)",
+    "adamw:foreach": "`adamw:foreach` (multi-tensor)",
+    "adamw": "`adamw` (what the trainer runs: fused)",
+    "muon": "`muon` (AdamW for the stem, heads and 1-d tensors)",
+}
+
+
+def optimizer_step_table(folder: Path) -> str:
+    """scripts/bench_optimizer.py's printed table (bench_optimizer.md): each optimizer's median ms per step, and
+    the ratio to torch's per-tensor AdamW computed here from those medians."""
+    rows = []
+    for line in (folder / "bench_optimizer.md").read_text().splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 4 and re.fullmatch(r"[\d.]+", cells[2]):
+            rows.append((cells[0], cells[1], float(cells[2])))
+    base = dict((name, ms) for name, _, ms in rows)["adamw:loop"]
+    body = [[OPTIMIZER_LABELS.get(name, f"`{name}`"), cls, f"{ms:.2f}", f"{ms / base:.2f}"] for name, cls, ms in rows]
+    return markdown_table(["optimizer", "class", "ms per step (median)", "vs torch's per-tensor AdamW"], body)
+
+
+_BACKWARD = "backward (torch/_tensor.py"
+# (row, which of py-spy's collapsed stacks inside `train_one_epoch` count for it)
+PROFILE_ROWS: list[tuple[str, Callable[[str], bool]]] = [
+    (
+        "`forward_backward`: the model's forward",
+        lambda s: "forward_backward" in s and _BACKWARD not in s and "Module._call_impl" in s,
+    ),
+    ("`forward_backward`: the backward pass", lambda s: _BACKWARD in s),
+    ("of the forward: the encoder blocks", lambda s: "run_blocks" in s and _BACKWARD not in s),
+    ("of the forward, in the blocks: attention", lambda s: "Attention.forward" in s and _BACKWARD not in s),
+    ("of the forward, in the blocks: the MLP", lambda s: "Mlp.forward" in s and _BACKWARD not in s),
+    ("of the forward: the convolutional stem", lambda s: "ConvStemEmbed.forward" in s and _BACKWARD not in s),
+    ("the loader's batches (`GpuLoader.__iter__`, pad-crop and flip included)", lambda s: "GpuLoader.__iter__" in s),
+    ("`optimizer_step` (clipping, fused AdamW, schedule, budget)", lambda s: "optimizer_step" in s),
+]
+
+
+def cpu_profile_table(folder: Path) -> str:
+    """The share of py-spy's samples inside `train_one_epoch` whose stack holds each part (the raw collapsed stacks,
+    `py-spy record -f raw`, gzipped)."""
+    import gzip
+
+    samples = []
+    with gzip.open(next(folder.glob("pyspy_*.txt.gz")), "rt") as raw:
+        for line in raw:
+            stack, _, count = line.rstrip("\n").rpartition(" ")
+            if "train_one_epoch" in stack:
+                samples.append((stack, int(count)))
+    total = sum(count for _, count in samples)
+    rows = [[label, f"{100 * sum(n for s, n in samples if holds(s)) / total:.1f}%"] for label, holds in PROFILE_ROWS]
+    return markdown_table([f"inside `train_one_epoch` ({total:,} samples)", "share of its samples"], rows)
+
+
+TABLES: dict[str, DocTable] = {
+    "cifar10_cpu_budget_avx2": DocTable("cifar10_cpu_budget/avx2", cpu_budget_table),
+    "gpu_budget_h200": DocTable("gpu_budget_h200", gpu_budget_table),
+    "matmul_peak_h200": DocTable("gpu_budget_h200", matmul_peak_table),
+    "cuda_tier_h200": DocTable("gpu_budget_h200", cuda_tier_table),
+    "optimizer_step_avx2": DocTable("cpu_step_avx2", optimizer_step_table),
+    "cpu_profile_avx2": DocTable("cpu_step_avx2", cpu_profile_table),
+}
+
+
+def render(name: str, results: Path = RESULTS) -> str:
+    """The block's body: the table and the line naming its records."""
+    table = TABLES[name]
+    folder = results / table.records
+    where = f"docs/results/{table.records}/"
+    return f"{table.build(folder)}\n\nGenerated by `python scripts/doc_tables.py` from the records in `{where}`.\n"
+
+
+def blocks(text: str) -> list[tuple[str, str]]:
+    """(name, body) of each generated block of a document."""
+    return [(m.group("name"), m.group("body")) for m in BLOCK.finditer(text)]
+
+
+def regenerate(text: str, results: Path = RESULTS) -> str:
+    """`text` with every block's body replaced by what its records give; an unknown name is a KeyError."""
+    return BLOCK.sub(lambda m: m.group("open") + render(m.group("name"), results) + m.group("close"), text)
+
+
+# --- figures without a record --------------------------------------------------------------------------------------
+
+# A table whose header names one of these is a table of measured figures (speed, accuracy, memory, time).
+MEASURED_HEADER = re.compile(
+    r"top-1|img/s|\bms\b|TFLOP|MFU|wall|GiB|\bGB\b|RSS|loss|seconds|share|first step|agreement|speed|time", re.I
+)
+HEADING = re.compile(r"^#+\s+(.*)$")
+DIVIDER = re.compile(r"^\|(\s*:?-+:?\s*\|)+\s*$")
+
+
+@dataclass(frozen=True)
+class MeasuredTable:
+    """A table of measured figures in a document: its file, the heading of its section, its line, and whether it is
+    generated from records (inside a `<!-- table: -->` block)."""
+
+    doc: str
+    section: str
+    line: int
+    generated: bool
+
+
+def measured_tables(doc: str, text: str) -> list[MeasuredTable]:
+    """The tables of measured figures in `text` (the Markdown of `doc`), by their header row."""
+    found, section, generated = [], "", False
+    lines = text.split("\n")
+    for index, line in enumerate(lines):
+        if match := HEADING.match(line):
+            section = match.group(1).strip()
+        elif line.startswith("<!-- table:"):
+            generated = True
+        elif line.startswith("<!-- /table"):
+            generated = False
+        elif line.startswith("|") and index + 1 < len(lines) and DIVIDER.match(lines[index + 1]):
+            if MEASURED_HEADER.search(line):
+                found.append(MeasuredTable(doc, section, index + 1, generated))
+    return found
+
+
+REGISTRY = RESULTS / "README.md"
+REGISTRY_SECTION = "## Figures measured before records were kept"
+
+
+def unbacked_sections(registry: Path = REGISTRY) -> set[tuple[str, str]]:
+    """(document, section) of each row of the registry of figures measured before records were kept."""
+    text = registry.read_text()
+    listed = text[text.index(REGISTRY_SECTION) :].split("\n## ")[0]
+    rows = set()
+    for line in listed.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| docs/") or line.startswith("| README"):
+            rows.add((cells[0], cells[1]))
+    return rows
+
+
+def unaccounted(docs: list[Path], registry: Path = REGISTRY, root: Path = REPO) -> list[str]:
+    """Problems with the docs' tables of measured figures: one neither generated nor in the registry (or in
+    README.md, where only generated figures belong), and a registry row naming no such table. Paths are named
+    relative to `root`, the repository."""
+    listed, problems, found = unbacked_sections(registry), [], set()
+    for path in docs:
+        doc = path.relative_to(root).as_posix()
+        for table in measured_tables(doc, path.read_text()):
+            found.add((table.doc, table.section))
+            if table.generated:
+                continue
+            if doc == "README.md":
+                problems.append(f"{doc}:{table.line}: a table of measured figures in the README that no record backs")
+            elif (doc, table.section) not in listed:
+                problems.append(
+                    f"{doc}:{table.line} ({table.section}): a table of measured figures that is neither generated "
+                    f"from records nor listed in {registry.relative_to(root)}"
+                )
+    for doc, section in sorted(listed - found):
+        problems.append(
+            f"{registry.relative_to(root)}: lists {doc}, {section!r}, which holds no table of measured figures"
+        )
+    return problems
