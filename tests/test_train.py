@@ -58,6 +58,7 @@ def test_cli_run_directory_layout(cli_run):
     assert metrics["final"]["val_top1"] == metrics["history"][-1]["val_top1"]
     assert metrics["best"]["val_top1"] >= metrics["final"]["val_top1"]
     assert "epoch 2/2" in done.stdout  # plain log lines when not on a terminal
+    assert f"run folder: {run_dir.resolve()}" in done.stdout.splitlines()[0]  # the first line says where it writes
     # Where the run came from: this checkout's commit, the command, this machine (vit/engine/provenance.py).
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     source = metrics["provenance"]

@@ -173,6 +173,39 @@ def cuda_tier_table(folder: Path) -> str:
     return markdown_table(["test (tests/test_cuda.py)", *(f"commit {c}" for c in runs)], [*rows, totals])
 
 
+# --- The CPU proxy's base setting ---------------------------------------------------------------------------------
+
+
+def proxy_base_table(folder: Path) -> str:
+    """`experiment=cifar10_proxy` runs grouped by the code they ran (a subfolder each, its name the label) with a
+    row a seed (final holdout top-1, the EMA's, the test split read once after training) and a mean row (mean and
+    min-max) per group of several seeds."""
+    header = ["code", "seed", "holdout top-1", "EMA holdout", "test top-1", "EMA test"]
+    rows = []
+    for group in sorted(p for p in folder.iterdir() if p.is_dir()):
+        runs = sorted(find_runs(group), key=lambda r: _seed_of(r.path))
+        for index, record in enumerate(runs):
+            final, test = record.metrics["final"], record.metrics["test"]
+            label = f"`{group.name}`" if index == 0 else "same"
+            rows.append(
+                [label, str(_seed_of(record.path)), f"{final['val_top1']:.2f}", f"{final['val_ema_top1']:.2f}"]
+                + [f"{test['top1']:.2f}", f"{test['ema_top1']:.2f}"]
+            )
+        if len(runs) > 1:
+
+            def cell(values: list[float]) -> str:
+                return f"**{statistics.fmean(values):.2f}** ({min(values):.2f}-{max(values):.2f})"
+
+            finals = [r.metrics["final"] for r in runs]
+            tests = [r.metrics["test"] for r in runs]
+            rows.append(
+                [f"mean of {len(runs)} seeds (min-max)", ""]
+                + [cell([f["val_top1"] for f in finals]), cell([f["val_ema_top1"] for f in finals])]
+                + [cell([t["top1"] for t in tests]), cell([t["ema_top1"] for t in tests])]
+            )
+    return markdown_table(header, rows)
+
+
 # --- The CPU recipe's step (the AVX2 machine) ---------------------------------------------------------------------
 
 OPTIMIZER_LABELS = {
@@ -235,6 +268,7 @@ TABLES: dict[str, DocTable] = {
     "matmul_peak_h200": DocTable("gpu_budget_h200", matmul_peak_table),
     "cuda_tier_h200": DocTable("gpu_budget_h200", cuda_tier_table),
     "optimizer_step_avx2": DocTable("cpu_step_avx2", optimizer_step_table),
+    "cifar10_proxy_base": DocTable("cifar10_proxy_base", proxy_base_table),
     "cpu_profile_avx2": DocTable("cpu_step_avx2", cpu_profile_table),
 }
 

@@ -71,6 +71,7 @@ def run(
     run_dir = Path(dist.broadcast(str(own_dir)))
     if dist.is_main:
         check_run_dir(run_dir, create=True)  # a file in the way, a read-only or full disk: OutputError, no data read
+        log.info("run folder: %s", run_dir.resolve())  # checkpoints, metrics.json, TensorBoard events, the log
     elif own_dir != run_dir and own_dir.is_dir() and not any(own_dir.iterdir()):
         own_dir.rmdir()  # the empty directory this worker's Hydra made for itself
     # Deterministic mode and the thread count (trainer.threads) are process-wide: put them back afterwards, so later
