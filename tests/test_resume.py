@@ -1,6 +1,7 @@
 """A run stopped after epoch 1 and resumed ends exactly where an uninterrupted run ends (CPU, deterministic)."""
 
 import json
+import logging
 
 import pytest
 import torch
@@ -113,7 +114,7 @@ def test_a_failed_checkpoint_write_keeps_the_previous_file(tmp_path, monkeypatch
     ],
 )
 def test_a_stop_inside_an_epoch_writes_that_step_and_resumes_exactly(
-    tmp_path, monkeypatch, loader, extra, calls, stop_step
+    tmp_path, monkeypatch, caplog, loader, extra, calls, stop_step
 ):
     from vit.train.signals import StopSignal
 
@@ -135,8 +136,15 @@ def test_a_stop_inside_an_epoch_writes_that_step_and_resumes_exactly(
     # The run's clock was saved with the step: the part-epoch's seconds count in the resumed run's times.
     assert stopped["elapsed_s"] > stopped["history"][-1]["elapsed_s"]
 
-    resumed = run(compose_config([*args, "trainer.resume=auto"]), output_dir=tmp_path / "resumed")
+    every_step = ["trainer.resume=auto", "trainer.log_every_n_steps=1", "trainer.progress=log"]
+    with caplog.at_level(logging.INFO, logger="vit"):
+        resumed = run(compose_config([*args, *every_step]), output_dir=tmp_path / "resumed")
     assert resumed["history"][-1]["elapsed_s"] > stopped["elapsed_s"]
+    # The progress lines count the epoch's real batch (the one TensorBoard logs), not the batches since the resume.
+    steps = [line for line in caplog.messages if line.startswith("epoch 2/2 step ")]
+    full = steps[-1].split()[3].split("/")[1]  # the epoch's batches
+    assert steps[0].startswith(f"epoch 2/2 step {stopped['batches_into_epoch'] + 1}/{full} "), steps
+    assert steps[-1].startswith(f"epoch 2/2 step {full}/{full} "), steps
     a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")
     b = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")
     assert a["step"] == b["step"] and b.get("batches_into_epoch") is None

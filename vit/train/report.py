@@ -43,8 +43,8 @@ class Reporter:
     def __exit__(self, *exc) -> None:
         self.tb.close()
 
-    def start_epoch(self, epoch: int, epochs: int, batches: int) -> None:
-        self.console.start_epoch(epoch, epochs, batches)
+    def start_epoch(self, epoch: int, epochs: int, batches: int, done_before: int = 0) -> None:
+        self.console.start_epoch(epoch, epochs, batches, done_before)
 
     def log_step(self, step_in_epoch: int, step: int, values: dict) -> None:
         """Every `log_every_n_steps` steps, with the values already on the host."""
@@ -114,29 +114,33 @@ class Console:
         self.bar_enabled = enabled and use_progress_bar(progress)
         self._bar = None
 
-    def start_epoch(self, epoch: int, epochs: int, steps: int) -> None:
-        self.epoch, self.epochs, self.steps = epoch, epochs, steps
+    def start_epoch(self, epoch: int, epochs: int, steps: int, done_before: int = 0) -> None:
+        """`done_before`: the epoch's batches trained before a resume; the lines count the epoch's real step (the
+        one TensorBoard logs), not the steps since the resume."""
+        self.epoch, self.epochs, self.steps, self.done_before = epoch, epochs, steps, done_before
         self.start = time.perf_counter()
         if self.bar_enabled:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=steps, desc=f"epoch {epoch + 1}/{epochs}", leave=False, dynamic_ncols=True)
+            desc = f"epoch {epoch + 1}/{epochs}"
+            self._bar = tqdm(total=steps, initial=done_before, desc=desc, leave=False, dynamic_ncols=True)
 
     def update(self, step_in_epoch: int, done: int, loss: float, lr: float, img_s: float) -> None:
+        """`step_in_epoch`: the steps this process has trained in the epoch (after a resume, since the resume)."""
         if self._bar is not None:
-            self._bar.n = step_in_epoch
+            self._bar.n = self.done_before + step_in_epoch
             self._bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", img_s=f"{img_s:,.0f}", refresh=False)
             self._bar.refresh()
             return
         if not self.enabled:
             return
         elapsed = time.perf_counter() - self.start
-        eta = elapsed / max(step_in_epoch, 1) * (self.steps - step_in_epoch)
+        eta = elapsed / max(step_in_epoch, 1) * (self.steps - self.done_before - step_in_epoch)
         log.info(
             "epoch %d/%d step %d/%d loss %.4f lr %.2e %.0f img/s eta %.0fs",
             self.epoch + 1,
             self.epochs,
-            step_in_epoch,
+            self.done_before + step_in_epoch,
             self.steps,
             loss,
             lr,

@@ -167,7 +167,11 @@ def train(
                 if budget is not None and budget.reached(run.state.step):
                     break  # a resumed run whose plan is done
                 limit = start_epoch(run, epoch)
-                run.report.start_epoch(epoch, run.planned_epochs(), run.batches_per_epoch())
+                # After a resume inside this epoch the loader holds only the batches left (it skips the trained ones),
+                # and the lines count the epoch's real batch: the trained ones, then these.
+                done_before = run.progress.batches_done_before(epoch)
+                left = len(run.bundle.train_loader) if limit is None else min(len(run.bundle.train_loader), limit)
+                run.report.start_epoch(epoch, run.planned_epochs(), done_before + left, done_before)
                 trained = train_epoch(run, limit)
                 if trained["stopped"]:
                     save_stopped(run, epoch, trained)
