@@ -69,7 +69,7 @@ def test_the_batched_augmentation_draws_the_same_images_on_the_gpu_as_on_the_cpu
         augment = BatchAugment(spec, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), 32, train=True)
         if hasattr(augment.policy, "pillow"):  # RandAugment: the same tensor kernels on both devices
             augment.policy.pillow, augment.policy.subsets = False, False
-        generator = augment.generator(torch.device(device), seed=3, epoch=1, rank=0, index=5)
+        generator = augment.generator(seed=3, epoch=1, rank=0, index=5)
         out[device] = augment(images.to(device), generator).cpu()
     level = (out["cuda"] - out["cpu"]).abs() * 0.25 * 255  # back to uint8 levels
     if policy is None:  # crop and flip only move pixels

@@ -142,9 +142,8 @@ class BatchAugment:
         self.std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1)
         self._device_stats: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def generator(self, device: torch.device, seed: int, epoch: int, rank: int, index: int) -> torch.Generator:
-        """The batch's generator: on the CPU whatever `device` is (vit/data/augment/draws.py says why)."""
-        del device
+    def generator(self, seed: int, epoch: int, rank: int, index: int) -> torch.Generator:
+        """The batch's generator: a CPU one whatever device the batch is on (vit/data/augment/draws.py says why)."""
         return torch.Generator().manual_seed(batch_seed(seed, epoch, rank, index))
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

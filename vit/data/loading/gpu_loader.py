@@ -87,7 +87,7 @@ class GpuLoader:
         skip, self.skip = self.skip, 0
         for b in range(skip, self._full_len()):
             idx = order[b * self.batch_size : (b + 1) * self.batch_size]
-            generator = self.augment.generator(self.device, self.seed, self.epoch, self.rank, b) if self.train else None
+            generator = self.augment.generator(self.seed, self.epoch, self.rank, b) if self.train else None
             yield self.augment(self.images[idx], generator), self.targets[idx]
         if self.train:
             self.epoch += 1

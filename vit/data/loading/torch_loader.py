@@ -156,9 +156,7 @@ class DeviceBatches:
         for index, (images, targets) in enumerate(self.loader, start):
             images = images.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
-            generator = (
-                self.augment.generator(self.device, self.seed, self.epoch, self.rank, index) if self.train else None
-            )
+            generator = self.augment.generator(self.seed, self.epoch, self.rank, index) if self.train else None
             yield self.augment(images, generator), targets
         if self.train:  # as the GPU-resident loader: a full pass moves on to the next epoch
             self.epoch += 1
