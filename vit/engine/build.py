@@ -1,22 +1,52 @@
 """A model from the config's `model` group (and `mae` group for task=mae): `create_model` with the config's keys,
-a bad value named as `model.<key>`. Training, evaluation, export and the analysis tools all build models here."""
+a bad value named as `model.<key>`. Training, evaluation, export and the analysis tools all build models here.
+
+With `model.pretrained=timm:<name>` the architecture is timm's `<name>`, read from timm (vit/models/foundation.py):
+its settings replace the model config's. What the config sets on top stays where the weights still fit: the image
+size (the position table is resampled, rotary positions follow the grid), a patch size other than the registry's
+16 (the kernel is resampled), the class count, dropout and drop-path rates, the attention backend, `dynamic_img_size`
+and `qk_scale`. Any other architecture setting the config gives a value of its own (other than what `model=<name>`
+builds with, e.g. `model.embed_dim=192`) is one log line naming it, and timm's value is used."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
+from dataclasses import fields
+from typing import Any
 
 from omegaconf import OmegaConf
 from torch import nn
 
 from vit.engine.config_types import check_types
+from vit.engine.weights import CheckpointError, check_timm_name, source_kind, source_name
 from vit.errors import ConfigError, require
 from vit.models import create_mae, create_model, list_models
+from vit.models.fit import PretrainedError
+from vit.models.foundation import TimmArchitecture, timm_architecture
+from vit.models.registry import model_defaults
+from vit.models.vit import VisionTransformer, ViTConfig
+
+log = logging.getLogger("vit.engine.build")
 
 MAE_KEYS = ("mask_ratio", "decoder_embed_dim", "decoder_depth", "decoder_num_heads", "norm_pix_loss")
 
 
 # Model keys that say how a run starts (vit/train/finetune.py), not how the model is built.
-FINETUNE_MODEL_KEYS = ("pretrained", "pretrained_ema", "freeze")
+FINETUNE_MODEL_KEYS = ("pretrained", "pretrained_file", "pretrained_ema", "freeze")
+# Settings the model config keeps over a timm architecture (the weights still fit; see the module's docstring).
+KEPT_OVER_TIMM = (
+    "num_classes",
+    "img_size",
+    "patch_size",
+    "drop_rate",
+    "attn_drop_rate",
+    "drop_path_rate",
+    "attn_backend",
+    "dynamic_img_size",
+    "qk_scale",
+    "in_chans",
+)
 
 
 def model_kwargs(model_cfg: Mapping, num_classes: int | None = None) -> dict:
@@ -27,10 +57,12 @@ def model_kwargs(model_cfg: Mapping, num_classes: int | None = None) -> dict:
 
 
 def build_model_from_config(
-    model_cfg: Mapping, num_classes: int | None = None, dynamic_img_size: bool = False
+    model_cfg: Mapping, num_classes: int | None = None, dynamic_img_size: bool = False, announce: bool = True
 ) -> nn.Module:
     """`create_model` with the config's keys; a bad value becomes a ConfigError naming `model.<key>`.
-    `dynamic_img_size`: a ViT that also takes other image sizes (progressive resizing), as `model.dynamic_img_size`."""
+    `dynamic_img_size`: a ViT that also takes other image sizes (progressive resizing), as `model.dynamic_img_size`.
+    With `model.pretrained=timm:<name>`: timm's architecture for it, the config's kept settings on top (logged
+    unless `announce` is False, for a second build of the same model)."""
     name = model_cfg.get("name")
     check_types(OmegaConf.create({"model": dict(model_cfg)}))
     if name not in list_models():
@@ -41,12 +73,58 @@ def build_model_from_config(
     kwargs = model_kwargs(model_cfg, num_classes)
     if dynamic_img_size:  # progressive resizing needs it whatever model.dynamic_img_size says
         kwargs["dynamic_img_size"] = True
+    arch = pretrained_architecture(model_cfg)
+    if arch is not None:
+        kwargs = over_timm_architecture(arch, name, kwargs, announce)
     try:
+        if arch is not None:
+            return VisionTransformer(ViTConfig(**kwargs))
         return create_model(name, **kwargs)
     except ValueError as err:
         raise ConfigError(f"model.{err}") from err
     except TypeError as err:  # a value of the wrong shape for its argument (a list where a number belongs, ...)
         raise ConfigError(f"model settings do not build {name}: {str(err).strip().splitlines()[0]}") from err
+
+
+def pretrained_architecture(model_cfg: Mapping) -> TimmArchitecture | None:
+    """timm's architecture of `model.pretrained=timm:<name>`, None for any other source (or none). An unknown name
+    is a CheckpointError naming the setting; a timm model our ViT does not build, a ConfigError naming what."""
+    source = model_cfg.get("pretrained")
+    if not isinstance(source, str) or source_kind(source) != "timm":
+        return None
+    name, setting = source_name(source), f"model.pretrained={source!r}"
+    try:
+        check_timm_name(name, need_weights=not model_cfg.get("pretrained_file"))
+        return timm_architecture(name)
+    except PretrainedError as err:
+        raise CheckpointError(f"{setting}: {err}") from None
+    except ValueError as err:
+        raise ConfigError(f"{setting}: {err}") from None
+
+
+def over_timm_architecture(arch: TimmArchitecture, name: str, kwargs: dict, announce: bool) -> dict[str, Any]:
+    """ViTConfig's settings for timm's architecture `arch` with the config's `kwargs` on top where they keep the
+    weights fitting. A setting of another value than `model=<name>` builds with (so given by the user or a recipe)
+    that cannot stay is named in one log line; so is the architecture used."""
+    baseline = model_defaults(name)
+    valid = {f.name for f in fields(ViTConfig) if f.init}
+    settings = {**arch.settings, "lsa": False, "patch_embed": "standard"}
+    if kwargs.get("patch_size") == baseline.get("patch_size"):  # not chosen: the registry's 16, timm's instead
+        kwargs = {k: v for k, v in kwargs.items() if k != "patch_size"}
+    ignored = []
+    for key, value in kwargs.items():
+        if key in KEPT_OVER_TIMM and key in valid:
+            if value is not None or key == "qk_scale":  # None: the default, so timm's (qk_scale: None is a value)
+                settings[key] = value
+        elif key in settings and value != settings[key] and value != baseline.get(key, value):
+            ignored.append(f"model.{key}={value} (timm's: {settings[key]})")
+        elif key not in settings and key not in valid and value != baseline.get(key, value):
+            ignored.append(f"model.{key}={value} (not a setting of timm's ViT)")
+    if announce:
+        log.info("model.pretrained=timm:%s: timm's architecture, %s", arch.name, arch.describe())
+        if ignored:
+            log.warning("model.pretrained=timm:%s fixes the architecture; ignored: %s", arch.name, ", ".join(ignored))
+    return settings
 
 
 def build_mae_from_config(model_cfg: Mapping, mae_cfg: Mapping) -> nn.Module:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -82,11 +82,18 @@ class WeightSource:
     form: str  # how to give it, for messages (`source_forms`)
 
 
-def read_weights(source: str | Path, ema: bool | None = None, instead: str = GIVE_A_FILE) -> Weights:
+def read_weights(
+    source: str | Path, ema: bool | None = None, instead: str = GIVE_A_FILE, file: str | Path | None = None
+) -> Weights:
     """The weights of `source` (see the module's docstring). A missing file is FileNotFoundError (the caller names
     its setting and the forms it takes); anything else wrong is one PretrainedError line. `instead`: the setting
-    that gives a file in place of a timm download that cannot happen."""
+    that gives a file in place of a timm download that cannot happen. `file`: for a `timm:<name>` source, the
+    file that holds its weights (read instead of timm's download; `model.pretrained_file`)."""
     text = str(source)
+    if file is not None:
+        if source_kind(text) != "timm":
+            raise PretrainedError(f"a weights file is given for a timm:<name> source, not for {text!r}")
+        return read_timm_file(source_name(text), str(file), ema)
     return WEIGHT_SOURCES[source_kind(text)].read(source_name(text), ema, instead)
 
 
@@ -190,15 +197,30 @@ def unwrap_state_dict(obj: object, source: str = "checkpoint", ema: bool | None 
     return eva_to_vit_keys(obj)
 
 
-# timm's Eva models, its RoPE ViTs among them, name LayerScale `blocks.<i>.gamma_1` / `gamma_2`, where ours and
-# timm's VisionTransformer say `blocks.<i>.ls1.gamma` / `ls2.gamma`; an Eva RoPE ViT's other names are ours already
-# (`rope.freqs` included).
+# timm's Eva models (its RoPE ViTs, DINOv3, EVA-02) name some parameters apart from ours and timm's VisionTransformer:
+# LayerScale `blocks.<i>.gamma_1` / `gamma_2` (ours `ls1.gamma` / `ls2.gamma`), and EVA-02 B and L's separate
+# `q_proj`, `k_proj`, `v_proj` (ours: one `qkv` = [q | k | v], the biases as `q_bias` and `v_bias` where the keys
+# have none, as EVA-02-Ti/S store them) and split SwiGLU `fc1_g`, `fc1_x` (ours: one `fc1` = [gate | value]).
+# Every other name is ours already (`rope.freqs`, `q_bias`, `v_bias` included).
 EVA_LAYER_SCALE = re.compile(r"^(blocks\.\d+\.)gamma_([12])$")
 
 
 def eva_to_vit_keys(state_dict: dict) -> dict:
-    """The state dict with Eva's LayerScale names in our layout; every other key as it was."""
-    return {EVA_LAYER_SCALE.sub(r"\1ls\2.gamma", k): v for k, v in state_dict.items()}
+    """The state dict with Eva's names and split projections in our layout (see above); every other key as it was."""
+    out = {EVA_LAYER_SCALE.sub(r"\1ls\2.gamma", k): v for k, v in state_dict.items()}
+    for prefix in sorted({k[: -len("q_proj.weight")] for k in out if k.endswith(".attn.q_proj.weight")}):
+        out[prefix + "qkv.weight"] = torch.cat([out.pop(f"{prefix}{p}_proj.weight") for p in "qkv"])  # (3C, C)
+        q, k, v = (out.pop(f"{prefix}{p}_proj.bias", None) for p in "qkv")
+        if q is not None and k is None:  # EVA-02: no key bias
+            out[prefix + "q_bias"], out[prefix + "v_bias"] = q, v
+        elif q is not None:
+            out[prefix + "qkv.bias"] = torch.cat([q, k, v])
+    for prefix in sorted({k[: -len("fc1_g.weight")] for k in out if k.endswith(".fc1_g.weight")}):
+        for kind in ("weight", "bias"):
+            if f"{prefix}fc1_g.{kind}" in out:
+                gate, value = out.pop(f"{prefix}fc1_g.{kind}"), out.pop(f"{prefix}fc1_x.{kind}")
+                out[f"{prefix}fc1.{kind}"] = torch.cat([gate, value])  # [gate | value]
+    return out
 
 
 # --- timm --------------------------------------------------------------------------------------------------------
@@ -229,11 +251,27 @@ def read_timm(name: str, ema: bool | None = None, instead: str = GIVE_A_FILE) ->
         ) from err
     blocks = getattr(model, "blocks", None)
     heads = getattr(getattr(blocks[0], "attn", None), "num_heads", None) if blocks else None
-    return Weights(model.state_dict(), f"timm:{name}", heads, timm_model=name)
+    return Weights(eva_to_vit_keys(model.state_dict()), f"timm:{name}", heads, timm_model=name)
 
 
-def check_timm_name(name: str) -> None:
-    """`vit_small_patch16_224` or `vit_small_patch16_224.augreg_in21k`: a timm model with pretrained weights."""
+def read_timm_file(name: str, path: str, ema: bool | None) -> Weights:
+    """The weights of timm's `name` from a file (`model.pretrained_file`, as timm's
+    `pretrained_cfg_overlay=dict(file=...)`): a state dict in timm's layout, read as any weights file; the heads
+    come from timm's architecture of that name."""
+    from vit.models.foundation import timm_architecture
+
+    check_timm_name(name, need_weights=False)
+    weights = read_file(path, ema)
+    try:
+        heads = timm_architecture(name).settings["num_heads"]
+    except ValueError:
+        heads = None  # not a ViT our model builds: the load names what does not fit
+    return replace(weights, where=f"{path} (timm:{name})", num_heads=heads, timm_model=name)
+
+
+def check_timm_name(name: str, need_weights: bool = True) -> None:
+    """`vit_small_patch16_224` or `vit_small_patch16_224.augreg_in21k`: a timm model with pretrained weights (any
+    timm model and tag with `need_weights=False`: the weights come from a file)."""
     import timm
 
     base = name.split(".", 1)[0]
@@ -241,6 +279,8 @@ def check_timm_name(name: str) -> None:
         close = difflib.get_close_matches(base, timm.list_models(), n=3, cutoff=0.6)
         hint = f"; close names: {', '.join(close)}" if close else ""
         raise PretrainedError(f"timm has no model {base!r}{hint}")
+    if not need_weights:
+        return
     tags = timm.list_pretrained(f"{base}.*")
     if not tags:
         raise PretrainedError(f"timm has no pretrained weights for {base!r}")

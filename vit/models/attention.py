@@ -64,6 +64,10 @@ class Attention(nn.Module):
             split and before the scores: |q·k| stays bounded however large the activations grow, which keeps the
             softmax out of saturation and the logits in range under fp16/bf16 (Dehghani et al. 2023, ViT-22B).
         norm_eps: the epsilon of those LayerNorms (1e-6, timm's ViT).
+        rope_half: the rotary table pairs channel j with j + head_dim / 2 (DINOv3's layout), not 2j with 2j + 1.
+        k_bias: with `qkv_bias`, whether the keys have a bias too. False is EVA-02's attention: learned `q_bias`
+            and `v_bias` (timm's names) and a key bias fixed at zero. Under rotary positions a key bias is not
+            inert (each key's rotation turns it differently), so it is left out rather than trained from zero.
     """
 
     def __init__(
@@ -78,6 +82,8 @@ class Attention(nn.Module):
         attn_backend: str = "auto",
         qk_norm: bool = False,
         norm_eps: float = 1e-6,
+        rope_half: bool = False,
+        k_bias: bool = True,
     ) -> None:
         super().__init__()
         dim_out = dim if dim_out is None else dim_out
@@ -100,8 +106,12 @@ class Attention(nn.Module):
         self.head_dim = dim_out // num_heads
         self.scale = qk_scale if qk_scale is not None else self.head_dim**-0.5
         self.attn_backend = attn_backend
+        self.rope_half = rope_half
 
-        self.qkv = nn.Linear(dim, 3 * dim_out, bias=qkv_bias)
+        separate = qkv_bias and not k_bias  # EVA-02: q and v biases of their own, none on k
+        self.qkv = nn.Linear(dim, 3 * dim_out, bias=qkv_bias and not separate)
+        self.q_bias = nn.Parameter(torch.zeros(dim_out)) if separate else None
+        self.v_bias = nn.Parameter(torch.zeros(dim_out)) if separate else None
         self.q_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()  # over head_dim
         self.k_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
@@ -143,7 +153,11 @@ class Attention(nn.Module):
         """Project and split: (B, N, dim) -> q, k, v, each (B, heads, N, head_dim)."""
         if x.ndim != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"input of shape {tuple(x.shape)} must be (batch, tokens, dim={self.dim})")
-        qkv = self.qkv(x)  # (B, N, 3 * dim_out), laid out as [q | k | v], each split into heads
+        if self.q_bias is None:
+            qkv = self.qkv(x)  # (B, N, 3 * dim_out), laid out as [q | k | v], each split into heads
+        else:  # [q_bias | 0 | v_bias]: the key bias stays zero
+            bias = torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])
+            qkv = F.linear(x, self.qkv.weight, bias)
         q, k, v = rearrange(qkv, "b n (three h d) -> three b h n d", three=3, h=self.num_heads)
         return q, k, v
 
@@ -153,7 +167,7 @@ class Attention(nn.Module):
         q, k = self.q_norm(q), self.k_norm(k)
         if rope is None:
             return q, k
-        return apply_rope(q, rope), apply_rope(k, rope)
+        return apply_rope(q, rope, self.rope_half), apply_rope(k, rope, self.rope_half)
 
     def attend(
         self,

@@ -22,9 +22,16 @@ place to park global information, which it otherwise writes into a few high-norm
 around them: `class_token=False` (no cls token; needs `global_pool="avg"`), `no_embed_class=True` (the position
 table covers the image's tokens only, (1, N, C), added before the prefix tokens are prepended), `fc_norm`.
 
-Rotary positions (`pos_embed="rope"` or `"rope_mixed"`, vit/models/rope.py) replace the table added to the
-tokens: no `pos_embed` parameter; every block's attention rotates q and k by the token's (row, column) instead,
-the prefix tokens by nothing (their table rows are the identity rotation).
+Rotary positions (`pos_embed="rope"`, `"rope_mixed"` or `"rope_dinov3"`, vit/models/rope.py) replace the table
+added to the tokens: no `pos_embed` parameter; every block's attention rotates q and k by the token's (row,
+column) instead, the prefix tokens by nothing (their table rows are the identity rotation). EVA-02 has both,
+`pos_embed="learned_rope"`: a learned table added to the tokens and axial rotary positions in the attention.
+
+Today's foundation ViTs add a few parts (vit/models/foundation.py reads which from timm): `norm_pre` (a LayerNorm
+after the position table, CLIP's), a patch projection without bias (`patch_bias`), CLIP's QuickGELU
+(`mlp="quick_gelu"`), a LayerNorm inside the MLP (`mlp_norm`, EVA-02's), `norm_eps` (1e-5 for CLIP and DINOv3), and
+attention pooling (`global_pool="map"`, SigLIP's head: a learned query attends over the image's tokens,
+`attn_pool`, vit/models/layers.py's `AttentionPool`).
 
 Parameter names are timm's (`cls_token`, `dist_token`, `reg_token`, `pos_embed`, `rope.freqs`, `blocks.N.*`,
 `norm`, `fc_norm`, `head`, `head_dist`); the tokenizer sits under the name its model's weights use
@@ -39,14 +46,23 @@ import torch
 from torch import nn
 from torch.nn.init import trunc_normal_
 
-from vit.models.layers import MLPS, Block, check_rate, run_blocks, to_2tuple
+from vit.models.layers import MLPS, AttentionPool, Block, check_rate, run_blocks, to_2tuple
 from vit.models.pos_embed import POS_EMBED_KINDS, make_pos_embed, resample_pos_embed
-from vit.models.rope import MixedRope, axial_rope_table
+from vit.models.rope import MixedRope, axial_rope_table, dinov3_rope_table
 
-GLOBAL_POOLS = ("token", "avg")
-ROPE_KINDS = ("rope", "rope_mixed")  # rotary positions: axial (fixed frequencies) or mixed (learned per head)
-# The RoPE ViT paper's frequency base of each kind (Heo et al. 2024; timm's rope_temperature of its references).
-ROPE_TEMPERATURES = {"rope": 100.0, "rope_mixed": 10.0}
+GLOBAL_POOLS = ("token", "avg", "map")
+# Rotary positions: axial (fixed frequencies), mixed (learned per head), DINOv3's (normalised centres, half
+# layout), and EVA-02's (axial beside a learned table).
+ROPE_KINDS = ("rope", "rope_mixed", "rope_dinov3", "learned_rope")
+# The frequency base of each kind: the RoPE ViT paper's (Heo et al. 2024), DINOv3's and EVA-02's, as timm's models.
+ROPE_TEMPERATURES = {"rope": 100.0, "rope_mixed": 10.0, "rope_dinov3": 100.0, "learned_rope": 10000.0}
+
+
+def table_kind(pos_embed: str) -> str | None:
+    """The kind of position table added to the tokens (vit/models/pos_embed.py), None for rotary positions only."""
+    if pos_embed == "learned_rope":
+        return "learned"
+    return None if pos_embed in ROPE_KINDS else pos_embed
 
 
 @dataclass(frozen=True)
@@ -61,16 +77,19 @@ class EncoderConfig:
     num_heads: int = 12  # heads per block
     mlp_ratio: float = 4.0  # MLP width / C
     qkv_bias: bool = True  # see `Attention`
+    k_bias: bool = True  # with qkv_bias: the keys' bias too; False: EVA-02's `q_bias` and `v_bias`, keys without
     qk_scale: float | None = None  # the attention scale; None: head_dim ** -0.5
     drop_rate: float = 0.0  # dropout after the position embedding and inside every block (timm's classic ViT)
     attn_drop_rate: float = 0.0  # dropout on the attention weights
     drop_path_rate: float = 0.0  # stochastic depth of the last block; rates rise linearly from 0 at the first
     # "learned" (trunc-normal init), "sinusoidal" (fixed, 1D) or "sincos2d" (fixed, 2D over the patch grid, MAE's),
-    # a table added to the tokens; "rope" (axial rotary positions) or "rope_mixed" (rotary with learned 2D
-    # frequencies), in the attention.
+    # a table added to the tokens; "rope" (axial rotary positions), "rope_mixed" (rotary with learned 2D
+    # frequencies) or "rope_dinov3" (DINOv3's), in the attention; "learned_rope" (EVA-02's): a learned table and
+    # axial rotary positions.
     pos_embed: str = "learned"
     # "token" reads the cls token; "avg" averages the image's tokens (not the cls, dist or register tokens) and,
-    # as timm does, moves the final LayerNorm after the pooling (`fc_norm`).
+    # as timm does, moves the final LayerNorm after the pooling (`fc_norm`); "map": a learned query attends over
+    # the image's tokens (SigLIP's attention-pool head, `attn_pool`).
     global_pool: str = "token"
     init_values: float | None = None  # LayerScale init (None: off)
     attn_backend: str = "auto"  # see `Attention`
@@ -84,7 +103,15 @@ class EncoderConfig:
     # The final LayerNorm after pooling (True) or before it (False); None: after it exactly when global_pool="avg"
     # (timm's `fc_norm`).
     fc_norm: bool | None = None
-    rope_temperature: float | None = None  # the rotary frequencies' base; None: 100 for "rope", 10 for "rope_mixed"
+    # The rotary frequencies' base; None: 100 for "rope" and "rope_dinov3", 10 for "rope_mixed", 10000 for
+    # "learned_rope".
+    rope_temperature: float | None = None
+    # pos_embed="learned_rope": the rotary positions rescaled as if the grid were this many patches a side (EVA-02's
+    # pretraining grid, 16 for its 224 px models); None: the patch indices as they are.
+    rope_ref_grid: int | None = None
+    norm_eps: float = 1e-6  # the epsilon of every LayerNorm: timm's ViTs' 1e-6; CLIP's and DINOv3's 1e-5
+    norm_pre: bool = False  # a LayerNorm on the tokens after the position table, before the blocks (CLIP's)
+    mlp_norm: bool = False  # a LayerNorm inside every MLP, over its hidden width before fc2 (EVA-02 B and L)
 
     def __post_init__(self) -> None:
         check_switches(self)
@@ -101,7 +128,6 @@ class Encoder(nn.Module):
     """
 
     tokenizer_name = "patch_embed"  # the attribute (and state-dict prefix) of the tokenizer: timm's by default
-    norm_eps = 1e-6  # the LayerNorms' epsilon: timm's ViTs'; the official T2T-ViT code uses PyTorch's 1e-5
 
     def __init__(self, tokenizer: nn.Module, config: EncoderConfig) -> None:
         super().__init__()
@@ -115,6 +141,7 @@ class Encoder(nn.Module):
         # The tokens before the image's: cls, dist, then the registers.
         self.num_prefix_tokens = int(config.class_token) + int(config.distill_token) + config.reg_tokens
         self.no_embed_class = config.no_embed_class
+        self.norm_eps = config.norm_eps
         self.grad_checkpointing = False
 
         self.add_module(self.tokenizer_name, tokenizer)
@@ -122,22 +149,24 @@ class Encoder(nn.Module):
         self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if config.distill_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, config.reg_tokens, embed_dim)) if config.reg_tokens else None
         self.pos_embed_kind = pos_embed
+        self.pos_embed, self.rope = None, None
+        if table_kind(pos_embed) is not None:
+            # One row per prefix token (none with no_embed_class), then one per token of the tokenizer's grid.
+            prefix_rows = 0 if config.no_embed_class else self.num_prefix_tokens
+            table_rows = tokenizer.num_patches + prefix_rows
+            kind = table_kind(pos_embed)
+            self.pos_embed = make_pos_embed(kind, table_rows, embed_dim, tokenizer.grid_size, prefix_rows)
         if pos_embed in ROPE_KINDS:
-            self.pos_embed = None
             head_dim = embed_dim // config.num_heads
             temperature = config.rope_temperature
             temperature = ROPE_TEMPERATURES[pos_embed] if temperature is None else float(temperature)
             self.rope_temperature = temperature
             # Mixed: the learned frequencies (2, depth, heads, head_dim / 2) under timm's name `rope.freqs`.
-            mixed = pos_embed == "rope_mixed"
-            self.rope = MixedRope(head_dim, config.depth, config.num_heads, temperature) if mixed else None
-        else:
-            # One row per prefix token (none with no_embed_class), then one per token of the tokenizer's grid.
-            prefix_rows = 0 if config.no_embed_class else self.num_prefix_tokens
-            table_rows = tokenizer.num_patches + prefix_rows
-            self.pos_embed = make_pos_embed(pos_embed, table_rows, embed_dim, tokenizer.grid_size, prefix_rows)
-            self.rope = None
+            if pos_embed == "rope_mixed":
+                self.rope = MixedRope(head_dim, config.depth, config.num_heads, temperature)
+        self.rope_ref_grid = config.rope_ref_grid
         self.pos_drop = nn.Dropout(config.drop_rate)
+        self.norm_pre = nn.LayerNorm(embed_dim, eps=config.norm_eps) if config.norm_pre else nn.Identity()
         self.blocks = encoder_blocks(
             depth=config.depth,
             dim=embed_dim,
@@ -150,14 +179,21 @@ class Encoder(nn.Module):
             attn_drop=config.attn_drop_rate,
             init_values=config.init_values,
             attn_backend=config.attn_backend,
-            norm_eps=self.norm_eps,
+            norm_eps=config.norm_eps,
             lsa=config.lsa,
             qk_norm=config.qk_norm,
             mlp=config.mlp,
+            mlp_norm=config.mlp_norm,
+            k_bias=config.k_bias,
+            rope_half=pos_embed == "rope_dinov3",
         )
         use_fc_norm = config.global_pool == "avg" if config.fc_norm is None else config.fc_norm
-        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(embed_dim, eps=self.norm_eps)
-        self.fc_norm = nn.LayerNorm(embed_dim, eps=self.norm_eps) if use_fc_norm else nn.Identity()
+        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(embed_dim, eps=config.norm_eps)
+        self.attn_pool = None
+        if config.global_pool == "map":  # the attention-pool head, sized as timm's: the blocks' heads and MLP ratio
+            mlp_ratio = config.mlp_ratio if config.mlp != "swiglu" else 4.0
+            self.attn_pool = AttentionPool(embed_dim, config.num_heads, mlp_ratio, config.norm_eps)
+        self.fc_norm = nn.LayerNorm(embed_dim, eps=config.norm_eps) if use_fc_norm else nn.Identity()
         self.head = self._new_head()
         self.head_dist = self._new_head() if config.distill_token else None
         self.init_weights()
@@ -185,11 +221,13 @@ class Encoder(nn.Module):
         if self.dist_token is not None:
             trunc_normal_(self.dist_token, std=0.02)  # timm's VisionTransformerDistilled init
         self.apply(init_linear_trunc_normal)
+        if self.attn_pool is not None:
+            self.attn_pool.init_weights()
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that weight decay would only pull towards zero for no benefit: the position table or the
         learned rotary frequencies, and the prefix tokens."""
-        names = {"pos_embed", "cls_token", "dist_token", "reg_token", "rope.freqs"}
+        names = {"pos_embed", "cls_token", "dist_token", "reg_token", "rope.freqs", "attn_pool.latent"}
         return {n for n, _ in self.named_parameters() if n in names}
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -226,7 +264,7 @@ class Encoder(nn.Module):
             x = torch.cat([*prefix, tokens + self.position_table(grid)], dim=1)
         else:
             x = torch.cat([*prefix, tokens], dim=1) + self.position_table(grid)  # (B, P + N, C)
-        x = self.pos_drop(x)
+        x = self.norm_pre(self.pos_drop(x))  # norm_pre: CLIP's LayerNorm before the blocks (else the identity)
         checkpointed = self.grad_checkpointing and self.training and torch.is_grad_enabled()
         x = run_blocks(self.blocks, x, checkpointed, self.rotary_tables(grid))  # (B, P + N, C)
         return self.norm(x)
@@ -242,14 +280,22 @@ class Encoder(nn.Module):
 
     def rotary_tables(self, grid: tuple[int, int]) -> list[torch.Tensor] | None:
         """One rotary table [sin | cos] per block for a token grid of `grid`, or None without rotary positions:
-        axial, the same (P + N, 2 * head_dim) for every block; mixed, each block's (heads, P + N, 2 * head_dim)
-        from its learned frequencies. The P prefix tokens' rows are the identity rotation (sin 0, cos 1): they
-        have no place in the image, and are left as they are (timm skips them)."""
-        if self.pos_embed_kind not in ROPE_KINDS:
+        axial, DINOv3's and EVA-02's, the same (P + N, 2 * head_dim) for every block; mixed, each block's (heads,
+        P + N, 2 * head_dim) from its learned frequencies. The P prefix tokens' rows are the identity rotation
+        (sin 0, cos 1): they have no place in the image, and are left as they are (timm skips them)."""
+        kind = self.pos_embed_kind
+        if kind not in ROPE_KINDS:
             return None
         head_dim = self.embed_dim // self.blocks[0].attn.num_heads
         if self.rope is None:
-            table = axial_rope_table(grid, head_dim, self.rope_temperature).to(self.blocks[0].norm1.weight.device)
+            if kind == "rope_dinov3":
+                table = dinov3_rope_table(grid, head_dim, self.rope_temperature)
+            elif kind == "learned_rope":  # EVA-02: the row first, positions on the pretraining grid
+                ref = None if self.rope_ref_grid is None else (self.rope_ref_grid, self.rope_ref_grid)
+                table = axial_rope_table(grid, head_dim, self.rope_temperature, rows_first=True, ref_grid=ref)
+            else:
+                table = axial_rope_table(grid, head_dim, self.rope_temperature)
+            table = table.to(self.blocks[0].norm1.weight.device)
             return [identity_prefix(table, self.num_prefix_tokens)] * len(self.blocks)
         tables = identity_prefix(self.rope(grid), self.num_prefix_tokens)  # (depth, heads, P + N, 2 * head_dim)
         return list(tables.unbind(0))
@@ -261,7 +307,9 @@ class Encoder(nn.Module):
         token: in training mode the pair (cls logits, dist logits), each (B, num_classes); else their average."""
         if self.dist_token is not None:
             return self._distilled_head(x, pre_logits)
-        if self.global_pool == "avg":
+        if self.attn_pool is not None:
+            x = self.attn_pool(x[:, self.num_prefix_tokens :])  # (B, C): a learned query's read of the image tokens
+        elif self.global_pool == "avg":
             x = x[:, self.num_prefix_tokens :].mean(dim=1)  # (B, C): mean over the image's tokens, no registers
         else:
             x = x[:, 0]  # (B, C): the cls token
@@ -309,7 +357,7 @@ def check_switches(config: EncoderConfig) -> None:
         raise ValueError(f"global_pool={c.global_pool!r} must be one of {GLOBAL_POOLS}")
     if c.pos_embed not in POS_EMBED_KINDS + ROPE_KINDS:
         raise ValueError(f"pos_embed={c.pos_embed!r} must be one of {POS_EMBED_KINDS + ROPE_KINDS}")
-    for name in ("lsa", "distill_token", "qk_norm", "class_token", "no_embed_class"):
+    for name in ("lsa", "distill_token", "qk_norm", "class_token", "no_embed_class", "norm_pre", "mlp_norm", "k_bias"):
         value = getattr(c, name)
         if not isinstance(value, bool):
             raise ValueError(f"{name}={value!r} must be true or false")
@@ -327,12 +375,19 @@ def check_switches(config: EncoderConfig) -> None:
         raise ValueError("class_token=false needs global_pool=avg: global_pool=token reads the cls token")
     if not c.class_token and c.distill_token:
         raise ValueError("distill_token=true needs class_token=true: the two heads read the cls and dist tokens")
-    if c.pos_embed in ROPE_KINDS and c.no_embed_class:
+    if table_kind(c.pos_embed) is None and c.no_embed_class:
         raise ValueError(f"no_embed_class=true places a position table, and pos_embed={c.pos_embed!r} has none")
+    if isinstance(c.norm_eps, bool) or not isinstance(c.norm_eps, (int, float)) or not 0 < c.norm_eps < 1:
+        raise ValueError(f"norm_eps={c.norm_eps!r} must be a number in (0, 1)")
+    if c.rope_ref_grid is not None:
+        if c.pos_embed != "learned_rope":
+            raise ValueError(f"rope_ref_grid={c.rope_ref_grid} is for pos_embed=learned_rope, not {c.pos_embed!r}")
+        if isinstance(c.rope_ref_grid, bool) or not isinstance(c.rope_ref_grid, int) or c.rope_ref_grid <= 0:
+            raise ValueError(f"rope_ref_grid={c.rope_ref_grid!r} must be a positive integer (patches a side)")
     if c.rope_temperature is not None:
         if c.pos_embed not in ROPE_KINDS:
             raise ValueError(
-                f"rope_temperature={c.rope_temperature} is for pos_embed=rope|rope_mixed, not {c.pos_embed!r}"
+                f"rope_temperature={c.rope_temperature} is for pos_embed={'|'.join(ROPE_KINDS)}, not {c.pos_embed!r}"
             )
         if not c.rope_temperature > 0:
             raise ValueError(f"rope_temperature={c.rope_temperature} must be > 0")

@@ -78,7 +78,7 @@ class PatchEmbed(PatchGrid):
     """Cut the image into non-overlapping p x p patches and project each to `embed_dim`.
 
     A Conv2d with kernel = stride = p is exactly a Linear applied to every flattened patch, done in one op.
-    (B, C, H, W) -> (B, N, embed_dim) with N = (H / p) * (W / p).
+    (B, C, H, W) -> (B, N, embed_dim) with N = (H / p) * (W / p). `bias=False` leaves out the projection's bias.
     """
 
     def __init__(
@@ -87,9 +87,11 @@ class PatchEmbed(PatchGrid):
         patch_size: int | tuple[int, int] = 16,
         in_chans: int = 3,
         embed_dim: int = 768,
+        bias: bool = True,
     ) -> None:
         super().__init__(img_size, patch_size, in_chans)
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
+        # bias=False: CLIP's patch projection, which a LayerNorm (`norm_pre`) follows, has none.
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)
@@ -236,36 +238,29 @@ class ConvStemEmbed(PatchGrid):
         return x.flatten(2).transpose(1, 2)  # (B, N, embed_dim), patches in row-major order
 
 
-class Mlp(nn.Module):
-    """Token-wise feed-forward: fc1 -> GELU -> dropout -> fc2 -> dropout. (B, N, C) -> (B, N, out)."""
-
-    def __init__(
-        self,
-        in_features: int,
-        hidden_features: int | None = None,
-        out_features: int | None = None,
-        drop: float = 0.0,
-    ) -> None:
-        super().__init__()
-        hidden_features = hidden_features or in_features
-        out_features = out_features or in_features
-        self.fc1 = nn.Linear(in_features, hidden_features)
-        self.act = nn.GELU()
-        self.drop1 = nn.Dropout(drop)
-        self.fc2 = nn.Linear(hidden_features, out_features)
-        self.drop2 = nn.Dropout(drop)
+class QuickGELU(nn.Module):
+    """x * sigmoid(1.702 x): the sigmoid approximation of GELU that OpenAI's CLIP was trained with (timm's
+    `quick_gelu`). Close to GELU but not equal (up to ~0.02 apart), so CLIP's weights need it to compute what they
+    were trained to."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+        return x * torch.sigmoid(1.702 * x)
 
 
-class SwiGLU(nn.Module):
-    """The gated MLP of recent ViTs (Shazeer 2020; DINOv2, EVA-02): fc1 -> split in two halves a, b ->
-    SiLU(a) * b -> dropout -> fc2 -> dropout. (B, N, C) -> (B, N, out).
+ACTIVATIONS = {"gelu": nn.GELU, "quick_gelu": QuickGELU}
 
-    `hidden_features` is fc1's width, both halves together (timm's `SwiGLUPacked`, whose state dict loads
-    as is): the gated width is half of it. Parameters ~ 1.5 * hidden_features * C against 2 * hidden * C for
-    `Mlp`, so hidden_features = 4/3 x `Mlp`'s hidden matches its size (mlp_ratio 5.33 for 4: DINOv2's choice).
+
+def inner_norm(width: int, norm_eps: float | None) -> nn.Module:
+    """The LayerNorm inside an MLP, over its hidden width before fc2 (NormFormer's, EVA-02's `scale_mlp`), or
+    nothing when `norm_eps` is None."""
+    return nn.Identity() if norm_eps is None else nn.LayerNorm(width, eps=norm_eps)
+
+
+class Mlp(nn.Module):
+    """Token-wise feed-forward: fc1 -> act -> dropout -> [norm] -> fc2 -> dropout. (B, N, C) -> (B, N, out).
+
+    `act` is "gelu" or "quick_gelu" (`QuickGELU`, CLIP's); `norm_eps` adds a LayerNorm over the hidden width
+    before fc2 (`norm`, timm's name), None leaves it out.
     """
 
     def __init__(
@@ -274,6 +269,48 @@ class SwiGLU(nn.Module):
         hidden_features: int | None = None,
         out_features: int | None = None,
         drop: float = 0.0,
+        act: str = "gelu",
+        norm_eps: float | None = None,
+    ) -> None:
+        super().__init__()
+        hidden_features = hidden_features or in_features
+        out_features = out_features or in_features
+        self.fc1 = nn.Linear(in_features, hidden_features)
+        self.act = ACTIVATIONS[act]()
+        self.drop1 = nn.Dropout(drop)
+        self.norm = inner_norm(hidden_features, norm_eps)
+        self.fc2 = nn.Linear(hidden_features, out_features)
+        self.drop2 = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.norm(self.drop1(self.act(self.fc1(x))))))
+
+
+class QuickGeluMlp(Mlp):
+    """`Mlp` with CLIP's activation (`QuickGELU`); the same parameters."""
+
+    def __init__(self, in_features: int, hidden_features: int | None = None, **kwargs) -> None:
+        super().__init__(in_features, hidden_features, act="quick_gelu", **kwargs)
+
+
+class SwiGLU(nn.Module):
+    """The gated MLP of recent ViTs (Shazeer 2020; DINOv2, EVA-02): fc1 -> split in two halves a, b ->
+    SiLU(a) * b -> dropout -> [norm] -> fc2 -> dropout. (B, N, C) -> (B, N, out).
+
+    `hidden_features` is fc1's width, both halves together (timm's `SwiGLUPacked`, whose state dict loads
+    as is): the gated width is half of it. Parameters ~ 1.5 * hidden_features * C against 2 * hidden * C for
+    `Mlp`, so hidden_features = 4/3 x `Mlp`'s hidden matches its size (mlp_ratio 5.33 for 4: DINOv2's choice).
+    `norm_eps` adds a LayerNorm over the gated width (EVA-02 B and L, timm's `SwiGLU` with `norm`); timm's split
+    layout of that MLP (`fc1_g`, `fc1_x`) is [gate | value] of this fc1 (vit/engine/weights.py converts it).
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden_features: int | None = None,
+        out_features: int | None = None,
+        drop: float = 0.0,
+        norm_eps: float | None = None,
     ) -> None:
         super().__init__()
         hidden_features = hidden_features or in_features
@@ -286,15 +323,17 @@ class SwiGLU(nn.Module):
         self.fc1 = nn.Linear(in_features, hidden_features)  # [gate | value], each hidden_features / 2
         self.act = nn.SiLU()
         self.drop1 = nn.Dropout(drop)
+        self.norm = inner_norm(hidden_features // 2, norm_eps)
         self.fc2 = nn.Linear(hidden_features // 2, out_features)
         self.drop2 = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, value = self.fc1(x).chunk(2, dim=-1)  # (B, N, hidden / 2) each
-        return self.drop2(self.fc2(self.drop1(self.act(gate) * value)))
+        return self.drop2(self.fc2(self.norm(self.drop1(self.act(gate) * value))))
 
 
-MLPS = {"gelu": Mlp, "swiglu": SwiGLU}
+# The MLP kinds, by their `mlp` setting: each takes (in_features, hidden_features, drop=, norm_eps=).
+MLPS = {"gelu": Mlp, "quick_gelu": QuickGeluMlp, "swiglu": SwiGLU}
 
 
 class DropPath(nn.Module):
@@ -341,9 +380,11 @@ class Block(nn.Module):
     `proj_drop` is the dropout after the attention's output projection and inside the MLP (timm's name);
     `norm_eps` is 1e-6 in timm's ViTs and 1e-5 (PyTorch's default) in the official T2T-ViT code;
     `init_values` switches on LayerScale (None: off, as in plain ViT); `lsa` makes the attention
-    `LocalitySelfAttention`; `qk_norm` normalises q and k per head (`Attention`); `mlp` is "gelu" (`Mlp`) or
-    "swiglu" (`SwiGLU`, `mlp_ratio` then sizes fc1, both halves). `forward(x, rope)` hands a rotary position table
-    to the attention (vit/models/rope.py).
+    `LocalitySelfAttention`; `qk_norm` normalises q and k per head (`Attention`); `mlp` is "gelu" (`Mlp`),
+    "quick_gelu" (`Mlp` with CLIP's `QuickGELU`) or "swiglu" (`SwiGLU`, `mlp_ratio` then sizes fc1, both halves);
+    `mlp_norm` adds a LayerNorm inside the MLP (EVA-02's); `k_bias=False` leaves the keys without the bias the
+    queries and values have (EVA-02's). `forward(x, rope)` hands a rotary position table to the
+    attention (vit/models/rope.py), laid out in half order with `rope_half` (DINOv3's).
     """
 
     def __init__(
@@ -362,6 +403,9 @@ class Block(nn.Module):
         lsa: bool = False,
         qk_norm: bool = False,
         mlp: str = "gelu",
+        mlp_norm: bool = False,
+        rope_half: bool = False,
+        k_bias: bool = True,
     ) -> None:
         super().__init__()
         if mlp_ratio <= 0:
@@ -381,11 +425,14 @@ class Block(nn.Module):
             attn_backend=attn_backend,
             qk_norm=qk_norm,
             norm_eps=norm_eps,
+            rope_half=rope_half,
+            k_bias=k_bias,
         )
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = MLPS[mlp](dim, hidden_features=int(dim * mlp_ratio), drop=proj_drop)
+        mlp_norm_eps = norm_eps if mlp_norm else None
+        self.mlp = MLPS[mlp](dim, hidden_features=int(dim * mlp_ratio), drop=proj_drop, norm_eps=mlp_norm_eps)
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 
@@ -406,3 +453,47 @@ def run_blocks(
         args = (x,) if ropes is None or ropes[i] is None else (x, ropes[i])
         x = checkpoint(block, *args, use_reentrant=False) if checkpointed else block(*args)
     return x
+
+
+class AttentionPool(nn.Module):
+    """Multihead attention pooling (MAP; SigLIP's head, timm's `AttentionPoolLatent`): one learned query attends
+    over the tokens, and a residual MLP refines what it read. (B, N, C) -> (B, C).
+
+    For SigLIP B/16 at 224 px (C = 768, 12 heads of 64, N = 196 image tokens):
+
+        latent -> q = self.q(latent)             (B, 1, C) -> (B, heads, 1, head_dim)     the query, learned
+        k, v = self.kv(x)                        (B, N, 2C) -> (B, heads, N, head_dim) each
+        softmax(q kᵀ / sqrt(head_dim)) v         (B, heads, 1, head_dim)
+        merge heads, proj                        (B, 1, C)
+        y = y + mlp(norm(y))                     (B, 1, C)      GELU MLP of width mlp_ratio * C
+        the query's token                        (B, C)
+
+    Parameter names are timm's (`latent`, `q`, `kv`, `proj`, `norm`, `mlp.fc1`, `mlp.fc2`), so its weights load.
+    """
+
+    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, norm_eps: float = 1e-6) -> None:
+        super().__init__()
+        if num_heads <= 0 or dim % num_heads:
+            raise ValueError(f"num_heads={num_heads} must be a positive divisor of embed_dim={dim}")
+        self.num_heads = num_heads
+        self.latent = nn.Parameter(torch.zeros(1, 1, dim))  # the query token (1, 1, C); init_weights draws it
+        self.q = nn.Linear(dim, dim)
+        self.kv = nn.Linear(dim, 2 * dim)  # [k | v], each split into heads
+        self.proj = nn.Linear(dim, dim)
+        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+
+    def init_weights(self) -> None:
+        """timm's: the query trunc-normal with std C^-0.5, cut at 2 std (the Linears get the model's init)."""
+        std = self.latent.shape[-1] ** -0.5
+        nn.init.trunc_normal_(self.latent, std=std, a=-2 * std, b=2 * std)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch = x.shape[0]
+        q = self.q(self.latent.expand(batch, -1, -1))  # (B, 1, C)
+        q = rearrange(q, "b l (h d) -> b h l d", h=self.num_heads)  # (B, heads, 1, head_dim)
+        k, v = rearrange(self.kv(x), "b n (two h d) -> two b h n d", two=2, h=self.num_heads)  # (B, heads, N, d)
+        out = F.scaled_dot_product_attention(q, k, v)  # (B, heads, 1, head_dim): the query's read of the tokens
+        out = self.proj(rearrange(out, "b h l d -> b l (h d)"))  # (B, 1, C)
+        out = out + self.mlp(self.norm(out))
+        return out[:, 0]  # (B, C)

@@ -53,7 +53,7 @@ class MAEConfig(ViTConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        unsupported = {k: getattr(self, k) for k in ("distill_token", "reg_tokens", "dynamic_img_size")}
+        unsupported = {k: getattr(self, k) for k in ("distill_token", "reg_tokens", "dynamic_img_size", "norm_pre")}
         if any(unsupported.values()) or self.class_token is False:
             raise ValueError(f"the masked autoencoder keeps the cls token and nothing else: {unsupported} unsupported")
         if not 0.0 < self.mask_ratio < 1.0:

@@ -18,13 +18,23 @@ m_i = 1 / temperature^(4 i / D), i = 0 .. L - 1.
 * Mixed (timm `vit_small_patch16_rope_mixed_224`, temperature 10): each block and head learns a 2D frequency
   (fx, fy) per pair, theta = fx * x + fy * y. Initially pair i and pair L + i have magnitude m_i, pairs 0 .. L-1
   point along a random direction phi (one per head and block) and pairs L .. 2L-1 along phi + pi / 2.
+* EVA-02 (timm `eva02_*`, temperature 10000, beside a learned position table): axial, but the first half of the
+  pairs turns with the row and the second with the column, and the positions are rescaled to the pretraining
+  grid (`ref_grid`): on a 24 x 24 grid with ref_grid 16, column 3 turns as column 3 / 24 * 16 = 2 would.
+* DINOv3 (timm `vit_*_dinov3`, temperature 100): positions are the patch centres normalised to [-1, 1] on each
+  axis, (i + 0.5) / rows * 2 - 1, so any grid spans the same range; the D / 4 periods are
+  temperature^(2 i / (D / 2)), angle = 2 pi * position / period, pairs 0 .. L-1 for the row, L .. 2L-1 for the
+  column. The pairs are laid out in "half" order (channel j pairs with channel j + D / 2), not interleaved.
 
-Tables use timm's layout: (..., N, 2 * D) = [sin | cos], each half interleaved per pair (s0, s0, s1, s1, ...),
+Tables use timm's layout: (..., N, 2 * D) = [sin | cos], each half interleaved per pair (s0, s0, s1, s1, ...), or
+in half order (s0, s1, ..., s0, s1, ...) for DINOv3,
 N = rows * columns in row-major order, computed in float32 (the mixed table is cast to the freqs' dtype,
 float32 unless the module was cast). Real arithmetic only (no complex numbers), so it exports to ONNX.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -53,24 +63,56 @@ def _grid_xy(grid: tuple[int, int], device: torch.device | None = None) -> tuple
     return x.reshape(-1), y.reshape(-1)
 
 
-def _table(angles: torch.Tensor) -> torch.Tensor:
-    """(..., N, D / 2) angles -> (..., N, 2 * D) [sin | cos] with each value repeated for both channels of a pair."""
-    # stack + flatten, not repeat_interleave: the TorchScript ONNX exporter loses the rank after repeat_interleave.
-    angles = torch.stack([angles, angles], dim=-1).flatten(-2)  # (..., N, D)
+def _table(angles: torch.Tensor, half: bool = False) -> torch.Tensor:
+    """(..., N, D / 2) angles -> (..., N, 2 * D) [sin | cos] with each value repeated for both channels of a pair:
+    interleaved (a0, a0, a1, a1, ...), or with `half` in half order (a0, a1, ..., a0, a1, ...)."""
+    if half:
+        angles = torch.cat([angles, angles], dim=-1)  # (..., N, D)
+    else:
+        # stack + flatten, not repeat_interleave: the TorchScript ONNX exporter loses the rank after repeat_interleave.
+        angles = torch.stack([angles, angles], dim=-1).flatten(-2)  # (..., N, D)
     return torch.cat([angles.sin(), angles.cos()], dim=-1)
 
 
 def axial_rope_table(
-    grid: tuple[int, int], head_dim: int, temperature: float = 100.0, *, device: torch.device | None = None
+    grid: tuple[int, int],
+    head_dim: int,
+    temperature: float = 100.0,
+    *,
+    device: torch.device | None = None,
+    rows_first: bool = False,
+    ref_grid: tuple[int, int] | None = None,
 ) -> torch.Tensor:
     """(N, 2 * head_dim) = [sin | cos] for a (rows, columns) grid, N = rows * columns in row-major order,
-    the same tensor as timm's RotaryEmbeddingCat.get_embed() of the axial RoPE ViT (float32)."""
+    the same tensor as timm's RotaryEmbeddingCat.get_embed() (float32): of the axial RoPE ViT by default (the
+    first quarter of the pairs turns with the column), of EVA-02 with `rows_first` (the row first) and `ref_grid`
+    (positions rescaled to that grid: index / grid * ref_grid, in timm's order of operations)."""
     _check_head_dim(head_dim)
     x, y = _grid_xy(grid, device)  # (N,) each
+    if ref_grid is not None:
+        y, x = y / grid[0] * ref_grid[0], x / grid[1] * ref_grid[1]
     mag = _magnitudes(head_dim, temperature).to(device)  # (D / 4,)
-    # First quarter of the pairs follow the column, second the row: (N, D / 2).
-    angles = torch.cat([x[:, None] * mag, y[:, None] * mag], dim=-1)
+    first, second = (y, x) if rows_first else (x, y)
+    angles = torch.cat([first[:, None] * mag, second[:, None] * mag], dim=-1)  # (N, D / 2)
     return _table(angles)
+
+
+def dinov3_rope_table(
+    grid: tuple[int, int], head_dim: int, temperature: float = 100.0, *, device: torch.device | None = None
+) -> torch.Tensor:
+    """(N, 2 * head_dim) = [sin | cos], half order, for a (rows, columns) grid: DINOv3's rotary positions, the same
+    tensor as timm's RotaryEmbeddingDinoV3.get_embed() (float32, no training-time coordinate jitter).
+
+    For a 16 x 16 grid and head_dim 64: the patch centres (0.5 .. 15.5) / 16 * 2 - 1 on each axis, (256, 2) as
+    (row, column); 16 periods 100^(2 i / 32); angles (256, 2, 16) -> (256, 32) [row | column]; table (256, 128)."""
+    _check_head_dim(head_dim)
+    axes = [(torch.arange(0.5, size, dtype=torch.float32) / size) for size in grid]  # centres in (0, 1), per axis
+    coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1)  # (rows, columns, 2): (row, column)
+    coords = (2.0 * coords - 1.0).flatten(0, 1).to(device)  # (N, 2) in [-1, 1]
+    quarter = head_dim // 4
+    periods = temperature ** (2.0 * torch.arange(quarter, dtype=torch.float32) / (head_dim // 2))  # (D / 4,)
+    angles = 2 * math.pi * coords[:, :, None] / periods.to(device)  # (N, 2, D / 4)
+    return _table(angles.flatten(1), half=True)  # (N, 2 * D)
 
 
 def mixed_rope_freqs(head_dim: int, depth: int, num_heads: int, temperature: float = 10.0) -> torch.Tensor:
@@ -97,10 +139,15 @@ def mixed_rope_table(freqs: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor
     return _table(angles).to(freqs.dtype)
 
 
-def apply_rope(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, table: torch.Tensor, half: bool = False) -> torch.Tensor:
     """Rotate x (B, heads, N, head_dim) by table (N, 2 * head_dim) or (heads, N, 2 * head_dim) [sin | cos],
-    interleaved pairs (x0, x1), (x2, x3), ...; returns x's dtype. Equal to timm's apply_rot_embed_cat(x, table)."""
+    interleaved pairs (x0, x1), (x2, x3), ..., or with `half` the pairs (x_j, x_{j + D/2}) (DINOv3); returns x's
+    dtype. Equal to timm's apply_rot_embed_cat(x, table, half=half)."""
     sin, cos = table.chunk(2, dim=-1)  # (..., N, D) each
+    if half:
+        sin, cos = sin[..., : sin.shape[-1] // 2], cos[..., : cos.shape[-1] // 2]  # (..., N, D / 2): one per pair
+        x0, x1 = x.chunk(2, dim=-1)  # (B, heads, N, D / 2): first and second channel of each pair
+        return torch.cat([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1).to(x.dtype)  # (B, heads, N, D)
     sin, cos = sin[..., 0::2], cos[..., 0::2]  # (..., N, D / 2): one value per pair
     x0, x1 = x[..., 0::2], x[..., 1::2]  # (B, heads, N, D / 2): first and second channel of each pair
     # Math in the promoted dtype (float32 for a bf16 x and a float32 table), cast once at the end, as timm does.
@@ -125,4 +172,4 @@ class MixedRope(nn.Module):
         return f"head_dim={self.head_dim}, depth={self.depth}, heads={self.num_heads}, temperature={self.temperature}"
 
 
-__all__ = ["MixedRope", "apply_rope", "axial_rope_table", "mixed_rope_freqs", "mixed_rope_table"]
+__all__ = ["MixedRope", "apply_rope", "axial_rope_table", "dinov3_rope_table", "mixed_rope_freqs", "mixed_rope_table"]

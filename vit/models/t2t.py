@@ -219,6 +219,8 @@ class T2TConfig(EncoderConfig):
     lsa: bool = field(default=False, init=False)
     init_values: float | None = field(default=None, init=False)
     rope_temperature: float | None = field(default=None, init=False)
+    rope_ref_grid: int | None = field(default=None, init=False)
+    norm_eps: float = field(default=1e-5, init=False)  # nn.LayerNorm's default, as in the official code
     img_size: int = 224
     tokens_type: str = "performer"  # "performer" (linear time) or "transformer" (the core Attention)
     in_chans: int = 3
@@ -246,7 +248,6 @@ class T2TViT(Encoder):
     """
 
     tokenizer_name = "tokens_to_token"
-    norm_eps = 1e-5  # nn.LayerNorm's default, as in the official code
 
     def __init__(self, config: T2TConfig) -> None:
         tokenizer = T2TModule(

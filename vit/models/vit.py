@@ -38,11 +38,16 @@ class ViTConfig(EncoderConfig):
     # the input's patch grid in `forward`, as timm's `dynamic_img_size` does. The trainer switches it on for
     # progressive resizing; the parameters and state dict do not change.
     dynamic_img_size: bool = False
+    patch_bias: bool = True  # the standard patch projection's bias; CLIP's has none (its `norm_pre` follows)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.patch_embed not in PATCH_EMBEDS:
             raise ValueError(f"patch_embed={self.patch_embed!r} must be one of {tuple(PATCH_EMBEDS)}")
+        if not isinstance(self.patch_bias, bool):
+            raise ValueError(f"patch_bias={self.patch_bias!r} must be true or false")
+        if not self.patch_bias and self.patch_embed != "standard":
+            raise ValueError(f"patch_bias=false is for patch_embed=standard, not {self.patch_embed!r}")
         if not isinstance(self.dynamic_img_size, bool):
             raise ValueError(f"dynamic_img_size={self.dynamic_img_size!r} must be true or false")
 
@@ -57,9 +62,11 @@ class VisionTransformer(Encoder):
     """
 
     def __init__(self, config: ViTConfig) -> None:
-        tokenizer = PATCH_EMBEDS[config.patch_embed](
-            img_size=config.img_size, patch_size=config.patch_size, in_chans=config.in_chans, embed_dim=config.embed_dim
-        )
+        sizes = dict(img_size=config.img_size, patch_size=config.patch_size, in_chans=config.in_chans)
+        if config.patch_embed == "standard":
+            tokenizer = PatchEmbed(**sizes, embed_dim=config.embed_dim, bias=config.patch_bias)
+        else:
+            tokenizer = PATCH_EMBEDS[config.patch_embed](**sizes, embed_dim=config.embed_dim)
         tokenizer.dynamic_img_size = config.dynamic_img_size
         super().__init__(tokenizer, config)
         self.patch_embed_kind = config.patch_embed

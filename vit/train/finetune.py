@@ -17,7 +17,7 @@ from dataclasses import replace
 
 from torch import nn
 
-from vit.engine.weights import CheckpointError, read_weights, source_forms
+from vit.engine.weights import CheckpointError, read_weights, source_forms, source_kind, source_name
 from vit.models.fit import PretrainedError, Weights, fit_state_dict
 
 log = logging.getLogger("vit.train")
@@ -32,16 +32,25 @@ def read_pretrained(model_cfg: Mapping, model: nn.Module) -> Weights | None:
     """`model.pretrained`'s weights, checked against `model` (architecture, then every key and shape after the
     position table, patch kernel and classifier are adapted); None without a source. Any problem is a
     CheckpointError naming the setting: the trainer prints it in one line and exits with code 2."""
-    source = model_cfg.get("pretrained")
+    source, file = model_cfg.get("pretrained"), model_cfg.get("pretrained_file")
+    if file and not (source and source_kind(str(source)) == "timm"):
+        raise CheckpointError(
+            f"model.pretrained_file={str(file)!r} gives the weights of a model.pretrained=timm:<name> architecture, "
+            f"and model.pretrained is {source!r}; a file of another kind goes in model.pretrained itself"
+        )
     if not source:
         return None
-    setting = f"model.pretrained={str(source)!r}"
+    setting = f"model.pretrained={str(source)!r}" + (f" model.pretrained_file={str(file)!r}" if file else "")
+    instead = f"model.pretrained_file=/path/to/{source_name(str(source))}.safetensors"
     try:
         # model.pretrained_ema=true: the EMA weights where the source holds them, else its raw ones
-        weights = read_weights(str(source), ema=None if model_cfg.get("pretrained_ema", True) else False)
+        ema = None if model_cfg.get("pretrained_ema", True) else False
+        weights = read_weights(str(source), ema=ema, instead=instead, file=file or None)
         with quiet(logging.getLogger("vit.models.fit")):  # what is adapted is said once, at the load
             fit_state_dict(weights, model)
     except FileNotFoundError:
+        if file:
+            raise CheckpointError(f"{setting}: no such file") from None
         raise CheckpointError(f"{setting}: no such file (give {source_forms()})") from None
     except PretrainedError as err:
         raise CheckpointError(f"{setting}: {err}") from None

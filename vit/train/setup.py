@@ -17,7 +17,7 @@ from torch import nn
 
 from vit.data import DataBundle, build_data
 from vit.data.resources import available_cpus
-from vit.engine.build import build_mae_from_config, build_model_from_config, is_mae
+from vit.engine.build import build_mae_from_config, build_model_from_config, is_mae, pretrained_architecture
 from vit.engine.device import resolve_device
 from vit.engine.distributed import Distributed
 from vit.engine.evaluation import evaluate, evaluate_reconstruction
@@ -163,6 +163,7 @@ def build_model_and_data(
     loader_wrapper: Callable[[Iterable], Iterable] | None = None,
 ) -> ModelAndData:
     seed = trainer.seed
+    use_timm_normalisation(cfg)
     # With `num_classes: null` the data decides, and the model is rebuilt with its class count (same seed, so the
     # same initial weights).
     num_classes_cfg = cfg.model.get("num_classes")
@@ -190,7 +191,9 @@ def build_model_and_data(
     rebuild = num_classes_cfg is None and getattr(model, "num_classes", None) != bundle.num_classes
     if rebuild and not is_mae(cfg):
         seed_everything(seed)
-        model = build_model_from_config(cfg.model, num_classes=bundle.num_classes, dynamic_img_size=dynamic)
+        model = build_model_from_config(
+            cfg.model, num_classes=bundle.num_classes, dynamic_img_size=dynamic, announce=False
+        )
     if pretrained is not None:
         load_pretrained_weights(model, pretrained, bundle.class_to_idx)
     freeze(model, cfg.model.get("freeze"))  # frozen parameters get no optimizer state and no weight decay
@@ -200,6 +203,22 @@ def build_model_and_data(
     cost = complexity(model)
     log.info("%s: %.2f M params, %.3f GMACs per image", cfg.model.name, cost.params / 1e6, cost.macs / 1e9)
     return ModelAndData(resolved, model, bundle, distiller, cost, resume_path, resize, *threads)
+
+
+def use_timm_normalisation(cfg: DictConfig) -> None:
+    """model.pretrained=timm:<name> with data.mean and data.std null: the data are normalised as timm's weights
+    were trained (its pretrained_cfg: SigLIP's 0.5 / 0.5, CLIP's own, ImageNet's), said in one line. Set before the
+    run's config is resolved, so checkpoints, evaluation and resume see the same values."""
+    arch = None if is_mae(cfg) else pretrained_architecture(cfg.model)
+    if arch is None or cfg.data.get("mean") is not None or cfg.data.get("std") is not None:
+        return
+    cfg.data.mean, cfg.data.std = list(arch.mean), list(arch.std)
+    log.info(
+        "data.mean=%s data.std=%s: timm's normalisation of %s (set data.mean/data.std to choose others)",
+        list(arch.mean),
+        list(arch.std),
+        arch.name,
+    )
 
 
 def choose_threads(setting, device: torch.device, dist: Distributed) -> tuple[int, str]:
