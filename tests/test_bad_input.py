@@ -115,6 +115,7 @@ RANGE_CASES = {
     "model.attn_drop_rate": (["model.attn_drop_rate=-0.1"], "model.attn_drop_rate=-0.1 must be in [0, 1)"),
     "model.drop_path_rate": (["model.drop_path_rate=1.0"], "model.drop_path_rate=1.0 must be in [0, 1)"),
     "model.init_values": (["model.init_values=-1e-5"], "model.init_values=-1e-05 must be >= 0"),
+    "model.norm_eps": (["model.norm_eps=0"], "model.norm_eps=0 must be > 0"),
     "model.reg_tokens": (["model.reg_tokens=-2"], "model.reg_tokens=-2 must be an integer >= 0"),
     "model.rope_temperature": (
         ["model.pos_embed=rope", "model.rope_temperature=0"],

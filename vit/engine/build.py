@@ -70,6 +70,9 @@ def build_model_from_config(
     init_values = model_cfg.get("init_values")
     if init_values is not None:
         require(float(init_values) >= 0, f"model.init_values={init_values} must be >= 0 (LayerScale; 0 or null: off)")
+    norm_eps = model_cfg.get("norm_eps")
+    if norm_eps is not None:
+        require(float(norm_eps) > 0, f"model.norm_eps={norm_eps} must be > 0 (every LayerNorm's epsilon)")
     kwargs = model_kwargs(model_cfg, num_classes)
     if dynamic_img_size:  # progressive resizing needs it whatever model.dynamic_img_size says
         kwargs["dynamic_img_size"] = True
