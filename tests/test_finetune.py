@@ -333,7 +333,8 @@ def test_timm_names_are_checked_and_offline_is_said_in_one_line(tmp_path, monkey
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     line = exit_line(["model.pretrained=timm:vit_tiny_patch16_224.augreg_in21k_ft_in1k"], tmp_path, monkeypatch, capsys)
     assert "cannot download the weights" in line and f"not in timm's cache {tmp_path / 'hub'}" in line
-    assert line.endswith("or give a file: model.pretrained_file=/path/to/vit_tiny_patch16_224.augreg_in21k_ft_in1k.safetensors")
+    file = "vit_tiny_patch16_224.augreg_in21k_ft_in1k.safetensors"
+    assert line.endswith(f"or give a file: model.pretrained_file=/path/to/{file}")
 
 
 def test_cached_timm_weights_load_without_a_network(tmp_path, monkeypatch):
