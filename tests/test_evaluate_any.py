@@ -138,31 +138,35 @@ def test_the_precision_follows_the_trainers_rule_and_amp(folder, timm_file, monk
     assert "amp='fp8' must be one of" in capsys.readouterr().err
 
 
-def test_a_timm_source_uses_timms_preprocessing_unless_told(folder, timm_file, monkeypatch, capsys):
-    """`model.pretrained=timm:<name>` (the download stood in for: no network here) takes timm's eval config of
-    those weights by default."""
-    path, model = timm_file
-    from vit.models.fit import Weights
+def test_a_timm_name_and_its_file_give_timms_numbers_with_timms_preprocessing(folder, tmp_path, capsys):
+    """`model.pretrained=timm:<name> model.pretrained_file=<file>` (the download stood in for by a file: no network
+    here) builds timm's architecture for `<name>` (EVA-02's too: its own names, rotary positions, SwiGLU), loads the
+    file and takes timm's eval config of those weights (EVA-02: CLIP's mean and std) by default."""
+    from safetensors.torch import save_file
 
-    asked = []
-
-    def download(name):
-        asked.append(name)
-        return Weights(model.state_dict(), f"timm:{name}", num_heads=3, timm_model=name)
-
-    from vit.engine.weights import WEIGHT_SOURCES, WeightSource
-
-    timm_source = WEIGHT_SOURCES["timm"]
-    monkeypatch.setitem(WEIGHT_SOURCES, "timm", WeightSource(timm_source.prefix, lambda n, *_: download(n), ""))
+    name = "eva02_tiny_patch14_224.mim_in22k"
+    torch.manual_seed(0)
+    model = timm.create_model(name, pretrained=False, num_classes=4).eval()
+    with torch.no_grad():
+        for param in model.parameters():  # off its init: LayerScale, zero-initialised heads
+            param.add_(0.02 * torch.randn_like(param))
+    path = tmp_path / "weights.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
     paths, labels = val_images(folder)
     transform = create_transform(**resolve_data_config({}, model=model))
     with torch.no_grad():
         top1, loss, _ = reference(model(torch.stack([transform(Image.open(p).convert("RGB")) for p in paths])), labels)
-    argv = ["model=vit_tiny", "model.depth=2", f"model.pretrained=timm:{TIMM_NAME}", f"data.root={folder}"]
+    argv = [f"model.pretrained=timm:{name}", f"model.pretrained_file={path}", f"data.root={folder}"]
     result, summary = evaluate(argv, capsys)
-    assert asked == [TIMM_NAME] and result["source"] == f"timm:{TIMM_NAME}"
+    assert result["source"] == f"timm:{name}"
     assert result["top1"] == pytest.approx(top1) and result["loss"] == pytest.approx(loss, abs=1e-5)
-    assert f"preprocessing: timm pretrained config of '{TIMM_NAME}' (resize 248 bicubic, crop 224)" in summary
+    assert f"preprocessing: timm pretrained config of '{name}'" in summary
+
+
+def test_a_weights_file_is_for_a_timm_name_only(folder, timm_file, capsys):
+    path, _ = timm_file
+    code = cli([f"model.pretrained={path}", "model=vit_tiny", f"model.pretrained_file={path}", f"data.root={folder}"])
+    assert code == 2 and "a weights file is given for a timm:<name> source" in capsys.readouterr().err
 
 
 def test_1000_class_weights_on_a_folder_of_some_synsets(tmp_path, capsys):

@@ -34,11 +34,16 @@ class LoadedModel:
     which: str = ""  # "ema" or "model" for a checkpoint of ours; for a file, which of its weights were taken
 
 
-def read_source(source: str, use_ema: bool | None = None, key: str = "model.pretrained") -> Weights:
-    """`read_weights(source, ema=use_ema)`, its errors naming the setting as `key=source`."""
+def read_source(
+    source: str, use_ema: bool | None = None, key: str = "model.pretrained", file: str | None = None
+) -> Weights:
+    """`read_weights(source, ema=use_ema, file=file)`, its errors naming the setting as `key=source` (`file`: the
+    weights of a `timm:<name>` source, model.pretrained_file)."""
     try:
-        return read_weights(source, ema=use_ema)
+        return read_weights(source, ema=use_ema, file=file)
     except FileNotFoundError:
+        if file is not None:
+            raise WeightsError(f"model.pretrained_file={file}: no such file") from None
         raise WeightsError(f"{key}={source}: no such file ({source_forms()})") from None
     except NoEmaError as err:  # names the checkpoint and why it has no EMA weights
         raise WeightsError(str(err)) from None
@@ -94,6 +99,7 @@ def build_model(
     overrides: Mapping | None = None,
     img_size: int | None = None,
     use_ema: bool | None = None,
+    file: str | None = None,
 ) -> LoadedModel:
     """The model for the weights read from `given`: a checkpoint of ours builds the model its config describes;
     other weights need `model_name`, built with the registry's defaults, `overrides`, the weights' class count and
@@ -114,6 +120,8 @@ def build_model(
         classes, which = class_names(found), which_weights(found, use_ema)
         model = model_from_config(found.config, found.state_dict, len(classes or []) or None, overrides or {})
         return LoadedModel(model.eval(), name, classes, prescribed_preprocessing(found), given, found.config, which)
+    if found.timm_model is not None:  # timm:<name>: timm's architecture for it (vit/models/foundation.py)
+        return timm_named_model(found, given, model_name, overrides or {}, img_size, file)
     if not model_name:
         raise WeightsError(
             f"checkpoint {given!r} is not a checkpoint of this trainer (no config inside): name the model and give "
@@ -137,6 +145,30 @@ def build_model(
     model.float()
     which = which_weights(found, use_ema)
     return LoadedModel(model.eval(), model_name, class_names(found), prescribed, given, which=which)
+
+
+def timm_named_model(
+    found: Weights, given: str, model_name: str | None, overrides: Mapping, img_size: int | None, file: str | None
+) -> LoadedModel:
+    """The model of `model.pretrained=timm:<name>` as training builds it: timm's architecture for `<name>` with the
+    kept overrides on top (an architecture setting given beside it is named in one line), the weights' class count,
+    and `img_size` (else timm's); `model=<name>` is optional and only says which settings were given."""
+    from vit.engine.build import build_model_from_config
+    from vit.engine.weights import load_pretrained
+
+    head = found.state_dict.get("head.weight")
+    model_cfg = {"name": model_name or "vit_base", **overrides, "pretrained": given, "pretrained_file": file}
+    if img_size and "img_size" not in overrides:
+        model_cfg["img_size"] = int(img_size)
+    if model_cfg.get("num_classes") is None and head is not None:
+        model_cfg["num_classes"] = int(head.shape[0])
+    model = build_model_from_config(model_cfg)
+    try:
+        load_pretrained(model, Weights(found.state_dict, found.where, found.num_heads))
+    except (ValueError, TypeError) as err:
+        raise WeightsError(f"model.pretrained={given}: {err}") from err
+    model.float()
+    return LoadedModel(model.eval(), model_cfg["name"], class_names(found), prescribed_preprocessing(found), given)
 
 
 DATA_CONFIGS_DIR = CONFIG_DIR / "data"
@@ -191,7 +223,13 @@ def resolve(options, default_data: str = "imagefolder") -> tuple[LoadedModel, Pr
     if ema_setting is not None and options.get("ema") is None:
         use_ema = bool(ema_setting)
     options.model.pop("freeze", None)  # a training setting, not the model's
-    found = read_source(given, use_ema=use_ema, key=key)  # read once
+    file = options.model.pop("pretrained_file", None)  # the weights of a timm:<name> source, offline
+    if file is not None and checkpoint:
+        raise WeightsError(
+            "model.pretrained_file gives the weights of model.pretrained=timm:<name>, not of a checkpoint"
+        )
+    file = None if file is None else str(file)
+    found = read_source(given, use_ema=use_ema, key=key, file=file)  # read once
     if found.config is not None and "data" in found.config and not options.get("data"):
         data_cfg = OmegaConf.merge(OmegaConf.create(found.config["data"]), OmegaConf.from_dotlist(options.data))
     else:
@@ -200,7 +238,7 @@ def resolve(options, default_data: str = "imagefolder") -> tuple[LoadedModel, Pr
     img_size = explicit.img_size if explicit else None
     if img_size is None and found.config is None and found.timm_model is None:
         img_size = int(data_cfg.img_size)
-    weights = build_model(found, given, options.get("model"), options.model, img_size, use_ema)
+    weights = build_model(found, given, options.get("model"), options.model, img_size, use_ema, file=file)
     if explicit is not None:
         pre = explicit
     elif weights.preprocessing is not None and found.config is None:
