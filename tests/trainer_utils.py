@@ -32,15 +32,18 @@ def head_commit() -> str:
     return done.stdout.strip()
 
 
-def assert_measurement_record(record: dict, measurement: str, *command_words: str) -> dict:
-    """A measurement script's JSON record (vit/engine/provenance.py): its name, this checkout's commit, a command
-    holding `command_words`, this machine's cores; returns the provenance."""
-    assert record["measurement"] == measurement, record.get("measurement")
-    source = record["provenance"]
+def assert_provenance(source: dict, *command_words: str) -> None:
+    """A result's `provenance` (vit/engine/provenance.py): this checkout's commit, a command holding
+    `command_words`, this machine's cores, the versions."""
     assert source["commit"] == head_commit() and isinstance(source["dirty"], bool)
     assert all(word in source["command"] for word in command_words), (source["command"], command_words)
     assert source["machine"]["cpu"]["cores"] == os.cpu_count() and source["versions"]["torch"]
-    return source
+
+
+def assert_measurement_record(record: dict, measurement: str, *command_words: str) -> None:
+    """A measurement script's JSON record: its name and its provenance (assert_provenance)."""
+    assert record["measurement"] == measurement, record.get("measurement")
+    assert_provenance(record["provenance"], *command_words)
 
 
 def compose_config(overrides: list[str]):
