@@ -85,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--peer-amp", choices=["same", "auto", "bf16", "fp16", "none"], default="same", help="the peer's precision"
     )
     parser.add_argument("overrides", nargs="*", help="--e2e: trainer config overrides, as for train.py")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # overrides before and after the flags alike
 
 
 def run_e2e(args: argparse.Namespace) -> int:
