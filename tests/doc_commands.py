@@ -220,6 +220,7 @@ SUBSTITUTIONS = [
     (r"/path/to/resnet18\.safetensors", "{resnet18_file}"),
     (r"check_images=<n>", "check_images=8"),
     (r"max_drop=1\.0", "max_drop=100"),  # the tests' model is untrained: one of 8 images is 12.5 points
+    (r"^(.*scripts/export\.py .*quantize=(?!.*max_drop=).*)$", r"\1 max_drop=100"),  # as above, the default 1 point
     (r"\[[^\] ]*=[^\] ]*<[^\]]*\]", ""),  # an optional key=<placeholder>: left out, the default taken
     (r"\[([^\] ]*=[^\] ]*)\]", r"\1"),  # an optional key=value: given
     (r"batch=dynamic\|<n>", "batch=dynamic"),
@@ -230,6 +231,7 @@ SUBSTITUTIONS = [
     (r"data\.holdout=\d{3,}", "data.holdout=20"),
     (r"out=/tmp/", "out="),
     (r"--work /tmp/", "--work "),
+    (r" docs/results/", " {repo}/docs/results/"),  # the records a command reads: the repository's own
     (r"<runs>|<figures>", "runs"),
     (r"<lever>|<s>|<seed>", "0"),
     (r"hydra\.run\.dir=proxy/0/seed0", "hydra.run.dir=proxy/lever/seed0"),
