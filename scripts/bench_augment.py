@@ -2,12 +2,14 @@
 per batch, against torchvision's v2 policies called on chunks of 16 images (one draw per call: the way a loader
 uses them on batches): wall time and the number of aten ops dispatched, the proxy for kernel launches on a GPU.
 
-    python scripts/bench_augment.py --batch 512 --size 32 --repeats 15
+    python scripts/bench_augment.py --batch 512 --size 32 --repeats 15 --json augment.json
 
 Every policy and implementation is timed in one process, interleaved, on fresh random uint8 batches; the table
 reports medians. "ours (whole batch)" is the CUDA code path (each op on the whole batch, kept by torch.where: no
 host sync) forced on this device; "ours" is the device's own path. torchvision has no counterpart of timm's
-RandAugment strings, so those rows have no torchvision line. Prints a markdown table.
+RandAugment strings, so those rows have no torchvision line. Prints a markdown table; --json FILE writes the
+measurement record: every timed batch's milliseconds of every row, the medians and op counts, and the provenance
+(command, commit, machine, versions: vit/engine/provenance.py).
 """
 
 from __future__ import annotations
@@ -16,16 +18,19 @@ import argparse
 import statistics
 import time
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torchvision.transforms import v2
 
+from vit.args import script_command
 from vit.data.augment.batch import BatchAugment
 from vit.data.augment.policies import is_small
 from vit.data.augment.spec import AugmentSpec
 from vit.data.sources.registry import DATASETS
+from vit.engine.provenance import measurement_record, write_record
 
 # (label, implementation, force the whole-batch path)
 IMPLS = (
@@ -104,6 +109,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--count-batches", type=int, default=10, help="batches the op counts are averaged over")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    parser.add_argument(
+        "--json", type=Path, default=None, help="write the measurement record (every timed batch, provenance) here"
+    )
     args = parser.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -150,12 +158,19 @@ def main(argv: list[str] | None = None) -> None:
         "| policy | implementation | ms / batch (median) | aten ops / batch | of them views | of them < 16 elements |"
     )
     print("|---|---|---|---|---|---|")
+    rows = []
     for key in augments:
         policy, label = key
         count = {name: round(ops[key].get(name, 0)) for name in ("all", "views", "small")}
         impl = "-" if policy == "none" else label
         median_ms = 1e3 * statistics.median(times[key])
         print(f"| {policy} | {impl} | {median_ms:.1f} | {count['all']} | {count['views']} | {count['small']} |")
+        rows.append({"policy": policy, "implementation": impl, "ms_repeats": [1e3 * t for t in times[key]]})
+        rows[-1] |= {"ms_median": median_ms, "ops_per_batch": ops[key]}
+    if args.json:
+        values = {"batch": args.batch, "size": args.size, "device": str(device), "threads": torch.get_num_threads()}
+        values |= {"repeats": args.repeats, "count_batches": args.count_batches, "rows": rows}
+        write_record(measurement_record("bench_augment", values, script_command(__file__, argv)), args.json)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 random-resized crop 224 in the loader worker, then flip, rand-m9-mstd0.5-inc1 and normalisation on the batch)
 against timm's `create_transform(224, is_training=True, auto_augment=...)` on the same files.
 
-    python scripts/bench_cpu_loader.py --images 300 --repeats 5
+    python scripts/bench_cpu_loader.py --images 300 --repeats 5 --json loader.json
 
 One process, one thread (torch and Pillow), so the figures are per core; both end in batches of --batch images
 (stacked as a DataLoader collates them); ours and timm's alternate over the same files in every repeat (which goes
@@ -13,6 +13,8 @@ first alternates too), batch by batch, and the ratio is the median over the batc
                             normalisation run on the GPU); timm's with `use_prefetcher=True` still runs its
                             RandAugment in the worker (only ToTensor/Normalize move to the GPU).
 With no --folder, the JPEGs are generated (varied sizes around 500 x 375, quality 90, smooth shapes plus noise).
+--json FILE writes the measurement record: every batch's seconds on each side and their ratio, row by row, the
+img/s and median ratios, and the provenance (command, commit, machine, versions: vit/engine/provenance.py).
 
 timm's PosterizeIncreasing asks Pillow for 0 bits at magnitude >= 10, which Pillow 13 refuses with ValueError; for
 timm's side to run at all, its posterize is patched here to return a black image for 0 bits, as Pillow < 13 did.
@@ -32,11 +34,13 @@ from PIL import Image
 from timm.data import auto_augment as timm_aa
 from timm.data import create_transform
 
+from vit.args import script_command
 from vit.data.augment.batch import BatchAugment
 from vit.data.augment.spec import AugmentSpec
 from vit.data.augment.transforms import train_geometry
 from vit.data.images import read_rgb
 from vit.data.sources.registry import IMAGENET_MEAN_STD
+from vit.engine.provenance import measurement_record, write_record
 
 SIZES = ((500, 375), (500, 333), (375, 500), (640, 480), (500, 400), (333, 500))
 
@@ -117,6 +121,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--batch", type=int, default=32, help="images per batch (the unit of interleaving)")
     parser.add_argument("--policy", default="rand-m9-mstd0.5-inc1")
+    parser.add_argument(
+        "--json", type=Path, default=None, help="write the measurement record (every batch's times, provenance) here"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     patch_timm_posterize()
@@ -126,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     seconds = {(row, side): 0.0 for row in rows for side in ("ours", "timm")}
     ratios: dict[str, list[float]] = {row: [] for row in rows}
+    batches: dict[str, list[dict]] = {row: [] for row in rows}  # every batch's times, in order
     with tempfile.TemporaryDirectory() as tmp:
         paths = sorted(args.folder.glob("*.jp*g")) if args.folder else make_jpegs(Path(tmp), args.images)
         chunks = [paths[i : i + args.batch] for i in range(0, len(paths), args.batch)]
@@ -140,15 +148,25 @@ def main(argv: list[str] | None = None) -> None:
                     seconds[row, "ours"] += took["ours"]
                     seconds[row, "timm"] += took["timm"]
                     ratios[row].append(took["timm"] / took["ours"])
+                    batches[row].append({"repeat": repeat, "images": len(chunk), "ours_s": took["ours"]})
+                    batches[row][-1] |= {"timm_s": took["timm"], "ours_first": first_ours}
     count = len(paths) * args.repeats
     print(f"{len(paths)} JPEGs x {args.repeats} repeats, batches of {args.batch}, 1 thread, policy {args.policy}")
     print()
     print("| pipeline | ours img/s per core | timm img/s per core | ours / timm, median per batch [quartiles] |")
     print("|---|---|---|---|")
+    table = []
     for row in rows:
-        q1, median, q3 = statistics.quantiles(ratios[row], n=4)
+        one = ratios[row] * 2 if len(ratios[row]) == 1 else ratios[row]  # quartiles of a single batch: itself
+        q1, median, q3 = statistics.quantiles(one, n=4)
         mine, theirs = count / seconds[row, "ours"], count / seconds[row, "timm"]
         print(f"| {row} | {mine:.1f} | {theirs:.1f} | {median:.2f} [{q1:.2f}, {q3:.2f}] |")
+        table.append({"pipeline": row, "ours_img_per_s": mine, "timm_img_per_s": theirs, "batches": batches[row]})
+        table[-1] |= {"ours_over_timm_median": median, "ours_over_timm_quartiles": [q1, q3]}
+    if args.json:
+        values = {"images": len(paths), "repeats": args.repeats, "batch": args.batch, "policy": args.policy}
+        values |= {"threads": 1, "rows": table}
+        write_record(measurement_record("bench_cpu_loader", values, script_command(__file__, argv)), args.json)
 
 
 if __name__ == "__main__":

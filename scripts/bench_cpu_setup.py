@@ -2,16 +2,18 @@
 augmentation, step, all of it) for each setting, each run in its own process, settings interleaved round by round.
 
 usage: python scripts/bench_cpu_setup.py data.root=<CIFAR-10 JPEG folder or archive> [rounds=3] [batches=60]
-    [settings=<name>,<name>,...] [experiment=cifar10_cpu] [json=<path>]
+    [settings=<name>,<name>,...] [experiment=cifar10_cpu] [warmup=true] [json=<path>]
 
 The settings (name: overrides):
     memory-t<T>       data.loader=gpu trainer.threads=<T>: the decoded splits held in memory, augmented in process
     torch-w<W>-t<T>   data.loader=torch data.num_workers=<W> trainer.threads=<T>: worker processes decode the JPEGs
 for T in 1..CPUs and W in 0..CPUs. Default: all of them. Each run trains `batches` batches of one epoch of
 `experiment` (checkpoints, EMA, flip averaging and most of the evaluation off) after the decoded cache and the
-image scan are warm (a first, untimed run fills them). Prints a markdown table of the median img/s per setting
-and its ratio to the fastest; docs/BENCHMARKS.md ("The CPU loader and thread defaults") has the results behind
-`data.loader=auto` and `trainer.threads=auto`.
+image scan are warm (a first, untimed run of 2 batches fills them; warmup=false leaves it out). Prints a markdown
+table of the median img/s per setting and its ratio to the fastest; json=<path> writes the measurement record:
+every round's img/s of every setting, the medians, the settings' overrides, and the provenance (command, commit,
+machine, versions: vit/engine/provenance.py). docs/BENCHMARKS.md ("The CPU loader and thread defaults") has the
+results behind `data.loader=auto` and `trainer.threads=auto`.
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from vit.args import UsageError, parse_args, run_script
+from vit.args import UsageError, parse_args, run_script, script_command
 from vit.data.resources import available_cpus
+from vit.engine.provenance import measurement_record, write_record
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -65,14 +68,15 @@ def train_img_per_s(experiment: str, root: str, batches: int, overrides: list[st
 
 def main(argv: list[str]) -> int:
     known = {"data.root": None, "rounds": "3", "batches": "60", "settings": None, "experiment": "cifar10_cpu"}
-    args = parse_args(argv, {**known, "json": None}, ("data.root",))
+    args = parse_args(argv, {**known, "warmup": "true", "json": None}, ("data.root",))
     settings = all_settings(available_cpus())
     names = args["settings"].split(",") if args["settings"] else list(settings)
     unknown = [n for n in names if n not in settings]
     if unknown:
         raise UsageError(f"settings: {unknown[0]!r} is not one of {', '.join(settings)}")
-    rounds, batches = int(args["rounds"]), int(args["batches"])
-    train_img_per_s(args["experiment"], args["data.root"], 2, settings[names[0]])  # warm the caches
+    rounds, batches = args.integer("rounds"), args.integer("batches")
+    if args.flag("warmup", True):
+        train_img_per_s(args["experiment"], args["data.root"], 2, settings[names[0]])  # warm the caches
     results: dict[str, list[float]] = {n: [] for n in names}
     for round_index in range(rounds):
         for name in names:  # interleaved: every setting once per round
@@ -86,7 +90,9 @@ def main(argv: list[str]) -> int:
         overrides = " ".join(settings[name])
         print(f"| {name} | `{overrides}` | {medians[name]:.0f} | {low:.0f}-{high:.0f} | {medians[name] / best:.2f} |")
     if args["json"]:
-        Path(args["json"]).write_text(json.dumps({"rounds": results, "medians": medians}, indent=2) + "\n")
+        values = {"experiment": args["experiment"], "batches": batches, "rounds": results, "medians": medians}
+        values["settings"] = {name: settings[name] for name in names}
+        write_record(measurement_record("bench_cpu_setup", values, script_command(__file__, argv)), args["json"])
     return 0
 
 

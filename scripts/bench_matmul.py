@@ -4,7 +4,8 @@ usage: python scripts/bench_matmul.py [n=8192] [dtype=bf16] [rounds=10] [device=
 
 MFU figures (docs/BENCHMARKS.md) divide a step's FLOPs per second by a peak; this is the measured one. Each round
 times 10 products on random inputs after 3 warm-up products (CUDA: between two synchronisations). Prints one JSON
-record: the device's name, n, dtype, every round's TFLOP/s (2 n^3 FLOPs a product) and their median.
+record, and with json=<file> writes it there: the device's name, n, dtype, every round's seconds and TFLOP/s (2 n^3
+FLOPs a product), their median, and the provenance (command, commit, machine, versions: vit/engine/provenance.py).
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 
-from vit.args import UsageError, parse_args, run_script
+from vit.args import UsageError, parse_args, run_script, script_command
 from vit.engine.device import resolve_device
+from vit.engine.provenance import measurement_record, write_record
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 PRODUCTS_PER_ROUND = 10
@@ -39,35 +40,35 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv, {"n": "8192", "dtype": "bf16", "rounds": "10", "device": "auto", "json": None})
     if args["dtype"] not in DTYPES:
         raise UsageError(f"dtype={args['dtype']!r} must be one of {', '.join(DTYPES)}")
-    n, rounds = int(args["n"]), int(args["rounds"])
-    if n < 1 or rounds < 1:
-        raise UsageError(f"n={n} and rounds={rounds} must be at least 1")
+    n, rounds = args.integer("n"), args.integer("rounds")  # a bad one: UsageError naming it
     device, dtype = resolve_device(args["device"]), DTYPES[args["dtype"]]
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     for _ in range(3):
         a @ b
-    tflops = []
+    seconds = []
     for _ in range(rounds):
         sync(device)
         start = time.perf_counter()
         for _ in range(PRODUCTS_PER_ROUND):
             a @ b
         sync(device)
-        tflops.append(2 * n**3 * PRODUCTS_PER_ROUND / (time.perf_counter() - start) / 1e12)
-    record = {
+        seconds.append(time.perf_counter() - start)
+    tflops = [2 * n**3 * PRODUCTS_PER_ROUND / s / 1e12 for s in seconds]
+    values = {
         "device": device_name(device),
         "torch": torch.__version__,
         "n": n,
         "dtype": args["dtype"],
         "products_per_round": PRODUCTS_PER_ROUND,
+        "seconds_rounds": seconds,
         "tflops_rounds": [round(t, 3) for t in tflops],
         "tflops_median": round(statistics.median(tflops), 3),
     }
-    text = json.dumps(record)
+    record = measurement_record("bench_matmul", values, script_command(__file__, argv))
     if args.get("json"):
-        Path(args["json"]).write_text(text + "\n")
-    print(text)
+        write_record(record, args["json"])
+    print(json.dumps(record))
     return 0
 
 

@@ -4,9 +4,11 @@ Each measurement runs in a fresh process, so its peak resident set size (`ru_max
 alone: the process builds the model and a random batch, reads its peak RSS ("before"), runs one forward and
 backward pass (cross-entropy against random labels, fp32, train mode), and reads its peak RSS again ("after").
 The step's own share is after - before. The two settings alternate, one process at a time, `--repeats` times.
+`--json FILE` writes the measurement record: every process's peak RSS before and after and its step time, the
+medians per setting, and the provenance (command, commit, machine, versions: vit/engine/provenance.py).
 
     python scripts/bench_memory.py                       # ViT-B/16, 224 px, 1000 classes, batch 32, 3 repeats
-    python scripts/bench_memory.py --model vit_tiny --batch-size 8 --repeats 1
+    python scripts/bench_memory.py --model vit_tiny --batch-size 8 --repeats 1 --json memory.json
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=32, help="images per step (default: 32)")
     parser.add_argument("--num-classes", type=int, default=1000, help="classifier size (default: 1000)")
     parser.add_argument("--repeats", type=int, default=3, help="processes per setting, interleaved (default: 3)")
+    parser.add_argument(
+        "--json", type=Path, default=None, help="write the measurement record (every process's values, provenance)"
+    )
     parser.add_argument("--one", choices=SETTINGS, help=argparse.SUPPRESS)  # internal: measure in this process
     args = parser.parse_args(argv)
     for key in ("img_size", "batch_size", "num_classes", "repeats"):
@@ -72,6 +77,18 @@ def run_child(args: argparse.Namespace, setting: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def medians(rows: list[dict]) -> dict:
+    """Per setting: the median step time and the median step's share of the peak RSS (after - before)."""
+    out = {}
+    for setting in SETTINGS:
+        mine = [r for r in rows if r["setting"] == setting]
+        out[setting] = {
+            "step_s": statistics.median(r["step_s"] for r in mine),
+            "share_mib": statistics.median(r["rss_after_mib"] - r["rss_before_mib"] for r in mine),
+        }
+    return out
+
+
 def summary(rows: list[dict]) -> str:
     lines = ["setting        peak RSS before   peak RSS after   step's share   step time"]
     for setting in SETTINGS:
@@ -98,6 +115,13 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(run_child(args, setting))
             print(f"repeat {repeat + 1}: {json.dumps(rows[-1])}", flush=True)
     print(summary(rows))
+    if args.json:
+        from vit.args import script_command
+        from vit.engine.provenance import measurement_record, write_record
+
+        settings = {key: getattr(args, key) for key in ("model", "img_size", "batch_size", "num_classes", "repeats")}
+        values = {"settings": settings, "rows": rows, "medians": medians(rows)}
+        write_record(measurement_record("bench_memory", values, script_command(__file__, argv)), args.json)
 
 
 if __name__ == "__main__":

@@ -2,14 +2,16 @@
 the trainer can build (timm's names, with this project's parameter groups), in interleaved rounds.
 
 usage: python scripts/bench_optimizer.py [experiment=cifar10_cpu] [optimizers=adamw:loop,adamw:foreach,adamw,lion,muon]
-    [threads=<n>] [rounds=7] [steps=20] [device=cpu] [model.<key>=<value> ...]
+    [threads=<n>] [rounds=7] [steps=20] [device=cpu] [json=<file>] [model.<key>=<value> ...]
 
 Each optimizer is built by vit/train/optimizer.py's `build_optimizer` from `optim=<name>` (configs/optim/<name>.yaml,
 or `optim.name=<name>` on the AdamW config where no file exists), exactly as the trainer builds it: so `adamw` is
 the fused AdamW the trainer runs. `adamw:loop` and `adamw:foreach` are torch's per-tensor loop and multi-tensor
 (foreach) implementations of the same AdamW, for comparison. Every parameter gets a fixed random gradient; after
 two warm-up steps each round times `steps` steps of every optimizer in turn. Prints the median milliseconds per
-step of each, and its ratio to the first. The trainer's whole step, for scale: scripts/benchmark.py.
+step of each, and its ratio to the first; json=<file> writes the measurement record: every round's milliseconds
+per step of every optimizer, the medians and ratios, and the provenance (command, commit, machine, versions:
+vit/engine/provenance.py). The trainer's whole step, for scale: scripts/benchmark.py.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import time
 import torch
 
 from vit import CONFIG_DIR
-from vit.args import UsageError, compose, parse_args, run_script
+from vit.args import UsageError, compose, parse_args, run_script, script_command
 from vit.engine.build import build_model_from_config
+from vit.engine.provenance import measurement_record, write_record
 from vit.train.optimizer import build_optimizer, scaled_lr
 
 VARIANTS = {"loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True, "fused": False}}
@@ -48,11 +51,13 @@ def main(argv: list[str]) -> int:
             "rounds": "7",
             "steps": "20",
             "device": "cpu",
+            "json": None,
         },
         model_keys=True,
     )
+    rounds, steps = args.integer("rounds"), args.integer("steps")
     if args.get("threads"):
-        torch.set_num_threads(int(args["threads"]))
+        torch.set_num_threads(args.integer("threads"))
     device = torch.device(args["device"])
     specs = [s for s in args["optimizers"].split(",") if s]
     model_overrides = [f"model.{key}={value}" for key, value in args.model.items()]
@@ -73,8 +78,8 @@ def main(argv: list[str]) -> int:
     for optimizer in optimizers.values():  # warm-up: state allocated, kernels chosen
         for _ in range(2):
             optimizer.step()
-    steps, times = int(args["steps"]), {spec: [] for spec in specs}
-    for _ in range(int(args["rounds"])):
+    times: dict[str, list[float]] = {spec: [] for spec in specs}
+    for _ in range(rounds):
         for spec, optimizer in optimizers.items():
             start = time.perf_counter()
             for _ in range(steps):
@@ -84,9 +89,16 @@ def main(argv: list[str]) -> int:
             times[spec].append((time.perf_counter() - start) / steps * 1000)
     base = statistics.median(times[specs[0]])
     print(f"| optimizer | class | ms per step (median) | vs {specs[0]} |\n|---|---|---|---|")
+    rows = []
     for spec in specs:
         ms = statistics.median(times[spec])
         print(f"| {spec} | {type(optimizers[spec]).__name__} | {ms:.2f} | {ms / base:.2f} |", flush=True)
+        rows.append({"optimizer": spec, "class": type(optimizers[spec]).__name__, "ms_rounds": times[spec]})
+        rows[-1] |= {"ms_median": ms, "vs_first": ms / base}
+    if args["json"]:
+        values = {"experiment": args["experiment"], "model": args.model, "params": params, "tensors": tensors}
+        values |= {"device": str(device), "rounds": rounds, "steps": steps, "optimizers": rows}
+        write_record(measurement_record("bench_optimizer", values, script_command(__file__, argv)), args["json"])
     return 0
 
 

@@ -2,7 +2,7 @@
 same JPEGs, each read through its real loader (`build_data`), on the CPU.
 
 usage: python scripts/bench_shards.py --archive <image-folder archive> --work <folder> [--repeats N] [--images N]
-       [--batch B] [--workers K] [--samples-per-shard N]
+       [--batch B] [--workers K] [--samples-per-shard N] [--json FILE]
 
 Example (the CIFAR-10 JPEGs that scripts/make_cifar_jpegs.py writes):
 
@@ -19,7 +19,9 @@ shard loader starts fresh workers every epoch and fills its shuffle buffer first
   reading only          the encoded images alone, in the main process, nothing decoded: the shard loader's raw
                         samples (tar headers parsed by the webdataset library) against opening and reading files
 The two loaders alternate within every repeat (which goes first alternates too); the table gives the median
-images/s over --repeats and the median of the per-repeat ratios shards / folders.
+images/s over --repeats and the median of the per-repeat ratios shards / folders. --json FILE writes the
+measurement record: every repeat's images/s of every row and loader, the medians and ratios, and the provenance
+(command, commit, machine, versions: vit/engine/provenance.py).
 """
 
 from __future__ import annotations
@@ -33,10 +35,11 @@ from pathlib import Path
 
 import torch
 
-from vit.args import run_script
+from vit.args import run_script, script_command
 from vit.data import build_data
 from vit.data.sources.archive import extract_archive
 from vit.data.sources.folders import find_tree_root
+from vit.engine.provenance import measurement_record, write_record
 
 REPO = Path(__file__).resolve().parents[1]
 READ_ONLY = "reading only, 1 process"
@@ -51,6 +54,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--images", type=int, default=10000, help="training images per pass")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--json", type=Path, default=None, help="write the measurement record (every repeat's rates, provenance) here"
+    )
     return parser.parse_args(argv)
 
 
@@ -122,10 +128,18 @@ def main(argv: list[str]) -> int:
             print(f"repeat {repeat + 1} {row}: " + ", ".join(f"{k} {rates[row, k][-1]:.0f} img/s" for k in built))
     print(f"\n| {'row':<23} | folders img/s | shards img/s | shards / folders |")
     print(f"|{'-' * 25}|---------------|--------------|------------------|")
+    table = []
     for row in rows:
         folders, shard = rates[row, "folders"], rates[row, "shards"]
         ratio = statistics.median(s / f for s, f in zip(shard, folders, strict=True))
         print(f"| {row:<23} | {statistics.median(folders):13.0f} | {statistics.median(shard):12.0f} | {ratio:16.2f} |")
+        table.append({"row": row, "folders_img_per_s_repeats": folders, "shards_img_per_s_repeats": shard})
+        table[-1] |= {"folders_img_per_s": statistics.median(folders), "shards_img_per_s": statistics.median(shard)}
+        table[-1]["shards_over_folders"] = ratio
+    if args.json:
+        settings = {key: getattr(args, key) for key in ("images", "batch", "workers", "samples_per_shard", "repeats")}
+        values = {"archive": str(args.archive), **settings, "rows": table}
+        write_record(measurement_record("bench_shards", values, script_command(__file__, argv)), args.json)
     return 0
 
 

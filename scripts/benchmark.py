@@ -12,7 +12,10 @@ batch 1 and a large batch, interleaved with timm's model of the same shape.
     python scripts/benchmark.py --inference --models vit_tiny_cifar,vit_small --batches 1,64 --device cpu \
         --runtimes eager,onnxruntime,onnxruntime-int8-dynamic,onnxruntime-int8-static
 
-Prints a markdown table last. See vit/analysis/benchmark.py (training steps; the models timed are
+Prints a markdown table last; --json FILE writes the measurement record: the command, commit, machine and versions
+(vit/engine/provenance.py) beside every case's per-round values (seconds and img/s of each timed round; --inference:
+each round's mean call time; --e2e: each counted real/static epoch pair) and their medians. See
+vit/analysis/benchmark.py (training steps; the models timed are
 vit/analysis/bench_cases.py's), vit/analysis/step_profile.py (--profile), vit/analysis/e2e.py (--e2e) and
 vit/analysis/inference.py (--inference) for the protocols, docs/BENCHMARKS.md for results.
 """
@@ -20,15 +23,16 @@ vit/analysis/inference.py (--inference) for the protocols, docs/BENCHMARKS.md fo
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
 from vit.analysis.bench_cases import CASES
-from vit.analysis.benchmark import bench_case, measure_peak_memory, to_json, to_markdown
+from vit.analysis.benchmark import bench_case, measure_peak_memory, to_markdown, to_record
 from vit.analysis.step_profile import profile_case, profile_markdown
+from vit.args import script_command
+from vit.engine.provenance import measurement_record, write_record
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,7 +48,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--min-round-s", type=float, default=0.5)
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=None,
+        help="write the measurement record here: provenance (command, commit, machine, versions) and every round",
+    )
     parser.add_argument("--md", type=Path, default=None, help="write the markdown table here")
     parser.add_argument(
         "--profile", type=Path, default=None, help="instead of timing: profile our model's step, markdown here"
@@ -76,7 +85,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--peer-amp", choices=["same", "auto", "bf16", "fp16", "none"], default="same", help="the peer's precision"
     )
     parser.add_argument("overrides", nargs="*", help="--e2e: trainer config overrides, as for train.py")
-    return parser.parse_args(argv)
+    return parser.parse_intermixed_args(argv)  # overrides before and after the flags alike
 
 
 def run_e2e(args: argparse.Namespace) -> int:
@@ -107,7 +116,7 @@ def run_e2e(args: argparse.Namespace) -> int:
         return 2
     table = e2e_markdown(result, " ".join(args.overrides) or "defaults")
     if args.json:
-        args.json.write_text(json.dumps(result.to_dict(), indent=2))
+        write_record(measurement_record("benchmark_e2e", result.to_dict(), args.command), args.json)
     if args.md:
         args.md.write_text(table + "\n")
     print(f"\nrun folder: {out}; device: {result.device}, torch {torch.__version__}")
@@ -116,7 +125,7 @@ def run_e2e(args: argparse.Namespace) -> int:
 
 
 def run_inference(args: argparse.Namespace, names: list[str], device: torch.device) -> int:
-    from vit.analysis.inference import ONNX_RUNTIMES, RUNTIMES, bench_inference, inference_json, inference_markdown
+    from vit.analysis.inference import ONNX_RUNTIMES, RUNTIMES, bench_inference, inference_markdown, inference_record
 
     runtimes = tuple(r for r in args.runtimes.split(",") if r)
     unknown = [r for r in runtimes if r not in RUNTIMES]
@@ -157,7 +166,7 @@ def run_inference(args: argparse.Namespace, names: list[str], device: torch.devi
             print(inference_markdown([result]).split("\n", 2)[-1], flush=True)
     table = inference_markdown(results)
     if args.json:
-        args.json.write_text(inference_json(results))
+        write_record(inference_record(results, args.command), args.json)
     if args.md:
         args.md.write_text(table + "\n")
     print(f"\ndevice: {device}, {torch.get_num_threads()} threads, torch {torch.__version__}")
@@ -167,6 +176,7 @@ def run_inference(args: argparse.Namespace, names: list[str], device: torch.devi
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.command = script_command(__file__, argv)  # what the JSON record names
     threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -250,7 +260,7 @@ def run_steps(args: argparse.Namespace, names: list[str], batches: list, modes: 
 
     table = to_markdown(results)
     if args.json:
-        args.json.write_text(to_json(results))
+        write_record(to_record(results, args.command), args.json)
     if args.md:
         args.md.write_text(table + "\n")
     print(

@@ -16,7 +16,8 @@ its final test evaluation inside `budget_s`, counted from process start, as the 
 
 Writes `<out>/metrics.json`: params, epochs, images seen, wall time, final test top-1, and the history of test
 top-1 against elapsed seconds (the test split is evaluated every `eval_every` epochs for that curve; nothing is
-chosen by it) in the trainer's metrics.json layout, and its settings and command-line keys in a run folder's
+chosen by it) in the trainer's metrics.json layout, with its `provenance` (command, commit, machine, versions:
+vit/engine/provenance.py) as the trainer's, and its settings and command-line keys in a run folder's
 `.hydra/config.yaml` and `.hydra/overrides.yaml` (as `experiment=timm_torchvision_reference`), so
 scripts/plot_recipes.py tables and draws it beside the recipe's runs.
 """
@@ -36,9 +37,10 @@ import yaml
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
-from vit.args import UsageError, parse_args, run_script
+from vit.args import UsageError, parse_args, run_script, script_command
 from vit.data.sources.archive import extract_archive, is_archive
 from vit.data.sources.folders import find_tree_root
+from vit.engine.provenance import provenance
 from vit.train.run import startup_seconds
 
 DEFAULTS = {
@@ -166,6 +168,7 @@ def main(argv: list[str]) -> int:
         "loader_workers": workers,
         "history": history,
         "val_split": "test",
+        "provenance": provenance(script_command(__file__, argv)),  # command, commit, machine, versions, date
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
     settings = {key: value for key, value in args.items() if key not in ("data.root", "out")}

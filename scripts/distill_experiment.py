@@ -15,6 +15,9 @@ training: that is the reported number.
 
 `--data` is the extracted CIFAR-10 JPEG tree (cifar10/train/<class>/, cifar10/test/<class>/); the subset trees are
 made of symbolic links under `--work`, and every run is a `train.py` process with one thread (`--jobs` at a time).
+`<work>/results.json` is the measurement record: the provenance (command, commit, machine, versions:
+vit/engine/provenance.py) beside every run's metrics (each seed's curve and test top-1), the commands, settings and
+summary.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from vit.analysis.experiments import (
     seed_table,
     train,
 )
+from vit.args import script_command
 
 METHODS = ("alone", "hard", "soft")
 # The ViT/4 of every run (0.46 M parameters) and the data and trainer settings they share.
@@ -160,7 +164,10 @@ def plot(results: dict, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    results = run_or_load(args, run_all, summary, setting_types=(int, float))
+    command = script_command(__file__, argv)
+    results = run_or_load(
+        args, run_all, summary, setting_types=(int, float), measurement="distill_experiment", command=command
+    )
     print(json.dumps(results["summary"], indent=1))
     if args.out is not None:
         plot(results, args.out)

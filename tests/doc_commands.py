@@ -8,8 +8,8 @@ user runs them, so `train.py ... hydra.run.dir=runs/tiny` followed by `average_c
 `verdict(command)` is the table: a command is run, with the placeholders of the docs (`<cifar10>`,
 `/path/to/imagenet`, `outputs/<date>/<time>/...`) replaced by small local data and files and with tiny sizes
 appended to every training (one epoch of two batches) and to the measurement scripts of TINY_SCRIPT_ARGS, or it
-is skipped with the reason (a GPU, several machines,
-the network, a server that runs until stopped). A command that matches no rule fails the test: a new command in
+is skipped with the reason (a GPU, several machines, the network, a server that runs until stopped, a measurement
+that the test named runs small: MEASURED_BY_TESTS). A command that matches no rule fails the test: a new command in
 the docs must be given a rule here.
 """
 
@@ -121,29 +121,61 @@ SKIPPED = [
     (r"\$SLURM|^head=", "Slurm"),
     (r"data\.path=/data/", "a Hugging Face dataset saved on the writer's disk"),
     (
-        r"distill_experiment\.py|transfer_experiment\.py",
-        "a measurement of an hour; tests/test_distill.py and tests/test_finetune.py run its parts",
-    ),  # fmt: skip
-    (r"cifar10_cpu_reference\.py", "a 30-minute measurement of the peer pipeline; tests/test_cpu_scripts.py runs it"),
-    (
-        r"bench_cpu_bf16\.py|bench_cpu_setup\.py|bench_shards\.py|bench_augment\.py|bench_cpu_loader\.py|"
-        r"bench_optimizer\.py",
-        "a timing measurement of minutes; tests/test_cpu_scripts.py, tests/test_benchmark.py run it small",
-    ),  # fmt: skip
-    (
-        r"benchmark\.py",
-        "a timing measurement of minutes; tests/test_benchmark.py and tests/test_inference_bench.py run it small",
-    ),  # fmt: skip
-    (
         r"plot_recipes\.py <runs>|plot_recipes\.py recipes",
         "plots the recipe runs of docs/RESULTS.md (hours); tests/test_plot_recipes.py runs it on small runs",
     ),  # fmt: skip
 ]
 
-# (pattern, arguments): a measurement script run as its doc says, with these arguments appended so that it measures
-# a tiny case in seconds (its flags given last win).
+# Measurement commands left to the test named, which runs the script small: TINY_SCRIPT_ARGS makes each of them tiny
+# too, but a tiny run costs 7-17 s on the 2-core CI machine (torch and timm imported, models built) and the
+# measurement commands get about 30 s of this test in all. The ones run here are those no other test runs as a
+# whole: bench_shards.py, bench_cpu_setup.py (its train.py runs), benchmark.py's INT8 runtimes, and bench_memory.py.
+# Delete a line to run its commands here, tiny.
+MEASURED_BY_TESTS = [
+    (
+        r"benchmark\.py --inference(?!.*int8)",
+        "tests/test_inference_bench.py runs it small (eager, onnxruntime; --runtimes compiled: minutes on a CPU)",
+    ),  # fmt: skip
+    (r"benchmark\.py (--e2e|--models)", "tests/test_benchmark.py runs it small (eager: --compile takes minutes here)"),
+    (r"bench_augment\.py", "tests/test_batched_policy.py runs it small"),
+    (r"bench_cpu_loader\.py", "tests/test_augment.py runs it small"),
+    (r"bench_cpu_bf16\.py|bench_optimizer\.py|cifar10_cpu_reference\.py", "tests/test_cpu_scripts.py runs it small"),
+    (
+        r"distill_experiment\.py",
+        "an hour in 10 train.py processes (4 at its smallest: a minute here); tests/test_distill.py runs the script "
+        "with its runs answered from a table, and trains its parts",
+    ),  # fmt: skip
+    (
+        r"transfer_experiment\.py",
+        "an hour in 10 train.py processes (4 at its smallest: a minute here); tests/test_finetune.py runs the script "
+        "with its runs answered from a table, and trains its parts",
+    ),  # fmt: skip
+]
+SKIPPED += [(pattern, f"a measurement; {reason}") for pattern, reason in MEASURED_BY_TESTS]
+
+# (pattern, arguments): a measurement script run as its doc says, with the arguments of every pattern it matches
+# appended so that it measures a tiny case in seconds (its flags and keys given last win).
 TINY_SCRIPT_ARGS = [
     (r"scripts/bench_memory\.py", "--model vit_tiny --img-size 32 --batch-size 2 --num-classes 10 --repeats 1"),
+    # benchmark.py: the toy ViT (32 px, 2 blocks) against timm's, one round of one step or call, eager
+    (r"scripts/benchmark\.py (?!.*--(inference|e2e))", "--models toy --batch 2 --compile off"),
+    (r"scripts/benchmark\.py --inference", "--models toy --batches 1"),
+    (r"scripts/benchmark\.py --inference(?!.*--runtimes)", "--runtimes eager,onnxruntime"),  # compiled: minutes
+    (r"scripts/benchmark\.py (?!.*--e2e)", "--rounds 1 --warmup 0 --min-round-s 0 --threads 1"),
+    (
+        r"scripts/benchmark\.py --e2e",
+        "--epochs 4 data.synthetic.num_train=32 data.synthetic.num_val=16 data.batch_size=16 model.depth=1",
+    ),  # fmt: skip
+    (r"scripts/bench_augment\.py", "--policies autoaug --batch 8 --size 16 --repeats 1 --warmup 0 --count-batches 1"),
+    (r"scripts/bench_cpu_loader\.py", "--images 4 --repeats 1 --batch 2"),
+    (r"scripts/bench_shards\.py", "--images 64 --batch 32 --workers 0 --repeats 1"),
+    (r"scripts/bench_cpu_bf16\.py", "cases=32x16x320x2 rounds=1 threads=1"),  # 2 steps a round
+    (r"scripts/bench_cpu_setup\.py", "rounds=1 batches=1 settings=memory-t1 warmup=false"),
+    (r"scripts/bench_optimizer\.py", "model.embed_dim=32 model.depth=1 model.num_heads=2 rounds=1 steps=1 threads=1"),
+    (
+        r"scripts/cifar10_cpu_reference\.py",
+        "budget_s=1 embed_dim=16 depth=1 num_heads=2 mlp_ratio=1 batch_size=64 workers=0 eval_every=2",
+    ),  # fmt: skip
 ]
 
 # (pattern, exit code): a command its doc says fails, and how.
@@ -188,6 +220,7 @@ SUBSTITUTIONS = [
     (r"/path/to/resnet18\.safetensors", "{resnet18_file}"),
     (r"check_images=<n>", "check_images=8"),
     (r"max_drop=1\.0", "max_drop=100"),  # the tests' model is untrained: one of 8 images is 12.5 points
+    (r"^(.*scripts/export\.py .*quantize=(?!.*max_drop=).*)$", r"\1 max_drop=100"),  # as above, the default 1 point
     (r"\[[^\] ]*=[^\] ]*<[^\]]*\]", ""),  # an optional key=<placeholder>: left out, the default taken
     (r"\[([^\] ]*=[^\] ]*)\]", r"\1"),  # an optional key=value: given
     (r"batch=dynamic\|<n>", "batch=dynamic"),
@@ -197,6 +230,8 @@ SUBSTITUTIONS = [
     (r"epoch_\d{4}\.pt", "epoch_0002.pt"),
     (r"data\.holdout=\d{3,}", "data.holdout=20"),
     (r"out=/tmp/", "out="),
+    (r"--work /tmp/", "--work "),
+    (r" docs/results/", " {repo}/docs/results/"),  # the records a command reads: the repository's own
     (r"<runs>|<figures>", "runs"),
     (r"<lever>|<s>|<seed>", "0"),
     (r"hydra\.run\.dir=proxy/0/seed0", "hydra.run.dir=proxy/lever/seed0"),

@@ -14,7 +14,7 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 from timm.data import auto_augment as timm_aa
-from trainer_utils import REPO, compose_config, run_cli
+from trainer_utils import REPO, assert_measurement_record, compose_config, run_cli
 
 from vit.data import DataError, build_data, resources
 from vit.data.augment import rand_augment as ra
@@ -396,16 +396,23 @@ def test_batch_augment_only_normalises_for_evaluation():
     torch.testing.assert_close(augment(x), (x.float() / 255 - 0.5) / 0.25)
 
 
-def test_cpu_loader_benchmark_prints_its_table(capsys):
+def test_cpu_loader_benchmark_prints_its_table(capsys, tmp_path):
     spec = importlib.util.spec_from_file_location("bench_cpu_loader", REPO / "scripts" / "bench_cpu_loader.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.main(["--images", "6", "--repeats", "1", "--batch", "3"])
+    module.main(["--images", "6", "--repeats", "1", "--batch", "3", "--json", str(tmp_path / "loader.json")])
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0] == "6 JPEGs x 1 repeats, batches of 3, 1 thread, policy rand-m9-mstd0.5-inc1"
     rows = [line.split(" | ") for line in lines[-2:]]
     assert [row[0] for row in rows] == ["| full pipeline on the CPU", "| loader workers only (GPU training)"]
     assert all(float(row[1]) > 0 and float(row[2]) > 0 for row in rows)
+    # The record: every batch's seconds on both sides, the printed img/s their sums' rates.
+    record = json.loads((tmp_path / "loader.json").read_text())
+    assert_measurement_record(record, "bench_cpu_loader", "--images 6 --repeats 1 --batch 3")
+    for row, printed in zip(record["rows"], rows, strict=True):
+        assert [b["images"] for b in row["batches"]] == [3, 3]
+        assert f"{6 / sum(b['ours_s'] for b in row['batches']):.1f}" == printed[1]
+        assert f"{6 / sum(b['timm_s'] for b in row['batches']):.1f}" == printed[2]
 
 
 def test_flip_mirrors_exactly_the_drawn_samples():

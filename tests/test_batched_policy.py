@@ -3,13 +3,14 @@ every op image by image, exactly; the magnitude tables and sub-policies; the dra
 policies as the loaders build them."""
 
 import importlib.util
+import json
 import math
 
 import pytest
 import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
-from trainer_utils import REPO, compose_config
+from trainer_utils import REPO, assert_measurement_record, compose_config
 
 from vit.data import build_data
 from vit.data.augment import batched_ops as bo
@@ -302,14 +303,21 @@ def test_gpu_loader_resumes_mid_epoch_exactly(policy):
         assert torch.equal(a, b)
 
 
-def test_bench_script_prints_its_table(capsys):
+def test_bench_script_prints_its_table(capsys, tmp_path):
     spec = importlib.util.spec_from_file_location("bench_augment", REPO / "scripts" / "bench_augment.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.main(["--batch", "16", "--size", "8", "--repeats", "1", "--warmup", "0", "--count-batches", "1"])
+    tiny = ["--batch", "16", "--size", "8", "--repeats", "1", "--warmup", "0", "--count-batches", "1"]
+    module.main([*tiny, "--json", str(tmp_path / "augment.json")])
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-11].startswith("| policy | implementation | ms / batch (median) | aten ops / batch |")
     rows = [line.split(" | ") for line in lines[-9:]]
     assert [(r[0][2:], r[1]) for r in rows[:4]] == [("none", "-"), *[("autoaug", i) for i, _, _ in module.IMPLS]]
     assert [r[1] for r in rows[-2:]] == ["ours", "ours (whole batch)"]  # timm's RandAugment: no torchvision row
     assert all(int(r[3]) > 0 for r in rows)  # op counts
+    # The record: each row's every timed batch, the printed median theirs.
+    record = json.loads((tmp_path / "augment.json").read_text())
+    assert_measurement_record(record, "bench_augment", "--batch 16 --size 8 --repeats 1")
+    assert [(r["policy"], r["implementation"]) for r in record["rows"]] == [(r[0][2:], r[1]) for r in rows]
+    for row, printed in zip(record["rows"], rows, strict=True):
+        assert len(row["ms_repeats"]) == 1 and f"{row['ms_repeats'][0]:.1f}" == printed[2]

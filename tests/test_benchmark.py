@@ -10,7 +10,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 import benchmark  # noqa: E402
-from trainer_utils import VirtualClock  # noqa: E402
+from trainer_utils import VirtualClock, assert_measurement_record  # noqa: E402
 
 from vit.analysis.bench_cases import CASES  # noqa: E402
 from vit.analysis.benchmark import percentile  # noqa: E402
@@ -23,10 +23,16 @@ def test_toy_benchmark_against_timm_writes_json_and_table(tmp_path, capsys):
         + ["--device", "cpu", "--json", str(out_json), "--md", str(out_md)]
     )
     assert code == 0
-    (result,) = json.loads(out_json.read_text())
+    record = json.loads(out_json.read_text())
+    assert_measurement_record(record, "benchmark", "scripts/benchmark.py --models toy --vs-timm")
+    (result,) = record["results"]
     assert result["case"] == "toy" and result["rounds"] == 2
     assert [s["side"] for s in result["sides"]] == ["ours", "peer"]
-    assert all(s["img_per_s"] > 0 for s in result["sides"])
+    for side in result["sides"]:  # every round's time, and the median of their throughputs
+        assert len(side["round_seconds"]) == len(side["round_img_per_s"]) == 2 and side["img_per_s"] > 0
+        steps, seconds = side["steps_per_round"], side["round_seconds"]
+        assert side["round_img_per_s"] == pytest.approx([steps * result["batch"] / s for s in seconds])
+        assert side["img_per_s"] == pytest.approx(sum(side["round_img_per_s"]) / 2)
     assert result["ratio_p10"] <= result["ratio_median"] <= result["ratio_p90"]
     assert "| toy | 32 | 8 | eager |" in out_md.read_text()
     assert "| toy |" in capsys.readouterr().out
@@ -121,6 +127,7 @@ def test_e2e_benchmark_trains_through_the_trainer_and_reports_the_data_path_cost
     args = ["--e2e", "--epochs", "6", "--e2e-dir", str(run_dir), "--json", str(out_json), *overrides]
     assert benchmark.main(args) == 0
     result = json.loads(out_json.read_text())
+    assert_measurement_record(result, "benchmark_e2e", "--e2e --epochs 6", "data.loader=torch")
     # Recomputed from the run's own metrics.json: epochs 2 and 4 real, 3 and 5 static.
     rates = [r["train_img_per_s"] for r in json.loads((run_dir / "metrics.json").read_text())["history"]]
     assert len(rates) == 6

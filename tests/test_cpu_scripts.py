@@ -1,17 +1,29 @@
 """The CPU measurement scripts run as documented on tiny inputs: the plain timm + torchvision reference loop (its
-budget, its run folder, plot_recipes reading it), the bf16 crossover table and the loader/thread settings."""
+budget, its run folder, plot_recipes reading it), the bf16 crossover table, the loader/thread settings, the
+optimizer step, the matmul peak and the memory of a step; each writes its measurement record (provenance and every
+round's values, vit/engine/provenance.py)."""
 
+import importlib.util
 import json
+import statistics
 import subprocess
 import sys
 
 import pytest
-from trainer_utils import REPO, make_tree
+from trainer_utils import REPO, assert_measurement_record, assert_provenance, make_tree
 
 
 def script(name: str, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
     command = [sys.executable, str(REPO / "scripts" / name), *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+
+
+def load_script(name: str):
+    """scripts/<name>.py as a module, to call its main in this process."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +46,7 @@ def test_reference_loop_fits_its_budget_and_writes_a_run_plot_recipes_reads(cifa
     assert metrics["test"]["top1"] == history[-1]["val_top1"]
     assert metrics["images_seen"] == len(history) * 6 * 4  # 24 images, batch 4, the last partial batch dropped
     assert metrics["wall_time_s"] < 60
+    assert_provenance(metrics["provenance"], "cifar10_cpu_reference.py", "budget_s=12")  # as the trainer's
     table = script("plot_recipes.py", str(tmp_path / "reference"), f"out={tmp_path / 'figures'}")
     assert table.returncode == 0, table.stderr
     assert "timm_torchvision_reference" in table.stdout and (tmp_path / "figures" / "recipes.png").is_file()
@@ -47,39 +60,101 @@ def test_reference_loop_refuses_bad_input_in_one_line(tmp_path):
 
 
 @pytest.mark.slow  # 14 s: times matmuls in both precisions
-def test_bf16_crossover_table_times_both_precisions():
-    done = script("bench_cpu_bf16.py", "cases=32x16x8x2,64x64x4x4", "rounds=1", "threads=1")
+def test_bf16_crossover_table_times_both_precisions(tmp_path):
+    out = tmp_path / "bf16.json"
+    done = script("bench_cpu_bf16.py", "cases=32x16x8x2,64x64x4x4", "rounds=1", "threads=1", f"json={out}")
     assert done.returncode == 0, done.stderr
     rows = [line for line in done.stdout.splitlines() if line.startswith("| 32 ") or line.startswith("| 64 ")]
     assert len(rows) == 2
     fp32, bf16, ratio = (float(cell) for cell in rows[0].strip("|").split("|")[4:7])
     assert fp32 > 0 and bf16 > 0 and abs(ratio - bf16 / fp32) < 0.01 + 0.01 * ratio
+    record = json.loads(out.read_text())
+    assert_measurement_record(record, "bench_cpu_bf16", "cases=32x16x8x2,64x64x4x4")
+    first = record["cases"][0]
+    assert (first["width"], first["tokens"], first["batch"], record["rounds"]) == (32, 16, 8, 1)
+    for precision in ("fp32", "bf16"):  # every round (one here), the table's figure their median
+        assert len(first[f"{precision}_img_per_s_rounds"]) == 1
+        assert first[f"{precision}_img_per_s"] == statistics.median(first[f"{precision}_img_per_s_rounds"])
+    assert round(first["fp32_img_per_s"]) == fp32
     bad = script("bench_cpu_bf16.py", "cases=32x10x8x2")
     assert bad.returncode == 2 and "tokens must be one of" in bad.stderr
 
 
-def test_cpu_setup_names_its_settings_and_refuses_unknown_ones():
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        from bench_cpu_setup import all_settings
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
-    settings = all_settings(2)
+def test_cpu_setup_names_its_settings_and_refuses_unknown_ones(tmp_path, monkeypatch, capsys):
+    module = load_script("bench_cpu_setup")
+    settings = module.all_settings(2)
     assert settings["memory-t2"] == ["data.loader=gpu", "trainer.threads=2"]
     assert settings["torch-w1-t1"] == ["data.loader=torch", "data.num_workers=1", "trainer.threads=1"]
     assert len(settings) == 2 + 3 * 2
     done = script("bench_cpu_setup.py", "data.root=x", "settings=memory-t9")
     assert done.returncode == 2 and "'memory-t9' is not one of" in done.stderr
+    # Its record: every round's img/s of every setting (the training runs here answer from a list, in order).
+    answers = iter([1.0, 100.0, 200.0, 300.0, 50.0, 110.0, 210.0])
+    monkeypatch.setattr(module, "train_img_per_s", lambda *args: next(answers))
+    args = ["data.root=x", "settings=memory-t1,torch-w0-t1", "rounds=3", "batches=5", f"json={tmp_path / 's.json'}"]
+    assert module.main(args) == 0
+    record = json.loads((tmp_path / "s.json").read_text())
+    assert_measurement_record(record, "bench_cpu_setup", "settings=memory-t1,torch-w0-t1")
+    assert record["rounds"] == {"memory-t1": [100.0, 300.0, 110.0], "torch-w0-t1": [200.0, 50.0, 210.0]}
+    assert record["medians"] == {"memory-t1": 110.0, "torch-w0-t1": 200.0} and record["batches"] == 5
+    assert record["settings"]["memory-t1"] == settings["memory-t1"]
+    assert "| torch-w0-t1 |" in capsys.readouterr().out
 
 
 @pytest.mark.slow  # 16 s on 2 cores: a process that builds a model and three optimizers and times them
-def test_optimizer_step_table_times_each_optimizer_as_the_trainer_builds_it():
+def test_optimizer_step_table_times_each_optimizer_as_the_trainer_builds_it(tmp_path):
     tiny = ["model.embed_dim=32", "model.depth=1", "model.num_heads=2", "rounds=1", "steps=2", "threads=1"]
-    done = script("bench_optimizer.py", "optimizers=adamw,adamw:loop,lion", *tiny)
+    done = script("bench_optimizer.py", "optimizers=adamw,adamw:loop,lion", *tiny, f"json={tmp_path / 'o.json'}")
     assert done.returncode == 0, done.stderr
     table = [line.split("|") for line in done.stdout.splitlines() if line.startswith(("| adamw", "| lion"))]
     rows = {cells[1].strip(): cells[2:5] for cells in table}
     assert [cls.strip() for cls, _, _ in rows.values()] == ["AdamW", "AdamW", "Lion"]
     assert all(float(ms) > 0 for _, ms, _ in rows.values()) and float(rows["adamw"][2]) == 1.0
+    record = json.loads((tmp_path / "o.json").read_text())
+    assert_measurement_record(record, "bench_optimizer", "optimizers=adamw,adamw:loop,lion")
+    assert [(r["optimizer"], r["class"]) for r in record["optimizers"]] == [
+        ("adamw", "AdamW"),
+        ("adamw:loop", "AdamW"),
+        ("lion", "Lion"),
+    ]
+    for row in record["optimizers"]:  # every round (one here), the table's figure their median
+        assert len(row["ms_rounds"]) == 1 and row["ms_median"] == statistics.median(row["ms_rounds"])
+    assert record["model"] == {"embed_dim": 32, "depth": 1, "num_heads": 2} and record["steps"] == 2
     bad = script("bench_optimizer.py", "optimizers=lion:loop")
     assert bad.returncode == 2 and "only adam and adamw have the variants" in bad.stderr
+
+
+def test_matmul_peak_record_holds_every_round(tmp_path, capsys):
+    out = tmp_path / "matmul.json"
+    assert load_script("bench_matmul").main(["n=8", "rounds=3", "dtype=fp32", "device=cpu", f"json={out}"]) == 0
+    record = json.loads(out.read_text())
+    assert record == json.loads(capsys.readouterr().out)  # printed as written
+    assert_measurement_record(record, "bench_matmul", "scripts/bench_matmul.py n=8 rounds=3")
+    assert len(record["seconds_rounds"]) == len(record["tflops_rounds"]) == 3 and record["device"] == "cpu"
+    flops = 2 * 8**3 * record["products_per_round"]
+    assert record["tflops_rounds"] == [round(flops / s / 1e12, 3) for s in record["seconds_rounds"]]
+    assert record["tflops_median"] == round(statistics.median(flops / s / 1e12 for s in record["seconds_rounds"]), 3)
+
+
+def test_memory_record_holds_every_process(tmp_path, monkeypatch):
+    """The record keeps each process's peak RSS and step time, not only the medians (the processes answer from a
+    list here; tests/test_docs_commands.py runs the documented command on a tiny model)."""
+    module = load_script("bench_memory")
+    answers = iter([(1000, 1500, 2.0), (1000, 1200, 3.0), (1000, 1600, 2.2), (1000, 1250, 3.4)])
+
+    def child(args, setting):
+        before, after, seconds = next(answers)
+        return {"setting": setting, "rss_before_mib": before, "rss_after_mib": after, "step_s": seconds}
+
+    monkeypatch.setattr(module, "run_child", child)
+    module.main(["--model", "vit_tiny", "--repeats", "2", "--json", str(tmp_path / "m.json")])
+    record = json.loads((tmp_path / "m.json").read_text())
+    assert_measurement_record(record, "bench_memory", "--model vit_tiny --repeats 2")
+    assert [(r["setting"], r["step_s"]) for r in record["rows"]] == [
+        ("plain", 2.0),
+        ("checkpointed", 3.0),
+        ("plain", 2.2),
+        ("checkpointed", 3.4),
+    ]
+    assert record["medians"]["checkpointed"] == {"step_s": pytest.approx(3.2), "share_mib": 225}
+    assert record["settings"]["model"] == "vit_tiny" and record["settings"]["repeats"] == 2

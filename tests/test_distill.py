@@ -3,6 +3,8 @@ teacher's input adapter, a run with a teacher (no gradients, student-only checkp
 settings (exit 2, one line)."""
 
 import importlib
+import importlib.util
+import json
 import math
 
 import pytest
@@ -13,7 +15,7 @@ from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed
 from torch import nn
 from torchvision.transforms import functional as TF
-from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config, run_cli
+from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, assert_measurement_record, compose_config, run_cli
 
 from vit.engine.build import build_model_from_config
 from vit.engine.weights import CheckpointError, load_checkpoint, load_pretrained
@@ -313,3 +315,32 @@ def test_the_command_line_says_it_in_one_line_with_exit_code_2(resnet_file, tmp_
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("checkpoint error: distill.teacher="), lines
     assert "predicts 10 classes, the data has 7" in lines[0]
+
+
+def test_the_experiment_script_records_every_seed_beside_its_provenance(tmp_path, monkeypatch):
+    """scripts/distill_experiment.py with its train.py runs answered from a table (the runs themselves: the tests
+    above): results.json is its measurement record, each seed's run and the summary beside the provenance."""
+    spec = importlib.util.spec_from_file_location("distill_experiment", REPO / "scripts" / "distill_experiment.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for split in ("train", "test"):
+        for name in ("cat", "dog"):
+            (tmp_path / "data" / split / name).mkdir(parents=True)
+            (tmp_path / "data" / split / name / "0.jpg").write_bytes(b"")
+    top1 = {"teacher": 60.0, "alone": 40.0, "hard": 45.0, "soft": 50.0}
+
+    def train(name, overrides, work):
+        method, _, seed = name.partition("-")
+        final = {"val_top1": top1[method] - 5, "step": 10, "val_teacher_agreement": 0.5 if seed else None}
+        return {"test": {"top1": top1[method] + int(seed or 0)}, "final": final, "wall_time_s": 1.0}
+
+    monkeypatch.setattr(script, "train", train)
+    work = tmp_path / "work"
+    assert script.main(["--data", str(tmp_path / "data"), "--work", str(work), "--seeds", "0", "1"]) == 0
+    record = json.loads((work / "results.json").read_text())
+    assert_measurement_record(record, "distill_experiment", "--seeds 0 1")
+    assert record["runs"]["soft-1"]["test"]["top1"] == 51.0 and "distill.type=soft" in record["commands"]["soft-1"]
+    assert record["summary"]["hard"]["test_top1"] == [45.0, 46.0] and record["summary"]["teacher"]["test_top1"] == 60
+    assert record["settings"]["per_class"] == 300 and record["settings"]["alpha"] == 0.5
+    args = ["--data", str(tmp_path / "data"), "--work", str(work), "--plot-only"]
+    assert script.main(args) == 0 and json.loads((work / "results.json").read_text()) == record  # read, not rerun

@@ -3,6 +3,8 @@
 
 import functools
 import importlib
+import importlib.util
+import json
 import logging
 import os
 import subprocess
@@ -14,7 +16,7 @@ import torch
 from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed, resample_patch_embed
 from timm.optim import param_groups_layer_decay
-from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, compose_config
+from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, assert_measurement_record, compose_config
 
 import vit.train
 from vit.cli import train_task
@@ -486,3 +488,32 @@ def test_two_ranks_fine_tune_to_the_weights_of_one_process(tmp_path):
     for part in ("model", "ema"):
         for key in states[0][part]:
             torch.testing.assert_close(states[1][part][key], states[0][part][key], atol=2e-5, rtol=1e-4, msg=key)
+
+
+def test_the_experiment_script_records_every_seed_beside_its_provenance(tmp_path, monkeypatch):
+    """scripts/transfer_experiment.py with its train.py runs answered from a table (the runs themselves: the tests
+    above): results.json is its measurement record, each seed's run and the summary beside the provenance."""
+    spec = importlib.util.spec_from_file_location("transfer_experiment", REPO / "scripts" / "transfer_experiment.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    for split in ("train", "test"):
+        for name in (*script.SOURCE_CLASSES, *script.TARGET_CLASSES):
+            (tmp_path / "data" / split / name).mkdir(parents=True)
+            (tmp_path / "data" / split / name / "0.jpg").write_bytes(b"")
+    top1 = {"pretrain": 70.0, "finetune": 60.0, "probe": 50.0, "scratch": 40.0}
+
+    def train(name, overrides, work):
+        method, _, seed = name.partition("-")
+        final = {"val_top1": top1[method] - 5, "step": 10}
+        return {"test": {"top1": top1[method] + int(seed or 0)}, "final": final, "wall_time_s": 1.0}
+
+    monkeypatch.setattr(script, "train", train)
+    work = tmp_path / "work"
+    assert script.main(["--data", str(tmp_path / "data"), "--work", str(work), "--seeds", "0", "2"]) == 0
+    record = json.loads((work / "results.json").read_text())
+    assert_measurement_record(record, "transfer_experiment", "--seeds 0 2")
+    assert record["runs"]["probe-2"]["test"]["top1"] == 52.0
+    assert "model.freeze=backbone" in record["commands"]["probe-2"]
+    assert record["summary"]["finetune"]["test_top1"] == [60.0, 62.0]
+    assert record["summary"]["pretrain"]["val_top1"] == 65
+    assert record["settings"]["epochs"] == 40

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from trainer_utils import REPO, VirtualClock
+from trainer_utils import REPO, VirtualClock, assert_measurement_record
 
 from vit.analysis.bench_cases import CASES
 from vit.analysis.inference import build_variants
@@ -25,12 +25,17 @@ def test_toy_inference_against_timm_writes_json_and_table(tmp_path, capsys):
     # One thread: two-threaded calls of a tiny model wait on each other when neighbours load the cores.
     args += ["--rounds", "3", "--warmup", "1", "--min-round-s", "0.02", "--device", "cpu", "--threads", "1"]
     assert benchmark.main([*args, "--json", str(out_json), "--md", str(out_md)]) == 0
-    results = json.loads(out_json.read_text())
+    record = json.loads(out_json.read_text())
+    assert_measurement_record(record, "benchmark_inference", "--inference --models toy --batches 1,4")
+    results = record["results"]
     assert [(r["case"], r["batch"]) for r in results] == [("toy", 1), ("toy", 4)]
     for result in results:
         assert [row["runtime"] for row in result["runtimes"]] == ["eager", "onnxruntime"]
         for row in result["runtimes"]:
             assert row["ours_ms"] > 0 and row["peer_ms"] > 0
+            for side in ("ours", "peer"):  # every round's mean call time, their median the latency
+                assert len(row[f"{side}_round_ms"]) == 3 and row[f"{side}_calls_per_round"] >= 1
+                assert row[f"{side}_ms"] == pytest.approx(sorted(row[f"{side}_round_ms"])[1])
             assert row["ours_p10_ms"] <= row["ours_ms"] <= row["ours_p90_ms"]
             assert row["ratio_p10"] <= row["ratio_median"] <= row["ratio_p90"]
     table = out_md.read_text()

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from trainer_utils import REPO, run_cli
+from trainer_utils import REPO, assert_measurement_record, run_cli
 from webdataset import TarWriter
 
 from vit.data import DataError, build_data
@@ -257,6 +257,32 @@ def test_two_processes_train_one_epoch_on_shards(shards, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["epochs_done"] == 1 and metrics["history"][0]["step"] == 5
+
+
+def test_bench_shards_records_every_repeat(tmp_path, monkeypatch):
+    """scripts/bench_shards.py's record holds every repeat's images/s of each row and loader, beside the medians
+    and ratios it prints (the passes answer from a table here; tests/test_docs_commands.py runs the documented
+    command on the tests' small CIFAR-10 archive)."""
+    spec = importlib.util.spec_from_file_location("bench_shards", REPO / "scripts" / "bench_shards.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(script, "prepare", lambda args: (tmp_path / "tree", tmp_path / "shards"))
+    monkeypatch.setattr(script, "loaders", lambda args, tree, shards: {"folders": "f", "shards": "s"})
+    rate = {"f": 100.0, "s": 150.0}
+    monkeypatch.setattr(script, "timed_pass", lambda loader, epoch, row: rate[loader] * (1 + epoch))
+    args = ["--archive", "a.tar", "--work", str(tmp_path), "--repeats", "3", "--json", str(tmp_path / "s.json")]
+    threads = torch.get_num_threads()
+    try:
+        assert script.main(args) == 0
+    finally:
+        torch.set_num_threads(threads)  # the script runs on one thread; the tests after it on the suite's setting
+    record = json.loads((tmp_path / "s.json").read_text())
+    assert_measurement_record(record, "bench_shards", "--archive a.tar", "--repeats 3")
+    assert [row["row"] for row in record["rows"]] == ["loader workers only", "full pipeline", script.READ_ONLY]
+    for row in record["rows"]:
+        assert row["folders_img_per_s_repeats"] == [100.0, 200.0, 300.0] and row["folders_img_per_s"] == 200.0
+        assert row["shards_img_per_s_repeats"] == [150.0, 300.0, 450.0] and row["shards_over_folders"] == 1.5
+    assert record["repeats"] == 3 and record["images"] == 10000
 
 
 ARCHIVE = os.environ.get("VIT_CIFAR10_ARCHIVE")

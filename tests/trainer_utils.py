@@ -26,6 +26,26 @@ QUICK_SYNTHETIC = ["data=synthetic", "data.synthetic.num_train=256", "data.synth
 QUICK = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.device=cpu", "trainer.attn_maps_every_n_epochs=0"]
 
 
+def head_commit() -> str:
+    """This checkout's commit, as git names it."""
+    done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True)
+    return done.stdout.strip()
+
+
+def assert_provenance(source: dict, *command_words: str) -> None:
+    """A result's `provenance` (vit/engine/provenance.py): this checkout's commit, a command holding
+    `command_words`, this machine's cores, the versions."""
+    assert source["commit"] == head_commit() and isinstance(source["dirty"], bool)
+    assert all(word in source["command"] for word in command_words), (source["command"], command_words)
+    assert source["machine"]["cpu"]["cores"] == os.cpu_count() and source["versions"]["torch"]
+
+
+def assert_measurement_record(record: dict, measurement: str, *command_words: str) -> None:
+    """A measurement script's JSON record: its name and its provenance (assert_provenance)."""
+    assert record["measurement"] == measurement, record.get("measurement")
+    assert_provenance(record["provenance"], *command_words)
+
+
 def compose_config(overrides: list[str]):
     """The trainer's config with these overrides, composed as train.py composes it (vit/args.py)."""
     return compose(overrides)

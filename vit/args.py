@@ -6,6 +6,7 @@
 - `compose`: the trainer's config (configs/config.yaml) with Hydra overrides, as train.py composes it.
 - `run_script`: `--help`/`-h` prints the script's usage (its module docstring) and exits 0; a bad setting, file or
   path is one line on stderr and exit code 2.
+- `script_command`: the command line a measurement script's record names (vit/engine/provenance.py).
 
 A script is then a docstring with a `usage:` line and an example, a `main(argv)` and
 `sys.exit(run_script(main, usage=__doc__))`. This module sits beside vit/analysis and vit/deploy and imports
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from vit import CONFIG_DIR as PACKAGE_CONFIG_DIR
 from vit.errors import UserError, one_line
@@ -119,6 +121,15 @@ def compose(overrides: list[str], config_name: str = "config"):
             return hydra_compose(config_name=config_name, overrides=list(overrides))
     except (HydraException, OmegaConfBaseException, ValueError) as err:  # ValueError: a null group choice
         raise UsageError(str(err).strip().splitlines()[0]) from None
+
+
+def script_command(script: str, argv: list[str] | None) -> list[str]:
+    """The command a script's measurement record names: the process's own command line where `main` was given it
+    (`argv` None, or sys.argv's arguments), else `scripts/<name>.py` and the arguments `main` was called with (a
+    test calling `main` in its process)."""
+    if argv is None or (Path(sys.argv[0]).name == Path(script).name and sys.argv[1:] == list(argv)):
+        return list(sys.argv)
+    return [f"scripts/{Path(script).name}", *argv]
 
 
 def wants_help(argv: list[str]) -> bool:

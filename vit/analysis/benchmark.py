@@ -12,13 +12,12 @@ time is vit/analysis/step_profile.py's.
 
 from __future__ import annotations
 
-import json
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +26,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vit.analysis.bench_cases import H100_BF16_PEAK_FLOPS, BenchCase, build_side, num_classes_of, peer_available
 from vit.engine.device import Precision, choose_precision
+from vit.engine.provenance import measurement_record
 
 
 def make_train_step(
@@ -99,10 +99,13 @@ def percentile(values: list[float], q: float) -> float:
 @dataclass
 class SideResult:
     side: str  # "ours" or "peer"
-    img_per_s: float
+    img_per_s: float  # the median of round_img_per_s
     step_ms: float
     mfu: float | None
     peak_gib: float | None = None
+    steps_per_round: int = 0
+    round_seconds: list[float] = field(default_factory=list)  # every timed round's wall time, in order
+    round_img_per_s: list[float] = field(default_factory=list)  # steps_per_round x batch / round_seconds
 
 
 @dataclass
@@ -154,18 +157,21 @@ def bench_case(
             steps[side]()
     per_round = {side: steps_for(steps[side], min_round_s, device) for side in sides}
 
+    seconds: dict[str, list[float]] = {side: [] for side in sides}
     throughput: dict[str, list[float]] = {side: [] for side in sides}
     for _ in range(rounds):
         for side in sides:  # interleaved: ours, peer, ours, peer, ...
-            seconds = time_steps(steps[side], per_round[side], device)
-            throughput[side].append(per_round[side] * batch / seconds)
+            seconds[side].append(time_steps(steps[side], per_round[side], device))
+            throughput[side].append(per_round[side] * batch / seconds[side][-1])
 
     results = []
     for side in sides:
         img_s = statistics.median(throughput[side])
         step_s = batch / img_s
         mfu = flops[side] / step_s / peak_flops if device.type == "cuda" else None
-        results.append(SideResult(side, img_s, 1000 * step_s, mfu))
+        results.append(
+            SideResult(side, img_s, 1000 * step_s, mfu, None, per_round[side], seconds[side], throughput[side])
+        )
     out = CaseResult(case.name, batch, case.img_size, compile_mode, str(device), results, rounds=rounds)
     out.precision = precisions["ours"].name
     out.peer_precision = precisions["peer"].name if "peer" in precisions else None
@@ -224,8 +230,10 @@ def to_markdown(results: list[CaseResult]) -> str:
     return "\n".join(lines)
 
 
-def to_json(results: list[CaseResult]) -> str:
-    return json.dumps([asdict(r) for r in results], indent=2)
+def to_record(results: list[CaseResult], argv: list[str] | None = None) -> dict:
+    """The measurement record of the cases (vit/engine/provenance.py: the command, code and machine beside the
+    values): each case with every timed round's seconds and img/s per side, beside their medians and ratios."""
+    return measurement_record("benchmark", {"results": [asdict(r) for r in results]}, argv)
 
 
 # Kernel families for the profile summary, matched on lower-case kernel/op names (CUDA kernels under

@@ -1,5 +1,6 @@
 """What the CPU-sized experiment scripts (scripts/transfer_experiment.py, scripts/distill_experiment.py) share:
-the small ViT/4 and data settings of their runs, one `train.py` process per run, and the per-method seed table."""
+the small ViT/4 and data settings of their runs, one `train.py` process per run, the per-method seed table, and
+their results.json: a measurement record (vit/engine/provenance.py) holding every run's metrics."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from vit.engine.provenance import measurement_record, write_record
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -64,9 +67,19 @@ def plot_seed_curves(ax, runs: dict[str, dict], method: str, color: str, **style
     ax.fill_between(steps, [min(v) for v in values], [max(v) for v in values], color=color, alpha=0.2)
 
 
-def run_or_load(args, run_all, summary, setting_types: tuple[type, ...] = (int,)) -> dict:
+def run_or_load(
+    args,
+    run_all,
+    summary,
+    setting_types: tuple[type, ...] = (int,),
+    *,
+    measurement: str = "experiment",
+    command: list[str] | None = None,
+) -> dict:
     """The experiment's results: read from <work>/results.json with --plot-only, else run (`run_all(args)`), with
-    the wall time, the numeric settings (of `setting_types`) and `summary(results)` added, and written there."""
+    the wall time, the numeric settings (of `setting_types`) and `summary(results)` added, and written there as
+    the measurement record `measurement` of `command` (default sys.argv): its provenance beside every run's
+    metrics (each seed's history and test top-1) and the summary."""
     path = args.work / "results.json"
     if args.plot_only:
         return json.loads(path.read_text())
@@ -76,5 +89,6 @@ def run_or_load(args, run_all, summary, setting_types: tuple[type, ...] = (int,)
     settings = {k: v for k, v in vars(args).items() if isinstance(v, setting_types) and not isinstance(v, bool)}
     results["settings"] = settings
     results["summary"] = summary(results)
-    path.write_text(json.dumps(results, indent=1))
+    results = measurement_record(measurement, results, command)
+    write_record(results, path)
     return results

@@ -17,7 +17,6 @@ scales, not its speed).
 
 from __future__ import annotations
 
-import json
 import random
 import statistics
 import tempfile
@@ -33,6 +32,7 @@ from torch import nn
 from vit.analysis.bench_cases import BenchCase, build_side, peer_available
 from vit.analysis.benchmark import percentile, synchronize
 from vit.engine.device import Precision, choose_precision
+from vit.engine.provenance import measurement_record
 
 RUNTIMES = ("eager", "compiled", "onnxruntime", "onnxruntime-int8-dynamic", "onnxruntime-int8-static")
 ONNX_RUNTIMES = tuple(r for r in RUNTIMES if r.startswith("onnxruntime"))
@@ -55,6 +55,10 @@ class RuntimeResult:
     ratio_median: float | None = None  # throughput ours / peer
     ratio_p10: float | None = None
     ratio_p90: float | None = None
+    ours_calls_per_round: int = 0
+    ours_round_ms: list[float] = field(default_factory=list)  # every round's mean call time, in order
+    peer_calls_per_round: int | None = None
+    peer_round_ms: list[float] | None = None
 
 
 @dataclass
@@ -171,6 +175,7 @@ def bench_inference(
             shuffle(order)  # a new order each round (module docstring)
             for variant in order:
                 seconds[(variant.side, variant.runtime)].append(time_calls(variant.call, calls[id(variant)], device))
+    counts = {(v.side, v.runtime): calls[id(v)] for v in variants}
     result = InferenceResult(case.name, case.img_size, batch, str(device), torch.get_num_threads(), rounds)
     for runtime in runtimes:
         ours = seconds.get(("ours", runtime))
@@ -179,8 +184,10 @@ def bench_inference(
         peer = seconds.get(("peer", runtime))
         row = RuntimeResult(runtime, 1000 * statistics.median(ours))
         row.ours_p10_ms, row.ours_p90_ms = 1000 * percentile(ours, 0.1), 1000 * percentile(ours, 0.9)
+        row.ours_calls_per_round, row.ours_round_ms = counts[("ours", runtime)], [1000 * s for s in ours]
         if peer:
             row.peer_ms = 1000 * statistics.median(peer)
+            row.peer_calls_per_round, row.peer_round_ms = counts[("peer", runtime)], [1000 * s for s in peer]
             ratios = [p / o for o, p in zip(ours, peer, strict=True)]  # throughput ours / peer, per round
             row.ratio_median = statistics.median(ratios)
             row.ratio_p10, row.ratio_p90 = percentile(ratios, 0.1), percentile(ratios, 0.9)
@@ -207,5 +214,7 @@ def inference_markdown(results: list[InferenceResult]) -> str:
     return "\n".join(lines)
 
 
-def inference_json(results: list[InferenceResult]) -> str:
-    return json.dumps([asdict(r) for r in results], indent=2)
+def inference_record(results: list[InferenceResult], argv: list[str] | None = None) -> dict:
+    """The measurement record of the cases (vit/engine/provenance.py: the command, code and machine beside the
+    values): each case and runtime with every round's mean call time per side, beside their medians and ratios."""
+    return measurement_record("benchmark_inference", {"results": [asdict(r) for r in results]}, argv)
