@@ -111,6 +111,10 @@ SKIPPED = [
     (r"\bsrun\b|--nnodes|scontrol", "several machines (torchrun across nodes, Slurm)"),
     (r"--nproc_per_node=8", "8 GPUs"),
     (r"--device cuda|trainer\.compile=true", "a GPU: a measurement of the lent H100 (compiling: minutes on a CPU)"),
+    (
+        r"\btimm:\S+\s+model\.pretrained_file=/path/to/",
+        "a placeholder weights file of a base-size model; tests/test_foundation.py builds each family from such a file",
+    ),  # fmt: skip
     (r"\btimm:", "the network: timm downloads the weights"),
     (r"experiment=(finetune_cifar10|linear_probe)\b", "the network: the experiment starts from timm's weights"),
     (r"--download\b", "the network: torchvision downloads CIFAR-10"),
