@@ -137,6 +137,7 @@ def test_a_stop_inside_an_epoch_writes_that_step_and_resumes_exactly(
     assert stopped["elapsed_s"] > stopped["history"][-1]["elapsed_s"]
 
     every_step = ["trainer.resume=auto", "trainer.log_every_n_steps=1", "trainer.progress=log"]
+    caplog.clear()  # the runs above logged too where an earlier test left the "vit" logger at INFO
     with caplog.at_level(logging.INFO, logger="vit"):
         resumed = run(compose_config([*args, *every_step]), output_dir=tmp_path / "resumed")
     assert resumed["history"][-1]["elapsed_s"] > stopped["elapsed_s"]

@@ -155,9 +155,12 @@ def timm_named_model(
     and `img_size` (else timm's); `model=<name>` is optional and only says which settings were given."""
     from vit.engine.build import build_model_from_config
     from vit.engine.weights import load_pretrained
+    from vit.models import list_models
 
     head = found.state_dict.get("head.weight")
-    model_cfg = {"name": model_name or "vit_base", **overrides, "pretrained": given, "pretrained_file": file}
+    # Without model=<name>, any ViT of the registry: timm's architecture replaces its settings.
+    name = model_name or list_models("vit_*")[0]
+    model_cfg = {"name": name, **overrides, "pretrained": given, "pretrained_file": file}
     if img_size and "img_size" not in overrides:
         model_cfg["img_size"] = int(img_size)
     if model_cfg.get("num_classes") is None and head is not None:
