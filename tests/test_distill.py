@@ -15,7 +15,15 @@ from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed
 from torch import nn
 from torchvision.transforms import functional as TF
-from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, assert_measurement_record, compose_config, run_cli
+from trainer_utils import (
+    QUICK_SYNTHETIC,
+    TINY_MODEL,
+    assert_measurement_record,
+    compose_config,
+    empty_image_tree,
+    load_script,
+    run_cli,
+)
 
 from vit.engine.build import build_model_from_config
 from vit.engine.weights import CheckpointError, load_checkpoint, load_pretrained
@@ -320,13 +328,8 @@ def test_the_command_line_says_it_in_one_line_with_exit_code_2(resnet_file, tmp_
 def test_the_experiment_script_records_every_seed_beside_its_provenance(tmp_path, monkeypatch):
     """scripts/distill_experiment.py with its train.py runs answered from a table (the runs themselves: the tests
     above): results.json is its measurement record, each seed's run and the summary beside the provenance."""
-    spec = importlib.util.spec_from_file_location("distill_experiment", REPO / "scripts" / "distill_experiment.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    for split in ("train", "test"):
-        for name in ("cat", "dog"):
-            (tmp_path / "data" / split / name).mkdir(parents=True)
-            (tmp_path / "data" / split / name / "0.jpg").write_bytes(b"")
+    script = load_script("distill_experiment")
+    empty_image_tree(tmp_path / "data", ("cat", "dog"))
     top1 = {"teacher": 60.0, "alone": 40.0, "hard": 45.0, "soft": 50.0}
 
     def train(name, overrides, work):

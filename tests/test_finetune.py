@@ -1,7 +1,6 @@
 """Fine-tuning: `model.pretrained` from every source kind through a real run, layer-wise lr decay against timm's,
 `model.freeze=backbone`, the bad sources (exit 2, one line), and the exact resume of a fine-tuning run."""
 
-import functools
 import importlib
 import importlib.util
 import json
@@ -16,10 +15,17 @@ import torch
 from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed, resample_patch_embed
 from timm.optim import param_groups_layer_decay
-from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, assert_measurement_record, compose_config
+from trainer_utils import (
+    QUICK_SYNTHETIC,
+    REPO,
+    TINY_MODEL,
+    assert_measurement_record,
+    compose_config,
+    empty_image_tree,
+    load_script,
+    train_exit_line,
+)
 
-import vit.train
-from vit.cli import train_task
 from vit.engine.build import build_model_from_config
 from vit.engine.weights import load_checkpoint
 from vit.errors import ConfigError
@@ -261,18 +267,7 @@ class RunsCode:
 
 
 def exit_line(overrides, tmp_path, monkeypatch, capsys) -> str:
-    """What `train.py <overrides>` prints and exits with; reading any data fails the test."""
-
-    def no_data(*args, **kwargs):
-        raise AssertionError("the data was read before the source was checked")
-
-    monkeypatch.setattr(setup_phase, "build_data", no_data)
-    monkeypatch.setattr(vit.train, "run", functools.partial(run, output_dir=tmp_path / "run"))
-    with pytest.raises(SystemExit) as exit_info:
-        train_task(compose_config([*TARGET, *overrides]))
-    assert exit_info.value.code == 2
-    (line,) = capsys.readouterr().err.strip().splitlines()
-    return line
+    return train_exit_line([*TARGET, *overrides], tmp_path, monkeypatch, capsys)
 
 
 def test_bad_source_files_exit_2_naming_path_and_problem(timm_source, tmp_path, monkeypatch, capsys):
@@ -493,13 +488,8 @@ def test_two_ranks_fine_tune_to_the_weights_of_one_process(tmp_path):
 def test_the_experiment_script_records_every_seed_beside_its_provenance(tmp_path, monkeypatch):
     """scripts/transfer_experiment.py with its train.py runs answered from a table (the runs themselves: the tests
     above): results.json is its measurement record, each seed's run and the summary beside the provenance."""
-    spec = importlib.util.spec_from_file_location("transfer_experiment", REPO / "scripts" / "transfer_experiment.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    for split in ("train", "test"):
-        for name in (*script.SOURCE_CLASSES, *script.TARGET_CLASSES):
-            (tmp_path / "data" / split / name).mkdir(parents=True)
-            (tmp_path / "data" / split / name / "0.jpg").write_bytes(b"")
+    script = load_script("transfer_experiment")
+    empty_image_tree(tmp_path / "data", (*script.SOURCE_CLASSES, *script.TARGET_CLASSES))
     top1 = {"pretrain": 70.0, "finetune": 60.0, "probe": 50.0, "scratch": 40.0}
 
     def train(name, overrides, work):

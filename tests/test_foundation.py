@@ -7,7 +7,6 @@ logits within 1e-5 and every gradient within 1e-5 of the largest reference entry
 Families at 1 block to keep the file short (timm's `depth=` builds a shorter model of the same family on both
 sides); one full-depth model through the trainer's own config path (EVA-02-Ti, the smallest)."""
 
-import functools
 import importlib
 import logging
 
@@ -15,15 +14,12 @@ import pytest
 import timm
 import torch
 from safetensors.torch import save_file
-from trainer_utils import compose_config
+from trainer_utils import QUICK_SYNTHETIC, compose_config, train_exit_line
 
-import vit.train
-from vit.cli import train_task
 from vit.engine.build import build_model_from_config
 from vit.engine.weights import eva_to_vit_keys, load_pretrained, read_weights
 from vit.models.foundation import timm_architecture
 from vit.models.vit import VisionTransformer, ViTConfig
-from vit.train import run
 from vit.train.finetune import load_pretrained_weights, read_pretrained
 
 setup_phase = importlib.import_module("vit.train.setup")
@@ -134,16 +130,7 @@ def test_an_architecture_setting_given_on_top_is_named_in_one_line(caplog):
 
 
 def exit_line(overrides, tmp_path, monkeypatch, capsys) -> str:
-    def no_data(*args, **kwargs):
-        raise AssertionError("the data was read before the source was checked")
-
-    monkeypatch.setattr(setup_phase, "build_data", no_data)
-    monkeypatch.setattr(vit.train, "run", functools.partial(run, output_dir=tmp_path / "run"))
-    with pytest.raises(SystemExit) as exit_info:
-        train_task(compose_config(["data=synthetic", "data.num_classes=5", *CPU, *overrides]))
-    assert exit_info.value.code == 2
-    (line,) = capsys.readouterr().err.strip().splitlines()
-    return line
+    return train_exit_line(["data=synthetic", "data.num_classes=5", *CPU, *overrides], tmp_path, monkeypatch, capsys)
 
 
 def test_bad_names_and_files_are_one_line_exit_2(tmp_path, monkeypatch, capsys):
@@ -170,3 +157,26 @@ def test_timms_normalisation_goes_to_the_data_unless_set():
     )
     setup_phase.use_timm_normalisation(cfg)
     assert list(cfg.data.mean) == [0.1, 0.2, 0.3]
+
+
+def test_a_run_fine_tuned_from_a_timm_name_is_rebuilt_from_its_checkpoint(tmp_path):
+    """One step of EVA-02-Ti from its timm name and a file, at 32 px with patch 4 (table and kernel resampled); its
+    last.pt, whose config holds model.pretrained=timm:<name>, builds the same model again for evaluate.py and
+    export.py (vit/deploy/weights.py), every weight in place."""
+    from vit.deploy.weights import build_model
+    from vit.engine.weights import load_checkpoint
+    from vit.train import run
+
+    name = "eva02_tiny_patch14_224"
+    _, path = timm_file(name, tmp_path / "eva02.safetensors")
+    overrides = [f"model.pretrained=timm:{name}", f"model.pretrained_file={path}", *QUICK_SYNTHETIC, *CPU]
+    overrides += ["data.img_size=32", "data.patch_size=4", "trainer.epochs=1", "trainer.limit_train_batches=1"]
+    overrides += ["trainer.limit_val_batches=1", "data.batch_size=4"]
+    run(compose_config(overrides), output_dir=tmp_path / "run")
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.pt"
+    rebuilt = build_model(read_weights(checkpoint), str(checkpoint)).model
+    trained = load_checkpoint(checkpoint)["model"]
+    assert len(rebuilt.blocks) == 12 and rebuilt.patch_embed.proj.kernel_size == (4, 4)
+    assert rebuilt.state_dict().keys() == trained.keys()
+    for key, value in rebuilt.state_dict().items():
+        assert torch.equal(value, trained[key].float()), key

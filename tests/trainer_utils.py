@@ -201,3 +201,45 @@ class VirtualClock:
             return out
 
         return charged
+
+
+def load_script(name: str):
+    """scripts/<name>.py imported as a module, so a test can call its `main` and patch its helpers."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def empty_image_tree(root: Path, classes) -> Path:
+    """root/{train,test}/<class>/0.jpg, empty files: a tree a script checks the layout of but never decodes."""
+    for split in ("train", "test"):
+        for name in classes:
+            (root / split / name).mkdir(parents=True)
+            (root / split / name / "0.jpg").write_bytes(b"")
+    return root
+
+
+def train_exit_line(overrides: list[str], tmp_path: Path, monkeypatch, capsys) -> str:
+    """The one line `train.py <overrides>` prints on stderr as it exits with code 2; reading any data fails the
+    test (the source must be checked first)."""
+    import functools
+    import importlib
+
+    import pytest
+
+    import vit.train
+    from vit.cli import train_task
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data was read before the source was checked")
+
+    monkeypatch.setattr(importlib.import_module("vit.train.setup"), "build_data", no_data)
+    monkeypatch.setattr(vit.train, "run", functools.partial(vit.train.run, output_dir=tmp_path / "run"))
+    with pytest.raises(SystemExit) as exit_info:
+        train_task(compose_config(overrides))
+    assert exit_info.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    return line
