@@ -3,7 +3,7 @@
 Configs live in configs/ (see README.md); everything here is in vit/train/run.py.
 """
 
-from vit.cli import train_main
+from vit.cli.train import main
 
 if __name__ == "__main__":
-    train_main()
+    main()

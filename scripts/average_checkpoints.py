@@ -22,8 +22,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from vit.args import UsageError, parse_args, run_script
+from vit.cli.args import parse_args, run_script
 from vit.engine.files import atomic_save
+from vit.errors import UsageError
 from vit.train.averaging import average_checkpoints
 from vit.train.checkpoints import EPOCH_FILE
 

@@ -25,7 +25,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torchvision.transforms import v2
 
-from vit.args import script_command
+from vit.cli.args import script_command
 from vit.data.augment.batch import BatchAugment
 from vit.data.augment.policies import is_small
 from vit.data.augment.spec import AugmentSpec

@@ -23,8 +23,9 @@ from contextlib import nullcontext
 import torch
 import torch.nn.functional as F
 
-from vit.args import UsageError, parse_args, run_script, script_command
+from vit.cli.args import parse_args, run_script, script_command
 from vit.engine.provenance import measurement_record, write_record
+from vit.errors import UsageError
 from vit.models import create_model
 
 DEFAULT_CASES = (

@@ -34,7 +34,7 @@ from PIL import Image
 from timm.data import auto_augment as timm_aa
 from timm.data import create_transform
 
-from vit.args import script_command
+from vit.cli.args import script_command
 from vit.data.augment.batch import BatchAugment
 from vit.data.augment.spec import AugmentSpec
 from vit.data.augment.transforms import train_geometry

@@ -25,9 +25,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from vit.args import UsageError, parse_args, run_script, script_command
+from vit.cli.args import parse_args, run_script, script_command
 from vit.data.resources import available_cpus
 from vit.engine.provenance import measurement_record, write_record
+from vit.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
 

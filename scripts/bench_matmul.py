@@ -17,9 +17,10 @@ import time
 
 import torch
 
-from vit.args import UsageError, parse_args, run_script, script_command
+from vit.cli.args import parse_args, run_script, script_command
 from vit.engine.device import resolve_device
 from vit.engine.provenance import measurement_record, write_record
+from vit.errors import UsageError
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 PRODUCTS_PER_ROUND = 10

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"repeat {repeat + 1}: {json.dumps(rows[-1])}", flush=True)
     print(summary(rows))
     if args.json:
-        from vit.args import script_command
+        from vit.cli.args import script_command
         from vit.engine.provenance import measurement_record, write_record
 
         settings = {key: getattr(args, key) for key in ("model", "img_size", "batch_size", "num_classes", "repeats")}

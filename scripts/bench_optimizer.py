@@ -23,9 +23,11 @@ import time
 import torch
 
 from vit import CONFIG_DIR
-from vit.args import UsageError, compose, parse_args, run_script, script_command
+from vit.cli.args import parse_args, run_script, script_command
 from vit.engine.build import build_model_from_config
+from vit.engine.compose import compose
 from vit.engine.provenance import measurement_record, write_record
+from vit.errors import UsageError
 from vit.train.optimizer import build_optimizer, scaled_lr
 
 VARIANTS = {"loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True, "fused": False}}

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from vit.args import run_script, script_command
+from vit.cli.args import run_script, script_command
 from vit.data import build_data
 from vit.data.sources.archive import extract_archive
 from vit.data.sources.folders import find_tree_root

@@ -31,7 +31,7 @@ import torch
 from vit.analysis.bench_cases import CASES
 from vit.analysis.benchmark import bench_case, measure_peak_memory, to_markdown, to_record
 from vit.analysis.step_profile import profile_case, profile_markdown
-from vit.args import script_command
+from vit.cli.args import script_command
 from vit.engine.provenance import measurement_record, write_record
 
 
@@ -92,11 +92,11 @@ def run_e2e(args: argparse.Namespace) -> int:
     import tempfile
 
     from vit.analysis.e2e import e2e_markdown, end_to_end
-    from vit.args import UsageError, compose
-    from vit.cli import check_group_choices, check_override_keys
+    from vit.cli.train import check_group_choices, check_override_keys
     from vit.data import DataError
+    from vit.engine.compose import compose
     from vit.engine.files import OutputError
-    from vit.errors import ConfigError
+    from vit.errors import ConfigError, UsageError
     from vit.train import run
 
     if args.epochs < 4:

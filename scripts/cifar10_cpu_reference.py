@@ -37,10 +37,11 @@ import yaml
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
-from vit.args import UsageError, parse_args, run_script, script_command
+from vit.cli.args import parse_args, run_script, script_command
 from vit.data.sources.archive import extract_archive, is_archive
 from vit.data.sources.folders import find_tree_root
 from vit.engine.provenance import provenance
+from vit.errors import UsageError
 from vit.train.run import startup_seconds
 
 DEFAULTS = {

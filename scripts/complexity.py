@@ -23,8 +23,10 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from vit.analysis.plots import flops_vs_size_figure
-from vit.args import UsageError, compose, run_script
+from vit.cli.args import run_script
 from vit.engine.build import build_model_from_config
+from vit.engine.compose import compose
+from vit.errors import UsageError
 from vit.models import Attention, complexity
 from vit.models.complexity import _component  # the grouping of the formula table, reused for params
 

@@ -37,7 +37,7 @@ from vit.analysis.experiments import (
     seed_table,
     train,
 )
-from vit.args import script_command
+from vit.cli.args import script_command
 
 METHODS = ("alone", "hard", "soft")
 # The ViT/4 of every run (0.46 M parameters) and the data and trainer settings they share.

@@ -14,7 +14,8 @@ from __future__ import annotations
 import sys
 
 from vit.analysis.doc_tables import REPO, regenerate, unaccounted
-from vit.args import UsageError, parse_args, run_script
+from vit.cli.args import parse_args, run_script
+from vit.errors import UsageError
 
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 

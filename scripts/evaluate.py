@@ -1,4 +1,4 @@
-"""Evaluate a checkpoint of ours, or a model name with foreign weights, on a dataset (see vit/deploy/evaluate.py):
+"""Evaluate a checkpoint of ours, or a model name with foreign weights, on a dataset (see vit/cli/evaluate.py):
 
     python scripts/evaluate.py checkpoint=<best.pt> [data.root=...] [ema=true] [flip=true] [confusion=cm.png]
     python scripts/evaluate.py model=<name> model.pretrained=<timm:name | file> data=imagefolder data.root=<folder>
@@ -9,7 +9,7 @@
 
 import sys
 
-from vit.deploy.evaluate import cli
+from vit.cli.evaluate import cli
 
 if __name__ == "__main__":
     sys.exit(cli())

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vit.args import UsageError, parse_args
+from vit.cli.args import parse_args, run_script
 from vit.deploy.export import (
     ATOL,
     DEFAULT_FORMAT,
@@ -51,8 +51,8 @@ from vit.deploy.export import (
     export_model,
 )
 from vit.deploy.quantize import CALIBRATION, MAX_DROP, resolve_mode
-from vit.deploy.script import run_main
 from vit.deploy.weights import resolve
+from vit.errors import UsageError
 
 KNOWN = ("checkpoint", "model", "format", "output", "batch", "ema", "image", "data", "preprocess", "atol")
 KNOWN += ("quantize", "calibration", "check_images", "max_drop")
@@ -206,4 +206,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main, usage=__doc__))
+    sys.exit(run_script(main, usage=__doc__))

@@ -33,7 +33,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from vit.args import UsageError, run_script
+from vit.cli.args import run_script
+from vit.errors import UsageError
 
 SPLITS = (("train", True), ("test", False))
 

@@ -36,7 +36,7 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 from webdataset import TarWriter
 
-from vit.args import run_script
+from vit.cli.args import run_script
 from vit.data.errors import DataError
 from vit.data.sources.archive import ArchiveError, extract_archive, is_archive
 from vit.data.sources.folders import VAL_SPLIT_NAMES, find_tree_root

@@ -18,7 +18,8 @@ import sys
 from vit.analysis.inputs import load_model
 from vit.analysis.plots import pos_embed_similarity_figure
 from vit.analysis.pos_embed import position_similarity
-from vit.args import UsageError, parse_args, run_script
+from vit.cli.args import parse_args, run_script
+from vit.errors import UsageError
 from vit.models import sinusoid_table
 
 

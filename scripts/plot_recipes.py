@@ -30,7 +30,8 @@ from pathlib import Path
 
 from vit.analysis.plots import recipes_figure
 from vit.analysis.recipes import CAPTION, find_runs, group_recipes, parse_point, recipes_markdown
-from vit.args import UsageError, parse_args, run_script
+from vit.cli.args import parse_args, run_script
+from vit.errors import UsageError
 
 USAGE = (
     "usage: python scripts/plot_recipes.py <run or multirun folder> [<more> ...] [out=<folder>] "

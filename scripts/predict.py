@@ -25,8 +25,9 @@ import numpy as np
 import torch
 
 from vit.analysis.inputs import image_paths, load_images, load_model
-from vit.args import UsageError, parse_args, run_script
+from vit.cli.args import parse_args, run_script
 from vit.engine.device import AMP_MODES, choose_precision
+from vit.errors import UsageError
 
 
 def probabilities(

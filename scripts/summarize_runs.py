@@ -39,7 +39,8 @@ from vit.analysis.runs import (
     swept_keys,
 )
 from vit.analysis.search import STUDY_FILE, load_studies, search_report, study_url
-from vit.args import UsageError, parse_args, run_script
+from vit.cli.args import parse_args, run_script
+from vit.errors import UsageError
 
 
 def main(argv: list[str]) -> int:

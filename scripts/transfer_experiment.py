@@ -37,7 +37,7 @@ from vit.analysis.experiments import (
     seed_table,
     train,
 )
-from vit.args import script_command
+from vit.cli.args import script_command
 
 SOURCE_CLASSES = ("airplane", "automobile", "bird", "cat", "deer")
 TARGET_CLASSES = ("dog", "frog", "horse", "ship", "truck")

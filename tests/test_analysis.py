@@ -15,10 +15,10 @@ from vit.analysis import plots
 from vit.analysis.inputs import denormalise, image_paths, load_images, load_model
 from vit.analysis.pos_embed import position_similarity
 from vit.analysis.runs import knob_value, markdown_table, read_runs, summary_rows, swept_keys
-from vit.args import UsageError
 from vit.engine import figures
 from vit.engine.figures import attention_views, cls_attention, rollout, upsample
 from vit.engine.weights import CheckpointError
+from vit.errors import UsageError
 from vit.models import Attention, create_model, sinusoid_table
 
 MODEL_CFG = {

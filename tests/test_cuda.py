@@ -153,7 +153,7 @@ def test_onnx_export_of_a_model_on_the_gpu(tmp_path):
 
 
 def test_evaluate_on_cuda_gives_the_cpu_numbers(trained, tmp_path):
-    from vit.deploy.evaluate import evaluate_weights
+    from vit.cli.evaluate import evaluate_weights
 
     results = {d: evaluate_weights([f"checkpoint={trained}", f"device={d}", "amp=none"]) for d in ("cpu", "cuda")}
     assert results["cuda"]["count"] == results["cpu"]["count"] > 0

@@ -72,8 +72,8 @@ def test_every_training_command_composes():
     them: an unknown key or group choice, or a value that does not parse, fails here."""
     from hydra import compose, initialize_config_dir
 
-    from vit.args import CONFIG_DIR
-    from vit.cli import check_group_choices, check_override_keys, without_null_groups
+    from vit.cli.train import check_group_choices, check_override_keys, without_null_groups
+    from vit.engine.compose import CONFIG_DIR
 
     accepted = []
     for commands in BLOCKS.values():

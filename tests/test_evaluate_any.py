@@ -19,9 +19,9 @@ from PIL import Image
 from timm.data import ImageNetInfo, create_transform, resolve_data_config
 from trainer_utils import TINY_MODEL, compose_config, trainer_path_evaluation
 
+from vit.cli.evaluate import cli
 from vit.data.augment.transforms import val_transform
 from vit.data.images import read_rgb
-from vit.deploy.evaluate import cli
 from vit.engine.build import build_model_from_config
 from vit.models import create_model
 from vit.models.registry import official_qk_scale

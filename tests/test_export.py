@@ -17,12 +17,12 @@ from PIL import Image
 from trainer_utils import REPO, compose_config
 
 from vit.analysis.inputs import load_model
+from vit.cli.args import run_script
 from vit.data.augment.transforms import val_transform
 from vit.data.images import read_rgb
 from vit.data.sources.registry import mean_std
 from vit.deploy.preprocessing import from_data_config
 from vit.deploy.runtime import OnnxClassifier, preprocess
-from vit.deploy.script import run_main
 from vit.engine.build import build_model_from_config
 from vit.models import capture_attention
 
@@ -50,7 +50,7 @@ CASES = {
 
 
 def export(argv):
-    return run_main(export_script.main, argv, usage=export_script.__doc__)
+    return run_script(export_script.main, argv, usage=export_script.__doc__)
 
 
 def make_checkpoint(path, overrides, num_classes=10):
@@ -187,7 +187,7 @@ def test_predict_with_the_onnx_file_gives_the_checkpoints_top1(checkpoints, tmp_
     checkpoint, images = checkpoints["vit_tiny_224"]
     onnx_path = tmp_path / "model.onnx"
     assert export([f"checkpoint={checkpoint}", f"image={images}", f"output={onnx_path}"]) == 0
-    from vit.args import run_script
+    from vit.cli.args import run_script
 
     tops = {}
     for which, source in (("ckpt", checkpoint), ("onnx", onnx_path)):
@@ -287,7 +287,7 @@ def test_the_default_output_sits_beside_the_weights(weights, fmt, expected):
 
 
 def test_predict_with_an_onnx_file_needs_the_export_extra(checkpoints, monkeypatch, capsys):
-    from vit.args import run_script
+    from vit.cli.args import run_script
 
     checkpoint, images = checkpoints["vit_tiny_cifar"]
     monkeypatch.setitem(sys.modules, "onnxruntime", None)

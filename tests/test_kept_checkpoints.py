@@ -78,7 +78,7 @@ def test_the_script_writes_a_checkpoint_that_evaluation_and_finetuning_read(kept
     with pytest.raises(CheckpointError, match="holds no optimizer or scheduler state"):
         run(compose_config([*BASE, "trainer.epochs=5", f"trainer.resume={out}"]), output_dir=tmp_path / "resume")
     # ema=true: the average is already of the EMA weights (the run had EMA), not "trained with trainer.ema=false"
-    from vit.deploy.evaluate import cli
+    from vit.cli.evaluate import cli
 
     assert cli([f"checkpoint={out}", "ema=true", "limit_batches=1"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()

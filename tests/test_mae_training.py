@@ -54,7 +54,7 @@ def test_pretraining_resumes_exactly_and_records_the_loss(tmp_path):
 def test_the_hydra_task_returns_the_runs_score(task, expected, monkeypatch):
     """What a sweeper optimises: the reconstruction loss of a pretraining run, the top-1 of a classifier."""
     import vit.train
-    from vit.cli import train_task
+    from vit.cli.train import train_task
 
     final = {"val_loss": 0.42, "val_top1": None if task == "mae" else 61.5}
     monkeypatch.setattr(vit.train, "run", lambda cfg: {"task": task, "final": final})
@@ -175,7 +175,7 @@ def test_an_official_mae_file_continues_pretraining_strictly(tmp_path):
 def test_the_figure_script_draws_a_run_and_the_deploy_scripts_refuse_it(tmp_path):
     import importlib.util
 
-    from vit.deploy.script import run_main
+    from vit.cli.args import run_script
     from vit.deploy.weights import WeightsError, read_source
     from vit.deploy.weights import build_model as build_deploy_model
 
@@ -188,7 +188,7 @@ def test_the_figure_script_draws_a_run_and_the_deploy_scripts_refuse_it(tmp_path
     spec.loader.exec_module(script)
     out = tmp_path / "mae.png"
     args = [f"checkpoint={checkpoint}", f"image={tmp_path}", f"out={out}", "max_images=2"]
-    assert run_main(script.main, args, usage=script.__doc__) == 0 and out.stat().st_size > 0
+    assert run_script(script.main, args, usage=script.__doc__) == 0 and out.stat().st_size > 0
     with pytest.raises(WeightsError, match="is a masked-autoencoder pretraining run .task=mae. and has no classifier"):
         build_deploy_model(read_source(str(checkpoint)), str(checkpoint))
 

@@ -75,7 +75,7 @@ def test_writes_the_class_folders_and_the_archive_data_imagefolder_reads(cifar_r
 
 
 def test_a_root_without_cifar_exits_2_naming_it(tmp_path, capsys):
-    from vit.args import run_script
+    from vit.cli.args import run_script
 
     assert run_script(_script().main, ["--root", str(tmp_path / "empty"), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -93,7 +93,7 @@ def test_a_download_without_network_says_so_not_a_write_failure(tmp_path, monkey
         raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
 
     monkeypatch.setattr(cifar, "download_and_extract_archive", offline)
-    from vit.args import run_script
+    from vit.cli.args import run_script
 
     argv = ["--root", str(tmp_path / "root"), "--out", str(tmp_path / "out"), "--download"]
     assert run_script(_script().main, argv) == 2

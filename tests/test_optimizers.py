@@ -9,8 +9,8 @@ import torch
 from timm.optim import Muon, list_optimizers
 from trainer_utils import QUICK, QUICK_SYNTHETIC, TINY_MODEL, assert_resumes_exactly, compose_config
 
-from vit.cli import train_task
-from vit.deploy.evaluate import cli as evaluate_main
+from vit.cli.evaluate import cli as evaluate_main
+from vit.cli.train import train_task
 from vit.engine.build import build_model_from_config
 from vit.engine.weights import CheckpointError
 from vit.errors import ConfigError

@@ -15,7 +15,7 @@ from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, run_cli
 
 from vit.analysis import plots
 from vit.analysis.recipes import find_runs, group_recipes, parse_point
-from vit.args import run_script
+from vit.cli.args import run_script
 
 
 def _script():

@@ -12,8 +12,7 @@ import torch
 from trainer_utils import QUICK, REPO, run_cli
 
 from vit.analysis.inputs import load_model
-from vit.args import run_script
-from vit.deploy.script import run_main
+from vit.cli.args import run_script
 
 
 def _script(name):
@@ -28,7 +27,7 @@ predict_script = _script("predict")
 
 
 def export(argv):
-    return run_main(export_script.main, argv, usage=export_script.__doc__)
+    return run_script(export_script.main, argv, usage=export_script.__doc__)
 
 
 @pytest.fixture(scope="module")

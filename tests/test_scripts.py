@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, compose_config, fake_run, run_cli
 
-from vit.args import run_script
+from vit.cli.args import run_script
 from vit.engine.figures import rollout
 from vit.train import run
 

@@ -14,7 +14,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.plugins.hparams import plugin_data_pb2
 from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, compose_config, make_tree, run_cli, trainer_path_evaluation
 
-from vit.deploy.evaluate import cli as evaluate_main
+from vit.cli.evaluate import cli as evaluate_main
 from vit.engine.build import build_model_from_config
 from vit.engine.weights import load_checkpoint
 from vit.train import run

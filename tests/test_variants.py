@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from torch import nn
 from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, assert_resumes_exactly, compose_config, run_cli
 
-from vit.deploy.script import run_main
+from vit.cli.args import run_script
 from vit.engine.build import build_model_from_config
 from vit.engine.weights import eva_to_vit_keys, load_checkpoint, load_pretrained
 from vit.errors import ConfigError
@@ -247,7 +247,7 @@ def test_each_variant_exports_to_onnx_within_tolerance(tmp_path, variant):
     checkpoint = tmp_path / "best.pt"
     torch.save({"model": model.state_dict(), "config": config, "class_to_idx": classes, "ema": None}, checkpoint)
     script = _export_script()
-    assert run_main(script.main, [f"checkpoint={checkpoint}"], usage=script.__doc__) == 0
+    assert run_script(script.main, [f"checkpoint={checkpoint}"], usage=script.__doc__) == 0
     session = ort.InferenceSession(str(tmp_path / "best.onnx"), providers=["CPUExecutionProvider"])
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
@@ -275,9 +275,9 @@ def test_evaluate_py_at_another_image_size_with_dynamic_img_size(tmp_path, capsy
     import torch.nn.functional as F
     from trainer_utils import make_tree
 
+    from vit.cli.evaluate import cli
     from vit.data.augment.transforms import val_transform
     from vit.data.images import read_rgb
-    from vit.deploy.evaluate import cli
 
     root = make_tree(tmp_path / "data", per_class=4, size=40)
     cfg = compose_config(
@@ -330,7 +330,7 @@ def test_set_input_size_equals_the_dynamic_model_and_exports_at_another_size(tmp
     torch.save({"model": model.state_dict(), "config": config, "class_to_idx": classes, "ema": None}, checkpoint)
     script = _export_script()
     argv = [f"checkpoint={checkpoint}", "data.img_size=48", "model.dynamic_img_size=true"]
-    assert run_main(script.main, argv, usage=script.__doc__) == 0
+    assert run_script(script.main, argv, usage=script.__doc__) == 0
     session = ort.InferenceSession(str(tmp_path / "best.onnx"), providers=["CPUExecutionProvider"])
     assert np.abs(session.run(None, {"images": x.numpy()})[0] - expected.numpy()).max() <= 1e-4
 
@@ -413,7 +413,7 @@ def test_attention_figures_hide_the_registers_and_say_their_share(tmp_path, caps
 
     out = tmp_path / "registers.png"
     argv = [f"checkpoints={','.join(paths)}", "names=base,reg,gap", f"image={images}", f"out={out}"]
-    assert run_main(script.main, argv, usage=script.__doc__) == 0
+    assert run_script(script.main, argv, usage=script.__doc__) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("base: largest/median token norm") and "registers take" not in lines[0]
     assert "registers take" in lines[1] and "registers take" in lines[2] and out.stat().st_size > 0
@@ -438,8 +438,8 @@ def test_plot_pos_embed_draws_a_registers_table_and_names_a_rotary_model(tmp_pat
         state = {"model": model.state_dict(), "config": OmegaConf.to_container(cfg, resolve=True), "ema": None}
         torch.save({**state, "class_to_idx": {str(i): i for i in range(10)}}, tmp_path / f"{name}.pt")
     argv = [f"checkpoint={tmp_path / 'reg.pt'}", f"out={tmp_path / 'pos.png'}"]
-    assert run_main(script.main, argv, usage=script.__doc__) == 0 and (tmp_path / "pos.png").exists()
-    assert run_main(script.main, [f"checkpoint={tmp_path / 'rope.pt'}"], usage=script.__doc__) == 2
+    assert run_script(script.main, argv, usage=script.__doc__) == 0 and (tmp_path / "pos.png").exists()
+    assert run_script(script.main, [f"checkpoint={tmp_path / 'rope.pt'}"], usage=script.__doc__) == 2
     assert "no position table to draw (model.pos_embed=rope" in capsys.readouterr().err
 
 

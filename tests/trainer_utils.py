@@ -14,7 +14,7 @@ import numpy as np
 import yaml
 from PIL import Image
 
-from vit.args import compose
+from vit.engine.compose import compose
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = str(REPO / "configs")
@@ -47,7 +47,7 @@ def assert_measurement_record(record: dict, measurement: str, *command_words: st
 
 
 def compose_config(overrides: list[str]):
-    """The trainer's config with these overrides, composed as train.py composes it (vit/args.py)."""
+    """The trainer's config with these overrides, composed as train.py composes it (vit/engine/compose.py)."""
     return compose(overrides)
 
 
@@ -231,7 +231,7 @@ def train_exit_line(overrides: list[str], tmp_path: Path, monkeypatch, capsys) -
     import pytest
 
     import vit.train
-    from vit.cli import train_task
+    from vit.cli.train import train_task
 
     def no_data(*args, **kwargs):
         raise AssertionError("the data was read before the source was checked")

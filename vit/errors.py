@@ -1,8 +1,14 @@
-"""The one base of the errors a user can fix: a bad setting, file or path. Every entry point (train.py, the
-scripts) turns such an error into one line on stderr and its exit code (2) through `exit_with`; anything else is a
-bug and keeps its traceback. Each layer subclasses it for its own kind of input (DataError, ConfigError,
-CheckpointError...), naming the kind the line starts with, so this module sits below all of them and imports
-nothing of the project."""
+"""The errors an entry point turns into one line on stderr and an exit code (vit/cli/__init__.py lists the codes):
+
+- `UserError`: bad input a user can fix, a setting, file or path: `<kind> error: <message>`, exit code 2. Each
+  layer subclasses it for its own kind of input (DataError, ConfigError, CheckpointError, UsageError...), naming
+  the kind the line starts with.
+- `CheckFailed`: the input was good but what it asked for did not hold (a training whose loss stopped being
+  finite, an export that does not compute what the PyTorch model computes): `<what>: <message>` (`training
+  stopped: ...`, `export check failed: ...`), exit code 1.
+
+Anything else is a bug and keeps its traceback. This module sits below every layer and imports nothing of the
+project."""
 
 from __future__ import annotations
 
@@ -17,16 +23,32 @@ class UserError(ValueError):
     exit_code = 2
 
 
-def one_line(err: BaseException, kind: bool = True) -> str:
-    """`<kind> error: <message>` (train.py's lines), or `error: <message>` with kind=False (the scripts')."""
-    word = getattr(err, "kind", "") if kind else ""
+class UsageError(UserError):
+    """A bad command-line argument of a script (an unknown key, a value of the wrong form, a missing one)."""
+
+    kind = "usage"
+
+
+class CheckFailed(RuntimeError):
+    """Good input, but what it asked for did not hold: one line `<what>: <message>`, exit code 1."""
+
+    what = "check failed"
+    exit_code = 1
+
+
+def one_line(err: BaseException) -> str:
+    """The line an entry point prints: `<kind> error: <message>` for bad input (`error: <message>` for an error of
+    no kind, a missing file), `<what>: <message>` for a failed check."""
+    if isinstance(err, CheckFailed):
+        return f"{err.what}: {err}"
+    word = getattr(err, "kind", "")
     return f"{word} error: {err}" if word else f"error: {err}"
 
 
-def exit_with(err: BaseException, kind: bool = True) -> NoReturn:
+def exit_with(err: BaseException) -> NoReturn:
     """Print `one_line(err)` on stderr and exit with its code. SystemExit is not an Exception, so Hydra's own error
     handler lets it through with this code."""
-    print(one_line(err, kind), file=sys.stderr, flush=True)
+    print(one_line(err), file=sys.stderr, flush=True)
     raise SystemExit(getattr(err, "exit_code", 2))
 
 

@@ -1,5 +1,5 @@
 """What the analysis scripts read: checkpoints (model + config + classes) and images. Their `key=value`
-arguments and `--help` are vit/args.py's."""
+arguments and `--help` are vit/cli/args.py's."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from vit.args import UsageError
+from vit.errors import UsageError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 

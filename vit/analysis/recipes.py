@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from vit.analysis.runs import RunRecord, markdown_table
-from vit.args import UsageError
+from vit.errors import UsageError
 
 SEED_KEY = "trainer.seed"
 EXPERIMENT_KEYS = ("experiment", "+experiment", "++experiment")

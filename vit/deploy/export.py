@@ -29,7 +29,7 @@ from torch import nn
 from vit.deploy.preprocessing import Preprocessing
 from vit.deploy.quantize import Int8Report, quantize_checked
 from vit.deploy.runtime import side_json_path
-from vit.errors import UserError
+from vit.errors import CheckFailed, UserError
 
 INPUT_NAME, OUTPUT_NAME = "images", "logits"
 ONNX_OPSET = 17  # onnxruntime runs it everywhere; LayerNormalization is a single op from 17 on
@@ -40,8 +40,10 @@ class ExportError(UserError):
     """An export that cannot be done as asked: one line naming the setting or path (exit code 2)."""
 
 
-class VerificationError(RuntimeError):
+class VerificationError(CheckFailed):
     """The exported file does not compute what the PyTorch model computes (exit code 1, nothing kept)."""
+
+    what = "export check failed"
 
 
 def require_export_extra() -> None:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from vit.errors import CheckFailed
+
 MODES = ("int8", "int8-dynamic", "int8-static")
 DEFAULT_MODE = "int8-dynamic"  # what `int8` means (docs/BENCHMARKS.md, "INT8 on the CPU")
 QUANTIZED_OPS = ["MatMul", "Gemm"]  # the linear layers (and attention's two products); the rest stays float
@@ -34,8 +36,10 @@ CALIBRATION = 256  # images whose activation ranges set the static scales
 CHUNK = 64  # images per onnxruntime call in the check and the calibration
 
 
-class QuantizationRefused(RuntimeError):
+class QuantizationRefused(CheckFailed):
     """The INT8 file loses more top-1 than `max_drop` allows: nothing is written (exit code 1)."""
+
+    what = "export check failed"
 
 
 @dataclass

@@ -179,14 +179,15 @@ DATA_CONFIGS_DIR = CONFIG_DIR / "data"
 
 def compose_data_config(name: str, overrides: list[str]):
     """configs/data/<name>.yaml with `key=value` overrides (the `data.` prefix already removed)."""
-    from vit.args import UsageError, compose
+    from vit.engine.compose import compose
+    from vit.errors import ConfigError
 
     known = sorted(p.stem for p in DATA_CONFIGS_DIR.glob("*.yaml"))
     if name not in known:
         raise WeightsError(f"data={name} is not a known data config; known: {', '.join(known)}")
     try:
         return compose([f"data={name}", *(f"data.{o}" for o in overrides)]).data
-    except UsageError as err:  # an unknown key, a value that does not parse
+    except ConfigError as err:  # an unknown key, a value that does not parse
         raise WeightsError(f"data overrides {' '.join(overrides)}: {err}") from None
 
 

@@ -17,6 +17,7 @@ from torch import nn
 
 from vit.engine.device import Precision
 from vit.engine.distributed import Distributed
+from vit.errors import CheckFailed
 from vit.train.progressive import resize_batch
 
 
@@ -64,8 +65,10 @@ class StepState:
     last_scale: float | None = None  # the GradScaler's scale when it was last read
 
 
-class NonFiniteLossError(RuntimeError):
-    pass
+class NonFiniteLossError(CheckFailed):
+    """The loss stopped being finite for trainer.max_bad_steps steps: the settings were valid, the run was not."""
+
+    what = "training stopped"
 
 
 class Window:

@@ -1,4 +1,4 @@
-"""Console entry points: `vit-train` (same as `python train.py`) and `vit-eval` (scripts/evaluate.py).
+"""`vit-train` and `python train.py`: the trainer as a Hydra app.
 
 Before Hydra runs the training, the command line is checked here so that every bad setting (an unknown group
 choice or key, an override that does not parse, an output folder that cannot be made) is one line on stderr and
@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from vit.args import CONFIG_DIR, UsageError, compose
-from vit.errors import UserError, exit_with
+from vit.engine.compose import CONFIG_DIR, compose
+from vit.errors import ConfigError, UserError, exit_with
 
 
 class CommandLineError(UserError):
@@ -27,15 +27,12 @@ class CommandLineError(UserError):
     kind = "config"
 
 
-DIVERGED_EXIT_CODE = 3  # the loss stopped being finite: the settings were valid, the training was not
-
-
 def train_task(cfg) -> float | None:
     """The Hydra task: run one training and return `optimized_metric` (the value a sweeper optimises); bad
-    settings exit with code 2 and one line on stderr, a diverged training with code 3. In a trial of an Optuna
-    search (vit/sweeper.py) a diverged training returns NaN, which the study records as failed, and a trial its
-    pruner stopped raises optuna.TrialPruned: neither ends the search. A trial stopped by a signal raises
-    TrialInterrupted, which does."""
+    settings exit with code 2 and one line on stderr, a diverged training with code 1 (vit/cli/__init__.py). In a
+    trial of an Optuna search (vit/sweeper.py) a diverged training returns NaN, which the study records as failed,
+    and a trial its pruner stopped raises optuna.TrialPruned: neither ends the search. A trial stopped by a signal
+    raises TrialInterrupted, which does."""
     from vit.train import run
     from vit.train.loop import NonFiniteLossError
     from vit.train.search import TrialInterrupted, is_trial, optimized_metric
@@ -46,11 +43,11 @@ def train_task(cfg) -> float | None:
         metrics = run(cfg)
     except UserError as err:  # a setting, the data, a checkpoint, the run folder: "<kind> error: ..." and exit 2
         exit_with(err)
-    except NonFiniteLossError as err:
-        print(f"training stopped: {err}", file=sys.stderr, flush=True)
+    except NonFiniteLossError as err:  # "training stopped: ..." and exit 1
         if is_trial(cfg):
+            print(f"training stopped: {err}", file=sys.stderr, flush=True)
             return float("nan")
-        raise SystemExit(DIVERGED_EXIT_CODE) from None
+        exit_with(err)
     if is_trial(cfg) and metrics.get("stopped_by_signal"):
         raise TrialInterrupted(metrics["stopped_by_signal"])
     pruned = (metrics.get("search") or {}).get("pruned_after_epoch")
@@ -216,7 +213,7 @@ def check_override_keys(args: list[str]) -> None:
     for choices in compositions:
         try:
             cfg = compose(choices, config_name=flags.config_name or "config")
-        except UsageError:
+        except ConfigError:
             return  # a composition Hydra refuses: it says why itself
         known = dotted_keys(cfg)
         where = f" in the sweep's run with {' '.join(choices)}" if len(compositions) > 1 else ""
@@ -282,7 +279,7 @@ def without_null_groups(args: list[str]) -> list[str]:
     return out
 
 
-def train_main() -> None:
+def main() -> None:
     import hydra
 
     from vit.engine.distributed import worker_hydra_overrides
@@ -296,10 +293,3 @@ def train_main() -> None:
     check_output_dir(sys.argv[1:])
     sys.argv.extend(worker_hydra_overrides())  # torchrun ranks > 0: no config copy or log file of their own
     hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")(train_task)()
-
-
-def evaluate_main() -> None:
-    """`vit-eval`: scripts/evaluate.py (a checkpoint of ours, or a model name with foreign weights)."""
-    from vit.deploy.evaluate import cli
-
-    sys.exit(cli(sys.argv[1:]))

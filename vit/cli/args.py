@@ -1,16 +1,14 @@
-"""Command-line arguments shared by the scripts in scripts/, the analysis and deploy tools and vit/cli.py.
+"""The one parser of the tools' `key=value` arguments, and how a tool runs.
 
-- `UsageError`: a bad argument; the script prints it as one line on stderr and exits with code 2.
 - `parse_args`: `key=value` arguments (Hydra style) against a table of known keys and their defaults, with
-  `model.<key>=` and `data.<key>=` for the tools that build a model or read data: the one parser of them.
-- `compose`: the trainer's config (configs/config.yaml) with Hydra overrides, as train.py composes it.
-- `run_script`: `--help`/`-h` prints the script's usage (its module docstring) and exits 0; a bad setting, file or
-  path is one line on stderr and exit code 2.
-- `script_command`: the command line a measurement script's record names (vit/engine/provenance.py).
+  `model.<key>=` and `data.<key>=` for the tools that build a model or read data. A bad one is a UsageError
+  (vit/errors.py).
+- `run_script`: `--help`/`-h` prints the tool's usage (its module docstring) and exits 0; bad input is one line on
+  stderr and exit code 2, a failed check one line and exit code 1 (vit/cli/__init__.py).
+- `script_command`: the command line a measurement's record names (vit/engine/provenance.py).
 
-A script is then a docstring with a `usage:` line and an example, a `main(argv)` and
-`sys.exit(run_script(main, usage=__doc__))`. This module sits beside vit/analysis and vit/deploy and imports
-nothing above them.
+A tool is then a docstring with a `usage:` line and an example, a `main(argv)` and
+`sys.exit(run_script(main, usage=__doc__))`.
 """
 
 from __future__ import annotations
@@ -19,16 +17,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from vit import CONFIG_DIR as PACKAGE_CONFIG_DIR
-from vit.errors import UserError, one_line
+from vit.errors import CheckFailed, UsageError, UserError, one_line
 
-CONFIG_DIR = str(PACKAGE_CONFIG_DIR)  # a str: Hydra takes the folder as text
 HELP_FLAGS = ("-h", "--help")
-
-
-class UsageError(UserError):
-    """A bad script argument: the script prints it as one line and exits with code 2."""
-
 
 TRUE = ("1", "true", "yes")
 FALSE = ("0", "false", "no")
@@ -107,22 +98,6 @@ def parse_args(
     return args
 
 
-def compose(overrides: list[str], config_name: str = "config"):
-    """The config in configs/ that train.py would run with these overrides (`model=vit_tiny`, `data.root=...`).
-    One Hydra refuses (an unknown key or group choice, a value that does not parse) raises UsageError with the
-    first line of Hydra's reason."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name="compose"):
-            return hydra_compose(config_name=config_name, overrides=list(overrides))
-    except (HydraException, OmegaConfBaseException, ValueError) as err:  # ValueError: a null group choice
-        raise UsageError(str(err).strip().splitlines()[0]) from None
-
-
 def script_command(script: str, argv: list[str] | None) -> list[str]:
     """The command a script's measurement record names: the process's own command line where `main` was given it
     (`argv` None, or sys.argv's arguments), else `scripts/<name>.py` and the arguments `main` was called with (a
@@ -142,13 +117,15 @@ def run_script(
     usage: str | None = None,
 ) -> int:
     """Call `main(argv)` (default: sys.argv[1:]). `--help` or `-h` prints `usage` instead; a UserError (a bad
-    setting, file or path, vit/errors.py) and a missing file become one line on stderr and exit code 2."""
+    setting, file or path, vit/errors.py) and a missing file become one line on stderr and exit code 2, a
+    CheckFailed (an export that does not match PyTorch, a quantized file that loses too much) one line and exit
+    code 1."""
     argv = sys.argv[1:] if argv is None else argv
     if wants_help(argv):
         print((usage or "").strip())
         return 0
     try:
         return main(argv) or 0
-    except (UserError, FileNotFoundError) as err:
-        print(one_line(err, kind=False), file=sys.stderr)
+    except (UserError, FileNotFoundError, CheckFailed) as err:
+        print(one_line(err), file=sys.stderr)
         return getattr(err, "exit_code", 2)

@@ -52,9 +52,9 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from vit.args import UsageError, parse_args
-from vit.deploy.script import run_main
+from vit.cli.args import parse_args, run_script
 from vit.deploy.weights import resolve
+from vit.errors import UsageError
 
 KNOWN_KEYS = (
     "checkpoint",
@@ -246,4 +246,9 @@ def main(argv: list[str]) -> int:
 
 def cli(argv: list[str] | None = None) -> int:
     """`python scripts/evaluate.py ...` and `vit-eval ...`: exit code 0, or 2 with one line for a bad setting."""
-    return run_main(main, argv, usage=__doc__)
+    return run_script(main, argv, usage=__doc__)
+
+
+def console() -> None:
+    """`vit-eval`."""
+    sys.exit(cli())
