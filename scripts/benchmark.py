@@ -1,29 +1,56 @@
-"""Training-step throughput of the project's models, optionally against timm side by side; with --e2e, a
-real training run through the trainer and what its data path costs over the step alone; with --inference, the
+"""Training-step throughput of the project's models, optionally against timm side by side; with mode=e2e, a
+real training run through the trainer and what its data path costs over the step alone; with mode=inference, the
 inference latency and img/s (PyTorch eager, torch.compile, the ONNX export in onnxruntime, in float or INT8) at
-batch 1 and a large batch, interleaved with timm's model of the same shape.
+batch 1 and a large batch, interleaved with timm's model of the same shape; with mode=profile, where a training
+step spends its time.
 
-    python scripts/benchmark.py --models vit_tiny_cifar,vit_base --compile both --vs-timm --memory \\
-        --json bench.json --md bench.md
-    python scripts/benchmark.py --e2e --epochs 9 data=imagefolder data.root=<cifar10> data.img_size=32 \\
+usage: python scripts/benchmark.py [mode=steps|inference|e2e|profile] [models=<case>,...] [device=auto|cpu|cuda]
+           [vs_timm=true] [json=<path>] [md=<path>] [key=value ...]
+
+    python scripts/benchmark.py models=vit_tiny_cifar,vit_base compile=both vs_timm=true memory=true \\
+        json=bench.json md=bench.md
+    python scripts/benchmark.py mode=e2e epochs=9 data=imagefolder data.root=<cifar10> data.img_size=32 \\
         data.patch_size=4 model=vit_tiny
-    python scripts/benchmark.py --inference --models vit_tiny,vit_tiny_cifar --batches 1,64 \
-        --runtimes eager,compiled,onnxruntime --vs-timm --device cpu --md inference.md
-    python scripts/benchmark.py --inference --models vit_tiny_cifar,vit_small --batches 1,64 --device cpu \
-        --runtimes eager,onnxruntime,onnxruntime-int8-dynamic,onnxruntime-int8-static
+    python scripts/benchmark.py mode=inference models=vit_tiny,vit_tiny_cifar batches=1,64 \\
+        runtimes=eager,compiled,onnxruntime vs_timm=true device=cpu md=inference.md
+    python scripts/benchmark.py mode=inference models=vit_tiny_cifar,vit_small batches=1,64 device=cpu \\
+        runtimes=eager,onnxruntime,onnxruntime-int8-dynamic,onnxruntime-int8-static
 
-Prints a markdown table last; --json FILE writes the measurement record: the command, commit, machine and versions
-(vit/engine/provenance.py) beside every case's per-round values (seconds and img/s of each timed round; --inference:
-each round's mean call time; --e2e: each counted real/static epoch pair) and their medians. See
-vit/analysis/benchmark.py (training steps; the models timed are
-vit/analysis/bench_cases.py's), vit/analysis/step_profile.py (--profile), vit/analysis/e2e.py (--e2e) and
-vit/analysis/inference.py (--inference) for the protocols, docs/BENCHMARKS.md for results.
+Keys (default):
+    mode (steps)            steps: training-step img/s; inference; e2e: a training run through the trainer, real
+                            against static epochs; profile: our step's time by operator, markdown in md=
+    models (vit_tiny_cifar) comma list of vit/analysis/bench_cases.py's cases
+    batch                   batch size, or a comma list matching models (steps, profile)
+    compile (off)           off | on | both: torch.compile our model (and the peer) with compile_mode
+    compile_mode, peer_compile_mode (default)   torch.compile modes of ours and of the peer
+    vs_timm (false)         time timm's model of the same shape, interleaved round by round
+    memory (false)          steps on CUDA: peak memory per side, each in its own process
+    rounds                  timed rounds (steps: 5, inference: 15)
+    warmup (5), min_round_s (0.5)   untimed calls first; a round lasts at least this long
+    device (auto)           auto | cpu | cuda
+    threads                 torch (and onnxruntime) CPU threads
+    amp (auto), peer_amp (same)     precision of ours, as trainer.amp (auto | bf16 | fp16 | none), and of the peer
+    batches                 inference: comma list of batch sizes (1,64 on a CPU, 1,256 on CUDA)
+    runtimes (eager,compiled,onnxruntime)   inference: comma list of eager, compiled, onnxruntime (the ONNX
+                            export; CPU only), onnxruntime-int8-dynamic, onnxruntime-int8-static
+    profile_steps (10)      profile: steps profiled
+    epochs (9), e2e_dir     e2e: epochs (real and static alternate; >= 4), run folder (default: a temporary one)
+    json, md                write the measurement record / the markdown table here
+Any other key=value (`model=`, `data.root=`, `trainer.<key>=`, ...) is a trainer override, as for train.py, and
+goes with mode=e2e only.
+
+Prints a markdown table last; json=<path> writes the measurement record: the command, commit, machine and versions
+(vit/engine/provenance.py) beside every case's per-round values (seconds and img/s of each timed round; inference:
+each round's mean call time; e2e: each counted real/static epoch pair) and their medians. See
+vit/analysis/benchmark.py (training steps; the models timed are vit/analysis/bench_cases.py's),
+vit/analysis/step_profile.py (profile), vit/analysis/e2e.py (e2e) and vit/analysis/inference.py (inference) for
+the protocols, docs/BENCHMARKS.md for results.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -31,64 +58,122 @@ import torch
 from vit.analysis.bench_cases import CASES
 from vit.analysis.benchmark import bench_case, measure_peak_memory, to_markdown, to_record
 from vit.analysis.step_profile import profile_case, profile_markdown
-from vit.cli.args import script_command
+from vit.cli.args import parse_args, run_script, script_command
 from vit.engine.provenance import measurement_record, write_record
+from vit.errors import UsageError
+
+MODES = ("steps", "inference", "e2e", "profile")
+COMPILE = ("off", "on", "both")
+AMPS = ("auto", "bf16", "fp16", "none")
+KNOWN = {
+    "mode": "steps",
+    "models": "vit_tiny_cifar",
+    "batch": None,
+    "compile": "off",
+    "compile_mode": "default",
+    "peer_compile_mode": "default",
+    "vs_timm": "false",
+    "memory": "false",
+    "rounds": None,
+    "warmup": "5",
+    "min_round_s": "0.5",
+    "device": "auto",
+    "threads": None,
+    "amp": "auto",
+    "peer_amp": "same",
+    "batches": None,
+    "runtimes": "eager,compiled,onnxruntime",
+    "profile_steps": "10",
+    "epochs": "9",
+    "e2e_dir": None,
+    "json": None,
+    "md": None,
+}
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="vit_tiny_cifar", help=f"comma list of {', '.join(CASES)}")
-    parser.add_argument("--batch", default=None, help="batch size, or a comma list matching --models")
-    parser.add_argument("--compile", choices=["off", "on", "both"], default="off")
-    parser.add_argument("--compile-mode", default="default", help="torch.compile mode of our model")
-    parser.add_argument("--peer-compile-mode", default="default", help="torch.compile mode of the peer")
-    parser.add_argument("--vs-timm", action="store_true", help="time timm's model of the same shape, interleaved")
-    parser.add_argument("--memory", action="store_true", help="peak CUDA memory per side, in separate processes")
-    parser.add_argument("--rounds", type=int, default=None, help="timed rounds (default 5; --inference: 15)")
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--min-round-s", type=float, default=0.5)
-    parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    parser.add_argument(
-        "--json",
-        type=Path,
-        default=None,
-        help="write the measurement record here: provenance (command, commit, machine, versions) and every round",
-    )
-    parser.add_argument("--md", type=Path, default=None, help="write the markdown table here")
-    parser.add_argument(
-        "--profile", type=Path, default=None, help="instead of timing: profile our model's step, markdown here"
-    )
-    parser.add_argument("--profile-steps", type=int, default=10)
-    parser.add_argument(
-        "--e2e", action="store_true", help="train through the trainer with the overrides given; real vs static epochs"
-    )
-    parser.add_argument("--epochs", type=int, default=9, help="--e2e: epochs (real and static alternate; >= 4)")
-    parser.add_argument("--e2e-dir", type=Path, default=None, help="--e2e: run folder (default: a temporary one)")
-    parser.add_argument("--inference", action="store_true", help="time inference (no grad) instead of training steps")
-    parser.add_argument(
-        "--batches", default=None, help="--inference: comma list of batch sizes (default 1,64 on CPU, 1,256 on CUDA)"
-    )
-    parser.add_argument(
-        "--runtimes",
-        default="eager,compiled,onnxruntime",
-        help="--inference: comma list of eager, compiled, onnxruntime (the ONNX export; CPU only), "
-        "onnxruntime-int8-dynamic, onnxruntime-int8-static (the export quantized as export.py quantize= does)",
-    )
-    parser.add_argument("--threads", type=int, default=None, help="torch (and onnxruntime) CPU threads")
-    parser.add_argument(
-        "--amp",
-        choices=["auto", "bf16", "fp16", "none"],
-        default="auto",
-        help="our model's precision, as trainer.amp (auto: bf16 where the device has it natively and it pays)",
-    )
-    parser.add_argument(
-        "--peer-amp", choices=["same", "auto", "bf16", "fp16", "none"], default="same", help="the peer's precision"
-    )
-    parser.add_argument("overrides", nargs="*", help="--e2e: trainer config overrides, as for train.py")
-    return parser.parse_intermixed_args(argv)  # overrides before and after the flags alike
+@dataclass
+class Options:
+    """The parsed arguments, typed."""
+
+    mode: str
+    models: list[str]
+    batch: str | None
+    compile: str
+    compile_mode: str
+    peer_compile_mode: str
+    vs_timm: bool
+    memory: bool
+    rounds: int | None
+    warmup: int
+    min_round_s: float
+    device: str
+    threads: int | None
+    amp: str
+    peer_amp: str
+    batches: str | None
+    runtimes: str
+    profile_steps: int
+    epochs: int
+    e2e_dir: Path | None
+    json: Path | None
+    md: Path | None
+    overrides: list[str] = field(default_factory=list)
+    command: list[str] = field(default_factory=list)
 
 
-def run_e2e(args: argparse.Namespace) -> int:
+def choice(args, key: str, choices: tuple[str, ...]) -> str:
+    value = args[key]
+    if value not in choices:
+        raise UsageError(f"{key}={value!r} must be one of {', '.join(choices)}")
+    return value
+
+
+def read_options(argv: list[str]) -> Options:
+    """Our keys through the one parser; every other `key=value` (a group choice, a dotted key, +/~ edits) is a
+    trainer override, kept for mode=e2e."""
+    ours = [a for a in argv if a.partition("=")[0] in KNOWN or "=" not in a]
+    overrides = [a for a in argv if a not in ours]
+    args = parse_args(ours, KNOWN)
+    try:
+        min_round_s = float(args["min_round_s"])
+    except ValueError:
+        min_round_s = -1.0
+    if min_round_s < 0:
+        raise UsageError(f"min_round_s={args['min_round_s']!r} must be a number >= 0")
+    mode = choice(args, "mode", MODES)
+    if overrides and mode != "e2e":
+        raise UsageError(f"{overrides[0]!r}: config overrides only go with mode=e2e (known keys: {', '.join(KNOWN)})")
+    options = Options(
+        mode=mode,
+        models=[n for n in args["models"].split(",") if n],
+        batch=args["batch"],
+        compile=choice(args, "compile", COMPILE),
+        compile_mode=args["compile_mode"],
+        peer_compile_mode=args["peer_compile_mode"],
+        vs_timm=args.flag("vs_timm"),
+        memory=args.flag("memory"),
+        rounds=args.integer("rounds"),
+        warmup=args.integer("warmup", minimum=0),
+        min_round_s=min_round_s,
+        device=choice(args, "device", ("auto", "cpu", "cuda")),
+        threads=args.integer("threads"),
+        amp=choice(args, "amp", AMPS),
+        peer_amp=choice(args, "peer_amp", ("same", *AMPS)),
+        batches=args["batches"],
+        runtimes=args["runtimes"],
+        profile_steps=args.integer("profile_steps"),
+        epochs=args.integer("epochs"),
+        e2e_dir=Path(args["e2e_dir"]) if args["e2e_dir"] else None,
+        json=Path(args["json"]) if args["json"] else None,
+        md=Path(args["md"]) if args["md"] else None,
+        overrides=overrides,
+    )
+    if mode == "profile" and options.md is None:
+        raise UsageError("mode=profile writes its markdown to md=<path>, which is required")
+    return options
+
+
+def run_e2e(args: Options) -> int:
     import tempfile
 
     from vit.analysis.e2e import e2e_markdown, end_to_end
@@ -96,14 +181,13 @@ def run_e2e(args: argparse.Namespace) -> int:
     from vit.data import DataError
     from vit.engine.compose import compose
     from vit.engine.files import OutputError
-    from vit.errors import ConfigError, UsageError
+    from vit.errors import ConfigError
     from vit.train import run
 
     if args.epochs < 4:
-        print(
-            f"error: --epochs {args.epochs}: the end-to-end benchmark needs >= 4 (one real/static pair after warm-up)"
+        raise UsageError(
+            f"epochs={args.epochs}: the end-to-end benchmark needs >= 4 (one real/static pair after warm-up)"
         )
-        return 2
     defaults = [f"trainer.epochs={args.epochs}", "trainer.save_checkpoints=false", "trainer.attn_maps_every_n_epochs=0"]
     overrides = [*defaults, *args.overrides]  # the user's come last and win
     check_group_choices(overrides)
@@ -111,9 +195,8 @@ def run_e2e(args: argparse.Namespace) -> int:
     out = args.e2e_dir or Path(tempfile.mkdtemp(prefix="vit-e2e-"))
     try:
         result = end_to_end(compose(overrides), out, train=run)
-    except (UsageError, ConfigError, DataError, OutputError) as err:  # bad settings: one line, as train.py says them
-        print(f"error: {err}")
-        return 2
+    except (ConfigError, DataError, OutputError) as err:  # bad settings: one line, as train.py says them
+        raise UsageError(str(err)) from None
     table = e2e_markdown(result, " ".join(args.overrides) or "defaults")
     if args.json:
         write_record(measurement_record("benchmark_e2e", result.to_dict(), args.command), args.json)
@@ -124,14 +207,13 @@ def run_e2e(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_inference(args: argparse.Namespace, names: list[str], device: torch.device) -> int:
+def run_inference(args: Options, names: list[str], device: torch.device) -> int:
     from vit.analysis.inference import ONNX_RUNTIMES, RUNTIMES, bench_inference, inference_markdown, inference_record
 
     runtimes = tuple(r for r in args.runtimes.split(",") if r)
     unknown = [r for r in runtimes if r not in RUNTIMES]
     if unknown:
-        print(f"error: --runtimes {unknown[0]!r} is not a runtime; choose from {', '.join(RUNTIMES)}")
-        return 2
+        raise UsageError(f"runtimes={unknown[0]!r} is not a runtime; choose from {', '.join(RUNTIMES)}")
     onnx = [r for r in runtimes if r in ONNX_RUNTIMES]
     if onnx:
         from vit.deploy.export import ExportError, require_export_extra
@@ -139,15 +221,13 @@ def run_inference(args: argparse.Namespace, names: list[str], device: torch.devi
         try:
             require_export_extra()
         except ExportError as err:
-            print(f"error: --runtimes {onnx[0]}: {str(err).replace('format=onnx ', '')}")
-            return 2
+            raise UsageError(f"runtimes={onnx[0]}: {str(err).replace('format=onnx ', '')}") from None
     try:
         batches = [int(b) for b in (args.batches or ("1,64" if device.type == "cpu" else "1,256")).split(",")]
     except ValueError:
         batches = [0]
     if min(batches) < 1:
-        print(f"error: --batches {args.batches!r} must be a comma list of positive integers")
-        return 2
+        raise UsageError(f"batches={args.batches!r} must be a comma list of positive integers")
     results = []
     for name in names:
         for batch in batches:
@@ -174,8 +254,8 @@ def run_inference(args: argparse.Namespace, names: list[str], device: torch.devi
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str]) -> int:
+    args = read_options(argv)
     args.command = script_command(__file__, argv)  # what the JSON record names
     threads = torch.get_num_threads()
     if args.threads:
@@ -186,53 +266,52 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(threads)  # a caller in the same process (a test) keeps its own setting
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.e2e:
+def run(args: Options) -> int:
+    if args.mode == "e2e":
         return run_e2e(args)
-    if args.overrides:
-        print(f"error: {args.overrides[0]!r}: config overrides only go with --e2e")
-        return 2
-    names = [n for n in args.models.split(",") if n]
+    names = args.models
     unknown = [n for n in names if n not in CASES]
-    if unknown:
-        print(f"error: --models {unknown[0]!r} is not a benchmark case; choose from {', '.join(CASES)}")
-        return 2
-    batches = [int(b) for b in args.batch.split(",")] if args.batch else [None] * len(names)
+    if unknown or not names:
+        what = repr(unknown[0]) if unknown else "''"
+        raise UsageError(f"models={what} is not a benchmark case; choose from {', '.join(CASES)}")
+    try:
+        batches = [int(b) for b in args.batch.split(",")] if args.batch else [None] * len(names)
+    except ValueError:
+        raise UsageError(f"batch={args.batch!r} must be an integer or a comma list of them") from None
     if len(batches) == 1 and len(names) > 1:
         batches *= len(names)
     if len(batches) != len(names):
-        print(f"error: --batch has {len(batches)} values for {len(names)} models")
-        return 2
+        raise UsageError(f"batch={args.batch} has {len(batches)} values for {len(names)} models")
     if args.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
         device = torch.device(args.device)
-    if args.inference:
+    if args.mode == "inference":
         return run_inference(args, names, device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
     modes = {"off": [None], "on": [args.compile_mode], "both": [None, args.compile_mode]}[args.compile]
 
-    if args.profile:
+    if args.mode == "profile":
         return run_profile(args, names, batches, modes, device)
     return run_steps(args, names, batches, modes, device)
 
 
-def run_profile(args: argparse.Namespace, names: list[str], batches: list, modes: list, device: torch.device) -> int:
-    """--profile: where each case's training step spends its time, as markdown sections in --profile."""
+def run_profile(args: Options, names: list[str], batches: list, modes: list, device: torch.device) -> int:
+    """mode=profile: where each case's training step spends its time, as markdown sections in md=."""
     sections = []
     for name, batch in zip(names, batches, strict=True):
         for mode in modes:
             summary = profile_case(CASES[name], device, batch, mode, args.profile_steps, args.warmup)
             sections.append(profile_markdown(summary))
             print(sections[-1] + "\n", flush=True)
-    args.profile.write_text("\n\n".join(sections) + "\n")
+    args.md.write_text("\n\n".join(sections) + "\n")
     return 0
 
 
-def run_steps(args: argparse.Namespace, names: list[str], batches: list, modes: list, device: torch.device) -> int:
-    """Training-step throughput of each case and compile mode (against timm's with --vs-timm), as a table."""
+def run_steps(args: Options, names: list[str], batches: list, modes: list, device: torch.device) -> int:
+    """Training-step throughput of each case and compile mode (against timm's with vs_timm=true), as a table."""
     results = []
     for name, batch in zip(names, batches, strict=True):
         case = CASES[name]
@@ -272,4 +351,4 @@ def run_steps(args: argparse.Namespace, names: list[str], batches: list, modes: 
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main, usage=__doc__))

@@ -137,10 +137,10 @@ SKIPPED = [
 # Delete a line to run its commands here, tiny.
 MEASURED_BY_TESTS = [
     (
-        r"benchmark\.py --inference(?!.*int8)",
-        "tests/test_inference_bench.py runs it small (eager, onnxruntime; --runtimes compiled: minutes on a CPU)",
+        r"benchmark\.py mode=inference(?!.*int8)",
+        "tests/test_inference_bench.py runs it small (eager, onnxruntime; runtimes=compiled: minutes on a CPU)",
     ),  # fmt: skip
-    (r"benchmark\.py (--e2e|--models)", "tests/test_benchmark.py runs it small (eager: --compile takes minutes here)"),
+    (r"benchmark\.py (mode=e2e|models=)", "tests/test_benchmark.py runs it small (eager: compile= takes minutes here)"),
     (r"bench_augment\.py", "tests/test_batched_policy.py runs it small"),
     (r"bench_cpu_loader\.py", "tests/test_augment.py runs it small"),
     (r"bench_cpu_bf16\.py|bench_optimizer\.py|cifar10_cpu_reference\.py", "tests/test_cpu_scripts.py runs it small"),
@@ -162,13 +162,13 @@ SKIPPED += [(pattern, f"a measurement; {reason}") for pattern, reason in MEASURE
 TINY_SCRIPT_ARGS = [
     (r"scripts/bench_memory\.py", "--model vit_tiny --img-size 32 --batch-size 2 --num-classes 10 --repeats 1"),
     # benchmark.py: the toy ViT (32 px, 2 blocks) against timm's, one round of one step or call, eager
-    (r"scripts/benchmark\.py (?!.*--(inference|e2e))", "--models toy --batch 2 --compile off"),
-    (r"scripts/benchmark\.py --inference", "--models toy --batches 1"),
-    (r"scripts/benchmark\.py --inference(?!.*--runtimes)", "--runtimes eager,onnxruntime"),  # compiled: minutes
-    (r"scripts/benchmark\.py (?!.*--e2e)", "--rounds 1 --warmup 0 --min-round-s 0 --threads 1"),
+    (r"scripts/benchmark\.py (?!.*mode=(inference|e2e))", "models=toy batch=2 compile=off"),
+    (r"scripts/benchmark\.py mode=inference", "models=toy batches=1"),
+    (r"scripts/benchmark\.py mode=inference(?!.*runtimes=)", "runtimes=eager,onnxruntime"),  # compiled: minutes
+    (r"scripts/benchmark\.py (?!.*mode=e2e)", "rounds=1 warmup=0 min_round_s=0 threads=1"),
     (
-        r"scripts/benchmark\.py --e2e",
-        "--epochs 4 data.synthetic.num_train=32 data.synthetic.num_val=16 data.batch_size=16 model.depth=1",
+        r"scripts/benchmark\.py mode=e2e",
+        "epochs=4 data.synthetic.num_train=32 data.synthetic.num_val=16 data.batch_size=16 model.depth=1",
     ),  # fmt: skip
     (r"scripts/bench_augment\.py", "--policies autoaug --batch 8 --size 16 --repeats 1 --warmup 0 --count-batches 1"),
     (r"scripts/bench_cpu_loader\.py", "--images 4 --repeats 1 --batch 2"),

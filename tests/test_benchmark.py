@@ -14,17 +14,18 @@ from trainer_utils import VirtualClock, assert_measurement_record  # noqa: E402
 
 from vit.analysis.bench_cases import CASES  # noqa: E402
 from vit.analysis.benchmark import percentile  # noqa: E402
+from vit.cli.args import run_script  # noqa: E402
 
 
 def test_toy_benchmark_against_timm_writes_json_and_table(tmp_path, capsys):
     out_json, out_md = tmp_path / "b.json", tmp_path / "b.md"
     code = benchmark.main(
-        ["--models", "toy", "--vs-timm", "--rounds", "2", "--warmup", "1", "--min-round-s", "0.05"]
-        + ["--device", "cpu", "--json", str(out_json), "--md", str(out_md)]
+        ["models=toy", "vs_timm=true", "rounds=2", "warmup=1", "min_round_s=0.05"]
+        + ["device=cpu", f"json={out_json}", f"md={out_md}"]
     )
     assert code == 0
     record = json.loads(out_json.read_text())
-    assert_measurement_record(record, "benchmark", "scripts/benchmark.py --models toy --vs-timm")
+    assert_measurement_record(record, "benchmark", "scripts/benchmark.py models=toy vs_timm=true")
     (result,) = record["results"]
     assert result["case"] == "toy" and result["rounds"] == 2
     assert [s["side"] for s in result["sides"]] == ["ours", "peer"]
@@ -38,9 +39,23 @@ def test_toy_benchmark_against_timm_writes_json_and_table(tmp_path, capsys):
     assert "| toy |" in capsys.readouterr().out
 
 
-def test_unknown_case_is_named(capsys):
-    assert benchmark.main(["--models", "vit_giant"]) == 2
-    assert "'vit_giant' is not a benchmark case" in capsys.readouterr().out
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["models=vit_giant"], "usage error: models='vit_giant' is not a benchmark case; choose from "),
+        (["--models", "toy"], "usage error: argument '--models' must look like key=value"),
+        (["mode=train"], "usage error: mode='train' must be one of steps, inference, e2e, profile"),
+        (["rounds=0"], "usage error: rounds='0' must be an integer >= 1"),
+        (["min_round_s=fast"], "usage error: min_round_s='fast' must be a number >= 0"),
+        (["vs_timm=maybe"], "usage error: vs_timm='maybe' must be true or false"),
+        (["mode=profile", "models=toy"], "usage error: mode=profile writes its markdown to md=<path>"),
+        (["models=toy,toy", "batch=2,4,8"], "usage error: batch=2,4,8 has 3 values for 2 models"),
+    ],
+)
+def test_a_bad_argument_is_one_line_naming_it(args, message, capsys):
+    assert run_script(benchmark.main, args) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(message), line
 
 
 def test_every_case_builds_the_same_shape_as_its_peer():
@@ -77,7 +92,7 @@ def test_kernel_families(name, family):
 
 def test_profile_writes_families_and_top_kernels(tmp_path):
     out = tmp_path / "profile.md"
-    args = ["--models", "toy", "--device", "cpu", "--profile", str(out), "--profile-steps", "2", "--warmup", "1"]
+    args = ["mode=profile", "models=toy", "device=cpu", f"md={out}", "profile_steps=2", "warmup=1"]
     assert benchmark.main(args) == 0
     text = out.read_text()
     shares = [float(line.split("|")[2].strip().rstrip("%")) for line in text.splitlines() if line.endswith("% |")]
@@ -124,10 +139,10 @@ def test_e2e_benchmark_trains_through_the_trainer_and_reports_the_data_path_cost
     overrides = ["data=synthetic", "data.synthetic.num_train=128", "data.synthetic.num_val=32", "data.batch_size=32"]
     overrides += ["model.embed_dim=32", "model.depth=1", "model.num_heads=2", "trainer.device=cpu"]
     overrides += ["data.loader=torch"]  # the loader whose data path has a cost to measure (auto: in memory on a CPU)
-    args = ["--e2e", "--epochs", "6", "--e2e-dir", str(run_dir), "--json", str(out_json), *overrides]
+    args = ["mode=e2e", "epochs=6", f"e2e_dir={run_dir}", f"json={out_json}", *overrides]
     assert benchmark.main(args) == 0
     result = json.loads(out_json.read_text())
-    assert_measurement_record(result, "benchmark_e2e", "--e2e --epochs 6", "data.loader=torch")
+    assert_measurement_record(result, "benchmark_e2e", "mode=e2e epochs=6", "data.loader=torch")
     # Recomputed from the run's own metrics.json: epochs 2 and 4 real, 3 and 5 static.
     rates = [r["train_img_per_s"] for r in json.loads((run_dir / "metrics.json").read_text())["history"]]
     assert len(rates) == 6
@@ -142,14 +157,15 @@ def test_e2e_benchmark_trains_through_the_trainer_and_reports_the_data_path_cost
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--e2e", "--epochs", "3", "data=synthetic"], "--epochs 3: the end-to-end benchmark needs >= 4"),
-        (["--models", "toy", "data=synthetic"], "'data=synthetic': config overrides only go with --e2e"),
-        (["--e2e", "model.embed_dim=64", "trainer.device=cpu"], "model.num_heads=3 must be a positive divisor"),
+        (["mode=e2e", "epochs=3", "data=synthetic"], "epochs=3: the end-to-end benchmark needs >= 4"),
+        (["models=toy", "data=synthetic"], "'data=synthetic': config overrides only go with mode=e2e"),
+        (["mode=e2e", "model.embed_dim=64", "trainer.device=cpu"], "model.num_heads=3 must be a positive divisor"),
     ],
 )
 def test_e2e_arguments_are_checked(args, message, capsys):
-    assert benchmark.main(args) == 2
-    assert message in capsys.readouterr().out
+    assert run_script(benchmark.main, args) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert message in line
 
 
 @pytest.mark.parametrize(("side", "ratio"), [("peer", 13 / 2), ("ours", 3 / 12)])

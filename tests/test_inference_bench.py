@@ -1,32 +1,30 @@
-"""scripts/benchmark.py --inference on the toy shape: every runtime asked for gets a row beside timm's, the ONNX
+"""scripts/benchmark.py mode=inference on the toy shape: every runtime asked for gets a row beside timm's, the ONNX
 sessions compute the models' logits, bad arguments exit 2, a planted slowdown moves the ratio as predicted (no timing
 assertions: speed lives in the docs)."""
 
-import importlib.util
 import json
 import sys
 
 import numpy as np
 import pytest
 import torch
-from trainer_utils import REPO, VirtualClock, assert_measurement_record
+from trainer_utils import VirtualClock, assert_measurement_record, load_script
 
 from vit.analysis.bench_cases import CASES
 from vit.analysis.inference import build_variants
+from vit.cli.args import run_script
 
-spec = importlib.util.spec_from_file_location("benchmark_script", REPO / "scripts" / "benchmark.py")
-benchmark = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(benchmark)
+benchmark = load_script("benchmark")
 
 
 def test_toy_inference_against_timm_writes_json_and_table(tmp_path, capsys):
     out_json, out_md = tmp_path / "i.json", tmp_path / "i.md"
-    args = ["--inference", "--models", "toy", "--batches", "1,4", "--vs-timm", "--runtimes", "eager,onnxruntime"]
+    args = ["mode=inference", "models=toy", "batches=1,4", "vs_timm=true", "runtimes=eager,onnxruntime"]
     # One thread: two-threaded calls of a tiny model wait on each other when neighbours load the cores.
-    args += ["--rounds", "3", "--warmup", "1", "--min-round-s", "0.02", "--device", "cpu", "--threads", "1"]
-    assert benchmark.main([*args, "--json", str(out_json), "--md", str(out_md)]) == 0
+    args += ["rounds=3", "warmup=1", "min_round_s=0.02", "device=cpu", "threads=1"]
+    assert benchmark.main([*args, f"json={out_json}", f"md={out_md}"]) == 0
     record = json.loads(out_json.read_text())
-    assert_measurement_record(record, "benchmark_inference", "--inference --models toy --batches 1,4")
+    assert_measurement_record(record, "benchmark_inference", "mode=inference models=toy batches=1,4")
     results = record["results"]
     assert [(r["case"], r["batch"]) for r in results] == [("toy", 1), ("toy", 4)]
     for result in results:
@@ -100,20 +98,21 @@ def test_each_variant_runs_after_each_other_one(monkeypatch):
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--runtimes", "tensorrt"], "--runtimes 'tensorrt' is not a runtime"),
-        (["--batches", "0"], "--batches '0' must be a comma list of positive integers"),
+        (["runtimes=tensorrt"], "usage error: runtimes='tensorrt' is not a runtime"),
+        (["batches=0"], "usage error: batches='0' must be a comma list of positive integers"),
     ],
 )
 def test_bad_arguments_exit_2(capsys, args, needle):
-    assert benchmark.main(["--inference", "--models", "toy", "--device", "cpu", *args]) == 2
-    assert needle in capsys.readouterr().out
+    assert run_script(benchmark.main, ["mode=inference", "models=toy", "device=cpu", *args]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(needle), line
 
 
 def test_onnxruntime_without_the_export_extra(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
-    assert benchmark.main(["--inference", "--models", "toy", "--device", "cpu"]) == 2
-    out = capsys.readouterr().out.strip()
-    assert out.startswith("error: --runtimes onnxruntime: needs onnxruntime") and "'.[export]'" in out
+    assert run_script(benchmark.main, ["mode=inference", "models=toy", "device=cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("usage error: runtimes=onnxruntime: needs onnxruntime") and "'.[export]'" in err
 
 
 def test_a_planted_slowdown_in_the_peer_raises_the_ratio_by_its_size(monkeypatch):

@@ -207,8 +207,9 @@ def load_script(name: str):
     """scripts/<name>.py imported as a module, so a test can call its `main` and patch its helpers."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"script_{name}", REPO / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass in the script looks its module up there
     spec.loader.exec_module(module)
     return module
 
