@@ -3,7 +3,6 @@ here by onnxruntime / PyTorch on images the trainer's own validation transform m
 side JSON holds what a server needs, and bad input is one line with exit code 2."""
 
 import errno
-import importlib.util
 import json
 import os
 import sys
@@ -14,7 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 from PIL import Image
-from trainer_utils import REPO, compose_config
+from trainer_utils import compose_config, load_script
 
 from vit.analysis.inputs import load_model
 from vit.cli.args import run_script
@@ -26,16 +25,8 @@ from vit.deploy.runtime import OnnxClassifier, preprocess
 from vit.engine.build import build_model_from_config
 from vit.models import capture_attention
 
-
-def _script(name):
-    spec = importlib.util.spec_from_file_location(f"script_{name}", REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-export_script = _script("export")
-predict_script = _script("predict")
+export_script = load_script("export")
+predict_script = load_script("predict")
 
 # Two encoder blocks instead of 12 (or 7) keep the suite fast: every kind of layer is there, and what exports one
 # block exports twelve (test_full_depth_models_export, marked slow, exports the full models).
@@ -187,7 +178,6 @@ def test_predict_with_the_onnx_file_gives_the_checkpoints_top1(checkpoints, tmp_
     checkpoint, images = checkpoints["vit_tiny_224"]
     onnx_path = tmp_path / "model.onnx"
     assert export([f"checkpoint={checkpoint}", f"image={images}", f"output={onnx_path}"]) == 0
-    from vit.cli.args import run_script
 
     tops = {}
     for which, source in (("ckpt", checkpoint), ("onnx", onnx_path)):
@@ -287,7 +277,6 @@ def test_the_default_output_sits_beside_the_weights(weights, fmt, expected):
 
 
 def test_predict_with_an_onnx_file_needs_the_export_extra(checkpoints, monkeypatch, capsys):
-    from vit.cli.args import run_script
 
     checkpoint, images = checkpoints["vit_tiny_cifar"]
     monkeypatch.setitem(sys.modules, "onnxruntime", None)

@@ -2,28 +2,19 @@
 file through the command line, its accuracy against the float file is measured in the same command and recorded,
 the file is refused past max_drop, predict.py runs it, and bad options are one line with exit code 2."""
 
-import importlib.util
 import json
 
 import numpy as np
 import onnx
 import pytest
 import torch
-from trainer_utils import QUICK, REPO, run_cli
+from trainer_utils import QUICK, load_script, run_cli
 
 from vit.analysis.inputs import load_model
 from vit.cli.args import run_script
 
-
-def _script(name):
-    spec = importlib.util.spec_from_file_location(f"script_{name}", REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-export_script = _script("export")
-predict_script = _script("predict")
+export_script = load_script("export")
+predict_script = load_script("predict")
 
 
 def export(argv):

@@ -1,7 +1,6 @@
 """The analysis scripts on tiny checkpoints: PNGs that are not blank, tables with the expected rows, one-line
 errors for bad arguments."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -9,18 +8,11 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, compose_config, fake_run, run_cli
+from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config, fake_run, load_script, run_cli
 
 from vit.cli.args import run_script
 from vit.engine.figures import rollout
 from vit.train import run
-
-
-def _script(name):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def assert_png(path: Path, min_side: int = 100):
@@ -64,7 +56,7 @@ def test_visualize_attention_vit(vit_checkpoint, images, tmp_path):
     out = tmp_path / "att.png"
     assert (
         run_script(
-            _script("visualize_attention").main, [f"checkpoint={vit_checkpoint}", f"image={images}", f"out={out}"]
+            load_script("visualize_attention").main, [f"checkpoint={vit_checkpoint}", f"image={images}", f"out={out}"]
         )
         == 0
     )
@@ -74,7 +66,7 @@ def test_visualize_attention_vit(vit_checkpoint, images, tmp_path):
 def test_visualize_attention_t2t_adds_the_token_stage(t2t_checkpoint, images, tmp_path, capsys):
     out = tmp_path / "att.png"
     args = [f"checkpoint={t2t_checkpoint}", f"image={images / 'img0.png'}", f"out={out}", "layer=0"]
-    assert run_script(_script("visualize_attention").main, args) == 0
+    assert run_script(load_script("visualize_attention").main, args) == 0
     assert_png(out)
     with Image.open(out) as picture:
         width_t2t = picture.size[0]
@@ -97,7 +89,7 @@ def test_visualize_attention_t2t_adds_the_token_stage(t2t_checkpoint, images, tm
 )
 def test_bad_arguments_exit_2_with_one_line(vit_checkpoint, images, tmp_path, capsys, args, needle):
     argv = [a.format(ckpt=vit_checkpoint, images=images, tmp=tmp_path) for a in args]
-    assert run_script(_script("visualize_attention").main, argv) == 2
+    assert run_script(load_script("visualize_attention").main, argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0]
 
@@ -106,13 +98,15 @@ def test_bad_arguments_exit_2_with_one_line(vit_checkpoint, images, tmp_path, ca
 def test_plot_pos_embed(vit_checkpoint, t2t_checkpoint, tmp_path, which):
     out = tmp_path / "pos.png"
     checkpoint = vit_checkpoint if which == "vit" else t2t_checkpoint
-    assert run_script(_script("plot_pos_embed").main, [f"checkpoint={checkpoint}", f"out={out}"]) == 0
+    assert run_script(load_script("plot_pos_embed").main, [f"checkpoint={checkpoint}", f"out={out}"]) == 0
     assert_png(out)
 
 
 def test_predict_top5_json(vit_checkpoint, images, tmp_path, capsys):
     out = tmp_path / "pred.json"
-    assert run_script(_script("predict").main, [f"checkpoint={vit_checkpoint}", f"image={images}", f"json={out}"]) == 0
+    assert (
+        run_script(load_script("predict").main, [f"checkpoint={vit_checkpoint}", f"image={images}", f"json={out}"]) == 0
+    )
     results = json.loads(out.read_text())
     assert [Path(r["image"]).name for r in results] == ["img0.png", "img1.png", "img2.png"]
     for r in results:
@@ -120,7 +114,7 @@ def test_predict_top5_json(vit_checkpoint, images, tmp_path, capsys):
         assert len(probs) == 5 and probs == sorted(probs, reverse=True) and sum(probs) <= 1.0001
         assert all(p["class"].startswith("class_") for p in r["top"])
     assert f"{images / 'img0.png'}: class_" in capsys.readouterr().out  # the path: a base name can repeat
-    assert run_script(_script("predict").main, [f"checkpoint={vit_checkpoint}", f"image={images}", "json=-"]) == 0
+    assert run_script(load_script("predict").main, [f"checkpoint={vit_checkpoint}", f"image={images}", "json=-"]) == 0
     assert json.loads(capsys.readouterr().out) == results  # json=-: the same JSON on stdout, no text lines
 
 
@@ -131,7 +125,7 @@ def test_predict_runs_in_the_precision_the_trainers_rule_gives(vit_checkpoint, i
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     monkeypatch.setattr(precision, "cpu_has_native_fp16", lambda: False)
-    predict = _script("predict").main
+    predict = load_script("predict").main
     args = [f"checkpoint={vit_checkpoint}", f"image={images}", "json=-"]
     outputs = {}
     for amp in ("auto", "bf16", "fp16"):
@@ -170,7 +164,7 @@ def test_other_scripts_bad_arguments_exit_2_with_one_line(
     vit_checkpoint, images, tmp_path, capsys, script, args, needle
 ):
     argv = [a.format(ckpt=vit_checkpoint, images=images, tmp=tmp_path) for a in args]
-    assert run_script(_script(script).main, argv) == 2
+    assert run_script(load_script(script).main, argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
 
@@ -178,7 +172,7 @@ def test_other_scripts_bad_arguments_exit_2_with_one_line(
 def test_complexity_table_and_figure(tmp_path, capsys):
     out = tmp_path / "cx.png"
     args = ["model=vit_tiny", "model.img_size=64", "model.patch_size=8", "model.depth=2", f"out={out}"]
-    assert run_script(_script("complexity").main, args) == 0
+    assert run_script(load_script("complexity").main, args) == 0
     text = capsys.readouterr().out
     for row in ("patch_embed", "attention", "mlp", "head", "4·N·C²", "2·N²·C", "params (M)"):
         assert row in text
@@ -198,19 +192,19 @@ def test_complexity_counts_the_performer_t2t_models(tmp_path, capsys):
     """T2T-ViT's performer keeps its kernel attention out of autocast; on the meta device, where the script counts
     without weights, that must not stop it (torch.autocast refuses the meta device)."""
     out = tmp_path / "t2t.png"
-    assert run_script(_script("complexity").main, ["model=t2t_vit_7", "model.depth=2", f"out={out}"]) == 0
+    assert run_script(load_script("complexity").main, ["model=t2t_vit_7", "model.depth=2", f"out={out}"]) == 0
     assert "params (M)" in capsys.readouterr().out
     assert_png(out)
 
 
 def test_crossover_interpolates_in_token_count():
-    crossover = _script("complexity").crossover_size
+    crossover = load_script("complexity").crossover_size
     assert crossover([10, 20], [1.0, 1.0], [0.5, 2.0]) == pytest.approx((100 + 0.5 * 300 / 1.5) ** 0.5)
     assert crossover([10, 20], [1.0, 1.0], [0.1, 0.2]) is None
 
 
 def test_complexity_unknown_model_is_one_line(capsys):
-    assert run_script(_script("complexity").main, ["model=vit_giant"]) == 2
+    assert run_script(load_script("complexity").main, ["model=vit_giant"]) == 2
     assert "vit_giant" in capsys.readouterr().err
 
 
@@ -224,7 +218,7 @@ def test_summarize_runs_on_a_real_multirun(tmp_path):
     args = ["-m", "experiment=ablation_qkv_bias", *QUICK_SYNTHETIC, *TINY_MODEL, "trainer=debug", "trainer.epochs=1"]
     done = run_cli([*args, f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    summarize = _script("summarize_runs")
+    summarize = load_script("summarize_runs")
     assert run_script(summarize.main, [str(sweep)]) == 0
     table = (sweep / "summary.md").read_text()
     header = "| run | model.qkv_bias | params (M) | GFLOPs | img/s | final top-1 | best top-1 | run s | start-up s |"
@@ -252,7 +246,7 @@ def test_summarize_runs_of_a_lever_screen_plots_each_setting_in_a_row(tmp_path):
         for seed in (0, 1):
             metrics = {"final": {"val_top1": 40.0 + seed}, "wall_time_s": 10.0}
             fake_run(tmp_path / name / f"seed{seed}", [*overrides, f"trainer.seed={seed}"], model, metrics)
-    assert run_script(_script("summarize_runs").main, [str(tmp_path)]) == 0
+    assert run_script(load_script("summarize_runs").main, [str(tmp_path)]) == 0
     table = (tmp_path / "summary.md").read_text()
     assert "| overrides | seeds | final top-1 mean |" in table and "| model.lsa=true | 2 | 40.50 |" in table
     assert_png(tmp_path / "summary.png")

@@ -13,7 +13,15 @@ import timm
 import torch
 from omegaconf import OmegaConf
 from torch import nn
-from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, assert_resumes_exactly, compose_config, run_cli
+from trainer_utils import (
+    QUICK_SYNTHETIC,
+    REPO,
+    TINY_MODEL,
+    assert_resumes_exactly,
+    compose_config,
+    load_script,
+    run_cli,
+)
 
 from vit.cli.args import run_script
 from vit.engine.build import build_model_from_config
@@ -230,13 +238,6 @@ def test_the_variants_train_and_resume_exactly(tmp_path, variants):
     assert np.isfinite(straight["history"][-1]["train_loss"])
 
 
-def _export_script():
-    spec = importlib.util.spec_from_file_location("script_export", REPO / "scripts" / "export.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_each_variant_exports_to_onnx_within_tolerance(tmp_path, variant):
     cfg = compose_config(["data=cifar10", *TINY_MODEL, *VARIANTS[variant]])
@@ -246,7 +247,7 @@ def test_each_variant_exports_to_onnx_within_tolerance(tmp_path, variant):
     classes = {f"class_{i}": i for i in range(10)}
     checkpoint = tmp_path / "best.pt"
     torch.save({"model": model.state_dict(), "config": config, "class_to_idx": classes, "ema": None}, checkpoint)
-    script = _export_script()
+    script = load_script("export")
     assert run_script(script.main, [f"checkpoint={checkpoint}"], usage=script.__doc__) == 0
     session = ort.InferenceSession(str(tmp_path / "best.onnx"), providers=["CPUExecutionProvider"])
     x = torch.randn(3, 3, 32, 32)
@@ -328,7 +329,7 @@ def test_set_input_size_equals_the_dynamic_model_and_exports_at_another_size(tmp
     classes = {f"class_{i}": i for i in range(10)}
     checkpoint = tmp_path / "best.pt"
     torch.save({"model": model.state_dict(), "config": config, "class_to_idx": classes, "ema": None}, checkpoint)
-    script = _export_script()
+    script = load_script("export")
     argv = [f"checkpoint={checkpoint}", "data.img_size=48", "model.dynamic_img_size=true"]
     assert run_script(script.main, argv, usage=script.__doc__) == 0
     session = ort.InferenceSession(str(tmp_path / "best.onnx"), providers=["CPUExecutionProvider"])

@@ -1,0 +1,98 @@
+"""Top-5 predictions of a trained model with class names and probabilities.
+
+usage: vit-predict checkpoint=<path> image=<file, folder or a.jpg,b.png> [json=<path> | json=-]
+    [top=5] [ema=false] [amp=auto|bf16|fp16|none]
+(in a checkout, without installing: python scripts/predict.py with the same arguments)
+
+`checkpoint` is a checkpoint of the trainer (best.pt, last.pt) or an exported ONNX file (best.onnx, with the
+best.onnx.json that scripts/export.py writes beside it); an ONNX file runs through onnxruntime with the
+preprocessing and class names of its side JSON, without the model code. Prints one line per image;
+`json=<path>` also writes them as JSON, `json=-` prints the JSON instead of the lines. A checkpoint's model runs
+in the precision `amp` gives it on this CPU (default: its run's trainer.amp; auto: bf16 where the CPU has it
+natively and the model is wide enough to gain, else fp32; vit/engine/device.py), said in one line on stderr.
+
+Example:
+
+    vit-predict checkpoint=outputs/<date>/<time>/checkpoints/best.pt image=cifar10/test/cat top=3
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vit.analysis.inputs import image_paths, load_images, load_model
+from vit.cli.args import parse_args, run_script
+from vit.engine.device import AMP_MODES, choose_precision
+from vit.errors import UsageError
+
+
+def probabilities(
+    checkpoint: str, spec: str, use_ema: bool, amp: str | None = None
+) -> tuple[list[Path], np.ndarray, list[str]]:
+    """(image paths, (B, classes) probabilities, class names) from a checkpoint or an ONNX file. A checkpoint's
+    model runs in the precision `amp` (default: its run's trainer.amp) gives it on this CPU, by the trainer's rule."""
+    if amp is not None and amp not in AMP_MODES:
+        raise UsageError(f"amp={amp!r} must be one of {AMP_MODES}")
+    if checkpoint.endswith(".onnx"):
+        if amp is not None:
+            raise UsageError(f"amp={amp}: an ONNX file runs in the precision it was exported in; leave amp out")
+        from vit.deploy.export import ExportError, require_export_extra
+        from vit.deploy.runtime import OnnxClassifier
+
+        try:
+            require_export_extra()
+        except ExportError as err:
+            raise UsageError(str(err).replace("format=onnx", f"checkpoint={checkpoint}")) from None
+        paths = [p for part in spec.split(",") for p in image_paths(part)]
+        classifier = OnnxClassifier(checkpoint)
+        probs = classifier.predict_proba(paths)
+        names = classifier.classes or [str(i) for i in range(probs.shape[-1])]
+        return paths, probs, names
+    model, config, classes = load_model(checkpoint, use_ema=use_ema)
+    names = sorted(classes, key=classes.get) if classes else [str(i) for i in range(model.num_classes)]
+    paths, batches = [], []
+    for part in spec.split(","):
+        found, images = load_images(part, config)  # (B, 3, H, W), the validation transform
+        paths += found
+        batches.append(images)
+    precision = choose_precision(amp or (config.get("trainer") or {}).get("amp", "auto"), torch.device("cpu"), model)
+    # One line on stderr, once the inputs are known to be good (a warning where an explicit amp could not run).
+    print(("warning: " if precision.substituted else "") + precision.describe(), file=sys.stderr)
+    with torch.no_grad(), precision.autocast(torch.device("cpu")):
+        chunks = [model(chunk).float().softmax(dim=-1) for images in batches for chunk in images.split(64)]
+    return paths, torch.cat(chunks).numpy(), names
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(
+        argv,
+        {"checkpoint": None, "image": None, "json": None, "top": "5", "ema": "false", "amp": None},
+        ("checkpoint", "image"),
+    )
+    if not args["top"].isdigit() or int(args["top"]) < 1:
+        raise UsageError(f"top={args['top']!r} must be a positive integer")
+    paths, probs, names = probabilities(args["checkpoint"], args["image"], args["ema"].lower() == "true", args["amp"])
+    k = min(int(args["top"]), probs.shape[-1])
+    order = np.argsort(-probs, axis=-1, kind="stable")[:, :k]  # (B, k), most probable first
+    results = []
+    for path, row, indices in zip(paths, probs, order, strict=True):
+        preds = [{"class": names[i], "index": int(i), "prob": round(float(row[i]), 4)} for i in indices]
+        results.append({"image": str(path), "top": preds})
+        if args["json"] != "-":
+            # the path as found (cat/0000.jpg and ship/0000.jpg are different images)
+            print(f"{path}: " + ", ".join(f"{p['class']} {100 * p['prob']:.1f}%" for p in preds))
+    if args["json"] == "-":
+        print(json.dumps(results, indent=2))
+    elif args["json"]:
+        Path(args["json"]).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def console() -> None:
+    """`vit-predict` (and `python scripts/predict.py` in a checkout)."""
+    sys.exit(run_script(main, usage=__doc__))
