@@ -8,13 +8,23 @@ seeds each:
     soft    model.distill_token=true, distill.type=soft: the dist head learns the teacher's tempered distribution
 Every per-epoch number is measured on a class-balanced holdout of the training images (data.holdout, the same
 slice for teacher and students, which neither trains on); the settings were fixed before any run. The test images
-(the first --test-per-class of each class's test folder), which nothing was chosen on, are evaluated once after
+(the first `test_per_class` of each class's test folder), which nothing was chosen on, are evaluated once after
 training: that is the reported number.
 
-    python scripts/distill_experiment.py --data /tmp/cifar10 --work /tmp/distill --out docs/img/distill_cifar10.png
+usage: python scripts/distill_experiment.py data=<CIFAR-10 JPEG tree> work=<folder> [out=<figure.png>]
+    [seeds=0,1,2] [per_class=300] [holdout_per_class=50] [test_per_class=200] [teacher_epochs=12] [epochs=5]
+    [alpha=0.5] [tau=1.0] [jobs=2] [plot_only=false]
 
-`--data` is the extracted CIFAR-10 JPEG tree (cifar10/train/<class>/, cifar10/test/<class>/); the subset trees are
-made of symbolic links under `--work`, and every run is a `train.py` process with one thread (`--jobs` at a time).
+Example:
+
+    python scripts/distill_experiment.py data=/tmp/cifar10 work=/tmp/distill out=docs/img/distill_cifar10.png
+
+`data` is the extracted CIFAR-10 JPEG tree (cifar10/train/<class>/, cifar10/test/<class>/); the subset trees are
+made of symbolic links under `work`, and every run is a `train.py` process with one thread (`jobs` at a time).
+`seeds` are the student runs' seeds; `per_class` the training images of each class (holdout included),
+`holdout_per_class` of those the holdout's; `alpha` and `tau` are distill.alpha of the hard and soft runs and
+distill.tau of the soft ones; `out` is the figure of holdout top-1 against steps; `plot_only=true` redraws it from
+`<work>/results.json` without training.
 `<work>/results.json` is the measurement record: the provenance (command, commit, machine, versions:
 vit/engine/provenance.py) beside every run's metrics (each seed's curve and test top-1), the commands, settings and
 summary.
@@ -22,11 +32,11 @@ summary.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 from vit.analysis.experiments import (
     CIFAR_JPEGS,
@@ -37,7 +47,8 @@ from vit.analysis.experiments import (
     seed_table,
     train,
 )
-from vit.cli.args import script_command
+from vit.cli.args import Arguments, parse_args, run_script, script_command
+from vit.errors import UsageError
 
 METHODS = ("alone", "hard", "soft")
 # The ViT/4 of every run (0.46 M parameters) and the data and trainer settings they share.
@@ -45,22 +56,57 @@ MODEL, DATA = SMALL_VIT, [*CIFAR_JPEGS, "data.batch_size=64"]
 TRAINER = [*CPU_TRAINER, "optim.lr=1e-3", "optim.lr_batch=64", "optim.weight_decay=0.05", "sched.warmup_epochs=1"]
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, required=True, help="extracted CIFAR-10 JPEG tree (train/, test/)")
-    parser.add_argument("--work", type=Path, required=True, help="folder for the subset trees, runs and results")
-    parser.add_argument("--out", type=Path, default=None, help="figure of holdout top-1 against steps (.png)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the student runs")
-    parser.add_argument("--per-class", type=int, default=300, help="training images per class (holdout included)")
-    parser.add_argument("--holdout-per-class", type=int, default=50, help="of those, holdout images per class")
-    parser.add_argument("--test-per-class", type=int, default=200, help="test images per class")
-    parser.add_argument("--teacher-epochs", type=int, default=12, help="epochs of the teacher")
-    parser.add_argument("--epochs", type=int, default=5, help="epochs of every student run")
-    parser.add_argument("--alpha", type=float, default=0.5, help="distill.alpha of the hard and soft runs")
-    parser.add_argument("--tau", type=float, default=1.0, help="distill.tau of the soft runs")
-    parser.add_argument("--jobs", type=int, default=2, help="train.py processes at a time (one thread each)")
-    parser.add_argument("--plot-only", action="store_true", help="redraw the figure from <work>/results.json")
-    return parser.parse_args(argv)
+DEFAULTS = {
+    "data": None,
+    "work": None,
+    "out": None,
+    "seeds": "0,1,2",
+    "per_class": "300",
+    "holdout_per_class": "50",
+    "test_per_class": "200",
+    "teacher_epochs": "12",
+    "epochs": "5",
+    "alpha": "0.5",
+    "tau": "1.0",
+    "jobs": "2",
+    "plot_only": "false",
+}
+
+
+def seed_list(args: Arguments, key: str = "seeds") -> list[int]:
+    """`seeds=0,1,2`: whole numbers >= 0, comma-separated."""
+    value = args[key]
+    seeds = [part.strip() for part in str(value).split(",")]
+    if not all(part.isdigit() for part in seeds):
+        raise UsageError(f"{key}={value!r} must be whole numbers >= 0, comma-separated ({key}=0,1,2)")
+    return [int(part) for part in seeds]
+
+
+def real(args: Arguments, key: str) -> float:
+    try:
+        return float(args[key])
+    except ValueError:
+        raise UsageError(f"{key}={args[key]!r} must be a number") from None
+
+
+def parse_settings(argv: list[str]) -> SimpleNamespace:
+    """The `key=value` arguments as the experiment's settings: paths, numbers and the flag, typed."""
+    args = parse_args(argv, DEFAULTS, ("data", "work"))
+    return SimpleNamespace(
+        data=Path(args["data"]),
+        work=Path(args["work"]),
+        out=Path(args["out"]) if args["out"] else None,
+        seeds=seed_list(args),
+        per_class=args.integer("per_class"),
+        holdout_per_class=args.integer("holdout_per_class"),
+        test_per_class=args.integer("test_per_class"),
+        teacher_epochs=args.integer("teacher_epochs"),
+        epochs=args.integer("epochs"),
+        alpha=real(args, "alpha"),
+        tau=real(args, "tau"),
+        jobs=args.integer("jobs"),
+        plot_only=args.flag("plot_only"),
+    )
 
 
 def link_tree(src: Path, dst: Path, count: int) -> None:
@@ -73,16 +119,16 @@ def link_tree(src: Path, dst: Path, count: int) -> None:
                 target.symlink_to(image.resolve())
 
 
-def common_args(root: Path, args: argparse.Namespace) -> list[str]:
+def common_args(root: Path, args: SimpleNamespace) -> list[str]:
     classes = sum(1 for p in (args.data / "train").iterdir() if p.is_dir())
     return [*MODEL, *DATA, *TRAINER, f"data.root={root}", f"data.holdout={args.holdout_per_class * classes}"]
 
 
-def teacher_args(root: Path, args: argparse.Namespace) -> list[str]:
+def teacher_args(root: Path, args: SimpleNamespace) -> list[str]:
     return [*common_args(root, args), f"trainer.epochs={args.teacher_epochs}", "trainer.val_every_n_epochs=2"]
 
 
-def student_args(method: str, root: Path, seed: int, args: argparse.Namespace, teacher: Path) -> list[str]:
+def student_args(method: str, root: Path, seed: int, args: SimpleNamespace, teacher: Path) -> list[str]:
     """The same model, data, steps and schedule for the three methods; only the teacher signal differs."""
     common = [*common_args(root, args), f"trainer.epochs={args.epochs}", f"trainer.seed={seed}"]
     if method == "alone":
@@ -93,7 +139,7 @@ def student_args(method: str, root: Path, seed: int, args: argparse.Namespace, t
     ]
 
 
-def run_all(args: argparse.Namespace) -> dict:
+def run_all(args: SimpleNamespace) -> dict:
     root = args.work / "data"
     link_tree(args.data / "train", root / "train", args.per_class)
     link_tree(args.data / "test", root / "test", args.test_per_class)
@@ -162,8 +208,8 @@ def plot(results: dict, out: Path) -> None:
     fig.savefig(out, dpi=120)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str]) -> int:
+    args = parse_settings(argv)
     command = script_command(__file__, argv)
     results = run_or_load(
         args, run_all, summary, setting_types=(int, float), measurement="distill_experiment", command=command
@@ -175,4 +221,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main, usage=__doc__))

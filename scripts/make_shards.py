@@ -1,15 +1,15 @@
 """Write an image-folder tree, or a .tar/.tar.gz/.zip of one, as tar shards for data=webdataset.
 
-usage: python scripts/make_shards.py <folder or archive> <output folder> [--samples-per-shard N] [--seed S]
-       [--val-split NAME] [--cache-dir DIR]
+usage: python scripts/make_shards.py <folder or archive> <output folder> [samples_per_shard=5000] [seed=0]
+       [val_split=<name>] [cache_dir=<folder>]
 
 Example (the CIFAR-10 JPEGs that scripts/make_cifar_jpegs.py writes):
 
-    python scripts/make_shards.py data/cifar10-jpeg.tar.gz data/cifar10-shards --samples-per-shard 5000
+    python scripts/make_shards.py data/cifar10-jpeg.tar.gz data/cifar10-shards samples_per_shard=5000
 
 Input: <root>/train/<class>/* and <root>/{val,validation,test}/<class>/*, the layout data=imagefolder reads (an
-archive is extracted once, beside it or into --cache-dir). Written into the output folder:
-  train-000000.tar ...    the training images in one random order (fixed by --seed), --samples-per-shard each
+archive is extracted once, beside it or into cache_dir). Written into the output folder:
+  train-000000.tar ...    the training images in one random order (fixed by seed), samples_per_shard each
   <split>-000000.tar ...  the validation split, named after its folder (val, validation or test), also shuffled
   classes.json            class name -> index: the sorted class folders, as data=imagefolder numbers them
   _info.json              per split: the shard file names and the samples in each (the layout timm's shard
@@ -19,13 +19,13 @@ re-encoded as .png), and <key>.cls, its class index as text. <key> is the image'
 of its split (8 digits). Images are copied without being decoded: an unreadable one is found by the loader
 (data.on_bad_image). At the end the script prints the train.py command that trains on the shards.
 
-Options: --samples-per-shard N (5000), --seed S (0), --val-split NAME (default: the first of val, validation,
-test that exists), --cache-dir DIR (where an archive is extracted). Bad input: one line, exit code 2.
+Options: samples_per_shard=<n> (5000), seed=<s> (0), val_split=<name> (default: the first of val, validation,
+test that exists), cache_dir=<folder> (where an archive is extracted; default: beside it). The output folder is
+created and must not hold shards already. Bad input: one line, exit code 2.
 """
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import sys
@@ -36,24 +36,29 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 from webdataset import TarWriter
 
-from vit.cli.args import run_script
+from vit.cli.args import Arguments, parse_args, run_script
 from vit.data.errors import DataError
 from vit.data.sources.archive import ArchiveError, extract_archive, is_archive
 from vit.data.sources.folders import VAL_SPLIT_NAMES, find_tree_root
 from vit.data.sources.shards import CLASSES_NAME, IMAGE_EXTENSIONS, INFO_NAME
+from vit.errors import UsageError
 
 SHARD_MTIME = 0  # every member's time stamp: the same tree and seed give byte-identical shards
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="Image-folder tree or archive -> tar shards for data=webdataset")
-    parser.add_argument("source", help="folder with train/ and val/ (or validation/, test/), or an archive of one")
-    parser.add_argument("output", help="folder for the shards (created; must not hold shards already)")
-    parser.add_argument("--samples-per-shard", type=int, default=5000)
-    parser.add_argument("--seed", type=int, default=0, help="the images' order across the shards")
-    parser.add_argument("--val-split", default=None, help="validation folder name (default: val/validation/test)")
-    parser.add_argument("--cache-dir", default=None, help="where an archive is extracted (default: beside it)")
-    return parser.parse_args(argv)
+DEFAULTS = {"samples_per_shard": "5000", "seed": "0", "val_split": None, "cache_dir": None}
+
+
+def parse_command(argv: list[str]) -> tuple[str, str, Arguments]:
+    """(source, output folder, the `key=value` options): the two arguments without `=`, in that order."""
+    paths = [arg for arg in argv if "=" not in arg and not arg.startswith("-")]
+    args = parse_args([arg for arg in argv if "=" in arg or arg.startswith("-")], DEFAULTS)
+    if len(paths) != 2:
+        raise UsageError(
+            f"give the source (a folder or archive) and the output folder, then key=value options; got {len(paths)} "
+            f"paths: {' '.join(paths) or 'none'}"
+        )
+    return paths[0], paths[1], args
 
 
 def find_tree(source: str, val_split: str | None, cache_dir: str | None) -> tuple[Path, str]:
@@ -116,29 +121,28 @@ def brace(prefix: str, count: int) -> str:
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv)
-    if args.samples_per_shard < 1:
-        raise DataError(f"--samples-per-shard={args.samples_per_shard} must be >= 1")
-    root, val_name = find_tree(args.source, args.val_split, args.cache_dir)
+    source, output, args = parse_command(argv)
+    per_shard, seed = args.integer("samples_per_shard"), args.integer("seed", minimum=0)
+    root, val_name = find_tree(source, args["val_split"] or None, args["cache_dir"] or None)
     train, val = list_split(root / "train"), list_split(root / val_name)
     if val.class_to_idx != train.class_to_idx:
         raise DataError(f"{root}: the class folders of train/ and {val_name}/ differ; both need the same classes")
     for split, dataset in (("train", train), (val_name, val)):
         if len(dataset) == 0:
             raise DataError(f"{root / split} holds no image files")
-    output = Path(args.output).expanduser()
+    output = Path(output).expanduser()
     if output.exists() and (any(output.glob("*.tar")) or (output / INFO_NAME).exists()):
         raise DataError(f"output folder {output} already holds shards: choose an empty or new folder")
     output.mkdir(parents=True, exist_ok=True)
     # Both splits shuffled: every shard holds every class, and data.limit_val_samples (the first samples of the
     # validation shards) is a random subset rather than the first classes.
-    rng = np.random.default_rng(args.seed)
+    rng = np.random.default_rng(seed)
     splits = {
-        "train": write_split(train, rng.permutation(len(train)), output, "train", args.samples_per_shard),
-        val_name: write_split(val, rng.permutation(len(val)), output, val_name, args.samples_per_shard),
+        "train": write_split(train, rng.permutation(len(train)), output, "train", per_shard),
+        val_name: write_split(val, rng.permutation(len(val)), output, val_name, per_shard),
     }
     (output / CLASSES_NAME).write_text(json.dumps(train.class_to_idx, indent=1) + "\n")
-    info = {"name": root.name, "classes": len(train.classes), "seed": args.seed, "splits": splits}
+    info = {"name": root.name, "classes": len(train.classes), "seed": seed, "splits": splits}
     (output / INFO_NAME).write_text(json.dumps(info, indent=1) + "\n")  # last: shards without it are unfinished
     counts = {name: len(split["filenames"]) for name, split in splits.items()}
     print(

@@ -10,10 +10,20 @@ Every per-epoch number is measured on a class-balanced holdout taken from the ta
 (data.holdout); the settings were fixed before any run. The test split of the target classes (1,000 images a
 class), which no choice looked at, is evaluated once after training: that is the reported number.
 
-    python scripts/transfer_experiment.py --data /tmp/cifar10 --work /tmp/transfer --out docs/img/finetune_transfer.png
+usage: python scripts/transfer_experiment.py data=<CIFAR-10 JPEG tree> work=<folder> [out=<figure.png>]
+    [seeds=0,1,2] [per_class=200] [holdout_per_class=100] [source_per_class=<all>] [pretrain_epochs=8]
+    [epochs=40] [jobs=2] [plot_only=false]
 
-`--data` is the extracted CIFAR-10 JPEG tree (cifar10/train/<class>/, cifar10/test/<class>/); the split trees are
-made of hard links under `--work`, and every run is a `train.py` process with one thread (`--jobs` at a time).
+Example:
+
+    python scripts/transfer_experiment.py data=/tmp/cifar10 work=/tmp/transfer out=docs/img/finetune_transfer.png
+
+`data` is the extracted CIFAR-10 JPEG tree (cifar10/train/<class>/, cifar10/test/<class>/); the split trees are
+made of hard links under `work`, and every run is a `train.py` process with one thread (`jobs` at a time).
+`seeds` are the target runs' seeds; `per_class` the labelled training images of each target class and
+`holdout_per_class` its holdout images; `source_per_class` the source images of each class (default: all);
+`pretrain_epochs` the epochs over the source classes, `epochs` those of every target run; `out` is the figure of
+holdout top-1 against steps; `plot_only=true` redraws it from `<work>/results.json` without training.
 `<work>/results.json` is the measurement record: the provenance (command, commit, machine, versions:
 vit/engine/provenance.py) beside every run's metrics (each seed's curve and test top-1), the commands, settings and
 summary.
@@ -21,12 +31,12 @@ summary.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 from vit.analysis.experiments import (
     CIFAR_JPEGS,
@@ -37,7 +47,8 @@ from vit.analysis.experiments import (
     seed_table,
     train,
 )
-from vit.cli.args import script_command
+from vit.cli.args import Arguments, parse_args, run_script, script_command
+from vit.errors import UsageError
 
 SOURCE_CLASSES = ("airplane", "automobile", "bird", "cat", "deer")
 TARGET_CLASSES = ("dog", "frog", "horse", "ship", "truck")
@@ -46,20 +57,46 @@ METHODS = ("finetune", "probe", "scratch")
 MODEL, DATA, TRAINER = SMALL_VIT, CIFAR_JPEGS, CPU_TRAINER
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", type=Path, required=True, help="extracted CIFAR-10 JPEG tree (train/, test/)")
-    parser.add_argument("--work", type=Path, required=True, help="folder for the split trees, runs and results")
-    parser.add_argument("--out", type=Path, default=None, help="figure of holdout top-1 against steps (.png)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of the target runs")
-    parser.add_argument("--per-class", type=int, default=200, help="labelled training images per target class")
-    parser.add_argument("--holdout-per-class", type=int, default=100, help="holdout images per target class")
-    parser.add_argument("--source-per-class", type=int, default=None, help="source images per class (all)")
-    parser.add_argument("--pretrain-epochs", type=int, default=8, help="epochs over the source classes")
-    parser.add_argument("--epochs", type=int, default=40, help="epochs of every target run")
-    parser.add_argument("--jobs", type=int, default=2, help="train.py processes at a time (one thread each)")
-    parser.add_argument("--plot-only", action="store_true", help="redraw the figure from <work>/results.json")
-    return parser.parse_args(argv)
+DEFAULTS = {
+    "data": None,
+    "work": None,
+    "out": None,
+    "seeds": "0,1,2",
+    "per_class": "200",
+    "holdout_per_class": "100",
+    "source_per_class": None,
+    "pretrain_epochs": "8",
+    "epochs": "40",
+    "jobs": "2",
+    "plot_only": "false",
+}
+
+
+def seed_list(args: Arguments, key: str = "seeds") -> list[int]:
+    """`seeds=0,1,2`: whole numbers >= 0, comma-separated."""
+    value = args[key]
+    seeds = [part.strip() for part in str(value).split(",")]
+    if not all(part.isdigit() for part in seeds):
+        raise UsageError(f"{key}={value!r} must be whole numbers >= 0, comma-separated ({key}=0,1,2)")
+    return [int(part) for part in seeds]
+
+
+def parse_settings(argv: list[str]) -> SimpleNamespace:
+    """The `key=value` arguments as the experiment's settings: paths, numbers and the flag, typed."""
+    args = parse_args(argv, DEFAULTS, ("data", "work"))
+    return SimpleNamespace(
+        data=Path(args["data"]),
+        work=Path(args["work"]),
+        out=Path(args["out"]) if args["out"] else None,
+        seeds=seed_list(args),
+        per_class=args.integer("per_class"),
+        holdout_per_class=args.integer("holdout_per_class"),
+        source_per_class=args.integer("source_per_class") if args["source_per_class"] else None,
+        pretrain_epochs=args.integer("pretrain_epochs"),
+        epochs=args.integer("epochs"),
+        jobs=args.integer("jobs"),
+        plot_only=args.flag("plot_only"),
+    )
 
 
 def link_tree(src: Path, dst: Path, classes: tuple[str, ...], count: int | None) -> None:
@@ -93,7 +130,7 @@ def pretrain_args(source: Path, epochs: int) -> list[str]:
     ]
 
 
-def target_args(method: str, target: Path, seed: int, args: argparse.Namespace, source_ckpt: Path) -> list[str]:
+def target_args(method: str, target: Path, seed: int, args: SimpleNamespace, source_ckpt: Path) -> list[str]:
     """The same model, data, steps and schedule for the three methods; only the start and what trains differ."""
     common = [*MODEL, *DATA, *TRAINER, f"data.root={target}", "data.batch_size=64", f"trainer.epochs={args.epochs}"]
     common += [f"data.holdout={args.holdout_per_class * len(TARGET_CLASSES)}", f"trainer.seed={seed}"]
@@ -106,7 +143,7 @@ def target_args(method: str, target: Path, seed: int, args: argparse.Namespace, 
     return [*common, *start, "model.freeze=backbone", "optim.lr=5e-3", "optim.weight_decay=0.0"]
 
 
-def run_all(args: argparse.Namespace) -> dict:
+def run_all(args: SimpleNamespace) -> dict:
     source, target = make_trees(args.data, args.work, args.per_class + args.holdout_per_class, args.source_per_class)
     source_ckpt = args.work / "runs" / "pretrain" / "checkpoints" / "last.pt"
     results: dict = {"commands": {}, "runs": {}}
@@ -158,8 +195,8 @@ def plot(results: dict, out: Path) -> None:
     fig.savefig(out, dpi=120)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str]) -> int:
+    args = parse_settings(argv)
     command = script_command(__file__, argv)
     results = run_or_load(args, run_all, summary, measurement="transfer_experiment", command=command)
     print(json.dumps(results["summary"], indent=1))
@@ -169,4 +206,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_script(main, usage=__doc__))

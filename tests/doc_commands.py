@@ -117,7 +117,7 @@ SKIPPED = [
     ),  # fmt: skip
     (r"\btimm:", "the network: timm downloads the weights"),
     (r"experiment=(finetune_cifar10|linear_probe)\b", "the network: the experiment starts from timm's weights"),
-    (r"--download\b", "the network: torchvision downloads CIFAR-10"),
+    (r"\bdownload=(true|yes|1)\b", "the network: torchvision downloads CIFAR-10"),
     (r"data\.dataset_name=", "the network: the Hugging Face Hub"),
     (r"postgresql", "a PostgreSQL server"),
     (r"^make (train|test)\b", "make test is this suite; make train trains ViT-Ti on CIFAR-10 for hours"),
@@ -229,7 +229,7 @@ SUBSTITUTIONS = [
     (r"\[([^\] ]*=[^\] ]*)\]", r"\1"),  # an optional key=value: given
     (r"batch=dynamic\|<n>", "batch=dynamic"),
     (r"/data/cifar10-shards", "data/cifar10-shards"),
-    (r"--samples-per-shard \d+", "--samples-per-shard 64"),  # 320 training images: 5 shards, 100 test images: 2
+    (r"samples_per_shard=\d+", "samples_per_shard=64"),  # 320 training images: 5 shards, 100 test images: 2
     (r"train-\{000000\.\.000009\}", "train-{000000..000004}"),
     (r"epoch_\d{4}\.pt", "epoch_0002.pt"),
     (r"data\.holdout=\d{3,}", "data.holdout=20"),

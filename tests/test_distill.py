@@ -339,11 +339,30 @@ def test_the_experiment_script_records_every_seed_beside_its_provenance(tmp_path
 
     monkeypatch.setattr(script, "train", train)
     work = tmp_path / "work"
-    assert script.main(["--data", str(tmp_path / "data"), "--work", str(work), "--seeds", "0", "1"]) == 0
+    assert script.main([f"data={tmp_path / 'data'}", f"work={work}", "seeds=0,1"]) == 0
     record = json.loads((work / "results.json").read_text())
-    assert_measurement_record(record, "distill_experiment", "--seeds 0 1")
+    assert_measurement_record(record, "distill_experiment", "seeds=0,1")
     assert record["runs"]["soft-1"]["test"]["top1"] == 51.0 and "distill.type=soft" in record["commands"]["soft-1"]
     assert record["summary"]["hard"]["test_top1"] == [45.0, 46.0] and record["summary"]["teacher"]["test_top1"] == 60
     assert record["settings"]["per_class"] == 300 and record["settings"]["alpha"] == 0.5
-    args = ["--data", str(tmp_path / "data"), "--work", str(work), "--plot-only"]
+    args = [f"data={tmp_path / 'data'}", f"work={work}", "plot_only=true"]
     assert script.main(args) == 0 and json.loads((work / "results.json").read_text()) == record  # read, not rerun
+
+
+@pytest.mark.parametrize(
+    ("arg", "named"),
+    [
+        ("seeds=0,x", "seeds='0,x' must be whole numbers >= 0"),
+        ("alpha=half", "alpha='half' must be a number"),
+        ("jobs=0", "jobs='0' must be an integer >= 1"),
+        ("--teacher-epochs", "argument '--teacher-epochs' must look like key=value"),
+    ],
+)
+def test_the_experiment_script_says_a_bad_argument_in_one_line_with_exit_code_2(arg, named, tmp_path, capsys):
+    from vit.cli.args import run_script
+
+    script = load_script("distill_experiment")
+    script.train = None  # nothing trains: the arguments are read first
+    assert run_script(script.main, [f"data={tmp_path}", f"work={tmp_path / 'work'}", arg]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("usage error: ") and named in err[0], err

@@ -499,11 +499,30 @@ def test_the_experiment_script_records_every_seed_beside_its_provenance(tmp_path
 
     monkeypatch.setattr(script, "train", train)
     work = tmp_path / "work"
-    assert script.main(["--data", str(tmp_path / "data"), "--work", str(work), "--seeds", "0", "2"]) == 0
+    assert script.main([f"data={tmp_path / 'data'}", f"work={work}", "seeds=0,2"]) == 0
     record = json.loads((work / "results.json").read_text())
-    assert_measurement_record(record, "transfer_experiment", "--seeds 0 2")
+    assert_measurement_record(record, "transfer_experiment", "seeds=0,2")
     assert record["runs"]["probe-2"]["test"]["top1"] == 52.0
     assert "model.freeze=backbone" in record["commands"]["probe-2"]
     assert record["summary"]["finetune"]["test_top1"] == [60.0, 62.0]
     assert record["summary"]["pretrain"]["val_top1"] == 65
     assert record["settings"]["epochs"] == 40
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["seeds=0 1"], "seeds='0 1' must be whole numbers >= 0"),
+        (["source_per_class=-5"], "source_per_class='-5' must be an integer >= 1"),
+        (["plot_only=maybe"], "plot_only='maybe' must be true or false"),
+        (["--epochs", "4"], "argument '--epochs' must look like key=value"),
+    ],
+)
+def test_the_experiment_script_says_a_bad_argument_in_one_line_with_exit_code_2(args, named, tmp_path, capsys):
+    from vit.cli.args import run_script
+
+    script = load_script("transfer_experiment")
+    script.train = None  # nothing trains: the arguments are read first
+    assert run_script(script.main, [f"data={tmp_path}", f"work={tmp_path / 'work'}", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("usage error: ") and named in err[0], err

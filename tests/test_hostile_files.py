@@ -109,14 +109,14 @@ SCRIPT_SLOTS = [
     ("visualize_attention", ["checkpoint={pt}", "image={bad}", "out={root}/att.png"], ".jpg"),
     ("average_checkpoints", ["{bad}", "{pt}", "out={root}/avg.pt"], ".pt"),
     ("make_shards", ["{bad}", "{root}/shards"], ".tar.gz"),
-    ("make_cifar_jpegs", ["--root", "{bad}", "--out", "{root}/jpegs"], ".tar.gz"),
+    ("make_cifar_jpegs", ["root={bad}", "out={root}/jpegs"], ".tar.gz"),
 ]
 
 
 def _slot(args) -> str:
     """Which argument takes the bad file: its key, or `source` for a positional one."""
     arg = next((a for a in args if "{bad}" in a), "")
-    return arg.split("=")[0] if "=" in arg else ("root" if args[0] == "--root" else "source")
+    return arg.split("=")[0] if "=" in arg else "source"
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -126,14 +126,14 @@ def test_a_script_given_a_bad_file_says_one_line(files, name, args, suffix, kind
     fill = {"bad": bad, "pt": files["pt"], "images": files["images"], "root": files["root"]}
     argv = [a.format(**fill) for a in args]
     if name == "make_cifar_jpegs" and kind in ("folder", "empty", "truncated", "other", "pickle"):
-        # --root is a folder holding cifar-10-batches-py/: the bad file is that folder's data
+        # root= is a folder holding cifar-10-batches-py/: the bad file is that folder's data
         target = files["root"] / f"cifar_{kind}"
         batches = target / "cifar-10-batches-py"
         batches.mkdir(parents=True, exist_ok=True)
         if kind != "folder":
             for part in ("data_batch_1", "test_batch", "batches.meta"):
                 (batches / part).write_bytes(bad.read_bytes())
-        argv[1], bad = str(target), target
+        argv[0], bad = f"root={target}", target
     code, err = script(name, argv, monkeypatch, capsys)
     assert_one_line(code, err, bad, files["marker"])
 

@@ -54,7 +54,7 @@ def cifar_root(tmp_path, monkeypatch):
 
 def test_writes_the_class_folders_and_the_archive_data_imagefolder_reads(cifar_root, tmp_path):
     out, archive = tmp_path / "out", tmp_path / "cifar10-jpeg.tar.gz"
-    assert _script().main(["--root", str(cifar_root), "--out", str(out), "--tar", str(archive)]) == 0
+    assert _script().main([f"root={cifar_root}", f"out={out}", f"tar={archive}"]) == 0
     tree = out / "cifar10"
     for split, per_class in (("train", 5), ("test", 2)):
         assert sorted(p.name for p in (tree / split).iterdir()) == sorted(CLASSES)
@@ -77,14 +77,15 @@ def test_writes_the_class_folders_and_the_archive_data_imagefolder_reads(cifar_r
 def test_a_root_without_cifar_exits_2_naming_it(tmp_path, capsys):
     from vit.cli.args import run_script
 
-    assert run_script(_script().main, ["--root", str(tmp_path / "empty"), "--out", str(tmp_path / "out")]) == 2
+    assert run_script(_script().main, [f"root={tmp_path / 'empty'}", f"out={tmp_path / 'out'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"--root '{tmp_path / 'empty'}': no readable CIFAR-10" in err[0] and "--download" in err[0]
+    assert len(err) == 1 and f"root='{tmp_path / 'empty'}': no readable CIFAR-10" in err[0]
+    assert "download=true" in err[0]
 
 
 def test_a_download_without_network_says_so_not_a_write_failure(tmp_path, monkeypatch, capsys):
     """Offline, torchvision's download raises URLError (an OSError): that is a network failure, not an unwritable
-    --out."""
+    `out` folder."""
     import urllib.error
 
     import torchvision.datasets.cifar as cifar
@@ -95,8 +96,27 @@ def test_a_download_without_network_says_so_not_a_write_failure(tmp_path, monkey
     monkeypatch.setattr(cifar, "download_and_extract_archive", offline)
     from vit.cli.args import run_script
 
-    argv = ["--root", str(tmp_path / "root"), "--out", str(tmp_path / "out"), "--download"]
+    argv = [f"root={tmp_path / 'root'}", f"out={tmp_path / 'out'}", "download=true"]
     assert run_script(_script().main, argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith(f"error: --download: cannot fetch CIFAR-10 into --root '{tmp_path}")
+    assert len(err) == 1
+    assert err[0].startswith(f"usage error: download=true: cannot fetch CIFAR-10 into root='{tmp_path}")
     assert "name resolution" in err[0] and "cannot write" not in err[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["quality=96"], "quality='96' must be a whole number in 1..95"),
+        (["download=sure"], "download='sure' must be true or false"),
+        (["--tar", "x.tar.gz"], "argument '--tar' must look like key=value"),
+        (["tarball=x.tar.gz"], "unknown argument 'tarball'"),
+    ],
+)
+def test_a_bad_argument_is_one_line_naming_it_with_exit_code_2(args, named, tmp_path, capsys):
+    from vit.cli.args import run_script
+
+    assert run_script(_script().main, [f"root={tmp_path}", f"out={tmp_path / 'out'}", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("usage error: ") and named in err[0], err
+    assert not (tmp_path / "out").exists()

@@ -1,7 +1,7 @@
 """Real data: a small ViT trained on CPU on a few thousand CIFAR-10 JPEGs beats chance (10%) by far.
 
 Runs when VIT_CIFAR10_ARCHIVE names a CIFAR-10 archive in ImageNet-style folders (scripts/make_cifar_jpegs.py
---tar writes one; `.ci/run` sets the variable when the CI machine has such an archive).
+tar=<file> writes one; `.ci/run` sets the variable when the CI machine has such an archive).
 """
 
 import os

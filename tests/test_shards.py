@@ -52,7 +52,7 @@ def shards(tmp_path_factory):
     """90 training images in 6 shards (16 per shard, the last 10) and 30 validation images in 2."""
     base = tmp_path_factory.mktemp("shards")
     tree = write_tree(base / "tree")
-    assert load_make_shards().main([str(tree), str(base / "out"), "--samples-per-shard", "16"]) == 0
+    assert load_make_shards().main([str(tree), str(base / "out"), "samples_per_shard=16"]) == 0
     return base / "out"
 
 
@@ -99,6 +99,25 @@ def test_make_shards_writes_every_image_once_with_its_class(shards):
             assert set(sample) in ({"cls", "jpg"}, {"cls", "png"})
     val = [int(key) for name in info["splits"]["val"]["filenames"] for key in read_shard(shards / name)]
     assert sorted(val) == list(range(30)) and val != sorted(val)
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["samples_per_shard=0"], "samples_per_shard='0' must be an integer >= 1"),
+        (["seed=-1"], "seed='-1' must be an integer >= 0"),
+        (["--samples-per-shard", "16"], "argument '--samples-per-shard' must look like key=value"),
+        (["shard_size=16"], "unknown argument 'shard_size'"),
+        (["extra"], "got 3 paths"),
+    ],
+)
+def test_make_shards_says_a_bad_argument_in_one_line_with_exit_code_2(args, named, tmp_path, capsys):
+    from vit.cli.args import run_script
+
+    assert run_script(load_make_shards().main, [str(tmp_path), str(tmp_path / "out"), *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("usage error: ") and named in err[0], err
+    assert not (tmp_path / "out").exists()
 
 
 def test_two_ranks_with_two_workers_see_every_training_sample_once(shards):
@@ -292,7 +311,7 @@ ARCHIVE = os.environ.get("VIT_CIFAR10_ARCHIVE")
 @pytest.mark.skipif(not ARCHIVE, reason="VIT_CIFAR10_ARCHIVE is not set (CI sets it)")
 def test_cifar10_archive_becomes_shards_with_one_command(tmp_path):
     out = tmp_path / "shards"
-    args = [ARCHIVE, str(out), "--cache-dir", str(tmp_path / "cache"), "--samples-per-shard", "10000"]
+    args = [ARCHIVE, str(out), f"cache_dir={tmp_path / 'cache'}", "samples_per_shard=10000"]
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "make_shards.py"), *args], capture_output=True,
                           text=True)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

@@ -76,7 +76,7 @@ def run_or_load(
     measurement: str = "experiment",
     command: list[str] | None = None,
 ) -> dict:
-    """The experiment's results: read from <work>/results.json with --plot-only, else run (`run_all(args)`), with
+    """The experiment's results: read from <work>/results.json with plot_only=true, else run (`run_all(args)`), with
     the wall time, the numeric settings (of `setting_types`) and `summary(results)` added, and written there as
     the measurement record `measurement` of `command` (default sys.argv): its provenance beside every run's
     metrics (each seed's history and test top-1) and the summary."""
