@@ -2,35 +2,40 @@
 per batch, against torchvision's v2 policies called on chunks of 16 images (one draw per call: the way a loader
 uses them on batches): wall time and the number of aten ops dispatched, the proxy for kernel launches on a GPU.
 
-    python scripts/bench_augment.py --batch 512 --size 32 --repeats 15 --json augment.json
+usage: python scripts/bench_augment.py [policies=autoaug,trivial,rand-m9-mstd0.5-inc1] [batch=512] [size=32]
+    [repeats=15] [warmup=3] [count_batches=10] [device=cpu] [threads=<n>] [json=<file>]
+
+    python scripts/bench_augment.py batch=512 size=32 repeats=15 json=augment.json
 
 Every policy and implementation is timed in one process, interleaved, on fresh random uint8 batches; the table
 reports medians. "ours (whole batch)" is the CUDA code path (each op on the whole batch, kept by torch.where: no
 host sync) forced on this device; "ours" is the device's own path. torchvision has no counterpart of timm's
-RandAugment strings, so those rows have no torchvision line. Prints a markdown table; --json FILE writes the
+RandAugment strings, so those rows have no torchvision line. `policies` is a comma list of auto_augment values;
+`repeats` batches of each row are timed (after `warmup` untimed ones), the op counts are a mean over `count_batches`
+batches; `threads` sets torch's CPU threads (default: torch's). Prints a markdown table; json=<file> writes the
 measurement record: every timed batch's milliseconds of every row, the medians and op counts, and the provenance
 (command, commit, machine, versions: vit/engine/provenance.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
+import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torchvision.transforms import v2
 
-from vit.cli.args import script_command
+from vit.cli.args import parse_args, run_script, script_command
 from vit.data.augment.batch import BatchAugment
 from vit.data.augment.policies import is_small
 from vit.data.augment.spec import AugmentSpec
 from vit.data.sources.registry import DATASETS
 from vit.engine.provenance import measurement_record, write_record
+from vit.errors import UsageError
 
 # (label, implementation, force the whole-batch path)
 IMPLS = (
@@ -97,32 +102,28 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument(
-        "--policies", default="autoaug,trivial,rand-m9-mstd0.5-inc1", help="comma list of auto_augment values"
-    )
-    parser.add_argument("--batch", type=int, default=512)
-    parser.add_argument("--size", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=15, help="timed batches per policy and implementation")
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--count-batches", type=int, default=10, help="batches the op counts are averaged over")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument(
-        "--json", type=Path, default=None, help="write the measurement record (every timed batch, provenance) here"
-    )
-    args = parser.parse_args(argv)
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+def main(argv: list[str]) -> int:
+    known = {"policies": "autoaug,trivial,rand-m9-mstd0.5-inc1", "batch": "512", "size": "32", "repeats": "15"}
+    known |= {"warmup": "3", "count_batches": "10", "device": "cpu", "threads": None, "json": None}
+    args = parse_args(argv, known)
+    batch_size, size, repeats = args.integer("batch"), args.integer("size"), args.integer("repeats")
+    warmup, count_batches = args.integer("warmup", minimum=0), args.integer("count_batches")
+    threads = args.integer("threads")
+    try:
+        device = torch.device(args["device"])
+    except RuntimeError:
+        raise UsageError(f"device={args['device']!r} is not a torch device (cpu, cuda, cuda:1, ...)") from None
+    if threads is not None:
+        torch.set_num_threads(threads)
     rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (args.batch, args.size, args.size, 3), dtype=np.uint8)
+    images = rng.integers(0, 256, (batch_size, size, size, 3), dtype=np.uint8)
     torch.manual_seed(0)
 
-    cases = [(p, *impl) for p in ["none", *args.policies.split(",")] for impl in (IMPLS if p != "none" else IMPLS[:1])]
+    cases = [
+        (p, *impl) for p in ["none", *args["policies"].split(",")] for impl in (IMPLS if p != "none" else IMPLS[:1])
+    ]
     augments = {
-        (p, label): make_augment(None if p == "none" else p, impl, whole, args.size) for p, label, impl, whole in cases
+        (p, label): make_augment(None if p == "none" else p, impl, whole, size) for p, label, impl, whole in cases
     }
     augments = {key: fn for key, fn in augments.items() if fn is not None}
     generator = torch.Generator(device=device).manual_seed(0)
@@ -138,20 +139,20 @@ def main(argv: list[str] | None = None) -> None:
 
     ops = {}
     for key in augments:
-        for _ in range(args.warmup):
+        for _ in range(warmup):
             run(key)
         with CountOps() as counter:  # the draws decide which ops run: a mean over several batches
-            for _ in range(args.count_batches):
+            for _ in range(count_batches):
                 augments[key](batch, generator)
-        ops[key] = {name: count / args.count_batches for name, count in counter.counts.items()}
+        ops[key] = {name: count / count_batches for name, count in counter.counts.items()}
     times: dict[tuple, list[float]] = {key: [] for key in augments}
-    for _ in range(args.repeats):  # interleaved: a slow phase of the machine hits every case alike
+    for _ in range(repeats):  # interleaved: a slow phase of the machine hits every case alike
         for key in augments:
             times[key].append(run(key))
 
     print(
-        f"batch {args.batch} x 3 x {args.size} x {args.size} uint8, device {device}, {torch.get_num_threads()} "
-        f"threads; time: median of {args.repeats}, interleaved; ops: mean of {args.count_batches} batches"
+        f"batch {batch_size} x 3 x {size} x {size} uint8, device {device}, {torch.get_num_threads()} "
+        f"threads; time: median of {repeats}, interleaved; ops: mean of {count_batches} batches"
     )
     print()
     print(
@@ -167,11 +168,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {policy} | {impl} | {median_ms:.1f} | {count['all']} | {count['views']} | {count['small']} |")
         rows.append({"policy": policy, "implementation": impl, "ms_repeats": [1e3 * t for t in times[key]]})
         rows[-1] |= {"ms_median": median_ms, "ops_per_batch": ops[key]}
-    if args.json:
-        values = {"batch": args.batch, "size": args.size, "device": str(device), "threads": torch.get_num_threads()}
-        values |= {"repeats": args.repeats, "count_batches": args.count_batches, "rows": rows}
-        write_record(measurement_record("bench_augment", values, script_command(__file__, argv)), args.json)
+    if args["json"]:
+        values = {"batch": batch_size, "size": size, "device": str(device), "threads": torch.get_num_threads()}
+        values |= {"repeats": repeats, "count_batches": count_batches, "rows": rows}
+        write_record(measurement_record("bench_augment", values, script_command(__file__, argv)), args["json"])
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main, usage=__doc__))

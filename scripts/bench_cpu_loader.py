@@ -2,18 +2,21 @@
 random-resized crop 224 in the loader worker, then flip, rand-m9-mstd0.5-inc1 and normalisation on the batch)
 against timm's `create_transform(224, is_training=True, auto_augment=...)` on the same files.
 
-    python scripts/bench_cpu_loader.py --images 300 --repeats 5 --json loader.json
+usage: python scripts/bench_cpu_loader.py [folder=<JPEG folder>] [images=300] [repeats=5] [batch=32]
+    [policy=rand-m9-mstd0.5-inc1] [json=<file>]
 
-One process, one thread (torch and Pillow), so the figures are per core; both end in batches of --batch images
+    python scripts/bench_cpu_loader.py images=300 repeats=5 json=loader.json
+
+One process, one thread (torch and Pillow), so the figures are per core; both end in batches of `batch` images
 (stacked as a DataLoader collates them); ours and timm's alternate over the same files in every repeat (which goes
 first alternates too), batch by batch, and the ratio is the median over the batches of timm's time / ours. Rows:
-  full pipeline on the CPU  ours: worker transform + `BatchAugment` on the CPU in batches of --batch;
+  full pipeline on the CPU  ours: worker transform + `BatchAugment` on the CPU in batches of `batch`;
                             timm: its transform with ToTensor and Normalize (what its CPU loader workers run);
   loader workers only       what the CPU workers do when a GPU trains: ours decodes and crops (flip, policy and
                             normalisation run on the GPU); timm's with `use_prefetcher=True` still runs its
                             RandAugment in the worker (only ToTensor/Normalize move to the GPU).
-With no --folder, the JPEGs are generated (varied sizes around 500 x 375, quality 90, smooth shapes plus noise).
---json FILE writes the measurement record: every batch's seconds on each side and their ratio, row by row, the
+With no folder=, `images` JPEGs are generated (varied sizes around 500 x 375, quality 90, smooth shapes plus noise).
+json=<file> writes the measurement record: every batch's seconds on each side and their ratio, row by row, the
 img/s and median ratios, and the provenance (command, commit, machine, versions: vit/engine/provenance.py).
 
 timm's PosterizeIncreasing asks Pillow for 0 bits at magnitude >= 10, which Pillow 13 refuses with ValueError; for
@@ -22,8 +25,8 @@ timm's side to run at all, its posterize is patched here to return a black image
 
 from __future__ import annotations
 
-import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,13 +37,14 @@ from PIL import Image
 from timm.data import auto_augment as timm_aa
 from timm.data import create_transform
 
-from vit.cli.args import script_command
+from vit.cli.args import parse_args, run_script, script_command
 from vit.data.augment.batch import BatchAugment
 from vit.data.augment.spec import AugmentSpec
 from vit.data.augment.transforms import train_geometry
 from vit.data.images import read_rgb
 from vit.data.sources.registry import IMAGENET_MEAN_STD
 from vit.engine.provenance import measurement_record, write_record
+from vit.errors import UsageError
 
 SIZES = ((500, 375), (500, 333), (375, 500), (640, 480), (500, 400), (333, 500))
 
@@ -114,30 +118,28 @@ def timed(fn, paths: list[Path]) -> float:
     return time.perf_counter() - start
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--folder", type=Path, default=None, help="JPEGs to read (default: generate --images)")
-    parser.add_argument("--images", type=int, default=300)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=32, help="images per batch (the unit of interleaving)")
-    parser.add_argument("--policy", default="rand-m9-mstd0.5-inc1")
-    parser.add_argument(
-        "--json", type=Path, default=None, help="write the measurement record (every batch's times, provenance) here"
-    )
-    args = parser.parse_args(argv)
+def main(argv: list[str]) -> int:
+    known = {"folder": None, "images": "300", "repeats": "5", "batch": "32", "policy": "rand-m9-mstd0.5-inc1"}
+    args = parse_args(argv, {**known, "json": None})
+    images, repeats, batch = args.integer("images"), args.integer("repeats"), args.integer("batch")
+    folder, policy = Path(args["folder"]) if args["folder"] else None, args["policy"]
+    if folder is not None and not folder.is_dir():
+        raise UsageError(f"folder={args['folder']!r} is not a folder")
     torch.set_num_threads(1)
     patch_timm_posterize()
     rows = {
-        "full pipeline on the CPU": (Ours(args.policy, True), Timm(args.policy, False)),
-        "loader workers only (GPU training)": (Ours(args.policy, False), Timm(args.policy, True)),
+        "full pipeline on the CPU": (Ours(policy, True), Timm(policy, False)),
+        "loader workers only (GPU training)": (Ours(policy, False), Timm(policy, True)),
     }
     seconds = {(row, side): 0.0 for row in rows for side in ("ours", "timm")}
     ratios: dict[str, list[float]] = {row: [] for row in rows}
     batches: dict[str, list[dict]] = {row: [] for row in rows}  # every batch's times, in order
     with tempfile.TemporaryDirectory() as tmp:
-        paths = sorted(args.folder.glob("*.jp*g")) if args.folder else make_jpegs(Path(tmp), args.images)
-        chunks = [paths[i : i + args.batch] for i in range(0, len(paths), args.batch)]
-        for repeat in range(args.repeats):
+        paths = sorted(folder.glob("*.jp*g")) if folder else make_jpegs(Path(tmp), images)
+        if not paths:
+            raise UsageError(f"folder={args['folder']!r} holds no JPEGs (*.jpg, *.jpeg)")
+        chunks = [paths[i : i + batch] for i in range(0, len(paths), batch)]
+        for repeat in range(repeats):
             for index, chunk in enumerate(chunks):
                 for row, (ours, theirs) in rows.items():
                     # Each batch through both pipelines back to back, in alternating order: a slow moment of the
@@ -150,8 +152,8 @@ def main(argv: list[str] | None = None) -> None:
                     ratios[row].append(took["timm"] / took["ours"])
                     batches[row].append({"repeat": repeat, "images": len(chunk), "ours_s": took["ours"]})
                     batches[row][-1] |= {"timm_s": took["timm"], "ours_first": first_ours}
-    count = len(paths) * args.repeats
-    print(f"{len(paths)} JPEGs x {args.repeats} repeats, batches of {args.batch}, 1 thread, policy {args.policy}")
+    count = len(paths) * repeats
+    print(f"{len(paths)} JPEGs x {repeats} repeats, batches of {batch}, 1 thread, policy {policy}")
     print()
     print("| pipeline | ours img/s per core | timm img/s per core | ours / timm, median per batch [quartiles] |")
     print("|---|---|---|---|")
@@ -163,11 +165,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {row} | {mine:.1f} | {theirs:.1f} | {median:.2f} [{q1:.2f}, {q3:.2f}] |")
         table.append({"pipeline": row, "ours_img_per_s": mine, "timm_img_per_s": theirs, "batches": batches[row]})
         table[-1] |= {"ours_over_timm_median": median, "ours_over_timm_quartiles": [q1, q3]}
-    if args.json:
-        values = {"images": len(paths), "repeats": args.repeats, "batch": args.batch, "policy": args.policy}
+    if args["json"]:
+        values = {"images": len(paths), "repeats": repeats, "batch": batch, "policy": policy}
         values |= {"threads": 1, "rows": table}
-        write_record(measurement_record("bench_cpu_loader", values, script_command(__file__, argv)), args.json)
+        write_record(measurement_record("bench_cpu_loader", values, script_command(__file__, argv)), args["json"])
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main, usage=__doc__))

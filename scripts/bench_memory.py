@@ -1,19 +1,22 @@
 """Peak memory and time of one training step with and without gradient checkpointing, on the CPU.
 
+usage: python scripts/bench_memory.py [model=vit_base] [img_size=224] [batch_size=32] [num_classes=1000]
+    [repeats=3] [json=<file>]
+
 Each measurement runs in a fresh process, so its peak resident set size (`ru_maxrss`) belongs to that step
 alone: the process builds the model and a random batch, reads its peak RSS ("before"), runs one forward and
 backward pass (cross-entropy against random labels, fp32, train mode), and reads its peak RSS again ("after").
-The step's own share is after - before. The two settings alternate, one process at a time, `--repeats` times.
-`--json FILE` writes the measurement record: every process's peak RSS before and after and its step time, the
-medians per setting, and the provenance (command, commit, machine, versions: vit/engine/provenance.py).
+The step's own share is after - before. The two settings alternate, one process at a time, `repeats` times.
+`model` is a registered model name, `num_classes` its classifier's size. json=<file> writes the measurement
+record: every process's peak RSS before and after and its step time, the medians per setting,
+and the provenance (command, commit, machine, versions: vit/engine/provenance.py).
 
     python scripts/bench_memory.py                       # ViT-B/16, 224 px, 1000 classes, batch 32, 3 repeats
-    python scripts/bench_memory.py --model vit_tiny --batch-size 8 --repeats 1 --json memory.json
+    python scripts/bench_memory.py model=vit_tiny batch_size=8 repeats=1 json=memory.json
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import statistics
@@ -21,35 +24,33 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from vit.cli.args import parse_args, run_script, script_command  # noqa: E402  (this checkout's vit, in the child processes too)
+from vit.errors import UsageError  # noqa: E402
+
 SETTINGS = ("plain", "checkpointed")
+NUMBERS = ("img_size", "batch_size", "num_classes", "repeats")
+KNOWN = {"model": "vit_base", "img_size": "224", "batch_size": "32", "num_classes": "1000", "repeats": "3"}
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="vit_base", help="a registered model name (default: vit_base)")
-    parser.add_argument("--img-size", type=int, default=224, help="image side in pixels (default: 224)")
-    parser.add_argument("--batch-size", type=int, default=32, help="images per step (default: 32)")
-    parser.add_argument("--num-classes", type=int, default=1000, help="classifier size (default: 1000)")
-    parser.add_argument("--repeats", type=int, default=3, help="processes per setting, interleaved (default: 3)")
-    parser.add_argument(
-        "--json", type=Path, default=None, help="write the measurement record (every process's values, provenance)"
-    )
-    parser.add_argument("--one", choices=SETTINGS, help=argparse.SUPPRESS)  # internal: measure in this process
-    args = parser.parse_args(argv)
-    for key in ("img_size", "batch_size", "num_classes", "repeats"):
-        if getattr(args, key) <= 0:
-            parser.error(f"--{key.replace('_', '-')}={getattr(args, key)} must be positive")
-    return args
+def read_args(argv: list[str]) -> SimpleNamespace:
+    """The settings; `one=<setting>` (internal, not in the usage) measures that setting in this process."""
+    internal = {"one": None} if any(arg.startswith("one=") for arg in argv) else {}
+    args = parse_args(argv, {**KNOWN, "json": None, **internal})
+    if args.get("one") is not None and args["one"] not in SETTINGS:
+        raise UsageError(f"one={args['one']!r} must be one of {', '.join(SETTINGS)}")
+    numbers = {key: args.integer(key) for key in NUMBERS}
+    return SimpleNamespace(model=args["model"], **numbers, json=args["json"], one=args.get("one"))
 
 
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
-def measure_one(args: argparse.Namespace) -> dict:
+def measure_one(args: SimpleNamespace) -> dict:
     """One step in this process: peak RSS before and after it, and its wall time."""
     import torch
     import torch.nn.functional as F
@@ -68,9 +69,9 @@ def measure_one(args: argparse.Namespace) -> dict:
     return {"setting": args.one, "rss_before_mib": before, "rss_after_mib": peak_rss_mib(), "step_s": seconds}
 
 
-def run_child(args: argparse.Namespace, setting: str) -> dict:
-    command = [sys.executable, __file__, "--one", setting, "--model", args.model, "--img-size", str(args.img_size)]
-    command += ["--batch-size", str(args.batch_size), "--num-classes", str(args.num_classes)]
+def run_child(args: SimpleNamespace, setting: str) -> dict:
+    command = [sys.executable, __file__, f"one={setting}", f"model={args.model}", f"img_size={args.img_size}"]
+    command += [f"batch_size={args.batch_size}", f"num_classes={args.num_classes}"]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(f"bench_memory: the {setting} process failed:\n{done.stderr.strip()}")
@@ -104,11 +105,11 @@ def summary(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def main(argv: list[str]) -> int:
+    args = read_args(argv)
     if args.one:
         print(json.dumps(measure_one(args)))
-        return
+        return 0
     rows = []
     for repeat in range(args.repeats):
         for setting in SETTINGS:  # interleaved: a drift in the machine's load touches both settings alike
@@ -116,13 +117,13 @@ def main(argv: list[str] | None = None) -> None:
             print(f"repeat {repeat + 1}: {json.dumps(rows[-1])}", flush=True)
     print(summary(rows))
     if args.json:
-        from vit.cli.args import script_command
         from vit.engine.provenance import measurement_record, write_record
 
-        settings = {key: getattr(args, key) for key in ("model", "img_size", "batch_size", "num_classes", "repeats")}
+        settings = {key: getattr(args, key) for key in ("model", *NUMBERS)}
         values = {"settings": settings, "rows": rows, "medians": medians(rows)}
         write_record(measurement_record("bench_memory", values, script_command(__file__, argv)), args.json)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_script(main, usage=__doc__))

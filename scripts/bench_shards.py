@@ -1,69 +1,64 @@
 """Training images per second of data=webdataset (tar shards) against data=imagefolder (one file per image) on the
 same JPEGs, each read through its real loader (`build_data`), on the CPU.
 
-usage: python scripts/bench_shards.py --archive <image-folder archive> --work <folder> [--repeats N] [--images N]
-       [--batch B] [--workers K] [--samples-per-shard N] [--json FILE]
+usage: python scripts/bench_shards.py archive=<image-folder archive> [work=/tmp/vit-bench-shards] [repeats=5]
+    [images=10000] [batch=256] [workers=2] [samples_per_shard=5000] [json=<file>]
 
 Example (the CIFAR-10 JPEGs that scripts/make_cifar_jpegs.py writes):
 
-    python scripts/bench_shards.py --archive data/cifar10-jpeg.tar.gz --work /tmp/bench-shards
+    python scripts/bench_shards.py archive=data/cifar10-jpeg.tar.gz work=/tmp/bench-shards
 
-The archive (an image-folder tree: train/<class>/*, test/<class>/*) is extracted into --work once, and written as
-shards there with scripts/make_shards.py (--samples-per-shard, default 5000). Both loaders then run with the same
-settings: --batch images per batch, --workers loader workers, the first --images training images of the epoch
-(data.limit_train_samples), 32 px, CIFAR-10's augmentation (pad-and-crop, flip, AutoAugment) on the batch. A pass
-is a whole (limited) epoch, loader start-up included: the folder loader's workers persist across epochs, the
-shard loader starts fresh workers every epoch and fills its shuffle buffer first. Rows:
+The archive (an image-folder tree: train/<class>/*, test/<class>/*; default: $VIT_CIFAR10_ARCHIVE) is extracted
+into `work` once, and written as shards there with scripts/make_shards.py (`samples_per_shard` images a shard).
+Both loaders then run with the same settings: `batch` images per batch, `workers` loader workers, the first
+`images` training images of the epoch (data.limit_train_samples), 32 px, CIFAR-10's augmentation (pad-and-crop,
+flip, AutoAugment) on the batch. A pass is a whole (limited) epoch, loader start-up included: the folder loader's
+workers persist across epochs, the shard loader starts fresh workers every epoch and fills its shuffle buffer
+first. Rows:
   loader workers only   the DataLoader's uint8 batches (decode and geometry in the workers: what a GPU waits on)
   full pipeline         the same plus `BatchAugment` on the CPU in the main process (what a CPU run trains on)
   reading only          the encoded images alone, in the main process, nothing decoded: the shard loader's raw
                         samples (tar headers parsed by the webdataset library) against opening and reading files
 The two loaders alternate within every repeat (which goes first alternates too); the table gives the median
-images/s over --repeats and the median of the per-repeat ratios shards / folders. --json FILE writes the
+images/s over `repeats` and the median of the per-repeat ratios shards / folders. json=<file> writes the
 measurement record: every repeat's images/s of every row and loader, the medians and ratios, and the provenance
 (command, commit, machine, versions: vit/engine/provenance.py).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
-from vit.cli.args import run_script, script_command
+from vit.cli.args import parse_args, run_script, script_command
 from vit.data import build_data
 from vit.data.sources.archive import extract_archive
 from vit.data.sources.folders import find_tree_root
 from vit.engine.provenance import measurement_record, write_record
+from vit.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]
 READ_ONLY = "reading only, 1 process"
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description="data=webdataset vs data=imagefolder loading speed on the CPU")
-    parser.add_argument("--archive", default=os.environ.get("VIT_CIFAR10_ARCHIVE"), help="image-folder archive")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/vit-bench-shards"))
-    parser.add_argument("--samples-per-shard", type=int, default=5000)
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--images", type=int, default=10000, help="training images per pass")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument(
-        "--json", type=Path, default=None, help="write the measurement record (every repeat's rates, provenance) here"
-    )
-    return parser.parse_args(argv)
+def read_args(argv: list[str]) -> SimpleNamespace:
+    known = {"archive": os.environ.get("VIT_CIFAR10_ARCHIVE"), "work": "/tmp/vit-bench-shards", "json": None}
+    numbers = {"samples_per_shard": "5000", "batch": "256", "workers": "2", "images": "10000", "repeats": "5"}
+    args = parse_args(argv, {**known, **numbers})
+    values = {key: args.integer(key, minimum=0 if key == "workers" else 1) for key in numbers}
+    return SimpleNamespace(archive=args["archive"], work=Path(args["work"]), json=args["json"], **values)
 
 
 def prepare(args) -> tuple[Path, Path]:
-    """(the tree's root, the shard folder), extracted and written once into --work."""
+    """(the tree's root, the shard folder), extracted and written once into `work`."""
     if not args.archive:
-        raise FileNotFoundError("--archive is not set (nor VIT_CIFAR10_ARCHIVE)")
+        raise UsageError("archive=<image-folder archive> is required (or VIT_CIFAR10_ARCHIVE)")
     tree = find_tree_root(extract_archive(args.archive, args.work / "extracted"))
     shards = args.work / "shards"
     if not (shards / "_info.json").is_file():
@@ -114,7 +109,7 @@ def read_rate(loader, epoch: int) -> float:
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv)
+    args = read_args(argv)
     torch.set_num_threads(1)
     tree, shards = prepare(args)
     built = loaders(args, tree, shards)

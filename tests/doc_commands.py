@@ -160,7 +160,7 @@ SKIPPED += [(pattern, f"a measurement; {reason}") for pattern, reason in MEASURE
 # (pattern, arguments): a measurement script run as its doc says, with the arguments of every pattern it matches
 # appended so that it measures a tiny case in seconds (its flags and keys given last win).
 TINY_SCRIPT_ARGS = [
-    (r"scripts/bench_memory\.py", "--model vit_tiny --img-size 32 --batch-size 2 --num-classes 10 --repeats 1"),
+    (r"scripts/bench_memory\.py", "model=vit_tiny img_size=32 batch_size=2 num_classes=10 repeats=1"),
     # benchmark.py: the toy ViT (32 px, 2 blocks) against timm's, one round of one step or call, eager
     (r"scripts/benchmark\.py (?!.*mode=(inference|e2e))", "models=toy batch=2 compile=off"),
     (r"scripts/benchmark\.py mode=inference", "models=toy batches=1"),
@@ -170,9 +170,9 @@ TINY_SCRIPT_ARGS = [
         r"scripts/benchmark\.py mode=e2e",
         "epochs=4 data.synthetic.num_train=32 data.synthetic.num_val=16 data.batch_size=16 model.depth=1",
     ),  # fmt: skip
-    (r"scripts/bench_augment\.py", "--policies autoaug --batch 8 --size 16 --repeats 1 --warmup 0 --count-batches 1"),
-    (r"scripts/bench_cpu_loader\.py", "--images 4 --repeats 1 --batch 2"),
-    (r"scripts/bench_shards\.py", "--images 64 --batch 32 --workers 0 --repeats 1"),
+    (r"scripts/bench_augment\.py", "policies=autoaug batch=8 size=16 repeats=1 warmup=0 count_batches=1"),
+    (r"scripts/bench_cpu_loader\.py", "images=4 repeats=1 batch=2"),
+    (r"scripts/bench_shards\.py", "images=64 batch=32 workers=0 repeats=1"),
     (r"scripts/bench_cpu_bf16\.py", "cases=32x16x320x2 rounds=1 threads=1"),  # 2 steps a round
     (r"scripts/bench_cpu_setup\.py", "rounds=1 batches=1 settings=memory-t1 warmup=false"),
     (r"scripts/bench_optimizer\.py", "model.embed_dim=32 model.depth=1 model.num_heads=2 rounds=1 steps=1 threads=1"),
@@ -234,7 +234,7 @@ SUBSTITUTIONS = [
     (r"epoch_\d{4}\.pt", "epoch_0002.pt"),
     (r"data\.holdout=\d{3,}", "data.holdout=20"),
     (r"out=/tmp/", "out="),
-    (r"--work /tmp/", "--work "),
+    (r"work=/tmp/", "work="),
     (r" docs/results/", " {repo}/docs/results/"),  # the records a command reads: the repository's own
     (r"<runs>|<figures>", "runs"),
     (r"<lever>|<s>|<seed>", "0"),

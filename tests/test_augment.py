@@ -16,6 +16,7 @@ from PIL import Image
 from timm.data import auto_augment as timm_aa
 from trainer_utils import REPO, assert_measurement_record, compose_config, run_cli
 
+from vit.cli.args import run_script
 from vit.data import DataError, build_data, resources
 from vit.data.augment import rand_augment as ra
 from vit.data.augment import rand_augment_ops as rops
@@ -400,7 +401,7 @@ def test_cpu_loader_benchmark_prints_its_table(capsys, tmp_path):
     spec = importlib.util.spec_from_file_location("bench_cpu_loader", REPO / "scripts" / "bench_cpu_loader.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.main(["--images", "6", "--repeats", "1", "--batch", "3", "--json", str(tmp_path / "loader.json")])
+    assert module.main(["images=6", "repeats=1", "batch=3", f"json={tmp_path / 'loader.json'}"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0] == "6 JPEGs x 1 repeats, batches of 3, 1 thread, policy rand-m9-mstd0.5-inc1"
     rows = [line.split(" | ") for line in lines[-2:]]
@@ -408,11 +409,28 @@ def test_cpu_loader_benchmark_prints_its_table(capsys, tmp_path):
     assert all(float(row[1]) > 0 and float(row[2]) > 0 for row in rows)
     # The record: every batch's seconds on both sides, the printed img/s their sums' rates.
     record = json.loads((tmp_path / "loader.json").read_text())
-    assert_measurement_record(record, "bench_cpu_loader", "--images 6 --repeats 1 --batch 3")
+    assert_measurement_record(record, "bench_cpu_loader", "images=6 repeats=1 batch=3")
     for row, printed in zip(record["rows"], rows, strict=True):
         assert [b["images"] for b in row["batches"]] == [3, 3]
         assert f"{6 / sum(b['ours_s'] for b in row['batches']):.1f}" == printed[1]
         assert f"{6 / sum(b['timm_s'] for b in row['batches']):.1f}" == printed[2]
+
+
+def test_cpu_loader_benchmark_refuses_a_bad_value_in_one_line(capsys, tmp_path):
+    """A bad key=value is one line on stderr naming the key, exit code 2 (vit/cli/args.py's run_script)."""
+    spec = importlib.util.spec_from_file_location("bench_cpu_loader", REPO / "scripts" / "bench_cpu_loader.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for argv, message in [
+        (["batch=0"], "usage error: batch='0' must be an integer >= 1"),
+        (["images=many"], "usage error: images='many' must be an integer >= 1"),
+        ([f"folder={tmp_path / 'missing'}"], "usage error: folder="),
+        ([f"folder={tmp_path}"], "usage error: folder="),  # no JPEGs in it
+        (["--images", "4"], "usage error: argument '--images' must look like key=value"),
+    ]:
+        assert run_script(module.main, argv, usage=module.__doc__) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(message), err
 
 
 def test_flip_mirrors_exactly_the_drawn_samples():

@@ -12,6 +12,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 from trainer_utils import REPO, assert_measurement_record, compose_config
 
+from vit.cli.args import run_script
 from vit.data import build_data
 from vit.data.augment import batched_ops as bo
 from vit.data.augment import batched_policy as bp
@@ -307,8 +308,8 @@ def test_bench_script_prints_its_table(capsys, tmp_path):
     spec = importlib.util.spec_from_file_location("bench_augment", REPO / "scripts" / "bench_augment.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    tiny = ["--batch", "16", "--size", "8", "--repeats", "1", "--warmup", "0", "--count-batches", "1"]
-    module.main([*tiny, "--json", str(tmp_path / "augment.json")])
+    tiny = ["batch=16", "size=8", "repeats=1", "warmup=0", "count_batches=1"]
+    assert module.main([*tiny, f"json={tmp_path / 'augment.json'}"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-11].startswith("| policy | implementation | ms / batch (median) | aten ops / batch |")
     rows = [line.split(" | ") for line in lines[-9:]]
@@ -317,7 +318,25 @@ def test_bench_script_prints_its_table(capsys, tmp_path):
     assert all(int(r[3]) > 0 for r in rows)  # op counts
     # The record: each row's every timed batch, the printed median theirs.
     record = json.loads((tmp_path / "augment.json").read_text())
-    assert_measurement_record(record, "bench_augment", "--batch 16 --size 8 --repeats 1")
+    assert_measurement_record(record, "bench_augment", "batch=16 size=8 repeats=1")
     assert [(r["policy"], r["implementation"]) for r in record["rows"]] == [(r[0][2:], r[1]) for r in rows]
     for row, printed in zip(record["rows"], rows, strict=True):
         assert len(row["ms_repeats"]) == 1 and f"{row['ms_repeats'][0]:.1f}" == printed[2]
+
+
+def test_bench_script_refuses_a_bad_value_in_one_line(capsys):
+    """A bad key=value is one line on stderr naming the key, exit code 2 (vit/cli/args.py's run_script)."""
+    spec = importlib.util.spec_from_file_location("bench_augment", REPO / "scripts" / "bench_augment.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for argv, message in [
+        (["repeats=0"], "usage error: repeats='0' must be an integer >= 1"),
+        (["warmup=-1"], "usage error: warmup='-1' must be an integer >= 0"),
+        (["device=gpu"], "usage error: device='gpu' is not a torch device"),
+        (["--repeats", "3"], "usage error: argument '--repeats' must look like key=value"),
+    ]:
+        assert run_script(module.main, argv, usage=module.__doc__) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(message), err
+    assert run_script(module.main, ["--help"], usage=module.__doc__) == 0
+    assert "usage: python scripts/bench_augment.py [policies=" in capsys.readouterr().out

@@ -147,9 +147,9 @@ def test_memory_record_holds_every_process(tmp_path, monkeypatch):
         return {"setting": setting, "rss_before_mib": before, "rss_after_mib": after, "step_s": seconds}
 
     monkeypatch.setattr(module, "run_child", child)
-    module.main(["--model", "vit_tiny", "--repeats", "2", "--json", str(tmp_path / "m.json")])
+    assert module.main(["model=vit_tiny", "repeats=2", f"json={tmp_path / 'm.json'}"]) == 0
     record = json.loads((tmp_path / "m.json").read_text())
-    assert_measurement_record(record, "bench_memory", "--model vit_tiny --repeats 2")
+    assert_measurement_record(record, "bench_memory", "model=vit_tiny repeats=2")
     assert [(r["setting"], r["step_s"]) for r in record["rows"]] == [
         ("plain", 2.0),
         ("checkpointed", 3.0),
@@ -158,3 +158,26 @@ def test_memory_record_holds_every_process(tmp_path, monkeypatch):
     ]
     assert record["medians"]["checkpointed"] == {"step_s": pytest.approx(3.2), "share_mib": 225}
     assert record["settings"]["model"] == "vit_tiny" and record["settings"]["repeats"] == 2
+
+
+def test_memory_script_refuses_a_bad_value_in_one_line_and_measures_in_a_child():
+    """A bad key=value is one line on stderr naming the key, exit code 2; the internal `one=<setting>` key (a
+    child process's) is not in the usage; a child measures one step of a tiny model and answers in JSON."""
+    for args, message in [
+        (["batch_size=0"], "usage error: batch_size='0' must be an integer >= 1"),
+        (["one=fast"], "usage error: one='fast' must be one of plain, checkpointed"),
+        (["--model", "vit_tiny"], "usage error: argument '--model' must look like key=value"),
+        (
+            ["size=3"],
+            "usage error: unknown argument 'size'; known: model, img_size, batch_size, num_classes, repeats, json\n",
+        ),
+    ]:
+        bad = script("bench_memory.py", *args)
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and bad.stderr.startswith(message), bad.stderr
+    usage = script("bench_memory.py", "--help")
+    assert usage.returncode == 0 and "usage: python scripts/bench_memory.py [model=vit_base]" in usage.stdout
+    assert "one=" not in usage.stdout
+    module = load_script("bench_memory")
+    tiny = module.read_args(["model=vit_tiny", "img_size=32", "batch_size=2", "num_classes=10"])
+    row = module.run_child(tiny, "checkpointed")
+    assert row["setting"] == "checkpointed" and row["rss_after_mib"] >= row["rss_before_mib"] > 0

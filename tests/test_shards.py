@@ -289,19 +289,42 @@ def test_bench_shards_records_every_repeat(tmp_path, monkeypatch):
     monkeypatch.setattr(script, "loaders", lambda args, tree, shards: {"folders": "f", "shards": "s"})
     rate = {"f": 100.0, "s": 150.0}
     monkeypatch.setattr(script, "timed_pass", lambda loader, epoch, row: rate[loader] * (1 + epoch))
-    args = ["--archive", "a.tar", "--work", str(tmp_path), "--repeats", "3", "--json", str(tmp_path / "s.json")]
+    args = ["archive=a.tar", f"work={tmp_path}", "repeats=3", f"json={tmp_path / 's.json'}"]
     threads = torch.get_num_threads()
     try:
         assert script.main(args) == 0
     finally:
         torch.set_num_threads(threads)  # the script runs on one thread; the tests after it on the suite's setting
     record = json.loads((tmp_path / "s.json").read_text())
-    assert_measurement_record(record, "bench_shards", "--archive a.tar", "--repeats 3")
+    assert_measurement_record(record, "bench_shards", "archive=a.tar", "repeats=3")
     assert [row["row"] for row in record["rows"]] == ["loader workers only", "full pipeline", script.READ_ONLY]
     for row in record["rows"]:
         assert row["folders_img_per_s_repeats"] == [100.0, 200.0, 300.0] and row["folders_img_per_s"] == 200.0
         assert row["shards_img_per_s_repeats"] == [150.0, 300.0, 450.0] and row["shards_over_folders"] == 1.5
     assert record["repeats"] == 3 and record["images"] == 10000
+
+
+def test_bench_shards_refuses_a_bad_value_in_one_line(capsys, monkeypatch):
+    """A bad key=value, or no archive, is one line on stderr naming the key, exit code 2 (vit/cli/args.py)."""
+    from vit.cli.args import run_script
+
+    spec = importlib.util.spec_from_file_location("bench_shards", REPO / "scripts" / "bench_shards.py")
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.delenv("VIT_CIFAR10_ARCHIVE", raising=False)
+    spec.loader.exec_module(script)
+    threads = torch.get_num_threads()
+    try:
+        for argv, message in [
+            (["archive=a.tar", "workers=-1"], "usage error: workers='-1' must be an integer >= 0"),
+            (["archive=a.tar", "samples_per_shard=0"], "usage error: samples_per_shard='0' must be an integer >= 1"),
+            (["archive=a.tar", "--repeats", "3"], "usage error: argument '--repeats' must look like key=value"),
+            (["repeats=1"], "usage error: archive=<image-folder archive> is required"),
+        ]:
+            assert run_script(script.main, argv, usage=script.__doc__) == 2
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and err.startswith(message), err
+    finally:
+        torch.set_num_threads(threads)
 
 
 ARCHIVE = os.environ.get("VIT_CIFAR10_ARCHIVE")
