@@ -62,10 +62,9 @@ def prepare(args) -> tuple[Path, Path]:
     tree = find_tree_root(extract_archive(args.archive, args.work / "extracted"))
     shards = args.work / "shards"
     if not (shards / "_info.json").is_file():
-        sys.path.insert(0, str(REPO / "scripts"))
-        from make_shards import main as make_shards
+        from vit.cli.shards import main as make_shards
 
-        make_shards([str(tree), str(shards), "--samples-per-shard", str(args.samples_per_shard)])
+        make_shards([str(tree), str(shards), f"samples_per_shard={args.samples_per_shard}"])
     return tree, shards
 
 

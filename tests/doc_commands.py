@@ -110,7 +110,10 @@ def documented_commands() -> list[Command]:
 SKIPPED = [
     (r"\bsrun\b|--nnodes|scontrol", "several machines (torchrun across nodes, Slurm)"),
     (r"--nproc_per_node=8", "8 GPUs"),
-    (r"--device cuda|trainer\.compile=true", "a GPU: a measurement of the lent H100 (compiling: minutes on a CPU)"),
+    (
+        r"--device cuda|device=cuda|trainer\.compile=true",
+        "a GPU: a measurement of the lent H100 (compiling: minutes on a CPU)",
+    ),
     (
         r"\btimm:\S+\s+model\.pretrained_file=/path/to/",
         "a placeholder weights file of a base-size model; tests/test_foundation.py builds each family from such a file",

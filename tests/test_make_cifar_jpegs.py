@@ -3,7 +3,6 @@ no network): the class-folder tree and its archive, each image where its label s
 both."""
 
 import hashlib
-import importlib.util
 import pickle
 import tarfile
 
@@ -11,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 from torchvision.datasets import CIFAR10
-from trainer_utils import REPO, compose_config
+from trainer_utils import compose_config, load_script
 
 from vit.data import build_data
 
@@ -21,10 +20,7 @@ COLOURS = np.array([[25 * c, 255 - 25 * c, (80 * c) % 256] for c in range(10)], 
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("make_cifar_jpegs", REPO / "scripts" / "make_cifar_jpegs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("make_cifar_jpegs")
 
 
 def _batch(labels: list[int]) -> dict:

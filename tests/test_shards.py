@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from trainer_utils import REPO, assert_measurement_record, run_cli
+from trainer_utils import REPO, assert_measurement_record, load_script, run_cli
 from webdataset import TarWriter
 
 from vit.data import DataError, build_data
@@ -28,10 +28,7 @@ TINY += ["data.img_size=32", "data.patch_size=8", "trainer.device=cpu", "trainer
 
 
 def load_make_shards():
-    spec = importlib.util.spec_from_file_location("make_shards", REPO / "scripts" / "make_shards.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("make_shards")
 
 
 def write_tree(root, per_class=(30, 10)):
