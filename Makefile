@@ -24,8 +24,8 @@ test-gpu: $(STAMP)
 	$(PY) -m pytest -q -rs -m cuda tests/test_cuda.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check vit hydra_plugins scripts tests train.py
-	$(VENV)/bin/ruff format --check vit hydra_plugins scripts tests train.py
+	$(VENV)/bin/ruff check vit hydra_plugins scripts benchmarks tests train.py
+	$(VENV)/bin/ruff format --check vit hydra_plugins scripts benchmarks tests train.py
 
 train: $(STAMP)
 	$(PY) train.py model=vit_tiny

@@ -163,24 +163,24 @@ SKIPPED += [(pattern, f"a measurement; {reason}") for pattern, reason in MEASURE
 # (pattern, arguments): a measurement script run as its doc says, with the arguments of every pattern it matches
 # appended so that it measures a tiny case in seconds (its flags and keys given last win).
 TINY_SCRIPT_ARGS = [
-    (r"scripts/bench_memory\.py", "model=vit_tiny img_size=32 batch_size=2 num_classes=10 repeats=1"),
+    (r"benchmarks/bench_memory\.py", "model=vit_tiny img_size=32 batch_size=2 num_classes=10 repeats=1"),
     # benchmark.py: the toy ViT (32 px, 2 blocks) against timm's, one round of one step or call, eager
-    (r"scripts/benchmark\.py (?!.*mode=(inference|e2e))", "models=toy batch=2 compile=off"),
-    (r"scripts/benchmark\.py mode=inference", "models=toy batches=1"),
-    (r"scripts/benchmark\.py mode=inference(?!.*runtimes=)", "runtimes=eager,onnxruntime"),  # compiled: minutes
-    (r"scripts/benchmark\.py (?!.*mode=e2e)", "rounds=1 warmup=0 min_round_s=0 threads=1"),
+    (r"benchmarks/benchmark\.py (?!.*mode=(inference|e2e))", "models=toy batch=2 compile=off"),
+    (r"benchmarks/benchmark\.py mode=inference", "models=toy batches=1"),
+    (r"benchmarks/benchmark\.py mode=inference(?!.*runtimes=)", "runtimes=eager,onnxruntime"),  # compiled: minutes
+    (r"benchmarks/benchmark\.py (?!.*mode=e2e)", "rounds=1 warmup=0 min_round_s=0 threads=1"),
     (
-        r"scripts/benchmark\.py mode=e2e",
+        r"benchmarks/benchmark\.py mode=e2e",
         "epochs=4 data.synthetic.num_train=32 data.synthetic.num_val=16 data.batch_size=16 model.depth=1",
     ),  # fmt: skip
-    (r"scripts/bench_augment\.py", "policies=autoaug batch=8 size=16 repeats=1 warmup=0 count_batches=1"),
-    (r"scripts/bench_cpu_loader\.py", "images=4 repeats=1 batch=2"),
-    (r"scripts/bench_shards\.py", "images=64 batch=32 workers=0 repeats=1"),
-    (r"scripts/bench_cpu_bf16\.py", "cases=32x16x320x2 rounds=1 threads=1"),  # 2 steps a round
-    (r"scripts/bench_cpu_setup\.py", "rounds=1 batches=1 settings=memory-t1 warmup=false"),
-    (r"scripts/bench_optimizer\.py", "model.embed_dim=32 model.depth=1 model.num_heads=2 rounds=1 steps=1 threads=1"),
+    (r"benchmarks/bench_augment\.py", "policies=autoaug batch=8 size=16 repeats=1 warmup=0 count_batches=1"),
+    (r"benchmarks/bench_cpu_loader\.py", "images=4 repeats=1 batch=2"),
+    (r"benchmarks/bench_shards\.py", "images=64 batch=32 workers=0 repeats=1"),
+    (r"benchmarks/bench_cpu_bf16\.py", "cases=32x16x320x2 rounds=1 threads=1"),  # 2 steps a round
+    (r"benchmarks/bench_cpu_setup\.py", "rounds=1 batches=1 settings=memory-t1 warmup=false"),
+    (r"/bench_optimizer\.py", "model.embed_dim=32 model.depth=1 model.num_heads=2 rounds=1 steps=1 threads=1"),
     (
-        r"scripts/cifar10_cpu_reference\.py",
+        r"benchmarks/cifar10_cpu_reference\.py",
         "budget_s=1 embed_dim=16 depth=1 num_heads=2 mlp_ratio=1 batch_size=64 workers=0 eval_every=2",
     ),  # fmt: skip
 ]
@@ -266,7 +266,7 @@ def runnable(text: str, variables: dict[str, str], files: dict[str, str]) -> str
     text = text[len(env) :]
     text = re.sub(r"^(\.venv/bin/)?python ", f"{files['python']} ", text)
     text = re.sub(r"^torchrun ", f"{files['python']} -m torch.distributed.run ", text)
-    text = re.sub(r"(^|\s)(train\.py|scripts/)", rf"\1{files['repo']}/\2", text)
+    text = re.sub(r"(^|\s)(train\.py|scripts/|benchmarks/)", rf"\1{files['repo']}/\2", text)
     text = env + text
     text += "".join(f" {args}" for pattern, args in TINY_SCRIPT_ARGS if re.search(pattern, text))
     if re.search(r"\btrain\.py\b", text):

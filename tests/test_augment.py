@@ -2,7 +2,6 @@
 at every magnitude on both code paths, timm's RandAugment op by op against timm's own Pillow ops and its sampling, the
 two loaders giving the same batches, the defaults declared once, the loader choice, and bad policy strings."""
 
-import importlib.util
 import json
 import math
 import os
@@ -14,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 from timm.data import auto_augment as timm_aa
-from trainer_utils import REPO, assert_measurement_record, compose_config, run_cli
+from trainer_utils import REPO, assert_measurement_record, compose_config, load_script, run_cli
 
 from vit.cli.args import run_script
 from vit.data import DataError, build_data, resources
@@ -398,9 +397,7 @@ def test_batch_augment_only_normalises_for_evaluation():
 
 
 def test_cpu_loader_benchmark_prints_its_table(capsys, tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_cpu_loader", REPO / "scripts" / "bench_cpu_loader.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("bench_cpu_loader")
     assert module.main(["images=6", "repeats=1", "batch=3", f"json={tmp_path / 'loader.json'}"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0] == "6 JPEGs x 1 repeats, batches of 3, 1 thread, policy rand-m9-mstd0.5-inc1"
@@ -418,9 +415,7 @@ def test_cpu_loader_benchmark_prints_its_table(capsys, tmp_path):
 
 def test_cpu_loader_benchmark_refuses_a_bad_value_in_one_line(capsys, tmp_path):
     """A bad key=value is one line on stderr naming the key, exit code 2 (vit/cli/args.py's run_script)."""
-    spec = importlib.util.spec_from_file_location("bench_cpu_loader", REPO / "scripts" / "bench_cpu_loader.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("bench_cpu_loader")
     for argv, message in [
         (["batch=0"], "usage error: batch='0' must be an integer >= 1"),
         (["images=many"], "usage error: images='many' must be an integer >= 1"),

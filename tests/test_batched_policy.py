@@ -2,7 +2,6 @@
 every op image by image, exactly; the magnitude tables and sub-policies; the draw frequencies; seeding; and the
 policies as the loaders build them."""
 
-import importlib.util
 import json
 import math
 
@@ -10,7 +9,7 @@ import pytest
 import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
-from trainer_utils import REPO, assert_measurement_record, compose_config
+from trainer_utils import assert_measurement_record, compose_config, load_script
 
 from vit.cli.args import run_script
 from vit.data import build_data
@@ -305,9 +304,7 @@ def test_gpu_loader_resumes_mid_epoch_exactly(policy):
 
 
 def test_bench_script_prints_its_table(capsys, tmp_path):
-    spec = importlib.util.spec_from_file_location("bench_augment", REPO / "scripts" / "bench_augment.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("bench_augment")
     tiny = ["batch=16", "size=8", "repeats=1", "warmup=0", "count_batches=1"]
     assert module.main([*tiny, f"json={tmp_path / 'augment.json'}"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
@@ -326,9 +323,7 @@ def test_bench_script_prints_its_table(capsys, tmp_path):
 
 def test_bench_script_refuses_a_bad_value_in_one_line(capsys):
     """A bad key=value is one line on stderr naming the key, exit code 2 (vit/cli/args.py's run_script)."""
-    spec = importlib.util.spec_from_file_location("bench_augment", REPO / "scripts" / "bench_augment.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("bench_augment")
     for argv, message in [
         (["repeats=0"], "usage error: repeats='0' must be an integer >= 1"),
         (["warmup=-1"], "usage error: warmup='-1' must be an integer >= 0"),
@@ -339,4 +334,4 @@ def test_bench_script_refuses_a_bad_value_in_one_line(capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith(message), err
     assert run_script(module.main, ["--help"], usage=module.__doc__) == 0
-    assert "usage: python scripts/bench_augment.py [policies=" in capsys.readouterr().out
+    assert "usage: python benchmarks/bench_augment.py [policies=" in capsys.readouterr().out

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import benchmark  # noqa: E402
 from trainer_utils import VirtualClock, assert_measurement_record  # noqa: E402
 
@@ -25,7 +25,7 @@ def test_toy_benchmark_against_timm_writes_json_and_table(tmp_path, capsys):
     )
     assert code == 0
     record = json.loads(out_json.read_text())
-    assert_measurement_record(record, "benchmark", "scripts/benchmark.py models=toy vs_timm=true")
+    assert_measurement_record(record, "benchmark", "benchmarks/benchmark.py models=toy vs_timm=true")
     (result,) = record["results"]
     assert result["case"] == "toy" and result["rounds"] == 2
     assert [s["side"] for s in result["sides"]] == ["ours", "peer"]

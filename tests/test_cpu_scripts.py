@@ -3,27 +3,18 @@ budget, its run folder, plot_recipes reading it), the bf16 crossover table, the 
 optimizer step, the matmul peak and the memory of a step; each writes its measurement record (provenance and every
 round's values, vit/engine/provenance.py)."""
 
-import importlib.util
 import json
 import statistics
 import subprocess
 import sys
 
 import pytest
-from trainer_utils import REPO, assert_measurement_record, assert_provenance, make_tree
+from trainer_utils import REPO, assert_measurement_record, assert_provenance, load_script, make_tree
 
 
 def script(name: str, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    command = [sys.executable, str(REPO / "scripts" / name), *args]
+    command = [sys.executable, str(REPO / "benchmarks" / name), *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-
-
-def load_script(name: str):
-    """scripts/<name>.py as a module, to call its main in this process."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +120,7 @@ def test_matmul_peak_record_holds_every_round(tmp_path, capsys):
     assert load_script("bench_matmul").main(["n=8", "rounds=3", "dtype=fp32", "device=cpu", f"json={out}"]) == 0
     record = json.loads(out.read_text())
     assert record == json.loads(capsys.readouterr().out)  # printed as written
-    assert_measurement_record(record, "bench_matmul", "scripts/bench_matmul.py n=8 rounds=3")
+    assert_measurement_record(record, "bench_matmul", "benchmarks/bench_matmul.py n=8 rounds=3")
     assert len(record["seconds_rounds"]) == len(record["tflops_rounds"]) == 3 and record["device"] == "cpu"
     flops = 2 * 8**3 * record["products_per_round"]
     assert record["tflops_rounds"] == [round(flops / s / 1e12, 3) for s in record["seconds_rounds"]]
@@ -175,7 +166,7 @@ def test_memory_script_refuses_a_bad_value_in_one_line_and_measures_in_a_child()
         bad = script("bench_memory.py", *args)
         assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and bad.stderr.startswith(message), bad.stderr
     usage = script("bench_memory.py", "--help")
-    assert usage.returncode == 0 and "usage: python scripts/bench_memory.py [model=vit_base]" in usage.stdout
+    assert usage.returncode == 0 and "usage: python benchmarks/bench_memory.py [model=vit_base]" in usage.stdout
     assert "one=" not in usage.stdout
     module = load_script("bench_memory")
     tiny = module.read_args(["model=vit_tiny", "img_size=32", "batch_size=2", "num_classes=10"])

@@ -1,4 +1,4 @@
-"""scripts/benchmark.py mode=inference on the toy shape: every runtime asked for gets a row beside timm's, the ONNX
+"""benchmarks/benchmark.py mode=inference on the toy shape: every runtime asked for gets a row beside timm's, the ONNX
 sessions compute the models' logits, bad arguments exit 2, a planted slowdown moves the ratio as predicted (no timing
 assertions: speed lives in the docs)."""
 

@@ -13,10 +13,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from trainer_utils import (
     QUICK,
     QUICK_SYNTHETIC,
-    REPO,
     TINY_MODEL,
     assert_resumes_exactly,
     compose_config,
+    load_script,
     make_tree,
     noise_image,
     run_cli,
@@ -173,7 +173,6 @@ def test_an_official_mae_file_continues_pretraining_strictly(tmp_path):
 
 
 def test_the_figure_script_draws_a_run_and_the_deploy_scripts_refuse_it(tmp_path):
-    import importlib.util
 
     from vit.cli.args import run_script
     from vit.deploy.weights import WeightsError, read_source
@@ -183,9 +182,7 @@ def test_the_figure_script_draws_a_run_and_the_deploy_scripts_refuse_it(tmp_path
     checkpoint = tmp_path / "mae" / "checkpoints" / "last.pt"
     for i in range(2):
         noise_image("RGB", 32, seed=i).save(tmp_path / f"{i}.png")
-    spec = importlib.util.spec_from_file_location("plot_mae", REPO / "scripts" / "plot_mae.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("plot_mae")
     out = tmp_path / "mae.png"
     args = [f"checkpoint={checkpoint}", f"image={tmp_path}", f"out={out}", "max_images=2"]
     assert run_script(script.main, args, usage=script.__doc__) == 0 and out.stat().st_size > 0

@@ -1,7 +1,6 @@
-"""scripts/plot_recipes.py and vit/analysis/recipes.py: the recipes table against the numbers in the runs'
+"""benchmarks/plot_recipes.py and vit/analysis/recipes.py: the recipes table against the numbers in the runs'
 metrics.json, computed here independently; grouping by experiment and seed; the test-vs-val fallback; errors."""
 
-import importlib.util
 import json
 import re
 import shutil
@@ -11,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 from PIL import Image
-from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, run_cli
+from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, load_script, run_cli
 
 from vit.analysis import plots
 from vit.analysis.recipes import find_runs, group_recipes, parse_point
@@ -19,9 +18,7 @@ from vit.cli.args import run_script
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("plot_recipes", REPO / "scripts" / "plot_recipes.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script("plot_recipes")
     return module
 
 
@@ -137,7 +134,7 @@ def test_the_best_epoch_is_never_read(sweep, tmp_path, capsys):
     assert all("best" not in r.metrics for r in find_runs(copy))
     assert plot_recipes([copy]) == 0
     assert "99.99" not in capsys.readouterr().out and "99.99" not in (copy / "recipes.md").read_text()
-    sources = [REPO / "scripts" / "plot_recipes.py", REPO / "vit" / "analysis" / "recipes.py"]
+    sources = [REPO / "benchmarks" / "plot_recipes.py", REPO / "vit" / "analysis" / "recipes.py"]
     code = "\n".join(p.read_text() for p in sources)
     code += re.search(r"def recipes_figure.*?return save", (REPO / "vit/analysis/plots.py").read_text(), re.S)[0]
     assert not re.search(r"""\[["']best["']\]|get\(["']best["']|best_top1""", code)
@@ -283,7 +280,7 @@ def test_points_parse_with_labels_holding_colons():
         (["{tmp}/run", "goal=inf:80"], "goal='inf:80'"),
         (["{tmp}/run", "colour=red"], "unknown argument 'colour'"),
         (["{tmp}/run", "{tmp}/run"], "with 2 folders, say where to write: out=<folder>"),
-        (["out={tmp}"], "usage: python scripts/plot_recipes.py <run or multirun folder>"),
+        (["out={tmp}"], "usage: python benchmarks/plot_recipes.py <run or multirun folder>"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys, args, needle):

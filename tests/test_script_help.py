@@ -1,17 +1,23 @@
-"""Every script in scripts/ answers `--help` (and `-h`) with exit code 0 and a usage line naming itself, before it
-reads any data. The list is the folder itself, so a new script without `--help` fails here."""
+"""Every script in scripts/ and benchmarks/ answers `--help` (and `-h`) with exit code 0 and a usage line naming
+itself, before it reads any data, and so does every installed command. The lists are the folders themselves and
+pyproject.toml's [project.scripts], so a new script or command without `--help` fails here."""
 
+import importlib
 import runpy
 import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
-SCRIPTS = sorted((Path(__file__).resolve().parents[1] / "scripts").glob("*.py"))
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = sorted([*(REPO / "scripts").glob("*.py"), *(REPO / "benchmarks").glob("*.py")])
+COMMANDS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
 
 
-def test_the_folder_holds_the_scripts():
-    assert len(SCRIPTS) >= 10, [s.name for s in SCRIPTS]
+def test_the_folders_hold_the_scripts():
+    assert len(SCRIPTS) >= 20, [s.name for s in SCRIPTS]
+    assert {"vit-train", "vit-eval", "vit-export", "vit-predict", "vit-average", "vit-shards"} <= set(COMMANDS)
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])
@@ -25,3 +31,15 @@ def test_script_answers_help_with_its_usage(script, flag, monkeypatch, capsys):
     assert stop.value.code in (0, None), f"{script.name} {flag} exited {stop.value.code}"
     usage = [line for line in out.splitlines() if line.strip().lower().startswith("usage:")]
     assert usage and script.name in out, f"{script.name} {flag} printed no usage naming it:\n{out}"
+
+
+@pytest.mark.parametrize("command", sorted(set(COMMANDS) - {"vit-train"}))  # vit-train: Hydra's own --help
+def test_installed_command_answers_help_with_its_usage(command, monkeypatch, capsys):
+    module, _, function = COMMANDS[command].partition(":")
+    monkeypatch.setattr(sys, "argv", [command, "--help"])
+    with pytest.raises(SystemExit) as stop:
+        getattr(importlib.import_module(module), function)()
+    out = capsys.readouterr().out
+    assert stop.value.code in (0, None), f"{command} --help exited {stop.value.code}"
+    usage = [line for line in out.splitlines() if line.strip().lower().startswith("usage:")]
+    assert usage and command in usage[0], f"{command} --help printed no usage line naming it:\n{out}"

@@ -276,12 +276,10 @@ def test_two_processes_train_one_epoch_on_shards(shards, tmp_path):
 
 
 def test_bench_shards_records_every_repeat(tmp_path, monkeypatch):
-    """scripts/bench_shards.py's record holds every repeat's images/s of each row and loader, beside the medians
+    """benchmarks/bench_shards.py's record holds every repeat's images/s of each row and loader, beside the medians
     and ratios it prints (the passes answer from a table here; tests/test_docs_commands.py runs the documented
     command on the tests' small CIFAR-10 archive)."""
-    spec = importlib.util.spec_from_file_location("bench_shards", REPO / "scripts" / "bench_shards.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("bench_shards")
     monkeypatch.setattr(script, "prepare", lambda args: (tmp_path / "tree", tmp_path / "shards"))
     monkeypatch.setattr(script, "loaders", lambda args, tree, shards: {"folders": "f", "shards": "s"})
     rate = {"f": 100.0, "s": 150.0}
@@ -305,7 +303,7 @@ def test_bench_shards_refuses_a_bad_value_in_one_line(capsys, monkeypatch):
     """A bad key=value, or no archive, is one line on stderr naming the key, exit code 2 (vit/cli/args.py)."""
     from vit.cli.args import run_script
 
-    spec = importlib.util.spec_from_file_location("bench_shards", REPO / "scripts" / "bench_shards.py")
+    spec = importlib.util.spec_from_file_location("bench_shards", REPO / "benchmarks" / "bench_shards.py")
     script = importlib.util.module_from_spec(spec)
     monkeypatch.delenv("VIT_CIFAR10_ARCHIVE", raising=False)
     spec.loader.exec_module(script)

@@ -3,7 +3,6 @@ models with the same weights, and through the rest of the project: training, exa
 config's refusals."""
 
 import copy
-import importlib.util
 import re
 
 import numpy as np
@@ -393,9 +392,7 @@ def test_attention_figures_hide_the_registers_and_say_their_share(tmp_path, caps
     from vit.engine.figures import attention_views
     from vit.models import capture_attention
 
-    spec = importlib.util.spec_from_file_location("plot_registers", REPO / "scripts" / "plot_registers.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("plot_registers")
     paths = []
     for name, overrides in (("base", []), ("reg", ["model.reg_tokens=4"]), ("gap", VARIANTS["registers_gap"])):
         cfg = compose_config(["data=cifar10", *TINY_MODEL, *overrides])
@@ -430,9 +427,7 @@ def test_attention_figures_hide_the_registers_and_say_their_share(tmp_path, caps
 
 
 def test_plot_pos_embed_draws_a_registers_table_and_names_a_rotary_model(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("plot_pos_embed", REPO / "scripts" / "plot_pos_embed.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("plot_pos_embed")
     for name, overrides in (("reg", VARIANTS["registers_gap"]), ("rope", ["model.pos_embed=rope"])):
         cfg = compose_config(["data=cifar10", *TINY_MODEL, *overrides])
         model = build_model_from_config(cfg.model, num_classes=10)

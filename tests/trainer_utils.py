@@ -204,11 +204,15 @@ class VirtualClock:
 
 
 def load_script(name: str):
-    """scripts/<name>.py imported as a module, so a test can call its `main` and patch its helpers; for a tool
-    installed as a command (the script only runs vit/cli/<tool>.py's `console`), that vit/cli module."""
+    """scripts/<name>.py or benchmarks/<name>.py imported as a module, so a test can call its `main` and patch its
+    helpers; for a tool installed as a command (the script only runs vit/cli/<tool>.py's `console`), that vit/cli
+    module."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"script_{name}", REPO / "scripts" / f"{name}.py")
+    path = REPO / "scripts" / f"{name}.py"
+    if not path.is_file():
+        path = REPO / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"script_{name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # a dataclass in the script looks its module up there
     spec.loader.exec_module(module)

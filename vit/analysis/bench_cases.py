@@ -13,7 +13,7 @@ from torch import nn
 from vit.models import create_model
 
 # Dense bf16 tensor-core throughput of an H100 SXM, the GPU the benchmarks ran on, from NVIDIA's datasheet (1,979
-# TFLOP/s with 2:4 sparsity, half of it dense); MFU is relative to it. scripts/bench_matmul.py measures what a large
+# TFLOP/s with 2:4 sparsity, half of it dense); MFU is relative to it. benchmarks/bench_matmul.py measures what a large
 # product really reaches on the machine at hand.
 H100_BF16_PEAK_FLOPS = 989e12
 

@@ -145,7 +145,7 @@ def gpu_budget_table(folder: Path) -> str:
 
 
 def matmul_peak_table(folder: Path) -> str:
-    """scripts/bench_matmul.py's JSON: every round and the median."""
+    """benchmarks/bench_matmul.py's JSON: every round and the median."""
     rows = []
     for path in sorted(folder.glob("matmul_*.json")):
         record = json.loads(path.read_text())
@@ -217,7 +217,7 @@ OPTIMIZER_LABELS = {
 
 
 def optimizer_step_table(folder: Path) -> str:
-    """scripts/bench_optimizer.py's printed table (bench_optimizer.md): each optimizer's median ms per step, and
+    """benchmarks/bench_optimizer.py's printed table (bench_optimizer.md): each optimizer's median ms per step, and
     the ratio to torch's per-tensor AdamW computed here from those medians."""
     rows = []
     for line in (folder / "bench_optimizer.md").read_text().splitlines():

@@ -1,4 +1,4 @@
-"""What the CPU-sized experiment scripts (scripts/transfer_experiment.py, scripts/distill_experiment.py) share:
+"""What the CPU-sized experiment scripts (benchmarks/transfer_experiment.py, benchmarks/distill_experiment.py) share:
 the small ViT/4 and data settings of their runs, one `train.py` process per run, the per-method seed table, and
 their results.json: a measurement record (vit/engine/provenance.py) holding every run's metrics."""
 

@@ -100,11 +100,11 @@ def parse_args(
 
 def script_command(script: str, argv: list[str] | None) -> list[str]:
     """The command a script's measurement record names: the process's own command line where `main` was given it
-    (`argv` None, or sys.argv's arguments), else `scripts/<name>.py` and the arguments `main` was called with (a
-    test calling `main` in its process)."""
+    (`argv` None, or sys.argv's arguments), else `<folder>/<name>.py` (benchmarks/benchmark.py) and the
+    arguments `main` was called with (a test calling `main` in its process)."""
     if argv is None or (Path(sys.argv[0]).name == Path(script).name and sys.argv[1:] == list(argv)):
         return list(sys.argv)
-    return [f"scripts/{Path(script).name}", *argv]
+    return [f"{Path(script).resolve().parent.name}/{Path(script).name}", *argv]
 
 
 def wants_help(argv: list[str]) -> bool:

@@ -1,9 +1,10 @@
 """Evaluate any weights on a dataset: a checkpoint of this trainer, or a model name with foreign weights.
 
-usage: python scripts/evaluate.py checkpoint=<path> [data.<key>=...] [ema=true] [flip=true] [confusion=<png>]
+usage: vit-eval checkpoint=<path> [data.<key>=...] [ema=true] [flip=true] [confusion=<png>]
            [json=<path>] [amp=auto|bf16|fp16|none]
-       python scripts/evaluate.py model=<name> model.pretrained=<timm:name | file> [model.<key>=...]
+       vit-eval model=<name> model.pretrained=<timm:name | file> [model.<key>=...]
            [data=<config>] [data.<key>=...] [preprocess=data|timm:<name>] [class_map=imagenet|<file>]
+(in a checkout, without installing: python scripts/evaluate.py with the same arguments)
 
 Examples:
 

@@ -1,6 +1,6 @@
 """Peak memory and time of one training step with and without gradient checkpointing, on the CPU.
 
-usage: python scripts/bench_memory.py [model=vit_base] [img_size=224] [batch_size=32] [num_classes=1000]
+usage: python benchmarks/bench_memory.py [model=vit_base] [img_size=224] [batch_size=32] [num_classes=1000]
     [repeats=3] [json=<file>]
 
 Each measurement runs in a fresh process, so its peak resident set size (`ru_maxrss`) belongs to that step
@@ -11,8 +11,8 @@ The step's own share is after - before. The two settings alternate, one process 
 record: every process's peak RSS before and after and its step time, the medians per setting,
 and the provenance (command, commit, machine, versions: vit/engine/provenance.py).
 
-    python scripts/bench_memory.py                       # ViT-B/16, 224 px, 1000 classes, batch 32, 3 repeats
-    python scripts/bench_memory.py model=vit_tiny batch_size=8 repeats=1 json=memory.json
+    python benchmarks/bench_memory.py                       # ViT-B/16, 224 px, 1000 classes, batch 32, 3 repeats
+    python benchmarks/bench_memory.py model=vit_tiny batch_size=8 repeats=1 json=memory.json
 """
 
 from __future__ import annotations

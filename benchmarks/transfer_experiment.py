@@ -10,13 +10,13 @@ Every per-epoch number is measured on a class-balanced holdout taken from the ta
 (data.holdout); the settings were fixed before any run. The test split of the target classes (1,000 images a
 class), which no choice looked at, is evaluated once after training: that is the reported number.
 
-usage: python scripts/transfer_experiment.py data=<CIFAR-10 JPEG tree> work=<folder> [out=<figure.png>]
+usage: python benchmarks/transfer_experiment.py data=<CIFAR-10 JPEG tree> work=<folder> [out=<figure.png>]
     [seeds=0,1,2] [per_class=200] [holdout_per_class=100] [source_per_class=<all>] [pretrain_epochs=8]
     [epochs=40] [jobs=2] [plot_only=false]
 
 Example:
 
-    python scripts/transfer_experiment.py data=/tmp/cifar10 work=/tmp/transfer out=docs/img/finetune_transfer.png
+    python benchmarks/transfer_experiment.py data=/tmp/cifar10 work=/tmp/transfer out=docs/img/finetune_transfer.png
 
 `data` is the extracted CIFAR-10 JPEG tree (cifar10/train/<class>/, cifar10/test/<class>/); the split trees are
 made of hard links under `work`, and every run is a `train.py` process with one thread (`jobs` at a time).

@@ -1,12 +1,12 @@
 """Training images per second of data=webdataset (tar shards) against data=imagefolder (one file per image) on the
 same JPEGs, each read through its real loader (`build_data`), on the CPU.
 
-usage: python scripts/bench_shards.py archive=<image-folder archive> [work=/tmp/vit-bench-shards] [repeats=5]
+usage: python benchmarks/bench_shards.py archive=<image-folder archive> [work=/tmp/vit-bench-shards] [repeats=5]
     [images=10000] [batch=256] [workers=2] [samples_per_shard=5000] [json=<file>]
 
 Example (the CIFAR-10 JPEGs that scripts/make_cifar_jpegs.py writes):
 
-    python scripts/bench_shards.py archive=data/cifar10-jpeg.tar.gz work=/tmp/bench-shards
+    python benchmarks/bench_shards.py archive=data/cifar10-jpeg.tar.gz work=/tmp/bench-shards
 
 The archive (an image-folder tree: train/<class>/*, test/<class>/*; default: $VIT_CIFAR10_ARCHIVE) is extracted
 into `work` once, and written as shards there with scripts/make_shards.py (`samples_per_shard` images a shard).

@@ -11,13 +11,13 @@ slice for teacher and students, which neither trains on); the settings were fixe
 (the first `test_per_class` of each class's test folder), which nothing was chosen on, are evaluated once after
 training: that is the reported number.
 
-usage: python scripts/distill_experiment.py data=<CIFAR-10 JPEG tree> work=<folder> [out=<figure.png>]
+usage: python benchmarks/distill_experiment.py data=<CIFAR-10 JPEG tree> work=<folder> [out=<figure.png>]
     [seeds=0,1,2] [per_class=300] [holdout_per_class=50] [test_per_class=200] [teacher_epochs=12] [epochs=5]
     [alpha=0.5] [tau=1.0] [jobs=2] [plot_only=false]
 
 Example:
 
-    python scripts/distill_experiment.py data=/tmp/cifar10 work=/tmp/distill out=docs/img/distill_cifar10.png
+    python benchmarks/distill_experiment.py data=/tmp/cifar10 work=/tmp/distill out=docs/img/distill_cifar10.png
 
 `data` is the extracted CIFAR-10 JPEG tree (cifar10/train/<class>/, cifar10/test/<class>/); the subset trees are
 made of symbolic links under `work`, and every run is a `train.py` process with one thread (`jobs` at a time).

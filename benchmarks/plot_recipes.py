@@ -1,6 +1,6 @@
 """Compare training recipes.
 
-usage: python scripts/plot_recipes.py <run or multirun folder> [<more> ...] [out=<folder>]
+usage: python benchmarks/plot_recipes.py <run or multirun folder> [<more> ...] [out=<folder>]
     [anchor=<seconds>:<top1>[:<label>] ...] [goal=<seconds>:<top1>[:<label>] ...]
 
 Finds every finished run below the folders (metrics.json next to .hydra/config.yaml), groups them into recipes by
@@ -17,7 +17,7 @@ writes into `out=` (default: the folder, when one is given; required with severa
 `anchor=` and `goal=` may be given any number of times; the label may contain colons and spaces (quote it).
 Example:
 
-    python scripts/plot_recipes.py multirun/2025-01-01/10-00-00 outputs/plain out=docs/figures \\
+    python benchmarks/plot_recipes.py multirun/2025-01-01/10-00-00 outputs/plain out=docs/figures \\
         anchor=326:81.4:"plain pipeline (timm + torchvision)" goal=65:81.4 goal=300:90 goal=1800:94
 
 Prints the table and its notes.
@@ -34,7 +34,7 @@ from vit.cli.args import parse_args, run_script
 from vit.errors import UsageError
 
 USAGE = (
-    "usage: python scripts/plot_recipes.py <run or multirun folder> [<more> ...] [out=<folder>] "
+    "usage: python benchmarks/plot_recipes.py <run or multirun folder> [<more> ...] [out=<folder>] "
     "[anchor=<seconds>:<top1>[:<label>] ...] [goal=<seconds>:<top1>[:<label>] ...]"
 )
 POINT_KEYS = ("anchor", "goal")

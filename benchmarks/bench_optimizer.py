@@ -1,8 +1,9 @@
 """What an optimizer step costs on this machine: `optimizer.step()` alone over a recipe's model, for each optimizer
 the trainer can build (timm's names, with this project's parameter groups), in interleaved rounds.
 
-usage: python scripts/bench_optimizer.py [experiment=cifar10_cpu] [optimizers=adamw:loop,adamw:foreach,adamw,lion,muon]
-    [threads=<n>] [rounds=7] [steps=20] [device=cpu] [json=<file>] [model.<key>=<value> ...]
+usage: python benchmarks/bench_optimizer.py [experiment=cifar10_cpu]
+    [optimizers=adamw:loop,adamw:foreach,adamw,lion,muon] [threads=<n>] [rounds=7] [steps=20] [device=cpu]
+    [json=<file>] [model.<key>=<value> ...]
 
 Each optimizer is built by vit/train/optimizer.py's `build_optimizer` from `optim=<name>` (configs/optim/<name>.yaml,
 or `optim.name=<name>` on the AdamW config where no file exists), exactly as the trainer builds it: so `adamw` is
@@ -11,7 +12,7 @@ the fused AdamW the trainer runs. `adamw:loop` and `adamw:foreach` are torch's p
 two warm-up steps each round times `steps` steps of every optimizer in turn. Prints the median milliseconds per
 step of each, and its ratio to the first; json=<file> writes the measurement record: every round's milliseconds
 per step of every optimizer, the medians and ratios, and the provenance (command, commit, machine, versions:
-vit/engine/provenance.py). The trainer's whole step, for scale: scripts/benchmark.py.
+vit/engine/provenance.py). The trainer's whole step, for scale: benchmarks/benchmark.py.
 """
 
 from __future__ import annotations

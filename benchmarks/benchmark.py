@@ -4,16 +4,16 @@ inference latency and img/s (PyTorch eager, torch.compile, the ONNX export in on
 batch 1 and a large batch, interleaved with timm's model of the same shape; with mode=profile, where a training
 step spends its time.
 
-usage: python scripts/benchmark.py [mode=steps|inference|e2e|profile] [models=<case>,...] [device=auto|cpu|cuda]
+usage: python benchmarks/benchmark.py [mode=steps|inference|e2e|profile] [models=<case>,...] [device=auto|cpu|cuda]
            [vs_timm=true] [json=<path>] [md=<path>] [key=value ...]
 
-    python scripts/benchmark.py models=vit_tiny_cifar,vit_base compile=both vs_timm=true memory=true \\
+    python benchmarks/benchmark.py models=vit_tiny_cifar,vit_base compile=both vs_timm=true memory=true \\
         json=bench.json md=bench.md
-    python scripts/benchmark.py mode=e2e epochs=9 data=imagefolder data.root=<cifar10> data.img_size=32 \\
+    python benchmarks/benchmark.py mode=e2e epochs=9 data=imagefolder data.root=<cifar10> data.img_size=32 \\
         data.patch_size=4 model=vit_tiny
-    python scripts/benchmark.py mode=inference models=vit_tiny,vit_tiny_cifar batches=1,64 \\
+    python benchmarks/benchmark.py mode=inference models=vit_tiny,vit_tiny_cifar batches=1,64 \\
         runtimes=eager,compiled,onnxruntime vs_timm=true device=cpu md=inference.md
-    python scripts/benchmark.py mode=inference models=vit_tiny_cifar,vit_small batches=1,64 device=cpu \\
+    python benchmarks/benchmark.py mode=inference models=vit_tiny_cifar,vit_small batches=1,64 device=cpu \\
         runtimes=eager,onnxruntime,onnxruntime-int8-dynamic,onnxruntime-int8-static
 
 Keys (default):

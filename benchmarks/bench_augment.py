@@ -2,10 +2,10 @@
 per batch, against torchvision's v2 policies called on chunks of 16 images (one draw per call: the way a loader
 uses them on batches): wall time and the number of aten ops dispatched, the proxy for kernel launches on a GPU.
 
-usage: python scripts/bench_augment.py [policies=autoaug,trivial,rand-m9-mstd0.5-inc1] [batch=512] [size=32]
+usage: python benchmarks/bench_augment.py [policies=autoaug,trivial,rand-m9-mstd0.5-inc1] [batch=512] [size=32]
     [repeats=15] [warmup=3] [count_batches=10] [device=cpu] [threads=<n>] [json=<file>]
 
-    python scripts/bench_augment.py batch=512 size=32 repeats=15 json=augment.json
+    python benchmarks/bench_augment.py batch=512 size=32 repeats=15 json=augment.json
 
 Every policy and implementation is timed in one process, interleaved, on fresh random uint8 batches; the table
 reports medians. "ours (whole batch)" is the CUDA code path (each op on the whole batch, kept by torch.where: no

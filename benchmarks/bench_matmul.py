@@ -1,6 +1,6 @@
 """The dense matrix-multiply peak this device reaches: an n x n by n x n product in `dtype`, timed over rounds.
 
-usage: python scripts/bench_matmul.py [n=8192] [dtype=bf16] [rounds=10] [device=auto] [json=<file>]
+usage: python benchmarks/bench_matmul.py [n=8192] [dtype=bf16] [rounds=10] [device=auto] [json=<file>]
 
 MFU figures (docs/BENCHMARKS.md) divide a step's FLOPs per second by a peak; this is the measured one. Each round
 times 10 products on random inputs after 3 warm-up products (CUDA: between two synchronisations). Prints one JSON

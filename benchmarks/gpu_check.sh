@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU machine's check, in one command: the GPU test tier, then the GPU measurements the docs list as owed.
 #
-# usage: bash scripts/gpu_check.sh [part ...]      parts: tier peak warm minute fast (default: tier peak warm minute)
+# usage: bash benchmarks/gpu_check.sh [part ...]      parts: tier peak warm minute fast (default: tier peak warm minute)
 #   tier    pytest -m cuda tests/test_cuda.py (the device paths behind the GPU figures; docs/BENCHMARKS.md)
-#   peak    scripts/bench_matmul.py: the measured bf16 matmul peak that MFU figures divide by
+#   peak    benchmarks/bench_matmul.py: the measured bf16 matmul peak that MFU figures divide by
 #   warm    one short cifar10_minute run that fills the decoded-image cache and the compile cache, so the budgeted
 #           runs after it start warm (its own time is not a result)
 #   minute  experiment=cifar10_minute with trainer.budget=60s, for each seed in $SEEDS (default "0 1 2")
@@ -50,7 +50,7 @@ for part in "${parts[@]}"; do
     case $part in
         tier) $PY -m pytest -q -m cuda tests/test_cuda.py -rs --junitxml="$runs/tier.xml" 2>&1 | tail -25 | tee "$runs/tier.txt"
               echo "tier: $(tail -1 "$runs/tier.txt")" >>"$runs/summary.txt" ;;
-        peak) $PY scripts/bench_matmul.py n=8192 dtype=bf16 rounds=10 json="$runs/matmul_bf16.json" >>"$runs/summary.txt" ;;
+        peak) $PY benchmarks/bench_matmul.py n=8192 dtype=bf16 rounds=10 json="$runs/matmul_bf16.json" >>"$runs/summary.txt" ;;
         warm) train warm experiment=cifar10_minute trainer.epochs=2 trainer.limit_train_batches=10 trainer.save_checkpoints=false ;;  # both sizes compiled
         minute) for seed in ${SEEDS:-0 1 2}; do
                     train "cifar10_minute_60s_seed$seed" experiment=cifar10_minute trainer.budget=60s trainer.seed="$seed"

@@ -2,10 +2,10 @@
 random-resized crop 224 in the loader worker, then flip, rand-m9-mstd0.5-inc1 and normalisation on the batch)
 against timm's `create_transform(224, is_training=True, auto_augment=...)` on the same files.
 
-usage: python scripts/bench_cpu_loader.py [folder=<JPEG folder>] [images=300] [repeats=5] [batch=32]
+usage: python benchmarks/bench_cpu_loader.py [folder=<JPEG folder>] [images=300] [repeats=5] [batch=32]
     [policy=rand-m9-mstd0.5-inc1] [json=<file>]
 
-    python scripts/bench_cpu_loader.py images=300 repeats=5 json=loader.json
+    python benchmarks/bench_cpu_loader.py images=300 repeats=5 json=loader.json
 
 One process, one thread (torch and Pillow), so the figures are per core; both end in batches of `batch` images
 (stacked as a DataLoader collates them); ours and timm's alternate over the same files in every repeat (which goes

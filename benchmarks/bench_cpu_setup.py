@@ -1,7 +1,7 @@
 """Which loader, worker count and thread count train fastest on this CPU: the trainer's own epoch img/s (loading,
 augmentation, step, all of it) for each setting, each run in its own process, settings interleaved round by round.
 
-usage: python scripts/bench_cpu_setup.py data.root=<CIFAR-10 JPEG folder or archive> [rounds=3] [batches=60]
+usage: python benchmarks/bench_cpu_setup.py data.root=<CIFAR-10 JPEG folder or archive> [rounds=3] [batches=60]
     [settings=<name>,<name>,...] [experiment=cifar10_cpu] [warmup=true] [json=<path>]
 
 The settings (name: overrides):

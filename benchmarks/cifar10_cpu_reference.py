@@ -2,7 +2,7 @@
 it, given the same wall-clock budget on the same machine (docs/RESULTS.md, "CIFAR-10 on a 2-core CPU in a 30-minute
 budget").
 
-usage: python scripts/cifar10_cpu_reference.py data.root=<CIFAR-10 JPEG folder or archive> out=<folder>
+usage: python benchmarks/cifar10_cpu_reference.py data.root=<CIFAR-10 JPEG folder or archive> out=<folder>
     [budget_s=1800] [seed=0] [batch_size=128] [workers=2] [lr=5e-4] [weight_decay=0.05] [embed_dim=128]
     [depth=6] [num_heads=4] [mlp_ratio=2.0] [eval_every=2]
 
@@ -19,7 +19,7 @@ top-1 against elapsed seconds (the test split is evaluated every `eval_every` ep
 chosen by it) in the trainer's metrics.json layout, with its `provenance` (command, commit, machine, versions:
 vit/engine/provenance.py) as the trainer's, and its settings and command-line keys in a run folder's
 `.hydra/config.yaml` and `.hydra/overrides.yaml` (as `experiment=timm_torchvision_reference`), so
-scripts/plot_recipes.py tables and draws it beside the recipe's runs.
+benchmarks/plot_recipes.py tables and draws it beside the recipe's runs.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Where bf16 autocast pays on this CPU: a ViT training step (forward, cross-entropy, backward, gradient clipping,
 AdamW) in fp32 and under `torch.autocast("cpu", dtype=torch.bfloat16)`, across width, token count and batch.
 
-usage: python scripts/bench_cpu_bf16.py [threads=2] [rounds=5] [cases=<width>x<tokens>x<batch>x<heads>,...]
+usage: python benchmarks/bench_cpu_bf16.py [threads=2] [rounds=5] [cases=<width>x<tokens>x<batch>x<heads>,...]
     [json=<file>]
 
 Each case builds `create_model("vit_tiny", embed_dim=<width>, depth=6, mlp_ratio=2, ...)` at 32 px with patch 4
