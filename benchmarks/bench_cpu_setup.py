@@ -5,7 +5,7 @@ usage: python benchmarks/bench_cpu_setup.py data.root=<CIFAR-10 JPEG folder or a
     [settings=<name>,<name>,...] [experiment=cifar10_cpu] [warmup=true] [json=<path>]
 
 The settings (name: overrides):
-    memory-t<T>       data.loader=gpu trainer.threads=<T>: the decoded splits held in memory, augmented in process
+    memory-t<T>       data.loader=resident trainer.threads=<T>: the decoded splits held in memory, augmented in process
     torch-w<W>-t<T>   data.loader=torch data.num_workers=<W> trainer.threads=<T>: worker processes decode the JPEGs
 for T in 1..CPUs and W in 0..CPUs. Default: all of them. Each run trains `batches` batches of one epoch of
 `experiment` (checkpoints, EMA, flip averaging and most of the evaluation off) after the decoded cache and the
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def all_settings(cpus: int) -> dict[str, list[str]]:
-    settings = {f"memory-t{t}": ["data.loader=gpu", f"trainer.threads={t}"] for t in range(1, cpus + 1)}
+    settings = {f"memory-t{t}": ["data.loader=resident", f"trainer.threads={t}"] for t in range(1, cpus + 1)}
     for workers in range(0, cpus + 1):
         for threads in range(1, cpus + 1):
             settings[f"torch-w{workers}-t{threads}"] = [

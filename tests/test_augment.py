@@ -86,7 +86,7 @@ def test_pillow_and_tensor_paths_agree():
     assert diff[~geometric].max() == 0 and diff[geometric].max() <= 1
 
 
-@pytest.mark.parametrize("loader", ["torch", "gpu"])
+@pytest.mark.parametrize("loader", ["torch", "resident"])
 def test_the_strongest_settings_train_batches_on_both_loaders(loader):
     """What crashed the torch loader with Pillow 13 (timm's PosterizeIncreasing at magnitude 10: 0 bits)."""
     for text in ("rand-m10-mstd101-inc1", "rand-m10-n4-p1.0-inc1", "rand-m0-mstd100", "augmix-m10-w3-d3"):
@@ -224,18 +224,18 @@ def test_both_loaders_yield_the_same_batches(augment):
     """Same seed and config: the torch DataLoader (decoding in workers) and the GPU-resident loader give equal
     training batches, epoch after epoch, and equal validation batches."""
     torch_bundle = build_data(synthetic_cfg("torch", **augment), seed=7)
-    gpu_bundle = build_data(synthetic_cfg("gpu", **augment), seed=7)
-    assert (torch_bundle.loader_kind, gpu_bundle.loader_kind) == ("torch", "gpu")
+    resident_bundle = build_data(synthetic_cfg("resident", **augment), seed=7)
+    assert (torch_bundle.loader_kind, resident_bundle.loader_kind) == ("torch", "resident")
     for epoch in (0, 1):
-        for bundle in (torch_bundle, gpu_bundle):
+        for bundle in (torch_bundle, resident_bundle):
             bundle.train_loader.set_epoch(epoch)
             if bundle.train_sampler is not None:
                 bundle.train_sampler.set_epoch(epoch)
-        pairs = list(zip(torch_bundle.train_loader, gpu_bundle.train_loader, strict=True))
+        pairs = list(zip(torch_bundle.train_loader, resident_bundle.train_loader, strict=True))
         assert len(pairs) == 4
         for (xa, ya), (xb, yb) in pairs:
             assert torch.equal(ya, yb) and torch.equal(xa, xb)
-    for (xa, ya), (xb, yb) in zip(torch_bundle.val_loader, gpu_bundle.val_loader, strict=True):
+    for (xa, ya), (xb, yb) in zip(torch_bundle.val_loader, resident_bundle.val_loader, strict=True):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)
 
 
@@ -324,12 +324,22 @@ def test_loader_choice_is_logged_and_said_why(caplog, monkeypatch):
         f"data.loader=auto: the device is cpu; {images} images at {bundle.img_size} px take {needed:.2f} GiB, under a "
         "quarter of the 1.0 GiB free in this machine's memory"
     )
-    assert (bundle.loader_kind, bundle.loader_reason) == ("gpu", reason)
-    assert f"loader: gpu ({reason})" in caplog.text
+    assert (bundle.loader_kind, bundle.loader_reason) == ("resident", reason)
+    assert f"loader: resident ({reason})" in caplog.text
     monkeypatch.setattr(loader_module, "available_memory", lambda: 4 * images * 3 * bundle.img_size**2 - 1)
     bundle = build_data(synthetic_cfg("auto", crop="none"))
     assert bundle.loader_kind == "torch" and "over a quarter" in bundle.loader_reason
-    assert build_data(synthetic_cfg("gpu", crop="none")).loader_reason == "data.loader=gpu"
+    assert build_data(synthetic_cfg("resident", crop="none")).loader_reason == "data.loader=resident"
+
+
+def test_the_former_loader_name_gpu_still_runs_the_resident_loader_with_one_notice(caplog):
+    caplog.set_level("INFO", logger="vit.data.loading.build")
+    bundle = build_data(synthetic_cfg("gpu", crop="none"))
+    assert (bundle.loader_kind, bundle.loader_reason) == ("resident", "data.loader=resident")
+    notices = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert notices == ["data.loader=gpu is now data.loader=resident (the same loader); gpu still works"]
+    with pytest.raises(DataError, match=r"data.loader='gpus' must be one of \('auto', 'torch', 'resident'\)"):
+        build_data(synthetic_cfg("gpus", crop="none"))
 
 
 def test_more_workers_than_cpus_are_lowered_once(monkeypatch, caplog):
@@ -383,7 +393,7 @@ def test_image_folder_trains_with_its_default_augmentation(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     # data.loader=auto on a CPU: decoded once into memory (the splits are small), said with the reason.
-    assert metrics["loader"] == "gpu" and "the device is cpu" in metrics["loader_reason"]
+    assert metrics["loader"] == "resident" and "the device is cpu" in metrics["loader_reason"]
     assert math.isfinite(metrics["final"]["val_loss"])
     config = OmegaConf.load(tmp_path / "run" / ".hydra" / "config.yaml")
     assert config.data.augment.auto_augment == "rand-m9-mstd0.5-inc1" and config.data.img_size == 224

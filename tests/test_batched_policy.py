@@ -16,7 +16,7 @@ from vit.data import build_data
 from vit.data.augment import batched_ops as bo
 from vit.data.augment import batched_policy as bp
 from vit.data.augment.policies import build_policy
-from vit.data.loading.gpu_loader import GpuLoader
+from vit.data.loading.resident import ResidentLoader
 from vit.errors import ConfigError
 from vit.train.config import validate
 
@@ -263,8 +263,8 @@ def test_global_rng_is_untouched():
 # ---- the GPU loader ----
 
 
-def gpu_cfg(**aug):
-    cfg = {"name": "synthetic", "img_size": 16, "batch_size": 16, "num_workers": 0, "loader": "gpu"}
+def resident_cfg(**aug):
+    cfg = {"name": "synthetic", "img_size": 16, "batch_size": 16, "num_workers": 0, "loader": "resident"}
     cfg["synthetic"] = {"num_train": 64, "num_val": 16}
     cfg["augment"] = {"crop": "pad", "pad": 2, "hflip": True, "auto_augment": "autoaug", **aug}
     return cfg
@@ -274,7 +274,7 @@ def test_the_policy_strings_pick_the_batched_policies():
     assert isinstance(build_policy("autoaug", 32, (0.5,) * 3), bp.BatchedAutoAugment)
     assert build_policy("autoaug", 224, (0.5,) * 3).policy == "imagenet"
     assert isinstance(build_policy("trivial", 32, (0.5,) * 3), bp.BatchedTrivialAugmentWide)
-    assert isinstance(build_data(gpu_cfg()).train_loader.augment.policy, bp.BatchedAutoAugment)
+    assert isinstance(build_data(resident_cfg()).train_loader.augment.policy, bp.BatchedAutoAugment)
 
 
 @pytest.mark.parametrize("key", ["policy_impl", "policy_chunk"])
@@ -285,11 +285,11 @@ def test_the_removed_implementation_switches_are_unknown_keys(key):
 
 
 @pytest.mark.parametrize("policy", ["trivial", "rand-m9-mstd0.5-inc1", "augmix-m2-w2-d1"])
-def test_gpu_loader_resumes_mid_epoch_exactly(policy):
+def test_resident_loader_resumes_mid_epoch_exactly(policy):
     """The batches after a skip are the ones an uninterrupted pass yields, without replaying the skipped ones:
     every batch draws from its own generator; the global RNG is not used."""
-    loader = build_data(gpu_cfg(auto_augment=policy, re_prob=0.5), seed=3).train_loader
-    assert isinstance(loader, GpuLoader) and len(loader) == 4
+    loader = build_data(resident_cfg(auto_augment=policy, re_prob=0.5), seed=3).train_loader
+    assert isinstance(loader, ResidentLoader) and len(loader) == 4
     loader.set_epoch(1)
     batches = iter(loader)
     next(batches), next(batches)

@@ -74,7 +74,7 @@ def test_bf16_crossover_table_times_both_precisions(tmp_path):
 def test_cpu_setup_names_its_settings_and_refuses_unknown_ones(tmp_path, monkeypatch, capsys):
     module = load_script("bench_cpu_setup")
     settings = module.all_settings(2)
-    assert settings["memory-t2"] == ["data.loader=gpu", "trainer.threads=2"]
+    assert settings["memory-t2"] == ["data.loader=resident", "trainer.threads=2"]
     assert settings["torch-w1-t1"] == ["data.loader=torch", "data.num_workers=1", "trainer.threads=1"]
     assert len(settings) == 2 + 3 * 2
     done = script("bench_cpu_setup.py", "data.root=x", "settings=memory-t9")

@@ -40,10 +40,10 @@ def test_a_bf16_run_with_the_gpu_loader_compiled_blocks_and_fused_adamw(tmp_path
     metrics, state = gpu_run(
         tmp_path,
         "bf16",
-        ["trainer.amp=bf16", "data.loader=gpu", "trainer.compile=true", "trainer.compile_scope=blocks"],
+        ["trainer.amp=bf16", "data.loader=resident", "trainer.compile=true", "trainer.compile_scope=blocks"],
     )
     check_trained(metrics)
-    assert metrics["precision"] == "bf16" and metrics["loader"] == "gpu" and metrics["compiled"]
+    assert metrics["precision"] == "bf16" and metrics["loader"] == "resident" and metrics["compiled"]
     assert state["scaler"] is None  # bf16 needs no loss scaling
     assert all(group["fused"] for group in state["optimizer"]["param_groups"])
 

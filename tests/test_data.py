@@ -307,7 +307,7 @@ def test_distributed_sampler_shards_the_train_split():
 
 
 @pytest.mark.parametrize("policy", ["autoaug", "trivial", "rand-m9-mstd0.5-inc1", "augmix-m5-w4-d2"])
-@pytest.mark.parametrize("loader", ["torch", "gpu"])
+@pytest.mark.parametrize("loader", ["torch", "resident"])
 def test_every_policy_on_both_loaders(policy, loader):
     cfg = {"name": "synthetic", "img_size": 16, "batch_size": 8, "num_workers": 0, "loader": loader}
     cfg["synthetic"] = {"num_train": 16, "num_val": 8}
@@ -327,16 +327,16 @@ def test_autoaugment_policy_follows_image_size():
 # ---- the GPU-resident loader, run on the CPU here ----
 
 
-def gpu_cfg(**aug):
-    cfg = {"name": "synthetic", "img_size": 16, "batch_size": 16, "num_workers": 0, "loader": "gpu"}
+def resident_cfg(**aug):
+    cfg = {"name": "synthetic", "img_size": 16, "batch_size": 16, "num_workers": 0, "loader": "resident"}
     cfg["synthetic"] = {"num_train": 64, "num_val": 20}
     cfg["augment"] = {"crop": "pad", "pad": 4, "hflip": True, **aug}
     return cfg
 
 
-def test_gpu_loader_val_batches_are_the_normalised_images():
-    bundle = build_data(gpu_cfg())
-    assert bundle.loader_kind == "gpu" and len(bundle.val_loader) == 2  # 20 images: 16 + 4
+def test_resident_loader_val_batches_are_the_normalised_images():
+    bundle = build_data(resident_cfg())
+    assert bundle.loader_kind == "resident" and len(bundle.val_loader) == 2  # 20 images: 16 + 4
     xs, ys = zip(*bundle.val_loader, strict=True)
     x = torch.cat(xs)
     order = bundle.val_loader.val_order  # every image once, classes interleaved
@@ -357,7 +357,7 @@ def test_every_prefix_of_the_evaluation_order_is_class_balanced():
     assert evaluation_order(targets).tolist() == order.tolist()  # fixed: the same images in every run
 
 
-@pytest.mark.parametrize("loader", ["torch", "gpu"])
+@pytest.mark.parametrize("loader", ["torch", "resident"])
 def test_a_limited_evaluation_of_a_sorted_folder_sees_every_class(tmp_path, loader):
     """limit_val_batches=1 over an image folder (sorted by class) evaluated the first class only."""
     root = make_tree(tmp_path / "tree", per_class=4)
@@ -370,8 +370,8 @@ def test_a_limited_evaluation_of_a_sorted_folder_sees_every_class(tmp_path, load
     assert set(torch.cat([r[0] for r in ranks]).tolist()) == {0, 1, 2}
 
 
-def test_gpu_loader_train_is_seeded_and_augments():
-    a, b = build_data(gpu_cfg(), seed=1), build_data(gpu_cfg(), seed=1)
+def test_resident_loader_train_is_seeded_and_augments():
+    a, b = build_data(resident_cfg(), seed=1), build_data(resident_cfg(), seed=1)
     xa, ya = next(iter(a.train_loader))
     xb, yb = next(iter(b.train_loader))
     assert torch.equal(xa, xb) and torch.equal(ya, yb)
@@ -391,7 +391,7 @@ def _normalised(loader, images_uint8):
 
 def test_gpu_crop_and_flip_change_the_images_and_none_leaves_them():
     for aug, changed in (({"crop": "none", "hflip": False, "auto_augment": None}, False), ({}, True)):
-        loader = build_data(gpu_cfg(**aug), seed=2).train_loader
+        loader = build_data(resident_cfg(**aug), seed=2).train_loader
         loader.set_epoch(0)
         idx = loader._order()[:16]  # the first batch of epoch 0
         x, y = next(iter(loader))
@@ -403,12 +403,12 @@ def test_gpu_crop_and_flip_change_the_images_and_none_leaves_them():
 def test_torch_and_gpu_val_batches_agree(tmp_path):
     cfg = folder_cfg(make_tree(tmp_path / "tree", per_class=4), cache_dir=str(tmp_path / "cache"))
     torch_val = torch.cat([x for x, _ in build_data({**cfg, "loader": "torch"}).val_loader])
-    gpu_val = torch.cat([x for x, _ in build_data({**cfg, "loader": "gpu"}).val_loader])
+    gpu_val = torch.cat([x for x, _ in build_data({**cfg, "loader": "resident"}).val_loader])
     torch.testing.assert_close(torch_val, gpu_val)
 
 
 def test_gpu_ranks_take_disjoint_shards():
-    shards = [build_data(gpu_cfg(), seed=4, rank=r, world_size=2).train_loader for r in (0, 1)]
+    shards = [build_data(resident_cfg(), seed=4, rank=r, world_size=2).train_loader for r in (0, 1)]
     assert [len(s) for s in shards] == [2, 2]
     for shard in shards:
         shard.set_epoch(3)
@@ -429,7 +429,7 @@ def test_batched_resized_crop_and_erasing():
 
 
 def test_gpu_policy_runs_on_uint8_batches():
-    bundle = build_data(gpu_cfg(auto_augment="autoaug"))
+    bundle = build_data(resident_cfg(auto_augment="autoaug"))
     x, _ = next(iter(bundle.train_loader))
     assert x.shape == (16, 3, 16, 16) and torch.isfinite(x).all()
 
@@ -446,7 +446,7 @@ def test_random_pad_crop_is_a_shifted_window():
 
 def test_gpu_decode_cache_is_reused(tmp_path, monkeypatch):
     root = make_tree(tmp_path / "tree", per_class=4)
-    cfg = folder_cfg(root, loader="gpu", cache_dir=str(tmp_path / "cache"))
+    cfg = folder_cfg(root, loader="resident", cache_dir=str(tmp_path / "cache"))
     build_data(cfg)
     cached = sorted((tmp_path / "cache").glob("*.npy"))
     assert len(cached) == 4  # images + targets, train + val
@@ -458,7 +458,7 @@ def test_gpu_decode_cache_is_reused(tmp_path, monkeypatch):
     monkeypatch.setattr(decoded_cache, "decode_split", fail)
     bundle = build_data(cfg)
     assert [p.stat().st_mtime_ns for p in cached] == stamps
-    assert bundle.loader_kind == "gpu" and bundle.num_train == 12
+    assert bundle.loader_kind == "resident" and bundle.num_train == 12
     # Another subset of the same folder is a different split: decoded, not confused with the cached one.
     monkeypatch.undo()
     build_data({**cfg, "limit_train_samples": 6})
@@ -496,14 +496,14 @@ def test_repeat_order_repeats_a_slice_of_the_permutation_in_place():
     assert repeat_order(order, 3).tolist() == [5, 5, 5, 2, 2, 2, 7, 7]
 
 
-@pytest.mark.parametrize("loader", ["torch", "gpu"])
+@pytest.mark.parametrize("loader", ["torch", "resident"])
 def test_repeated_aug_shows_each_image_k_times_and_shards_the_copies(loader):
     cfg = {"name": "synthetic", "img_size": 16, "batch_size": 8, "num_workers": 0, "loader": loader}
     cfg.update(synthetic={"num_train": 64, "num_val": 16}, repeated_aug=4, augment={"crop": "pad", "hflip": True})
 
     def epoch_indices(rank, world):
         bundle = build_data(cfg, seed=3, rank=rank, world_size=world)
-        if loader == "gpu":
+        if loader == "resident":
             bundle.train_loader.set_epoch(2)
             return bundle.train_loader._order().tolist()
         bundle.train_sampler.set_epoch(2)
@@ -521,7 +521,7 @@ def test_repeated_aug_shows_each_image_k_times_and_shards_the_copies(loader):
 
 
 def test_repeated_copies_are_augmented_differently():
-    cfg = {"name": "synthetic", "img_size": 16, "batch_size": 16, "num_workers": 0, "loader": "gpu"}
+    cfg = {"name": "synthetic", "img_size": 16, "batch_size": 16, "num_workers": 0, "loader": "resident"}
     cfg.update(synthetic={"num_train": 64, "num_val": 16}, repeated_aug=2, augment={"crop": "pad", "pad": 4})
     loader = build_data(cfg, seed=0).train_loader
     loader.set_epoch(0)

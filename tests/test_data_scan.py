@@ -329,7 +329,7 @@ def test_holdout_fraction_on_arrays_keeps_images_and_labels_together():
     held = np.bincount(splits.val_array[1], minlength=10)
     assert held.sum() == 50 and (np.abs(held - 50 * sizes / sizes.sum()) < 1).all()
     # Both loaders see the same held-out images.
-    gpu = build_data({**cfg, "holdout": 0.25, "loader": "gpu"}, seed=3)
+    gpu = build_data({**cfg, "holdout": 0.25, "loader": "resident"}, seed=3)
     cpu = build_data({**cfg, "holdout": 0.25, "loader": "torch"}, seed=3)
     assert gpu.num_val == cpu.num_val == 50
     torch.testing.assert_close(torch.cat([x for x, _ in gpu.val_loader]), torch.cat([x for x, _ in cpu.val_loader]))

@@ -127,8 +127,8 @@ def test_dataset_name_loads_a_local_folder_through_the_cache(saved, tmp_path):
     assert splits.root is not None and splits.root.is_relative_to(cache)  # the Arrow files are in data.cache_dir
 
 
-def test_gpu_loader_decodes_the_split_into_the_dataset_folder(saved):
-    cfg = hf(path=str(saved), img_size=16, batch_size=4, num_workers=0, loader="gpu", augment={"crop": "none"})
+def test_resident_loader_decodes_the_split_into_the_dataset_folder(saved):
+    cfg = hf(path=str(saved), img_size=16, batch_size=4, num_workers=0, loader="resident", augment={"crop": "none"})
     bundle = build_data(cfg, device="cpu")
     images, targets = next(iter(bundle.train_loader))
     assert images.shape == (4, 3, 16, 16) and bundle.num_classes == 3

@@ -158,7 +158,7 @@ def test_the_cpu_loader_and_threads_are_chosen_logged_and_recorded(tmp_path, cap
     with caplog.at_level(logging.INFO):
         metrics = run(compose_config(overrides), output_dir=tmp_path / "auto")
     # Decoded once into memory, on the CPU too: no workers decode again each epoch, every CPU goes to the step.
-    assert metrics["loader"] == "gpu" and "the device is cpu" in metrics["loader_reason"]
+    assert metrics["loader"] == "resident" and "the device is cpu" in metrics["loader_reason"]
     assert metrics["threads"] == available_cpus() and "CPUs of this process" in metrics["threads_reason"]
     messages = [r.getMessage() for r in caplog.records]
     assert f"threads: {metrics['threads']} ({metrics['threads_reason']})" in messages

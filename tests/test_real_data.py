@@ -28,7 +28,7 @@ def test_small_vit_learns_real_cifar10_on_cpu(tmp_path_factory):
         "data.patch_size=4",
         "data.batch_size=64",
         "data.num_workers=0",
-        "data.loader=gpu",  # decoded once into a tensor; batches augmented as tensors (here on the CPU)
+        "data.loader=resident",  # decoded once into a tensor; batches augmented as tensors (here on the CPU)
         "data.limit_train_samples=5000",  # class-balanced subsets
         "data.limit_val_samples=1000",
         "data.augment.crop=none",

@@ -48,7 +48,7 @@ def test_recipe_trains_a_few_steps_on_cpu(name, cifar_like_tree, tmp_path):
         "data=imagefolder",
         f"data.root={cifar_like_tree}",
         f"data.cache_dir={tmp_path / 'cache'}",
-        "data.loader=gpu",  # the loader the recipes use on CUDA, here on the CPU
+        "data.loader=resident",  # the loader the recipes use on CUDA, here on the CPU
         "data.num_workers=0",
         "data.batch_size=8",
         "trainer.device=cpu",
@@ -77,7 +77,7 @@ def test_cpu_proxy_screens_on_a_holdout_and_reports_the_test_split_once(cifar_li
     of the training set, the test split read once after training, EMA measured beside the raw weights."""
     cfg = compose_config(["experiment=cifar10_proxy", "data=imagefolder", f"data.root={cifar_like_tree}"])
     validate(cfg)
-    assert (cfg.data.holdout, cfg.data.limit_train_samples, cfg.data.loader) == (2000, 10000, "gpu")
+    assert (cfg.data.holdout, cfg.data.limit_train_samples, cfg.data.loader) == (2000, 10000, "resident")
     overrides = [
         "experiment=cifar10_proxy",
         "data=imagefolder",
@@ -93,6 +93,6 @@ def test_cpu_proxy_screens_on_a_holdout_and_reports_the_test_split_once(cifar_li
     ]
     metrics = run(compose_config(overrides), output_dir=tmp_path / "run")
     assert metrics["val_split"] == "holdout" and metrics["test"]["split"] == "test"
-    assert metrics["loader"] == "gpu" and metrics["loader_reason"] == "data.loader=gpu"
+    assert metrics["loader"] == "resident" and metrics["loader_reason"] == "data.loader=resident"
     assert [r["val_top1"] is None for r in metrics["history"]] == [True, False]  # val_every_n_epochs: 2
     assert "ema_top1" in metrics["test"]

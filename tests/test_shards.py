@@ -224,7 +224,7 @@ def test_settings_that_cannot_work_are_named(shards, tmp_path):
         (text, rf"^data\.num_classes is not set and there is no {where}/classes\.json: set data\.num_classes$"),
         ({"urls": None}, r"^data\.urls is not set: data=webdataset needs data\.urls="),
         ({"urls": str(tmp_path / "none-{0..3}.tar")}, r"^data\.urls='.*none-\{0\.\.3\}\.tar' matches no file"),
-        ({"loader": "gpu"}, r"^data\.loader=gpu cannot read data=webdataset"),
+        ({"loader": "resident"}, r"^data\.loader=resident cannot read data=webdataset"),
         ({"num_classes": 2}, r"^data\.num_classes=2 but .*classes\.json lists 3 classes"),
         ({"shuffle_buffer": "many"}, r"^data\.shuffle_buffer='many' must be an integer"),
         ({"batch_size": 128}, r"^data\.batch_size=128 is larger than the 90 training samples"),

@@ -247,7 +247,7 @@ def test_metrics_report_the_first_step_apart(cli_run):
     assert 0 < metrics["first_step_seconds"] < metrics["wall_time_s"]
 
 
-@pytest.mark.parametrize("loader", ["torch", "gpu"])
+@pytest.mark.parametrize("loader", ["torch", "resident"])
 def test_holdout_selects_and_the_test_split_is_reported_once_at_the_end(tmp_path, loader):
     from vit.train import run
 

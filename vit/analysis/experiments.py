@@ -20,7 +20,13 @@ REPO = Path(__file__).resolve().parents[2]
 # pad-crop and flip only, and the trainer settings of a one-thread CPU run.
 SMALL_VIT = ["model=vit_tiny", "model.embed_dim=96", "model.depth=6", "model.num_heads=3", "model.mlp_ratio=2.0"]
 SMALL_VIT += ["model.drop_path_rate=0.0"]
-CIFAR_JPEGS = ["data=imagefolder", "data.img_size=32", "data.patch_size=4", "data.loader=gpu", "data.num_workers=0"]
+CIFAR_JPEGS = [
+    "data=imagefolder",
+    "data.img_size=32",
+    "data.patch_size=4",
+    "data.loader=resident",
+    "data.num_workers=0",
+]
 CIFAR_JPEGS += ["data.mean=[0.4914,0.4822,0.4465]", "data.std=[0.2470,0.2435,0.2616]", "data.augment.crop=pad"]
 CIFAR_JPEGS += ["data.augment.hflip=true", "data.augment.auto_augment=null", "data.augment.label_smoothing=0.0"]
 CPU_TRAINER = ["trainer.device=cpu", "trainer.compile=false", "trainer.ema=false", "trainer.progress=log"]

@@ -8,7 +8,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from vit.data.augment.spec import AugmentSpec
 from vit.data.errors import DataError
-from vit.data.loading.build import LOADERS
+from vit.data.loading.build import LOADERS, RENAMED_LOADERS
 from vit.data.sources.archive import is_archive
 from vit.data.sources.registry import DATASETS
 from vit.data.sources.splits import parse_holdout
@@ -67,7 +67,7 @@ def check_data(cfg: DictConfig) -> None:
         AugmentSpec.from_config(data.get("augment"))
     except DataError as err:
         raise ConfigError(str(err)) from None
-    require(data.loader in LOADERS, f"data.loader={data.loader!r} must be one of {LOADERS}")
+    require(data.loader in (*LOADERS, *RENAMED_LOADERS), f"data.loader={data.loader!r} must be one of {LOADERS}")
     if data.get("num_workers") is not None:
         require(int(data.num_workers) >= 0, f"data.num_workers={data.num_workers} must be >= 0 or null")
     if data.get("num_classes") is not None:

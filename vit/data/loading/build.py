@@ -1,7 +1,8 @@
 """`build_data(cfg.data)`: datasets, transforms and loaders assembled into one `DataBundle`.
 
 Two loaders, one augmentation. The torch loader decodes and crops in CPU workers and hands uint8 batches to the
-device; the GPU-resident loader keeps the decoded split on the device. Either way a batch then goes through the
+device; the resident loader (data.loader=resident) keeps the decoded split on the training device, a GPU's or
+the host's. Either way a batch then goes through the
 same `BatchAugment` (vit/data/augment/batch.py) on the device, so a config means the same augmented images on both.
 """
 
@@ -20,7 +21,7 @@ from vit.data.declared import complete
 from vit.data.errors import DataError
 from vit.data.loading.bundle import DataBundle
 from vit.data.loading.decoded_cache import cached_split
-from vit.data.loading.gpu_loader import GpuLoader
+from vit.data.loading.resident import ResidentLoader
 from vit.data.loading.stream import build_stream_data
 from vit.data.loading.torch_loader import DeviceBatches, Transformed, torch_loader
 from vit.data.resources import available_memory, cache_folder, num_workers
@@ -29,7 +30,23 @@ from vit.data.sources.splits import Splits
 
 log = logging.getLogger(__name__)
 
-LOADERS = ("auto", "torch", "gpu")
+LOADERS = ("auto", "torch", "resident")
+# Former names still accepted, with a one-line notice: the resident loader was called "gpu", though it runs on
+# any device (a CPU run's auto picks it too).
+RENAMED_LOADERS = {"gpu": "resident"}
+
+
+def loader_choice(cfg: Mapping) -> str:
+    """data.loader as one of LOADERS (a former name mapped to today's, with a one-line notice)."""
+    kind = cfg.get("loader", "auto")
+    if kind in RENAMED_LOADERS:
+        log.warning(
+            "data.loader=%s is now data.loader=%s (the same loader); %s still works", kind, RENAMED_LOADERS[kind], kind
+        )
+        return RENAMED_LOADERS[kind]
+    if kind not in LOADERS:
+        raise DataError(f"data.loader={kind!r} must be one of {LOADERS}")
+    return kind
 
 
 def _in_memory_fits(splits: Splits, img_size: int, device: torch.device) -> tuple[bool, str]:
@@ -54,20 +71,20 @@ def _in_memory_fits(splits: Splits, img_size: int, device: torch.device) -> tupl
 
 
 def decoded_cache_dir(cfg: Mapping, splits: Splits) -> Path:
-    """Where the GPU loader keeps decoded splits (vit/data/resources.py's rule, beside the folder holding train/
+    """Where the resident loader keeps decoded splits (vit/data/resources.py's rule, beside the folder holding train/
     or the CIFAR root)."""
     return cache_folder(cfg, splits.root, "decoded")
 
 
 def choose_loader(cfg: Mapping, splits: Splits, device: torch.device) -> tuple[str, str]:
-    """("torch" or "gpu", why): data.loader=gpu|torch as asked; auto: the decoded in-memory loader (the
-    GPU-resident loader's code, on the training device) when the decoded splits fit (`_in_memory_fits`), on CUDA
-    and on a CPU alike, else the torch loader."""
-    kind = cfg.loader
+    """("torch" or "resident", why): data.loader=resident|torch as asked; auto: the resident loader (the decoded
+    splits in the training device's memory) when they fit (`_in_memory_fits`), on CUDA and on a CPU alike, else
+    the torch loader."""
+    kind = loader_choice(cfg)
     if kind != "auto":
         return kind, f"data.loader={kind}"
     fits, why = _in_memory_fits(splits, int(cfg["img_size"]), device)
-    return ("gpu" if fits else "torch"), f"data.loader=auto: {why}"
+    return ("resident" if fits else "torch"), f"data.loader=auto: {why}"
 
 
 def build_data(
@@ -81,8 +98,7 @@ def build_data(
     spec = AugmentSpec.from_config(cfg.get("augment"))
     img_size = int(cfg["img_size"])
     device = torch.device(device)
-    if cfg.loader not in LOADERS:
-        raise DataError(f"data.loader={cfg.get('loader')!r} must be one of {LOADERS}")
+    cfg.loader = loader_choice(cfg)
     if dataset_source(cfg.get("name")).streams:  # tar shards: no splits to hold in memory (stream.py)
         mean, std = mean_std(cfg)
         common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
@@ -95,9 +111,8 @@ def build_data(
     mean, std = mean_std(cfg)
     kind, reason = choose_loader(cfg, splits, device)
     log.info("loader: %s (%s)", kind, reason)
-    # data.loader=gpu is allowed on a CPU too (tests, debugging): the same batched code runs there.
     common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
-    build = _gpu_loaders if kind == "gpu" else _torch_loaders
+    build = _resident_loaders if kind == "resident" else _torch_loaders
     train_loader, val_loader, test_loader, sampler = build(cfg, splits, spec, mean, std, **common)
     if len(train_loader) == 0:
         raise DataError(
@@ -143,8 +158,8 @@ def _torch_loaders(cfg, splits, spec, mean, std, *, device, seed, rank, world_si
     return *loaders, sampler
 
 
-def _gpu_loaders(cfg, splits, spec, mean, std, *, device, seed, rank, world_size, batch_size):
-    """GPU-resident loaders over decoded uint8 splits."""
+def _resident_loaders(cfg, splits, spec, mean, std, *, device, seed, rank, world_size, batch_size):
+    """Resident loaders over decoded uint8 splits, on the training device."""
     img_size = int(cfg["img_size"])
     arrays = []
     parts = [(True, splits.train, splits.train_array), (False, splits.val, splits.val_array)]
@@ -159,7 +174,7 @@ def _gpu_loaders(cfg, splits, spec, mean, std, *, device, seed, rank, world_size
     train_aug = BatchAugment(spec, mean, std, img_size, train=True)
     val_aug = BatchAugment(spec, mean, std, img_size, train=False)
     repeats = int(cfg.get("repeated_aug") or 1)
-    train_loader = GpuLoader(*arrays[0], train_aug, train=True, repeats=repeats, **common)
-    val_loader = GpuLoader(*arrays[1], val_aug, train=False, **common)
-    test_loader = GpuLoader(*arrays[2], val_aug, train=False, **common) if len(arrays) > 2 else None
+    train_loader = ResidentLoader(*arrays[0], train_aug, train=True, repeats=repeats, **common)
+    val_loader = ResidentLoader(*arrays[1], val_aug, train=False, **common)
+    test_loader = ResidentLoader(*arrays[2], val_aug, train=False, **common) if len(arrays) > 2 else None
     return train_loader, val_loader, test_loader, None

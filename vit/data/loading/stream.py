@@ -269,9 +269,9 @@ class StreamLoader:
 
 def _settings(cfg) -> tuple[str, int, int | None]:
     """(on_bad_image, shuffle_buffer, epoch_samples), after refusing what this loader cannot do."""
-    if cfg.loader == "gpu":
+    if cfg.loader == "resident":
         raise DataError(
-            "data.loader=gpu cannot read data=webdataset (shards stream through CPU loader workers): use "
+            "data.loader=resident cannot read data=webdataset (shards stream through CPU loader workers): use "
             "data.loader=auto or data.loader=torch"
         )
     if cfg.get("holdout") is not None:

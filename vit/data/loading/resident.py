@@ -1,5 +1,6 @@
-"""A loader for datasets that fit in GPU memory: the split lives on the device as uint8, and whole batches are
-augmented there, so no CPU worker sits between the GPU and its next batch.
+"""The resident loader (data.loader=resident), for datasets that fit in the training device's memory: the split
+lives on the device as uint8 and whole batches are augmented there, so on a GPU no CPU worker sits between it and
+its next batch, and on a CPU no JPEG is decoded twice.
 
 Per epoch: the shared training permutation (vit/data/loading/sampling.py, the torch loader's too); per batch of B
 images, uint8 (B, 3, H, W) gathered on the device and handed to `BatchAugment` (vit/data/augment/batch.py: crop,
@@ -7,7 +8,8 @@ flip, policy, normalisation, erasing), the stage the torch loader's batches go t
 The decoded split comes from vit/data/loading/decoded_cache.py (decoded once, cached on disk as .npy, reused across
 runs).
 
-It also runs with device="cpu" (tests, debugging): the same ops, only slower.
+On a CPU it is the same code with the host's memory as the device's (data.loader=auto picks it there when the
+decoded split fits).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from vit.data.augment.batch import BatchAugment
 from vit.data.loading.sampling import epoch_order, evaluation_order
 
 
-class GpuLoader:
+class ResidentLoader:
     """Iterable of (images float32 (B, 3, H, W) normalised, targets int64 (B,)) on `device`.
 
     Train: the epoch's permutation (from seed and epoch; `set_epoch` or one full pass advances it), every batch
