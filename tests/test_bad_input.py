@@ -13,9 +13,10 @@ from omegaconf import OmegaConf
 from trainer_utils import QUICK, QUICK_SYNTHETIC, REPO, compose_config, run_cli
 
 from vit.cli.train import check_override_keys
-from vit.engine.build import build_mae_from_config, build_model_from_config, is_mae
+from vit.engine.build import build_model_from_config
 from vit.engine.config_types import NUMBER_LISTS, NUMERIC_KEYS
 from vit.engine.files import atomic_save
+from vit.engine.tasks import task_of
 from vit.engine.weights import CheckpointError, load_checkpoint
 from vit.errors import ConfigError
 from vit.train import run
@@ -202,10 +203,7 @@ def check(overrides: list[str]) -> None:
     """What run() checks before any data is read: the config, then the model it builds."""
     cfg = compose_config(["data=synthetic", *overrides])
     validate(cfg)
-    if is_mae(cfg):
-        build_mae_from_config(cfg.model, cfg.mae)
-    else:
-        build_model_from_config(cfg.model, num_classes=10)
+    task_of(cfg).build_model(cfg, num_classes=10)
 
 
 @pytest.mark.parametrize("key", sorted(RANGE_CASES))

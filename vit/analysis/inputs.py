@@ -17,7 +17,7 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 def load_model(checkpoint: str | Path, use_ema: bool = False) -> tuple[nn.Module, dict, dict[str, int]]:
     """Model (eval mode, fp32), resolved config and class map of a trainer checkpoint; of a task=mae run, its
     masked autoencoder (vit/models/mae.py). `use_ema`: its EMA weights, which it must hold."""
-    from vit.engine.build import build_mae_from_config, build_model_from_config, is_mae
+    from vit.engine.tasks import task_of
     from vit.engine.weights import CheckpointError, read_weights
     from vit.models.fit import PretrainedError
 
@@ -31,10 +31,7 @@ def load_model(checkpoint: str | Path, use_ema: bool = False) -> tuple[nn.Module
     if config is None or "model" not in config:
         raise CheckpointError(f"checkpoint {str(checkpoint)!r} holds no model config: not a checkpoint of this trainer")
     classes = weights.class_to_idx or {}
-    if is_mae(config):
-        model = build_mae_from_config(OmegaConf.create(config["model"]), OmegaConf.create(config["mae"]))
-    else:
-        model = build_model_from_config(OmegaConf.create(config["model"]), num_classes=len(classes) or None)
+    model = task_of(config).build_model(OmegaConf.create(config), num_classes=len(classes) or None)
     model.load_state_dict({k: v.float() for k, v in weights.state_dict.items()})
     return model.eval(), config, classes
 

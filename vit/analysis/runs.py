@@ -56,8 +56,11 @@ class RunRecord:
 
     @property
     def final_recon_loss(self) -> float | None:
-        """A masked-autoencoder pretraining run (task=mae) has no top-1: its validation reconstruction loss."""
-        return (self.metrics.get("final") or {}).get("val_loss") if self.metrics.get("task") == "mae" else None
+        """A pretraining run (task=mae) has no top-1: its validation reconstruction loss (its task's score)."""
+        from vit.engine.tasks import TASKS
+
+        task = TASKS.get(self.metrics.get("task") or "classify")
+        return None if task is None or task.classifier else (self.metrics.get("final") or {}).get(task.score)
 
 
 NULLS = ("null", "None", "~", "")

@@ -104,13 +104,15 @@ def build_model(
     """The model for the weights read from `given`: a checkpoint of ours builds the model its config describes;
     other weights need `model_name`, built with the registry's defaults, `overrides`, the weights' class count and
     `img_size` (else the preprocessing's), then loaded through the model.pretrained source checks."""
-    from vit.engine.build import is_mae
+    from vit.engine.tasks import task_of
     from vit.engine.weights import load_pretrained
     from vit.models import create_model, list_models
 
-    if found.config is not None and is_mae(found.config):
+    if found.config is not None and not task_of(found.config).classifier:
+        task = task_of(found.config).name
         raise WeightsError(
-            f"checkpoint {given!r} is a masked-autoencoder pretraining run (task=mae) and has no classifier: "
+            f"checkpoint {given!r} is a {'masked-autoencoder ' if task == 'mae' else ''}pretraining run (task={task}) "
+            "and has no classifier: "
             f"fine-tune it first (train.py model.pretrained={given} ...)"
         )
     if found.config is not None:  # ours: the config inside builds the model

@@ -139,7 +139,3 @@ def build_mae_from_config(model_cfg: Mapping, mae_cfg: Mapping) -> nn.Module:
         return create_mae(str(model_cfg.get("name")), {k: mae_cfg[k] for k in MAE_KEYS}, **kwargs)
     except ValueError as err:
         raise ConfigError(f"task=mae: model.{err}") from err
-
-
-def is_mae(cfg: Mapping) -> bool:
-    return cfg.get("task", "classify") == "mae"

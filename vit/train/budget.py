@@ -449,7 +449,7 @@ def attach_budget(run) -> Budget | None:
     schedule = getattr(step.scheduler, "lr", step.scheduler)
     val_loader, test_loader = bundle.val_loader, bundle.test_loader
     limit = trainer.limit_val_batches
-    tests = test_loader is not None and run.trial is None and not run.masked_pretraining
+    tests = test_loader is not None and run.trial is None and run.task.classifier
     shape = RunShape(
         budget_s=trainer.budget,
         steps_per_epoch=max(1, math.ceil(run.batches_per_epoch() / trainer.accum_steps)),
@@ -459,7 +459,7 @@ def attach_budget(run) -> Budget | None:
         val_batches=min(len(val_loader), limit) if limit else len(val_loader),
         test_batches=(min(len(test_loader), limit) if limit else len(test_loader)) if tests else 0,
         eval_passes=2 if step.ema is not None else 1,
-        flip=trainer.eval_flip and not run.masked_pretraining,
+        flip=trainer.eval_flip and run.task.classifier,
         images_per_step=int(run.cfg.data.batch_size) * trainer.accum_steps * run.dist.world_size,
         loader_workers=int(bundle.train_workers or 0),
     )

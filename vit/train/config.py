@@ -12,9 +12,9 @@ from vit.data.loading.build import LOADERS, RENAMED_LOADERS
 from vit.data.sources.archive import is_archive
 from vit.data.sources.registry import DATASETS
 from vit.data.sources.splits import parse_holdout
-from vit.engine.build import MAE_KEYS, is_mae
 from vit.engine.config_types import check_types
 from vit.engine.device import AMP_MODES, resolve_device
+from vit.engine.tasks import CONFIG_TASKS, task_of
 from vit.engine.weights import names_a_source
 from vit.errors import ConfigError, require
 from vit.train.budget import parse_budget
@@ -25,7 +25,6 @@ PROGRESS = ("auto", "bar", "log")
 COMPILE_SCOPES = ("model", "blocks")
 SCHEDULES = ("cosine", "constant")
 DISTILL_TYPES = ("none", "hard", "soft")
-TASKS = ("classify", "mae")
 
 
 def validate(cfg: DictConfig) -> None:
@@ -73,7 +72,7 @@ def check_data(cfg: DictConfig) -> None:
     if data.get("num_classes") is not None:
         require(int(data.num_classes) >= 1, f"data.num_classes={data.num_classes} must be >= 1 or null")
     model_classes = cfg.model.get("num_classes")
-    if model_classes is not None and data.get("num_classes") is not None and not is_mae(cfg):
+    if model_classes is not None and data.get("num_classes") is not None and task_of(cfg).classifier:
         # Fewer outputs than classes: the loss would fail on the first label the head has no output for.
         require(
             int(model_classes) >= int(data.num_classes),
@@ -94,65 +93,11 @@ def check_data(cfg: DictConfig) -> None:
 
 
 def check_task(cfg: DictConfig) -> None:
-    """`task`: classify or mae. Masked-autoencoder pretraining reads no labels and has no head, so the settings
-    that act on labels or on a head are refused by name rather than ignored."""
+    """`task`: classify or mae; then the task's own checks (vit/engine/tasks/): settings that act on labels or a
+    head are refused by name with task=mae rather than ignored, mae.* settings without it."""
     task = cfg.get("task", "classify")
-    require(task in TASKS, f"task={task!r} must be one of {TASKS}")
-    if task != "mae":
-        require(cfg.get("mae") is None, "mae.* settings are given but task=classify: add task=mae to pretrain")
-        require(
-            not cfg.data.get("unlabelled"),
-            "data.unlabelled=true reads no labels, which a classifier needs: it is for task=mae",
-        )
-        return
-    mae = cfg.get("mae")
-    require(mae is not None, "task=mae needs the mae.* settings: select it with task=mae (configs/task/mae.yaml)")
-    missing = [k for k in MAE_KEYS if mae.get(k) is None]
-    require(not missing, f"mae.{missing[0] if missing else ''} is not set (task=mae needs {', '.join(MAE_KEYS)})")
-    ratio = float(mae.mask_ratio)
-    require(0.0 < ratio < 1.0, f"mae.mask_ratio={mae.mask_ratio} must be in (0, 1)")
-    for key in ("decoder_embed_dim", "decoder_depth", "decoder_num_heads"):
-        require(int(mae[key]) >= 1, f"mae.{key}={mae[key]} must be >= 1")
-    require(
-        int(mae.decoder_embed_dim) % int(mae.decoder_num_heads) == 0,
-        f"mae.decoder_num_heads={mae.decoder_num_heads} must divide mae.decoder_embed_dim={mae.decoder_embed_dim}",
-    )
-    model, augment = cfg.model, cfg.data.get("augment") or {}
-    name = str(model.get("name"))
-    require(
-        not name.startswith("t2t"),
-        f"task=mae: model.name={name!r} is a T2T-ViT, whose soft split has no patches to hide; use a ViT config",
-    )
-    pos = model.get("pos_embed")
-    require(
-        pos not in ("rope", "rope_mixed"),
-        f"task=mae: model.pos_embed={pos!r} is not supported: the masked encoder adds a position table to the "
-        "patches it keeps (sincos2d, learned or sinusoidal)",
-    )
-    require(
-        model.get("global_pool", "token") == "token",
-        f"task=mae: model.global_pool={model.get('global_pool')!r}: the pretrained encoder ends in its norm and has "
-        "no head; choose the pooling when fine-tuning",
-    )
-    for key in ("mixup_alpha", "cutmix_alpha", "label_smoothing"):
-        value = augment.get(key) or 0.0
-        require(float(value) == 0.0, f"task=mae reads no labels: data.augment.{key}={value} must be 0")
-    dcfg = cfg.get("distill") or {}
-    require(
-        dcfg.get("type", "none") == "none", f"task=mae has no classifier to distil: distill.type={dcfg.get('type')}"
-    )
-    require(not cfg.trainer.get("eval_flip"), "task=mae evaluates the reconstruction: trainer.eval_flip=true is unused")
-    attn_every = cfg.trainer.get("attn_maps_every_n_epochs") or 0
-    require(
-        int(attn_every) == 0,
-        f"task=mae: trainer.attn_maps_every_n_epochs={attn_every} must be 0 (the masked encoder has no whole-image "
-        "attention to draw; trainer.recon_images_every_n_epochs draws its reconstructions)",
-    )
-    resize = cfg.trainer.get("progressive_resize") or {}
-    require(
-        resize.get("min_size") is None,
-        "task=mae: trainer.progressive_resize is not supported (the decoder's table is built for one size)",
-    )
+    require(task in CONFIG_TASKS, f"task={task!r} must be one of {CONFIG_TASKS}")
+    task_of(cfg).check(cfg)
 
 
 # Keys of optim.kwargs that are not the optimizer's: the settings optim.* has a key for, and the parameter grouping

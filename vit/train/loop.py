@@ -17,6 +17,8 @@ from torch import nn
 
 from vit.engine.device import Precision
 from vit.engine.distributed import Distributed
+from vit.engine.tasks import Task
+from vit.engine.tasks.classify import Classify
 from vit.errors import CheckFailed
 from vit.train.progressive import resize_batch
 
@@ -41,10 +43,9 @@ class StepSettings:
     max_bad_steps: int = 5
     dist: Distributed = field(default_factory=Distributed)
     ddp: nn.Module | None = None  # the DistributedDataParallel wrapper, for `no_sync` while accumulating
-    distill: object | None = None  # vit/train/distill.py's Distiller: the loss with a teacher or distillation token
     stop_requested: Callable[[], bool] = field(default=lambda: False)
     compiled: bool = False  # whether torch.compile is on (reported in metrics.json)
-    masked_pretraining: bool = False  # task=mae: the model returns (loss, pred, mask) and no label is read
+    task: Task = field(default_factory=Classify)  # what the run trains for: its loss (vit/engine/tasks/)
     budget: object | None = None  # trainer.budget (vit/train/budget.py): plans the steps, ends the run on the last
 
     @property
@@ -209,15 +210,8 @@ def forward_backward(
     if settings.mixup_fn is not None:
         images, targets = settings.mixup_fn(images, targets)  # soft targets (B, classes)
     with sync_context(settings, last_micro_step):
-        with autocast(settings):  # the teacher (settings.distill) runs in it too, on the same mixed images
-            if settings.masked_pretraining:  # the masked autoencoder's loss on the hidden patches
-                loss = settings.train_model(images)[0]
-            else:
-                outputs = settings.train_model(images)
-                if settings.distill is None:
-                    loss = settings.criterion(outputs, targets)
-                else:
-                    loss = settings.distill.loss(images, outputs, targets)
+        with autocast(settings):
+            loss = settings.task.loss(settings.train_model, images, targets, settings.criterion)
         scaled = loss / settings.accum_steps
         (settings.scaler.scale(scaled) if settings.scaler is not None else scaled).backward()
     loss = loss.detach()
@@ -239,8 +233,7 @@ def window_values(settings: StepSettings, state: StepState, window: Window) -> d
         "train/grad_norm": (window.grad / max(1, window.optimizer_steps)).item(),
         "train/img_per_s": global_images / max(time.perf_counter() - window.start, 1e-9),
     }
-    if settings.distill is not None:  # the label and distillation terms of the loss
-        values.update(settings.distill.log_values())
+    values.update(settings.task.log_values())  # distillation: the label and distillation terms
     return values
 
 

@@ -17,7 +17,6 @@ from timm.scheduler.scheduler import Scheduler
 from timm.utils import ModelEmaV3
 from torch import nn
 
-from vit.engine.build import is_mae
 from vit.engine.compile import compile_blocks
 from vit.engine.device import announce, choose_precision
 from vit.engine.distributed import Distributed
@@ -301,9 +300,8 @@ def build_optimisation(
         max_bad_steps=trainer.max_bad_steps,
         dist=dist,
         ddp=ddp,
-        distill=parts.distiller,
         compiled=use_compile,
-        masked_pretraining=is_mae(cfg),
+        task=parts.task,
     )
 
 

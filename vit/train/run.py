@@ -25,11 +25,11 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from vit.engine.build import is_mae
 from vit.engine.device import resolve_device
 from vit.engine.distributed import Distributed, setup_distributed
 from vit.engine.files import atomic_write_text, check_run_dir
 from vit.engine.provenance import provenance
+from vit.engine.tasks import task_of
 from vit.errors import ConfigError
 from vit.train.budget import attach_budget, duration
 from vit.train.checkpoints import Checkpointer, Progress, resume, rng_state, set_rng_state
@@ -143,7 +143,7 @@ def build_run(
         trainer.progress,
         enabled=dist.is_main,
         attn_every=trainer.attn_maps_every_n_epochs,  # 0 with task=mae (vit/train/config.py refuses any other)
-        recon_every=trainer.recon_images_every_n_epochs if is_mae(cfg) else 0,  # a classifier has no decoder
+        recon_every=trainer.recon_images_every_n_epochs if task_of(cfg).reconstructs else 0,
     )
     stop = StopSignal()
     step.stop_requested = stop.requested
@@ -335,7 +335,7 @@ def finish(run: Run, teacher: dict | None) -> dict:
     finished = run.finished()
     if bundle.test_loader is not None and finished and run.trial is not None:
         log.info("a search trial does not read the %s split: the search chooses on the holdout", bundle.test_name)
-    elif bundle.test_loader is not None and finished and not run.masked_pretraining:  # no labels to test
+    elif bundle.test_loader is not None and finished and run.task.classifier:  # a test needs labels
         # data.holdout: epochs and settings are chosen on the holdout; the test split is looked at once, here.
         test = final_test(run)
         metrics["test"] = test
@@ -361,7 +361,7 @@ def finish(run: Run, teacher: dict | None) -> dict:
         log.info("first step (compilation included): %.1f s", state.first_step_seconds)
     if run.dist.is_main:
         atomic_write_text(json.dumps(metrics, indent=2), run.run_dir / "metrics.json")  # a failed write keeps the old
-        score = "val_loss" if run.masked_pretraining else "val_top1"  # a pretraining run has no top-1
+        score = run.task.score
         final, best = metrics["final"].get(score) or 0.0, metrics["best"][score] or 0.0
         report.hparams(flat_hparams(run.parts.resolved), {score: final, f"best_{score}": best})
     return metrics

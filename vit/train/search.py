@@ -15,7 +15,7 @@ import math
 
 from omegaconf import DictConfig
 
-from vit.engine.build import is_mae
+from vit.engine.tasks import task_of
 from vit.errors import ConfigError
 
 log = logging.getLogger("vit.train")
@@ -33,15 +33,17 @@ METRICS = {
 
 
 def optimized_metric(cfg: DictConfig) -> str:
-    """`optimized_metric`, checked: null is val_top1 (val_loss with task=mae, which has no top-1)."""
+    """`optimized_metric`, checked: null is the task's score (val_top1; val_loss with task=mae, which has no
+    top-1)."""
     name = cfg.get("optimized_metric")
+    task = task_of(cfg)
     if name is None:
-        return "val_loss" if is_mae(cfg) else "val_top1"
+        return task.score
     if name not in METRICS:
         raise ConfigError(f"optimized_metric={name!r} is not a score a run measures; known: {', '.join(METRICS)}")
     result, key, _ = METRICS[name]
-    if is_mae(cfg) and key != "loss":
-        raise ConfigError(f"optimized_metric={name} needs labels; task=mae measures only the loss (val_loss)")
+    if not task.classifier and key != "loss":
+        raise ConfigError(f"optimized_metric={name} needs labels; task={task.name} measures only the loss (val_loss)")
     if result == "val_ema" and not cfg.trainer.ema:
         raise ConfigError(f"optimized_metric={name} is the EMA's score, but trainer.ema=false")
     return name

@@ -17,10 +17,10 @@ from torch import nn
 
 from vit.data import DataBundle, build_data
 from vit.data.resources import available_cpus
-from vit.engine.build import build_mae_from_config, build_model_from_config, is_mae, pretrained_architecture
+from vit.engine.build import pretrained_architecture
 from vit.engine.device import resolve_device
 from vit.engine.distributed import Distributed
-from vit.engine.evaluation import evaluate, evaluate_reconstruction
+from vit.engine.tasks import Task, task_of
 from vit.errors import ConfigError
 from vit.models import Complexity, complexity
 from vit.train.checkpoints import Checkpointer, Progress, find_resume_checkpoint
@@ -77,6 +77,7 @@ class ModelAndData:
     model: nn.Module  # on the device; the module whose weights the checkpoints hold
     bundle: DataBundle
     distiller: object | None  # vit/train/distill.py's Distiller, with or without a teacher
+    task: Task  # what the run trains for (vit/engine/tasks/): its model, loss, evaluation and score
     cost: Complexity
     resume_path: Path | None
     resize: ResizeSchedule | None  # trainer.progressive_resize
@@ -120,8 +121,8 @@ class Run:
         return self.parts.bundle
 
     @property
-    def masked_pretraining(self) -> bool:
-        return self.step.masked_pretraining
+    def task(self) -> Task:
+        return self.step.task
 
     @property
     def budget(self):
@@ -148,10 +149,8 @@ class Run:
         top-5 and loss (with trainer.eval_flip, over each image and its mirror), or with task=mae the
         reconstruction loss on fixed masks; trainer.limit_val_batches caps the batches, torchrun's ranks share them."""
         model = self.step.ema.module if ema else self.model
-        args = (model, loader, self.device, self.step.amp_dtype, self.trainer.limit_val_batches)
-        if self.masked_pretraining:
-            return evaluate_reconstruction(*args, dist=self.dist)
-        return evaluate(*args, dist=self.dist, flip=self.trainer.eval_flip)
+        args = (model, loader, self.device, self.step.amp_dtype, self.trainer.limit_val_batches, self.dist)
+        return self.task.evaluate(*args, flip=self.trainer.eval_flip)
 
 
 def build_model_and_data(
@@ -169,10 +168,8 @@ def build_model_and_data(
     num_classes_cfg = cfg.model.get("num_classes")
     resize = resize_schedule(trainer.progressive_resize, cfg.data.img_size, cfg.model.get("patch_size") or 1)
     dynamic = resize is not None  # progressive resizing: the ViT takes the smaller images too
-    if is_mae(cfg):  # task=mae: the masked autoencoder around the configured encoder; no head, no labels
-        model = build_mae_from_config(cfg.model, cfg.mae)
-    else:
-        model = build_model_from_config(cfg.model, num_classes=num_classes_cfg or 1000, dynamic_img_size=dynamic)
+    task = task_of(cfg)
+    model = task.build_model(cfg, num_classes=num_classes_cfg or 1000, dynamic_img_size=dynamic)
     # model.pretrained: read and checked against this model before any data is read. A resumed run continues from
     # its own checkpoint and does not read them again.
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -189,27 +186,27 @@ def build_model_and_data(
     if loader_wrapper is not None:
         bundle.train_loader = loader_wrapper(bundle.train_loader)
     rebuild = num_classes_cfg is None and getattr(model, "num_classes", None) != bundle.num_classes
-    if rebuild and not is_mae(cfg):
+    if rebuild and task.classifier:
         seed_everything(seed)
-        model = build_model_from_config(
-            cfg.model, num_classes=bundle.num_classes, dynamic_img_size=dynamic, announce=False
-        )
+        model = task.build_model(cfg, num_classes=bundle.num_classes, dynamic_img_size=dynamic, announce=False)
     if pretrained is not None:
         load_pretrained_weights(model, pretrained, bundle.class_to_idx)
     freeze(model, cfg.model.get("freeze"))  # frozen parameters get no optimizer state and no weight decay
     use_grad_checkpointing(model, trainer.grad_checkpointing)
     model = model.to(device)
     distiller = build_distiller(cfg.get("distill") or {}, teacher, model, bundle, int(cfg.data.img_size), device)
+    if distiller is not None:  # the distill task's loss is the distiller's
+        task.attach(distiller)
     cost = complexity(model)
     log.info("%s: %.2f M params, %.3f GMACs per image", cfg.model.name, cost.params / 1e6, cost.macs / 1e9)
-    return ModelAndData(resolved, model, bundle, distiller, cost, resume_path, resize, *threads)
+    return ModelAndData(resolved, model, bundle, distiller, task, cost, resume_path, resize, *threads)
 
 
 def use_timm_normalisation(cfg: DictConfig) -> None:
     """model.pretrained=timm:<name> with data.mean and data.std null: the data are normalised as timm's weights
     were trained (its pretrained_cfg: SigLIP's 0.5 / 0.5, CLIP's own, ImageNet's), said in one line. Set before the
     run's config is resolved, so checkpoints, evaluation and resume see the same values."""
-    arch = None if is_mae(cfg) else pretrained_architecture(cfg.model)
+    arch = pretrained_architecture(cfg.model) if task_of(cfg).classifier else None
     if arch is None or cfg.data.get("mean") is not None or cfg.data.get("std") is not None:
         return
     cfg.data.mean, cfg.data.std = list(arch.mean), list(arch.std)
