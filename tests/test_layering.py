@@ -105,3 +105,17 @@ def test_no_layer_below_the_command_line_may_import_it():
     below = [layer for layer in ABOVE if layer != "vit.cli"]
     assert set(below) >= {"vit.models", "vit.data", "vit.engine", "vit.train", "vit.deploy", "vit.analysis"}
     assert all("vit.cli" in ABOVE[layer] for layer in below)
+
+
+MAX_FUNCTION_LINES = 70  # a function a reader takes in at once; a longer one is split where its steps part
+
+
+def test_no_function_is_longer_than_its_limit():
+    long = []
+    for path in sorted(VIT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(VIT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, long

@@ -132,8 +132,37 @@ def class_indices(names: list[str] | None, outputs: int, data_classes: list[str]
     return None if indices == list(range(outputs)) else indices
 
 
-def evaluate_weights(argv: list[str]) -> dict:
+def for_this_machine(data_cfg, given: list[str]) -> None:
+    """A checkpoint's data config, as this evaluation runs it: this machine's worker count, and every image of
+    the split (the run's data.limit_val_samples served its per-epoch evaluations; said in one line), unless this
+    command sets them."""
+    if not any(o.startswith("num_workers=") for o in given):
+        data_cfg.num_workers = None
+    carried_limit = data_cfg.get("limit_val_samples")
+    if carried_limit is not None and not any(o.startswith("limit_val_samples=") for o in given):
+        data_cfg.limit_val_samples = None
+        print(
+            f"data.limit_val_samples={carried_limit} of the checkpoint's training config is not applied: every "
+            "image of the split is evaluated (data.limit_val_samples=<n> on this command limits it)",
+            file=sys.stderr,
+        )
+
+
+def evaluation_loader(split, pre, data_cfg, batch_size: int, device: torch.device) -> DataLoader:
+    """The split through the preprocessing, its batches drawn across every class (so limit_batches sees them all),
+    with this machine's workers (at most 8) unless the data config names a count."""
     from vit.data.loading.torch_loader import ShardSampler, Transformed, class_balanced_order
+
+    workers = data_cfg.get("num_workers")
+    workers = min(8, os.cpu_count() or 1) if workers is None else int(workers)
+    dataset = Transformed(split, pre.transform())
+    sampler = ShardSampler(len(dataset), order=class_balanced_order(dataset))
+    return DataLoader(
+        dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=device.type == "cuda"
+    )
+
+
+def evaluate_weights(argv: list[str]) -> dict:
     from vit.data.sources.registry import build_splits
     from vit.engine.device import AMP_MODES, announce, choose_precision, resolve_device
     from vit.engine.evaluation import evaluate
@@ -142,19 +171,8 @@ def evaluate_weights(argv: list[str]) -> dict:
     if options.get("amp", "auto") not in AMP_MODES:
         raise UsageError(f"amp={options.get('amp')!r} must be one of {AMP_MODES}")
     weights, pre, data_cfg = resolve(options)
-    if weights.config is not None and not any(o.startswith("num_workers=") for o in options.data):
-        data_cfg.num_workers = None  # this machine's default, not the training machine's worker count
-    carried_limit = data_cfg.get("limit_val_samples")
-    if weights.config is not None and carried_limit is not None:
-        if not any(o.startswith("limit_val_samples=") for o in options.data):
-            # The run's limit served its training (a quick evaluation per epoch); an evaluation of a dataset
-            # evaluates all of it unless this command limits it.
-            data_cfg.limit_val_samples = None
-            print(
-                f"data.limit_val_samples={carried_limit} of the checkpoint's training config is not applied: every "
-                "image of the split is evaluated (data.limit_val_samples=<n> on this command limits it)",
-                file=sys.stderr,
-            )
+    if weights.config is not None:
+        for_this_machine(data_cfg, options.data)
     batch_size = options.integer("batch_size", int(data_cfg.get("batch_size") or 256))
     device = resolve_device(options.get("device", "auto"))
     flip = options.flag("flip")
@@ -167,16 +185,7 @@ def evaluate_weights(argv: list[str]) -> dict:
     model = weights.model if indices is None else SelectLogits(weights.model, indices)
     model.to(device)
 
-    workers = data_cfg.get("num_workers")
-    workers = min(8, os.cpu_count() or 1) if workers is None else int(workers)
-    dataset = Transformed(splits.val, pre.transform())
-    loader = DataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=ShardSampler(len(dataset), order=class_balanced_order(dataset)),  # limit_batches: every class
-        num_workers=workers,
-        pin_memory=device.type == "cuda",
-    )
+    loader = evaluation_loader(splits.val, pre, data_cfg, batch_size, device)
     trained_with = (weights.config.get("trainer") or {}).get("amp") if weights.config is not None else None
     precision = choose_precision(options.get("amp") or trained_with or "auto", device, weights.model)
     announce(precision)

@@ -248,6 +248,24 @@ def write_checked(
     return worst, checks
 
 
+def write_int8(model, path: Path, fmt: str, batch, images, size: int, atol: float, int8: Int8Request):
+    """The float export written beside `path` and checked against PyTorch, quantized into `path` (kept only
+    within its top-1 bar), the float file removed: (worst diff, checks, the INT8 report)."""
+    entry = check_format(fmt)
+    if not entry.quantizable:
+        quantizable = ", ".join(name for name, e in EXPORT_FORMATS.items() if e.quantizable)
+        raise ExportError(f"quantize={int8.mode} needs format={quantizable}, not format={fmt}")
+    float_path = path.with_name(f".{path.name}.float-{os.getpid()}{entry.suffix}")
+    try:
+        worst, checks = write_checked(model, float_path, fmt, batch, images, size, atol)
+        report = quantize_checked(
+            float_path, path, int8.mode, INPUT_NAME, int8.check, int8.calibration, int8.max_drop, int8.split
+        )
+    finally:
+        float_path.unlink(missing_ok=True)
+    return worst, checks, report
+
+
 def export_model(
     model: nn.Module,
     path: str | Path,
@@ -279,18 +297,7 @@ def export_model(
     if int8 is None:
         worst, checks = write_checked(model, path, fmt, batch, images, size, atol)
     else:
-        if not entry.quantizable:
-            quantizable = ", ".join(name for name, e in EXPORT_FORMATS.items() if e.quantizable)
-            raise ExportError(f"quantize={int8.mode} needs format={quantizable}, not format={fmt}")
-        float_path = path.with_name(f".{path.name}.float-{os.getpid()}{entry.suffix}")
-        try:
-            worst, checks = write_checked(model, float_path, fmt, batch, images, size, atol)
-            report = quantize_checked(
-                float_path, path, int8.mode, INPUT_NAME, int8.check, int8.calibration, int8.max_drop, int8.split
-            )
-        finally:
-            float_path.unlink(missing_ok=True)
-
+        worst, checks, report = write_int8(model, path, fmt, batch, images, size, atol, int8)
     names = list(classes) if classes else [str(i) for i in range(int(getattr(model, "num_classes", 0)))]
     meta = {
         "format": fmt,
