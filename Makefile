@@ -13,11 +13,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev,export,data,search]'
 	touch $(STAMP)
 
+# On every core (pytest-xdist), a test file to a worker; each test stays independent of the others' order.
 test: $(STAMP)
-	$(PY) -m pytest -q --durations=30
+	$(PY) -m pytest -q -n auto --dist loadfile --durations=30
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q -m ''
+	$(PY) -m pytest -q -n auto --dist loadfile -m ''
 
 # The GPU tier alone (tests/test_cuda.py): skipped, with the reason, where no CUDA device is.
 test-gpu: $(STAMP)

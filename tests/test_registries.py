@@ -19,6 +19,7 @@ SAME_WORD_OTHER_MEANING = {
     ("vit.data.augment.policies", "cifar10"): "the AutoAugment sub-policies chosen for small images",
     ("vit.train.config", "synthetic"): "the key of the data.synthetic node (num_train, num_val)",
     ("vit.deploy.weights", "imagefolder"): "the data= config evaluation and export compose when none is given",
+    ("vit.cli.cifar_jpegs", "cifar10"): "the folder the CIFAR-10 JPEGs are written into (<out>/cifar10/train/...)",
 }
 
 

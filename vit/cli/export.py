@@ -53,6 +53,7 @@ from vit.deploy.export import (
 )
 from vit.deploy.quantize import CALIBRATION, MAX_DROP, resolve_mode
 from vit.deploy.weights import resolve
+from vit.engine.weights import source_kind
 from vit.errors import UsageError
 
 KNOWN = ("checkpoint", "model", "format", "output", "batch", "ema", "image", "data", "preprocess", "atol")
@@ -169,7 +170,7 @@ def main(argv: list[str]) -> int:
     given = options.get("checkpoint") or options.source
     output = options.get("output")
     if not output:
-        if not given or given.startswith("timm:"):
+        if not given or source_kind(given) != "file":
             raise UsageError("output=<path> is required when the weights are not a local file")
         output = default_output(given, fmt)
         if options.get("quantize"):
