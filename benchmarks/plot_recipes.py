@@ -7,7 +7,7 @@ Finds every finished run below the folders (metrics.json next to .hydra/config.y
 their `experiment=` override (split further by any other override that differs, never by `trainer.seed`), and
 writes into `out=` (default: the folder, when one is given; required with several):
 
-- recipes.md: one row per recipe: model, params, GFLOPs per image, epochs, wall time (mean, min - max), training
+- recipes.md: one row per recipe: model, params, GMACs per image, epochs, wall time (mean, min - max), training
   img/s, test top-1 as mean ± half the min-max range over seeds with each seed's value, and the seed count. The test
   top-1 is the test split evaluated once after training (`test.top1`, with data.holdout); without a holdout the
   last epoch's val top-1, marked †. metrics.json's `best` is never read (see vit/analysis/recipes.py).

@@ -1,13 +1,14 @@
-"""Parameters and FLOPs per component of a configured model, the multiply-adds of each self-attention layer
-(4·N·C² + 2·N²·C for N tokens of width C) beside the measured count, and FLOPs against image size.
+"""Parameters and multiply-adds (GMACs, the training log's unit; 1 MAC = 2 FLOPs) per component of a configured
+model, the multiply-adds of each self-attention layer (4·N·C² + 2·N²·C for N tokens of width C) beside the measured
+count, and multiply-adds against image size.
 
 usage: python scripts/complexity.py [<config override> ...] [out=complexity.png]
 
 Any override train.py takes (`model=`, `data=`, `model.<key>=`, ...) composes the real configs in configs/.
-The formula column is `vit.models.complexity` (each layer's multiply-adds from its token count and width); the measured
-column is `torch.utils.flop_counter` on a forward pass with attention on the math path, so Q·Kᵀ and attn·V are
-real matmuls it can see (the fused SDPA kernel of the CPU is invisible to it). Prints the tables and writes
-`out=` (a PNG of FLOPs against image size).
+The formula column is `vit.models.complexity` (each layer's multiply-adds from its token count and width); the
+measured column is `torch.utils.flop_counter` (FLOPs, halved) on a forward pass with attention on the math path, so
+Q·Kᵀ and attn·V are real matmuls it can see (the fused SDPA kernel of the CPU is invisible to it). Prints the tables and writes
+`out=` (a PNG of GMACs against image size).
 
 Example:
 
@@ -22,7 +23,7 @@ from collections import Counter
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from vit.analysis.plots import flops_vs_size_figure
+from vit.analysis.plots import macs_vs_size_figure
 from vit.cli.args import run_script
 from vit.engine.build import build_model_from_config
 from vit.engine.compose import compose
@@ -64,8 +65,9 @@ def attention_split(model) -> tuple[int, int]:
     return linear, quadratic
 
 
-def measured_flops(model) -> tuple[int, dict[str, int]]:
-    """FLOPs counted by torch on one image: the total and the FLOPs inside each named module."""
+def measured_macs(model) -> tuple[int, dict[str, int]]:
+    """Multiply-adds counted by torch on one image (its FLOPs, halved): the total and those inside each named
+    module."""
     attention = [m for m in model.modules() if isinstance(m, Attention)]
     backends = [m.attn_backend for m in attention]
     for module in attention:
@@ -78,11 +80,11 @@ def measured_flops(model) -> tuple[int, dict[str, int]]:
             module.attn_backend = backend
     prefix = type(model).__name__ + "."
     per_module = {
-        name[len(prefix) :]: sum(ops.values())
+        name[len(prefix) :]: sum(ops.values()) // 2
         for name, ops in counter.get_flop_counts().items()
         if name.startswith(prefix)
     }
-    return counter.get_total_flops(), per_module
+    return counter.get_total_flops() // 2, per_module
 
 
 def component_roots(model) -> dict[str, str]:
@@ -110,7 +112,7 @@ def crossover_size(sizes, linear, quadratic) -> float | None:
 
 
 def component_table(cfg, model, measured_total: int, measured: dict[str, int]) -> None:
-    """Parameters and FLOPs of each component: the formula's count beside torch's."""
+    """Parameters and multiply-adds of each component: the formula's count beside torch's."""
     cost = complexity(model)
     height, width = image_shape(model)
     # Parameters of each component; cls token, position table and norms outside the components go to "other".
@@ -122,25 +124,26 @@ def component_table(cfg, model, measured_total: int, measured: dict[str, int]) -
         measured_by[component] += measured.get(name, 0)
 
     print(
-        f"{cfg.model.name} at {height}x{width} px: {cost.params / 1e6:.3f} M parameters, {cost.flops / 1e9:.4f} GFLOPs"
+        f"{cfg.model.name} at {height}x{width} px: {cost.params / 1e6:.3f} M parameters, {cost.macs / 1e9:.4f} GMACs "
+        "(1 MAC = 2 FLOPs)"
     )
-    print(f"{'component':<16}{'params (M)':>11}{'GFLOPs formula':>16}{'GFLOPs measured':>17}{'share':>8}")
+    print(f"{'component':<16}{'params (M)':>11}{'GMACs formula':>16}{'GMACs measured':>17}{'share':>8}")
     for component, macs in cost.by_component.items():
         print(
-            f"{component:<16}{params.pop(component, 0) / 1e6:>11.3f}{2 * macs / 1e9:>16.4f}"
+            f"{component:<16}{params.pop(component, 0) / 1e6:>11.3f}{macs / 1e9:>16.4f}"
             f"{measured_by[component] / 1e9:>17.4f}{100 * macs / cost.macs:>7.1f}%"
         )
     other = sum(params.values())
     rest = ", ".join(sorted(params)).replace("blocks", "block norms")
     print(f"{'other':<16}{other / 1e6:>11.3f}{'-':>16}{'-':>17}{'':>8}  ({rest})")
-    print(f"{'total':<16}{cost.params / 1e6:>11.3f}{cost.flops / 1e9:>16.4f}{measured_total / 1e9:>17.4f}")
+    print(f"{'total':<16}{cost.params / 1e6:>11.3f}{cost.macs / 1e9:>16.4f}{measured_total / 1e9:>17.4f}")
 
 
 def attention_table(model, measured: dict[str, int]) -> None:
     """The multiply-adds of one self-attention layer, 4·N·C² + 2·N²·C, for each layer shape of the model,
     beside torch's count of those layers."""
     layers = attention_layers(model)
-    print("\nself-attention, 4·N·C² + 2·N²·C multiply-adds per layer (MACs; FLOPs = 2 × MACs):")
+    print("\nself-attention, 4·N·C² + 2·N²·C multiply-adds per layer:")
     for (n, dim, chan), count in Counter((n, d, c) for _, n, d, c in layers).items():
         # A T2T token stage changes the width (dim -> C), so its projections are N·dim·3C + N·C², not 4·N·C².
         shape, linear_name = (f"C={chan}", "4·N·C²") if dim == chan else (f"dim={dim}, C={chan}", "N·dim·3C + N·C²")
@@ -148,20 +151,20 @@ def attention_table(model, measured: dict[str, int]) -> None:
         quadratic = 2 * n * n * chan
         print(
             f"  {count:>2} x N={n}, {shape}: {linear_name} = {linear / 1e6:.3f} M, 2·N²·C = {quadratic / 1e6:.3f} M"
-            f"  -> {2 * count * (linear + quadratic) / 1e9:.4f} GFLOPs"
+            f"  -> {count * (linear + quadratic) / 1e9:.4f} GMACs"
         )
-    formula = sum(2 * (n * d * 3 * c + n * c * c + 2 * n * n * c) for _, n, d, c in layers)
+    formula = sum(n * d * 3 * c + n * c * c + 2 * n * n * c for _, n, d, c in layers)
     counted = sum(measured.get(name, 0) for name, *_ in layers)
-    print(f"  all layers: formula {formula / 1e9:.4f} GFLOPs, measured {counted / 1e9:.4f} GFLOPs")
+    print(f"  all layers: formula {formula / 1e9:.4f} GMACs, measured {counted / 1e9:.4f} GMACs")
 
 
 def size_sweep(cfg, num_classes: int, width: int) -> tuple[list[int], list[int], list[int]]:
-    """(image sides, FLOPs linear in N, FLOPs of the N² attention terms) from half to 8x the configured side."""
+    """(image sides, MACs linear in N, MACs of the N² attention terms) from half to 8x the configured side."""
     patch = int(cfg.model.get("patch_size") or 16)
     sizes = sorted(
         {s for s in (width // 2, width, 2 * width, 3 * width, 4 * width, 6 * width, 8 * width) if s % patch == 0}
     )
-    kept, lin_flops, quad_flops = [], [], []
+    kept, lin_macs, quad_macs = [], [], []
     for size in sizes:
         try:
             sized = build_model_from_config({**cfg.model, "img_size": size}, num_classes=num_classes)
@@ -172,9 +175,9 @@ def size_sweep(cfg, num_classes: int, width: int) -> tuple[list[int], list[int],
         sized = sized.to("meta")
         _, q = attention_split(sized)
         kept.append(size)
-        lin_flops.append(2 * (complexity(sized).macs - q))
-        quad_flops.append(2 * q)
-    return kept, lin_flops, quad_flops
+        lin_macs.append(complexity(sized).macs - q)
+        quad_macs.append(q)
+    return kept, lin_macs, quad_macs
 
 
 def main(argv: list[str]) -> int:
@@ -185,16 +188,16 @@ def main(argv: list[str]) -> int:
     cfg = compose([arg for arg in argv if not arg.startswith("out=")])
     num_classes = cfg.data.num_classes or 1000
     model = build_model_from_config(cfg.model, num_classes=num_classes)
-    measured_total, measured = measured_flops(model)
+    measured_total, measured = measured_macs(model)
     component_table(cfg, model, measured_total, measured)
     attention_table(model, measured)
 
-    kept, lin_flops, quad_flops = size_sweep(cfg, num_classes, image_shape(model)[1])
-    cross = crossover_size(kept, lin_flops, quad_flops)
+    kept, lin_macs, quad_macs = size_sweep(cfg, num_classes, image_shape(model)[1])
+    cross = crossover_size(kept, lin_macs, quad_macs)
     where = f"at about {cross:.0f} px" if cross else f"not within {kept[0]}-{kept[-1]} px"
     print(f"\nthe N² attention term overtakes everything linear in N {where}")
-    title = f"{cfg.model.name}: FLOPs against image size"
-    figure = flops_vs_size_figure(kept, lin_flops, quad_flops, out, title, crossover=cross)
+    title = f"{cfg.model.name}: multiply-adds against image size"
+    figure = macs_vs_size_figure(kept, lin_macs, quad_macs, out, title, crossover=cross)
     print(f"wrote {figure}")
     return 0
 

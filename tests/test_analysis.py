@@ -161,13 +161,13 @@ def test_summary_rows_hold_knobs_cost_and_accuracy(split_sweep):
         "run",
         "model.qk_scale",
         "params (M)",
-        "GFLOPs",
+        "GMACs",
         "img/s",
         "final top-1",
         "best top-1",
         "run s",
     ]
-    assert rows[0] == ["a/0", "null", "5.36", "0.730", "4,321", "62.50", "63.00", "99.4"]
+    assert rows[0] == ["a/0", "null", "5.36", "0.365", "4,321", "62.50", "63.00", "99.4"]
     assert rows[2] == ["b/0", "0.0625", "-", "-", "-", "60.00", "61.00", "-"]
     table = markdown_table(header, rows).splitlines()
     assert len(table) == 2 + 3 and table[2].startswith("| a/0 | null | 5.36 |")
@@ -211,7 +211,7 @@ def test_position_and_complexity_figures(tmp_path):
     sim = position_similarity(torch.randn(1, 1 + 16, 8), (4, 4)).numpy()
     assert_png(plots.pos_embed_similarity_figure([("a", sim), ("b", sim)], tmp_path / "pos.png"))
     sizes = [32, 64, 128, 256]
-    out = plots.flops_vs_size_figure(sizes, [1e9, 4e9, 16e9, 64e9], [1e8, 2e9, 3e10, 5e11], tmp_path / "f.png", "t")
+    out = plots.macs_vs_size_figure(sizes, [1e9, 4e9, 16e9, 64e9], [1e8, 2e9, 3e10, 5e11], tmp_path / "f.png", "t")
     assert_png(out)
 
 

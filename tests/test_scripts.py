@@ -179,9 +179,9 @@ def test_complexity_table_and_figure(tmp_path, capsys):
     # 64 px / patch 8: 65 tokens of width 192 in 2 layers; torch's count on the math path agrees with the formula.
     assert "2 x N=65, C=192: 4·N·C² = 9.585 M, 2·N²·C = 1.622 M" in text
     attention = next(line.split() for line in text.splitlines() if line.startswith("attention"))
-    assert attention[2] == attention[3] == "0.0448"  # GFLOPs: formula, measured
-    formula, measured = [line for line in text.splitlines() if "all layers" in line][0].split(" GFLOPs")[:2]
-    assert formula.split()[-1] == measured.split()[-1] == "0.0448"
+    assert attention[2] == attention[3] == "0.0224"  # GMACs: formula, measured (torch's FLOPs halved)
+    formula, measured = [line for line in text.splitlines() if "all layers" in line][0].split(" GMACs")[:2]
+    assert formula.split()[-1] == measured.split()[-1] == "0.0224"
     # Per layer 2·N²·C against 12·N·C² (projections + MLP), plus the patch embedding's N·C·192 once for both
     # layers: equal at N = 6·C·(1 + 1/24) = 1200 tokens, 34.6 patches of 8 px a side.
     assert "overtakes everything linear in N at about 277 px" in text
@@ -221,7 +221,7 @@ def test_summarize_runs_on_a_real_multirun(tmp_path):
     summarize = load_script("summarize_runs")
     assert run_script(summarize.main, [str(sweep)]) == 0
     table = (sweep / "summary.md").read_text()
-    header = "| run | model.qkv_bias | params (M) | GFLOPs | img/s | final top-1 | best top-1 | run s | start-up s |"
+    header = "| run | model.qkv_bias | params (M) | GMACs | img/s | final top-1 | best top-1 | run s | start-up s |"
     assert header in table
     rows = [line for line in table.splitlines() if line.startswith("| 0 |") or line.startswith("| 1 |")]
     assert rows[0].startswith("| 0 | True |") and rows[1].startswith("| 1 | False |") and len(rows) == 2

@@ -97,23 +97,23 @@ def pos_embed_similarity_figure(panels: list[tuple[str, np.ndarray]], path: Path
     return save(fig, path)
 
 
-def flops_vs_size_figure(
-    sizes, linear_flops, quadratic_flops, path: Path, title: str, crossover: float | None = None
+def macs_vs_size_figure(
+    sizes, linear_macs, quadratic_macs, path: Path, title: str, crossover: float | None = None
 ) -> Path:
-    """FLOPs against image size, split into the terms linear in the token count and the N² attention term;
-    `crossover` (px) marks where the N² term overtakes (default: the first sampled size where it does)."""
+    """Multiply-adds (MACs) against image size, split into the terms linear in the token count and the N² attention
+    term; `crossover` (px) marks where the N² term overtakes (default: the first sampled size where it does)."""
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-    total = [a + b for a, b in zip(linear_flops, quadratic_flops, strict=True)]
+    total = [a + b for a, b in zip(linear_macs, quadratic_macs, strict=True)]
     ax.plot(sizes, np.asarray(total) / 1e9, marker="o", label="total")
-    ax.plot(sizes, np.asarray(linear_flops) / 1e9, marker=".", label="linear in N (projections, MLP, embed)")
-    ax.plot(sizes, np.asarray(quadratic_flops) / 1e9, marker=".", label="N² (Q·Kᵀ and attn·V)")
+    ax.plot(sizes, np.asarray(linear_macs) / 1e9, marker=".", label="linear in N (projections, MLP, embed)")
+    ax.plot(sizes, np.asarray(quadratic_macs) / 1e9, marker=".", label="N² (Q·Kᵀ and attn·V)")
     if crossover is None:
-        pairs = zip(sizes, linear_flops, quadratic_flops, strict=True)
+        pairs = zip(sizes, linear_macs, quadratic_macs, strict=True)
         crossover = next((s for s, a, b in pairs if b >= a), None)
     if crossover is not None:
         ax.axvline(crossover, color="grey", linestyle="--", label=f"N² term takes over at ~{crossover:.0f} px")
     ax.set_xlabel("image size (px)")
-    ax.set_ylabel("GFLOPs per image (forward)")
+    ax.set_ylabel("GMACs per image (forward)")
     ax.set_yscale("log")
     ax.set_title(title)
     ax.grid(alpha=0.3)

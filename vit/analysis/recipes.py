@@ -30,7 +30,8 @@ FALLBACK_MARK = "†"
 
 CAPTION = (
     "test top-1: the final weights on the test split, evaluated once after the last epoch; mean ± half the "
-    "min-max range over the seeds, then each seed's value. GFLOPs: 2 × multiply-adds per image, forward pass. "
+    "min-max range over the seeds, then each seed's value. GMACs: multiply-adds per image, forward pass (the "
+    "training log's unit). "
     "wall s: process start to the end of the final evaluation (mean, and min - max over the seeds). "
     "img/s: training images per second, mean over epochs and seeds."
 )
@@ -211,7 +212,7 @@ def _top1(values: list[float], mark: str) -> str:
 
 def recipe_rows(recipes: list[Recipe]) -> tuple[list[str], list[list[str]]]:
     with_ema = any(r.ema_top1 is not None for recipe in recipes for r in recipe.done)
-    header = ["recipe", "model", "params (M)", "GFLOPs", "epochs", "wall s", "wall s min - max", "img/s"]
+    header = ["recipe", "model", "params (M)", "GMACs", "epochs", "wall s", "wall s min - max", "img/s"]
     header += ["test top-1", "per seed (seed: top-1)", *(["EMA test top-1"] if with_ema else []), "seeds"]
     rows = []
     for recipe in recipes:
@@ -226,7 +227,7 @@ def recipe_rows(recipes: list[Recipe]) -> tuple[list[str], list[list[str]]]:
             recipe.name,
             ", ".join(dict.fromkeys(str(m.get("model", "-")) for m in ms)) or "-",
             _distinct([m.get("params") and m["params"] / 1e6 for m in ms], ".2f"),
-            _distinct([m.get("macs") and 2 * m["macs"] / 1e9 for m in ms], ".3f"),
+            _distinct([m.get("macs") and m["macs"] / 1e9 for m in ms], ".3f"),
             "-" if not epochs else f"{epochs[0]}" if len(epochs) == 1 else f"{epochs[0]} - {epochs[-1]}",
             _seconds(sum(walls) / len(walls)) if walls else "-",
             f"{_seconds(min(walls))} - {_seconds(max(walls))}" if walls else "-",
