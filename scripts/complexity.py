@@ -7,8 +7,8 @@ usage: python scripts/complexity.py [<config override> ...] [out=complexity.png]
 Any override train.py takes (`model=`, `data=`, `model.<key>=`, ...) composes the real configs in configs/.
 The formula column is `vit.models.complexity` (each layer's multiply-adds from its token count and width); the
 measured column is `torch.utils.flop_counter` (FLOPs, halved) on a forward pass with attention on the math path, so
-Q·Kᵀ and attn·V are real matmuls it can see (the fused SDPA kernel of the CPU is invisible to it). Prints the tables and writes
-`out=` (a PNG of GMACs against image size).
+Q·Kᵀ and attn·V are real matmuls it can see (the fused SDPA kernel of the CPU is invisible to it). Prints the
+tables and writes `out=` (a PNG of GMACs against image size).
 
 Example:
 
