@@ -234,7 +234,7 @@ def test_runs_group_by_experiment_and_seed_over_several_folders(tmp_path, capsys
     ]
     minute = rows["cifar10_minute"]
     assert minute[5:12] == ["62.0", "60.0 - 64.0", "1,000", "80.83 ± 0.75", "0: 80.00, 1: 81.00, 2: 81.50", "-", "3"]
-    assert minute[2:4] == ["5.40", "0.700"]
+    assert minute[2:4] == ["5.40", "0.350"]  # 350 M multiply-adds: 0.350 GMACs
     # The EMA column appears when a run kept one; the fast recipe ran seed 0 twice.
     assert rows["cifar10_fast"][8:] == ["89.50 ± 0.50", "0: 90.00, 0: 89.00", "90.50", "1 (2 runs)"]
     assert rows["cifar10_minute (trainer.epochs=1)"][8:] == ["40.00", "0: 40.00", "-", "1"]
