@@ -430,7 +430,7 @@ def attach_budget(run) -> Budget | None:
     """trainer.budget: the run's Budget (its plan resumed where the checkpoint had one), hooked into the step
     settings: the loop asks it after every optimizer step, and the schedule follows its planned progress.
     `run` is vit/train/setup.py's Run, with its checkpoint resumed."""
-    trainer, step, bundle = run.trainer, run.step, run.bundle
+    trainer, step, bundle = run.trainer, run.step_settings, run.bundle
     saved = run.progress.budget_state
     if trainer.budget is None:
         if saved:

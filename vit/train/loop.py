@@ -1,8 +1,9 @@
-"""One training epoch and one evaluation pass. The step never waits for the GPU: losses and gradient norms
-stay on the device and are read every `log_every_n_steps` steps.
+"""One training epoch: its steps (forward and loss through the run's task, backward, optimizer step). The step
+never waits for the GPU: losses and gradient norms stay on the device and are read every `log_every_n_steps` steps.
 
-A step reads two objects: `StepSettings`, fixed for the run (what to call, what to optimise, how), and
-`StepState`, what the steps change (the step count and the counters behind the divergence check)."""
+A step reads two objects: `StepSettings` (what to call, what to optimise, how; a budget's re-plan changes only
+its schedule), and `StepState`, what the steps change (the step count and the counters behind the divergence
+check)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from vit.train.progressive import resize_batch
 
 @dataclass
 class StepSettings:
-    """Everything a training step needs besides the batch, fixed for the whole run."""
+    """Everything a training step needs besides the batch: built once per run (only the schedule's plan moves, with
+    trainer.budget)."""
 
     train_model: nn.Module  # what is called: the model, or its DDP wrapper, possibly compiled
     model: nn.Module  # the module that holds the parameters (its state dict is what checkpoints save)

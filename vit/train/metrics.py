@@ -75,7 +75,7 @@ def final_test(run) -> dict:
     bundle = run.bundle
     result = run.evaluate(bundle.test_loader)
     test = {"split": bundle.test_name, "top1": result["top1"], "top5": result["top5"], "loss": result["loss"]}
-    if run.step.ema is not None:
+    if run.step_settings.ema is not None:
         ema_result = run.evaluate(bundle.test_loader, ema=True)
         test.update(ema_top1=ema_result["top1"], ema_top5=ema_result["top5"], ema_loss=ema_result["loss"])
     return test
@@ -84,7 +84,7 @@ def final_test(run) -> dict:
 def run_metrics(run) -> dict:
     """metrics.json: final and best epoch, mean throughput, model size, how it ran (loader, precision, compile,
     threads) with the reasons, and the whole history."""
-    cfg, cost, bundle, settings, history = run.cfg, run.parts.cost, run.bundle, run.step, run.progress.history
+    cfg, cost, bundle, settings, history = run.cfg, run.built.cost, run.bundle, run.step_settings, run.progress.history
     evaluated = [r for r in history if r.get("val_loss") is not None]
     scored = [r for r in evaluated if r.get("val_top1") is not None]
     if scored:
@@ -108,8 +108,8 @@ def run_metrics(run) -> dict:
         "precision_reason": settings.precision.reason,
         "compiled": settings.compiled,
         "device": str(settings.device),
-        "threads": run.parts.threads,
-        "threads_reason": run.parts.threads_reason,
+        "threads": run.built.threads,
+        "threads_reason": run.built.threads_reason,
         "history": history,
         "val_split": bundle.val_name,
     }

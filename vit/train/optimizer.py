@@ -1,6 +1,7 @@
 """The optimisation of a run: the optimizer with decay/no-decay parameter groups (and layer-wise decay), its
-learning rate scaled to the global batch, the per-step schedule, and `build_optimisation`, which gathers them with
-the AMP scaler, EMA, DDP and torch.compile into the `StepSettings` every training step reads."""
+learning rate scaled to the global batch, the per-step schedule, the precision and the EMA
+(`build_optimisation`); the model as the step calls it, under DDP and torch.compile (`wrap_model`); and
+`build_step_settings`, which gathers both into the `StepSettings` every training step reads."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import inspect
 import math
 import re
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from fnmatch import fnmatch
 
 import torch
@@ -18,7 +20,7 @@ from timm.utils import ModelEmaV3
 from torch import nn
 
 from vit.engine.compile import compile_blocks
-from vit.engine.device import announce, choose_precision
+from vit.engine.device import Precision, announce, choose_precision
 from vit.engine.distributed import Distributed
 from vit.errors import ConfigError
 from vit.models.weights_file import first_line
@@ -262,11 +264,20 @@ def batches_per_epoch(bundle, trainer: TrainerSettings) -> int:
     return min(batches, trainer.limit_train_batches) if trainer.limit_train_batches else batches
 
 
+@dataclass
+class Optimisation:
+    """What updates the weights: the optimizer, its schedule, the precision the steps run in and the EMA."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: object
+    precision: Precision
+    ema: ModelEmaV3 | None
+
+
 def build_optimisation(
-    cfg: DictConfig, trainer: TrainerSettings, parts, device: torch.device, dist: Distributed
-) -> StepSettings:
-    """What every step reads, from the built model and data (`parts`, vit/train/setup.py's ModelAndData)."""
-    model, bundle = parts.model, parts.bundle
+    cfg: DictConfig, trainer: TrainerSettings, model: nn.Module, bundle, device: torch.device, dist: Distributed
+) -> Optimisation:
+    """The optimizer (lr scaled to the global batch), the per-step schedule, the precision and the EMA."""
     global_batch = int(cfg.data.batch_size) * trainer.accum_steps * dist.world_size  # data.batch_size: per process
     optimizer = build_optimizer(model, cfg.optim, scaled_lr(cfg.optim, global_batch=global_batch), device)
     steps_per_epoch = max(1, math.ceil(batches_per_epoch(bundle, trainer) / trainer.accum_steps))
@@ -277,14 +288,35 @@ def build_optimisation(
     announce(precision)
     # EMA warmup (timm): the decay ramps up over the first steps, so short runs get a useful average too.
     ema = ModelEmaV3(model, decay=trainer.ema_decay, use_warmup=trainer.ema_warmup) if trainer.ema else None
+    return Optimisation(optimizer, scheduler, precision, ema)
+
+
+def wrap_model(
+    model: nn.Module, trainer: TrainerSettings, device: torch.device, dist: Distributed, resize
+) -> tuple[nn.Module, nn.Module | None, bool]:
+    """(the module the step calls, the DDP wrapper or None, whether it is compiled): under torchrun the model in
+    DistributedDataParallel (which broadcasts rank 0's weights and averages the gradients in backward), compiled
+    where trainer.compile says so."""
     ddp = None
-    if dist.enabled:  # broadcasts rank 0's weights; all-reduces (averages) the gradients in backward
+    if dist.enabled:
         device_ids = [device.index] if device.type == "cuda" else None
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     use_compile = trainer.use_compile(device.type)
     step_model = ddp if ddp is not None else model
+    train_model = compiled_model(model, step_model, trainer, resize) if use_compile else step_model
+    return train_model, ddp, use_compile
+
+
+def build_step_settings(
+    cfg: DictConfig, trainer: TrainerSettings, built, device: torch.device, dist: Distributed
+) -> StepSettings:
+    """What every step reads, from what the first phases built (`built`, vit/train/setup.py's ModelAndData)."""
+    model, bundle = built.model, built.bundle
+    opt = build_optimisation(cfg, trainer, model, bundle, device, dist)
+    optimizer, scheduler, precision, ema = opt.optimizer, opt.scheduler, opt.precision, opt.ema
+    train_model, ddp, use_compile = wrap_model(model, trainer, device, dist, built.resize)
     return StepSettings(
-        train_model=compiled_model(model, step_model, trainer, parts.resize) if use_compile else step_model,
+        train_model=train_model,
         model=model,
         optimizer=optimizer,
         scheduler=scheduler,
@@ -301,7 +333,7 @@ def build_optimisation(
         dist=dist,
         ddp=ddp,
         compiled=use_compile,
-        task=parts.task,
+        task=built.task,
     )
 
 

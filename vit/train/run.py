@@ -36,7 +36,7 @@ from vit.train.checkpoints import Checkpointer, Progress, resume, rng_state, set
 from vit.train.config import validate
 from vit.train.loop import NonFiniteLossError, StepState, train_one_epoch, weights_finite
 from vit.train.metrics import epoch_line, epoch_record, epoch_scalars, final_test, run_metrics, val_score
-from vit.train.optimizer import build_optimisation
+from vit.train.optimizer import build_step_settings
 from vit.train.report import Reporter, flat_hparams
 from vit.train.search import TrialReport, check_search, is_trial
 from vit.train.settings import TrainerSettings
@@ -123,20 +123,21 @@ def build_run(
     resumed, and the writers. Only rank 0 writes: events, checkpoints, console lines, metrics.json."""
     trainer = TrainerSettings.of(cfg.trainer)
     device = setup_torch(trainer, dist)
-    parts = build_model_and_data(cfg, trainer, run_dir, device, dist, loader_wrapper)
-    run_dir = continued_run_dir(trainer.resume, parts.resume_path, run_dir, dist.is_main)
-    step, state = build_optimisation(cfg, trainer, parts, device, dist), StepState()
+    built = build_model_and_data(cfg, trainer, run_dir, device, dist, loader_wrapper)
+    run_dir = continued_run_dir(trainer.resume, built.resume_path, run_dir, dist.is_main)
+    step_settings, step_state = build_step_settings(cfg, trainer, built, device, dist), StepState()
     progress = Progress(wall_start)
-    if parts.resume_path is not None:
-        progress = resume(parts.resume_path, step, state, parts.bundle.class_to_idx, wall_start, cfg.optim.name)
+    if built.resume_path is not None:
+        args = (built.bundle.class_to_idx, wall_start, cfg.optim.name)
+        progress = resume(built.resume_path, step_settings, step_state, *args)
     progress.startup_s = startup_s
     checkpoints = Checkpointer(
         run_dir / "checkpoints",
         enabled=trainer.save_checkpoints and dist.is_main,
         keep_last=trainer.keep_last,
-        settings=step,
-        class_to_idx=parts.bundle.class_to_idx,
-        config=parts.resolved,
+        settings=step_settings,
+        class_to_idx=built.bundle.class_to_idx,
+        config=built.resolved,
     )
     report = Reporter(
         str(run_dir / "tb"),
@@ -146,9 +147,9 @@ def build_run(
         recon_every=trainer.recon_images_every_n_epochs if task_of(cfg).reconstructs else 0,
     )
     stop = StopSignal()
-    step.stop_requested = stop.requested
+    step_settings.stop_requested = stop.requested
     trial = TrialReport.of(cfg, run_dir, trainer.epochs) if is_trial(cfg) and dist.is_main else None
-    run = Run(cfg, trainer, run_dir, parts, step, state, progress, checkpoints, report, stop, trial)
+    run = Run(cfg, trainer, run_dir, built, step_settings, step_state, progress, checkpoints, report, stop, trial)
     attach_budget(run)  # trainer.budget: plans the steps from the measured speed (vit/train/budget.py)
     return run
 
@@ -164,7 +165,7 @@ def train(
         teacher = evaluate_teacher(run)  # a bad teacher shows before the student trains
         with run.stop.installed():
             for epoch in range(progress.start_epoch, run.trainer.epochs):
-                if budget is not None and budget.reached(run.state.step):
+                if budget is not None and budget.reached(run.step_state.step):
                     break  # a resumed run whose plan is done
                 limit = start_epoch(run, epoch)
                 # After a resume inside this epoch the loader holds only the batches left (it skips the trained ones),
@@ -183,7 +184,7 @@ def train(
                 if val is not None:
                     progress.best_score = max(progress.best_score, val_score(val))
                 check_weights(run, epoch)
-                run.checkpoints.save_epoch(epoch + 1, run.state.step, progress, is_best)
+                run.checkpoints.save_epoch(epoch + 1, run.step_state.step, progress, is_best)
                 if budget is not None:
                     budget.epoch_ended(evaluated=val is not None)
                 if is_trial(cfg) and trial_stops(run, epoch, val, val_ema, last):
@@ -199,8 +200,10 @@ def train(
 def train_epoch(run: Run, limit: int | None) -> dict:
     """The epoch's training loop (vit/train/loop.py), timed for the budget."""
     if run.budget is not None:
-        run.budget.epoch_starts(run.state.train_img_size)
-    trained = train_one_epoch(run.step, run.state, run.bundle.train_loader, limit_batches=limit, reporter=run.report)
+        run.budget.epoch_starts(run.step_state.train_img_size)
+    trained = train_one_epoch(
+        run.step_settings, run.step_state, run.bundle.train_loader, limit_batches=limit, reporter=run.report
+    )
     if run.budget is not None:
         run.budget.epoch_trained()
     return trained
@@ -228,8 +231,8 @@ def start_epoch(run: Run, epoch: int) -> int | None:
         set_rng_state(run.progress.resume_rng)
     else:
         seed_everything(rank_seed(epoch_seed(trainer.seed, epoch), rank))
-    if run.parts.resize is not None:
-        run.state.train_img_size = run.parts.resize.size_at(epoch, run.planned_epochs())
+    if run.built.resize is not None:
+        run.step_state.train_img_size = run.built.resize.size_at(epoch, run.planned_epochs())
     return limit
 
 
@@ -256,7 +259,7 @@ def save_stopped(run: Run, epoch: int, trained: dict) -> None:
     resumed run continues with the next batch as the uninterrupted run would have."""
     batches_done = run.progress.batches_done_before(epoch) + trained["steps"]
     rng_ranks = run.dist.gather(rng_state())  # every rank takes part; rank 0 writes
-    step = run.state.step
+    step = run.step_state.step
     if trained["steps"]:
         run.checkpoints.save_stop(epoch, step, run.progress, batches_done, rng_ranks)
     if run.dist.is_main:
@@ -275,17 +278,17 @@ def evaluate_epoch(run: Run, epoch: int, last: bool) -> tuple[dict | None, dict 
         return None, None
     val_loader = run.bundle.val_loader
     val = run.evaluate(val_loader)
-    return val, run.evaluate(val_loader, ema=True) if run.step.ema is not None else None
+    return val, run.evaluate(val_loader, ema=True) if run.step_settings.ema is not None else None
 
 
 def record_epoch(run: Run, epoch: int, trained: dict, val: dict | None, val_ema: dict | None) -> None:
     """The epoch's history entry, TensorBoard scalars and attention maps, and its console line."""
-    state, history, epochs = run.state, run.progress.history, run.planned_epochs()
+    state, history, epochs = run.step_state, run.progress.history, run.planned_epochs()
     history.append(epoch_record(epoch, state.step, trained, val, val_ema, run.progress.elapsed()))
     scalars = epoch_scalars(trained, val, val_ema, run.device, state.skipped_steps)
     if state.train_img_size is not None:
         history[-1]["train_img_size"] = scalars["train/img_size"] = state.train_img_size
-    distiller = run.parts.distiller
+    distiller = run.built.distiller
     if distiller is not None and distiller.teacher is not None and val is not None:
         # percent of validation images where student and teacher agree
         agree = distiller.agreement(run.model, run.bundle.val_loader, *evaluation_settings(run))
@@ -301,32 +304,32 @@ def record_epoch(run: Run, epoch: int, trained: dict, val: dict | None, val_ema:
 
 def evaluation_settings(run: Run) -> tuple:
     """(device, amp dtype, batch limit, process group): how the teacher's passes evaluate, as `run.evaluate` does."""
-    return run.device, run.step.amp_dtype, run.trainer.limit_val_batches, run.dist
+    return run.device, run.step_settings.amp_dtype, run.trainer.limit_val_batches, run.dist
 
 
 def check_weights(run: Run, epoch: int) -> None:
     """Non-finite steps too few to stop the loop may still have ruined the weights: never checkpoint those."""
     if not weights_finite(run.model):
         raise NonFiniteLossError(
-            f"the weights are not finite after epoch {epoch + 1} (step {run.state.step}); the checkpoints of "
+            f"the weights are not finite after epoch {epoch + 1} (step {run.step_state.step}); the checkpoints of "
             f"epoch {epoch} are kept"
         )
 
 
 def evaluate_teacher(run: Run) -> dict | None:
     """distill.teacher: its top-1 on the validation split, logged before the student trains."""
-    distiller = run.parts.distiller
+    distiller = run.built.distiller
     if distiller is None or distiller.teacher is None:
         return None
     result = distiller.evaluate_teacher(run.bundle.val_loader, *evaluation_settings(run))
     log.info("teacher top-1 on the %s split: %.2f%% (%d images)", run.bundle.val_name, *result.values())
-    run.report.scalars({"distill/teacher_top1": result["top1"]}, run.state.step)
+    run.report.scalars({"distill/teacher_top1": result["top1"]}, run.step_state.step)
     return result
 
 
 def finish(run: Run, teacher: dict | None) -> dict:
     """After the last epoch (or a stop): the test split set aside by data.holdout, metrics.json, hparams."""
-    cfg, bundle, state, report = run.cfg, run.bundle, run.state, run.report
+    cfg, bundle, state, report = run.cfg, run.bundle, run.step_state, run.report
     metrics = run_metrics(run)
     if run.trial is not None:
         metrics["search"] = run.trial.record()
@@ -340,7 +343,7 @@ def finish(run: Run, teacher: dict | None) -> dict:
         test = final_test(run)
         metrics["test"] = test
         report.scalars({f"test/{k}": v for k, v in test.items() if k != "split"}, state.step)
-        ema_part = f" (EMA {test['ema_top1']:.2f}%)" if run.step.ema is not None else ""
+        ema_part = f" (EMA {test['ema_top1']:.2f}%)" if run.step_settings.ema is not None else ""
         report.line(f"{bundle.test_name} split after training: top-1 {test['top1']:.2f}%{ema_part}")
     # Process start (or the first run's start, over resumes) to the end of the final evaluation.
     metrics["wall_time_s"] = run.progress.elapsed()
@@ -348,7 +351,7 @@ def finish(run: Run, teacher: dict | None) -> dict:
     # a multirun sweep's later runs do not; tables that compare runs subtract it (vit/analysis/runs.py).
     metrics["startup_s"] = run.progress.startup_s
     if run.budget is not None:
-        final_lr = run.step.optimizer.param_groups[0]["lr"]
+        final_lr = run.step_settings.optimizer.param_groups[0]["lr"]
         metrics["budget"] = run.budget.record(state.step, metrics["wall_time_s"], final_lr)
         report.scalars({"budget/wall_s": metrics["wall_time_s"], "budget/trained_steps": state.step}, state.step)
         report.line(budget_line(metrics["budget"]))
@@ -357,13 +360,13 @@ def finish(run: Run, teacher: dict | None) -> dict:
     metrics["world_size"] = run.dist.world_size
     # With torch.compile the first step holds the compilation (reported apart from the img/s of later steps).
     metrics["first_step_seconds"] = state.first_step_seconds
-    if run.step.compiled and state.first_step_seconds is not None:
+    if run.step_settings.compiled and state.first_step_seconds is not None:
         log.info("first step (compilation included): %.1f s", state.first_step_seconds)
     if run.dist.is_main:
         atomic_write_text(json.dumps(metrics, indent=2), run.run_dir / "metrics.json")  # a failed write keeps the old
         score = run.task.score
         final, best = metrics["final"].get(score) or 0.0, metrics["best"][score] or 0.0
-        report.hparams(flat_hparams(run.parts.resolved), {score: final, f"best_{score}": best})
+        report.hparams(flat_hparams(run.built.resolved), {score: final, f"best_{score}": best})
     return metrics
 
 

@@ -88,16 +88,17 @@ class ModelAndData:
 @dataclass
 class Run:
     """One training run, built once (vit/train/run.py's `build_run`) and handed to every phase: the typed trainer
-    settings, the model and the data, what each step reads (`step`: the optimizer, schedule, EMA and precision,
-    with this run's model, device and process group) and changes (`state`), where the run stands (`progress`),
-    and its writers."""
+    settings, what the first phases built (`built`: the model and the data, the teacher, the task), what each step
+    reads (`step_settings`: the optimizer, schedule, EMA and precision, with this run's model, device and process
+    group) and changes (`step_state`: the step count, the divergence counters), where the run stands
+    (`progress`), and its writers."""
 
     cfg: DictConfig
     trainer: TrainerSettings
     run_dir: Path
-    parts: ModelAndData
-    step: StepSettings  # the one holder of the model, the device and the process group; the properties read it
-    state: StepState
+    built: ModelAndData
+    step_settings: StepSettings  # the one holder of the model, the device and the process group; the properties read it
+    step_state: StepState
     progress: Progress
     checkpoints: Checkpointer
     report: Reporter
@@ -106,28 +107,28 @@ class Run:
 
     @property
     def model(self) -> nn.Module:
-        return self.step.model
+        return self.step_settings.model
 
     @property
     def device(self) -> torch.device:
-        return self.step.device
+        return self.step_settings.device
 
     @property
     def dist(self) -> Distributed:
-        return self.step.dist
+        return self.step_settings.dist
 
     @property
     def bundle(self) -> DataBundle:
-        return self.parts.bundle
+        return self.built.bundle
 
     @property
     def task(self) -> Task:
-        return self.step.task
+        return self.step_settings.task
 
     @property
     def budget(self):
         """trainer.budget's plan (vit/train/budget.py), None without a budget."""
-        return self.step.budget
+        return self.step_settings.budget
 
     def planned_epochs(self) -> int:
         """The epochs the run will train: trainer.epochs, or with a budget the epochs its plan reaches."""
@@ -137,7 +138,7 @@ class Run:
         """Whether the last epoch is done: trainer.epochs', or the budget plan's last step."""
         history = self.progress.history
         if self.budget is not None:
-            return bool(history) and self.budget.reached(self.state.step)
+            return bool(history) and self.budget.reached(self.step_state.step)
         return bool(history) and history[-1]["epoch"] == self.trainer.epochs
 
     def batches_per_epoch(self) -> int:
@@ -148,8 +149,8 @@ class Run:
         """The model's (or its EMA's) results over `loader`, as every evaluation of the run measures them: top-1,
         top-5 and loss (with trainer.eval_flip, over each image and its mirror), or with task=mae the
         reconstruction loss on fixed masks; trainer.limit_val_batches caps the batches, torchrun's ranks share them."""
-        model = self.step.ema.module if ema else self.model
-        args = (model, loader, self.device, self.step.amp_dtype, self.trainer.limit_val_batches, self.dist)
+        model = self.step_settings.ema.module if ema else self.model
+        args = (model, loader, self.device, self.step_settings.amp_dtype, self.trainer.limit_val_batches, self.dist)
         return self.task.evaluate(*args, flip=self.trainer.eval_flip)
 
 
