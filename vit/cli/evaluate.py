@@ -56,6 +56,7 @@ from torch.utils.data import DataLoader
 from vit.cli.args import parse_args, run_script
 from vit.deploy.weights import resolve
 from vit.errors import UsageError
+from vit.progress import progress
 
 KNOWN_KEYS = (
     "checkpoint",
@@ -191,9 +192,11 @@ def evaluate_weights(argv: list[str]) -> dict:
     announce(precision)
     amp = precision.dtype
     start = time.perf_counter()
-    result = evaluate(
-        model, loader, device, amp, options.integer("limit_batches"), num_classes=len(data_classes), flip=flip
-    )
+    limit = options.integer("limit_batches")
+    batches = len(loader) if limit is None else min(limit, len(loader))
+    what = f"evaluating {weights.name} on {splits.val_name}"
+    shown = progress(loader, batches, what, unit="batches")
+    result = evaluate(model, shown, device, amp, limit, num_classes=len(data_classes), flip=flip)
     seconds = time.perf_counter() - start
     confusion = result.pop("confusion")
     per_class = (confusion.diag().float() / confusion.sum(1).clamp_min(1).float() * 100).tolist()

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from vit.errors import CheckFailed
+from vit.progress import progress
 
 MODES = ("int8", "int8-dynamic", "int8-static")
 DEFAULT_MODE = "int8-dynamic"  # what `int8` means (docs/BENCHMARKS.md, "INT8 on the CPU")
@@ -142,7 +143,11 @@ def session(path: Path, threads: int | None = None):
 def logits_of(path: Path, images: np.ndarray) -> np.ndarray:
     run = session(path)
     name = run.get_inputs()[0].name
-    parts = [run.run(None, {name: images[i : i + CHUNK]})[0] for i in range(0, len(images), CHUNK)]
+    starts = range(0, len(images), CHUNK)
+    what = f"checking {path.name} on {len(images):,} images"
+    parts = [
+        run.run(None, {name: images[i : i + CHUNK]})[0] for i in progress(starts, len(starts), what, unit="batches")
+    ]
     return np.concatenate(parts)
 
 

@@ -12,6 +12,7 @@ import numpy as np
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from vit.data.augment.transforms import decode_geometry, eval_resize
+from vit.progress import progress
 
 
 def decode_size(img_size: int, train: bool) -> int:
@@ -41,7 +42,8 @@ def decode_split(dataset: Dataset, img_size: int, resize: int, num_workers: int)
     """Decode every image once: uint8 (N, H, W, 3) and int64 (N,)."""
     loader = DataLoader(_Decoded(dataset, img_size, resize), batch_size=256, num_workers=num_workers)
     images, targets = [], []
-    for x, y in loader:
+    what = f"decoding {len(dataset):,} images"
+    for x, y in progress(loader, len(loader), what, unit="batches of 256"):
         images.append(x.numpy())
         targets.append(y.numpy())
     return np.concatenate(images), np.concatenate(targets).astype(np.int64)
