@@ -134,12 +134,7 @@ def read_options(argv: list[str]) -> Options:
     ours = [a for a in argv if a.partition("=")[0] in KNOWN or "=" not in a]
     overrides = [a for a in argv if a not in ours]
     args = parse_args(ours, KNOWN)
-    try:
-        min_round_s = float(args["min_round_s"])
-    except ValueError:
-        min_round_s = -1.0
-    if min_round_s < 0:
-        raise UsageError(f"min_round_s={args['min_round_s']!r} must be a number >= 0")
+    min_round_s = args.number("min_round_s", minimum=0)
     mode = choice(args, "mode", MODES)
     if overrides and mode != "e2e":
         raise UsageError(f"{overrides[0]!r}: config overrides only go with mode=e2e (known keys: {', '.join(KNOWN)})")

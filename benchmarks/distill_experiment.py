@@ -47,8 +47,7 @@ from vit.analysis.experiments import (
     seed_table,
     train,
 )
-from vit.cli.args import Arguments, parse_args, run_script, script_command
-from vit.errors import UsageError
+from vit.cli.args import parse_args, run_script, script_command
 
 METHODS = ("alone", "hard", "soft")
 # The ViT/4 of every run (0.46 M parameters) and the data and trainer settings they share.
@@ -73,22 +72,6 @@ DEFAULTS = {
 }
 
 
-def seed_list(args: Arguments, key: str = "seeds") -> list[int]:
-    """`seeds=0,1,2`: whole numbers >= 0, comma-separated."""
-    value = args[key]
-    seeds = [part.strip() for part in str(value).split(",")]
-    if not all(part.isdigit() for part in seeds):
-        raise UsageError(f"{key}={value!r} must be whole numbers >= 0, comma-separated ({key}=0,1,2)")
-    return [int(part) for part in seeds]
-
-
-def real(args: Arguments, key: str) -> float:
-    try:
-        return float(args[key])
-    except ValueError:
-        raise UsageError(f"{key}={args[key]!r} must be a number") from None
-
-
 def parse_settings(argv: list[str]) -> SimpleNamespace:
     """The `key=value` arguments as the experiment's settings: paths, numbers and the flag, typed."""
     args = parse_args(argv, DEFAULTS, ("data", "work"))
@@ -96,14 +79,14 @@ def parse_settings(argv: list[str]) -> SimpleNamespace:
         data=Path(args["data"]),
         work=Path(args["work"]),
         out=Path(args["out"]) if args["out"] else None,
-        seeds=seed_list(args),
+        seeds=args.whole_numbers("seeds"),
         per_class=args.integer("per_class"),
         holdout_per_class=args.integer("holdout_per_class"),
         test_per_class=args.integer("test_per_class"),
         teacher_epochs=args.integer("teacher_epochs"),
         epochs=args.integer("epochs"),
-        alpha=real(args, "alpha"),
-        tau=real(args, "tau"),
+        alpha=args.number("alpha"),
+        tau=args.number("tau"),
         jobs=args.integer("jobs"),
         plot_only=args.flag("plot_only"),
     )

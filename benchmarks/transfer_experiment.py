@@ -47,8 +47,7 @@ from vit.analysis.experiments import (
     seed_table,
     train,
 )
-from vit.cli.args import Arguments, parse_args, run_script, script_command
-from vit.errors import UsageError
+from vit.cli.args import parse_args, run_script, script_command
 
 SOURCE_CLASSES = ("airplane", "automobile", "bird", "cat", "deer")
 TARGET_CLASSES = ("dog", "frog", "horse", "ship", "truck")
@@ -72,15 +71,6 @@ DEFAULTS = {
 }
 
 
-def seed_list(args: Arguments, key: str = "seeds") -> list[int]:
-    """`seeds=0,1,2`: whole numbers >= 0, comma-separated."""
-    value = args[key]
-    seeds = [part.strip() for part in str(value).split(",")]
-    if not all(part.isdigit() for part in seeds):
-        raise UsageError(f"{key}={value!r} must be whole numbers >= 0, comma-separated ({key}=0,1,2)")
-    return [int(part) for part in seeds]
-
-
 def parse_settings(argv: list[str]) -> SimpleNamespace:
     """The `key=value` arguments as the experiment's settings: paths, numbers and the flag, typed."""
     args = parse_args(argv, DEFAULTS, ("data", "work"))
@@ -88,7 +78,7 @@ def parse_settings(argv: list[str]) -> SimpleNamespace:
         data=Path(args["data"]),
         work=Path(args["work"]),
         out=Path(args["out"]) if args["out"] else None,
-        seeds=seed_list(args),
+        seeds=args.whole_numbers("seeds"),
         per_class=args.integer("per_class"),
         holdout_per_class=args.integer("holdout_per_class"),
         source_per_class=args.integer("source_per_class") if args["source_per_class"] else None,

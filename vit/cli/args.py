@@ -58,6 +58,27 @@ class Arguments(dict):
             raise UsageError(f"{key}={value!r} must be an integer >= {minimum}")
         return number
 
+    def number(self, key: str, default: float | None = None, minimum: float | None = None) -> float | None:
+        """A real number (>= `minimum` when given)."""
+        value = self.get(key)
+        if value is None:
+            return default
+        try:
+            number = float(value)
+        except ValueError:
+            raise UsageError(f"{key}={value!r} must be a number") from None
+        if minimum is not None and number < minimum:
+            raise UsageError(f"{key}={value!r} must be a number >= {minimum:g}")
+        return number
+
+    def whole_numbers(self, key: str) -> list[int]:
+        """`seeds=0,1,2`: whole numbers >= 0, comma-separated."""
+        value = self[key]
+        parts = [part.strip() for part in str(value).split(",")]
+        if not all(part.isdigit() for part in parts):
+            raise UsageError(f"{key}={value!r} must be whole numbers >= 0, comma-separated ({key}=0,1,2)")
+        return [int(part) for part in parts]
+
 
 def parse_args(
     argv: list[str],
