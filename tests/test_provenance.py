@@ -50,3 +50,18 @@ def test_a_record_keeps_every_value_beside_its_provenance(tmp_path):
     assert read["provenance"]["command"] == "bench.py n=2"
     assert set(read["provenance"]) >= {"commit", "dirty", "date", "machine", "versions", "torch_threads"}
     assert read["provenance"]["versions"]["torch"] and read["provenance"]["versions"]["timm"]
+
+
+def test_a_runs_record_names_the_code_it_started_with(tmp_path, monkeypatch):
+    """A long run whose checkout moves on (a commit, a pull) still records the commit it was started from."""
+    import importlib
+
+    from trainer_utils import QUICK, compose_config
+
+    run_module = importlib.import_module("vit.train.run")  # the module; vit.train.run is also its function
+
+    states = iter([{"commit": "at-start"}, {"commit": "later"}])
+    monkeypatch.setattr(run_module, "provenance", lambda: next(states))
+    metrics = run_module.run(compose_config([*QUICK, "trainer.epochs=1"]), output_dir=tmp_path)
+    assert metrics["provenance"] == {"commit": "at-start"}
+    assert json.loads((tmp_path / "metrics.json").read_text())["provenance"] == {"commit": "at-start"}

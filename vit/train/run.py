@@ -150,6 +150,7 @@ def build_run(
     step_settings.stop_requested = stop.requested
     trial = TrialReport.of(cfg, run_dir, trainer.epochs) if is_trial(cfg) and dist.is_main else None
     run = Run(cfg, trainer, run_dir, built, step_settings, step_state, progress, checkpoints, report, stop, trial)
+    run.provenance = provenance()
     attach_budget(run)  # trainer.budget: plans the steps from the measured speed (vit/train/budget.py)
     return run
 
@@ -356,7 +357,7 @@ def finish(run: Run, teacher: dict | None) -> dict:
         report.scalars({"budget/wall_s": metrics["wall_time_s"], "budget/trained_steps": state.step}, state.step)
         report.line(budget_line(metrics["budget"]))
     metrics["stopped_by_signal"] = run.stop.name
-    metrics["provenance"] = provenance()  # command, commit, machine, versions, date (vit/engine/provenance.py)
+    metrics["provenance"] = run.provenance  # as the run started: command, commit, machine, versions, date
     metrics["world_size"] = run.dist.world_size
     # With torch.compile the first step holds the compilation (reported apart from the img/s of later steps).
     metrics["first_step_seconds"] = state.first_step_seconds

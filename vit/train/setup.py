@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -104,6 +104,9 @@ class Run:
     report: Reporter
     stop: StopSignal
     trial: TrialReport | None  # a trial of an Optuna search (vit/sweeper.py): rank 0 reports to its study
+    # The command, code, machine and versions this process started with (vit/engine/provenance.py): read when the
+    # run is built, so a checkout that moves on during a long run does not put its later commit in the record.
+    provenance: dict = field(default_factory=dict)
 
     @property
     def model(self) -> nn.Module:
