@@ -341,3 +341,28 @@ def test_timms_validate_script_gives_our_top1_for_a_trained_checkpoint(tmp_path,
     theirs = json.loads(done.stdout.split("--result", 1)[1])
     assert ours["count"] == 24 and theirs["top1"] == pytest.approx(ours["top1"], abs=1e-3), (theirs, ours)
     assert theirs["top5"] == pytest.approx(ours["top5"], abs=1e-3)
+
+
+def test_predict_takes_foreign_weights_and_gives_timms_probabilities(folder, timm_file, capsys):
+    """vit-predict with model= and model.pretrained=<file>, preprocessed as timm's config of those weights: the
+    probabilities timm's own model gives on timm's own transform of each image."""
+    from trainer_utils import load_script
+
+    from vit.cli.args import run_script
+
+    path, model = timm_file
+    images = folder / "val" / "cat"
+    argv = ["model=vit_tiny", f"model.pretrained={path}", "model.depth=2", f"preprocess=timm:{TIMM_NAME}"]
+    assert run_script(load_script("predict").main, [*argv, f"image={images}", "json=-", "top=4", "amp=none"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    transform = create_transform(**resolve_data_config({}, model=model))  # timm's eval transform for those weights
+    for result in results:
+        with torch.no_grad():
+            expected = model(transform(read_rgb(result["image"])).unsqueeze(0)).softmax(-1)[0]
+        got = {int(p["index"]): p["prob"] for p in result["top"]}
+        assert got == pytest.approx({i: round(float(expected[i]), 4) for i in range(4)}, abs=1e-4)
+    assert run_script(load_script("predict").main, [*argv, "checkpoint=x.pt", f"image={images}"]) == 2
+    assert (
+        "give checkpoint=<our checkpoint> or model=<name> model.pretrained=<source>, not both"
+        in capsys.readouterr().err
+    )

@@ -2,6 +2,8 @@
 
 usage: vit-predict checkpoint=<path> image=<file, folder or a.jpg,b.png> [json=<path> | json=-]
     [top=5] [ema=false] [amp=auto|bf16|fp16|none]
+       vit-predict model=<name> model.pretrained=<timm:name | file> [model.pretrained_file=<file>]
+    [model.<key>=...] [preprocess=timm:<name>|data] [data=<config>] [data.<key>=...] image=<...> ...
 (in a checkout, without installing: python scripts/predict.py with the same arguments)
 
 `checkpoint` is a checkpoint of the trainer (best.pt, last.pt) or an exported ONNX file (best.onnx, with the
@@ -11,9 +13,17 @@ preprocessing and class names of its side JSON, without the model code. Prints o
 in the precision `amp` gives it on this CPU (default: its run's trainer.amp; auto: bf16 where the CPU has it
 natively and the model is wide enough to gain, else fp32; vit/engine/device.py), said in one line on stderr.
 
+Foreign weights, as evaluate and export take them: `model=<name> model.pretrained=timm:<name>` builds timm's
+architecture of that name (DINOv2, SigLIP, CLIP, EVA-02 ...), with `model.pretrained_file=<file>` holding its
+weights offline, or `model.pretrained=<file>` for a state-dict file; the preprocessing is timm's config of those
+weights (a `timm:` source) or the data config's (`preprocess=` chooses), and the class names are the weights' own
+where they carry them, else the output indices.
+
 Example:
 
     vit-predict checkpoint=outputs/<date>/<time>/checkpoints/best.pt image=cifar10/test/cat top=3
+    vit-predict model=vit_base model.pretrained=timm:vit_base_patch14_reg4_dinov2.lvd142m \
+        model.pretrained_file=dinov2_vitb14_reg4.safetensors image=photos/
 """
 
 from __future__ import annotations
@@ -68,15 +78,43 @@ def probabilities(
     return paths, torch.cat(chunks).numpy(), names
 
 
+def foreign_probabilities(options, spec: str, amp: str | None) -> tuple[list[Path], np.ndarray, list[str]]:
+    """(image paths, probabilities, class names) of foreign weights (model= with model.pretrained=), built and
+    preprocessed as evaluate.py builds them (vit/deploy/weights.py's `resolve`)."""
+    from vit.data.images import read_rgb
+    from vit.deploy.weights import resolve
+
+    if amp is not None and amp not in AMP_MODES:
+        raise UsageError(f"amp={amp!r} must be one of {AMP_MODES}")
+    weights, pre, _ = resolve(options)
+    model, transform = weights.model, pre.transform()
+    names = weights.classes or [str(i) for i in range(int(model.num_classes))]
+    paths = [p for part in spec.split(",") for p in image_paths(part)]
+    images = torch.stack([transform(read_rgb(path)) for path in paths])  # (B, 3, H, W)
+    precision = choose_precision(amp or "auto", torch.device("cpu"), model)
+    print(("warning: " if precision.substituted else "") + precision.describe(), file=sys.stderr)
+    with torch.no_grad(), precision.autocast(torch.device("cpu")):
+        chunks = [model(chunk).float().softmax(dim=-1) for chunk in images.split(64)]
+    return paths, torch.cat(chunks).numpy(), names
+
+
+KNOWN = {"checkpoint": None, "image": None, "json": None, "top": "5", "ema": None, "amp": None}
+FOREIGN = {"model": None, "preprocess": None, "data": None}  # with model.pretrained=: as evaluate.py takes them
+
+
 def main(argv: list[str]) -> int:
-    args = parse_args(
-        argv,
-        {"checkpoint": None, "image": None, "json": None, "top": "5", "ema": "false", "amp": None},
-        ("checkpoint", "image"),
-    )
+    args = parse_args(argv, {**KNOWN, **FOREIGN}, ("image",), model_keys=True, data_keys=True)
     if not args["top"].isdigit() or int(args["top"]) < 1:
         raise UsageError(f"top={args['top']!r} must be a positive integer")
-    paths, probs, names = probabilities(args["checkpoint"], args["image"], args["ema"].lower() == "true", args["amp"])
+    if args.source is not None:
+        paths, probs, names = foreign_probabilities(args, args["image"], args["amp"])
+    else:
+        if not args.get("checkpoint"):
+            raise UsageError("checkpoint=<...> is required (or model=<name> model.pretrained=<timm:name | file>)")
+        if args["model"] or args.model or args.data or args["preprocess"] or args["data"]:
+            raise UsageError("model=, model.<key>=, data and preprocess= go with model.pretrained=, not checkpoint=")
+        ema = args.flag("ema")
+        paths, probs, names = probabilities(args["checkpoint"], args["image"], ema, args["amp"])
     k = min(int(args["top"]), probs.shape[-1])
     order = np.argsort(-probs, axis=-1, kind="stable")[:, :k]  # (B, k), most probable first
     results = []
