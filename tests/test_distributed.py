@@ -17,7 +17,7 @@ import time
 
 import pytest
 import torch
-from trainer_utils import REPO, TINY_MODEL
+from trainer_utils import REPO, TINY_MODEL, stub_step_settings
 
 from vit.engine.weights import load_checkpoint
 
@@ -120,24 +120,7 @@ def test_sigterm_to_torchrun_stops_every_rank_with_a_good_checkpoint(tmp_path):
 
 
 def step_context(model, **kwargs):
-    from timm.scheduler import CosineLRScheduler
-
-    from vit.engine.device import Precision
-    from vit.train.loop import StepSettings
-
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    defaults = dict(
-        train_model=model,
-        model=model,
-        optimizer=optimizer,
-        scheduler=CosineLRScheduler(optimizer, t_initial=100),
-        criterion=torch.nn.CrossEntropyLoss(),
-        device=torch.device("cpu"),
-        precision=Precision("fp32", "test"),
-        scaler=None,
-        log_every=4,
-    )
-    return StepSettings(**{**defaults, **kwargs})
+    return stub_step_settings(model, **{"log_every": 4, **kwargs})
 
 
 def batches(count, poison=()):

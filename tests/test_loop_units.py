@@ -5,30 +5,16 @@ checkpoint's training state restored into a fresh loop."""
 import math
 
 import torch
-from timm.scheduler import CosineLRScheduler
 from torch import nn
+from trainer_utils import stub_step_settings
 
-from vit.engine.device import Precision
 from vit.train.checkpoints import restore_training_state, training_parts, training_state
 from vit.train.loop import StepSettings, StepState, optimizer_step, train_one_epoch
 
 
 def stub_settings(**kwargs) -> StepSettings:
     torch.manual_seed(0)
-    model = nn.Linear(4, 3)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    defaults = dict(
-        train_model=model,
-        model=model,
-        optimizer=optimizer,
-        scheduler=CosineLRScheduler(optimizer, t_initial=100),
-        criterion=nn.CrossEntropyLoss(),
-        device=torch.device("cpu"),
-        precision=Precision("fp32", "test"),
-        scaler=None,
-        log_every=2,
-    )
-    return StepSettings(**{**defaults, **kwargs})
+    return stub_step_settings(nn.Linear(4, 3), **{"log_every": 2, **kwargs})
 
 
 def batches(count: int, size: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:

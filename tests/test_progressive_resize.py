@@ -2,16 +2,15 @@
 
 import pytest
 import torch
-from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config
+from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config, stub_step_settings
 
-from vit.engine.device import Precision
 from vit.engine.weights import load_checkpoint
 from vit.errors import ConfigError
 from vit.models import create_model
 from vit.models.pos_embed import resample_pos_embed
 from vit.train import run
 from vit.train.config import validate
-from vit.train.loop import StepSettings, StepState, train_one_epoch
+from vit.train.loop import StepState, train_one_epoch
 from vit.train.progressive import ResizeSchedule, allow_recompiles, resize_batch
 
 BASE = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.device=cpu", "trainer.deterministic=true", "data.img_size=32"]
@@ -70,23 +69,12 @@ class ShapeRecorder(torch.nn.Module):
 
 
 def test_the_training_step_sees_the_resized_batch():
-    from timm.scheduler import CosineLRScheduler
 
     torch.manual_seed(0)
     model = create_model("vit_tiny", img_size=32, patch_size=4, num_classes=10, embed_dim=32, depth=1, num_heads=2)
     model.patch_embed.dynamic_img_size = True
     recorder = ShapeRecorder(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    settings = StepSettings(
-        train_model=recorder,
-        model=model,
-        optimizer=optimizer,
-        scheduler=CosineLRScheduler(optimizer, t_initial=10),
-        criterion=torch.nn.CrossEntropyLoss(),
-        device=torch.device("cpu"),
-        precision=Precision("fp32", "test"),
-        scaler=None,
-    )
+    settings = stub_step_settings(model, train_model=recorder)
     loader = [(torch.rand(4, 3, 32, 32), torch.randint(0, 10, (4,))) for _ in range(3)]
     train_one_epoch(settings, StepState(train_img_size=20), loader, limit_batches=None)
     assert recorder.shapes == [(4, 3, 20, 20)] * 3

@@ -251,3 +251,26 @@ def train_exit_line(overrides: list[str], tmp_path: Path, monkeypatch, capsys) -
     assert exit_info.value.code == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     return line
+
+
+def stub_step_settings(model, **kwargs):
+    """The StepSettings a training step reads, around `model` with plain parts (SGD at lr 0.1, a 100-step cosine,
+    cross-entropy, fp32 on the CPU); `kwargs` replace any of them."""
+    import torch
+    from timm.scheduler import CosineLRScheduler
+
+    from vit.engine.device import Precision
+    from vit.train.loop import StepSettings
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    defaults = dict(
+        train_model=model,
+        model=model,
+        optimizer=optimizer,
+        scheduler=CosineLRScheduler(optimizer, t_initial=100),
+        criterion=torch.nn.CrossEntropyLoss(),
+        device=torch.device("cpu"),
+        precision=Precision("fp32", "test"),
+        scaler=None,
+    )
+    return StepSettings(**{**defaults, **kwargs})
