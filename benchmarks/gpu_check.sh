@@ -48,6 +48,7 @@ if [ -f "$data" ]; then
     tar xzf "$data" -C "$(dirname "$data")" && data=$(dirname "$data")/cifar10
 fi
 commit=${VIT_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+short=${commit:0:7}  # the records are named for it, as docs/results/ keeps them
 {
     echo "commit $commit; date $(date -u +%FT%TZ)"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null
@@ -62,9 +63,9 @@ train() {  # train <name> <overrides...>: one run in its own folder; its last li
 
 for part in "${parts[@]}"; do
     case $part in
-        tier) bounded $PY -m pytest -q -m cuda tests/test_cuda.py -rs --junitxml="$runs/tier.xml" 2>&1 | tail -25 | tee "$runs/tier.txt"
+        tier) bounded $PY -m pytest -q -m cuda tests/test_cuda.py -rs --junitxml="$runs/cuda_tier_$short.xml" 2>&1 | tail -25 | tee "$runs/tier.txt"
               echo "tier: $(tail -1 "$runs/tier.txt")" >>"$runs/summary.txt" ;;
-        peak) bounded $PY benchmarks/bench_matmul.py n=8192 dtype=bf16 rounds=10 json="$runs/matmul_bf16.json" >>"$runs/summary.txt" ;;
+        peak) bounded $PY benchmarks/bench_matmul.py n=8192 dtype=bf16 rounds=10 json="$runs/matmul_bf16_$short.json" >>"$runs/summary.txt" ;;
         steps) for model in ${STEP_MODELS:-vit_tiny_cifar vit_tiny vit_small vit_base}; do
                    bounded $PY benchmarks/benchmark.py models="$model" compile=both vs_timm=true \
                        json="$runs/step_$model.json" >"$runs/step_$model.log" 2>&1
@@ -90,6 +91,6 @@ for part in "${parts[@]}"; do
         *) echo "unknown part: $part (parts: tier peak steps warm minute fast)" >&2; exit 2 ;;
     esac
 done
-cp "$runs/machine.txt" "$OUT/machine.txt"
+cp "$runs/machine.txt" "$OUT/machine.txt"; cp "$runs/machine.txt" "$runs/machine_$short.txt"
 tar czf "$OUT/records.tgz" -C "$runs" --exclude='*.pt' --exclude='events.out.*' --exclude='*.npy' .
 cat "$runs/machine.txt" "$runs/summary.txt" | tee "$OUT/summary.txt"

@@ -147,14 +147,44 @@ def gpu_budget_table(folder: Path) -> str:
 
 
 def matmul_peak_table(folder: Path) -> str:
-    """benchmarks/bench_matmul.py's JSON: every round and the median."""
+    """benchmarks/bench_matmul.py's JSON records (`matmul_<dtype>_<commit>.json`), in the order they were taken (the
+    date in `machine_<commit>.txt`, which benchmarks/gpu_check.sh writes beside them): every round and the median."""
     rows = []
-    for path in sorted(folder.glob("matmul_*.json")):
-        record = json.loads(path.read_text())
+    for path in folder.glob("matmul_*.json"):
+        record, commit = json.loads(path.read_text()), path.stem.rsplit("_", 1)[1]
+        taken = re.search(r"date (\S+)", (folder / f"machine_{commit}.txt").read_text()).group(1)
         rounds = ", ".join(f"{t:.0f}" for t in record["tflops_rounds"])
         size = f"{record['n']}^3 {record['dtype']}"
-        rows.append([record["device"], size, rounds, f"{statistics.median(record['tflops_rounds']):.0f}"])
-    return markdown_table(["device", "product", "TFLOP/s, each round in order", "median"], rows)
+        median = f"{statistics.median(record['tflops_rounds']):.0f}"
+        rows.append([record["device"], taken[:16].replace("T", " "), commit, size, rounds, median])
+    header = ["device", "taken (UTC)", "commit", "product", "TFLOP/s, each round in order", "median"]
+    return markdown_table(header, sorted(rows, key=lambda row: row[1]))
+
+
+def model_step_table(folder: Path) -> str:
+    """benchmarks/benchmark.py's JSON records (`step_<case>*.json`, mode=steps): a row per case and compile mode,
+    ours against its peer, as the script prints it; the peer named from vit/analysis/bench_cases.py."""
+    from vit.analysis.bench_cases import CASES
+
+    results = [r for path in folder.glob("step_*.json") for r in json.loads(path.read_text())["results"]]
+    order = list(CASES)
+    results.sort(key=lambda r: (order.index(r["case"]), r["compile_mode"] is not None))
+
+    def gib(side: dict | None) -> str:
+        return f"{side['peak_gib']:.2f}" if side and side.get("peak_gib") is not None else "-"
+
+    rows = []
+    for result in results:
+        ours, peer = result["sides"][0], (result["sides"][1] if len(result["sides"]) > 1 else None)
+        ratio = f"{result['ratio_median']:.3f} ({result['ratio_p10']:.3f}-{result['ratio_p90']:.3f})" if peer else "-"
+        rows.append(
+            [f"`{result['case']}`", str(result["img_size"]), str(result["batch"])]
+            + [result["compile_mode"] or "eager", f"{ours['img_per_s']:,.0f}"]
+            + [f"{peer['img_per_s']:,.0f} ({CASES[result['case']].peer})" if peer else "-", ratio]
+            + [f"{100 * ours['mfu']:.1f}%", gib(ours), gib(peer)]
+        )
+    header = ["model", "img px", "batch", "compile", "ours img/s", "peer img/s", "ratio (p10-p90)", "ours MFU"]
+    return markdown_table([*header, "ours GiB", "peer GiB"], rows)
 
 
 def cuda_tier_table(folder: Path) -> str:
@@ -270,6 +300,7 @@ TABLES: dict[str, DocTable] = {
     "gpu_budget_h200": DocTable("gpu_budget_h200", gpu_budget_table),
     "matmul_peak_h200": DocTable("gpu_budget_h200", matmul_peak_table),
     "cuda_tier_h200": DocTable("gpu_budget_h200", cuda_tier_table),
+    "model_step_h200": DocTable("model_step_h200", model_step_table),
     "optimizer_step_avx2": DocTable("cpu_step_avx2", optimizer_step_table),
     "cifar10_proxy_base": DocTable("cifar10_proxy_base", proxy_base_table),
     "cpu_profile_avx2": DocTable("cpu_step_avx2", cpu_profile_table),
