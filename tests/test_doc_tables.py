@@ -69,3 +69,22 @@ def test_an_unknown_table_name_is_one_line_naming_it(tmp_path, monkeypatch, caps
     monkeypatch.setattr(script, "REPO", tmp_path)
     assert script.run_script(script.main, ["check=true"]) == 2
     assert "X.md: no table named 'no_such_table'" in capsys.readouterr().err
+
+
+def test_the_model_step_rows_come_from_each_record_with_the_peer_named(tmp_path):
+    """A record's throughput and ratio change its row and only its row; the official code is named as the peer of
+    the T2T cases and timm of the ViTs."""
+    folder = tmp_path / "model_step_h200"
+    shutil.copytree(REPO / "docs" / "results" / "model_step_h200", folder)
+    record = folder / "step_vit_base.json"
+    data = json.loads(record.read_text())
+    eager = data["results"][0]
+    eager["sides"][0]["img_per_s"], eager["ratio_median"] = 5000.0, 1.9
+    record.write_text(json.dumps(data))
+    before = doc_tables.model_step_table(REPO / "docs" / "results" / "model_step_h200").splitlines()
+    after = doc_tables.model_step_table(folder).splitlines()
+    changed = [(old, new) for old, new in zip(before, after, strict=True) if old != new]
+    assert len(changed) == 1
+    assert "| `vit_base` | 224 | 128 | eager | 5,000 |" in changed[0][1] and "| 1.900 (" in changed[0][1]
+    assert all("(official)" in row for row in after if "t2t_vit" in row)
+    assert all("(timm)" in row for row in after[2:] if "`vit_" in row)
