@@ -47,6 +47,26 @@ def _vit_peer(embed_dim, depth, heads, img, patch, classes=1000, drop_path=0.0, 
     )
 
 
+CPU_CIFAR = {"img_size": 32, "patch_size": 4, "num_classes": 10, "embed_dim": 128, "depth": 6, "num_heads": 4}
+
+
+def _cpu_lever_cases() -> list[BenchCase]:
+    from timm.layers import SwiGLUPacked
+
+    base = dict(CPU_CIFAR, mlp_ratio=2.0)
+    peer = _vit_peer(128, 6, 4, 32, 4, classes=10, mlp_ratio=2.0)
+    swiglu_peer = dict(peer, mlp_layer=SwiGLUPacked, act_layer=nn.SiLU)
+    levers = {"qk_norm": True, "pos_embed": "rope_mixed", "mlp": "swiglu"}
+    return [
+        BenchCase("vit_cpu_cifar_conv_stem", "vit_tiny", dict(base, patch_embed="conv"), 32, 128, None),
+        BenchCase("vit_cpu_cifar_qk_norm", "vit_tiny", dict(base, qk_norm=True), 32, 128, "timm",
+                  dict(peer, qk_norm=True)),
+        BenchCase("vit_cpu_cifar_rope_mixed", "vit_tiny", dict(base, pos_embed="rope_mixed"), 32, 128, None),
+        BenchCase("vit_cpu_cifar_swiglu", "vit_tiny", dict(base, mlp="swiglu"), 32, 128, "timm", swiglu_peer),
+        BenchCase("vit_cpu_cifar_three_levers", "vit_tiny", dict(base, **levers), 32, 128, None),
+    ]  # fmt: skip
+
+
 CASES: dict[str, BenchCase] = {
     c.name: c
     for c in [
@@ -77,6 +97,10 @@ CASES: dict[str, BenchCase] = {
             "timm",
             _vit_peer(128, 6, 4, 32, 4, classes=10, mlp_ratio=2.0),
         ),  # fmt: skip
+        # The CPU recipe's model levers, one at a time on vit_cpu_cifar, and qk-norm + mixed RoPE + SwiGLU together
+        # (docs/BENCHMARKS.md, "What each model lever costs on the CPU"); timm is the peer where its
+        # VisionTransformer builds the same thing (qk-norm; SwiGLU as its packed fc1 = [gate | value]).
+        *_cpu_lever_cases(),
         # A toy shape so the whole protocol runs in seconds on a CPU (tests, smoke checks).
         BenchCase(
             "toy",
