@@ -181,7 +181,7 @@ def model_step_table(folder: Path) -> str:
             [f"`{result['case']}`", str(result["img_size"]), str(result["batch"])]
             + [result["compile_mode"] or "eager", f"{ours['img_per_s']:,.0f}"]
             + [f"{peer['img_per_s']:,.0f} ({CASES[result['case']].peer})" if peer else "-", ratio]
-            + [f"{100 * ours['mfu']:.1f}%", gib(ours), gib(peer)]
+            + [f"{100 * ours['mfu']:.1f}%" if ours.get("mfu") is not None else "-", gib(ours), gib(peer)]
         )
     header = ["model", "img px", "batch", "compile", "ours img/s", "peer img/s", "ratio (p10-p90)", "ours MFU"]
     return markdown_table([*header, "ours GiB", "peer GiB"], rows)
@@ -294,6 +294,41 @@ def cpu_profile_table(folder: Path) -> str:
     return markdown_table([f"inside `train_one_epoch` ({total:,} samples)", "share of its samples"], rows)
 
 
+LEVER_LABELS = {
+    "vit_cpu_cifar": "none: plain patches, learned positions, GELU MLP",
+    "vit_cpu_cifar_conv_stem": "convolutional stem (`model.patch_embed=conv`)",
+    "vit_cpu_cifar_qk_norm": "qk-norm (`model.qk_norm=true`)",
+    "vit_cpu_cifar_rope_mixed": "mixed RoPE (`model.pos_embed=rope_mixed`)",
+    "vit_cpu_cifar_swiglu": "SwiGLU (`model.mlp=swiglu`)",
+    "vit_cpu_cifar_three_levers": "qk-norm + mixed RoPE + SwiGLU",
+}
+
+
+def cpu_lever_table(folder: Path) -> str:
+    """benchmarks/benchmark.py's record of the lever cases (`step_*.json`): each lever's img/s (median and the
+    rounds' range), against the plain case's median, and against timm's same model where timm builds it (the
+    interleaved ratio)."""
+    from vit.analysis.bench_cases import CASES, build_side
+
+    results = {r["case"]: r for path in folder.glob("step_*.json") for r in json.loads(path.read_text())["results"]}
+    plain = results["vit_cpu_cifar"]["sides"][0]["img_per_s"]
+    rows = []
+    for case, label in LEVER_LABELS.items():
+        result = results[case]
+        ours, peer = result["sides"][0], (result["sides"][1] if len(result["sides"]) > 1 else None)
+        params = sum(p.numel() for p in build_side(CASES[case], "ours").parameters())
+        spread = f"{min(ours['round_img_per_s']):.0f}-{max(ours['round_img_per_s']):.0f}"
+        versus_timm = "-"
+        if peer:
+            versus_timm = f"{result['ratio_median']:.3f} ({result['ratio_p10']:.3f}-{result['ratio_p90']:.3f})"
+        rows.append(
+            [label, f"{params:,}", f"{ours['img_per_s']:.0f} ({spread})", f"{ours['img_per_s'] / plain:.2f}"]
+            + [f"{peer['img_per_s']:.0f}" if peer else "-", versus_timm]
+        )
+    header = ["lever on vit_cpu_cifar", "params", "ours img/s (rounds' range)", "vs none", "timm img/s"]
+    return markdown_table([*header, "ours / timm (p10-p90)"], rows)
+
+
 TABLES: dict[str, DocTable] = {
     "cifar10_cpu_budget_avx2": DocTable("cifar10_cpu_budget/avx2", cpu_budget_table),
     "cifar10_cpu_budget_2h_loaded_avx2": DocTable("cifar10_cpu_budget/avx2_2h_loaded", cpu_budget_table),
@@ -301,6 +336,7 @@ TABLES: dict[str, DocTable] = {
     "matmul_peak_h200": DocTable("gpu_budget_h200", matmul_peak_table),
     "cuda_tier_h200": DocTable("gpu_budget_h200", cuda_tier_table),
     "model_step_h200": DocTable("model_step_h200", model_step_table),
+    "cpu_levers_avx2": DocTable("cpu_levers_avx2", cpu_lever_table),
     "optimizer_step_avx2": DocTable("cpu_step_avx2", optimizer_step_table),
     "cifar10_proxy_base": DocTable("cifar10_proxy_base", proxy_base_table),
     "cpu_profile_avx2": DocTable("cpu_step_avx2", cpu_profile_table),
