@@ -13,8 +13,9 @@ from trainer_utils import QUICK, compose_config
 
 from vit.engine.weights import load_checkpoint
 from vit.errors import ConfigError
+from vit.settings.trainer import parse_budget
 from vit.train import run
-from vit.train.budget import Budget, RunShape, parse_budget
+from vit.train.budget import Budget, RunShape
 from vit.train.config import validate
 
 MIN_LR = 1e-5  # not 0, so the final rate being the minimum says something

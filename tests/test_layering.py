@@ -28,6 +28,7 @@ ABOVE = {
     "vit.errors": EVERY_PACKAGE,  # the one base of the errors a user can fix: below everything
     "vit.hub": EVERY_PACKAGE,  # the Hub's offline check, for the pretrained weights and the Hugging Face datasets
     "vit.progress": EVERY_PACKAGE,  # progress bars and lines for long stretches of work
+    "vit.settings": EVERY_PACKAGE,  # the config groups' typed declarations: defaults, types and ranges
     "vit.models": ("vit.data", "vit.engine", *TOOLS),
     "vit.data": ("vit.models", "vit.engine", *TOOLS),
     "vit.engine": TOOLS,

@@ -165,8 +165,9 @@ def evaluation_loader(split, pre, data_cfg, batch_size: int, device: torch.devic
 
 def evaluate_weights(argv: list[str]) -> dict:
     from vit.data.sources.registry import build_splits
-    from vit.engine.device import AMP_MODES, announce, choose_precision, resolve_device
+    from vit.engine.device import announce, choose_precision, resolve_device
     from vit.engine.evaluation import evaluate
+    from vit.settings.trainer import AMP_MODES
 
     options = parse_args(argv, KNOWN_KEYS, model_keys=True, data_keys=True)
     if options.get("amp", "auto") not in AMP_MODES:

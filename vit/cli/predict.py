@@ -37,8 +37,9 @@ import torch
 
 from vit.analysis.inputs import image_paths, load_images, load_model
 from vit.cli.args import parse_args, run_script
-from vit.engine.device import AMP_MODES, choose_precision
+from vit.engine.device import choose_precision
 from vit.errors import UsageError
+from vit.settings.trainer import AMP_MODES
 
 
 def probabilities(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import fields
+from dataclasses import asdict, fields
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -26,11 +26,9 @@ from vit.models.fit import PretrainedError
 from vit.models.foundation import TimmArchitecture, timm_architecture
 from vit.models.registry import model_defaults
 from vit.models.vit import VisionTransformer, ViTConfig
+from vit.settings import MaeSettings
 
 log = logging.getLogger("vit.engine.build")
-
-MAE_KEYS = ("mask_ratio", "decoder_embed_dim", "decoder_depth", "decoder_num_heads", "norm_pix_loss")
-
 
 # Model keys that say how a run starts (vit/train/finetune.py), not how the model is built.
 FINETUNE_MODEL_KEYS = ("pretrained", "pretrained_file", "pretrained_ema", "freeze")
@@ -132,10 +130,11 @@ def over_timm_architecture(arch: TimmArchitecture, name: str, kwargs: dict, anno
 
 def build_mae_from_config(model_cfg: Mapping, mae_cfg: Mapping) -> nn.Module:
     """task=mae: the masked autoencoder around the encoder `model_cfg` describes (vit/models/mae.py)."""
-    check_types(OmegaConf.create({"model": dict(model_cfg), "mae": dict(mae_cfg)}))
+    check_types(OmegaConf.create({"model": dict(model_cfg)}))
+    mae = asdict(MaeSettings.of(mae_cfg))  # types and ranges: vit/settings/mae.py
     kwargs = model_kwargs(model_cfg)
     kwargs.pop("num_classes", None)
     try:
-        return create_mae(str(model_cfg.get("name")), {k: mae_cfg[k] for k in MAE_KEYS}, **kwargs)
+        return create_mae(str(model_cfg.get("name")), mae, **kwargs)
     except ValueError as err:
         raise ConfigError(f"task=mae: model.{err}") from err

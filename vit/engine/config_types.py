@@ -1,11 +1,14 @@
 """The value types of the composed config's keys: a value that is not a number, a flag or a list of the right
-length is named with its key before any range check or constructor sees it."""
+length is named with its key before any range check or constructor sees it. The groups with a settings class
+(vit/settings: optim, sched, distill, mae, trainer) are checked by it, types and ranges, from their one
+declaration; the tables below still list the model's and data's keys."""
 
 from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
 from vit.errors import require
+from vit.settings import SETTINGS
 
 # The numeric knobs of each config group: a value that is not a number (`model.img_size=abc`) is named as such
 # before any range check or constructor sees it. "int" refuses 32.5 and also 32.0 or 1e3 (floats that torch's
@@ -37,29 +40,6 @@ NUMERIC_KEYS = {
             "augment.label_smoothing",
         ),
     },
-    "optim": {
-        "int": ("lr_batch",),
-        "float": ("lr", "weight_decay", "weight_decay_end", "eps", "momentum", "layer_decay"),
-    },
-    "sched": {"int": (), "float": ("warmup_epochs", "warmup_lr_init", "min_lr")},
-    "trainer": {
-        "int": (
-            "epochs",
-            "seed",
-            "accum_steps",
-            "limit_train_batches",
-            "limit_val_batches",
-            "log_every_n_steps",
-            "attn_maps_every_n_epochs",
-            "recon_images_every_n_epochs",
-            "stop_after_epoch",
-            "max_bad_steps",
-            "val_every_n_epochs",
-            "keep_last",
-            "progressive_resize.min_size",
-        ),
-        "float": ("grad_clip", "ema_decay", "progressive_resize.start", "progressive_resize.end"),
-    },
     "model": {
         "int": (
             "img_size",
@@ -82,8 +62,6 @@ NUMERIC_KEYS = {
             "rope_temperature",
         ),
     },
-    "distill": {"int": ("teacher_img_size",), "float": ("alpha", "tau")},
-    "mae": {"int": ("decoder_embed_dim", "decoder_depth", "decoder_num_heads"), "float": ("mask_ratio",)},
 }
 
 
@@ -100,18 +78,13 @@ BOOL_KEYS = {
         "no_embed_class",
         "fc_norm",
     ),
-    "distill": ("teacher_ema",),
-    "mae": ("norm_pix_loss",),
     "data": ("pin_memory", "unlabelled", "download", "scan_images", "augment.hflip"),
-    "trainer": ("deterministic", "ema", "ema_warmup", "save_checkpoints", "eval_flip", "grad_checkpointing"),
 }
 
 
 # Lists of numbers: (key, length); their values' ranges are checked in validate.
 NUMBER_LISTS = {
-    "optim": (("betas", 2),),
     "data": (("mean", 3), ("std", 3)),
-    "distill": (("teacher_mean", 3), ("teacher_std", 3)),
 }
 
 
@@ -122,6 +95,9 @@ def _is_number(value) -> bool:
 def check_types(cfg: DictConfig) -> None:
     """Every numeric knob holds a number (or null): `config error: model.img_size='abc' must be an integer`;
     switches hold true/false, and number lists hold that many numbers."""
+    for group, settings in SETTINGS.items():
+        if cfg.get(group) is not None:
+            settings.check(cfg.get(group))
     for group, kinds in NUMERIC_KEYS.items():
         node = cfg.get(group)
         if node is None:
@@ -153,3 +129,29 @@ def check_types(cfg: DictConfig) -> None:
             ok = len(values) == length and all(_is_number(v) for v in values)
             shown = OmegaConf.to_container(value) if OmegaConf.is_list(value) else value
             require(ok, f"{group}.{key}={shown!r} must be a list of {length} numbers or null")
+
+
+def numeric_keys() -> dict[str, dict[str, tuple[str, ...]]]:
+    """Every numeric key, by group and kind ("int" or "float"): the tables above and the settings classes' fields."""
+    keys = {group: dict(kinds) for group, kinds in NUMERIC_KEYS.items()}
+    for group, settings in SETTINGS.items():
+        keys[group] = {kind: tuple(_fields_of(settings, base)) for kind, base in (("int", int), ("float", float))}
+    return keys
+
+
+def _fields_of(settings, base: type, prefix: str = ""):
+    """The dotted names of a settings class's fields of type `base` (sub-groups' included), parsed ones left out:
+    they have a syntax of their own (trainer.budget's durations)."""
+    for name, (kind, meta) in settings.kinds().items():
+        if kind.nested:
+            yield from _fields_of(kind.base, base, f"{prefix}{name}.")
+        elif kind.base is base and not kind.choices and not meta.get("parse"):
+            yield f"{prefix}{name}"
+
+
+def number_lists() -> dict[str, tuple[tuple[str, int], ...]]:
+    """Every list-of-numbers key with its length: the table above and the settings classes' tuple fields."""
+    lists = dict(NUMBER_LISTS)
+    for group, settings in SETTINGS.items():
+        lists[group] = tuple((name, k.length) for name, (k, _) in settings.kinds().items() if k.base is tuple)
+    return lists

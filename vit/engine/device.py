@@ -30,7 +30,6 @@ from vit.errors import ConfigError
 
 log = logging.getLogger("vit.train")
 
-AMP_MODES = ("auto", "bf16", "fp16", "none")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 # Where bf16 trained faster than fp32 on the CPU at every batch measured: encoders (embed_dim) at least 128 wide over
 # at least 64 patch tokens (96 wide: 0.66x to 1.11x; 128 wide over 16 tokens: 0.87x). Conservative: it keeps a few

@@ -32,7 +32,6 @@ from __future__ import annotations
 import bisect
 import logging
 import math
-import re
 import time
 from dataclasses import dataclass
 
@@ -44,37 +43,6 @@ log = logging.getLogger("vit.train")
 def clock() -> float:
     """The clock every budget decision reads: the run's own (`Progress.elapsed`) is time.perf_counter too."""
     return time.perf_counter()
-
-
-UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([smhd])")
-
-
-def parse_budget(value) -> float | None:
-    """`trainer.budget` in seconds: null -> None; a number of seconds; or a duration such as `90s`, `30m`, `2h`,
-    `1h30m`. Raises ConfigError naming the value otherwise."""
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "null", "none")):
-        return None
-    bad = ConfigError(
-        f"trainer.budget={value!r} is not a duration: give seconds (e.g. 1800) or a number with a unit s, m, h or d "
-        "(e.g. 90s, 30m, 2h, 1h30m)"
-    )
-    if isinstance(value, bool):
-        raise bad
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        text = str(value).strip().lower().replace(" ", "")
-        try:
-            seconds = float(text)
-        except ValueError:
-            parts = _PART.findall(text)
-            if not parts or "".join(number + unit for number, unit in parts) != text:
-                raise bad from None
-            seconds = sum(float(number) * UNITS[unit] for number, unit in parts)
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigError(f"trainer.budget={value!r} must be a positive duration")
-    return seconds
 
 
 def duration(seconds: float) -> str:

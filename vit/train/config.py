@@ -13,18 +13,11 @@ from vit.data.sources.archive import is_archive
 from vit.data.sources.registry import DATASETS
 from vit.data.sources.splits import parse_holdout
 from vit.engine.config_types import check_types
-from vit.engine.device import AMP_MODES, resolve_device
+from vit.engine.device import resolve_device
 from vit.engine.tasks import CONFIG_TASKS, task_of
 from vit.engine.weights import names_a_source
 from vit.errors import ConfigError, require
-from vit.train.budget import parse_budget
 from vit.train.finetune import FREEZE_MODES
-
-DEVICES = ("auto", "cpu", "cuda")
-PROGRESS = ("auto", "bar", "log")
-COMPILE_SCOPES = ("model", "blocks")
-SCHEDULES = ("cosine", "constant")
-DISTILL_TYPES = ("none", "hard", "soft")
 
 
 def validate(cfg: DictConfig) -> None:
@@ -138,27 +131,11 @@ def check_optim(optim: DictConfig) -> None:
             key not in FACTORY_KEYS,
             f"optim.kwargs.{key} is timm's parameter grouping, which the trainer does itself (vit/train/optimizer.py)",
         )
-    require(float(optim.lr) > 0, f"optim.lr={optim.lr} must be > 0")
-    require(float(optim.weight_decay) >= 0, f"optim.weight_decay={optim.weight_decay} must be >= 0")
-    if optim.get("weight_decay_end") is not None:
-        require(float(optim.weight_decay_end) >= 0, f"optim.weight_decay_end={optim.weight_decay_end} must be >= 0")
-    if optim.get("lr_batch") is not None:
-        require(int(optim.lr_batch) >= 1, f"optim.lr_batch={optim.lr_batch} must be >= 1")
-    if optim.get("eps") is not None:
-        require(float(optim.eps) > 0, f"optim.eps={optim.eps} must be > 0")
-    if optim.get("momentum") is not None:
-        require(0.0 <= float(optim.momentum) < 1.0, f"optim.momentum={optim.momentum} must be in [0, 1)")
-    if optim.get("betas") is not None:
-        betas = list(optim.betas)
-        require(all(0.0 <= float(b) < 1.0 for b in betas), f"optim.betas={betas} must both be in [0, 1)")
+    # The shared keys' types and ranges: vit/settings/optim.py (checked with the types, vit/engine/config_types.py).
 
 
 def check_sched(sched: DictConfig, optim: DictConfig) -> None:
-    require(sched.name in SCHEDULES, f"sched.name={sched.name!r} must be one of {SCHEDULES}")
-    require(float(sched.warmup_epochs) >= 0, f"sched.warmup_epochs={sched.warmup_epochs} must be >= 0")
-    for key in ("warmup_lr_init", "min_lr"):
-        value = sched.get(key)
-        require(value is None or float(value) >= 0, f"sched.{key}={value} must be >= 0")
+    # Types, ranges and sched.name's choices: vit/settings/sched.py. What remains is between groups.
     if sched.get("min_lr") is not None:
         # The cosine would climb from the peak up to min_lr. (Compared with optim.lr as configured, before the
         # batch-size scaling.)
@@ -169,50 +146,16 @@ def check_sched(sched: DictConfig, optim: DictConfig) -> None:
 
 
 def check_trainer(trainer: DictConfig) -> None:
-    require(int(trainer.epochs) > 0, f"trainer.epochs={trainer.epochs} must be positive")
-    parse_budget(trainer.get("budget"))  # a ConfigError naming the value
-    require(0 <= int(trainer.seed) < 2**32, f"trainer.seed={trainer.seed} must be in [0, 2**32)")
-    require(trainer.amp in AMP_MODES, f"trainer.amp={trainer.amp!r} must be one of {AMP_MODES}")
-    threads = trainer.get("threads", "auto")
-    require(
-        threads == "auto" or (isinstance(threads, int) and not isinstance(threads, bool) and threads >= 1),
-        f"trainer.threads={threads!r} must be auto or a whole number >= 1",
-    )
-    require(trainer.device in DEVICES, f"trainer.device={trainer.device!r} must be one of {DEVICES}")
-    require(
-        trainer.compile in (True, False, "auto"), f"trainer.compile={trainer.compile!r} must be true, false or auto"
-    )
-    require(trainer.progress in PROGRESS, f"trainer.progress={trainer.progress!r} must be one of {PROGRESS}")
-    scope = trainer.compile_scope
-    require(scope in COMPILE_SCOPES, f"trainer.compile_scope={scope!r} must be one of {COMPILE_SCOPES}")
-    require(int(trainer.accum_steps) >= 1, f"trainer.accum_steps={trainer.accum_steps} must be >= 1")
-    require(int(trainer.log_every_n_steps) >= 1, f"trainer.log_every_n_steps={trainer.log_every_n_steps} must be >= 1")
-    require(0.0 < float(trainer.ema_decay) < 1.0, f"trainer.ema_decay={trainer.ema_decay} must be in (0, 1)")
-    if trainer.grad_clip is not None:
-        require(float(trainer.grad_clip) > 0, f"trainer.grad_clip={trainer.grad_clip} must be > 0 or null")
-    require(int(trainer.max_bad_steps) >= 1, f"trainer.max_bad_steps={trainer.max_bad_steps} must be >= 1")
-    val_every = trainer.get("val_every_n_epochs")
-    require(val_every is None or int(val_every) >= 1, f"trainer.val_every_n_epochs={val_every} must be >= 1")
-    attn_every = trainer.get("attn_maps_every_n_epochs")
-    require(attn_every is None or int(attn_every) >= 0, f"trainer.attn_maps_every_n_epochs={attn_every} must be >= 0")
-    recon_every = trainer.get("recon_images_every_n_epochs")
-    require(
-        recon_every is None or int(recon_every) >= 0,
-        f"trainer.recon_images_every_n_epochs={recon_every} must be >= 0",
-    )
-    for key in ("limit_train_batches", "limit_val_batches", "stop_after_epoch"):
-        value = trainer.get(key)
-        require(value is None or int(value) >= 1, f"trainer.{key}={value} must be >= 1 or null")
-    keep = trainer.keep_last
-    require(keep is None or int(keep) >= 1, f"trainer.keep_last={keep} must be >= 1 or null (null: no epoch files)")
+    """Types, ranges and choices: vit/settings/trainer.py (checked with the types). What remains needs the disk."""
     resume = trainer.resume
     if resume not in (None, "auto"):
         require(Path(str(resume)).is_file(), f"trainer.resume={str(resume)!r}: no such checkpoint file")
 
 
 def check_finetune(cfg: DictConfig) -> None:
-    """`model.pretrained` (a source string or null), `model.freeze` and `optim.layer_decay`; whether the source
-    can be read and fits the model is checked when the run reads it (vit/train/finetune.py), still before data."""
+    """`model.pretrained` (a source string or null) and `model.freeze` (optim.layer_decay: vit/settings/optim.py);
+    whether the source can be read and fits the model is checked when the run reads it (vit/train/finetune.py),
+    still before data."""
     source = cfg.model.get("pretrained")
     require(
         source is None or names_a_source(source),
@@ -220,8 +163,6 @@ def check_finetune(cfg: DictConfig) -> None:
     )
     mode = cfg.model.get("freeze", "none")
     require(mode in FREEZE_MODES, f"model.freeze={mode!r} must be one of {FREEZE_MODES}")
-    decay = cfg.optim.get("layer_decay")
-    require(decay is None or 0.0 < float(decay) <= 1.0, f"optim.layer_decay={decay} must be in (0, 1] or null")
 
 
 def check_distill(cfg: DictConfig) -> None:
@@ -230,11 +171,7 @@ def check_distill(cfg: DictConfig) -> None:
     dcfg = cfg.get("distill")
     if dcfg is None:
         return
-    kind, teacher = dcfg.type, dcfg.teacher  # the defaults: configs/distill/default.yaml
-    require(kind in DISTILL_TYPES, f"distill.type={kind!r} must be one of {DISTILL_TYPES}")
-    alpha, tau = float(dcfg.alpha), float(dcfg.tau)
-    require(0.0 <= alpha <= 1.0, f"distill.alpha={alpha} must be in [0, 1] (the distillation loss's weight)")
-    require(tau > 0.0, f"distill.tau={tau} must be > 0 (the soft distillation's temperature)")
+    kind, teacher = dcfg.type, dcfg.teacher  # types and ranges: vit/settings/distill.py
     require(
         teacher is None or names_a_source(teacher),
         f"distill.teacher={teacher!r} must be null, timm:<model name> or a path to a weight file",
@@ -245,10 +182,6 @@ def check_distill(cfg: DictConfig) -> None:
         require(
             teacher is None, f"distill.teacher={teacher!r} is set but distill.type=none: set distill.type=hard or soft"
         )
-    size = dcfg.get("teacher_img_size")
-    require(size is None or int(size) > 0, f"distill.teacher_img_size={size} must be positive or null")
-    std = dcfg.get("teacher_std")
-    require(std is None or all(float(v) > 0 for v in std), f"distill.teacher_std={std} must be > 0 in every channel")
 
 
 def check_progressive_resize(cfg: DictConfig) -> None:

@@ -29,6 +29,7 @@ from vit.engine.device import autocast_to
 from vit.engine.weights import CheckpointError, read_weights
 from vit.errors import ConfigError
 from vit.models.fit import PretrainedError, Weights, describe_mismatch
+from vit.settings import DistillSettings
 from vit.train.checkpoints import class_difference
 
 log = logging.getLogger("vit.train")
@@ -164,10 +165,11 @@ def predictions(model: nn.Module, loader: Iterable, device, amp_dtype, limit) ->
 # --- the teacher -------------------------------------------------------------------------------------------------
 
 
-def load_teacher(dcfg: Mapping) -> Teacher | None:
+def load_teacher(dcfg: DistillSettings | Mapping) -> Teacher | None:
     """`distill.teacher`'s model, read and built before any data is read; None without a teacher. Any problem is
     a CheckpointError naming the setting (the trainer prints it in one line and exits with code 2)."""
-    source = dcfg.get("teacher")
+    dcfg = DistillSettings.of(dcfg)
+    source = dcfg.teacher
     if not source:
         return None
     setting = f"distill.teacher={str(source)!r}"
@@ -175,12 +177,12 @@ def load_teacher(dcfg: Mapping) -> Teacher | None:
     instead = "distill.teacher=<last.pt/best.pt of this trainer, or a state dict with distill.teacher_model=<name>>"
     try:
         # distill.teacher_ema=true: the EMA weights where the source holds them, else its raw ones
-        weights = read_weights(str(source), ema=None if dcfg.get("teacher_ema", True) else False, instead=instead)
+        weights = read_weights(str(source), ema=None if dcfg.teacher_ema else False, instead=instead)
         if weights.timm_model is not None:
             return timm_teacher(weights)
         if weights.config is not None:
             return checkpoint_teacher(weights)
-        return state_dict_teacher(weights, dcfg.get("teacher_model"))
+        return state_dict_teacher(weights, dcfg.teacher_model)
     except FileNotFoundError:
         raise CheckpointError(
             f"{setting}: no such file (give timm:<name>, a last.pt/best.pt of this trainer, or a state dict file "
@@ -264,31 +266,34 @@ def check_teacher_classes(teacher: Teacher, num_classes: int | None, class_to_id
             raise CheckpointError(f"{setting}: {problem}")
 
 
-def build_distiller(dcfg: Mapping, teacher: Teacher | None, model: nn.Module, bundle, img_size: int, device):
+def build_distiller(
+    dcfg: DistillSettings | Mapping, teacher: Teacher | None, model: nn.Module, bundle, img_size: int, device
+):
     """The run's `Distiller` (None: neither a teacher nor a distillation token), the teacher on `device` behind
     its input adapter, and one log line saying what the teacher sees."""
+    dcfg = DistillSettings.of(dcfg)
     distilled = bool(getattr(model, "distilled", False))
     if teacher is None and not distilled:
         return None
     view = None
     if teacher is not None:
         check_teacher_classes(teacher, bundle.num_classes, bundle.class_to_idx)
-        size = int(dcfg.get("teacher_img_size") or teacher.img_size or img_size)
-        mean = tuple(float(v) for v in (dcfg.get("teacher_mean") or teacher.mean or bundle.mean))
-        std = tuple(float(v) for v in (dcfg.get("teacher_std") or teacher.std or bundle.std))
+        size = int(dcfg.teacher_img_size or teacher.img_size or img_size)
+        mean = tuple(float(v) for v in (dcfg.teacher_mean or teacher.mean or bundle.mean))
+        std = tuple(float(v) for v in (dcfg.teacher_std or teacher.std or bundle.std))
         view = TeacherView(teacher.model, size, mean, std, tuple(bundle.mean), tuple(bundle.std)).to(device)
         log.info(teacher_line(dcfg, teacher, view, img_size, mean, std, distilled))
     else:
         log.info("model.distill_token=true without a teacher: both heads learn the labels through their average")
-    return Distiller(
-        bundle.train_criterion, view, str(dcfg.get("type", "none")), dcfg.get("alpha", 0.5), dcfg.get("tau", 1.0)
-    )
+    return Distiller(bundle.train_criterion, view, dcfg.type, dcfg.alpha, dcfg.tau)
 
 
-def teacher_line(dcfg, teacher: Teacher, view: TeacherView, img_size: int, mean, std, distilled: bool) -> str:
+def teacher_line(
+    dcfg: DistillSettings, teacher: Teacher, view: TeacherView, img_size: int, mean, std, distilled: bool
+) -> str:
     params = sum(p.numel() for p in teacher.model.parameters()) / 1e6
-    kind = str(dcfg.get("type"))
-    how = f"alpha {float(dcfg.get('alpha')):g}" + (f", tau {float(dcfg.get('tau')):g}" if kind == "soft" else "")
+    kind = dcfg.type
+    how = f"alpha {dcfg.alpha:g}" + (f", tau {dcfg.tau:g}" if kind == "soft" else "")
     head = "the distillation token's head" if distilled else "the class head (no distillation token)"
     sees = f"the student's batch ({img_size} px"
     sees += f", resized to {view.img_size} px on the device" if view.img_size != img_size else ""

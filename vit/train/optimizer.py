@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from timm.scheduler import CosineLRScheduler
 from timm.scheduler.scheduler import Scheduler
 from timm.utils import ModelEmaV3
@@ -24,9 +24,9 @@ from vit.engine.device import Precision, announce, choose_precision
 from vit.engine.distributed import Distributed
 from vit.errors import ConfigError
 from vit.models.weights_file import first_line
+from vit.settings import OptimSettings, SchedSettings, TrainerSettings
 from vit.train.loop import StepSettings
 from vit.train.progressive import ResizeSchedule, allow_recompiles
-from vit.train.settings import TrainerSettings
 
 
 def param_groups(model: nn.Module, weight_decay: float, fallback: Collection[str] = ()) -> list[dict]:
@@ -118,10 +118,11 @@ def fallback_patterns(model: nn.Module, optimizer_class: type) -> tuple[str, ...
     return (*MUON_FALLBACK, *sorted(getattr(model, "no_weight_decay", lambda: set())()))
 
 
-def scaled_lr(optim_cfg: Mapping, global_batch: int) -> float:
+def scaled_lr(optim: OptimSettings | Mapping, global_batch: int) -> float:
     """`optim.lr` is given for `optim.lr_batch` images (512 by default) and scaled linearly: a global batch
     of 256 trains with half of it (Goyal et al. 2017)."""
-    return float(optim_cfg["lr"]) * global_batch / float(optim_cfg.get("lr_batch") or 512)
+    optim = OptimSettings.of(optim)
+    return optim.lr * global_batch / (optim.lr_batch or 512)
 
 
 def optimizer_class(name: str) -> type:
@@ -135,7 +136,7 @@ def optimizer_class(name: str) -> type:
         raise ConfigError(f"optim.name={name}: {first_line(err)}") from err
 
 
-def optimizer_kwargs(optim_cfg: Mapping, opt_class: type, device: torch.device) -> dict:
+def optimizer_kwargs(optim: OptimSettings, opt_class: type, device: torch.device) -> dict:
     """What `create_optimizer_v2` gets besides the groups and the rate: optim.betas, eps and momentum where set,
     then optim.kwargs as given. A key left null is not passed: the optimizer's own default applies (timm's factory
     gives momentum 0.9 to every optimizer that takes one, and drops betas or eps for one that takes none). torch's
@@ -143,22 +144,17 @@ def optimizer_kwargs(optim_cfg: Mapping, opt_class: type, device: torch.device) 
     CPU recipe's AdamW step took 1.7 ms fused against 10 ms in torch's default per-tensor loop, and 2.3 ms against
     310 ms while a second process competed for the cores (docs/BENCHMARKS.md, "AdamW on the CPU"). SGD's fused
     kernel, never measured here, is `+optim.kwargs.fused=true`."""
-    kwargs = {}
-    if optim_cfg.get("betas") is not None:
-        kwargs["betas"] = tuple(float(b) for b in optim_cfg["betas"])
-    if optim_cfg.get("eps") is not None:
-        kwargs["eps"] = float(optim_cfg["eps"])
-    if optim_cfg.get("momentum") is not None:
-        kwargs["momentum"] = float(optim_cfg["momentum"])
-    extra = optim_cfg.get("kwargs") or {}
-    extra = OmegaConf.to_container(extra, resolve=True) if isinstance(extra, DictConfig) else dict(extra)
-    kwargs.update({key: value for key, value in extra.items() if value is not None})
+    named = {"betas": optim.betas, "eps": optim.eps, "momentum": optim.momentum}
+    kwargs = {key: value for key, value in named.items() if value is not None}
+    kwargs.update({key: value for key, value in optim.kwargs.items() if value is not None})
     if device.type in ("cuda", "cpu") and opt_class in (torch.optim.Adam, torch.optim.AdamW):
         kwargs.setdefault("fused", True)
     return kwargs
 
 
-def build_optimizer(model: nn.Module, optim_cfg: Mapping, lr: float, device: torch.device) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: nn.Module, optim: OptimSettings | Mapping, lr: float, device: torch.device
+) -> torch.optim.Optimizer:
     """timm's `create_optimizer_v2` for `optim.name`, on our parameter groups: given a list of groups it passes them
     to the optimizer as they are (its own grouping, filter_bias_and_bn and layer_decay, applies to a model only),
     so each group keeps its weight_decay and lr_scale; its weight_decay argument (0) is only the constructor's
@@ -166,15 +162,15 @@ def build_optimizer(model: nn.Module, optim_cfg: Mapping, lr: float, device: tor
     naming `optim.kwargs.<key>`."""
     from timm.optim import create_optimizer_v2
 
-    name = str(optim_cfg["name"])
+    optim = OptimSettings.of(optim)
+    name = optim.name
     opt_class = optimizer_class(name)
-    weight_decay, layer_decay = float(optim_cfg["weight_decay"]), optim_cfg.get("layer_decay")
     fallback = fallback_patterns(model, opt_class)
-    if layer_decay is not None:
-        groups = layer_decay_groups(model, weight_decay, float(layer_decay), fallback)
+    if optim.layer_decay is not None:
+        groups = layer_decay_groups(model, optim.weight_decay, optim.layer_decay, fallback)
     else:
-        groups = param_groups(model, weight_decay, fallback)
-    kwargs = optimizer_kwargs(optim_cfg, opt_class, device)
+        groups = param_groups(model, optim.weight_decay, fallback)
+    kwargs = optimizer_kwargs(optim, opt_class, device)
     try:
         return create_optimizer_v2(groups, opt=name, lr=lr, **kwargs)
     except TypeError as err:
@@ -228,7 +224,7 @@ class Schedules:
 
 def build_scheduler(
     optimizer: torch.optim.Optimizer,
-    sched_cfg: Mapping,
+    sched: SchedSettings | Mapping,
     epochs: int,
     steps_per_epoch: int,
     weight_decay_end: float | None = None,
@@ -236,17 +232,18 @@ def build_scheduler(
     """timm's cosine schedule counted in optimizer steps (`t_in_epochs=False`), stepped every update:
     `warmup` steps rising linearly from warmup_lr_init to the peak, then a cosine over the remaining steps that
     reaches min_lr with the last one (`warmup_prefix`: the cosine's t counts from the end of the warmup)."""
+    sched = SchedSettings.of(sched)
     total = max(2, epochs * steps_per_epoch)
-    warmup = min(total - 1, int(math.ceil(float(sched_cfg["warmup_epochs"]) * steps_per_epoch)))
+    warmup = min(total - 1, int(math.ceil(sched.warmup_epochs * steps_per_epoch)))
     base_lr = optimizer.param_groups[0]["lr"]
-    constant = sched_cfg["name"] == "constant"
+    constant = sched.name == "constant"
     lr = CosineLRScheduler(
         optimizer,
         # "constant": a cosine too long to move. (2 at least: timm warns that a 1-step cosine does nothing.)
         t_initial=max(2, total - warmup) if not constant else 10**12,
-        lr_min=float(sched_cfg.get("min_lr") or 0.0) if not constant else base_lr,
+        lr_min=(sched.min_lr or 0.0) if not constant else base_lr,
         warmup_t=warmup,
-        warmup_lr_init=float(sched_cfg.get("warmup_lr_init") or 0.0),
+        warmup_lr_init=sched.warmup_lr_init or 0.0,
         warmup_prefix=True,
         t_in_epochs=False,
     )
@@ -279,11 +276,10 @@ def build_optimisation(
 ) -> Optimisation:
     """The optimizer (lr scaled to the global batch), the per-step schedule, the precision and the EMA."""
     global_batch = int(cfg.data.batch_size) * trainer.accum_steps * dist.world_size  # data.batch_size: per process
-    optimizer = build_optimizer(model, cfg.optim, scaled_lr(cfg.optim, global_batch=global_batch), device)
+    optim = OptimSettings.of(cfg.optim)
+    optimizer = build_optimizer(model, optim, scaled_lr(optim, global_batch=global_batch), device)
     steps_per_epoch = max(1, math.ceil(batches_per_epoch(bundle, trainer) / trainer.accum_steps))
-    scheduler = build_scheduler(
-        optimizer, cfg.sched, trainer.epochs, steps_per_epoch, cfg.optim.get("weight_decay_end")
-    )
+    scheduler = build_scheduler(optimizer, cfg.sched, trainer.epochs, steps_per_epoch, optim.weight_decay_end)
     precision = choose_precision(trainer.amp, device, model)
     announce(precision)
     # EMA warmup (timm): the decay ramps up over the first steps, so short runs get a useful average too.

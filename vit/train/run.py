@@ -1,7 +1,7 @@
 """`run(cfg)`: one training run from a composed config, start (or resume) to `metrics.json`.
 
 `build_run` builds the one `Run` object every phase takes (vit/train/setup.py): the trainer's typed settings
-(vit/train/settings.py), torch set up, the model and the data, the optimisation (vit/train/optimizer.py), the
+(vit/settings/trainer.py), torch set up, the model and the data, the optimisation (vit/train/optimizer.py), the
 checkpoints resumed (vit/train/checkpoints.py) and the writers (vit/train/report.py). `train` is the recipe, read
 top to bottom: for each epoch, train it (vit/train/loop.py), evaluate, report, checkpoint; finally the test split
 and metrics.json (vit/train/metrics.py).
@@ -31,6 +31,7 @@ from vit.engine.files import atomic_write_text, check_run_dir
 from vit.engine.provenance import provenance
 from vit.engine.tasks import task_of
 from vit.errors import ConfigError
+from vit.settings import TrainerSettings
 from vit.train.budget import attach_budget, duration
 from vit.train.checkpoints import Checkpointer, Progress, resume, rng_state, set_rng_state
 from vit.train.config import validate
@@ -39,7 +40,6 @@ from vit.train.metrics import epoch_line, epoch_record, epoch_scalars, final_tes
 from vit.train.optimizer import build_step_settings
 from vit.train.report import Reporter, flat_hparams
 from vit.train.search import TrialReport, check_search, is_trial
-from vit.train.settings import TrainerSettings
 from vit.train.setup import Run, build_model_and_data, epoch_seed, rank_seed, seed_everything, setup_torch
 from vit.train.signals import StopSignal
 

@@ -23,6 +23,7 @@ from vit.engine.distributed import Distributed
 from vit.engine.tasks import Task, task_of
 from vit.errors import ConfigError
 from vit.models import Complexity, complexity
+from vit.settings import TrainerSettings
 from vit.train.checkpoints import Checkpointer, Progress, find_resume_checkpoint
 from vit.train.distill import build_distiller, check_teacher_classes, load_teacher
 from vit.train.finetune import freeze, load_pretrained_weights, read_pretrained
@@ -31,7 +32,6 @@ from vit.train.optimizer import batches_per_epoch
 from vit.train.progressive import ResizeSchedule, resize_schedule
 from vit.train.report import Reporter
 from vit.train.search import TrialReport
-from vit.train.settings import TrainerSettings
 from vit.train.signals import StopSignal
 
 log = logging.getLogger("vit.train")
@@ -180,7 +180,7 @@ def build_model_and_data(
     resume_path = dist.broadcast(resume_checkpoint_path(trainer.resume, run_dir, resolved) if dist.is_main else None)
     pretrained = read_pretrained(cfg.model, model) if resume_path is None else None
     # distill.teacher: read before any data, and again on resume (checkpoints hold the student only).
-    teacher = load_teacher(cfg.get("distill") or {})
+    teacher = load_teacher(cfg.get("distill"))
     if teacher is not None:
         check_teacher_classes(teacher, cfg.data.get("num_classes"))
     bundle = build_data(cfg.data, device=device, seed=seed, rank=dist.rank, world_size=dist.world_size)
@@ -198,7 +198,7 @@ def build_model_and_data(
     freeze(model, cfg.model.get("freeze"))  # frozen parameters get no optimizer state and no weight decay
     use_grad_checkpointing(model, trainer.grad_checkpointing)
     model = model.to(device)
-    distiller = build_distiller(cfg.get("distill") or {}, teacher, model, bundle, int(cfg.data.img_size), device)
+    distiller = build_distiller(cfg.get("distill"), teacher, model, bundle, int(cfg.data.img_size), device)
     if distiller is not None:  # the distill task's loss is the distiller's
         task.attach(distiller)
     cost = complexity(model)

@@ -11,6 +11,7 @@ from torch import nn
 from vit.engine.distributed import Distributed
 from vit.engine.tasks.base import Task
 from vit.errors import require
+from vit.settings import MaeSettings
 
 
 class MaskedAutoencoder(Task):
@@ -22,18 +23,11 @@ class MaskedAutoencoder(Task):
     def check(self, cfg) -> None:
         """The mae.* settings, and every setting that acts on labels, a head or whole-image attention, refused by
         name rather than ignored."""
-        from vit.engine.build import MAE_KEYS
-
         mae = cfg.get("mae")
         require(mae is not None, "task=mae needs the mae.* settings: select it with task=mae (configs/task/mae.yaml)")
-        missing = [k for k in MAE_KEYS if mae.get(k) is None]
-        require(not missing, f"mae.{missing[0] if missing else ''} is not set (task=mae needs {', '.join(MAE_KEYS)})")
-        ratio = float(mae.mask_ratio)
-        require(0.0 < ratio < 1.0, f"mae.mask_ratio={mae.mask_ratio} must be in (0, 1)")
-        for key in ("decoder_embed_dim", "decoder_depth", "decoder_num_heads"):
-            require(int(mae[key]) >= 1, f"mae.{key}={mae[key]} must be >= 1")
+        mae = MaeSettings.of(mae)  # every key's type and range: vit/settings/mae.py
         require(
-            int(mae.decoder_embed_dim) % int(mae.decoder_num_heads) == 0,
+            mae.decoder_embed_dim % mae.decoder_num_heads == 0,
             f"mae.decoder_num_heads={mae.decoder_num_heads} must divide mae.decoder_embed_dim={mae.decoder_embed_dim}",
         )
         model, augment = cfg.model, cfg.data.get("augment") or {}

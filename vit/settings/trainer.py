@@ -1,0 +1,145 @@
+"""`trainer.*`: how a run trains (vit/train; configs/trainer/default.yaml chooses nothing the class does not
+declare, configs/trainer/debug.yaml a few fast batches). Read once into `TrainerSettings`: the phases read
+`run.trainer.epochs`, never `int(cfg.trainer.epochs)`."""
+
+from __future__ import annotations
+
+import math
+import re
+import typing
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from vit.errors import ConfigError
+from vit.settings.schema import Settings, knob
+
+UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([smhd])")
+
+
+def parse_budget(value) -> float | None:
+    """`trainer.budget` in seconds: null -> None; a number of seconds; or a duration such as `90s`, `30m`, `2h`,
+    `1h30m`. Raises ConfigError naming the value otherwise."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "null", "none")):
+        return None
+    bad = ConfigError(
+        f"trainer.budget={value!r} is not a duration: give seconds (e.g. 1800) or a number with a unit s, m, h or d "
+        "(e.g. 90s, 30m, 2h, 1h30m)"
+    )
+    if isinstance(value, bool):
+        raise bad
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower().replace(" ", "")
+        try:
+            seconds = float(text)
+        except ValueError:
+            parts = _PART.findall(text)
+            if not parts or "".join(number + unit for number, unit in parts) != text:
+                raise bad from None
+            seconds = sum(float(number) * UNITS[unit] for number, unit in parts)
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"trainer.budget={value!r} must be a positive duration")
+    return seconds
+
+
+def parse_threads(value) -> int | str:
+    """`trainer.threads`: auto (on a CPU every CPU of this process, shared among torchrun's) or a count."""
+    ok = value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+    if not ok:
+        raise ConfigError(f"trainer.threads={value!r} must be auto or a whole number >= 1")
+    return value
+
+
+def parse_compile(value) -> bool | str:
+    """`trainer.compile`: auto (on for CUDA) | true | false."""
+    if value not in (True, False, "auto") or isinstance(value, int) and not isinstance(value, bool):
+        raise ConfigError(f"trainer.compile={value!r} must be true, false or auto")
+    return value
+
+
+def parse_resume(value) -> str | None:
+    """`trainer.resume`: null | auto | a checkpoint's path (whether it exists is checked with the run's files)."""
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"trainer.resume={value!r} must be null, auto or a path to a checkpoint")
+    return value
+
+
+# trainer.amp's choices, also those of the tools' amp= (vit-eval, vit-predict).
+AmpMode = Literal["auto", "bf16", "fp16", "none"]
+AMP_MODES: tuple[str, ...] = typing.get_args(AmpMode)
+
+
+@dataclass(frozen=True)
+class ProgressiveResize(Settings):
+    """Progressive resizing: the first epochs train on smaller images (fewer tokens), growing linearly to
+    data.img_size; evaluation is always at full size. ViT models only (their position table is resampled)."""
+
+    group: ClassVar[str] = "trainer.progressive_resize"
+
+    # null: off | the first epochs' image size, a multiple of the patch size (e.g. 16 or 24 for CIFAR)
+    min_size: int | None = knob(None, low=1)
+    start: float = knob(0.0, low=0.0, high=1.0)  # fraction of trainer.epochs at which the size starts to grow
+    end: float = knob(0.5, low=0.0, high=1.0)  # fraction of trainer.epochs at which it reaches data.img_size
+
+
+@dataclass(frozen=True)
+class TrainerSettings(Settings):
+    group: ClassVar[str] = "trainer"
+
+    epochs: int = knob(100, low=1)  # with trainer.budget: the upper bound
+    # null | a wall-clock budget for the whole run, process start to the end of the final test: 90s, 30m, 2h, 1h30m
+    # or seconds; the run measures its speed, plans as many steps as fit (the lr decay ends on the last) and
+    # re-plans when the speed drifts (vit/train/budget.py). Read as seconds.
+    budget: float | None = knob(None, parse=parse_budget)
+    device: Literal["auto", "cpu", "cuda"] = knob("auto")
+    # auto: bf16 where the device has it natively and it pays, else fp32 (vit/engine/device.py; an explicit
+    # bf16/fp16 the device cannot run natively: one warning line, what runs instead)
+    amp: AmpMode = knob("auto")
+    threads: int | str = knob("auto", parse=parse_threads)  # torch's CPU threads: auto | <n>
+    compile: bool | str = knob("auto", parse=parse_compile)  # auto (on for CUDA) | true | false
+    compile_mode: str = knob("default")  # torch.compile mode: default | reduce-overhead | max-autotune
+    # model: the whole model in one graph | blocks: each encoder block compiled on its own (regional compilation:
+    # the graph is built once and reused by every block, so compiling takes a fraction of the time)
+    compile_scope: Literal["model", "blocks"] = knob("model")
+    seed: int = knob(0, low=0, high=2**32, high_open=True)
+    deterministic: bool = knob(False)
+    resume: str | None = knob(None, parse=parse_resume)  # null | auto | <path to a checkpoint>
+    stop_after_epoch: int | None = knob(None, low=1)  # stop (with a checkpoint) after this epoch
+    grad_clip: float | None = knob(1.0, low=0.0, low_open=True)  # max gradient norm, null: off
+    accum_steps: int = knob(1, low=1)  # gradient accumulation
+    ema: bool = knob(True)
+    ema_decay: float = knob(0.9998, low=0.0, high=1.0, low_open=True, high_open=True)
+    ema_warmup: bool = knob(True)  # the decay ramps up over the first steps (timm's EMA warmup)
+    limit_train_batches: int | None = knob(None, low=1)
+    limit_val_batches: int | None = knob(None, low=1)
+    log_every_n_steps: int = knob(50, low=1)
+    attn_maps_every_n_epochs: int = knob(10, low=0)  # attention-map images in TensorBoard, 0: off
+    # task=mae: original / masked / reconstruction of fixed validation images, 0: off
+    recon_images_every_n_epochs: int = knob(10, low=0)
+    progress: Literal["auto", "bar", "log"] = knob("auto")  # auto: a bar on a TTY, log lines otherwise
+    save_checkpoints: bool = knob(True)
+    # null | N: also keep the last N epochs' checkpoints, checkpoints/epoch_NNNN.pt (vit-average averages them)
+    keep_last: int | None = knob(None, low=1)
+    # recompute each encoder block in the backward pass: less activation memory, about one more forward
+    grad_checkpointing: bool = knob(False)
+    max_bad_steps: int = knob(5, low=1)  # stop after this many consecutive non-finite losses
+    val_every_n_epochs: int = knob(1, low=1)  # evaluate after every n-th epoch (and always after the last)
+    eval_flip: bool = knob(False)  # test-time augmentation: the mean of each image's and its mirror's probabilities
+    progressive_resize: ProgressiveResize = knob(ProgressiveResize())
+
+    def use_compile(self, device_type: str) -> bool:
+        """trainer.compile=auto compiles on CUDA only (on a CPU the compile time outweighs the gain)."""
+        return device_type == "cuda" if self.compile == "auto" else bool(self.compile)
+
+    def pauses_after(self, epoch: int) -> bool:
+        """trainer.stop_after_epoch: stop (with the checkpoints written) after epoch `epoch` (from 0), before the
+        last one."""
+        stop = self.stop_after_epoch
+        return stop is not None and stop <= epoch + 1 < self.epochs
+
+    def evaluates_after(self, epoch: int) -> bool:
+        """trainer.val_every_n_epochs: evaluate after every n-th epoch, and after the last epoch of this process."""
+        last_here = epoch + 1 == self.epochs or self.pauses_after(epoch)
+        return last_here or (epoch + 1) % self.val_every_n_epochs == 0
