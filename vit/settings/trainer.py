@@ -1,5 +1,5 @@
-"""`trainer.*`: how a run trains (vit/train; configs/trainer/default.yaml chooses nothing the class does not
-declare, configs/trainer/debug.yaml a few fast batches). Read once into `TrainerSettings`: the phases read
+"""`trainer.*`: how a run trains (vit/train). configs/trainer/default.yaml starts from these defaults and changes
+none; configs/trainer/debug.yaml runs a few fast batches. Read once into `TrainerSettings`: the phases read
 `run.trainer.epochs`, never `int(cfg.trainer.epochs)`."""
 
 from __future__ import annotations

@@ -12,10 +12,13 @@ augmentation work unchanged. Each size is a new input shape: under torch.compile
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from vit.settings import ProgressiveResize
 
 
 @dataclass(frozen=True)
@@ -46,17 +49,15 @@ class ResizeSchedule:
         return [self.size_at(epoch, epochs) for epoch in range(epochs)]
 
 
-def resize_schedule(setting, full_size: int, patch_size: int) -> ResizeSchedule | None:
-    """The schedule of a (validated) `trainer.progressive_resize` node; None when it is off (`min_size: null`)."""
-    if not setting or setting.get("min_size") is None:
+def resize_schedule(
+    setting: ProgressiveResize | Mapping | None, full_size: int, patch_size: int
+) -> ResizeSchedule | None:
+    """The schedule of `trainer.progressive_resize` (its settings, vit/settings/trainer.py); None when it is off
+    (`min_size: null`)."""
+    setting = ProgressiveResize.of(setting)
+    if setting.min_size is None:
         return None
-    return ResizeSchedule(
-        min_size=int(setting["min_size"]),
-        full_size=int(full_size),
-        start=float(setting["start"]),  # the defaults: configs/trainer/default.yaml
-        end=float(setting["end"]),
-        multiple=int(patch_size),
-    )
+    return ResizeSchedule(setting.min_size, int(full_size), setting.start, setting.end, multiple=int(patch_size))
 
 
 def resize_batch(images: torch.Tensor, size: int) -> torch.Tensor:
