@@ -25,6 +25,8 @@ class DistillSettings(Settings):
     # What the teacher sees: the student's batch resized on the device to teacher_img_size and re-normalised with
     # teacher_mean/teacher_std. null: the teacher's own where its source records it (timm's pretrained config,
     # the data config of a checkpoint of ours), else the student's.
-    teacher_img_size: int | None = knob(None, low=1)
+    teacher_img_size: int | None = knob(None, low=1, text="must be positive or null")
     teacher_mean: tuple[float, float, float] | None = knob(None)
-    teacher_std: tuple[float, float, float] | None = knob(None, low=0.0, low_open=True)
+    teacher_std: tuple[float, float, float] | None = knob(
+        None, low=0.0, low_open=True, text="must be > 0 in every channel"
+    )

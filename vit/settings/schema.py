@@ -35,11 +35,14 @@ from vit.errors import ConfigError
 
 
 def knob(default: Any, *, low: float | None = None, high: float | None = None, low_open: bool = False,
-         high_open: bool = False, why: str = "", parse: Callable[[Any], Any] | None = None) -> Any:  # fmt: skip
+         high_open: bool = False, why: str = "", text: str = "", parse: Callable[[Any], Any] | None = None
+         ) -> Any:  # fmt: skip
     """A field of a settings class: its default and the range its value must lie in (`why`: a reason added to the
-    range's message). `parse` replaces the type and range checks for a value written in its own syntax (a
-    duration, `auto` or a number): it returns the typed value or raises ConfigError naming the key."""
-    meta = {"low": low, "high": high, "low_open": low_open, "high_open": high_open, "why": why, "parse": parse}
+    range's message; `text`: the message's words instead of the generated ones, as "must be positive"). `parse`
+    replaces the type and range checks for a value written in its own syntax (a duration, `auto` or a number): it
+    returns the typed value or raises ConfigError naming the key."""
+    meta = {"low": low, "high": high, "low_open": low_open, "high_open": high_open, "why": why, "text": text}
+    meta["parse"] = parse
     if isinstance(default, Settings):
         return field(default_factory=lambda: default, metadata=meta)
     if isinstance(default, (list, dict)):
@@ -140,6 +143,8 @@ def _range_problem(meta: Mapping, value: Any, optional: bool) -> str | None:
     )
     if inside:
         return None
+    if meta.get("text"):
+        return meta["text"]
     if high is None:
         text = f"must be {'>' if meta['low_open'] else '>='} {_number(low)}"
     elif low is None:

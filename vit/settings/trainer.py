@@ -78,8 +78,9 @@ class ProgressiveResize(Settings):
 
     group: ClassVar[str] = "trainer.progressive_resize"
 
-    # null: off | the first epochs' image size, a multiple of the patch size (e.g. 16 or 24 for CIFAR)
-    min_size: int | None = knob(None, low=1)
+    # null: off | the first epochs' image size, a multiple of the patch size (e.g. 16 or 24 for CIFAR); its range,
+    # [1, data.img_size], is checked with the data's size (vit/train/config.py)
+    min_size: int | None = knob(None)
     start: float = knob(0.0, low=0.0, high=1.0)  # fraction of trainer.epochs at which the size starts to grow
     end: float = knob(0.5, low=0.0, high=1.0)  # fraction of trainer.epochs at which it reaches data.img_size
 
@@ -88,7 +89,7 @@ class ProgressiveResize(Settings):
 class TrainerSettings(Settings):
     group: ClassVar[str] = "trainer"
 
-    epochs: int = knob(100, low=1)  # with trainer.budget: the upper bound
+    epochs: int = knob(100, low=1, text="must be positive")  # with trainer.budget: the upper bound
     # null | a wall-clock budget for the whole run, process start to the end of the final test: 90s, 30m, 2h, 1h30m
     # or seconds; the run measures its speed, plans as many steps as fit (the lr decay ends on the last) and
     # re-plans when the speed drifts (vit/train/budget.py). Read as seconds.
@@ -103,7 +104,7 @@ class TrainerSettings(Settings):
     # model: the whole model in one graph | blocks: each encoder block compiled on its own (regional compilation:
     # the graph is built once and reused by every block, so compiling takes a fraction of the time)
     compile_scope: Literal["model", "blocks"] = knob("model")
-    seed: int = knob(0, low=0, high=2**32, high_open=True)
+    seed: int = knob(0, low=0, high=2**32, high_open=True, text="must be in [0, 2**32)")
     deterministic: bool = knob(False)
     resume: str | None = knob(None, parse=parse_resume)  # null | auto | <path to a checkpoint>
     stop_after_epoch: int | None = knob(None, low=1)  # stop (with a checkpoint) after this epoch
