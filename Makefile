@@ -20,9 +20,9 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -q -n auto --dist loadfile -m ''
 
-# The GPU tier alone (tests/test_cuda.py): skipped, with the reason, where no CUDA device is.
+# The GPU tier alone (tests/e2e/test_cuda.py): skipped, with the reason, where no CUDA device is.
 test-gpu: $(STAMP)
-	$(PY) -m pytest -q -rs -m cuda tests/test_cuda.py
+	$(PY) -m pytest -q -rs -m cuda tests/e2e/test_cuda.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check vit hydra_plugins scripts benchmarks tests train.py

@@ -3,7 +3,7 @@
 #
 # usage: bash benchmarks/gpu_check.sh [part ...]      parts: tier peak steps warm minute fast
 #        (default: tier peak warm minute)
-#   tier    pytest -m cuda tests/test_cuda.py (the device paths behind the GPU figures; docs/BENCHMARKS.md)
+#   tier    pytest -m cuda tests/e2e/test_cuda.py (the device paths behind the GPU figures; docs/BENCHMARKS.md)
 #   peak    benchmarks/bench_matmul.py: the measured bf16 matmul peak that MFU figures divide by
 #   steps   docs/BENCHMARKS.md's model-step table, ours against timm (and the official T2T-ViT code where
 #           VIT_T2T_OFFICIAL names it): benchmarks/benchmark.py compile=both vs_timm=true, one record per model
@@ -63,7 +63,7 @@ train() {  # train <name> <overrides...>: one run in its own folder; its last li
 
 for part in "${parts[@]}"; do
     case $part in
-        tier) bounded $PY -m pytest -q -m cuda tests/test_cuda.py -rs --junitxml="$runs/cuda_tier_$short.xml" 2>&1 | tail -25 | tee "$runs/tier.txt"
+        tier) bounded $PY -m pytest -q -m cuda tests/e2e/test_cuda.py -rs --junitxml="$runs/cuda_tier_$short.xml" 2>&1 | tail -25 | tee "$runs/tier.txt"
               echo "tier: $(tail -1 "$runs/tier.txt")" >>"$runs/summary.txt" ;;
         peak) bounded $PY benchmarks/bench_matmul.py n=8192 dtype=bf16 rounds=10 json="$runs/matmul_bf16_$short.json" >>"$runs/summary.txt" ;;
         steps) for model in ${STEP_MODELS:-vit_tiny_cifar vit_tiny vit_small vit_base}; do

@@ -116,7 +116,8 @@ SKIPPED = [
     ),
     (
         r"\btimm:\S+\s+model\.pretrained_file=/path/to/",
-        "a placeholder weights file of a base-size model; tests/test_foundation.py builds each family from such a file",
+        "a placeholder weights file of a base-size model; tests/models/test_foundation.py builds each family from "
+        "such a file",
     ),  # fmt: skip
     (r"\btimm:", "the network: timm downloads the weights"),
     (r"experiment=(finetune_cifar10|linear_probe)\b", "the network: the experiment starts from timm's weights"),
@@ -129,7 +130,7 @@ SKIPPED = [
     (r"data\.path=/data/", "a Hugging Face dataset saved on the writer's disk"),
     (
         r"plot_recipes\.py <runs>|plot_recipes\.py recipes",
-        "plots the recipe runs of docs/RESULTS.md (hours); tests/test_plot_recipes.py runs it on small runs",
+        "plots the recipe runs of docs/RESULTS.md (hours); tests/analysis/test_plot_recipes.py runs it on small runs",
     ),  # fmt: skip
 ]
 
@@ -141,20 +142,29 @@ SKIPPED = [
 MEASURED_BY_TESTS = [
     (
         r"benchmark\.py mode=inference(?!.*int8)",
-        "tests/test_inference_bench.py runs it small (eager, onnxruntime; runtimes=compiled: minutes on a CPU)",
+        "tests/analysis/test_inference_bench.py runs it small (eager, onnxruntime; runtimes=compiled: minutes on a "
+        "CPU)",
     ),  # fmt: skip
-    (r"benchmark\.py (mode=e2e|models=)", "tests/test_benchmark.py runs it small (eager: compile= takes minutes here)"),
-    (r"bench_augment\.py", "tests/test_batched_policy.py runs it small"),
-    (r"bench_cpu_loader\.py", "tests/test_augment.py runs it small"),
-    (r"bench_cpu_bf16\.py|bench_optimizer\.py|cifar10_cpu_reference\.py", "tests/test_cpu_scripts.py runs it small"),
+    (
+        r"benchmark\.py (mode=e2e|models=)",
+        "tests/analysis/test_benchmark.py runs it small (eager: compile= takes minutes here)",
+    ),
+    (r"bench_augment\.py", "tests/data/test_batched_policy.py runs it small"),
+    (r"bench_cpu_loader\.py", "tests/data/test_augment.py runs it small"),
+    (
+        r"bench_cpu_bf16\.py|bench_optimizer\.py|cifar10_cpu_reference\.py",
+        "tests/analysis/test_cpu_scripts.py runs it small",
+    ),
     (
         r"distill_experiment\.py",
-        "an hour in 10 train.py processes (4 at its smallest: a minute here); tests/test_distill.py runs the script "
+        "an hour in 10 train.py processes (4 at its smallest: a minute here); tests/train/test_distill.py runs the "
+        "script "
         "with its runs answered from a table, and trains its parts",
     ),  # fmt: skip
     (
         r"transfer_experiment\.py",
-        "an hour in 10 train.py processes (4 at its smallest: a minute here); tests/test_finetune.py runs the script "
+        "an hour in 10 train.py processes (4 at its smallest: a minute here); tests/train/test_finetune.py runs the "
+        "script "
         "with its runs answered from a table, and trains its parts",
     ),  # fmt: skip
 ]

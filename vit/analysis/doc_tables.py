@@ -202,7 +202,7 @@ def cuda_tier_table(folder: Path) -> str:
     names = sorted({name for outcomes in runs.values() for name in outcomes})
     rows = [[f"`{name}`", *(outcomes.get(name, "-") for outcomes in runs.values())] for name in names]
     totals = ["**passed**"] + [f"**{sum(v == 'passed' for v in o.values())} of {len(o)}**" for o in runs.values()]
-    return markdown_table(["test (tests/test_cuda.py)", *(f"commit {c}" for c in runs)], [*rows, totals])
+    return markdown_table(["test (tests/e2e/test_cuda.py)", *(f"commit {c}" for c in runs)], [*rows, totals])
 
 
 # --- The CPU proxy's base setting ---------------------------------------------------------------------------------

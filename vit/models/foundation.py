@@ -12,7 +12,7 @@ with 4 registers (timm `vit_small_patch14_reg4_dinov2`):
                      Mlp 384 -> 1536 GELU, LayerNorm eps 1e-6             mlp="gelu", mlp_ratio=4, norm_eps=1e-6
     norm, fc_norm    LayerNorm, Identity; global_pool "token"             fc_norm=False, global_pool="token"
 
-The families this reads, each with a parity test against timm (tests/test_foundation.py): DeiT III, DINOv2 (with
+The families this reads, each with a parity test against timm (tests/models/test_foundation.py): DeiT III, DINOv2 (with
 and without registers), DINOv3 (Eva, DINOv3 rotary positions), SigLIP (attention-pool head), CLIP (norm_pre, no
 patch bias, QuickGELU), EVA-02 (Eva, learned table and rotary positions, SwiGLU, the inner MLP norm of B and L).
 A structure our ViT does not build (another block, a norm that is not a LayerNorm, grouped-query attention, ...)

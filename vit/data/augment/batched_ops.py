@@ -12,9 +12,10 @@ Three families, each one pass over the batch whatever mix of its ops it drew:
         (the luma image, its mean, the smoothed image), ONE fused multiply-add-->
     uint8 (B, 3, H, W)
 
-Per op the same arithmetic as torchvision.transforms.v2.functional, down to the rounding (tests/test_batched_policy.py
-checks every op image by image, exactly). timm's RandAugment (vit/data/augment/rand_augment_ops.py) shares the
-lookup-table gather, Equalize's table and the per-sample row update.
+Per op the same arithmetic as torchvision.transforms.v2.functional, down to the rounding
+(tests/data/test_batched_policy.py checks every op image by image, exactly). timm's RandAugment
+(vit/data/augment/rand_augment_ops.py) shares the lookup-table gather, Equalize's table and the per-sample row
+update.
 
 On CUDA each family runs on the whole batch and `torch.where` keeps the samples that drew one of its ops: finding
 which samples did is a host sync, which would stall the sync-free training loop, while the extra arithmetic on a

@@ -14,10 +14,11 @@ syncs) launched from Python. Here a batch costs a fixed number of launches per o
         ONE fused multiply-add-->
     uint8 (B, 3, H, W)
 
-Matching torchvision (transforms/v2/_auto_augment.py, 0.2x): the same op set, magnitude bins and signed ops, the
-same sub-policies and probabilities, and per op the same arithmetic as torchvision.transforms.v2.functional, down to
-the rounding (tests/test_batched_policy.py checks every op image by image, exactly). The draws are not torchvision's:
-they come from the generator passed in (the loader's per-epoch device generator), so they repeat exactly on resume.
+Matching torchvision (transforms/v2/_auto_augment.py, 0.2x): the same op set, magnitude bins and signed ops, the same
+sub-policies and probabilities, and per op the same arithmetic as torchvision.transforms.v2.functional, down to the
+rounding (tests/data/test_batched_policy.py checks every op image by image, exactly). The draws are not
+torchvision's: they come from the generator passed in (the loader's per-epoch device generator), so they repeat
+exactly on resume.
 AugMix (a Dirichlet mixture of op chains) has no batched version: the loader keeps torchvision's for it.
 """
 

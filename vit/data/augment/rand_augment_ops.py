@@ -4,7 +4,7 @@
   `apply_with_pillow` (the CPU's): Pillow itself, image by image (Pillow's C loops beat tensor kernels on single
     images several times over), so the result is exactly timm's;
   `apply_with_tensors` (a GPU's): batched tensor kernels that reproduce Pillow's arithmetic, how closely measured in
-    tests/test_augment.py:
+    tests/data/test_augment.py:
       tables (Posterize, Solarize, SolarizeAdd, Invert, Brightness, AutoContrast, Equalize): integer lookup tables, the
         same values as Pillow's `point`/`ImageOps`. Posterize keeping 0 bits gives a black image, as Pillow before 13
         did (Pillow 13 refuses 0 bits, which crashed timm's own policy at magnitude 10; here it is one more table);

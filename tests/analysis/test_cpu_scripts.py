@@ -129,7 +129,7 @@ def test_matmul_peak_record_holds_every_round(tmp_path, capsys):
 
 def test_memory_record_holds_every_process(tmp_path, monkeypatch):
     """The record keeps each process's peak RSS and step time, not only the medians (the processes answer from a
-    list here; tests/test_docs_commands.py runs the documented command on a tiny model)."""
+    list here; tests/e2e/test_docs_commands.py runs the documented command on a tiny model)."""
     module = load_script("bench_memory")
     answers = iter([(1000, 1500, 2.0), (1000, 1200, 3.0), (1000, 1600, 2.2), (1000, 1250, 3.4)])
 

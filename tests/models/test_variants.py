@@ -83,7 +83,7 @@ def their_state_dict(theirs: nn.Module) -> dict:
 
 def assert_same_numbers(ours: nn.Module, theirs: nn.Module, x: torch.Tensor) -> None:
     """Logits within 1e-5 and every gradient within 1e-5 of the largest reference entry (the bounds of the
-    plain ViT's timm test, tests/test_vit.py)."""
+    plain ViT's timm test, tests/models/test_vit.py)."""
     out, ref = ours(x), theirs(x)
     assert out.shape == ref.shape
     assert (out - ref).abs().max().item() <= 1e-5

@@ -11,7 +11,7 @@ import yaml
 from vit.models import Encoder, MaskedAutoencoder, T2TViT, VisionTransformer
 from vit.models.registry import list_models, model_defaults
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 REGISTRY = REPO / "vit" / "models" / "registry.py"
 # The benchmark's table of cases names the registered models it times, as configs/ and the docs do: it uses the
 # registry, it does not list what a name builds.

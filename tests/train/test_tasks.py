@@ -12,7 +12,7 @@ from trainer_utils import compose_config
 from vit.engine.tasks import TASKS, task_of
 from vit.engine.tasks.classify import Distill
 
-VIT = Path(__file__).resolve().parents[1] / "vit"
+VIT = Path(__file__).resolve().parents[2] / "vit"
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from vit.errors import ConfigError
 from vit.models import Attention
 from vit.train.config import validate
 
-MODELS = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs" / "model").glob("*.yaml"))
+MODELS = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "configs" / "model").glob("*.yaml"))
 DATA = ["cifar10", "cifar100", "imagefolder", "synthetic"]
 
 

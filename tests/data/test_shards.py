@@ -277,7 +277,7 @@ def test_two_processes_train_one_epoch_on_shards(shards, tmp_path):
 
 def test_bench_shards_records_every_repeat(tmp_path, monkeypatch):
     """benchmarks/bench_shards.py's record holds every repeat's images/s of each row and loader, beside the medians
-    and ratios it prints (the passes answer from a table here; tests/test_docs_commands.py runs the documented
+    and ratios it prints (the passes answer from a table here; tests/e2e/test_docs_commands.py runs the documented
     command on the tests' small CIFAR-10 archive)."""
     script = load_script("bench_shards")
     monkeypatch.setattr(script, "prepare", lambda args: (tmp_path / "tree", tmp_path / "shards"))

@@ -10,7 +10,7 @@ import pytest
 from vit.deploy.export import EXPORT_FORMATS
 from vit.engine.weights import WEIGHT_SOURCES
 
-VIT = Path(__file__).resolve().parents[1] / "vit"
+VIT = Path(__file__).resolve().parents[2] / "vit"
 REGISTRY_OF_SOURCES = VIT / "engine" / "weights.py"
 REGISTRY_OF_FORMATS = VIT / "deploy" / "export.py"
 

@@ -3,7 +3,7 @@ file, a file of another kind and a pickle that carries code. Each is one line on
 2, never a traceback, and the pickle's code never runs.
 
 The scripts run in this process through their `__main__` block (runpy), as `python scripts/<name>.py` runs them;
-train.py's Hydra task runs on the composed config, as Hydra hands it over (tests/test_bad_input.py runs the real
+train.py's Hydra task runs on the composed config, as Hydra hands it over (tests/cli/test_bad_input.py runs the real
 command line on a code-carrying checkpoint)."""
 
 import importlib

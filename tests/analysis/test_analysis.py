@@ -285,7 +285,7 @@ def test_image_paths_errors(tmp_path):
 
 # Ablation experiments -----------------------------------------------------------------------------------------
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(

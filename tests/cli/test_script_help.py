@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import tomllib
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = sorted([*(REPO / "scripts").glob("*.py"), *(REPO / "benchmarks").glob("*.py")])
 COMMANDS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
 
