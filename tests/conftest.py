@@ -31,3 +31,15 @@ def trained(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("trained")
     run(compose_config([*QUICK, "trainer.epochs=1"]), output_dir=run_dir)
     return run_dir / "checkpoints" / "last.pt"
+
+
+@pytest.fixture(scope="session")
+def cifar10_cache(tmp_path_factory, request):
+    """One cache folder for the CIFAR-10 archive (VIT_CIFAR10_ARCHIVE) shared by every test and pytest-xdist worker of
+    the session: it is extracted and scanned once (the extraction and the cache files are atomic, so two workers
+    reading it at once each get a whole copy)."""
+    base = tmp_path_factory.getbasetemp()
+    worker = getattr(request.config, "workerinput", None)  # set in a pytest-xdist worker, whose basetemp is its own
+    folder = (base.parent if worker else base) / "cifar10-cache"
+    folder.mkdir(exist_ok=True)
+    return folder

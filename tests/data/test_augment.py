@@ -372,12 +372,13 @@ def image_folder_root(tmp_path: Path) -> str:
     return str(tmp_path / "tree")
 
 
-def test_image_folder_trains_with_its_default_augmentation(tmp_path):
+def test_image_folder_trains_with_its_default_augmentation(tmp_path, cifar10_cache):
     """data=imagefolder's own augmentation (random-resized crop, flip, rand-m9-mstd0.5-inc1 at 224 px) through
     train.py on real JPEGs: finishes, and the run says which policy and loader it used."""
     args = [
         "data=imagefolder",
         f"data.root={image_folder_root(tmp_path)}",
+        f"data.cache_dir={cifar10_cache}",  # the archive's, shared with the other tests that read it
         "data.limit_train_samples=200",
         "data.limit_val_samples=50",
         "data.batch_size=50",

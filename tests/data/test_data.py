@@ -465,25 +465,6 @@ def test_gpu_decode_cache_is_reused(tmp_path, monkeypatch):
     assert len(list((tmp_path / "cache").glob("train-*.images.npy"))) == 2
 
 
-@pytest.mark.skipif(not os.environ.get("VIT_CIFAR10_ARCHIVE"), reason="VIT_CIFAR10_ARCHIVE not set (CI sets it)")
-def test_real_cifar10_archive(tmp_path_factory):
-    cfg = folder_cfg(
-        os.environ["VIT_CIFAR10_ARCHIVE"],
-        img_size=32,
-        batch_size=100,
-        limit_train_samples=2000,
-        limit_val_samples=500,
-        cache_dir=str(tmp_path_factory.getbasetemp() / "cifar-cache"),  # shared with test_real_data
-    )
-    bundle = build_data(cfg)
-    assert sorted(bundle.class_to_idx) == sorted(
-        ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-    )
-    assert bundle.num_train == 2000 and bundle.num_val == 500
-    x, y = next(iter(bundle.train_loader))
-    assert x.shape == (100, 3, 32, 32) and y.max() < 10
-
-
 # Repeated augmentation ------------------------------------------------------------------------------------------
 
 

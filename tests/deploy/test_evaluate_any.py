@@ -270,7 +270,7 @@ def test_help(capsys):
 
 
 @pytest.mark.skipif(not ARCHIVE, reason="VIT_CIFAR10_ARCHIVE is not set (CI sets it)")
-def test_a_timm_file_on_real_cifar10_images(timm_file, tmp_path_factory, capsys):
+def test_a_timm_file_on_real_cifar10_images(timm_file, tmp_path_factory, cifar10_cache, capsys):
     """100 real CIFAR-10 test images (class-balanced), upsampled by timm's preprocessing: timm's numbers."""
     from vit.data.sources.registry import build_splits
 
@@ -278,8 +278,12 @@ def test_a_timm_file_on_real_cifar10_images(timm_file, tmp_path_factory, capsys)
     model = timm.create_model(TIMM_NAME, pretrained=False, num_classes=10, depth=2).eval()
     path = tmp_path_factory.mktemp("cifar-timm") / "w.pth"
     torch.save(model.state_dict(), path)
-    cache = tmp_path_factory.getbasetemp() / "cifar-cache"
-    data = [f"data.root={ARCHIVE}", f"data.cache_dir={cache}", "data.limit_val_samples=100", "data.scan_images=false"]
+    data = [
+        f"data.root={ARCHIVE}",
+        f"data.cache_dir={cifar10_cache}",
+        "data.limit_val_samples=100",
+        "data.scan_images=false",
+    ]
     argv = ["model=vit_tiny", "model.depth=2", f"model.pretrained={path}", *data, f"preprocess=timm:{TIMM_NAME}"]
     result, _ = evaluate(argv, capsys)
 

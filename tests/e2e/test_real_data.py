@@ -1,7 +1,9 @@
-"""Real data: a small ViT trained on CPU on a few thousand CIFAR-10 JPEGs beats chance (10%) by far.
+"""Real data: the CIFAR-10 JPEG archive read as image folders, and a small ViT trained on CPU on a few thousand of
+its images beating chance (10%) by far.
 
 Runs when VIT_CIFAR10_ARCHIVE names a CIFAR-10 archive in ImageNet-style folders (scripts/make_cifar_jpegs.py
-tar=<file> writes one; `.ci/run` sets the variable when the CI machine has such an archive).
+tar=<file> writes one; `.ci/run` sets the variable when the CI machine has such an archive). The tests that read
+the archive share one cache folder (conftest's `cifar10_cache`), so it is extracted and scanned once a session.
 """
 
 import os
@@ -9,21 +11,42 @@ import os
 import pytest
 from trainer_utils import compose_config
 
+from vit.data import build_data
 from vit.train import run
 
 ARCHIVE = os.environ.get("VIT_CIFAR10_ARCHIVE")
+pytestmark = pytest.mark.skipif(not ARCHIVE, reason="VIT_CIFAR10_ARCHIVE is not set (CI sets it)")
 
 
-@pytest.mark.skipif(not ARCHIVE, reason="VIT_CIFAR10_ARCHIVE is not set (CI sets it)")
-def test_small_vit_learns_real_cifar10_on_cpu(tmp_path_factory):
-    out = tmp_path_factory.mktemp("real")
+def test_the_archive_reads_as_ten_class_folders(cifar10_cache):
+    cfg = {
+        "name": "imagefolder",
+        "root": ARCHIVE,
+        "img_size": 32,
+        "batch_size": 100,
+        "num_workers": 0,
+        "limit_train_samples": 2000,
+        "limit_val_samples": 500,
+        "cache_dir": str(cifar10_cache),
+        "augment": {"crop": "pad", "hflip": True, "auto_augment": "autoaug", "label_smoothing": 0.1},
+    }
+    bundle = build_data(cfg)
+    assert sorted(bundle.class_to_idx) == sorted(
+        ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    )
+    assert bundle.num_train == 2000 and bundle.num_val == 500
+    x, y = next(iter(bundle.train_loader))
+    assert x.shape == (100, 3, 32, 32) and y.max() < 10
+
+
+def test_small_vit_learns_real_cifar10_on_cpu(tmp_path, cifar10_cache):
     # Sized for about a minute on 2 CPU cores (measured: ~40% top-1, 5-7 s an epoch): 64 patch tokens as in the
     # CIFAR ViT, but 64 wide and 4 deep; average pooling and no crop augmentation learn faster in 7 short epochs.
     # optim.lr is per 512 images: 1.6e-2 -> 2e-3 at batch 64.
     overrides = [
         "data=imagefolder",
         f"data.root={ARCHIVE}",
-        f"data.cache_dir={tmp_path_factory.getbasetemp() / 'cifar-cache'}",
+        f"data.cache_dir={cifar10_cache}",
         "data.img_size=32",
         "data.patch_size=4",
         "data.batch_size=64",
@@ -48,5 +71,5 @@ def test_small_vit_learns_real_cifar10_on_cpu(tmp_path_factory):
         "trainer.log_every_n_steps=20",
         "trainer.attn_maps_every_n_epochs=0",
     ]
-    metrics = run(compose_config(overrides), output_dir=out / "run")
+    metrics = run(compose_config(overrides), output_dir=tmp_path / "run")
     assert metrics["final"]["val_top1"] >= 30.0, metrics["history"]
