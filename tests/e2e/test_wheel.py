@@ -25,6 +25,8 @@ def test_the_wheel_installs_trains_and_evaluates_outside_the_checkout(tmp_path):
     assert "vit/configs/config.yaml" in names and "vit/configs/model/vit_tiny.yaml" in names
     assert "vit/__init__.py" in names and "hydra_plugins/vit_sweeper/__init__.py" in names
     assert "hydra_plugins/vit_models/__init__.py" in names  # configs/model/*.yaml take their defaults from it
+    assert "hydra_plugins/vit_settings/__init__.py" in names  # and the other groups' YAML from this one
+    assert "vit/settings/trainer.py" in names
     for module in ("vit/engine/weights.py", "vit/data/sources/registry.py", "vit/data/augment/policies.py",
                    "vit/data/loading/build.py"):  # fmt: skip
         assert module in names, module
