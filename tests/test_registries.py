@@ -14,10 +14,9 @@ VIT = Path(__file__).resolve().parents[1] / "vit"
 
 # (module, string) pairs where the same string means something else than the registry's entry, and why.
 SAME_WORD_OTHER_MEANING = {
-    ("vit.data.declared", "cifar10"): "BASE: configs/data/cifar10.yaml, the file every data config builds on",
     ("vit.data.augment.batched_policy", "cifar10"): "AutoAugment's CIFAR-10 sub-policies (torchvision's name)",
     ("vit.data.augment.policies", "cifar10"): "the AutoAugment sub-policies chosen for small images",
-    ("vit.train.config", "synthetic"): "the key of the data.synthetic node (num_train, num_val)",
+    ("vit.settings.data", "autoaug"): "a default value (data.augment.auto_augment's), not a branch on the name",
     ("vit.deploy.weights", "imagefolder"): "the data= config evaluation and export compose when none is given",
     ("vit.cli.cifar_jpegs", "cifar10"): "the folder the CIFAR-10 JPEGs are written into (<out>/cifar10/train/...)",
 }

@@ -21,8 +21,9 @@ from vit.data.augment import rand_augment as ra
 from vit.data.augment import rand_augment_ops as rops
 from vit.data.augment.batch import BatchAugment, random_hflip
 from vit.data.augment.policies import build_policy
-from vit.data.augment.spec import AugmentSpec, declared_defaults
+from vit.data.augment.spec import augment_settings
 from vit.errors import ConfigError
+from vit.settings.data import AugmentSettings
 from vit.train.config import validate
 
 FILL = (124, 116, 104)
@@ -257,23 +258,26 @@ def test_torch_loader_resumes_mid_epoch_exactly_with_workers():
 # ---- declared once ----
 
 
-def test_the_augment_defaults_are_declared_once_in_the_base_data_config():
-    declared = OmegaConf.to_container(OmegaConf.load(REPO / "configs" / "data" / "cifar10.yaml").augment)
-    assert declared == declared_defaults()
-    assert set(declared) == set(AugmentSpec.__dataclass_fields__)
+def test_the_augment_defaults_are_declared_once_in_their_settings_class():
+    """AugmentSettings (vit/settings/data.py) declares every data.augment key and its default; data=cifar10 composes
+    exactly those, every data config starts from its dataset's declaration, and a hand-built node's missing keys
+    take the declared defaults."""
+    declared = AugmentSettings.defaults()
+    assert OmegaConf.to_container(compose_config(["data=cifar10"]).data.augment) == declared
     for path in (REPO / "configs" / "data").glob("*.yaml"):
-        if path.name != "cifar10.yaml":  # the others inherit it and override a few keys
-            assert "- cifar10" in path.read_text(), path.name
-    spec = AugmentSpec.from_config({"re_prob": 0.25})
+        assert f"- schema/{path.stem}@_here_" in path.read_text(), path.name
+    spec = augment_settings({"re_prob": 0.25})
     assert spec.re_prob == 0.25 and spec.crop == declared["crop"] and spec.pad == declared["pad"]
     cifar100 = compose_config(["data=cifar100"]).data
     assert cifar100.name == "cifar100" and cifar100.num_classes == 100
     assert OmegaConf.to_container(cifar100.augment) == declared
+    imagefolder = compose_config(["data=imagefolder"]).data.augment  # the 224 px datasets' own
+    assert (imagefolder.crop, imagefolder.auto_augment) == ("rrc", "rand-m9-mstd0.5-inc1")
 
 
 def test_an_unknown_augment_key_is_named():
     with pytest.raises(DataError, match=r"^data.augment.policy_chunk is not a known key \(known: crop, pad"):
-        AugmentSpec.from_config({"policy_chunk": 16})
+        augment_settings({"policy_chunk": 16})
 
 
 # ---- bad policy strings: one line, exit 2 ----
@@ -401,7 +405,7 @@ def test_image_folder_trains_with_its_default_augmentation(tmp_path, cifar10_cac
 
 
 def test_batch_augment_only_normalises_for_evaluation():
-    spec = AugmentSpec.from_config({"auto_augment": "rand-m9-mstd0.5-inc1", "re_prob": 0.5})
+    spec = augment_settings({"auto_augment": "rand-m9-mstd0.5-inc1", "re_prob": 0.5})
     augment = BatchAugment(spec, (0.5, 0.5, 0.5), (0.25, 0.25, 0.25), 16, train=False)
     x = smooth_images(4, 16, 16)
     torch.testing.assert_close(augment(x), (x.float() / 255 - 0.5) / 0.25)

@@ -514,11 +514,12 @@ def test_repeated_copies_are_augmented_differently():
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "configs" / "data").glob("*.yaml")))
 def test_a_hand_built_config_means_what_its_file_declares(name):
-    """vit/data/declared.py reads configs/data/<name>.yaml over its defaults list as Hydra composes data=<name>;
-    a key a hand-built config leaves out then means what the file says (here: every key)."""
+    """`complete` fills a hand-built data config from its dataset's settings class (vit/settings/data.py), as Hydra
+    composes data=<name>: a key a hand-built config leaves out then means what data=<name> gives it (here: every
+    key)."""
     from omegaconf import OmegaConf
 
-    from vit.data.declared import complete
+    from vit.data.sources.registry import complete
 
     composed = OmegaConf.to_container(compose_config([f"data={name}"]).data, resolve=True)
     assert OmegaConf.to_container(complete({"name": name})) == composed

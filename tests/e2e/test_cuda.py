@@ -60,9 +60,9 @@ def test_an_fp16_run_scales_its_loss(tmp_path):
 )
 def test_the_batched_augmentation_draws_the_same_images_on_the_gpu_as_on_the_cpu(policy):
     from vit.data.augment.batch import BatchAugment
-    from vit.data.augment.spec import AugmentSpec
+    from vit.data.augment.spec import augment_settings
 
-    spec = AugmentSpec.from_config({"crop": "pad", "pad": 4, "hflip": True, "auto_augment": policy, "re_prob": 0.0})
+    spec = augment_settings({"crop": "pad", "pad": 4, "hflip": True, "auto_augment": policy, "re_prob": 0.0})
     images = torch.randint(0, 256, (64, 3, 32, 32), dtype=torch.uint8)
     out = {}
     for device in ("cpu", "cuda"):

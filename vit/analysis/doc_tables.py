@@ -111,6 +111,44 @@ def cpu_budget_table(folder: Path) -> str:
     return markdown_table(header, rows)
 
 
+SEARCH_FIXED = ("hparams_search=", "data.root=", "search.")  # overrides every trial shares
+
+
+def _setting_text(override: str) -> str:
+    """`model.embed_dim=128` -> `embed_dim=128`; a float to 3 significant digits."""
+    key, value = override.split("=", 1)
+    try:
+        value = f"{float(value):.3g}" if "." in value or "e" in value.lower() else value
+    except ValueError:
+        pass
+    return f"`{key.split('.')[-1]}={value}`"
+
+
+def budget_search_table(folder: Path) -> str:
+    """An Optuna search's trials (`trial_<N>/` holding metrics.json and .hydra/overrides.yaml), in the order they
+    ran: the settings the sampler chose, what the fixed budget bought (steps, epochs, img/s) and the holdout's
+    top-1; the best trial's score in bold."""
+    trials = []
+    for path in sorted(folder.glob("trial_*"), key=lambda p: int(p.name.split("_")[1])):
+        overrides = OmegaConf.load(path / ".hydra" / "overrides.yaml")
+        chosen = [o for o in overrides if not str(o).startswith(SEARCH_FIXED)]
+        metrics = json.loads((path / "metrics.json").read_text()) if (path / "metrics.json").is_file() else None
+        trials.append((path.name.split("_")[1], chosen, metrics))
+    scores = [m["final"]["val_top1"] for _, _, m in trials if m]
+    rows = []
+    for number, chosen, metrics in trials:
+        settings = ", ".join(_setting_text(str(o)) for o in chosen)
+        if metrics is None:
+            rows.append([number, settings, "-", "-", "-", "no result (no metrics.json)"])
+            continue
+        budget, top1 = metrics["budget"], metrics["final"]["val_top1"]
+        score = f"**{top1:.2f}%**" if top1 == max(scores) else f"{top1:.2f}%"
+        steps = f"{budget['trained_steps']:,} ({budget['planned_epochs']:.2f})"
+        rows.append([number, settings, steps, f"{metrics['train_img_per_s']:.0f}", f"{budget['wall_s']:.0f}", score])
+    header = ["trial", "settings chosen", "steps (epochs)", "train img/s", "wall s", "holdout top-1"]
+    return markdown_table(header, rows)
+
+
 # --- The GPU recipes as budgets ----------------------------------------------------------------------------------
 
 

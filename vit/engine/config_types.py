@@ -1,12 +1,14 @@
 """The value types of the composed config's keys: a value that is not a number, a flag or a list of the right
-length is named with its key before any range check or constructor sees it. The groups with a settings class
-(vit/settings: optim, sched, distill, mae, trainer) are checked by it, types and ranges, from their one
-declaration; the tables below still list the model's and data's keys."""
+length is named with its key before any range check or constructor sees it. Every group with a settings class
+(vit/settings: trainer, data, optim, sched, distill, mae) is checked by it, types and ranges, from its one
+declaration (data's class is its dataset's, named in DATASETS); the tables below list the model's keys, whose
+defaults are the model families' config classes (vit/models)."""
 
 from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
+from vit.data.sources.registry import DATASETS, data_settings
 from vit.errors import require
 from vit.settings import SETTINGS
 
@@ -15,31 +17,6 @@ from vit.settings import SETTINGS
 # layer constructors would reject later with a traceback); None is allowed where the YAML says null. The model
 # comes last: its img_size and num_classes repeat data's (`${data.img_size}`), which are named first.
 NUMERIC_KEYS = {
-    "data": {
-        "int": (
-            "img_size",
-            "patch_size",
-            "num_classes",
-            "batch_size",
-            "num_workers",
-            "limit_train_samples",
-            "limit_val_samples",
-            "repeated_aug",
-            "augment.pad",
-            "synthetic.num_train",
-            "synthetic.num_val",
-            "shuffle_buffer",
-            "epoch_samples",
-        ),
-        "float": (
-            "augment.scale_min",
-            "augment.re_prob",
-            "augment.mixup_alpha",
-            "augment.cutmix_alpha",
-            "augment.mixup_prob",
-            "augment.label_smoothing",
-        ),
-    },
     "model": {
         "int": (
             "img_size",
@@ -78,13 +55,6 @@ BOOL_KEYS = {
         "no_embed_class",
         "fc_norm",
     ),
-    "data": ("pin_memory", "unlabelled", "download", "scan_images", "augment.hflip"),
-}
-
-
-# Lists of numbers: (key, length); their values' ranges are checked in validate.
-NUMBER_LISTS = {
-    "data": (("mean", 3), ("std", 3)),
 }
 
 
@@ -98,6 +68,8 @@ def check_types(cfg: DictConfig) -> None:
     for group, settings in SETTINGS.items():
         if cfg.get(group) is not None:
             settings.check(cfg.get(group))
+    if cfg.get("data") is not None:  # before the model, whose img_size and num_classes repeat data's
+        data_settings(cfg.data.get("name")).check(cfg.data)
     for group, kinds in NUMERIC_KEYS.items():
         node = cfg.get(group)
         if node is None:
@@ -119,24 +91,23 @@ def check_types(cfg: DictConfig) -> None:
         for key in keys if node is not None else ():
             value = OmegaConf.select(node, key, default=None)
             require(value is None or isinstance(value, bool), f"{group}.{key}={value!r} must be true or false")
-    for group, lists in NUMBER_LISTS.items():
-        node = cfg.get(group)
-        for key, length in lists if node is not None else ():
-            value = OmegaConf.select(node, key, default=None)
-            if value is None:
-                continue
-            values = list(value) if OmegaConf.is_list(value) or isinstance(value, (list, tuple)) else [value]
-            ok = len(values) == length and all(_is_number(v) for v in values)
-            shown = OmegaConf.to_container(value) if OmegaConf.is_list(value) else value
-            require(ok, f"{group}.{key}={shown!r} must be a list of {length} numbers or null")
 
 
 def numeric_keys() -> dict[str, dict[str, tuple[str, ...]]]:
-    """Every numeric key, by group and kind ("int" or "float"): the tables above and the settings classes' fields."""
+    """Every numeric key, by group and kind ("int" or "float"): the model's table above, the settings classes'
+    fields, and data's over every dataset's class."""
     keys = {group: dict(kinds) for group, kinds in NUMERIC_KEYS.items()}
-    for group, settings in SETTINGS.items():
-        keys[group] = {kind: tuple(_fields_of(settings, base)) for kind, base in (("int", int), ("float", float))}
+    for group, settings in _group_classes():
+        for kind, base in (("int", int), ("float", float)):
+            keys.setdefault(group, {}).setdefault(kind, ())
+            keys[group][kind] += tuple(k for k in _fields_of(settings, base) if k not in keys[group][kind])
     return keys
+
+
+def _group_classes():
+    yield from SETTINGS.items()
+    for source in DATASETS.values():
+        yield "data", source.settings
 
 
 def _fields_of(settings, base: type, prefix: str = ""):
@@ -150,8 +121,9 @@ def _fields_of(settings, base: type, prefix: str = ""):
 
 
 def number_lists() -> dict[str, tuple[tuple[str, int], ...]]:
-    """Every list-of-numbers key with its length: the table above and the settings classes' tuple fields."""
-    lists = dict(NUMBER_LISTS)
-    for group, settings in SETTINGS.items():
-        lists[group] = tuple((name, k.length) for name, (k, _) in settings.kinds().items() if k.base is tuple)
+    """Every list-of-numbers key with its length: the settings classes' tuple fields."""
+    lists: dict[str, tuple[tuple[str, int], ...]] = {}
+    for group, settings in _group_classes():
+        found = tuple((name, k.length) for name, (k, _) in settings.kinds().items() if k.base is tuple)
+        lists[group] = tuple(dict.fromkeys(lists.get(group, ()) + found))
     return lists

@@ -51,6 +51,11 @@ def knob(default: Any, *, low: float | None = None, high: float | None = None, l
     return field(default=default, metadata=meta)
 
 
+def as_given(value: Any) -> Any:
+    """A `parse` for a key whose syntax is checked where it is read (`data.holdout`, shard lists): taken as given."""
+    return _plain(value)
+
+
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -130,6 +135,12 @@ def _number(bound: float) -> str:
     return str(int(bound)) if float(bound).is_integer() else f"{bound:g}"
 
 
+def _stored(value: Any) -> Any:
+    if isinstance(value, Settings):
+        return value.values()
+    return list(value) if isinstance(value, tuple) else value
+
+
 def _range_problem(meta: Mapping, value: Any, optional: bool) -> str | None:
     """The range's message for a number (each element of a list) outside it, or None."""
     low, high = meta.get("low"), meta.get("high")
@@ -171,13 +182,12 @@ class Settings:
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         """Every key with its declared default, as Hydra stores it (tuples as lists)."""
-        out = {}
-        for f in fields(cls):
-            value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            if isinstance(value, Settings):
-                value = value.defaults()
-            out[f.name] = list(value) if isinstance(value, tuple) else value
-        return out
+        return {f.name: _stored(f.default if f.default is not dataclasses.MISSING else f.default_factory())
+                for f in fields(cls)}  # fmt: skip
+
+    def values(self) -> dict[str, Any]:
+        """This object's values, as Hydra stores them (a sub-group as a mapping, tuples as lists)."""
+        return {f.name: _stored(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
     def check(cls, node: DictConfig | Mapping | None, where: str | None = None) -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from vit.data.augment.spec import AugmentSpec
+from vit.data.augment.spec import augment_settings
 from vit.data.errors import DataError
 from vit.data.loading.build import LOADERS, RENAMED_LOADERS
 from vit.data.sources.archive import is_archive
@@ -39,31 +39,20 @@ def validate(cfg: DictConfig) -> None:
 
 
 def check_data(cfg: DictConfig) -> None:
+    """Types, ranges and choices: the dataset's settings class (vit/settings/data.py, checked with the types). What
+    remains needs a registry, the disk or another group."""
     data = cfg.data
     require(data.name in DATASETS, f"data.name={data.name!r} must be one of {tuple(DATASETS)}")
-    require(int(data.img_size) > 0, f"data.img_size={data.img_size} must be positive")
-    require(int(data.batch_size) > 0, f"data.batch_size={data.batch_size} must be positive")
-    if data.get("patch_size") is not None:
-        require(int(data.patch_size) > 0, f"data.patch_size={data.patch_size} must be positive")
     try:
         parse_holdout(data.get("holdout"))
+        augment_settings(data.get("augment"))  # the policy, against the policies' registry
     except DataError as err:
         raise ConfigError(str(err)) from None
-    if data.get("std") is not None:
-        require(all(float(v) > 0 for v in data.std), f"data.std={list(data.std)} must be > 0 in every channel")
     if DATASETS[data.name].needs_root:
         require(data.root is not None, f"data.root is not set: data={data.name} needs data.root=<folder or archive>")
         root = Path(str(data.root)).expanduser()
         require(root.is_dir() or is_archive(root), f"data.root={str(data.root)!r} does not exist")
-    try:
-        AugmentSpec.from_config(data.get("augment"))
-    except DataError as err:
-        raise ConfigError(str(err)) from None
     require(data.loader in (*LOADERS, *RENAMED_LOADERS), f"data.loader={data.loader!r} must be one of {LOADERS}")
-    if data.get("num_workers") is not None:
-        require(int(data.num_workers) >= 0, f"data.num_workers={data.num_workers} must be >= 0 or null")
-    if data.get("num_classes") is not None:
-        require(int(data.num_classes) >= 1, f"data.num_classes={data.num_classes} must be >= 1 or null")
     model_classes = cfg.model.get("num_classes")
     if model_classes is not None and data.get("num_classes") is not None and task_of(cfg).classifier:
         # Fewer outputs than classes: the loss would fail on the first label the head has no output for.
@@ -72,17 +61,6 @@ def check_data(cfg: DictConfig) -> None:
             f"model.num_classes={model_classes} is less than data.num_classes={data.num_classes}: training needs "
             "an output per class (null: the data's count)",
         )
-    repeats = data.get("repeated_aug")
-    require(repeats is None or int(repeats) >= 1, f"data.repeated_aug={repeats} must be >= 1 (1: off)")
-    for key in ("limit_train_samples", "limit_val_samples"):
-        value = data.get(key)
-        require(value is None or int(value) >= 1, f"data.{key}={value} must be >= 1 or null")
-    for key in ("num_train", "num_val"):
-        value = (data.get("synthetic") or {}).get(key)
-        require(value is None or int(value) >= 1, f"data.synthetic.{key}={value} must be >= 1")
-    buffer, samples = data.get("shuffle_buffer"), data.get("epoch_samples")
-    require(buffer is None or int(buffer) >= 0, f"data.shuffle_buffer={buffer} must be >= 0 (0 or 1: no buffer)")
-    require(samples is None or int(samples) >= 1, f"data.epoch_samples={samples} must be >= 1 or null")
 
 
 def check_task(cfg: DictConfig) -> None:

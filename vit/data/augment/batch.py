@@ -1,5 +1,5 @@
 """The training augmentation both loaders apply, defined once: `BatchAugment`, the ops on uint8 batches, as
-`AugmentSpec` (spec.py: the `data.augment` keys, checked) describes them.
+`AugmentSettings` (spec.py: the `data.augment` keys, checked) describes them.
 
 Both loaders hand `BatchAugment` the same thing, a uint8 (B, 3, H, W) batch at the training size, and it runs
 on the training device:
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from vit.data.augment import draws
 from vit.data.augment.policies import build_policy
-from vit.data.augment.spec import AugmentSpec
+from vit.settings.data import AugmentSettings
 
 # ---- the batch ops: uint8 or float (B, C, H, W), every sample with its own draw from `generator` ----
 
@@ -134,7 +134,9 @@ class BatchAugment:
     crop random-resized boxes from the full-size file); pad-and-crop and no-crop always happen here.
     """
 
-    def __init__(self, spec: AugmentSpec, mean, std, img_size: int, *, train: bool, crop_done: bool = False) -> None:
+    def __init__(
+        self, spec: AugmentSettings, mean, std, img_size: int, *, train: bool, crop_done: bool = False
+    ) -> None:
         self.spec, self.train = spec, train
         self.crop = spec.crop if train and not (crop_done and spec.crop == "rrc") else "none"
         self.policy = build_policy(spec.auto_augment, img_size, mean) if train else None

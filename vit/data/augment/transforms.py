@@ -10,8 +10,8 @@ from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 from torchvision import transforms as T
 
-from vit.data.augment.spec import AugmentSpec
 from vit.data.sources.registry import mean_std
+from vit.settings.data import AugmentSettings
 
 
 def eval_resize(img_size: int) -> int:
@@ -25,7 +25,7 @@ def decode_geometry(img_size: int, resize: int) -> T.Compose:
     return T.Compose([T.Resize(resize, antialias=True), T.CenterCrop(img_size), T.PILToTensor()])
 
 
-def train_geometry(cfg: Mapping, spec: AugmentSpec) -> T.Compose:
+def train_geometry(cfg: Mapping, spec: AugmentSettings) -> T.Compose:
     """What the torch loader's workers do to a training image before `BatchAugment`: a random-resized crop from the
     full-size file (crop=rrc), else the whole image at the training size (the pad-and-crop comes later, on the
     batch). PIL image -> uint8 (3, H, W)."""
@@ -47,7 +47,7 @@ def val_transform(cfg: Mapping) -> T.Compose:
     return T.Compose([val_geometry(cfg), T.ConvertImageDtype(torch.float32), T.Normalize(mean, std)])
 
 
-def mixup_and_criterion(spec: AugmentSpec, num_classes: int) -> tuple[Mixup | None, torch.nn.Module]:
+def mixup_and_criterion(spec: AugmentSettings, num_classes: int) -> tuple[Mixup | None, torch.nn.Module]:
     """timm's Mixup/CutMix (it also smooths the labels) with the matching loss."""
     smoothing = float(spec.label_smoothing)
     mixup_alpha, cutmix_alpha = float(spec.mixup_alpha), float(spec.cutmix_alpha)

@@ -15,9 +15,8 @@ from pathlib import Path
 import torch
 
 from vit.data.augment.batch import BatchAugment
-from vit.data.augment.spec import AugmentSpec
+from vit.data.augment.spec import augment_settings
 from vit.data.augment.transforms import mixup_and_criterion, train_geometry, val_geometry
-from vit.data.declared import complete
 from vit.data.errors import DataError
 from vit.data.loading.bundle import DataBundle
 from vit.data.loading.decoded_cache import cached_split
@@ -25,7 +24,7 @@ from vit.data.loading.resident import ResidentLoader
 from vit.data.loading.stream import build_stream_data
 from vit.data.loading.torch_loader import DeviceBatches, Transformed, torch_loader
 from vit.data.resources import available_memory, cache_folder, num_workers
-from vit.data.sources.registry import build_splits, dataset_source, mean_std
+from vit.data.sources.registry import build_splits, complete, dataset_source, mean_std
 from vit.data.sources.splits import Splits
 
 log = logging.getLogger(__name__)
@@ -95,7 +94,7 @@ def build_data(
     batch_size = int(cfg.batch_size)
     if batch_size <= 0:
         raise DataError(f"data.batch_size={batch_size} must be positive")
-    spec = AugmentSpec.from_config(cfg.get("augment"))
+    spec = augment_settings(cfg.get("augment"))
     img_size = int(cfg["img_size"])
     device = torch.device(device)
     cfg.loader = loader_choice(cfg)

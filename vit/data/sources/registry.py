@@ -2,9 +2,9 @@
 val splits (without transforms; the loader adds them) and its class-to-index map (saved with every checkpoint),
 after data.holdout and data.limit_*_samples.
 
-Adding a dataset is one entry here (its splits builder, its normalisation, whether it streams) and its
-configs/data/<name>.yaml (the keys it reads, with their defaults); every list of the known names, and every message
-that gives them, reads this table.
+Adding a dataset is one entry here (its splits builder, its normalisation, whether it streams, and its settings
+class when it has keys or defaults of its own: vit/settings/data.py) and its configs/data/<name>.yaml; every list
+of the known names, and every message that gives them, reads this table.
 """
 
 from __future__ import annotations
@@ -13,15 +13,23 @@ import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from omegaconf import DictConfig, OmegaConf
 from torchvision import datasets as tv_datasets
 
-from vit.data.declared import complete
 from vit.data.errors import DataError
 from vit.data.sources.cifar import cifar_splits
 from vit.data.sources.folders import folder_splits
 from vit.data.sources.hf import build_hf_splits
 from vit.data.sources.splits import HOLDOUT_SEED, Splits, hold_out, limit_split, parse_holdout
 from vit.data.sources.synthetic import synthetic_splits
+from vit.settings.data import (
+    Cifar100Settings,
+    DataSettings,
+    HfSettings,
+    ImageFolderSettings,
+    SyntheticSettings,
+    WebDatasetSettings,
+)
 
 MeanStd = tuple[tuple[float, float, float], tuple[float, float, float]]  # per channel (R, G, B), on a [0, 1] scale
 IMAGENET_MEAN_STD: MeanStd = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
@@ -38,6 +46,8 @@ class DatasetSource:
     mean_std: MeanStd = IMAGENET_MEAN_STD
     # data.root must name an existing folder or archive: checked with the config, before a run starts.
     needs_root: bool = False
+    # Its keys, their types, ranges and defaults (vit/settings/data.py); Hydra's data/schema/<name>.
+    settings: type[DataSettings] = DataSettings
 
     @property
     def streams(self) -> bool:
@@ -53,12 +63,36 @@ DATASETS: dict[str, DatasetSource] = {
     "cifar100": DatasetSource(
         functools.partial(cifar_splits, torchvision_class=tv_datasets.CIFAR100),
         ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+        settings=Cifar100Settings,
     ),
-    "imagefolder": DatasetSource(folder_splits, needs_root=True),
-    "synthetic": DatasetSource(synthetic_splits, ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25))),
-    "hf": DatasetSource(build_hf_splits),  # Hugging Face datasets: the datasets library is imported when called
-    "webdataset": DatasetSource(None),  # tar shards, streamed by vit/data/loading/stream.py
+    "imagefolder": DatasetSource(folder_splits, needs_root=True, settings=ImageFolderSettings),
+    "synthetic": DatasetSource(synthetic_splits, ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)), settings=SyntheticSettings),
+    # Hugging Face datasets: the datasets library is imported when called
+    "hf": DatasetSource(build_hf_splits, settings=HfSettings),
+    "webdataset": DatasetSource(None, settings=WebDatasetSettings),  # tar shards, streamed (vit/data/loading/stream.py)
 }
+
+
+def data_settings(name: str | None) -> type[DataSettings]:
+    """The settings class of dataset `name` (the common keys' for a name DATASETS does not have: the config check
+    then names it)."""
+    return DATASETS[name].settings if name in DATASETS else DataSettings
+
+
+def data_defaults(name: str) -> dict:
+    """Every key of data=`name` with its default, as Hydra composes configs/data/<name>.yaml."""
+    return {**data_settings(name).defaults(), "name": name}
+
+
+def complete(cfg: Mapping) -> DictConfig:
+    """A data config built by hand (a notebook, a test, a tool) with every key it leaves out taken from its
+    dataset's declaration: a key left out means what `data=<name>` gives it. Composed configs already hold every key;
+    completing them changes nothing."""
+    given = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
+    name = str(given.get("name") or "cifar10")
+    merged = OmegaConf.merge(OmegaConf.create(data_defaults(name)), given)
+    OmegaConf.set_struct(merged, False)
+    return merged
 
 
 def dataset_source(name: str | None) -> DatasetSource:

@@ -1,0 +1,143 @@
+"""`data.*`: what is read and how it is augmented (vit/data). `DataSettings` holds the keys every dataset has, with
+the CIFAR defaults; a dataset with keys or defaults of its own is a subclass, named in its `DATASETS` entry
+(vit/data/sources/registry.py), which is where a dataset's name is written: the Hydra plugin stores each entry's
+class as `data/schema/<name>` with `name` set, and configs/data/<name>.yaml starts from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from vit.settings.schema import Settings, as_given, knob
+
+
+@dataclass(frozen=True)
+class AugmentSettings(Settings):
+    """The augmentation, the same whichever loader runs (vit/data/augment/; docs/LEVERS.md lists the policies)."""
+
+    group: ClassVar[str] = "data.augment"
+
+    # pad (zero-pad by `pad`, random crop) | rrc (random-resized crop, area in [scale_min, 1]) | none
+    crop: Literal["pad", "rrc", "none"] = knob("pad")
+    pad: int = knob(4, low=0)
+    scale_min: float = knob(0.08, low=0.0, high=1.0, low_open=True)
+    hflip: bool = knob(True)
+    # null | autoaug (AutoAugment: CIFAR-10 policy up to 64 px, ImageNet's above) | trivial (TrivialAugmentWide)
+    # | rand-m9-mstd0.5-inc1 (timm's RandAugment) | augmix (torchvision's AugMix; augmix-m3-w3-d2-a1: severity,
+    # width, depth, alpha); checked against the policies' registry (vit/data/augment/policies.py) with the config
+    auto_augment: str | None = knob("autoaug")
+    re_prob: float = knob(0.0, low=0.0, high=1.0, high_open=True)  # random erasing: probability per image
+    mixup_alpha: float = knob(0.0, low=0.0)
+    cutmix_alpha: float = knob(0.0, low=0.0)
+    mixup_prob: float = knob(1.0, low=0.0, high=1.0)
+    label_smoothing: float = knob(0.1, low=0.0, high=1.0, high_open=True)
+
+
+IMAGENET_AUGMENT = AugmentSettings(crop="rrc", auto_augment="rand-m9-mstd0.5-inc1")  # the 224 px datasets' default
+
+
+@dataclass(frozen=True)
+class DataSettings(Settings):
+    """The keys of every dataset, with CIFAR's defaults (torchvision's CIFAR-10 and CIFAR-100)."""
+
+    group: ClassVar[str] = "data"
+
+    name: str | None = knob(None)  # the dataset: a name of DATASETS (vit/data/sources/registry.py)
+    root: str | None = knob("data/")  # a folder or an archive; CIFAR: where torchvision downloads it
+    img_size: int = knob(32, low=1, text="must be positive")
+    patch_size: int | None = knob(4, low=1, text="must be positive")  # the patch size suggested for this size
+    num_classes: int | None = knob(10, low=1)  # null: the dataset's class count
+    batch_size: int = knob(512, low=1, text="must be positive")  # per process
+    num_workers: int | None = knob(None, low=0)  # null: min(8, CPU count)
+    pin_memory: bool = knob(True)
+    val_split: str | None = knob(None)  # the folder of the validation split; null: val/, else test/
+    cache_dir: str | None = knob(None)  # extracted archives, scans, decoded splits; null: beside the data
+    download: bool = knob(True)
+    limit_train_samples: int | None = knob(None, low=1)  # class-balanced subsets
+    limit_val_samples: int | None = knob(None, low=1)
+    # Selection without the test set: a count (int) or fraction (0-1) of the training images, class-balanced and
+    # the same in every run, removed from training and used as the validation split. null: validate on the test
+    # split. Its syntax is checked with the config (vit/data/sources/splits.py: parse_holdout).
+    holdout: float | None = knob(None, parse=as_given)
+    # Repeated augmentation (DeiT): each image of a 1/k slice of the epoch's permutation k times in a row, each copy
+    # augmented on its own; the epoch keeps its length. 1: off, 3: DeiT's setting.
+    repeated_aug: int | None = knob(1, low=1)
+    # Image folders: every image is decoded once (cached per tree) to find unreadable files before training;
+    # false: no scan (huge trees), a bad file then fails in the middle of training
+    scan_images: bool = knob(True)
+    # error: stop, listing up to 20 bad files and their count | skip: train on the rest, log the count
+    on_bad_image: Literal["error", "skip"] = knob("error")
+    # auto | torch | resident (auto: resident, the decoded split in the device's memory, when it fits); checked
+    # against the loaders' registry (vit/data/loading/build.py) with the config
+    loader: str = knob("auto")
+    mean: tuple[float, float, float] | None = knob(None)  # null: the dataset's own statistics
+    std: tuple[float, float, float] | None = knob(None, low=0.0, low_open=True, text="must be > 0 in every channel")
+    augment: AugmentSettings = knob(AugmentSettings())
+
+
+@dataclass(frozen=True)
+class Cifar100Settings(DataSettings):
+    num_classes: int | None = knob(100, low=1)
+
+
+@dataclass(frozen=True)
+class ImageFolderSettings(DataSettings):
+    """Images in class folders (train/ and val/ or test/), a folder or an archive of one."""
+
+    root: str | None = knob(None)  # required: data.root=<folder or archive>
+    img_size: int = knob(224, low=1, text="must be positive")
+    patch_size: int | None = knob(16, low=1, text="must be positive")
+    num_classes: int | None = knob(None, low=1)
+    batch_size: int = knob(256, low=1, text="must be positive")
+    augment: AugmentSettings = knob(IMAGENET_AUGMENT)
+    unlabelled: bool = knob(False)  # every image under data.root, no labels (task=mae)
+
+
+@dataclass(frozen=True)
+class HfSettings(DataSettings):
+    """Hugging Face datasets (datasets.load_dataset, or a folder written by save_to_disk)."""
+
+    img_size: int = knob(224, low=1, text="must be positive")
+    patch_size: int | None = knob(16, low=1, text="must be positive")
+    num_classes: int | None = knob(None, low=1)
+    batch_size: int = knob(256, low=1, text="must be positive")
+    augment: AugmentSettings = knob(IMAGENET_AUGMENT)
+    dataset_name: str | None = knob(None)  # a Hub name, e.g. uoft-cs/cifar10 (or a local folder of data files)
+    dataset_config: str | None = knob(None)  # the Hub dataset's config name, when it has several
+    # instead of dataset_name: a folder written by save_to_disk (a DatasetDict, or one Dataset plus data.holdout)
+    path: str | None = knob(None)
+    image_column: str = knob("image")  # the column of images; when `image` is missing, `img` (CIFAR on the Hub)
+    label_column: str = knob("label")  # the column of class labels: ClassLabel (its names are the classes), int or str
+    train_split: str = knob("train")  # the split trained on
+
+
+@dataclass(frozen=True)
+class SyntheticCounts(Settings):
+    group: ClassVar[str] = "data.synthetic"
+
+    num_train: int = knob(2048, low=1)
+    num_val: int = knob(512, low=1)
+
+
+@dataclass(frozen=True)
+class SyntheticSettings(DataSettings):
+    """Generated images, for tests and smoke runs: no files, no download."""
+
+    root: str | None = knob(None)
+    batch_size: int = knob(64, low=1, text="must be positive")
+    num_workers: int | None = knob(0, low=0)
+    download: bool = knob(False)
+    augment: AugmentSettings = knob(AugmentSettings(crop="none", hflip=False, auto_augment=None, label_smoothing=0.0))
+    synthetic: SyntheticCounts = knob(SyntheticCounts())
+
+
+@dataclass(frozen=True)
+class WebDatasetSettings(DataSettings):
+    """Tar shards (webdataset), streamed: vit/data/loading/stream.py."""
+
+    num_classes: int | None = knob(None, low=1)  # null: the classes in classes.json beside the training shards
+    # the training shards: a brace pattern (<dir>/train-{000000..000009}.tar) or a list of patterns and URLs
+    urls: str | list | None = knob(None, parse=as_given)
+    val_urls: str | list | None = knob(None, parse=as_given)  # null: the other split named beside the training shards
+    epoch_samples: int | None = knob(None, low=1)
+    shuffle_buffer: int | None = knob(1000, low=0, why="0 or 1: no buffer")
