@@ -117,6 +117,10 @@ RANGE_CASES = {
     "model.drop_path_rate": (["model.drop_path_rate=1.0"], "model.drop_path_rate=1.0 must be in [0, 1)"),
     "model.init_values": (["model.init_values=-1e-5"], "model.init_values=-1e-05 must be >= 0"),
     "model.norm_eps": (["model.norm_eps=0"], "model.norm_eps=0 must be > 0"),
+    "model.rope_ref_grid": (
+        ["model.pos_embed=learned_rope", "model.rope_ref_grid=0"],
+        "model.rope_ref_grid=0 must be a positive integer",
+    ),
     "model.reg_tokens": (["model.reg_tokens=-2"], "model.reg_tokens=-2 must be an integer >= 0"),
     "model.rope_temperature": (
         ["model.pos_embed=rope", "model.rope_temperature=0"],

@@ -1,65 +1,37 @@
 """The value types of the composed config's keys: a value that is not a number, a flag or a list of the right
 length is named with its key before any range check or constructor sees it. Every group with a settings class
 (vit/settings: trainer, data, optim, sched, distill, mae) is checked by it, types and ranges, from its one
-declaration (data's class is its dataset's, named in DATASETS); the tables below list the model's keys, whose
-defaults are the model families' config classes (vit/models)."""
+declaration (data's class is its dataset's, named in DATASETS); the model's numbers and switches are typed by its
+family's config class (vit/models)."""
 
 from __future__ import annotations
+
+import typing
+from dataclasses import fields
 
 from omegaconf import DictConfig, OmegaConf
 
 from vit.data.sources.registry import DATASETS, data_settings
 from vit.errors import require
+from vit.models.registry import MODELS
 from vit.settings import SETTINGS
+from vit.settings.schema import Kind
 
-# The numeric knobs of each config group: a value that is not a number (`model.img_size=abc`) is named as such
-# before any range check or constructor sees it. "int" refuses 32.5 and also 32.0 or 1e3 (floats that torch's
-# layer constructors would reject later with a traceback); None is allowed where the YAML says null. The model
-# comes last: its img_size and num_classes repeat data's (`${data.img_size}`), which are named first.
-NUMERIC_KEYS = {
-    "model": {
-        "int": (
-            "img_size",
-            "patch_size",
-            "in_chans",
-            "num_classes",
-            "embed_dim",
-            "depth",
-            "num_heads",
-            "token_dim",
-            "reg_tokens",
-        ),
-        "float": (
-            "mlp_ratio",
-            "qk_scale",
-            "drop_rate",
-            "attn_drop_rate",
-            "drop_path_rate",
-            "init_values",
-            "rope_temperature",
-        ),
-    },
-}
+# The model group's keys are its family's config dataclass (vit/models: EncoderConfig, ViTConfig, T2TConfig), whose
+# annotations give each field's type; these are the model keys that are not constructor arguments but say how a
+# run starts (configs/model/shared/finetune.yaml), with their types.
+MODEL_START_SWITCHES = ("pretrained_ema",)
 
 
-# Switches: `trainer.ema=maybe` would otherwise count as true (a non-empty string).
-BOOL_KEYS = {
-    "model": (
-        "qkv_bias",
-        "lsa",
-        "pretrained_ema",
-        "distill_token",
-        "qk_norm",
-        "dynamic_img_size",
-        "class_token",
-        "no_embed_class",
-        "fc_norm",
-    ),
-}
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def model_kinds(name) -> dict[str, Kind]:
+    """The numbers and switches of model `name`'s config class, by field (an unknown name: none; building it names
+    the name). Choices and ranges are the class's own checks, when the model is built."""
+    entry = MODELS.get(str(name))
+    if entry is None:
+        return {}
+    hints = typing.get_type_hints(entry.config)
+    kinds = {f.name: Kind.of(hints[f.name]) for f in fields(entry.config) if f.init}
+    return {key: kind for key, kind in kinds.items() if kind.base in (bool, int, float) and not kind.choices}
 
 
 def check_types(cfg: DictConfig) -> None:
@@ -70,33 +42,26 @@ def check_types(cfg: DictConfig) -> None:
             settings.check(cfg.get(group))
     if cfg.get("data") is not None:  # before the model, whose img_size and num_classes repeat data's
         data_settings(cfg.data.get("name")).check(cfg.data)
-    for group, kinds in NUMERIC_KEYS.items():
-        node = cfg.get(group)
-        if node is None:
-            continue
-        for kind, keys in kinds.items():
-            for key in keys:
-                value = OmegaConf.select(node, key, default=None)
-                if value is None:
-                    continue
-                if kind == "int":
-                    require(
-                        isinstance(value, int) and not isinstance(value, bool),
-                        f"{group}.{key}={value!r} must be an integer",
-                    )
-                else:
-                    require(_is_number(value), f"{group}.{key}={value!r} must be a number")
-    for group, keys in BOOL_KEYS.items():
-        node = cfg.get(group)
-        for key in keys if node is not None else ():
-            value = OmegaConf.select(node, key, default=None)
-            require(value is None or isinstance(value, bool), f"{group}.{key}={value!r} must be true or false")
+    model = cfg.get("model")
+    if model is not None:  # last: its img_size and num_classes repeat data's (`${data.img_size}`), named first
+        for key, kind in model_kinds(model.get("name")).items():
+            value = OmegaConf.select(model, key, default=None)
+            problem = kind.problem(value) if value is not None else None
+            require(problem is None, f"model.{key}={value!r} {problem}")
+        for key in MODEL_START_SWITCHES:
+            value = model.get(key)
+            require(value is None or isinstance(value, bool), f"model.{key}={value!r} must be true or false")
 
 
 def numeric_keys() -> dict[str, dict[str, tuple[str, ...]]]:
-    """Every numeric key, by group and kind ("int" or "float"): the model's table above, the settings classes'
-    fields, and data's over every dataset's class."""
-    keys = {group: dict(kinds) for group, kinds in NUMERIC_KEYS.items()}
+    """Every numeric key, by group and kind ("int" or "float"): the model families' config fields, the settings
+    classes' fields, and data's over every dataset's class."""
+    keys: dict[str, dict[str, tuple[str, ...]]] = {"model": {"int": (), "float": ()}}
+    for name in MODELS:
+        for key, kind in model_kinds(name).items():
+            kind_name = {int: "int", float: "float"}.get(kind.base)
+            if kind_name and key not in keys["model"][kind_name]:
+                keys["model"][kind_name] += (key,)
     for group, settings in _group_classes():
         for kind, base in (("int", int), ("float", float)):
             keys.setdefault(group, {}).setdefault(kind, ())
