@@ -108,8 +108,8 @@ class Kind:
             return None if _is_number(value) and isinstance(value, int) else "must be an integer"
         if self.base is float:
             return None if _is_number(value) else "must be a number"
-        if self.base is str:
-            return None if isinstance(value, str) else "must be a string"
+        if self.base is str:  # a number is text too: a folder named 2024, a split named 2017
+            return None if isinstance(value, str) or _is_number(value) else "must be a string"
         if self.base is dict:
             return None if isinstance(value, Mapping) else "must be a mapping" + (" or null" if self.optional else "")
         if self.base is tuple:
@@ -124,6 +124,8 @@ class Kind:
             return self.base.of(value)
         if self.base is float:
             return float(value)
+        if self.base is str and not self.choices:
+            return str(value)
         if self.base is tuple:
             return tuple(float(v) for v in value)
         if self.base is dict:

@@ -61,9 +61,11 @@ def parse_compile(value) -> bool | str:
 
 def parse_resume(value) -> str | None:
     """`trainer.resume`: null | auto | a checkpoint's path (whether it exists is checked with the run's files)."""
-    if value is not None and not isinstance(value, str):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ConfigError(f"trainer.resume={value!r} must be null, auto or a path to a checkpoint")
-    return value
+    return str(value)  # a file named 2024 is a path too
 
 
 # trainer.amp's choices, also those of the tools' amp= (vit-eval, vit-predict).
