@@ -32,7 +32,7 @@ from torchvision.transforms import v2
 from vit.cli.args import parse_args, run_script, script_command
 from vit.data.augment.batch import BatchAugment
 from vit.data.augment.policies import is_small
-from vit.data.augment.spec import AugmentSpec
+from vit.data.augment.spec import augment_settings
 from vit.data.sources.registry import DATASETS
 from vit.engine.provenance import measurement_record, write_record
 from vit.errors import UsageError
@@ -74,7 +74,7 @@ def torchvision_policy(policy: str, size: int):
 
 def make_augment(policy: str | None, impl: str, whole_batch: bool, size: int):
     """(uint8 batch, generator) -> float batch, for one row of the table; None where there is no such row."""
-    spec = AugmentSpec.from_config(
+    spec = augment_settings(
         {"crop": "pad", "pad": 4, "scale_min": 0.08, "hflip": True, "re_prob": 0.0, "mixup_alpha": 0.0,
          "cutmix_alpha": 0.0, "mixup_prob": 1.0, "label_smoothing": 0.0,
          "auto_augment": policy if impl == "ours" else None}

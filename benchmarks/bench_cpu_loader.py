@@ -39,7 +39,7 @@ from timm.data import create_transform
 
 from vit.cli.args import parse_args, run_script, script_command
 from vit.data.augment.batch import BatchAugment
-from vit.data.augment.spec import AugmentSpec
+from vit.data.augment.spec import augment_settings
 from vit.data.augment.transforms import train_geometry
 from vit.data.images import read_rgb
 from vit.data.sources.registry import IMAGENET_MEAN_STD
@@ -81,7 +81,7 @@ class Ours:
     batch stage where the CPU runs it."""
 
     def __init__(self, policy: str, with_batch_stage: bool) -> None:
-        spec = AugmentSpec.from_config({"crop": "rrc", "auto_augment": policy, "label_smoothing": 0.1})
+        spec = augment_settings({"crop": "rrc", "auto_augment": policy, "label_smoothing": 0.1})
         self.worker = train_geometry({"img_size": 224}, spec)
         self.stage = BatchAugment(spec, *IMAGENET_MEAN_STD, 224, train=True, crop_done=True)
         self.with_batch_stage = with_batch_stage

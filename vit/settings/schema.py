@@ -9,15 +9,17 @@ A group's settings are a frozen dataclass whose fields are declared with `knob`:
         warmup_epochs: float = knob(3.0, low=0.0)
 
 From that one declaration come
-- the defaults Hydra composes (`Settings.defaults()`, stored as `<group>/schema/defaults` by
-  hydra_plugins/vit_settings; the group's YAML files start from it and list only what they choose);
+- the defaults Hydra composes (`Settings.defaults()`, stored as `<group>/schema/defaults`, and a dataset's as
+  `data/schema/<name>`, by hydra_plugins/vit_settings; the group's YAML files start from it and list only what
+  they choose);
 - the type and range checks of the composed config (`Settings.check(node)`): one line naming the key and value,
   `config error: sched.warmup_epochs=-1 must be >= 0`, before any data is read;
-- the typed object the code reads (`Settings.of(node)`): `run.sched.min_lr` is a float, never `float(cfg...)`.
+- the typed object the code reads (`Settings.of(node)`): `OptimSettings.of(cfg.optim).lr` is a float, never
+  `float(cfg.optim.lr)`.
 
 Types understood: bool, int, float (an int is taken), str, `Literal[...]` (one of the values), `X | None`,
-`tuple[float, ...]` of a fixed length, and `dict` (a mapping, passed through). Ranges: `low` / `high`, open or
-closed; `choices` is the Literal's values.
+`tuple[float, ...]` of a fixed length, `dict` (a mapping, passed through) and a sub-group (a field whose type is
+another settings class). Ranges: `low` / `high`, open or closed; `choices` is the Literal's values.
 """
 
 from __future__ import annotations
@@ -45,9 +47,10 @@ def knob(default: Any, *, low: float | None = None, high: float | None = None, l
     meta["parse"] = parse
     if isinstance(default, Settings):
         return field(default_factory=lambda: default, metadata=meta)
-    if isinstance(default, (list, dict)):
-        frozen = tuple(default) if isinstance(default, list) else dict(default)
-        return field(default_factory=lambda: frozen, metadata=meta)
+    if isinstance(default, list):
+        return field(default_factory=lambda: tuple(default), metadata=meta)
+    if isinstance(default, dict):  # a fresh copy each time: the object is frozen, a dict in it is not
+        return field(default_factory=lambda: dict(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
