@@ -264,7 +264,7 @@ def test_a_checkpoint_of_ours_teaches_and_its_top1_is_its_own(tmp_path):
     ("override", "message"),
     [
         (["distill.type=hard"], "distill.type=hard needs a teacher: set distill.teacher=<source>"),
-        (["distill.teacher=x.pt", "distill.type=soft", "distill.tau=-1"], "distill.tau=-1.0 must be > 0"),
+        (["distill.teacher=x.pt", "distill.type=soft", "distill.tau=-1"], "distill.tau=-1 must be > 0"),
         (["distill.teacher=x.pt", "distill.type=soft", "distill.alpha=1.5"], "distill.alpha=1.5 must be in [0, 1]"),
         (["distill.type=medium"], "distill.type='medium' must be one of"),
         (["distill.teacher=x.pt"], "is set but distill.type=none"),

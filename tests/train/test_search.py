@@ -332,7 +332,7 @@ def test_every_setting_of_the_budgeted_cpu_search_builds(tmp_path):
     raw = yaml.safe_load((REPO / "configs" / "hparams_search" / "cifar10_cpu_budget.yaml").read_text())
     assert raw["trainer"]["budget"] == "5m" and raw["data"]["holdout"] == 5000 and raw["search"]["pruner"] is None
     space, fixed = search_space(raw["hydra"]["sweeper"]["params"], [])
-    assert fixed == [] and len(space) == 9
+    assert fixed == [] and len(space) == 8
     (tmp_path / "train" / "a").mkdir(parents=True)
     recipe = compose_config(["experiment=cifar10_cpu", f"data.root={tmp_path}", "data.holdout=5000"])
     choices = {k: v.choices for k, v in space.items() if isinstance(v, optuna.distributions.CategoricalDistribution)}

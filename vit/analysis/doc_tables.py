@@ -127,13 +127,15 @@ def _setting_text(override: str) -> str:
 def budget_search_table(folder: Path) -> str:
     """An Optuna search's trials (`trial_<N>/` holding metrics.json and .hydra/overrides.yaml), in the order they
     ran: the settings the sampler chose, what the fixed budget bought (steps, epochs, img/s) and the holdout's
-    top-1; the best trial's score in bold."""
+    top-1; the best score in bold. `recipe/`, where present: the recipe's own settings run as one more trial."""
     trials = []
-    for path in sorted(folder.glob("trial_*"), key=lambda p: int(p.name.split("_")[1])):
+    paths = sorted(folder.glob("trial_*"), key=lambda p: int(p.name.split("_")[1]))
+    for path in [*paths, *([folder / "recipe"] if (folder / "recipe").is_dir() else [])]:
         overrides = OmegaConf.load(path / ".hydra" / "overrides.yaml")
         chosen = [o for o in overrides if not str(o).startswith(SEARCH_FIXED)]
         metrics = json.loads((path / "metrics.json").read_text()) if (path / "metrics.json").is_file() else None
-        trials.append((path.name.split("_")[1], chosen, metrics))
+        label = path.name.split("_")[1] if path.name != "recipe" else "the recipe's own settings"
+        trials.append((label, chosen, metrics))
     scores = [m["final"]["val_top1"] for _, _, m in trials if m]
     rows = []
     for number, chosen, metrics in trials:
@@ -375,6 +377,7 @@ TABLES: dict[str, DocTable] = {
     "cuda_tier_h200": DocTable("gpu_budget_h200", cuda_tier_table),
     "model_step_h200": DocTable("model_step_h200", model_step_table),
     "cpu_levers_avx2": DocTable("cpu_levers_avx2", cpu_lever_table),
+    "cifar10_cpu_budget_search_avx2": DocTable("cifar10_cpu_budget_search_avx2", budget_search_table),
     "optimizer_step_avx2": DocTable("cpu_step_avx2", optimizer_step_table),
     "cifar10_proxy_base": DocTable("cifar10_proxy_base", proxy_base_table),
     "cpu_profile_avx2": DocTable("cpu_step_avx2", cpu_profile_table),
