@@ -377,6 +377,7 @@ TABLES: dict[str, DocTable] = {
     "cuda_tier_h200": DocTable("gpu_budget_h200", cuda_tier_table),
     "model_step_h200": DocTable("model_step_h200", model_step_table),
     "cpu_levers_avx2": DocTable("cpu_levers_avx2", cpu_lever_table),
+    "cpu_compile_avx2": DocTable("cpu_compile_avx2", model_step_table),
     "cifar10_cpu_budget_search_avx2": DocTable("cifar10_cpu_budget_search_avx2", budget_search_table),
     "optimizer_step_avx2": DocTable("cpu_step_avx2", optimizer_step_table),
     "cifar10_proxy_base": DocTable("cifar10_proxy_base", proxy_base_table),
