@@ -45,6 +45,7 @@ from vit.data.images import read_rgb
 from vit.data.sources.registry import IMAGENET_MEAN_STD
 from vit.engine.provenance import measurement_record, write_record
 from vit.errors import UsageError
+from vit.settings.data import DataSettings
 
 SIZES = ((500, 375), (500, 333), (375, 500), (640, 480), (500, 400), (333, 500))
 
@@ -82,7 +83,7 @@ class Ours:
 
     def __init__(self, policy: str, with_batch_stage: bool) -> None:
         spec = augment_settings({"crop": "rrc", "auto_augment": policy, "label_smoothing": 0.1})
-        self.worker = train_geometry({"img_size": 224}, spec)
+        self.worker = train_geometry(DataSettings(img_size=224), spec)
         self.stage = BatchAugment(spec, *IMAGENET_MEAN_STD, 224, train=True, crop_done=True)
         self.with_batch_stage = with_batch_stage
         self.generator = torch.Generator().manual_seed(0)

@@ -127,6 +127,7 @@ RANGE_CASES = {
         "model.rope_temperature=0 must be > 0",
     ),
     "data.img_size": (["data.img_size=0"], "data.img_size=0 must be positive"),
+    "data.crop_pct": (["data.crop_pct=1.2"], "data.crop_pct=1.2 must be in (0, 1] or null"),
     "data.patch_size": (["data.patch_size=0"], "data.patch_size=0 must be positive"),
     "data.num_classes": (["data.num_classes=0"], "data.num_classes=0 must be >= 1"),
     "data.batch_size": (["data.batch_size=0"], "data.batch_size=0 must be positive"),

@@ -23,7 +23,7 @@ from vit.data.augment.batch import BatchAugment, random_hflip
 from vit.data.augment.policies import build_policy
 from vit.data.augment.spec import augment_settings
 from vit.errors import ConfigError
-from vit.settings.data import AugmentSettings
+from vit.settings.data import AugmentSettings, DataSettings
 from vit.train.config import validate
 
 FILL = (124, 116, 104)
@@ -240,6 +240,38 @@ def test_both_loaders_yield_the_same_batches(augment):
         assert torch.equal(ya, yb) and torch.equal(xa, xb)
 
 
+def test_both_loaders_evaluate_with_the_crop_fraction_and_filter_given(tmp_path):
+    """data.crop_pct and data.interpolation reach evaluation on both loaders alike: the resident loader decodes the
+    split (here already at its size) as the torch loader's workers do, and the images differ from the default's."""
+    batches = {}
+    for loader in ("torch", "resident"):
+        for crop in ({}, {"crop_pct": 0.8, "interpolation": "bicubic"}):
+            cfg = {**synthetic_cfg(loader, crop="none"), "cache_dir": str(tmp_path), **crop}
+            batches[loader, bool(crop)] = torch.cat([x for x, _ in build_data(cfg, seed=7).val_loader])
+    assert torch.equal(batches["torch", True], batches["resident", True])
+    assert torch.equal(batches["torch", False], batches["resident", False])
+    assert not torch.equal(batches["torch", True], batches["torch", False])
+
+
+@pytest.mark.parametrize(
+    "size, crop_pct, interpolation", [(64, 0.9, "bicubic"), (160, None, "bilinear"), (40, 1.0, "bicubic")]
+)
+def test_evaluation_geometry_is_timms_evaluation_transform(size, crop_pct, interpolation):
+    """val_transform with data.crop_pct and data.interpolation is timm's evaluation transform (create_transform,
+    is_training=False) of the same settings, on a non-square image: resize to floor(size / crop_pct), the filter,
+    the centre crop, the normalisation (crop_pct null: timm's default 0.875 from 128 px up)."""
+    from timm.data import create_transform
+
+    from vit.data.augment.transforms import val_transform
+
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 255, (11, 8, 3), dtype=np.uint8)).resize((97, 131), Image.BICUBIC)
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    data = DataSettings(img_size=size, crop_pct=crop_pct, interpolation=interpolation, mean=mean, std=std)
+    timms = create_transform(size, crop_pct=crop_pct or 0.875, interpolation=interpolation, mean=mean, std=std)
+    torch.testing.assert_close(val_transform(data)(image), timms(image), atol=1e-6, rtol=0)
+
+
 def test_torch_loader_resumes_mid_epoch_exactly_with_workers():
     """Every batch draws from its own generator, so skipping batches (a resume) leaves the rest as they were,
     also with worker processes (the crop here happens on the batch, not in the workers)."""
@@ -351,10 +383,10 @@ def test_more_workers_than_cpus_are_lowered_once(monkeypatch, caplog):
     monkeypatch.setattr(resources, "_SAID", set())  # as in a fresh process
     caplog.set_level("INFO", logger="vit.data")
     # the train loader, the validation loader and the image scan each ask; the line is said once
-    assert [resources.num_workers({"num_workers": 12}) for _ in range(3)] == [2, 2, 2]
+    assert [resources.num_workers(DataSettings(num_workers=12)) for _ in range(3)] == [2, 2, 2]
     assert caplog.text.count("data.num_workers=12 but this process has 2 CPUs: using 2 workers") == 1
-    assert resources.num_workers({"num_workers": 1}) == 1
-    assert resources.num_workers({"num_workers": None}) == 2
+    assert resources.num_workers(DataSettings(num_workers=1)) == 1
+    assert resources.num_workers(DataSettings(num_workers=None)) == 2
 
 
 # ---- a real image-folder run with its default augmentation ----

@@ -3,6 +3,8 @@
 import io
 import os
 import tarfile
+import threading
+import time
 import zipfile
 
 import numpy as np
@@ -133,6 +135,30 @@ def test_second_call_does_not_extract(tmp_path, monkeypatch):
     monkeypatch.setattr(archive_module, "_extract", fail)
     assert extract_archive(archive, tmp_path / "c") == first
     assert build_data(folder_cfg(archive, cache_dir=str(tmp_path / "c"))).num_train == 12
+
+
+def test_processes_extracting_one_archive_at_once_take_turns(tmp_path, monkeypatch):
+    """Two extractions of one archive started together (two DDP ranks, two runs): the second waits for the first's
+    lock and finds the tree there, instead of extracting it again."""
+    archive = _tar_tree(tmp_path)
+    started, extractions = threading.Event(), []
+    real_extract = archive_module._extract
+
+    def slow_extract(*args):
+        extractions.append(threading.current_thread().name)
+        started.set()
+        time.sleep(0.5)  # the second call arrives while this one holds the lock
+        real_extract(*args)
+
+    monkeypatch.setattr(archive_module, "_extract", slow_extract)
+    results = {}
+    first = threading.Thread(target=lambda: results.update(first=extract_archive(archive, tmp_path / "c")))
+    first.start()
+    assert started.wait(10)
+    second = extract_archive(archive, tmp_path / "c")
+    first.join()
+    assert second == results["first"] and (second / COMPLETE_MARKER).is_file()
+    assert len(extractions) == 1, extractions
 
 
 def test_replaced_archive_is_extracted_again(tmp_path):
@@ -524,6 +550,24 @@ def test_a_hand_built_config_means_what_its_file_declares(name):
     composed = OmegaConf.to_container(compose_config([f"data={name}"]).data, resolve=True)
     assert OmegaConf.to_container(complete({"name": name})) == composed
     assert complete({"name": name, "batch_size": 3}).batch_size == 3  # what the config gives wins
+
+
+def test_the_data_layer_reads_its_group_once_typed_and_names_a_key_its_dataset_lacks():
+    """`data_of`, the data layer's one reading of its group: the named dataset's settings class, a hand-built
+    config's missing keys as declared, typed values (a list as a tuple, a sub-group as its class); a key the dataset
+    does not have, or a value of the wrong kind, is one DataError naming it."""
+    from vit.data.sources.registry import data_of
+    from vit.settings.data import ImageFolderSettings, SyntheticSettings
+
+    settings = data_of({"name": "synthetic", "mean": [0.1, 0.2, 0.3], "synthetic": {"num_train": 8}})
+    assert isinstance(settings, SyntheticSettings) and settings.mean == (0.1, 0.2, 0.3)
+    assert (settings.synthetic.num_train, settings.synthetic.num_val) == (8, SyntheticSettings().synthetic.num_val)
+    assert data_of(settings) is settings
+    assert isinstance(data_of(compose_config(["data=imagefolder"]).data), ImageFolderSettings)
+    with pytest.raises(DataError, match=r"data.unlabelled is not a key of data=synthetic"):
+        data_of({"name": "synthetic", "unlabelled": True})
+    with pytest.raises(DataError, match=r"data.img_size='big' must be an integer"):
+        data_of({"name": "synthetic", "img_size": "big"})
 
 
 def test_an_archive_given_to_the_cifar_config_points_to_imagefolder(tmp_path):

@@ -17,11 +17,12 @@ from torch.utils.data import Dataset
 
 import vit.data.sources.registry as registry
 import vit.data.sources.scan as scan_module
-from vit.data import DataError, build_data
+from vit.data import DataError, build_data, resources
 from vit.data.sources.cifar import cifar_splits
 from vit.data.sources.folders import scan_cache_dir
 from vit.data.sources.registry import build_splits
 from vit.data.sources.splits import targets_of
+from vit.settings.data import DataSettings
 
 # Odd names on purpose: spaces, non-ASCII letters (NFC), a name starting with a dash.
 CLASSES = ("chat noir", "chien", "grenouille été")
@@ -207,7 +208,7 @@ def test_scan_runs_once_per_tree_and_again_when_a_file_changes(tmp_path, monkeyp
     build_data(folder_cfg(root))
     assert sorted(calls) == sorted(_all_images(root, "val"))
     # One result per split is kept, written whole (no temporary files left behind).
-    assert len(list((root / ".vit-cache").iterdir())) == 2
+    assert len([p for p in (root / ".vit-cache").iterdir() if p.name != resources.LOCK_FILE]) == 2
 
 
 def test_cached_result_still_reports_the_bad_files(tmp_path, monkeypatch):
@@ -226,11 +227,11 @@ def test_scan_cache_leaves_a_read_only_tree_alone(tmp_path, monkeypatch):
     root = good_tree(tmp_path / "tree", per_class=2)
     writable = os.access
     monkeypatch.setattr(os, "access", lambda path, mode: False if Path(path) == root else writable(path, mode))
-    assert scan_cache_dir({"cache_dir": str(tmp_path / "c")}, root) == tmp_path / "c"
+    assert scan_cache_dir(DataSettings(cache_dir=str(tmp_path / "c")), root) == tmp_path / "c"
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert scan_cache_dir({}, root) == tmp_path / "xdg" / "vit" / "scan"
+    assert scan_cache_dir(DataSettings(), root) == tmp_path / "xdg" / "vit" / "scan"
     build_data(folder_cfg(root))
-    assert not (root / ".vit-cache").exists() and len(list((tmp_path / "xdg" / "vit" / "scan").iterdir())) == 2
+    assert not (root / ".vit-cache").exists() and len(list((tmp_path / "xdg" / "vit" / "scan").glob("scan-*"))) == 2
 
 
 def test_scan_images_false_skips_the_scan(tmp_path, monkeypatch):

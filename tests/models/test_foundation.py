@@ -148,15 +148,27 @@ def test_bad_names_and_files_are_one_line_exit_2(tmp_path, monkeypatch, capsys):
     assert "model.pretrained_file=" in line and "model.pretrained is None" in line
 
 
-def test_timms_normalisation_goes_to_the_data_unless_set():
+def test_timms_preprocessing_goes_to_the_data_unless_set(caplog):
+    """SigLIP's pretrained config: mean and std 0.5, crop 0.9, bicubic; DINOv2's crop 1.0. A value the config sets
+    stays, and the line says so."""
+    import timm
+
+    caplog.set_level("INFO", logger="vit.train")
     cfg = compose_config(["data=synthetic", "model.pretrained=timm:vit_base_patch16_siglip_224"])
-    setup_phase.use_timm_normalisation(cfg)
-    assert list(cfg.data.mean) == [0.5] * 3 and list(cfg.data.std) == [0.5] * 3
-    cfg = compose_config(
-        ["data=synthetic", "model.pretrained=timm:vit_base_patch16_siglip_224", "data.mean=[0.1,0.2,0.3]"]
-    )
-    setup_phase.use_timm_normalisation(cfg)
-    assert list(cfg.data.mean) == [0.1, 0.2, 0.3]
+    setup_phase.use_timm_preprocessing(cfg)
+    timms = timm.get_pretrained_cfg("vit_base_patch16_siglip_224")
+    assert list(cfg.data.mean) == list(timms.mean) == [0.5] * 3 and list(cfg.data.std) == [0.5] * 3
+    assert (cfg.data.crop_pct, cfg.data.interpolation) == (timms.crop_pct, timms.interpolation) == (0.9, "bicubic")
+    cfg = compose_config(["data=synthetic", "model.pretrained=timm:vit_small_patch14_reg4_dinov2"])
+    setup_phase.use_timm_preprocessing(cfg)
+    assert cfg.data.crop_pct == timm.get_pretrained_cfg("vit_small_patch14_reg4_dinov2").crop_pct == 1.0
+    caplog.clear()
+    given = ["data.mean=[0.1,0.2,0.3]", "data.crop_pct=0.8", "data.interpolation=bilinear"]
+    cfg = compose_config(["data=synthetic", "model.pretrained=timm:vit_base_patch16_siglip_224", *given])
+    setup_phase.use_timm_preprocessing(cfg)
+    assert list(cfg.data.mean) == [0.1, 0.2, 0.3] and cfg.data.std is None
+    assert (cfg.data.crop_pct, cfg.data.interpolation) == (0.8, "bilinear")
+    assert "as the config sets: data.crop_pct=0.8, data.interpolation=bilinear, data.mean/data.std" in caplog.text
 
 
 def test_a_run_fine_tuned_from_a_timm_name_is_rebuilt_from_its_checkpoint(tmp_path):

@@ -102,7 +102,7 @@ def end_to_end(cfg, output_dir: Path, train: Callable[..., dict]) -> EndToEnd:
     ratios = [s / r - 1.0 for r, s in zip(real, static, strict=True)]
     return EndToEnd(
         epochs=epochs,
-        batch=int(cfg.data.batch_size),
+        batch=cfg.data.batch_size,
         loader=metrics["loader"],
         compiled=bool(metrics["compiled"]),
         device=metrics["device"],

@@ -58,14 +58,15 @@ class Preprocessing:
 
 
 def from_data_config(cfg: Mapping) -> Preprocessing:
-    """The trainer's validation transform (vit.data.augment.transforms.val_transform) as numbers: bilinear resize to
-    img_size / 0.875 from 128 px up (the central 87.5%), the whole image below."""
-    from vit.data.sources.registry import mean_std
+    """The trainer's validation transform (vit.data.augment.transforms.val_transform) as numbers: the shorter side
+    to img_size / crop_pct (`eval_resize`) with the data's filter, then the centre crop."""
+    from vit.data.augment.transforms import eval_resize, resize_filter
+    from vit.data.sources.registry import data_of, mean_std
 
-    size = int(cfg["img_size"])
-    mean, std = mean_std(cfg)
-    resize = int(round(size / 0.875)) if size >= 128 else size
-    return Preprocessing(size, resize, "bilinear", mean, std, f"data config {cfg.get('name')!r}")
+    data = data_of(cfg)
+    size = data.img_size
+    resize = eval_resize(size, data.crop_pct)
+    return Preprocessing(size, resize, resize_filter(data), *mean_std(data), f"data config {data.name!r}")
 
 
 def from_timm(name: str) -> Preprocessing:

@@ -43,6 +43,8 @@ class TimmArchitecture:
     mean: tuple[float, float, float]  # the normalisation its weights were trained with (pretrained_cfg)
     std: tuple[float, float, float]
     num_classes: int  # the classes of its head (0: none)
+    crop_pct: float = 0.875  # evaluation's centre crop, as a fraction of the resized shorter side (pretrained_cfg)
+    interpolation: str = "bicubic"  # the resize filter its weights were evaluated with (pretrained_cfg)
 
     def describe(self) -> str:
         """One line: "384 wide, 12 deep, 6 heads, patch 14, 518 px, ..." (the settings that differ from a plain ViT)."""
@@ -97,7 +99,9 @@ def timm_architecture(name: str, **timm_kwargs: Any) -> TimmArchitecture:
     mean = tuple(float(v) for v in cfg.get("mean", (0.485, 0.456, 0.406)))
     std = tuple(float(v) for v in cfg.get("std", (0.229, 0.224, 0.225)))
     img_size = int(cfg.get("input_size", (3, settings["img_size"], settings["img_size"]))[-1])
-    return TimmArchitecture(name, settings, img_size, mean, std, int(getattr(model, "num_classes", 0) or 0))
+    num_classes = int(getattr(model, "num_classes", 0) or 0)
+    crop_pct, interpolation = float(cfg.get("crop_pct") or 0.875), str(cfg.get("interpolation") or "bicubic")
+    return TimmArchitecture(name, settings, img_size, mean, std, num_classes, crop_pct, interpolation)
 
 
 def unsupported(name: str, what: str) -> ValueError:

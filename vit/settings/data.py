@@ -70,6 +70,13 @@ class DataSettings(Settings):
     # auto | torch | resident (auto: resident, the decoded split in the device's memory, when it fits); checked
     # against the loaders' registry (vit/data/loading/build.py) with the config
     loader: str = knob("auto")
+    # Evaluation's geometry: the shorter side resized to img_size / crop_pct (floored, as timm does), then the
+    # central img_size. null: 0.875 from 128 px up (ImageNet's custom), 1.0 below (a small image whole).
+    crop_pct: float | None = knob(None, low=0.0, high=1.0, low_open=True)
+    # The filter of every resize (evaluation's, the random-resized crop's, decoding to the run's size). null: bilinear
+    interpolation: Literal["bilinear", "bicubic", "nearest"] | None = knob(None)
+    # With model.pretrained=timm:<name>, each of crop_pct, interpolation, mean and std left null takes the value
+    # timm's pretrained config gives those weights (vit/train/setup.py: use_timm_preprocessing).
     mean: tuple[float, float, float] | None = knob(None)  # null: the dataset's own statistics
     std: tuple[float, float, float] | None = knob(None, low=0.0, low_open=True, text="must be > 0 in every channel")
     augment: AugmentSettings = knob(AugmentSettings())

@@ -428,7 +428,7 @@ def attach_budget(run) -> Budget | None:
         test_batches=(min(len(test_loader), limit) if limit else len(test_loader)) if tests else 0,
         eval_passes=2 if step.ema is not None else 1,
         flip=trainer.eval_flip and run.task.classifier,
-        images_per_step=int(run.cfg.data.batch_size) * trainer.accum_steps * run.dist.world_size,
+        images_per_step=run.cfg.data.batch_size * trainer.accum_steps * run.dist.world_size,
         loader_workers=int(bundle.train_workers or 0),
     )
     budget = Budget(shape, run.progress.elapsed(), dist=run.dist, state=saved)

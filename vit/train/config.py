@@ -169,7 +169,7 @@ def check_progressive_resize(cfg: DictConfig) -> None:
     if not setting or setting.get("min_size") is None:
         return
     key = "trainer.progressive_resize"
-    min_size, full = int(setting.min_size), int(cfg.data.img_size)
+    min_size, full = int(setting.min_size), cfg.data.img_size
     patch = cfg.model.get("patch_size")
     require(
         str(cfg.model.get("name", "")).startswith("vit"),

@@ -275,7 +275,7 @@ def build_optimisation(
     cfg: DictConfig, trainer: TrainerSettings, model: nn.Module, bundle, device: torch.device, dist: Distributed
 ) -> Optimisation:
     """The optimizer (lr scaled to the global batch), the per-step schedule, the precision and the EMA."""
-    global_batch = int(cfg.data.batch_size) * trainer.accum_steps * dist.world_size  # data.batch_size: per process
+    global_batch = cfg.data.batch_size * trainer.accum_steps * dist.world_size  # data.batch_size: per process
     optim = OptimSettings.of(cfg.optim)
     optimizer = build_optimizer(model, optim, scaled_lr(optim, global_batch=global_batch), device)
     steps_per_epoch = max(1, math.ceil(batches_per_epoch(bundle, trainer) / trainer.accum_steps))

@@ -166,7 +166,7 @@ def build_model_and_data(
     loader_wrapper: Callable[[Iterable], Iterable] | None = None,
 ) -> ModelAndData:
     seed = trainer.seed
-    use_timm_normalisation(cfg)
+    use_timm_preprocessing(cfg)
     # With `num_classes: null` the data decides, and the model is rebuilt with its class count (same seed, so the
     # same initial weights).
     num_classes_cfg = cfg.model.get("num_classes")
@@ -198,7 +198,7 @@ def build_model_and_data(
     freeze(model, cfg.model.get("freeze"))  # frozen parameters get no optimizer state and no weight decay
     use_grad_checkpointing(model, trainer.grad_checkpointing)
     model = model.to(device)
-    distiller = build_distiller(cfg.get("distill"), teacher, model, bundle, int(cfg.data.img_size), device)
+    distiller = build_distiller(cfg.get("distill"), teacher, model, bundle, cfg.data.img_size, device)
     if distiller is not None:  # the distill task's loss is the distiller's
         task.attach(distiller)
     cost = complexity(model)
@@ -206,20 +206,29 @@ def build_model_and_data(
     return ModelAndData(resolved, model, bundle, distiller, task, cost, resume_path, resize, *threads)
 
 
-def use_timm_normalisation(cfg: DictConfig) -> None:
-    """model.pretrained=timm:<name> with data.mean and data.std null: the data are normalised as timm's weights
-    were trained (its pretrained_cfg: SigLIP's 0.5 / 0.5, CLIP's own, ImageNet's), said in one line. Set before the
-    run's config is resolved, so checkpoints, evaluation and resume see the same values."""
+def use_timm_preprocessing(cfg: DictConfig) -> None:
+    """model.pretrained=timm:<name>: the images are prepared as timm's weights expect (its pretrained_cfg): each of
+    data.crop_pct, data.interpolation and the pair data.mean / data.std left null takes timm's value (SigLIP's
+    0.5 / 0.5, CLIP's own; DINOv2's crop 1.0, DeiT III's 0.9; bicubic), one line saying which were taken and which
+    the config set. Written into the config before it is resolved, so checkpoints, evaluation, export and resume
+    see the same values."""
     arch = pretrained_architecture(cfg.model) if task_of(cfg).classifier else None
-    if arch is None or cfg.data.get("mean") is not None or cfg.data.get("std") is not None:
+    if arch is None:
         return
-    cfg.data.mean, cfg.data.std = list(arch.mean), list(arch.std)
-    log.info(
-        "data.mean=%s data.std=%s: timm's normalisation of %s (set data.mean/data.std to choose others)",
-        list(arch.mean),
-        list(arch.std),
-        arch.name,
-    )
+    data, taken, given = cfg.data, [], []
+    for key, value in (("crop_pct", arch.crop_pct), ("interpolation", arch.interpolation)):
+        if data.get(key) is None:
+            data[key] = value
+            taken.append(f"data.{key}={value}")
+        else:
+            given.append(f"data.{key}={data[key]}")
+    if data.get("mean") is None and data.get("std") is None:
+        data.mean, data.std = list(arch.mean), list(arch.std)
+        taken.append(f"data.mean={list(arch.mean)} data.std={list(arch.std)}")
+    else:
+        given.append("data.mean/data.std")
+    kept = f"; as the config sets: {', '.join(given)}" if given else ""
+    log.info("%s: timm's preprocessing of %s%s", " ".join(taken) or "nothing taken", arch.name, kept)
 
 
 def choose_threads(setting, device: torch.device, dist: Distributed) -> tuple[int, str]:

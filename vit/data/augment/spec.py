@@ -18,14 +18,15 @@ def augment_settings(node: Mapping | AugmentSettings | None) -> AugmentSettings:
     """The node checked and read: an unknown key, a value of the wrong type or range, or a policy no entry of the
     registry builds, is a DataError naming it."""
     if isinstance(node, AugmentSettings):
-        return node
-    known = [f.name for f in fields(AugmentSettings)]
-    for key in dict(node or {}):
-        if key not in known:
-            raise DataError(f"data.augment.{key} is not a known key (known: {', '.join(known)})")
-    try:
-        spec = AugmentSettings.of(node)
-    except ConfigError as err:
-        raise DataError(str(err)) from None
+        spec = node
+    else:
+        known = [f.name for f in fields(AugmentSettings)]
+        for key in dict(node or {}):
+            if key not in known:
+                raise DataError(f"data.augment.{key} is not a known key (known: {', '.join(known)})")
+        try:
+            spec = AugmentSettings.of(node)
+        except ConfigError as err:
+            raise DataError(str(err)) from None
     build_policy(spec.auto_augment, 32, (0.5, 0.5, 0.5))  # refuses a bad policy string up front
     return spec

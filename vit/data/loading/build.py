@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from vit.data.augment.batch import BatchAugment
 from vit.data.augment.spec import augment_settings
-from vit.data.augment.transforms import mixup_and_criterion, train_geometry, val_geometry
+from vit.data.augment.transforms import eval_resize, mixup_and_criterion, train_geometry, val_geometry
 from vit.data.errors import DataError
 from vit.data.loading.bundle import DataBundle
 from vit.data.loading.decoded_cache import cached_split
@@ -24,8 +25,9 @@ from vit.data.loading.resident import ResidentLoader
 from vit.data.loading.stream import build_stream_data
 from vit.data.loading.torch_loader import DeviceBatches, Transformed, torch_loader
 from vit.data.resources import available_memory, cache_folder, num_workers
-from vit.data.sources.registry import build_splits, complete, dataset_source, mean_std
+from vit.data.sources.registry import build_splits, data_of, dataset_source, mean_std
 from vit.data.sources.splits import Splits
+from vit.settings.data import DataSettings
 
 log = logging.getLogger(__name__)
 
@@ -35,9 +37,9 @@ LOADERS = ("auto", "torch", "resident")
 RENAMED_LOADERS = {"gpu": "resident"}
 
 
-def loader_choice(cfg: Mapping) -> str:
+def loader_choice(cfg: DataSettings) -> str:
     """data.loader as one of LOADERS (a former name mapped to today's, with a one-line notice)."""
-    kind = cfg.get("loader", "auto")
+    kind = cfg.loader
     if kind in RENAMED_LOADERS:
         log.warning(
             "data.loader=%s is now data.loader=%s (the same loader); %s still works", kind, RENAMED_LOADERS[kind], kind
@@ -69,41 +71,43 @@ def _in_memory_fits(splits: Splits, img_size: int, device: torch.device) -> tupl
     )
 
 
-def decoded_cache_dir(cfg: Mapping, splits: Splits) -> Path:
+def decoded_cache_dir(cfg: DataSettings, splits: Splits) -> Path:
     """Where the resident loader keeps decoded splits (vit/data/resources.py's rule, beside the folder holding train/
     or the CIFAR root)."""
-    return cache_folder(cfg, splits.root, "decoded")
+    return cache_folder(cfg.cache_dir, splits.root, "decoded")
 
 
-def choose_loader(cfg: Mapping, splits: Splits, device: torch.device) -> tuple[str, str]:
+def choose_loader(cfg: DataSettings, splits: Splits, device: torch.device) -> tuple[str, str]:
     """("torch" or "resident", why): data.loader=resident|torch as asked; auto: the resident loader (the decoded
     splits in the training device's memory) when they fit (`_in_memory_fits`), on CUDA and on a CPU alike, else
     the torch loader."""
     kind = loader_choice(cfg)
     if kind != "auto":
         return kind, f"data.loader={kind}"
-    fits, why = _in_memory_fits(splits, int(cfg["img_size"]), device)
+    fits, why = _in_memory_fits(splits, cfg.img_size, device)
     return ("resident" if fits else "torch"), f"data.loader=auto: {why}"
 
 
 def build_data(
-    cfg: Mapping, *, device: torch.device | str = "cpu", seed: int = 0, rank: int = 0, world_size: int = 1
+    cfg: Mapping | DataSettings,
+    *,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    rank: int = 0,
+    world_size: int = 1,
 ) -> DataBundle:
-    """Build the train/val loaders described by the `data` config node."""
-    cfg = complete(cfg)  # a hand-built config's missing keys: as configs/data/<name>.yaml declares them
-    batch_size = int(cfg.batch_size)
-    if batch_size <= 0:
-        raise DataError(f"data.batch_size={batch_size} must be positive")
-    spec = augment_settings(cfg.get("augment"))
-    img_size = int(cfg["img_size"])
+    """Build the train/val loaders described by the `data` config node (or its settings, `data_of`)."""
+    cfg = data_of(cfg)
+    batch_size, img_size = cfg.batch_size, cfg.img_size
+    spec = augment_settings(cfg.augment)
     device = torch.device(device)
-    cfg.loader = loader_choice(cfg)
-    if dataset_source(cfg.get("name")).streams:  # tar shards: no splits to hold in memory (stream.py)
+    cfg = replace(cfg, loader=loader_choice(cfg))
+    if dataset_source(cfg.name).streams:  # tar shards: no splits to hold in memory (stream.py)
         mean, std = mean_std(cfg)
         common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
         return build_stream_data(cfg, spec, mean, std, **common)
     splits = build_splits(cfg, seed=seed)
-    num_classes = int(cfg.get("num_classes") or len(splits.class_to_idx))
+    num_classes = cfg.num_classes or len(splits.class_to_idx)
     if num_classes < len(splits.class_to_idx):
         raise DataError(f"data.num_classes={num_classes} but the data has {len(splits.class_to_idx)} classes")
     mixup_fn, criterion = mixup_and_criterion(spec, num_classes)
@@ -141,11 +145,12 @@ def build_data(
 
 def _torch_loaders(cfg, splits, spec, mean, std, *, device, seed, rank, world_size, batch_size):
     """DataLoaders over the files (workers decode and, for crop=rrc, crop), each wrapped in `DeviceBatches`."""
-    img_size = int(cfg["img_size"])
+    img_size = cfg.img_size
     common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
     train_aug = BatchAugment(spec, mean, std, img_size, train=True, crop_done=True)
     val_aug = BatchAugment(spec, mean, std, img_size, train=False)
-    train, sampler = torch_loader(Transformed(splits.train, train_geometry(cfg, spec)), cfg, train=True, **common)
+    train_images = Transformed(splits.train, train_geometry(cfg, spec))
+    train, sampler = torch_loader(train_images, cfg, train=True, **common)
     wrap = dict(device=device, seed=seed, rank=rank)
     loaders = [DeviceBatches(train, sampler, train_aug, **wrap)]
     for split in (splits.val, splits.test):
@@ -159,20 +164,22 @@ def _torch_loaders(cfg, splits, spec, mean, std, *, device, seed, rank, world_si
 
 def _resident_loaders(cfg, splits, spec, mean, std, *, device, seed, rank, world_size, batch_size):
     """Resident loaders over decoded uint8 splits, on the training device."""
-    img_size = int(cfg["img_size"])
+    img_size = cfg.img_size
     arrays = []
     parts = [(True, splits.train, splits.train_array), (False, splits.val, splits.val_array)]
     if splits.test is not None:
         parts.append((False, splits.test, splits.test_array))
     for train, dataset, array in parts:
-        # CIFAR and synthetic splits are already uint8 arrays; decode (once, cached) when the size differs.
-        if array is None or array[0].shape[1:3] != (img_size, img_size):
-            array = cached_split(dataset, img_size, train, decoded_cache_dir(cfg, splits), num_workers(cfg))
+        # CIFAR and synthetic splits are already uint8 arrays at their size: used as they are unless the run resizes
+        # them (another size, or evaluation's crop_pct), else decoded once (cached) as the torch loader decodes.
+        resize = img_size if train else eval_resize(img_size, cfg.crop_pct)
+        if array is None or array[0].shape[1:3] != (img_size, img_size) or resize != img_size:
+            array = cached_split(dataset, cfg, train, decoded_cache_dir(cfg, splits))
         arrays.append(array)
     common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
     train_aug = BatchAugment(spec, mean, std, img_size, train=True)
     val_aug = BatchAugment(spec, mean, std, img_size, train=False)
-    repeats = int(cfg.get("repeated_aug") or 1)
+    repeats = cfg.repeated_aug or 1
     train_loader = ResidentLoader(*arrays[0], train_aug, train=True, repeats=repeats, **common)
     val_loader = ResidentLoader(*arrays[1], val_aug, train=False, **common)
     test_loader = ResidentLoader(*arrays[2], val_aug, train=False, **common) if len(arrays) > 2 else None

@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from vit.data.augment.batch import BatchAugment
 from vit.data.augment.transforms import mixup_and_criterion, train_geometry, val_geometry
 from vit.data.errors import DataError
-from vit.data.images import BAD_IMAGE_MODES, decode, problem_of, to_rgb
+from vit.data.images import decode, problem_of, to_rgb
 from vit.data.loading.bundle import DataBundle
 from vit.data.loading.torch_loader import DeviceBatches, init_worker
 from vit.data.resources import num_workers
@@ -43,6 +43,7 @@ from vit.data.sources.shards import (
     val_plan,
     val_shards,
 )
+from vit.settings.data import WebDatasetSettings
 
 log = logging.getLogger(__name__)
 
@@ -267,45 +268,29 @@ class StreamLoader:
             )
 
 
-def _settings(cfg) -> tuple[str, int, int | None]:
+def _settings(cfg: WebDatasetSettings) -> tuple[str, int, int | None]:
     """(on_bad_image, shuffle_buffer, epoch_samples), after refusing what this loader cannot do."""
     if cfg.loader == "resident":
         raise DataError(
             "data.loader=resident cannot read data=webdataset (shards stream through CPU loader workers): use "
             "data.loader=auto or data.loader=torch"
         )
-    if cfg.get("holdout") is not None:
+    if cfg.holdout is not None:
         raise DataError(
-            f"data.holdout={cfg.get('holdout')!r} is not available with data=webdataset: write the held-out images "
+            f"data.holdout={cfg.holdout!r} is not available with data=webdataset: write the held-out images "
             "as their own shards and pass them as data.val_urls"
         )
-    if int(cfg.get("repeated_aug") or 1) > 1:
-        raise DataError(f"data.repeated_aug={cfg.get('repeated_aug')} is not available with data=webdataset (use 1)")
-    on_bad = cfg.get("on_bad_image") or "error"
-    if on_bad not in BAD_IMAGE_MODES:
-        raise DataError(f"data.on_bad_image={on_bad!r} must be one of {BAD_IMAGE_MODES}")
-    buffer = _count(cfg, "shuffle_buffer", 0)  # configs/data/webdataset.yaml declares the default
-    if buffer < 0:
-        raise DataError(f"data.shuffle_buffer={buffer} must be >= 0 (0 or 1: no shuffle buffer)")
-    epoch_samples = _count(cfg, "epoch_samples", None)
-    if epoch_samples is not None and epoch_samples <= 0:
-        raise DataError(f"data.epoch_samples={epoch_samples} must be a positive sample count or null")
-    return on_bad, buffer, epoch_samples
+    if (cfg.repeated_aug or 1) > 1:
+        raise DataError(f"data.repeated_aug={cfg.repeated_aug} is not available with data=webdataset (use 1)")
+    return cfg.on_bad_image, cfg.shuffle_buffer or 0, cfg.epoch_samples
 
 
-def _count(cfg, key: str, default: int | None) -> int | None:
-    value = cfg.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not str(value).lstrip("-").isdigit():
-        raise DataError(f"data.{key}={value!r} must be an integer")
-    return int(value)
-
-
-def build_stream_data(cfg, spec, mean, std, *, device, seed, rank, world_size, batch_size) -> DataBundle:
+def build_stream_data(
+    cfg: WebDatasetSettings, spec, mean, std, *, device, seed, rank, world_size, batch_size
+) -> DataBundle:
     """The train/val loaders of data=webdataset, as a `DataBundle` like the other datasets'."""
     on_bad, buffer, epoch_samples = _settings(cfg)
-    train_urls = expand_shards(cfg.get("urls"), "urls")
+    train_urls = expand_shards(cfg.urls, "urls")
     val_urls, val_name = val_shards(cfg, train_urls)
     num_classes, class_to_idx = class_map(cfg, train_urls)
     workers = num_workers(cfg)
@@ -313,16 +298,16 @@ def build_stream_data(cfg, spec, mean, std, *, device, seed, rank, world_size, b
     common.update(num_classes=num_classes, on_bad=on_bad)
     train_ds = ShardStream(
         train_urls, known_lengths(train_urls, "urls", epoch_samples), train_geometry(cfg, spec), train=True,
-        shuffle_buffer=buffer, limit=cfg.get("limit_train_samples"), epoch_samples=epoch_samples,
+        shuffle_buffer=buffer, limit=cfg.limit_train_samples, epoch_samples=epoch_samples,
         random_crop=spec.crop == "rrc", **common,
     )  # fmt: skip
     val_ds = ShardStream(
         val_urls, known_lengths(val_urls, "val_urls", None), val_geometry(cfg), train=False,
-        limit=cfg.get("limit_val_samples"), **common,
+        limit=cfg.limit_val_samples, **common,
     )  # fmt: skip
-    img_size = int(cfg["img_size"])
+    img_size = cfg.img_size
     wrap = dict(device=device, seed=seed, rank=rank)
-    pin = bool(cfg.pin_memory) and torch.device(device).type == "cuda"
+    pin = cfg.pin_memory and torch.device(device).type == "cuda"
     loaders = []
     for dataset, augment in ((train_ds, BatchAugment(spec, mean, std, img_size, train=True, crop_done=True)),
                              (val_ds, BatchAugment(spec, mean, std, img_size, train=False))):  # fmt: skip
@@ -338,7 +323,7 @@ def build_stream_data(cfg, spec, mean, std, *, device, seed, rank, world_size, b
     reason = f"data=webdataset: {len(train_urls)} training shards streamed through {workers} CPU loader workers"
     log.info("loader: webdataset (%s)", reason)
     mixup_fn, criterion = mixup_and_criterion(spec, num_classes)
-    kind = str(cfg.name)  # the loader is the stream of this dataset's shards, reported by the dataset's name
+    kind = cfg.name  # the loader is the stream of this dataset's shards, reported by the dataset's name
     return DataBundle(
         loaders[0], loaders[1], num_classes, class_to_idx, mixup_fn, criterion, mean, std, img_size,
         train_ds.num_samples(), val_ds.num_samples(), None, kind, reason, val_name, train_workers=workers,

@@ -108,7 +108,7 @@ def torch_loader(dataset, cfg, *, train, device, seed, rank, world_size, batch_s
     if train:
         # Also with one process: the permutation is then the same for every world size, and global batch k
         # (rank r takes every world_size-th index) holds the same images whether 1 or N processes train.
-        sampler = EpochSampler(dataset, world_size, rank, seed, repeats=int(cfg.get("repeated_aug") or 1))
+        sampler = EpochSampler(dataset, world_size, rank, seed, repeats=cfg.repeated_aug or 1)
     else:
         sampler = ShardSampler(len(dataset), rank, world_size, order=class_balanced_order(dataset))
     generator = torch.Generator().manual_seed(seed)
@@ -118,7 +118,7 @@ def torch_loader(dataset, cfg, *, train, device, seed, rank, world_size, batch_s
         sampler=sampler,
         drop_last=train,
         num_workers=workers,
-        pin_memory=bool(cfg.pin_memory) and torch.device(device).type == "cuda",
+        pin_memory=cfg.pin_memory and torch.device(device).type == "cuda",
         persistent_workers=workers > 0,
         worker_init_fn=init_worker,
         generator=generator,

@@ -17,7 +17,7 @@ import zipfile
 import zlib
 from pathlib import Path, PurePosixPath
 
-from vit.data.resources import cache_folder
+from vit.data.resources import cache_folder, taking_turns
 from vit.errors import UserError
 
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
@@ -53,7 +53,7 @@ def cache_location(archive: Path, cache_dir: str | Path | None = None) -> Path:
     """Where `archive` is extracted: `<stem>-<hash of its path>` in the cache folder (vit/data/resources.py's
     rule, with the archive's folder as the data's). The name does not change when the archive is replaced, so
     the new contents replace the old ones (the `.complete` marker's key tells them apart)."""
-    folder = cache_folder({"cache_dir": cache_dir}, archive.parent, "archives")
+    folder = cache_folder(cache_dir, archive.parent, "archives")
     path_hash = hashlib.sha1(str(archive.resolve()).encode()).hexdigest()[:10]
     return folder / f"{archive_stem(archive)}-{path_hash}"
 
@@ -145,6 +145,14 @@ def extract_archive(archive: str | Path, cache_dir: str | Path | None = None) ->
     if not archive.is_file():
         raise ArchiveError(f"data archive {archive} does not exist")
     final, key = cache_location(archive, cache_dir), archive_key(archive)
+    if _is_complete(final, key):
+        return final
+    with taking_turns(final.parent):
+        return _extract_once(archive, final, key)
+
+
+def _extract_once(archive: Path, final: Path, key: str) -> Path:
+    """`archive` extracted into `final` unless a process that held the lock before this one already did."""
     if _is_complete(final, key):
         return final
     if final.exists():  # interrupted, or from an older archive: redo it

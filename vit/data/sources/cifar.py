@@ -11,13 +11,14 @@ from torchvision import datasets as tv_datasets
 from vit.data.errors import DataError
 from vit.data.sources.archive import is_archive
 from vit.data.sources.splits import Splits
+from vit.settings.data import DataSettings
 
 
-def cifar_splits(cfg, seed: int = 0, *, torchvision_class: type[tv_datasets.CIFAR10]) -> Splits:
+def cifar_splits(cfg: DataSettings, seed: int = 0, *, torchvision_class: type[tv_datasets.CIFAR10]) -> Splits:
     """The train and test sets of torchvision's CIFAR-10 or CIFAR-100 under data.root (downloaded with
     data.download), as uint8 arrays too: the GPU loader uses them without decoding anything."""
-    root = Path(cfg.get("root") or "data").expanduser()
-    name, cls = cfg.get("name"), torchvision_class
+    root = Path(cfg.root or "data").expanduser()
+    name, cls = cfg.name, torchvision_class
     folder = root / cls.base_folder
     if root.is_file():
         kind = "an archive" if is_archive(root) else "a file"
@@ -26,7 +27,7 @@ def cifar_splits(cfg, seed: int = 0, *, torchvision_class: type[tv_datasets.CIFA
             "folders (or an archive of them, as scripts/make_cifar_jpegs.py writes) use data=imagefolder"
         )
     try:
-        train = cls(str(root), train=True, download=bool(cfg.download))
+        train = cls(str(root), train=True, download=cfg.download)
         val = cls(str(root), train=False, download=False)
     except Exception as err:  # RuntimeError "Dataset not found", URLError offline, corrupt files
         raise DataError(

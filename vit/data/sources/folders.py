@@ -18,11 +18,12 @@ from torch.utils.data import Dataset
 from torchvision import datasets as tv_datasets
 
 from vit.data.errors import DataError
-from vit.data.images import BAD_IMAGE_MODES, read_rgb
+from vit.data.images import read_rgb
 from vit.data.resources import cache_folder, num_workers
 from vit.data.sources.archive import ArchiveError, extract_archive, is_archive
 from vit.data.sources.scan import find_unreadable
 from vit.data.sources.splits import Splits
+from vit.settings.data import DataSettings, ImageFolderSettings
 
 VAL_SPLIT_NAMES = ("val", "validation", "test")
 BAD_IMAGES_LISTED = 20  # paths named in the data.on_bad_image=error message; the count covers all of them
@@ -44,32 +45,30 @@ def find_tree_root(root: Path) -> Path:
     )
 
 
-def folder_splits(cfg, seed: int = 0) -> Splits:
+def folder_splits(cfg: ImageFolderSettings, seed: int = 0) -> Splits:
     """data.root's train/ and validation folders (or an archive of them), one class per subfolder; with
     data.unlabelled, every image under data.root in one class. `seed` unused: the split is the folders'."""
-    if not cfg.get("root"):
+    if not cfg.root:
         raise DataError("data.root is not set: data=imagefolder needs data.root=<folder or .tar/.tar.gz/.zip>")
-    root = Path(cfg["root"]).expanduser().resolve()
+    root = Path(cfg.root).expanduser().resolve()
     if not root.exists():
         raise DataError(f"data.root={str(root)!r} does not exist")
     if is_archive(root):
         try:
-            root = extract_archive(root, cfg.get("cache_dir"))
+            root = extract_archive(root, cfg.cache_dir)
         except ArchiveError as err:
             raise DataError(f"data.root: {err}") from err
-    if cfg.get("unlabelled"):
+    if cfg.unlabelled:
         return _unlabelled_folder(cfg, root)
     root = find_tree_root(root)
-    val_name = cfg.get("val_split")
+    val_name = cfg.val_split
     if val_name is None:
         val_name = next((n for n in VAL_SPLIT_NAMES if (root / n).is_dir()), None)
         if val_name is None:
             raise DataError(f"data.root={str(root)!r} has no val/, validation/ or test/ folder; set data.val_split")
     elif not (root / val_name).is_dir():
         raise DataError(f"data.val_split={val_name!r}: {root / val_name} does not exist")
-    on_bad = cfg.get("on_bad_image") or "error"
-    if on_bad not in BAD_IMAGE_MODES:
-        raise DataError(f"data.on_bad_image={on_bad!r} must be one of {BAD_IMAGE_MODES}")
+    on_bad = cfg.on_bad_image
     try:
         # allow_empty: an empty class folder is reported below by its split and name.
         train = tv_datasets.ImageFolder(str(root / "train"), loader=read_rgb, allow_empty=True)
@@ -86,7 +85,7 @@ def folder_splits(cfg, seed: int = 0) -> Splits:
         _check_no_empty_class(root, split, dataset, "holds no image files")
     if cfg.scan_images:
         _drop_unreadable(cfg, root, {"train": train, val_name: val}, on_bad)
-    _say_if_upsampled(train.samples, int(cfg.get("img_size") or 0))
+    _say_if_upsampled(train.samples, cfg.img_size)
     return Splits(train, val, dict(train.class_to_idx), root=root, val_name=val_name)
 
 
@@ -135,7 +134,7 @@ class UnlabelledImages(Dataset):
         return read_rgb(path), target
 
 
-def _unlabelled_folder(cfg, root: Path) -> Splits:
+def _unlabelled_folder(cfg: ImageFolderSettings, root: Path) -> Splits:
     """data.unlabelled=true: the images under data.root whatever their folders. With data.holdout, every image under
     data.root is one pool (train/, val/ or test/ and any other folder alike: no labels are read, so none needs to be
     kept apart) and the validation images are `data.holdout` of it. Without it, a tree with train/ and a validation
@@ -144,12 +143,12 @@ def _unlabelled_folder(cfg, root: Path) -> Splits:
         tree = find_tree_root(root)
     except DataError:
         tree = None
-    val_name = cfg.get("val_split")
+    val_name = cfg.val_split
     if val_name is not None and (tree is None or not (tree / val_name).is_dir()):
         raise DataError(f"data.val_split={val_name!r}: {(tree or root) / val_name} does not exist")
-    if tree is not None and val_name is None and cfg.get("holdout") is None:
+    if tree is not None and val_name is None and cfg.holdout is None:
         val_name = next((n for n in VAL_SPLIT_NAMES if (tree / n).is_dir()), None)
-    if cfg.get("holdout") is None and val_name is not None:
+    if cfg.holdout is None and val_name is not None:
         splits = {"train": UnlabelledImages(tree / "train"), val_name: UnlabelledImages(tree / val_name)}
         log.info(
             "data.unlabelled=true: training on the %d images of train/, validating on the %d of %s/ "
@@ -158,7 +157,7 @@ def _unlabelled_folder(cfg, root: Path) -> Splits:
             len(splits[val_name]),
             val_name,
         )
-    elif cfg.get("holdout") is None:
+    elif cfg.holdout is None:
         raise DataError(
             f"data.root={str(root)!r} has no train/ and val/ folders to split by: with data.unlabelled=true set "
             "data.holdout=<n> (or a fraction) to validate on that many of its images"
@@ -175,7 +174,7 @@ def _unlabelled_folder(cfg, root: Path) -> Splits:
             "them held out for validation",
             len(parts),
             shown,
-            cfg.get("holdout"),
+            cfg.holdout,
         )
     for split, dataset in splits.items():
         if not len(dataset):
@@ -183,9 +182,7 @@ def _unlabelled_folder(cfg, root: Path) -> Splits:
             raise DataError(
                 f"data.root: {shown!r} holds no image files ({', '.join(tv_datasets.folder.IMG_EXTENSIONS)})"
             )
-    on_bad = cfg.get("on_bad_image") or "error"
-    if on_bad not in BAD_IMAGE_MODES:
-        raise DataError(f"data.on_bad_image={on_bad!r} must be one of {BAD_IMAGE_MODES}")
+    on_bad = cfg.on_bad_image
     if cfg.scan_images:
         _drop_unreadable(cfg, tree, splits, on_bad)
     train = splits.get("train", splits.get("."))
@@ -209,12 +206,12 @@ def _check_no_empty_class(root: Path, split: str, dataset: tv_datasets.ImageFold
         )
 
 
-def scan_cache_dir(cfg, root: Path) -> Path:
+def scan_cache_dir(cfg: DataSettings, root: Path) -> Path:
     """Where the scan results of the tree under `root` are kept (vit/data/resources.py's rule)."""
-    return cache_folder(cfg, root, "scan")
+    return cache_folder(cfg.cache_dir, root, "scan")
 
 
-def _drop_unreadable(cfg, root: Path, splits: dict[str, tv_datasets.ImageFolder], on_bad: str) -> None:
+def _drop_unreadable(cfg: DataSettings, root: Path, splits: dict[str, tv_datasets.ImageFolder], on_bad: str) -> None:
     """Scan every split (cached); `error`: raise naming the unreadable files; `skip`: drop them and warn."""
     workers = max(1, num_workers(cfg))  # threads; 0 loader workers still scans with one
     cache_dir = scan_cache_dir(cfg, root)

@@ -23,6 +23,7 @@ from vit.data.errors import DataError
 from vit.data.images import to_rgb
 from vit.data.sources.splits import Splits
 from vit.hub import host_reachable, hub_host, offline_hub
+from vit.settings.data import HfSettings
 
 HF_VAL_SPLIT_NAMES = ("validation", "val", "test")  # data.val_split=null: the first of these the dataset has
 FALLBACK_IMAGE_COLUMN = "img"  # tried when the default `image` is missing: CIFAR-10/100 on the Hub use it
@@ -57,8 +58,8 @@ def _load_hub(cfg):
     """The DatasetDict of data.dataset_name (and data.dataset_config) through the datasets cache."""
     import datasets
 
-    name, config = str(cfg["dataset_name"]), cfg.get("dataset_config")
-    cache = Path(cfg["cache_dir"]).expanduser() if cfg.get("cache_dir") else Path(datasets.config.HF_DATASETS_CACHE)
+    name, config = cfg.dataset_name, cfg.dataset_config
+    cache = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else Path(datasets.config.HF_DATASETS_CACHE)
     # Offline, huggingface_hub would retry each request for about 30 s, a warning per try, before the cache.
     online = Path(name).expanduser().is_dir() or host_reachable(hub_host())
     try:
@@ -87,7 +88,7 @@ def _load_saved(cfg):
     """The Dataset or DatasetDict that `save_to_disk` wrote to data.path."""
     import datasets
 
-    path = Path(str(cfg["path"])).expanduser()
+    path = Path(cfg.path).expanduser()
     if not path.exists():
         raise DataError(f"data.path={str(path)!r} does not exist")
     try:
@@ -104,19 +105,19 @@ def _pick_splits(cfg, loaded) -> tuple[str, object, str | None, object]:
     data.holdout; so does a DatasetDict without a validation split."""
     import datasets
 
-    holdout = cfg.get("holdout") is not None
+    holdout = cfg.holdout is not None
     if isinstance(loaded, datasets.Dataset):
         if not holdout:
             raise DataError(
-                f"data.path={str(cfg['path'])!r} holds one Dataset, no splits: set data.holdout=<count or fraction> "
+                f"data.path={cfg.path!r} holds one Dataset, no splits: set data.holdout=<count or fraction> "
                 "to validate on a slice of it, or save a DatasetDict with train and validation splits"
             )
         return "train", loaded, None, None
     have = list(loaded)
-    train_name = str(cfg.get("train_split") or "train")
+    train_name = cfg.train_split
     if train_name not in loaded:
         raise DataError(f"data.train_split={train_name!r} is not a split of the dataset; its splits: {have}")
-    val_name = cfg.get("val_split")
+    val_name = cfg.val_split
     if val_name is None:
         val_name = next((n for n in HF_VAL_SPLIT_NAMES if n in loaded and n != train_name), None)
         if val_name is None and not holdout:
@@ -134,7 +135,7 @@ def _image_column(cfg, dataset, split: str) -> str:
     """data.image_column, or `img` when the default `image` is missing and `img` is there."""
     import datasets
 
-    column = str(cfg.get("image_column") or "image")
+    column = cfg.image_column
     if column not in dataset.column_names and column == "image" and FALLBACK_IMAGE_COLUMN in dataset.column_names:
         log.info("data.image_column: no column `image`, using `%s`", FALLBACK_IMAGE_COLUMN)
         column = FALLBACK_IMAGE_COLUMN
@@ -149,7 +150,7 @@ def _image_column(cfg, dataset, split: str) -> str:
 
 
 def _raw_labels(cfg, dataset, split: str) -> np.ndarray:
-    column = str(cfg.get("label_column") or "label")
+    column = cfg.label_column
     if column not in dataset.column_names:
         raise DataError(
             f"data.label_column={column!r} is not a column of split {split!r}; its columns: {dataset.column_names}"
@@ -162,7 +163,7 @@ def _class_to_idx(cfg, train, labels: list[np.ndarray]) -> dict[str, int]:
     (so every label has a logit), or string labels sorted and numbered as ImageFolder numbers its folders."""
     import datasets
 
-    feature = train.features[str(cfg.get("label_column") or "label")]
+    feature = train.features[cfg.label_column]
     if isinstance(feature, datasets.ClassLabel):
         return {name: i for i, name in enumerate(feature.names)}
     seen = np.concatenate(labels)
@@ -171,7 +172,7 @@ def _class_to_idx(cfg, train, labels: list[np.ndarray]) -> dict[str, int]:
     if seen.dtype.kind in "UO":
         return {name: i for i, name in enumerate(sorted({str(v) for v in seen}))}
     raise DataError(
-        f"data.label_column={cfg.get('label_column')!r} holds {feature}, not class labels (ClassLabel, int or string)"
+        f"data.label_column={cfg.label_column!r} holds {feature}, not class labels (ClassLabel, int or string)"
     )
 
 
@@ -179,7 +180,7 @@ def _check_same_classes(cfg, train, val, val_name: str) -> None:
     """A ClassLabel in either split must be the same in both: label i has to mean one class in train and val."""
     import datasets
 
-    column = str(cfg.get("label_column") or "label")
+    column = cfg.label_column
     mine, theirs = train.features[column], val.features[column]
     if (isinstance(mine, datasets.ClassLabel) or isinstance(theirs, datasets.ClassLabel)) and mine != theirs:
         raise DataError(
@@ -196,7 +197,7 @@ def _targets(cfg, raw: np.ndarray, class_to_idx: dict[str, int], split: str) -> 
     unlabelled = int((targets < 0).sum())
     if unlabelled:
         raise DataError(
-            f"data.label_column={cfg.get('label_column')!r}: {unlabelled} of the {len(targets)} rows of split "
+            f"data.label_column={cfg.label_column!r}: {unlabelled} of the {len(targets)} rows of split "
             f"{split!r} have no label (< 0); set data.val_split to a labelled split or validate on data.holdout"
         )
     return targets
@@ -210,10 +211,10 @@ def _split_root(dataset, split: str) -> tuple[Path | None, Path]:
     return folder, Path(folder or ".") / f"{split}-{dataset._fingerprint}"
 
 
-def build_hf_splits(cfg, seed: int = 0) -> Splits:
+def build_hf_splits(cfg: HfSettings, seed: int = 0) -> Splits:
     """The Splits of data=hf: exactly one of data.dataset_name and data.path (`seed` unused: the splits are the
     dataset's own)."""
-    name, path = cfg.get("dataset_name"), cfg.get("path")
+    name, path = cfg.dataset_name, cfg.path
     if bool(name) == bool(path):
         given = "both are set" if name else "neither is set"
         raise DataError(

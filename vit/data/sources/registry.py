@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from omegaconf import DictConfig, OmegaConf
 from torchvision import datasets as tv_datasets
@@ -22,6 +22,7 @@ from vit.data.sources.folders import folder_splits
 from vit.data.sources.hf import build_hf_splits
 from vit.data.sources.splits import HOLDOUT_SEED, Splits, hold_out, limit_split, parse_holdout
 from vit.data.sources.synthetic import synthetic_splits
+from vit.errors import ConfigError
 from vit.settings.data import (
     Cifar100Settings,
     DataSettings,
@@ -39,8 +40,8 @@ IMAGENET_MEAN_STD: MeanStd = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 class DatasetSource:
     """One dataset `data.name` can name."""
 
-    # (the data config, completed from its YAML file; the run's seed) -> its Splits. None: the dataset streams.
-    splits: Callable[[Mapping, int], Splits] | None
+    # (the data settings, `settings` below; the run's seed) -> its Splits. None: the dataset streams.
+    splits: Callable[[DataSettings, int], Splits] | None
     # The normalisation when data.mean and data.std are null: the dataset's per-channel mean and std where the entry
     # gives them, else ImageNet's, which pretrained weights expect.
     mean_std: MeanStd = IMAGENET_MEAN_STD
@@ -84,6 +85,25 @@ def data_defaults(name: str) -> dict:
     return {**data_settings(name).defaults(), "name": name}
 
 
+def data_of(cfg: Mapping | DataSettings) -> DataSettings:
+    """The typed settings of a data config, the one form the data layer reads: a composed `cfg.data`, or a config
+    built by hand (a notebook, a test, a tool) whose missing keys take their dataset's defaults (`complete`).
+    Settings already read are returned as they are. A key the dataset does not have, or a value of the wrong type
+    or range, is a DataError naming it."""
+    if isinstance(cfg, DataSettings):
+        return cfg
+    merged = complete(cfg)
+    settings = data_settings(merged.get("name"))
+    known = [f.name for f in fields(settings)]
+    for key in merged:
+        if key not in known:
+            raise DataError(f"data.{key} is not a key of data={merged.get('name')} (known: {', '.join(known)})")
+    try:
+        return settings.of(merged)
+    except ConfigError as err:
+        raise DataError(str(err)) from None
+
+
 def complete(cfg: Mapping) -> DictConfig:
     """A data config built by hand (a notebook, a test, a tool) with every key it leaves out taken from its
     dataset's declaration: a key left out means what `data=<name>` gives it. Composed configs already hold every key;
@@ -102,23 +122,21 @@ def dataset_source(name: str | None) -> DatasetSource:
     return DATASETS[name]
 
 
-def mean_std(cfg: Mapping) -> MeanStd:
+def mean_std(cfg: Mapping | DataSettings) -> MeanStd:
     """data.mean and data.std, or the dataset's normalisation where they are null (ImageNet's for a name not in
-    the table: a tool's config may name a dataset this code does not build)."""
-    source = DATASETS.get(cfg.get("name"))
+    the table: a tool's config may name a dataset this code does not build). Their shape and sign are checked
+    with the settings (vit/settings/data.py)."""
+    cfg = data_of(cfg)
+    source = DATASETS.get(cfg.name)
     default = source.mean_std if source is not None else IMAGENET_MEAN_STD
-    mean = tuple(float(v) for v in (cfg.get("mean") or default[0]))
-    std = tuple(float(v) for v in (cfg.get("std") or default[1]))
-    if len(mean) != 3 or len(std) != 3 or min(std) <= 0:
-        raise DataError(f"data.mean={list(mean)} / data.std={list(std)} must be 3 values each, std > 0")
-    return mean, std
+    return cfg.mean or default[0], cfg.std or default[1]
 
 
-def build_splits(cfg, seed: int = 0) -> Splits:
+def build_splits(cfg: Mapping | DataSettings, seed: int = 0) -> Splits:
     """The train and val splits of the dataset `cfg.name` names, after data.holdout and data.limit_*_samples."""
-    cfg = complete(cfg)  # a hand-built config's missing keys: as configs/data/<name>.yaml declares them
-    name = cfg.get("name")
-    holdout = parse_holdout(cfg.get("holdout"))  # before any data is read: a typo fails at once
+    cfg = data_of(cfg)
+    name = cfg.name
+    holdout = parse_holdout(cfg.holdout)  # before any data is read: a typo fails at once
     source = dataset_source(name)
     if source.streams:
         raise DataError(f"data.name={name!r} streams its tar shards: it has no splits to build (build_data reads it)")
@@ -127,8 +145,6 @@ def build_splits(cfg, seed: int = 0) -> Splits:
     if holdout is not None:
         splits = hold_out(splits, holdout)
         val_seed = HOLDOUT_SEED + 1  # a limited holdout is also the same images in every run
-    splits.train, splits.train_array = limit_split(
-        splits.train, splits.train_array, cfg.get("limit_train_samples"), seed
-    )
-    splits.val, splits.val_array = limit_split(splits.val, splits.val_array, cfg.get("limit_val_samples"), val_seed)
+    splits.train, splits.train_array = limit_split(splits.train, splits.train_array, cfg.limit_train_samples, seed)
+    splits.val, splits.val_array = limit_split(splits.val, splits.val_array, cfg.limit_val_samples, val_seed)
     return splits

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from vit.data.images import decode, problem_of, short_reason
+from vit.data.resources import taking_turns
 
 SCAN_VERSION = 1  # part of the cache key: bump when what counts as unreadable changes
 CHUNK = 256  # at most this many images per thread-pool task: few tasks, so the pool's overhead stays small
@@ -110,12 +111,23 @@ def find_unreadable(
     split_root = Path(split_root)
     paths = list(paths)
     stats = [_stat(path) for path in paths]
-    cache = None
-    if cache_dir is not None:
-        cache = _cache_file(Path(cache_dir), split_root, scan_key(split_root, paths, stats))
-        cached = _read_cache(cache, split_root)
+    if cache_dir is None:
+        return _scan(paths, stats, split_root, workers)
+    cache = _cache_file(Path(cache_dir), split_root, scan_key(split_root, paths, stats))
+    cached = _read_cache(cache, split_root)
+    if cached is not None:
+        return cached
+    with taking_turns(cache.parent):
+        cached = _read_cache(cache, split_root)  # a process that held the lock first may have written it
         if cached is not None:
             return cached
+        bad = _scan(paths, stats, split_root, workers)
+        _write_cache(cache, split_root, len(paths), bad)
+    return bad
+
+
+def _scan(paths: list[str], stats: list, split_root: Path, workers: int) -> dict[str, str]:
+    """{path: reason} for the unreadable paths, decoded in `workers` threads."""
     log.info(
         "checking the %d images under %s for files that cannot be decoded (once per tree; "
         "data.scan_images=false skips this)",
@@ -135,6 +147,4 @@ def find_unreadable(
             for found in pool.map(_check_chunk, chunks):
                 bad.update(found)
     log.info("checked %d images in %.1f s: %d cannot be decoded", len(paths), time.perf_counter() - start, len(bad))
-    if cache is not None:
-        _write_cache(cache, split_root, len(paths), bad)
     return bad

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from vit.data.errors import DataError
+from vit.settings.data import WebDatasetSettings
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 LABEL_EXTENSION = "cls"
@@ -217,12 +218,12 @@ def split_of(info: dict | None, url: str) -> str | None:
     return None
 
 
-def val_shards(cfg, train_urls: list[str]) -> tuple[list[str], str]:
+def val_shards(cfg: WebDatasetSettings, train_urls: list[str]) -> tuple[list[str], str]:
     """data.val_urls, else the one other split the info file beside the training shards lists; and its name."""
     info_url = beside(train_urls[0], INFO_NAME)
     info = read_json(info_url)
-    if cfg.get("val_urls"):
-        urls = expand_shards(cfg["val_urls"], "val_urls")
+    if cfg.val_urls:
+        urls = expand_shards(cfg.val_urls, "val_urls")
         return urls, split_of(read_json(beside(urls[0], INFO_NAME)), urls[0]) or "val"
     train_split = split_of(info, train_urls[0])
     others = [name for name in (info or {}).get("splits", {}) if name != train_split]
@@ -235,13 +236,13 @@ def val_shards(cfg, train_urls: list[str]) -> tuple[list[str], str]:
     return expand_shards([beside(train_urls[0], f) for f in filenames], "val_urls"), others[0]
 
 
-def class_map(cfg, train_urls: list[str]) -> tuple[int, dict[str, int]]:
+def class_map(cfg: WebDatasetSettings, train_urls: list[str]) -> tuple[int, dict[str, int]]:
     """data.num_classes, else the size of classes.json beside the shards; and the class-to-index map."""
     url = beside(train_urls[0], CLASSES_NAME)
     classes = read_json(url)
     if classes is not None and not (isinstance(classes, dict) and all(isinstance(v, int) for v in classes.values())):
         raise DataError(f'{url} must map class names to indices ({{"cat": 0, ...}})')
-    num_classes = int(cfg.get("num_classes") or len(classes or {}))
+    num_classes = cfg.num_classes or len(classes or {})
     if num_classes <= 0:
         raise DataError(f"data.num_classes is not set and there is no {url}: set data.num_classes")
     if classes and num_classes < len(classes):

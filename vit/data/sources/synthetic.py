@@ -7,6 +7,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from vit.data.sources.splits import Splits
+from vit.settings.data import SyntheticSettings
 
 
 class SyntheticImages(Dataset):
@@ -37,13 +38,11 @@ class SyntheticImages(Dataset):
         return Image.fromarray(self.data[index]), int(self.targets[index])
 
 
-def synthetic_splits(cfg, seed: int) -> Splits:
+def synthetic_splits(cfg: SyntheticSettings, seed: int) -> Splits:
     """data.synthetic.num_train and num_val images of data.num_classes classes at data.img_size."""
-    spec = cfg.synthetic
-    num_classes, img_size = int(cfg.num_classes), int(cfg.img_size)
-    noise = float(spec.get("noise", 0.35))  # the class signal's noise: a property of the generator, not a knob
-    train = SyntheticImages(int(spec.num_train), num_classes, img_size, seed=seed, noise=noise)
-    val = SyntheticImages(int(spec.num_val), num_classes, img_size, seed=seed + 1, noise=noise)
+    counts, num_classes, img_size = cfg.synthetic, cfg.num_classes, cfg.img_size
+    train = SyntheticImages(counts.num_train, num_classes, img_size, seed=seed)
+    val = SyntheticImages(counts.num_val, num_classes, img_size, seed=seed + 1)
     return Splits(
         train,
         val,
