@@ -151,6 +151,38 @@ def budget_search_table(folder: Path) -> str:
     return markdown_table(header, rows)
 
 
+COMPARISON_FIXED = ("experiment=", "data.root=", "data.holdout=", "hydra.")  # overrides every compared run shares
+
+
+def budget_comparison_table(folder: Path) -> str:
+    """Full-budget runs of one experiment on the holdout, a subfolder each (metrics.json, .hydra/overrides.yaml), in
+    the subfolders' order: the settings each adds to the experiment, what the budget bought, the holdout top-1 at
+    each evaluation on the way and at the end; the best final score in bold."""
+    runs = []
+    for path in sorted(p for p in folder.iterdir() if (p / "metrics.json").is_file()):
+        overrides = OmegaConf.load(path / ".hydra" / "overrides.yaml")
+        chosen = [str(o) for o in overrides if not str(o).startswith(COMPARISON_FIXED)]
+        runs.append((chosen, json.loads((path / "metrics.json").read_text())))
+    best = max(m["final"]["val_top1"] for _, m in runs)
+    rows = []
+    for chosen, metrics in runs:
+        budget, top1 = metrics["budget"], metrics["final"]["val_top1"]
+        settings = ", ".join(_setting_text(o) for o in chosen) or "none: the recipe as it is"
+        curve = ", ".join(
+            f"{r['val_top1']:.2f}% (epoch {r['epoch']})" for r in metrics["history"] if r.get("val_top1") is not None
+        )
+        rows.append([
+            settings,
+            f"{budget['trained_steps']:,} ({budget['planned_epochs']:.2f})",
+            f"{metrics['train_img_per_s']:.0f}",
+            f"{budget['wall_s']:.0f}",
+            curve,
+            f"**{top1:.2f}%**" if top1 == best else f"{top1:.2f}%",
+        ])  # fmt: skip
+    header = ["settings added", "steps (epochs)", "train img/s", "wall s", "holdout top-1 on the way", "holdout top-1"]
+    return markdown_table(header, rows)
+
+
 # --- The GPU recipes as budgets ----------------------------------------------------------------------------------
 
 
@@ -379,6 +411,7 @@ TABLES: dict[str, DocTable] = {
     "cpu_levers_avx2": DocTable("cpu_levers_avx2", cpu_lever_table),
     "cpu_compile_avx2": DocTable("cpu_compile_avx2", model_step_table),
     "cifar10_cpu_budget_search_avx2": DocTable("cifar10_cpu_budget_search_avx2", budget_search_table),
+    "cifar10_cpu_holdout_30m_avx2": DocTable("cifar10_cpu_holdout_30m_avx2", budget_comparison_table),
     "optimizer_step_avx2": DocTable("cpu_step_avx2", optimizer_step_table),
     "cifar10_proxy_base": DocTable("cifar10_proxy_base", proxy_base_table),
     "cpu_profile_avx2": DocTable("cpu_step_avx2", cpu_profile_table),
