@@ -1,11 +1,29 @@
-"""Shared test settings and fixtures: small thread count (CI has 2 cores), a fixed seed per test, and a finished
-1-epoch run of the tiny model, the GPU tier skipped where no CUDA device is. Plain helpers are in trainer_utils.py."""
+"""Shared test settings and fixtures: each pytest-xdist worker on its own share of the CPUs, a fixed seed per test,
+and a finished 1-epoch run of the tiny model, the GPU tier skipped where no CUDA device is. Plain helpers are in
+trainer_utils.py."""
+
+import os
 
 import pytest
 import torch
 from trainer_utils import QUICK, compose_config
 
-torch.set_num_threads(2)
+
+def _own_cpus() -> int:
+    """Pin this pytest-xdist worker to its share of the CPUs (worker k of n: every n-th CPU from the k-th) and
+    return the count. The tests' trainings use every CPU they may run on (trainer.threads=auto, the loader's
+    workers, the train.py processes they start, which inherit the mask): unpinned, n workers would each start that
+    many threads on the same cores, and PyTorch's spinning threads slow each other down when they outnumber them."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return min(2, os.cpu_count() or 1)
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= count:
+        os.sched_setaffinity(0, cpus[int(worker.removeprefix("gw")) % count :: count])
+    return len(os.sched_getaffinity(0))
+
+
+torch.set_num_threads(_own_cpus())
 
 
 def pytest_collection_modifyitems(config, items):

@@ -4,6 +4,7 @@ writing small image trees and fake finished runs. No test module imports another
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import subprocess
@@ -51,16 +52,59 @@ def compose_config(overrides: list[str]):
     return compose(overrides)
 
 
-def run_cli(args: list[str], cwd: Path, timeout: int = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run(
-        [sys.executable, str(REPO / "train.py"), *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
+def run_cli(args: list[str], cwd: Path, timeout: int = 240, *, process: bool = False) -> subprocess.CompletedProcess:
+    """`python train.py <args>` from `cwd`: its exit code, stdout and stderr. By default in this process: the
+    command line's own `main` (vit/cli/train.py: the checks, Hydra, the run) with sys.argv set, its output captured,
+    and Hydra's global state, the logging and the working folder put back afterwards; a new Python process costs
+    more to start (importing torch, torchvision and timm) than most of these runs take. `process=True` starts a real
+    one (with `timeout`), for what only a process shows: its start-up counted in the wall time, the interpreter's
+    own exit."""
+    if process:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        command = [sys.executable, str(REPO / "train.py"), *args]
+        return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    return _run_cli_here(args, cwd)
+
+
+def _run_cli_here(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    import io
+    import logging
+    from unittest import mock
+
+    from hydra.core.global_hydra import GlobalHydra
+
+    import vit.cli.train as cli
+
+    run_module = importlib.import_module("vit.train.run")  # the module (vit.train.run is also the function)
+
+    loggers = [
+        logging.getLogger(),
+        *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger)),
+    ]
+    saved = [(lg, lg.level, lg.handlers[:], lg.propagate, lg.disabled) for lg in loggers]
+    out, err, argv, code = io.StringIO(), io.StringIO(), sys.argv, 0
+    GlobalHydra.instance().clear()
+    try:
+        with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            # A process started for the run counts its wall time from its start; this one was not.
+            with mock.patch.object(run_module, "count_from_process_start", lambda: None):
+                sys.argv = [str(REPO / "train.py"), *args]
+                try:
+                    cli.main()
+                except SystemExit as exit:
+                    if isinstance(exit.code, str):  # sys.exit("message"): the interpreter prints it, exit code 1
+                        print(exit.code, file=sys.stderr)
+                    code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+    finally:
+        sys.argv = argv
+        GlobalHydra.instance().clear()
+        for lg, level, handlers, propagate, disabled in saved:
+            for handler in lg.handlers:
+                if handler not in handlers:
+                    handler.close()  # Hydra's console and train.log handlers of this run
+            lg.setLevel(level)
+            lg.handlers[:], lg.propagate, lg.disabled = handlers, propagate, disabled
+    return subprocess.CompletedProcess(["train.py", *args], code, out.getvalue(), err.getvalue())
 
 
 # Image modes a folder of real-world images holds; make_tree cycles through them.

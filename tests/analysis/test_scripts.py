@@ -216,7 +216,7 @@ def test_rollout_of_identity_attention_is_identity():
 def test_summarize_runs_on_a_real_multirun(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", "experiment=ablation_qkv_bias", *QUICK_SYNTHETIC, *TINY_MODEL, "trainer=debug", "trainer.epochs=1"]
-    done = run_cli([*args, f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    done = run_cli([*args, f"hydra.sweep.dir={sweep}"], cwd=tmp_path, process=True)  # its start-up is checked
     assert done.returncode == 0, done.stderr[-2000:]
     summarize = load_script("summarize_runs")
     assert run_script(summarize.main, [str(sweep)]) == 0

@@ -41,7 +41,7 @@ def cli_run(tmp_path_factory):
     run_dir = cwd / "run"
     args = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.epochs=2", "trainer.device=cpu", "trainer.log_every_n_steps=2"]
     args += ["optim.lr=3e-3", "sched.warmup_epochs=0.25", "trainer.attn_maps_every_n_epochs=1"]
-    done = run_cli([*args, f"hydra.run.dir={run_dir}"], cwd=cwd)
+    done = run_cli([*args, f"hydra.run.dir={run_dir}"], cwd=cwd, process=True)
     assert done.returncode == 0, done.stderr[-3000:]
     return run_dir, done
 

@@ -11,6 +11,7 @@ what this adds is only the exit code, the one line and the nearest existing key.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -84,6 +85,14 @@ def dotted_keys(node, prefix: str = "") -> list[str]:
         if isinstance(child, DictConfig):
             keys.extend(dotted_keys(child, f"{path}."))
     return keys
+
+
+@functools.lru_cache(maxsize=64)
+def composed_keys(choices: tuple[str, ...], config_name: str):
+    """(the config composed with these group choices, its dotted keys), composed once per process: a sweep's runs,
+    and the commands a test checks one after another, share their choices (read only, never changed)."""
+    cfg = compose(list(choices), config_name=config_name)
+    return cfg, tuple(dotted_keys(cfg))
 
 
 MAX_SWEEP_COMPOSITIONS = 32  # a sweep over more group combinations is checked one group at a time
@@ -212,10 +221,9 @@ def check_override_keys(args: list[str]) -> None:
     absent = object()
     for choices in compositions:
         try:
-            cfg = compose(choices, config_name=flags.config_name or "config")
+            cfg, known = composed_keys(tuple(choices), flags.config_name or "config")
         except ConfigError:
             return  # a composition Hydra refuses: it says why itself
-        known = dotted_keys(cfg)
         where = f" in the sweep's run with {' '.join(choices)}" if len(compositions) > 1 else ""
         for override in keys:
             key = override.key_or_group
