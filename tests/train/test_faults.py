@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from trainer_utils import REPO, TINY_MODEL
+from trainer_utils import REPO, TINY_MODEL, run_cli
 
 from vit.engine.weights import CheckpointError, load_checkpoint
 
@@ -51,10 +51,10 @@ def wait_for_epoch(proc, run_dir, epoch, timeout=120) -> bool:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
+    """The uninterrupted run, in this process (`run_cli`): the same command, the same weights as in its own."""
     run_dir = tmp_path_factory.mktemp("reference")
-    proc = start(run_dir)
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out[-2000:]
+    done = run_cli([*ARGS, f"hydra.run.dir={run_dir}"], run_dir)
+    assert done.returncode == 0, done.stderr[-2000:]
     return load_checkpoint(run_dir / "checkpoints" / "last.pt")
 
 
