@@ -17,7 +17,7 @@ import time
 
 import pytest
 import torch
-from trainer_utils import REPO, TINY_MODEL, stub_step_settings
+from trainer_utils import REPO, TINY_MODEL, run_cli, stub_step_settings
 
 from vit.engine.weights import load_checkpoint
 
@@ -28,9 +28,10 @@ COMMON += ["trainer.log_every_n_steps=4", "trainer.attn_maps_every_n_epochs=0", 
 
 
 def train(run_dir, extra: list[str], nproc: int = 1) -> subprocess.CompletedProcess:
-    launcher = [sys.executable]
-    if nproc > 1:
-        launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    """train.py with COMMON and `extra`: under torchrun with `nproc` processes, or with one in this process."""
+    if nproc == 1:
+        return run_cli([*COMMON, *extra, f"hydra.run.dir={run_dir}"], run_dir)
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.run(
         [*launcher, str(REPO / "train.py"), *COMMON, *extra, f"hydra.run.dir={run_dir}"],
