@@ -48,6 +48,8 @@ def test_reference_loop_refuses_bad_input_in_one_line(tmp_path):
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "data.root=" in done.stderr
     done = script("cifar10_cpu_reference.py", f"data.root={tmp_path}", f"out={tmp_path}", "budget_s=-1")
     assert done.returncode == 2 and "budget_s='-1' must be positive" in done.stderr
+    done = script("cifar10_cpu_reference.py", f"data.root={tmp_path}", f"out={tmp_path}", "qk_norm=yes")
+    assert done.returncode == 2 and "qk_norm='yes' must be true or false" in done.stderr
 
 
 @pytest.mark.slow  # 14 s: times matmuls in both precisions
