@@ -14,7 +14,7 @@ import pytest
 import timm
 import torch
 from safetensors.torch import save_file
-from trainer_utils import QUICK_SYNTHETIC, compose_config, train_exit_line
+from trainer_utils import QUICK_SYNTHETIC, compose_config, make_tree, train_exit_line
 
 from vit.engine.build import build_model_from_config
 from vit.engine.weights import eva_to_vit_keys, load_pretrained, read_weights
@@ -37,6 +37,7 @@ FAMILIES = [
     "eva02_tiny_patch14_224",
     "eva02_base_patch14_224",
 ]
+CPU_DEVICE = torch.device("cpu")
 CPU = ["trainer.device=cpu", "trainer.attn_maps_every_n_epochs=0", "trainer.ema=false"]
 
 
@@ -192,3 +193,116 @@ def test_a_run_fine_tuned_from_a_timm_name_is_rebuilt_from_its_checkpoint(tmp_pa
     assert rebuilt.state_dict().keys() == trained.keys()
     for key, value in rebuilt.state_dict().items():
         assert torch.equal(value, trained[key].float()), key
+
+
+# --- layer decay and freezing with registers, without a cls token, with the attention-pool head -----------------
+
+FINE_TUNED = [
+    "vit_small_patch14_reg4_dinov2",  # 4 registers beside the cls token
+    "vit_base_patch16_siglip_224",  # no cls token, attention-pool head
+    "vit_base_patch16_clip_quickgelu_224",  # the norm before the blocks
+    "vit_small_patch16_dinov3",  # Eva's layout: rotary positions, registers, mean pooling after the norm
+    "eva02_tiny_patch14_224",
+]
+
+
+def scales_by_name(model: torch.nn.Module, groups: list[dict]) -> dict[str, tuple[float, float]]:
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {names[id(p)]: (g["lr_scale"], g["weight_decay"]) for g in groups for p in g["params"]}
+
+
+@pytest.mark.parametrize("name", FINE_TUNED)
+def test_layer_decay_gives_each_parameter_timms_scale(name):
+    """`optim.layer_decay` on a model built from a timm name puts every parameter at the layer timm's own
+    `param_groups_layer_decay` gives it on timm's model: registers, norm_pre and the position table with the
+    stem, the attention pool with the head. Weight decay as timm's, except the attention pool's learned query,
+    which ours keeps out of weight decay as it does the cls and register tokens."""
+    from timm.optim import param_groups_layer_decay
+
+    from vit.train.optimizer import build_optimizer
+
+    theirs = timm.create_model(name, pretrained=False, num_classes=7, depth=3)
+    groups = param_groups_layer_decay(theirs, 0.05, theirs.no_weight_decay(), layer_decay=0.7)
+    expected = eva_to_vit_keys(scales_by_name(theirs, groups))  # Eva's parameter names in ours
+    ours = VisionTransformer(ViTConfig(**timm_architecture(name, depth=3).settings, num_classes=7))
+    optimizer = build_optimizer(ours, {"name": "adamw", "weight_decay": 0.05, "layer_decay": 0.7}, 1e-3, CPU_DEVICE)
+    got = scales_by_name(ours, optimizer.param_groups)
+    assert got.keys() == expected.keys()
+    for key, (scale, decay) in got.items():
+        assert scale == pytest.approx(expected[key][0]), key
+        assert decay == (0.0 if key == "attn_pool.latent" else expected[key][1]), key
+    stem = 0.7**4  # three blocks below the head: the stem at layer 0 of 4
+    for key in ("reg_token", "norm_pre.weight", "pos_embed", "patch_embed.proj.weight"):
+        assert key not in got or got[key][0] == pytest.approx(stem), key
+    assert all(got[k][0] == 1.0 for k in got if k.startswith(("head.", "attn_pool.")))
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch14_reg4_dinov2", "vit_base_patch16_siglip_224"])
+def test_a_frozen_backbone_trains_the_head_alone_with_registers_or_an_attention_pool(name, tmp_path):
+    """`model.freeze=backbone` on DINOv2 with registers and on SigLIP (no cls token, attention pool): only the
+    classifier trains; the registers and the attention pool, part of the source's features, keep its values,
+    so the pooled features before and after a training step are the same."""
+    from vit.train.finetune import freeze
+    from vit.train.optimizer import build_optimizer
+
+    _, path = timm_file(name, tmp_path / "w.safetensors", depth=1)
+    arch = timm_architecture(name, depth=1)
+    ours = VisionTransformer(ViTConfig(**arch.settings, num_classes=7))
+    load_pretrained(ours, read_weights(f"timm:{name}", file=path))
+    trainable, total = freeze(ours, "backbone")
+    assert {n for n, p in ours.named_parameters() if p.requires_grad} == {"head.weight", "head.bias"}
+    assert trainable == ours.head.weight.numel() + ours.head.bias.numel() < total
+    before = {k: v.clone() for k, v in ours.state_dict().items()}
+    optimizer = build_optimizer(ours, {"name": "adamw", "weight_decay": 0.05, "layer_decay": 0.75}, 1e-2, CPU_DEVICE)
+    x = torch.randn(2, 3, arch.img_size, arch.img_size, generator=torch.Generator().manual_seed(3))
+    features = ours.eval().forward_head(ours.forward_features(x), pre_logits=True)
+    torch.nn.functional.cross_entropy(ours.train()(x), torch.tensor([1, 4])).backward()
+    optimizer.step()
+    changed = {k for k, v in ours.state_dict().items() if not torch.equal(v, before[k])}
+    assert changed == {"head.weight", "head.bias"}
+    after = ours.eval().forward_head(ours.forward_features(x), pre_logits=True)
+    assert torch.equal(features, after)
+
+
+# --- the fine-tuning recipe for any family ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch14_reg4_dinov2", "vit_base_patch16_siglip_224"])
+def test_the_finetune_recipe_takes_any_family_by_its_name(name, tmp_path):
+    """`experiment=finetune model.pretrained=timm:<name>`: timm's architecture and timm's preprocessing for the
+    name (the recipe leaves them null), the recipe's own training settings."""
+    from vit.train.config import validate
+
+    cfg = compose_config(["experiment=finetune", f"model.pretrained=timm:{name}", f"data.root={tmp_path}"])
+    validate(cfg)
+    setup_phase.use_timm_preprocessing(cfg)
+    timms = timm.get_pretrained_cfg(name)
+    assert (list(cfg.data.mean), list(cfg.data.std)) == (list(timms.mean), list(timms.std))
+    assert (cfg.data.crop_pct, cfg.data.interpolation) == (timms.crop_pct, timms.interpolation)
+    arch = timm_architecture(name).settings
+    model = build_model_from_config(cfg.model, num_classes=5)
+    assert (model.embed_dim, len(model.blocks), model.num_prefix_tokens) == (
+        arch["embed_dim"],
+        arch["depth"],
+        int(arch["class_token"]) + arch["reg_tokens"],
+    )
+    assert (cfg.data.img_size, cfg.optim.layer_decay, cfg.model.drop_path_rate) == (224, 0.75, 0.1)
+
+
+def test_the_finetune_recipe_trains_from_a_name_and_a_file(tmp_path):
+    """The recipe end to end on generated folders: EVA-02-Ti from its name and a file, at 28 px (a 2x2 grid of
+    its 14-px patches) for one step; the config its checkpoint saves holds timm's preprocessing for the name."""
+    from vit.engine.weights import load_checkpoint
+    from vit.train import run
+
+    name = "eva02_tiny_patch14_224"
+    _, path = timm_file(name, tmp_path / "eva02.safetensors")
+    root = make_tree(tmp_path / "folders", classes=("a", "b", "c"), per_class=4, size=28)
+    overrides = ["experiment=finetune", f"model.pretrained=timm:{name}", f"model.pretrained_file={path}"]
+    overrides += [f"data.root={root}", "data.img_size=28", "data.batch_size=4", "data.num_workers=0", *CPU]
+    overrides += ["trainer.epochs=1", "trainer.limit_train_batches=1", "data.augment.auto_augment=null"]
+    run(compose_config(overrides), output_dir=tmp_path / "run")
+    trained = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
+    assert trained["step"] == 1 and trained["model"]["head.weight"].shape == (3, 192)
+    saved, timms = trained["config"]["data"], timm.get_pretrained_cfg(name)
+    assert list(saved["mean"]) == list(timms.mean) and saved["crop_pct"] == timms.crop_pct

@@ -49,12 +49,13 @@ def param_groups(model: nn.Module, weight_decay: float, fallback: Collection[str
     ]
 
 
-# timm's layer grouping for its ViT (`VisionTransformer.group_matcher`), which our ViT's parameter names follow:
-# layer 0 the stem (cls and distillation tokens, position table, patch embedding; T2T-ViT's tokens-to-token module),
-# layer i + 1 the block `blocks.i`, the final norm with the last block, and everything unmatched (head, fc_norm)
-# in the top layer.
+# timm's layer grouping for its ViT and Eva (`group_matcher`), which our ViT's parameter names follow: layer 0 the
+# stem (cls, register and distillation tokens, position table, rotary frequencies, patch embedding, the norm before
+# the blocks; T2T-ViT's tokens-to-token module), layer i + 1 the block `blocks.i`, the final norm with the last
+# block, and everything unmatched (head, fc_norm, the attention pool) in the top layer. The stem is matched first,
+# so `norm_pre` is not taken for the final `norm`.
 LAYER_MATCHER = {
-    "stem": r"^cls_token|dist_token|reg_token|pos_embed|rope|patch_embed|tokens_to_token",
+    "stem": r"^cls_token|dist_token|reg_token|pos_embed|rope|patch_embed|norm_pre|tokens_to_token",
     "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
 }
 
