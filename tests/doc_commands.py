@@ -120,7 +120,7 @@ SKIPPED = [
         "such a file",
     ),  # fmt: skip
     (r"\btimm:", "the network: timm downloads the weights"),
-    (r"experiment=(finetune_cifar10|finetune|linear_probe)\b", "the network: the experiment starts from timm's weights"),
+    (r"experiment=(finetune\w*|linear_probe)\b", "the network: the experiment starts from timm's weights"),
     (r"\bdownload=(true|yes|1)\b", "the network: torchvision downloads CIFAR-10"),
     (r"data\.dataset_name=", "the network: the Hugging Face Hub"),
     (r"postgresql", "a PostgreSQL server"),
