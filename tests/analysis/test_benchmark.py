@@ -61,8 +61,20 @@ def test_a_bad_argument_is_one_line_naming_it(args, message, capsys):
 
 def test_every_case_builds_the_same_shape_as_its_peer():
     for case in CASES.values():
-        if case.peer == "timm":
+        if case.peer == "timm" and not case.ours.startswith("timm:"):
             assert case.kwargs.get("img_size", 224) == case.peer_kwargs["img_size"] == case.img_size
+
+
+def test_a_case_by_timm_name_builds_timms_architecture_on_both_sides():
+    """The foundation cases: ours has timm's parameter count for the name at the case's size, the peer is timm's
+    own model of that name."""
+    from vit.analysis.bench_cases import build_side
+
+    for case in (CASES["deit3_small"], CASES["eva02_tiny"]):
+        ours, peer = build_side(case, "ours"), build_side(case, "peer")
+        assert type(peer).__module__.startswith("timm.") and not type(ours).__module__.startswith("timm.")
+        assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in peer.parameters()), case.name
+        assert peer.patch_embed.img_size == (case.img_size, case.img_size)
 
 
 @pytest.mark.parametrize(("q", "expected"), [(0.0, 1.0), (0.5, 2.5), (1.0, 4.0), (0.1, 1.3)])

@@ -42,6 +42,9 @@ def train(run_dir, extra: list[str], nproc: int = 1) -> subprocess.CompletedProc
     )
 
 
+TWO_RANKS = ["data.batch_size=16", "trainer.grad_checkpointing=true", "trainer.keep_last=2"]
+
+
 def finished(run_dir, proc) -> dict:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return load_checkpoint(run_dir / "checkpoints" / "last.pt")
@@ -62,7 +65,8 @@ def single(tmp_path_factory):
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("ddp")
-    proc = train(run_dir, ["data.batch_size=16", "trainer.grad_checkpointing=true"], nproc=2)
+    # keep_last: the first epoch's checkpoint is the stopped run the resume test continues (one launch fewer)
+    proc = train(run_dir, TWO_RANKS, nproc=2)
     return run_dir, proc, finished(run_dir, proc)
 
 
@@ -84,7 +88,8 @@ def test_only_rank_0_writes(two_ranks):
     # events.out.tfevents.<time>.<host>.<pid>.<n>: the scalars file and the hparams file, both of one process
     writers = {path.name.split(".")[-2] for path in (run_dir / "tb").glob("events.out.tfevents.*")}
     assert len(writers) == 1
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["best.pt", "last.pt"]
+    files = ["best.pt", "epoch_0001.pt", "epoch_0002.pt", "last.pt"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == files
     for line in ("epoch 2/2: train loss", "M params"):  # console lines from rank 0 alone
         assert proc.stdout.count(line) == 1, proc.stdout[-3000:]
 
@@ -96,10 +101,12 @@ def test_accumulation_under_ddp_skips_the_sync_and_matches(single, tmp_path, mon
 
 
 def test_stopped_distributed_run_resumes_to_the_same_weights(two_ranks, tmp_path):
-    _, _, uninterrupted = two_ranks
-    first = train(tmp_path, ["data.batch_size=16", "trainer.stop_after_epoch=1"], nproc=2)
-    assert finished(tmp_path, first)["epoch"] == 1
-    resumed = train(tmp_path, ["data.batch_size=16", "trainer.resume=auto"], nproc=2)
+    """The two-rank run's checkpoint after its first epoch (what a run stopped there leaves: the stop itself under
+    torchrun is the SIGTERM test's), resumed by two ranks: the weights of the uninterrupted run."""
+    run_dir, _, uninterrupted = two_ranks
+    first_epoch = run_dir / "checkpoints" / "epoch_0001.pt"
+    assert load_checkpoint(first_epoch)["epoch"] == 1
+    resumed = train(tmp_path, [*TWO_RANKS, f"trainer.resume={first_epoch}"], nproc=2)
     assert "resumed from" in resumed.stdout
     assert_close_weights(finished(tmp_path, resumed), uninterrupted, atol=1e-6)
 

@@ -93,16 +93,19 @@ def test_checkpoints_of_other_models_are_not_averaged(kept_run, tmp_path):
         average_checkpoints([kept_run[0] / "checkpoints" / "last.pt", other / "checkpoints" / "last.pt"])
 
 
-def test_bad_keep_last_and_bad_script_arguments_are_one_line(tmp_path):
+def test_bad_keep_last_and_bad_script_arguments_are_one_line(tmp_path, capsys):
+    from vit.cli import average
+    from vit.cli.args import run_script
+
     with pytest.raises(ConfigError, match=r"trainer.keep_last=0 must be >= 1 or null"):
         validate(compose_config([*BASE, "trainer.keep_last=0"]))
     done = run_cli([*BASE, "trainer.keep_last=0"], cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0
     assert "trainer.keep_last=0" in done.stderr
-    script = [sys.executable, str(REPO / "scripts" / "average_checkpoints.py"), str(tmp_path)]
-    empty = subprocess.run(script, capture_output=True, text=True, timeout=120)
-    assert empty.returncode == 2 and "holds no epoch checkpoints" in empty.stderr
-    assert empty.stderr.strip().count("\n") == 0
+    capsys.readouterr()
+    assert run_script(average.main, [str(tmp_path)], usage=average.__doc__) == 2  # the tool's own exit path
+    err = capsys.readouterr().err
+    assert "holds no epoch checkpoints" in err and err.strip().count("\n") == 0
 
 
 def test_gradient_checkpointing_trains_exactly_as_without(tmp_path, caplog):

@@ -114,6 +114,10 @@ CASES: dict[str, BenchCase] = {
         BenchCase("vit_tiny", "vit_tiny", {}, 224, 256, "timm", _vit_peer(192, 12, 3, 224, 16)),
         BenchCase("vit_small", "vit_small", {}, 224, 256, "timm", _vit_peer(384, 12, 6, 224, 16)),
         BenchCase("vit_base", "vit_base", {}, 224, 128, "timm", _vit_peer(768, 12, 12, 224, 16)),
+        # Foundation ViTs by their timm names (docs/FINETUNE.md): ours built with the architecture timm has for the
+        # name (vit/models/foundation.py), timm's own model of the name beside it, random weights, 1000 classes.
+        BenchCase("deit3_small", "timm:deit3_small_patch16_224", {}, 224, 32, "timm"),
+        BenchCase("eva02_tiny", "timm:eva02_tiny_patch14_224", {}, 224, 32, "timm"),
         BenchCase("t2t_vit_7", "t2t_vit_7", {}, 224, 256, "official"),
         BenchCase("t2t_vit_14", "t2t_vit_14", {}, 224, 128, "official"),
         BenchCase("t2t_vit_t_14", "t2t_vit_t_14", {}, 224, 128, "official"),
@@ -122,6 +126,8 @@ CASES: dict[str, BenchCase] = {
 
 
 def build_side(case: BenchCase, side: str) -> nn.Module:
+    if case.ours.startswith("timm:"):
+        return _by_timm_name(case.ours.removeprefix("timm:"), side)
     if side == "ours":
         return create_model(case.ours, **case.kwargs)
     if side == "peer" and case.peer == "timm":
@@ -131,6 +137,18 @@ def build_side(case: BenchCase, side: str) -> nn.Module:
     if side == "peer" and case.peer == "official":
         return official_t2t(case.ours)
     raise ValueError(f"side={side!r} of case {case.name!r} has no model (peer: {case.peer})")
+
+
+def _by_timm_name(name: str, side: str) -> nn.Module:
+    """`side` "ours": our ViT with the architecture of timm's `name`; "peer": timm's own model of that name."""
+    if side == "peer":
+        import timm
+
+        return timm.create_model(name, pretrained=False, num_classes=1000)
+    from vit.models.foundation import timm_architecture
+    from vit.models.vit import VisionTransformer, ViTConfig
+
+    return VisionTransformer(ViTConfig(**timm_architecture(name).settings, num_classes=1000))
 
 
 def official_t2t(name: str) -> nn.Module:

@@ -65,10 +65,17 @@ def budget_text(seconds: float) -> str:
     return f"{seconds:g}s"
 
 
+POSITION_NAMES = {"rope_mixed": "mixed RoPE", "rope": "RoPE", "rope_dinov3": "DINOv3's RoPE", "none": "no positions"}
+
+
 def _vit_name(config: dict) -> str:
+    """`ViT/4 96 x 6, 2 heads, conv stem, qk-norm, mixed RoPE`: the size, then what differs from a plain ViT."""
     model = OmegaConf.to_container(OmegaConf.create(config), resolve=True)["model"]  # `${data.patch_size}`
-    name = f"ViT/{model['patch_size']} {model['embed_dim']} x {model['depth']}"
-    return name + (", conv stem" if model.get("patch_embed") == "conv" else "")
+    parts = [f"ViT/{model['patch_size']} {model['embed_dim']} x {model['depth']}", f"{model['num_heads']} heads"]
+    parts += ["conv stem"] if model.get("patch_embed") == "conv" else []
+    parts += ["qk-norm"] if model.get("qk_norm") else []
+    parts += [POSITION_NAMES[model["pos_embed"]]] if model.get("pos_embed") in POSITION_NAMES else []
+    return ", ".join(parts)
 
 
 def cpu_budget_table(folder: Path) -> str:
@@ -85,7 +92,8 @@ def cpu_budget_table(folder: Path) -> str:
             if reference:
                 ref = config["reference"]
                 label = "plain timm + torchvision" if index == 0 else "same"
-                model = f"timm ViT/4 {ref['embed_dim']} x {ref['depth']}"
+                model = f"timm ViT/4 {ref['embed_dim']} x {ref['depth']}, {ref['num_heads']} heads"
+                model += ", qk-norm" if ref.get("qk_norm") == "true" else ""  # (absent before it was a setting)
                 precision, trained = "fp32", f"{metrics['epochs_done']} epochs (fitted after the first)"
                 seen, img_s = metrics["images_seen"], ""
             else:

@@ -43,8 +43,8 @@ class TimmArchitecture:
     mean: tuple[float, float, float]  # the normalisation its weights were trained with (pretrained_cfg)
     std: tuple[float, float, float]
     num_classes: int  # the classes of its head (0: none)
-    crop_pct: float = 0.875  # evaluation's centre crop, as a fraction of the resized shorter side (pretrained_cfg)
-    interpolation: str = "bicubic"  # the resize filter its weights were evaluated with (pretrained_cfg)
+    crop_pct: float  # evaluation's centre crop, as a fraction of the resized shorter side (pretrained_cfg)
+    interpolation: str  # the resize filter its weights were evaluated with (pretrained_cfg)
 
     def describe(self) -> str:
         """One line: "384 wide, 12 deep, 6 heads, patch 14, 518 px, ..." (the settings that differ from a plain ViT)."""
@@ -84,6 +84,7 @@ def timm_architecture(name: str, **timm_kwargs: Any) -> TimmArchitecture:
     `timm_kwargs` go to timm's constructor as they would to `timm.create_model` (e.g. `depth=2` for a short test
     model of the family). A name timm does not know, or a structure our ViT does not build, is a ValueError."""
     import timm
+    from timm.data.constants import DEFAULT_CROP_PCT, IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
     base = name.split(".", 1)[0]
     if not timm.is_model(base):
@@ -96,11 +97,12 @@ def timm_architecture(name: str, **timm_kwargs: Any) -> TimmArchitecture:
     settings = {**read_tokens(model), **read_blocks(model), **read_head(model, kind)}
     settings.update(read_positions(model, kind, settings))
     cfg = model.pretrained_cfg or {}
-    mean = tuple(float(v) for v in cfg.get("mean", (0.485, 0.456, 0.406)))
-    std = tuple(float(v) for v in cfg.get("std", (0.229, 0.224, 0.225)))
+    # where a pretrained_cfg leaves a value out, timm's own default for it
+    mean = tuple(float(v) for v in cfg.get("mean", IMAGENET_DEFAULT_MEAN))
+    std = tuple(float(v) for v in cfg.get("std", IMAGENET_DEFAULT_STD))
     img_size = int(cfg.get("input_size", (3, settings["img_size"], settings["img_size"]))[-1])
     num_classes = int(getattr(model, "num_classes", 0) or 0)
-    crop_pct, interpolation = float(cfg.get("crop_pct") or 0.875), str(cfg.get("interpolation") or "bicubic")
+    crop_pct, interpolation = float(cfg.get("crop_pct") or DEFAULT_CROP_PCT), str(cfg.get("interpolation") or "bicubic")
     return TimmArchitecture(name, settings, img_size, mean, std, num_classes, crop_pct, interpolation)
 
 
