@@ -58,17 +58,19 @@ def test_averaging_two_checkpoints_gives_the_elementwise_mean(kept_run):
         assert differs  # two epochs apart: the mean is not just one of them
 
 
-def test_the_script_writes_a_checkpoint_that_evaluation_and_finetuning_read(kept_run, tmp_path, capsys):
+def test_the_script_writes_a_checkpoint_that_evaluation_and_finetuning_read(kept_run, tmp_path, capsys, monkeypatch):
+    from vit.cli.evaluate import cli
+
     run_dir = kept_run[0]
     out = tmp_path / "averaged.pt"
     script = [sys.executable, str(REPO / "scripts" / "average_checkpoints.py"), str(run_dir), f"out={out}"]
     done = subprocess.run(script, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "2 checkpoints (epoch_0003.pt, epoch_0004.pt)" in done.stdout
-    evaluate = [sys.executable, str(REPO / "scripts" / "evaluate.py"), f"checkpoint={out}", "limit_batches=1"]
-    evaluated = subprocess.run(evaluate, capture_output=True, text=True, timeout=240, cwd=tmp_path)
-    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
-    report = json.loads(evaluated.stdout)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert cli([f"checkpoint={out}", "limit_batches=1"]) == 0  # evaluate.py's own entry point, in this process
+    report = json.loads(capsys.readouterr().out)
     assert report["checkpoint"] == str(out) and report["count"] == 32  # one batch of the run's data config
     config = compose_config([*BASE, f"model.pretrained={out}"])
     model = build_model_from_config(config.model, num_classes=10)
@@ -78,8 +80,6 @@ def test_the_script_writes_a_checkpoint_that_evaluation_and_finetuning_read(kept
     with pytest.raises(CheckpointError, match="holds no optimizer or scheduler state"):
         run(compose_config([*BASE, "trainer.epochs=5", f"trainer.resume={out}"]), output_dir=tmp_path / "resume")
     # ema=true: the average is already of the EMA weights (the run had EMA), not "trained with trainer.ema=false"
-    from vit.cli.evaluate import cli
-
     assert cli([f"checkpoint={out}", "ema=true", "limit_batches=1"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert "holds no separate EMA weights: it is the average of the ema weights of 2 checkpoints" in line
