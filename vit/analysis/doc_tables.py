@@ -241,6 +241,11 @@ def matmul_peak_table(folder: Path) -> str:
     return markdown_table(header, sorted(rows, key=lambda row: row[1]))
 
 
+def rate(img_per_s: float) -> str:
+    """Images a second with at least two significant digits: 3.7, 24, 8,820."""
+    return f"{img_per_s:,.1f}" if img_per_s < 10 else f"{img_per_s:,.0f}"
+
+
 def model_step_table(folder: Path) -> str:
     """benchmarks/benchmark.py's JSON records (`step_<case>*.json`, mode=steps): a row per case and compile mode,
     ours against its peer, as the script prints it; the peer named from vit/analysis/bench_cases.py."""
@@ -259,8 +264,8 @@ def model_step_table(folder: Path) -> str:
         ratio = f"{result['ratio_median']:.3f} ({result['ratio_p10']:.3f}-{result['ratio_p90']:.3f})" if peer else "-"
         rows.append(
             [f"`{result['case']}`", str(result["img_size"]), str(result["batch"])]
-            + [result["compile_mode"] or "eager", f"{ours['img_per_s']:,.0f}"]
-            + [f"{peer['img_per_s']:,.0f} ({CASES[result['case']].peer})" if peer else "-", ratio]
+            + [result["compile_mode"] or "eager", rate(ours["img_per_s"])]
+            + [f"{rate(peer['img_per_s'])} ({CASES[result['case']].peer})" if peer else "-", ratio]
             + [f"{100 * ours['mfu']:.1f}%" if ours.get("mfu") is not None else "-", gib(ours), gib(peer)]
         )
     header = ["model", "img px", "batch", "compile", "ours img/s", "peer img/s", "ratio (p10-p90)", "ours MFU"]
@@ -412,7 +417,9 @@ def cpu_lever_table(folder: Path) -> str:
 TABLES: dict[str, DocTable] = {
     "cifar10_cpu_budget_avx2": DocTable("cifar10_cpu_budget/avx2", cpu_budget_table),
     "cifar10_cpu_budget_2h_loaded_avx2": DocTable("cifar10_cpu_budget/avx2_2h_loaded", cpu_budget_table),
+    "cifar10_cpu_budget_avx2_96wide": DocTable("cifar10_cpu_budget/avx2_96wide", cpu_budget_table),
     "gpu_budget_h200": DocTable("gpu_budget_h200", gpu_budget_table),
+    "foundation_step_avx2": DocTable("foundation_step_avx2", model_step_table),
     "matmul_peak_h200": DocTable("gpu_budget_h200", matmul_peak_table),
     "cuda_tier_h200": DocTable("gpu_budget_h200", cuda_tier_table),
     "model_step_h200": DocTable("model_step_h200", model_step_table),
