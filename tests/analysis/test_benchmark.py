@@ -61,7 +61,7 @@ def test_a_bad_argument_is_one_line_naming_it(args, message, capsys):
 
 def test_every_case_builds_the_same_shape_as_its_peer():
     for case in CASES.values():
-        if case.peer == "timm" and not case.ours.startswith("timm:"):
+        if case.peer == "timm" and not case.timm_name:
             assert case.kwargs.get("img_size", 224) == case.peer_kwargs["img_size"] == case.img_size
 
 

@@ -32,6 +32,9 @@ class BenchCase:
     # environment variable VIT_T2T_OFFICIAL; never part of this project); None: no peer.
     peer: str | None
     peer_kwargs: dict = field(default_factory=dict)
+    # A foundation ViT by its timm name: ours built with the architecture timm has for it (vit/models/foundation.py),
+    # the peer timm's own model of that name; `ours` and `kwargs` are then unused.
+    timm_name: str | None = None
 
 
 def _vit_peer(embed_dim, depth, heads, img, patch, classes=1000, drop_path=0.0, mlp_ratio=4.0):
@@ -114,10 +117,9 @@ CASES: dict[str, BenchCase] = {
         BenchCase("vit_tiny", "vit_tiny", {}, 224, 256, "timm", _vit_peer(192, 12, 3, 224, 16)),
         BenchCase("vit_small", "vit_small", {}, 224, 256, "timm", _vit_peer(384, 12, 6, 224, 16)),
         BenchCase("vit_base", "vit_base", {}, 224, 128, "timm", _vit_peer(768, 12, 12, 224, 16)),
-        # Foundation ViTs by their timm names (docs/FINETUNE.md): ours built with the architecture timm has for the
-        # name (vit/models/foundation.py), timm's own model of the name beside it, random weights, 1000 classes.
-        BenchCase("deit3_small", "timm:deit3_small_patch16_224", {}, 224, 32, "timm"),
-        BenchCase("eva02_tiny", "timm:eva02_tiny_patch14_224", {}, 224, 32, "timm"),
+        # Foundation ViTs by their timm names (docs/FINETUNE.md): random weights, 1000 classes.
+        BenchCase("deit3_small", "vit_small", {}, 224, 32, "timm", timm_name="deit3_small_patch16_224"),
+        BenchCase("eva02_tiny", "vit_tiny", {}, 224, 32, "timm", timm_name="eva02_tiny_patch14_224"),
         BenchCase("t2t_vit_7", "t2t_vit_7", {}, 224, 256, "official"),
         BenchCase("t2t_vit_14", "t2t_vit_14", {}, 224, 128, "official"),
         BenchCase("t2t_vit_t_14", "t2t_vit_t_14", {}, 224, 128, "official"),
@@ -126,8 +128,8 @@ CASES: dict[str, BenchCase] = {
 
 
 def build_side(case: BenchCase, side: str) -> nn.Module:
-    if case.ours.startswith("timm:"):
-        return _by_timm_name(case.ours.removeprefix("timm:"), side)
+    if case.timm_name:
+        return _by_timm_name(case.timm_name, side)
     if side == "ours":
         return create_model(case.ours, **case.kwargs)
     if side == "peer" and case.peer == "timm":
