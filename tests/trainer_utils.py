@@ -318,3 +318,9 @@ def stub_step_settings(model, **kwargs):
         scaler=None,
     )
     return StepSettings(**{**defaults, **kwargs})
+
+
+def scales_by_name(model, groups: list[dict]) -> dict[str, tuple[float, float]]:
+    """Each parameter's (lr_scale, weight_decay) in optimizer parameter groups, by the parameter's name."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {names[id(p)]: (g["lr_scale"], g["weight_decay"]) for g in groups for p in g["params"]}

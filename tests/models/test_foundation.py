@@ -14,7 +14,7 @@ import pytest
 import timm
 import torch
 from safetensors.torch import save_file
-from trainer_utils import QUICK_SYNTHETIC, compose_config, make_tree, train_exit_line
+from trainer_utils import QUICK_SYNTHETIC, compose_config, make_tree, scales_by_name, train_exit_line
 
 from vit.engine.build import build_model_from_config
 from vit.engine.weights import eva_to_vit_keys, load_pretrained, read_weights
@@ -204,11 +204,6 @@ FINE_TUNED = [
     "vit_small_patch16_dinov3",  # Eva's layout: rotary positions, registers, mean pooling after the norm
     "eva02_tiny_patch14_224",
 ]
-
-
-def scales_by_name(model: torch.nn.Module, groups: list[dict]) -> dict[str, tuple[float, float]]:
-    names = {id(p): n for n, p in model.named_parameters()}
-    return {names[id(p)]: (g["lr_scale"], g["weight_decay"]) for g in groups for p in g["params"]}
 
 
 @pytest.mark.parametrize("name", FINE_TUNED)

@@ -23,6 +23,7 @@ from trainer_utils import (
     compose_config,
     empty_image_tree,
     load_script,
+    scales_by_name,
     train_exit_line,
 )
 
@@ -162,11 +163,6 @@ def test_tables_of_384_and_224_px_are_resampled_for_each_other(source_name, size
 
 
 # --- layer-wise learning-rate decay ----------------------------------------------------------------------------
-
-
-def scales_by_name(model, groups):
-    names = {id(p): n for n, p in model.named_parameters()}
-    return {names[id(p)]: (g["lr_scale"], g["weight_decay"]) for g in groups for p in g["params"]}
 
 
 @pytest.mark.parametrize("depth", [12, 4])
