@@ -7,8 +7,10 @@ import contextlib
 import importlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -105,6 +107,121 @@ def _run_cli_here(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
             lg.setLevel(level)
             lg.handlers[:], lg.propagate, lg.disabled = handlers, propagate, disabled
     return subprocess.CompletedProcess(["train.py", *args], code, out.getvalue(), err.getvalue())
+
+
+class ForkedRun:
+    """`python train.py <args>` in a child forked from this process, with a subset of subprocess.Popen's interface
+    (poll, send_signal, kill, wait, communicate, returncode; stdout and stderr merged). A process of its own, so
+    signals and kill -9 reach the run alone, without the seconds a new interpreter spends importing torch,
+    torchvision and timm: the child starts with this process's modules loaded. The child runs the command line's own
+    `main` and leaves with os._exit (the interpreter's own exit is what `run_cli(process=True)` is for).
+
+    The child runs on one CPU, `cpu` (by default the first this process may use), so its `trainer.threads=auto` is
+    1: GNU OpenMP's thread pool does not survive a fork, and a child computing on more threads than one after this
+    process did hangs."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None, cpu: int = 0):
+        import tempfile
+
+        import torch
+        from hydra.core.global_hydra import GlobalHydra
+
+        import vit.cli.train as cli
+
+        self.args, self.returncode = args, None
+        self._log = tempfile.NamedTemporaryFile(mode="w+", prefix="forked-run-", suffix=".log")  # noqa: SIM115
+        sys.stdout.flush(), sys.stderr.flush()
+        self.pid = os.fork()
+        if self.pid:
+            return
+        code = 1
+        try:  # the child: its output to the log file, then the command line's main
+            os.dup2(self._log.fileno(), 1), os.dup2(self._log.fileno(), 2)
+            sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+            sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+            cpus = sorted(os.sched_getaffinity(0))
+            os.sched_setaffinity(0, {cpus[cpu % len(cpus)]})
+            torch.set_num_threads(1)
+            os.environ.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})})
+            os.chdir(cwd)
+            GlobalHydra.instance().clear()
+            sys.argv = [str(REPO / "train.py"), *args]
+            try:
+                cli.main()
+                code = 0
+            except SystemExit as exit:
+                if isinstance(exit.code, str):
+                    print(exit.code, file=sys.stderr)
+                code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush(), sys.stderr.flush()
+            os._exit(code)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                self.kill()
+                raise subprocess.TimeoutExpired(["train.py", *self.args], timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def output(self) -> str:
+        self._log.seek(0)
+        return self._log.read()
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, None]:
+        self.wait(timeout)
+        return self.output(), None
+
+
+def free_port() -> int:
+    """A TCP port free on this machine now, for a process group's rendezvous."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_ranks(args: list[str], cwd: Path, nproc: int = 2, timeout: int = 240) -> subprocess.CompletedProcess:
+    """`train.py <args>` as `nproc` data-parallel ranks, each a ForkedRun with the environment torchrun gives its
+    workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, ...): the same process group, sharding and rank-0
+    writing as under torchrun, minus a launcher and a new interpreter per rank. stdout holds every rank's output,
+    rank by rank; the exit code is the first non-zero one. (The launch by torchrun itself is tested too, in
+    tests/train/test_distributed.py.)"""
+    common = {"WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1"}
+    common |= {"MASTER_PORT": str(free_port()), "GROUP_RANK": "0"}
+    ranks = [ForkedRun(args, cwd, {**common, "RANK": str(r), "LOCAL_RANK": str(r)}, cpu=r) for r in range(nproc)]
+    deadline = time.monotonic() + timeout
+    try:  # until every rank is done, or one failed (the others would wait for it) and the rest had 10 s to end
+        while None in (codes := [rank.poll() for rank in ranks]) and time.monotonic() < deadline:
+            if any(codes):
+                deadline = min(deadline, time.monotonic() + 10)
+            time.sleep(0.05)
+    finally:
+        for rank in ranks:
+            rank.kill()
+    code = next((c for c in (rank.wait() for rank in ranks) if c), 0)
+    return subprocess.CompletedProcess(["train.py", *args], code, "".join(r.output() for r in ranks), "")
 
 
 # Image modes a folder of real-world images holds; make_tree cycles through them.

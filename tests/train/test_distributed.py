@@ -1,7 +1,11 @@
-"""Data-parallel training under torchrun, on the CPU with gloo and 2 processes: the same global batch gives the
-weights of a single-process run (fp32 tolerance), with and without gradient accumulation (`no_sync`), and a
-stopped distributed run resumes to the weights of the uninterrupted one. The two-rank run recomputes its blocks
-in the backward pass (trainer.grad_checkpointing), which must change nothing: its gradients are the plain ones.
+"""Data-parallel training on the CPU with gloo and 2 processes: the same global batch gives the weights of a
+single-process run (fp32 tolerance), with and without gradient accumulation (`no_sync`), and a stopped distributed
+run resumes to the weights of the uninterrupted one. The two-rank run recomputes its blocks in the backward pass
+(trainer.grad_checkpointing), which must change nothing: its gradients are the plain ones.
+
+torchrun itself launches the SIGTERM test's run; the others' ranks are forked from the test process with the
+environment torchrun gives its workers (trainer_utils.run_ranks), which spares a launcher and two interpreters
+importing torch per run.
 
 Why they should agree: the train permutation is drawn from (seed, epoch) alone, rank r takes every 2nd index,
 so global batch k holds the same images in both runs; DDP averages the ranks' mean gradients, which is the mean
@@ -17,7 +21,7 @@ import time
 
 import pytest
 import torch
-from trainer_utils import REPO, TINY_MODEL, run_cli, stub_step_settings
+from trainer_utils import REPO, TINY_MODEL, run_cli, run_ranks, stub_step_settings
 
 from vit.engine.weights import load_checkpoint
 
@@ -28,18 +32,9 @@ COMMON += ["trainer.log_every_n_steps=4", "trainer.attn_maps_every_n_epochs=0", 
 
 
 def train(run_dir, extra: list[str], nproc: int = 1) -> subprocess.CompletedProcess:
-    """train.py with COMMON and `extra`: under torchrun with `nproc` processes, or with one in this process."""
-    if nproc == 1:
-        return run_cli([*COMMON, *extra, f"hydra.run.dir={run_dir}"], run_dir)
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [*launcher, str(REPO / "train.py"), *COMMON, *extra, f"hydra.run.dir={run_dir}"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    """train.py with COMMON and `extra`: as `nproc` data-parallel ranks, or with one in this process."""
+    args = [*COMMON, *extra, f"hydra.run.dir={run_dir}"]
+    return run_ranks(args, run_dir, nproc) if nproc > 1 else run_cli(args, run_dir)
 
 
 TWO_RANKS = ["data.batch_size=16", "trainer.grad_checkpointing=true", "trainer.keep_last=2"]
@@ -112,6 +107,7 @@ def test_stopped_distributed_run_resumes_to_the_same_weights(two_ranks, tmp_path
 
 
 def test_sigterm_to_torchrun_stops_every_rank_with_a_good_checkpoint(tmp_path):
+    """The run torchrun launches (the launcher and a new interpreter per rank), stopped by a SIGTERM to torchrun."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     args = [*COMMON, "trainer.epochs=1000", "data.batch_size=16", f"hydra.run.dir={tmp_path}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
@@ -202,7 +198,7 @@ def test_weights_finite_sees_one_bad_value():
     assert not weights_finite(model)
 
 
-def test_masked_autoencoder_pretrains_under_torchrun(tmp_path):
+def test_masked_autoencoder_pretrains_on_two_ranks(tmp_path):
     """task=mae with 2 ranks: each rank masks its own shard (its own noise), the gradients are averaged, rank 0
     writes; the run finishes with a finite reconstruction loss over all 60 validation images."""
     decoder = ["mae.decoder_embed_dim=32", "mae.decoder_depth=1", "mae.decoder_num_heads=4", "sched.warmup_epochs=1"]
