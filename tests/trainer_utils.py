@@ -58,13 +58,14 @@ def run_cli(args: list[str], cwd: Path, timeout: int = 240, *, process: bool = F
     """`python train.py <args>` from `cwd`: its exit code, stdout and stderr. By default in this process: the
     command line's own `main` (vit/cli/train.py: the checks, Hydra, the run) with sys.argv set, its output captured,
     and Hydra's global state, the logging and the working folder put back afterwards; a new Python process costs
-    more to start (importing torch, torchvision and timm) than most of these runs take. `process=True` starts a real
-    one (with `timeout`), for what only a process shows: its start-up counted in the wall time, the interpreter's
-    own exit."""
+    more to start (importing torch, torchvision and timm) than most of these runs take. `process=True` runs it in a
+    process of its own forked from this one (ForkedRun, with `timeout`; stdout and stderr both in stdout), for what
+    only a process shows: its wall time counted from the process's start, a run's start-up charged to it."""
     if process:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        command = [sys.executable, str(REPO / "train.py"), *args]
-        return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+        Path(cwd).mkdir(parents=True, exist_ok=True)
+        forked = ForkedRun.train(args, cwd)
+        out, _ = forked.communicate(timeout)
+        return subprocess.CompletedProcess(["train.py", *args], forked.returncode, out, out)
     return _run_cli_here(args, cwd)
 
 
@@ -110,33 +111,38 @@ def _run_cli_here(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 class ForkedRun:
-    """`python train.py <args>` in a child forked from this process, with a subset of subprocess.Popen's interface
-    (poll, send_signal, kill, wait, communicate, returncode; stdout and stderr merged). A process of its own, so
-    signals and kill -9 reach the run alone, without the seconds a new interpreter spends importing torch,
-    torchvision and timm: the child starts with this process's modules loaded. The child runs the command line's own
-    `main` and leaves with os._exit (the interpreter's own exit is what `run_cli(process=True)` is for).
+    """`main()` with sys.argv = `argv` in a child forked from this process, with a subset of subprocess.Popen's
+    interface (poll, send_signal, kill, wait, communicate, returncode). A process of its own, so signals and kill -9
+    reach it alone, without the seconds a new interpreter spends importing torch, torchvision and timm: the child
+    starts with this process's modules loaded. It leaves with os._exit and `main`'s exit code (the interpreter's own
+    exit is what the tests that start `python train.py` are for). stdout and stderr go to one log unless `merge` is
+    false; `session`: the child leads a new session and process group. `train` builds the one for `python train.py
+    <args>`.
 
     The child runs on one CPU, `cpu` (by default the first this process may use), so its `trainer.threads=auto` is
     1: GNU OpenMP's thread pool does not survive a fork, and a child computing on more threads than one after this
     process did hangs."""
 
-    def __init__(self, args: list[str], cwd: Path, env: dict[str, str] | None = None, cpu: int = 0):
+    def __init__(
+        self, main, argv: list[str], cwd: Path, env: dict[str, str] | None = None, cpu=0, merge=True, session=False
+    ):
         import tempfile
 
         import torch
-        from hydra.core.global_hydra import GlobalHydra
 
-        import vit.cli.train as cli
-
-        self.args, self.returncode = args, None
-        self._log = tempfile.NamedTemporaryFile(mode="w+", prefix="forked-run-", suffix=".log")  # noqa: SIM115
+        self.argv, self.returncode = argv, None
+        self._out = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - read back after the child ends
+        self._err = self._out if merge else tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         sys.stdout.flush(), sys.stderr.flush()
         self.pid = os.fork()
         if self.pid:
             return
         code = 1
-        try:  # the child: its output to the log file, then the command line's main
-            os.dup2(self._log.fileno(), 1), os.dup2(self._log.fileno(), 2)
+        try:  # the child: its own session if asked (a process group, as a terminal gives), its output to the files,
+            # one CPU, then `main`
+            if session:
+                os.setsid()
+            os.dup2(self._out.fileno(), 1), os.dup2(self._err.fileno(), 2)
             sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
             sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
             cpus = sorted(os.sched_getaffinity(0))
@@ -144,10 +150,9 @@ class ForkedRun:
             torch.set_num_threads(1)
             os.environ.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})})
             os.chdir(cwd)
-            GlobalHydra.instance().clear()
-            sys.argv = [str(REPO / "train.py"), *args]
+            sys.argv = list(argv)
             try:
-                cli.main()
+                main()
                 code = 0
             except SystemExit as exit:
                 if isinstance(exit.code, str):
@@ -160,6 +165,19 @@ class ForkedRun:
         finally:
             sys.stdout.flush(), sys.stderr.flush()
             os._exit(code)
+
+    @classmethod
+    def train(cls, args: list[str], cwd: Path, env: dict[str, str] | None = None, cpu=0, session=False) -> ForkedRun:
+        """`python train.py <args>` from `cwd`: the command line's own main, Hydra's global state cleared first."""
+        from hydra.core.global_hydra import GlobalHydra
+
+        import vit.cli.train as cli
+
+        def main():
+            GlobalHydra.instance().clear()
+            cli.main()
+
+        return cls(main, [str(REPO / "train.py"), *args], cwd, env, cpu, session=session)
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -180,17 +198,18 @@ class ForkedRun:
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
                 self.kill()
-                raise subprocess.TimeoutExpired(["train.py", *self.args], timeout)
+                raise subprocess.TimeoutExpired(self.argv, timeout)
             time.sleep(0.02)
         return self.returncode
 
-    def output(self) -> str:
-        self._log.seek(0)
-        return self._log.read()
+    def output(self, stream: str = "stdout") -> str:
+        file = self._out if stream == "stdout" else self._err
+        file.seek(0)
+        return file.read()
 
-    def communicate(self, timeout: float | None = None) -> tuple[str, None]:
+    def communicate(self, timeout: float | None = None) -> tuple[str, str | None]:
         self.wait(timeout)
-        return self.output(), None
+        return self.output(), None if self._err is self._out else self.output("stderr")
 
 
 def free_port() -> int:
@@ -210,7 +229,7 @@ def run_ranks(args: list[str], cwd: Path, nproc: int = 2, timeout: int = 240) ->
     tests/train/test_distributed.py.)"""
     common = {"WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1"}
     common |= {"MASTER_PORT": str(free_port()), "GROUP_RANK": "0"}
-    ranks = [ForkedRun(args, cwd, {**common, "RANK": str(r), "LOCAL_RANK": str(r)}, cpu=r) for r in range(nproc)]
+    ranks = [ForkedRun.train(args, cwd, {**common, "RANK": str(r), "LOCAL_RANK": str(r)}, cpu=r) for r in range(nproc)]
     deadline = time.monotonic() + timeout
     try:  # until every rank is done, or one failed (the others would wait for it) and the rest had 10 s to end
         while None in (codes := [rank.poll() for rank in ranks]) and time.monotonic() < deadline:

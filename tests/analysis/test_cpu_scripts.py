@@ -83,13 +83,15 @@ def test_bf16_crossover_table_times_both_precisions(tmp_path):
 
 
 def test_cpu_setup_names_its_settings_and_refuses_unknown_ones(tmp_path, monkeypatch, capsys):
+    from vit.cli.args import run_script
+
     module = load_script("bench_cpu_setup")
     settings = module.all_settings(2)
     assert settings["memory-t2"] == ["data.loader=resident", "trainer.threads=2"]
     assert settings["torch-w1-t1"] == ["data.loader=torch", "data.num_workers=1", "trainer.threads=1"]
     assert len(settings) == 2 + 3 * 2
-    done = script("bench_cpu_setup.py", "data.root=x", "settings=memory-t9")
-    assert done.returncode == 2 and "'memory-t9' is not one of" in done.stderr
+    assert run_script(module.main, ["data.root=x", "settings=memory-t9"], usage=module.__doc__) == 2
+    assert "'memory-t9' is not one of" in capsys.readouterr().err
     # Its record: every round's img/s of every setting (the training runs here answer from a list, in order).
     answers = iter([1.0, 100.0, 200.0, 300.0, 50.0, 110.0, 210.0])
     monkeypatch.setattr(module, "train_img_per_s", lambda *args: next(answers))
@@ -162,9 +164,13 @@ def test_memory_record_holds_every_process(tmp_path, monkeypatch):
     assert record["settings"]["model"] == "vit_tiny" and record["settings"]["repeats"] == 2
 
 
-def test_memory_script_refuses_a_bad_value_in_one_line_and_measures_in_a_child():
-    """A bad key=value is one line on stderr naming the key, exit code 2; the internal `one=<setting>` key (a
-    child process's) is not in the usage; a child measures one step of a tiny model and answers in JSON."""
+def test_memory_script_refuses_a_bad_value_in_one_line_and_measures_in_a_child(capsys):
+    """A bad key=value is one line on stderr naming the key, exit code 2 (through the script's own `run_script` in
+    this process); the internal `one=<setting>` key (a child process's) is not in the usage; a child measures one
+    step of a tiny model and answers in JSON."""
+    from vit.cli.args import run_script
+
+    module = load_script("bench_memory")
     for args, message in [
         (["batch_size=0"], "usage error: batch_size='0' must be an integer >= 1"),
         (["one=fast"], "usage error: one='fast' must be one of plain, checkpointed"),
@@ -174,12 +180,13 @@ def test_memory_script_refuses_a_bad_value_in_one_line_and_measures_in_a_child()
             "usage error: unknown argument 'size'; known: model, img_size, batch_size, num_classes, repeats, json\n",
         ),
     ]:
-        bad = script("bench_memory.py", *args)
-        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and bad.stderr.startswith(message), bad.stderr
-    usage = script("bench_memory.py", "--help")
-    assert usage.returncode == 0 and "usage: python benchmarks/bench_memory.py [model=vit_base]" in usage.stdout
-    assert "one=" not in usage.stdout
-    module = load_script("bench_memory")
+        capsys.readouterr()
+        assert run_script(module.main, args, usage=module.__doc__) == 2, args
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(message), err
+    assert run_script(module.main, ["--help"], usage=module.__doc__) == 0
+    usage = capsys.readouterr().out
+    assert "usage: python benchmarks/bench_memory.py [model=vit_base]" in usage and "one=" not in usage
     tiny = module.read_args(["model=vit_tiny", "img_size=32", "batch_size=2", "num_classes=10"])
     row = module.run_child(tiny, "checkpointed")
     assert row["setting"] == "checkpointed" and row["rss_after_mib"] >= row["rss_before_mib"] > 0

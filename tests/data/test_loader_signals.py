@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL
+from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, ForkedRun
 
 
 def test_sigterm_to_the_process_group_stops_cleanly_with_loader_workers(tmp_path):
@@ -16,25 +16,15 @@ def test_sigterm_to_the_process_group_stops_cleanly_with_loader_workers(tmp_path
     args = [*QUICK_SYNTHETIC, *TINY_MODEL, "data.loader=torch", "data.num_workers=2", "data.synthetic.num_train=2048"]
     args += ["data.batch_size=16", "trainer.device=cpu", "trainer.epochs=50", "trainer.log_every_n_steps=1"]
     args += ["trainer.attn_maps_every_n_epochs=0", f"hydra.run.dir={run_dir}"]
-    proc = subprocess.Popen(
-        [sys.executable, str(REPO / "train.py"), *args],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        start_new_session=True,  # its own process group, as a terminal or `timeout` would give it
-    )
-    lines = []
+    # In its own process group, as a terminal or `timeout` would start it; forked from this process (ForkedRun).
+    proc = ForkedRun.train(args, tmp_path, session=True)
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:  # until the loader's workers are feeding training steps
-        line = proc.stdout.readline()
-        lines.append(line)
-        if " step 3/" in line or not line:
+    while time.monotonic() < deadline and proc.poll() is None:  # until the loader's workers are feeding steps
+        if " step 3/" in proc.output():
             break
+        time.sleep(0.05)
     os.killpg(proc.pid, signal.SIGTERM)  # the run and its loader workers alike
     out, _ = proc.communicate(timeout=180)
-    out = "".join(lines) + out
     assert proc.returncode == 0, out[-3000:]
     assert out.count("SIGTERM received") == 1 and "stopped by SIGTERM" in out, out[-3000:]
     assert "killed by signal" not in out and "Traceback" not in out

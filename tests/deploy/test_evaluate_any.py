@@ -5,7 +5,7 @@ classes; and on our checkpoints the numbers of the trainer's own evaluation."""
 
 import json
 import os
-import subprocess
+import runpy
 import sys
 from pathlib import Path
 
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from PIL import Image
 from timm.data import ImageNetInfo, create_transform, resolve_data_config
-from trainer_utils import TINY_MODEL, compose_config, trainer_path_evaluation
+from trainer_utils import TINY_MODEL, ForkedRun, compose_config, trainer_path_evaluation
 
 from vit.cli.evaluate import cli
 from vit.data.augment.transforms import val_transform
@@ -338,11 +338,13 @@ def test_timms_validate_script_gives_our_top1_for_a_trained_checkpoint(tmp_path,
     command += ["--model-kwargs", "embed_dim=32", "depth=2", "num_heads=2", "patch_size=4", "img_size=32"]
     command += ["--interpolation", pre["interpolation"], "--mean", *map(str, pre["mean"]), "--std"]
     command += [*map(str, pre["std"]), "--checkpoint", str(checkpoint), "--device", "cpu", "-j", "0", "-b", "8"]
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    theirs = json.loads(done.stdout.split("--result", 1)[1])
+    # `python validate.py <args>` in a child forked from this process, whose torch and timm are already loaded (run
+    # as a script, the file itself is compiled in memory: nothing is written beside it).
+    script = Path(TIMM_SCRIPTS).resolve() / "validate.py"
+    done = ForkedRun(lambda: runpy.run_path(str(script), run_name="__main__"), command[1:], tmp_path, merge=False)
+    out, err = done.communicate(timeout=240)
+    assert done.returncode == 0, err[-3000:]
+    theirs = json.loads(out.split("--result", 1)[1])
     assert ours["count"] == 24 and theirs["top1"] == pytest.approx(ours["top1"], abs=1e-3), (theirs, ours)
     assert theirs["top5"] == pytest.approx(ours["top5"], abs=1e-3)
 

@@ -2,12 +2,11 @@
 checkpoint that evaluation and fine-tuning read; trainer.grad_checkpointing trains exactly as without it."""
 
 import json
-import subprocess
 import sys
 
 import pytest
 import torch
-from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, compose_config, run_cli
+from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config, load_script, run_cli
 
 from vit.engine.build import build_model_from_config
 from vit.engine.weights import CheckpointError, load_checkpoint
@@ -63,12 +62,13 @@ def test_the_script_writes_a_checkpoint_that_evaluation_and_finetuning_read(kept
 
     run_dir = kept_run[0]
     out = tmp_path / "averaged.pt"
-    script = [sys.executable, str(REPO / "scripts" / "average_checkpoints.py"), str(run_dir), f"out={out}"]
-    done = subprocess.run(script, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert "2 checkpoints (epoch_0003.pt, epoch_0004.pt)" in done.stdout
-    monkeypatch.chdir(tmp_path)
     capsys.readouterr()
+    with pytest.raises(SystemExit) as done:  # scripts/average_checkpoints.py's entry point, in this process
+        monkeypatch.setattr(sys, "argv", ["average_checkpoints.py", str(run_dir), f"out={out}"])
+        load_script("average_checkpoints").console()
+    assert done.value.code == 0
+    assert "2 checkpoints (epoch_0003.pt, epoch_0004.pt)" in capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)
     assert cli([f"checkpoint={out}", "limit_batches=1"]) == 0  # evaluate.py's own entry point, in this process
     report = json.loads(capsys.readouterr().out)
     assert report["checkpoint"] == str(out) and report["count"] == 32  # one batch of the run's data config
