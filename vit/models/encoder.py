@@ -345,7 +345,8 @@ def check_encoder_args(config: EncoderConfig) -> None:
 def encoder_blocks(depth: int, dim: int, num_heads: int, drop_path_rate: float, **block_kwargs) -> nn.Sequential:
     """`depth` Blocks whose drop-path rates rise linearly: rate_i = drop_path_rate * i / (depth - 1), so deeper
     blocks are dropped more often (stochastic depth, Huang et al. 2016)."""
-    rates = torch.linspace(0, drop_path_rate, depth).tolist()
+    # On the CPU whatever the default device (as timm): a model built under `torch.device("meta")` reads them too.
+    rates = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()
     return nn.Sequential(*[Block(dim=dim, num_heads=num_heads, drop_path=rate, **block_kwargs) for rate in rates])
 
 
