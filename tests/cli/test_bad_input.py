@@ -1,9 +1,7 @@
 """Bad input gets one clear message and loses nothing: unknown or non-numeric settings, checkpoints of another
 model or class count, truncated or code-carrying checkpoints, a full disk or unwritable folder, a diverging loss."""
 
-import copy
 import errno
-import functools
 import importlib
 import os
 import re
@@ -12,7 +10,7 @@ import subprocess
 import pytest
 import torch
 from omegaconf import OmegaConf
-from trainer_utils import QUICK, QUICK_SYNTHETIC, REPO, compose_config, run_cli
+from trainer_utils import QUICK, QUICK_SYNTHETIC, REPO, compose_config, compose_onto_groups, run_cli
 
 from vit.cli.train import check_override_keys
 from vit.engine.build import build_model_from_config
@@ -206,37 +204,20 @@ RANGE_CASES = {
 }
 
 
-@functools.cache
-def _composed_groups(choices: tuple[str, ...]):
-    return compose_config(["data=synthetic", *choices])
-
-
-def composed(overrides: list[str]):
-    """compose_config(["data=synthetic", *overrides]) for group choices (`task=mae`) and settings (`key=value`,
-    `+key=value`): the group choices composed once for every test that makes them (a compose costs Hydra 0.2 s, and
-    these ~150 tests would spend half a minute on it), each setting then applied to a copy as Hydra applies it,
-    with the value Hydra's own parser reads (OmegaConf.update; `+` adds a key)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    choices = tuple(o.input_line for o in parsed if (REPO / "configs" / o.key_or_group).is_dir())
-    cfg = copy.deepcopy(_composed_groups(choices))
-    for override in parsed:
-        if override.input_line not in choices:
-            OmegaConf.update(cfg, override.key_or_group, override.value(), merge=True, force_add=override.is_add())
-    return cfg
-
-
 def test_composing_the_settings_onto_composed_groups_gives_hydras_config():
-    """`composed`, the shortcut the knob tests take, gives the config Hydra composes (values of every kind)."""
-    overrides = ["task=mae", "mae.mask_ratio=0.5", "data.std=[a,1,1]", "data.batch_size=1e3", "+model.in_chans=abc"]
-    overrides += ["trainer.ema=maybe", "optim.betas=abc", "trainer.epochs=true", "data.holdout=null"]
-    assert composed(overrides) == compose_config(["data=synthetic", *overrides])
+    """`compose_onto_groups`, the shortcut the knob tests take, gives the config Hydra composes (values of every
+    kind), and leaves the forms it does not apply itself to Hydra."""
+    overrides = ["data=synthetic", "task=mae", "mae.mask_ratio=0.5", "data.std=[a,1,1]", "data.batch_size=1e3"]
+    overrides += ["+model.in_chans=abc", "trainer.ema=maybe", "optim.betas=abc", "trainer.epochs=true"]
+    overrides += ["data.holdout=null", "model.depth=3", "model=vit_small"]  # a group chosen after a setting of it
+    assert compose_onto_groups(overrides) == compose_config(overrides)
+    for other_forms in (["~trainer.eval_flip"], ["++model.depth=3"], ["experiment=cifar10_cpu", "model.depth=3"]):
+        assert compose_onto_groups(other_forms) == compose_config(other_forms)
 
 
 def check(overrides: list[str]) -> None:
     """What run() checks before any data is read: the config, then the model it builds."""
-    cfg = composed(overrides)
+    cfg = compose_onto_groups(["data=synthetic", *overrides])
     validate(cfg)
     task_of(cfg).build_model(cfg, num_classes=10)
 
