@@ -64,14 +64,15 @@ def perturbed(model: nn.Module, seed: int = 0) -> nn.Module:
     return model
 
 
-def ours_and_timms(variant: str, img_size: int = 64, depth: int | None = None):
-    """Our model and timm's reference for `variant`, timm's perturbed; `depth`: both cut to that many blocks."""
+def ours_and_timms(variant: str, img_size: int = 64, depth: int | None = None, perturb: bool = True):
+    """Our model and timm's reference for `variant`, timm's perturbed (unless `perturb` is false); `depth`: both cut
+    to that many blocks."""
     (name, overrides), (timm_name, timm_kwargs) = REFERENCES[variant]
     if overrides.get("patch_size") == 14:
         img_size = 56
     cut = {} if depth is None else {"depth": depth}
-    theirs = timm.create_model(timm_name, pretrained=False, img_size=img_size, num_classes=10, **timm_kwargs, **cut)
-    theirs = perturbed(theirs).eval()
+    theirs = timm.create_model(timm_name, pretrained=False, img_size=img_size, num_classes=10, **{**timm_kwargs, **cut})
+    theirs = (perturbed(theirs) if perturb else theirs).eval()
     ours = create_model(name, **{**SMALL, "img_size": img_size, **overrides, **cut}).eval()
     return ours, theirs, img_size
 
@@ -103,8 +104,14 @@ def their_state_dict_params(theirs: nn.Module) -> dict:
 
 @pytest.mark.parametrize("variant", list(REFERENCES))
 def test_each_variant_loads_timms_weights_strictly_and_computes_timms_numbers(variant):
+    # The whole models' parameter names and shapes, built on the meta device (nothing allocated or initialised) ...
+    with torch.device("meta"):
+        whole_ours, whole_theirs, _ = ours_and_timms(variant, perturb=False)
+    theirs_meta = their_state_dict(whole_theirs)
+    assert {k: v.shape for k, v in whole_ours.state_dict().items()} == {k: v.shape for k, v in theirs_meta.items()}
+    # ... and the numbers two blocks deep (every block is the same code; the registers' ViT-B took 8 s whole).
     torch.manual_seed(0)
-    ours, theirs, size = ours_and_timms(variant)
+    ours, theirs, size = ours_and_timms(variant, depth=2)
     state = their_state_dict(theirs)
     assert sorted(ours.state_dict()) == sorted(state)
     ours.load_state_dict(state, strict=True)
