@@ -115,7 +115,9 @@ def linear_output_dtypes(overrides: list[str], tmp_path, name: str) -> tuple[dic
 
 def test_a_cpu_run_under_auto_trains_in_bf16_when_wide_and_says_so(cpu_bf16, tmp_path, caplog):
     cpu_bf16(True)
-    wide = [f"model.embed_dim={CPU_BF16_MIN_WIDTH}", "model.num_heads=2", "model.depth=1"]
+    # One epoch of 2 batches: bf16 is emulated, and slow, on a CPU without AVX512-BF16 (where the test runs as well)
+    wide = [f"model.embed_dim={CPU_BF16_MIN_WIDTH}", "model.num_heads=2", "model.depth=1", "trainer.epochs=1"]
+    wide += ["trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.attn_maps_every_n_epochs=0"]
     with caplog.at_level(logging.INFO, logger="vit.train"):
         metrics, dtypes = linear_output_dtypes(wide, tmp_path, "wide")
     assert dtypes == {torch.bfloat16}  # every matmul of the training forward pass
