@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all test-gpu lint train clean
+.PHONY: install test test-all test-gpu coverage lint train clean
 
 install: $(STAMP)
 
@@ -22,6 +22,10 @@ test: $(STAMP)
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q $(XDIST) -m ''
+
+# Line coverage of vit/ by the default suite (coverage.py, through pytest-cov).
+coverage: $(STAMP)
+	$(PY) -m pytest -q $(XDIST) --cov=vit --cov-report=term
 
 # The GPU tier alone (tests/e2e/test_cuda.py): skipped, with the reason, where no CUDA device is.
 test-gpu: $(STAMP)
