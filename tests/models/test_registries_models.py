@@ -18,21 +18,21 @@ REGISTRY = REPO / "vit" / "models" / "registry.py"
 CONSUMERS = {REPO / "vit" / "analysis" / "bench_cases.py"}
 
 
-def modules_naming(name: str) -> list[Path]:
-    """The modules under vit/ holding `name` as a string constant."""
-    found = []
+def string_constants() -> dict[Path, set[str]]:
+    """Each module under vit/ and the string constants it holds (each file parsed once)."""
+    found = {}
     for path in sorted((REPO / "vit").rglob("*.py")):
         tree = ast.parse(path.read_text(), filename=str(path))
-        if any(isinstance(n, ast.Constant) and n.value == name for n in ast.walk(tree)):
-            found.append(path)
+        found[path] = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
     return found
 
 
 def test_every_model_name_is_listed_in_the_registry_only():
     names = list_models()
     assert "vit_tiny" in names and "t2t_vit_7" in names
+    constants = string_constants()
     for name in names:
-        listed = [p for p in modules_naming(name) if p not in CONSUMERS]
+        listed = [p for p, strings in constants.items() if name in strings and p not in CONSUMERS]
         assert listed == [REGISTRY], f"{name!r} is listed in {[str(p.relative_to(REPO)) for p in listed]}"
 
 
