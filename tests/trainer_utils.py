@@ -57,9 +57,12 @@ def compose_config(overrides: list[str]):
     return compose(overrides)
 
 
-@functools.cache
 def _composed_groups(choices: tuple[str, ...]):
-    return compose(list(choices))
+    """The config composed with these group choices, read only: the command line's own cache of them (train.py's
+    key check composes the same sets), so a test that checks a command and composes it composes once."""
+    from vit.cli.train import composed_keys
+
+    return composed_keys(choices, "config")[0]
 
 
 def compose_onto_groups(overrides: list[str]):
@@ -442,7 +445,6 @@ def empty_image_tree(root: Path, classes) -> Path:
 def train_exit_line(overrides: list[str], tmp_path: Path, monkeypatch, capsys) -> str:
     """The one line `train.py <overrides>` prints on stderr as it exits with code 2; reading any data fails the
     test (the source must be checked first)."""
-    import functools
     import importlib
 
     import pytest
