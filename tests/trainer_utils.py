@@ -86,6 +86,14 @@ def compose_onto_groups(overrides: list[str]):
     return cfg
 
 
+def exit_status(exit: SystemExit) -> int:
+    """The process's exit code for this SystemExit, as the interpreter gives it: sys.exit("message") prints the
+    message on stderr and exits 1, sys.exit(None) exits 0."""
+    if isinstance(exit.code, str):
+        print(exit.code, file=sys.stderr)
+    return exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+
+
 def run_cli(args: list[str], cwd: Path, timeout: int = 240, *, process: bool = False) -> subprocess.CompletedProcess:
     """`python train.py <args>` from `cwd`: its exit code, stdout and stderr. By default in this process: the
     command line's own `main` (vit/cli/train.py: the checks, Hydra, the run) with sys.argv set, its output captured,
@@ -94,7 +102,6 @@ def run_cli(args: list[str], cwd: Path, timeout: int = 240, *, process: bool = F
     process of its own forked from this one (ForkedRun, with `timeout`; stdout and stderr both in stdout), for what
     only a process shows: its wall time counted from the process's start, a run's start-up charged to it."""
     if process:
-        Path(cwd).mkdir(parents=True, exist_ok=True)
         forked = ForkedRun.train(args, cwd)
         out, _ = forked.communicate(timeout)
         return subprocess.CompletedProcess(["train.py", *args], forked.returncode, out, out)
@@ -127,9 +134,7 @@ def _run_cli_here(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
                 try:
                     cli.main()
                 except SystemExit as exit:
-                    if isinstance(exit.code, str):  # sys.exit("message"): the interpreter prints it, exit code 1
-                        print(exit.code, file=sys.stderr)
-                    code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+                    code = exit_status(exit)
     finally:
         sys.argv = argv
         GlobalHydra.instance().clear()
@@ -163,6 +168,7 @@ class ForkedRun:
         import torch
 
         self.argv, self.returncode = argv, None
+        Path(cwd).mkdir(parents=True, exist_ok=True)  # the child starts in it
         self._out = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - read back after the child ends
         self._err = self._out if merge else tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         sys.stdout.flush(), sys.stderr.flush()
@@ -187,9 +193,7 @@ class ForkedRun:
                 main()
                 code = 0
             except SystemExit as exit:
-                if isinstance(exit.code, str):
-                    print(exit.code, file=sys.stderr)
-                code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+                code = exit_status(exit)
         except BaseException:
             import traceback
 

@@ -11,6 +11,8 @@ import sys
 import pytest
 from trainer_utils import REPO, assert_measurement_record, assert_provenance, load_script, make_tree
 
+from vit.cli.args import run_script
+
 
 def script(name: str, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
     command = [sys.executable, str(REPO / "benchmarks" / name), *args]
@@ -46,8 +48,6 @@ def test_reference_loop_fits_its_budget_and_writes_a_run_plot_recipes_reads(cifa
 def test_reference_loop_refuses_bad_input_in_one_line(tmp_path, capsys):
     """Through the script's own `run_script` in this process (a new process costs seconds of imports): exit 2 and
     one line naming the argument, before any data is read."""
-    from vit.cli.args import run_script
-
     reference = load_script("cifar10_cpu_reference")
     cases = [
         ([f"data.root={tmp_path / 'missing'}", f"out={tmp_path / 'out'}"], "data.root="),
@@ -83,8 +83,6 @@ def test_bf16_crossover_table_times_both_precisions(tmp_path):
 
 
 def test_cpu_setup_names_its_settings_and_refuses_unknown_ones(tmp_path, monkeypatch, capsys):
-    from vit.cli.args import run_script
-
     module = load_script("bench_cpu_setup")
     settings = module.all_settings(2)
     assert settings["memory-t2"] == ["data.loader=resident", "trainer.threads=2"]
@@ -168,8 +166,6 @@ def test_memory_script_refuses_a_bad_value_in_one_line_and_measures_in_a_child(c
     """A bad key=value is one line on stderr naming the key, exit code 2 (through the script's own `run_script` in
     this process); the internal `one=<setting>` key (a child process's) is not in the usage; a child measures one
     step of a tiny model and answers in JSON."""
-    from vit.cli.args import run_script
-
     module = load_script("bench_memory")
     for args, message in [
         (["batch_size=0"], "usage error: batch_size='0' must be an integer >= 1"),

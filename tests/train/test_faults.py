@@ -23,7 +23,6 @@ ARGS += ["trainer.threads=1"]
 def start(run_dir, extra=()) -> ForkedRun:
     """The run in a process of its own for the signals to stop or kill, forked from this one (no imports to wait
     for): what a signal does to it is what it does to `python train.py`, whose handlers are the same code."""
-    run_dir.mkdir(parents=True, exist_ok=True)
     return ForkedRun.train([*ARGS, *extra, f"hydra.run.dir={run_dir}"], run_dir)
 
 
