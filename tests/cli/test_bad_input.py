@@ -14,6 +14,7 @@ from trainer_utils import QUICK, QUICK_SYNTHETIC, REPO, compose_config, compose_
 
 from vit.cli.train import check_override_keys
 from vit.engine.build import build_model_from_config
+from vit.engine.compose import compose
 from vit.engine.config_types import number_lists, numeric_keys
 from vit.engine.files import atomic_save
 from vit.engine.tasks import task_of
@@ -205,14 +206,23 @@ RANGE_CASES = {
 
 
 def test_composing_the_settings_onto_composed_groups_gives_hydras_config():
-    """`compose_onto_groups`, the shortcut the knob tests take, gives the config Hydra composes (values of every
-    kind), and leaves the forms it does not apply itself to Hydra."""
+    """`compose_config`, which composes the settings onto the cached group choices (compose_onto_groups) where it
+    can, gives the config Hydra composes (values of every kind) and Hydra's refusals; the forms it does not apply
+    itself go to Hydra."""
     overrides = ["data=synthetic", "task=mae", "mae.mask_ratio=0.5", "data.std=[a,1,1]", "data.batch_size=1e3"]
     overrides += ["+model.in_chans=abc", "trainer.ema=maybe", "optim.betas=abc", "trainer.epochs=true"]
     overrides += ["data.holdout=null", "model.depth=3", "model=vit_small"]  # a group chosen after a setting of it
-    assert compose_onto_groups(overrides) == compose_config(overrides)
-    for other_forms in (["~trainer.eval_flip"], ["++model.depth=3"], ["experiment=cifar10_cpu", "model.depth=3"]):
-        assert compose_onto_groups(other_forms) == compose_config(other_forms)
+    assert compose_onto_groups(overrides) == compose(overrides)
+    cases = [overrides, ["experiment=cifar10_cpu", "model.depth=3", "+model.pretrained=x"]]  # `+` onto a null: added
+    cases += [["~trainer.eval_flip"], ["++model.depth=3"], ["hydra.run.dir=elsewhere", "model.depth=3"]]
+    for case in cases:
+        assert compose_config(case) == compose(case), case
+    for refused in (["+model.depth=3"], ["model.no_such_key=1"], ["model.depth=[1,"], ["model=no_such_model"]):
+        with pytest.raises(ConfigError) as ours:
+            compose_config(refused)
+        with pytest.raises(ConfigError) as hydras:
+            compose(refused)
+        assert str(ours.value) == str(hydras.value), refused
 
 
 def check(overrides: list[str]) -> None:
@@ -245,11 +255,16 @@ def test_every_numeric_knob_has_a_range_case():
     so a knob added to the YAML without a range check fails here."""
     knobs = {f"{group}.{key}" for group, kinds in numeric_keys().items() for keys in kinds.values() for key in keys}
     knobs |= {f"{group}.{key}" for group, lists in number_lists().items() for key, _ in lists} | {"data.holdout"}
-    for group in ("model", "data", "optim", "sched", "trainer", "task", "experiment"):
+    groups = ("model", "data", "optim", "sched", "trainer", "mae")
+    for group in ("model", "data", "optim", "sched", "trainer", "task"):
         for option in sorted((REPO / "configs" / group).glob("*.yaml")):
             cfg = OmegaConf.to_container(compose_config([f"{group}={option.stem}"]), resolve=True)
-            groups = ("model", "data", "optim", "sched", "trainer", "mae")
             knobs |= numeric_leaves({k: cfg[k] for k in groups if k in cfg})
+    # An experiment composes the options above and sets values on top: its own file holds every number it adds
+    # (Hydra refuses a key that no option has unless it is written `+key`, which its file would show too).
+    for option in sorted((REPO / "configs" / "experiment").glob("*.yaml")):
+        cfg = OmegaConf.to_container(OmegaConf.load(option), resolve=False)
+        knobs |= numeric_leaves({k: cfg[k] for k in groups if k in cfg})
     knobs -= {"model.soft_split"}  # T2T's kernel/stride/padding triples: checked by the model (test_t2t.py)
     assert sorted(knobs - set(RANGE_CASES)) == []
 

@@ -125,6 +125,33 @@ def test_archive_is_extracted_once_and_reused(tmp_path):
     assert (extracted / COMPLETE_MARKER).stat().st_mtime_ns == stamp  # not extracted again
 
 
+def _tree_files(root):
+    return {
+        str(path.relative_to(root)): (path.read_bytes() if path.is_file() else None, int(path.stat().st_mtime))
+        for path in sorted(root.rglob("*"))
+    }
+
+
+def test_a_tar_of_plain_files_extracts_as_the_libraries_data_filter_does(tmp_path):
+    """The quick extraction of archives without links (a filter that skips the `data` filter's real-path checks)
+    gives the files, folders, bytes and mtimes that tarfile's own `data` filter gives, also for members whose
+    folders have no entry of their own and for `./` names."""
+    archive = tmp_path / "plain.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(make_tree(tmp_path / "src" / "mydata", per_class=2), arcname="mydata")
+        for name, mtime in (("./loose/deep/a.txt", 1_000_000), ("top.txt", 2_000_000)):  # no folder entries
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = 3, mtime
+            tar.addfile(info, io.BytesIO(b"abc"))
+    ours = extract_archive(archive, tmp_path / "c")
+    with tarfile.open(archive) as tar:
+        tar.extractall(tmp_path / "library", filter="data")
+    expected = _tree_files(tmp_path / "library")
+    assert _tree_files(ours).items() >= expected.items() and len(expected) > 20
+    assert set(_tree_files(ours)) - set(expected) == {COMPLETE_MARKER}
+    assert int((ours / "loose" / "deep" / "a.txt").stat().st_mtime) == 1_000_000
+
+
 def test_second_call_does_not_extract(tmp_path, monkeypatch):
     archive = _tar_tree(tmp_path)
     first = extract_archive(archive, tmp_path / "c")
@@ -211,6 +238,7 @@ def _evil_tar(tmp_path, member: tarfile.TarInfo, data=b"x"):
         ("/etc/evil.txt", tarfile.REGTYPE, "", "absolute path"),
         ("train/link", tarfile.SYMTYPE, "../../outside", "link pointing outside"),
         ("train/abs", tarfile.SYMTYPE, "/etc/passwd", "link pointing outside"),
+        ("train/pipe", tarfile.FIFOTYPE, "", "special file"),
     ],
 )
 def test_tar_slip_is_refused(tmp_path, name, kind, link, needle):

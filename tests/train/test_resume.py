@@ -109,8 +109,8 @@ def test_a_failed_checkpoint_write_keeps_the_previous_file(tmp_path, monkeypatch
         # 13th question is the one after step 11 (epoch 2, batch 3).
         ("torch", [], 13, 11),
         ("resident", ["data.augment.auto_augment=trivial"], 13, 11),  # the batched loader on the CPU, with a policy
-        ("torch", ["trainer.accum_steps=2"], 8, 6),  # 4 steps per epoch: epoch 2, after its 2nd step
-        ("torch", ["data.repeated_aug=2"], 13, 11),  # the sampler's repeated order, skipped into
+        # 4 steps per epoch: epoch 2, after its 2nd step, in the sampler's repeated order, skipped into.
+        ("torch", ["trainer.accum_steps=2", "data.repeated_aug=2"], 8, 6),
     ],
 )
 def test_a_stop_inside_an_epoch_writes_that_step_and_resumes_exactly(
