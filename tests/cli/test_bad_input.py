@@ -227,7 +227,7 @@ def test_composing_the_settings_onto_composed_groups_gives_hydras_config():
 
 def check(overrides: list[str]) -> None:
     """What run() checks before any data is read: the config, then the model it builds."""
-    cfg = compose_onto_groups(["data=synthetic", *overrides])
+    cfg = compose_config(["data=synthetic", *overrides])
     validate(cfg)
     task_of(cfg).build_model(cfg, num_classes=10)
 

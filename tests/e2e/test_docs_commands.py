@@ -25,7 +25,7 @@ from doc_commands import (
     runnable,
 )
 from PIL import Image
-from trainer_utils import REPO, compose_onto_groups
+from trainer_utils import REPO, compose_config
 
 COMMANDS = documented_commands()
 BLOCKS = defaultdict(list)
@@ -90,10 +90,10 @@ def test_every_training_command_composes():
                 continue
             assert expected_exit(text) == 0, f"{command.id}: its doc says it fails, and it composes"
             accepted.append((command, overrides))
-    # Each set of group choices composed once (trainer_utils.compose_onto_groups), each distinct command once.
+    # Each set of group choices composed once (trainer_utils.compose_config), each distinct command once.
     for overrides, command in {tuple(overrides): command for command, overrides in reversed(accepted)}.items():
         try:
-            compose_onto_groups(list(overrides))
+            compose_config(list(overrides))
         except Exception as err:  # Hydra's and OmegaConf's errors for a key or value it refuses
             pytest.fail(f"{command.id}: {str(err).splitlines()[0]} in {command.text!r}")
     checked = len(accepted)
