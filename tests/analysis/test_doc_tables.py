@@ -88,3 +88,35 @@ def test_the_model_step_rows_come_from_each_record_with_the_peer_named(tmp_path)
     assert "| `vit_base` | 224 | 128 | eager | 5,000 |" in changed[0][1] and "| 1.900 (" in changed[0][1]
     assert all("(official)" in row for row in after if "t2t_vit" in row)
     assert all("(timm)" in row for row in after[2:] if "`vit_" in row)
+
+
+def test_an_accuracy_or_a_speed_quoted_outside_the_tables_needs_a_record_a_table_or_a_registry_row(tmp_path):
+    """`unbacked_prose`: 61.10% and 223 img/s in prose are backed once their section names a record holding 0.611
+    (a fraction) and 222.6 (rounded as the figure is written), or a listed section quotes them, or the registry
+    lists them; a registry row for a figure the document does not quote is named."""
+    results = tmp_path / "docs" / "results"
+    (results / "runs").mkdir(parents=True)
+    doc = tmp_path / "docs" / "NEW.md"
+    registry = results / "README.md"
+    header = f"{doc_tables.REGISTRY_SECTION}\n\n| document | section | measured | machine |\n|---|---|---|---|\n"
+    registry.write_text(header)
+    prose = "# New\n\n## A run\n\nIt reached 61.10% top-1 at 223 img/s (`docs/results/runs/`).\n"
+    doc.write_text(prose)
+    problems = doc_tables.unbacked_prose([doc], registry, root=tmp_path)
+    assert problems[0].startswith("docs/NEW.md:5 (A run): 61.10% is in no generated table, no record its section")
+    assert problems[1].startswith("docs/NEW.md:5 (A run): 223 img/s is in no generated table") and len(problems) == 2
+    (results / "runs" / "metrics.json").write_text(json.dumps({"top1": 0.611, "train_img_per_s": 222.6}))
+    assert doc_tables.unbacked_prose([doc], registry, root=tmp_path) == []
+    (results / "runs" / "metrics.json").write_text(json.dumps({"top1": 0.612, "train_img_per_s": 222.4}))
+    assert len(doc_tables.unbacked_prose([doc], registry, root=tmp_path)) == 2
+    # Quoted where they were measured: a section listed among the figures measured before records were kept.
+    doc.write_text(prose + "\n## Old\n\n| run | top-1 | speed |\n|---|---|---|\n| a | 61.10% | 223 img/s |\n")
+    registry.write_text(header + "| docs/NEW.md | Old | 2026-11-22 | a GPU |\n")
+    assert doc_tables.unbacked_prose([doc], registry, root=tmp_path) == []
+    # Listed by the registry as a figure quoted in prose without a record; a row for a figure not quoted is named.
+    doc.write_text(prose)
+    rows = "| document | figure | what it is |\n|---|---|---|\n| docs/NEW.md | 61.10% | a run |\n"
+    rows += "| docs/NEW.md | 223 img/s | its speed |\n"
+    registry.write_text(f"{header}\n{doc_tables.PROSE_REGISTRY_SECTION}\n\n{rows}| docs/NEW.md | 12.34% | gone |\n")
+    problems = doc_tables.unbacked_prose([doc], registry, root=tmp_path)
+    assert problems == ["docs/results/README.md: lists 12.34% in docs/NEW.md, which does not quote it there"]

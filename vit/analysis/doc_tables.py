@@ -528,3 +528,105 @@ def unaccounted(docs: list[Path], registry: Path = REGISTRY, root: Path = REPO) 
             f"{registry.relative_to(root)}: lists {doc}, {section!r}, which holds no table of measured figures"
         )
     return problems
+
+
+# --- accuracies and speeds outside the generated tables ------------------------------------------------------------
+
+# A figure as the docs quote it in prose or in a hand-written table: an accuracy with two decimals ("73.75%") or a
+# speed ("223 img/s", "9,000 img/s"). Times and memory written outside the generated tables are not checked.
+PROSE_FIGURE = re.compile(r"(?<![\d.,])(?:\d{1,3}\.\d{2}%|\d[\d,]*(?:\.\d+)? img/s)")
+RECORD_PATH = re.compile(r"docs/results/[\w./-]*\w")
+NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+RECORD_SUFFIXES = (".json", ".log", ".txt", ".csv", ".xml", ".md")
+PROSE_REGISTRY_SECTION = "## Figures quoted in prose without a record"
+
+
+def sections(text: str) -> list[tuple[str, list[tuple[int, str]]]]:
+    """(heading, [(line number, line), ...]) of each section of a Markdown text; a `#` line inside a fenced code
+    block is not a heading."""
+    found, heading, lines, fenced = [], "", [], False
+    for number, line in enumerate(text.split("\n"), 1):
+        if line.startswith("```"):
+            fenced = not fenced
+        match = None if fenced else HEADING.match(line)
+        if match:
+            found.append((heading, lines))
+            heading, lines = match.group(1).strip(), []
+        lines.append((number, line))
+    found.append((heading, lines))
+    return found
+
+
+def record_numbers(path: Path) -> list[float]:
+    """Every number in the record files at `path` (a file or a folder)."""
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+    else:
+        files = [path] if path.is_file() else []
+    return [
+        float(token)
+        for file in files
+        if file.suffix in RECORD_SUFFIXES
+        for token in NUMBER.findall(file.read_text(errors="replace"))
+    ]
+
+
+def recorded(figure: str, numbers: list[float]) -> bool:
+    """Whether a record's number, rounded as the figure is written, gives the figure; an accuracy also from a
+    fraction (0.7375 gives 73.75%)."""
+    text = figure.removesuffix("%").removesuffix(" img/s").replace(",", "")
+    value, decimals = float(text), len(text.partition(".")[2])
+    scales = (1.0, 100.0) if figure.endswith("%") else (1.0,)
+    return any(round(number * scale, decimals) == value for number in numbers for scale in scales)
+
+
+def prose_registry(registry: Path = REGISTRY) -> set[tuple[str, str]]:
+    """(document, figure) of each row of the registry's list of figures quoted in prose without a record."""
+    text = registry.read_text()
+    if PROSE_REGISTRY_SECTION not in text:
+        return set()
+    listed = text[text.index(PROSE_REGISTRY_SECTION) :].split("\n## ")[0]
+    cells = ([c.strip() for c in line.strip().strip("|").split("|")] for line in listed.splitlines())
+    return {(row[0], row[1]) for row in cells if len(row) > 2 and row[0].startswith(("docs/", "README"))}
+
+
+def unbacked_prose(docs: list[Path], registry: Path = REGISTRY, root: Path = REPO) -> list[str]:
+    """The accuracies and speeds quoted outside the generated tables that nothing backs. A figure is backed where
+    - a generated table (of any document) holds it, or a section listed among the figures measured before records
+      were kept (the figure quoted where it was measured);
+    - its own section names a record (`docs/results/<folder or file>`) holding the number;
+    - the registry lists it, with its document, among the figures quoted in prose without a record.
+    A registry row naming a figure its document does not quote is a problem too."""
+    listed_sections, listed_figures = unbacked_sections(registry), prose_registry(registry)
+    texts = {path.relative_to(root).as_posix(): path.read_text() for path in docs}
+    known: set[str] = set()
+    for doc, text in texts.items():
+        for _, body in blocks(text):
+            known.update(PROSE_FIGURE.findall(body))
+        for heading, lines in sections(text):
+            if (doc, heading) in listed_sections:
+                known.update(PROSE_FIGURE.findall("\n".join(line for _, line in lines)))
+    problems, quoted, numbers = [], set(), {}
+    for doc, text in texts.items():
+        for heading, lines in sections(text):
+            if (doc, heading) in listed_sections:
+                continue
+            records = {root / found for _, line in lines for found in RECORD_PATH.findall(line)} - {registry}
+            for path in records - numbers.keys():
+                numbers[path] = record_numbers(path)
+            inside_block = False
+            for number, line in lines:
+                inside_block = (inside_block or line.startswith("<!-- table:")) and not line.startswith("<!-- /table")
+                for figure in [] if inside_block else PROSE_FIGURE.findall(line):
+                    quoted.add((doc, figure))
+                    if figure in known or (doc, figure) in listed_figures:
+                        continue
+                    if any(recorded(figure, numbers[path]) for path in records):
+                        continue
+                    problems.append(
+                        f"{doc}:{number} ({heading}): {figure} is in no generated table, no record its section "
+                        f"names and no list of {registry.relative_to(root)}"
+                    )
+    for doc, figure in sorted(listed_figures - quoted):
+        problems.append(f"{registry.relative_to(root)}: lists {figure} in {doc}, which does not quote it there")
+    return problems
