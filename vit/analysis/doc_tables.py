@@ -417,6 +417,7 @@ def cpu_lever_table(folder: Path) -> str:
 TABLES: dict[str, DocTable] = {
     "cifar10_cpu_budget_avx2": DocTable("cifar10_cpu_budget/avx2", cpu_budget_table),
     "cifar10_cpu_budget_2h_loaded_avx2": DocTable("cifar10_cpu_budget/avx2_2h_loaded", cpu_budget_table),
+    "cifar10_cpu_budget_2h_avx2": DocTable("cifar10_cpu_budget/avx2_2h", cpu_budget_table),
     "cifar10_cpu_budget_avx2_96wide": DocTable("cifar10_cpu_budget/avx2_96wide", cpu_budget_table),
     "gpu_budget_h200": DocTable("gpu_budget_h200", gpu_budget_table),
     "foundation_step_avx2": DocTable("foundation_step_avx2", model_step_table),
