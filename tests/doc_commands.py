@@ -115,9 +115,9 @@ SKIPPED = [
         "a GPU: a measurement of the lent H100 (compiling: minutes on a CPU)",
     ),
     (
-        r"\btimm:\S+\s+model\.pretrained_file=/path/to/",
+        r"\btimm:\S+\s+(model\.pretrained|distill\.teacher)_file=/path/to/",
         "a placeholder weights file of a base-size model; tests/models/test_foundation.py builds each family from "
-        "such a file",
+        "such a file, tests/train/test_distill.py a teacher",
     ),  # fmt: skip
     (r"\btimm:", "the network: timm downloads the weights"),
     (r"experiment=(finetune\w*|linear_probe)\b", "the network: the experiment starts from timm's weights"),

@@ -2,7 +2,8 @@
 (read from timm, vit/models/foundation.py) and `model.pretrained_file=<file>` gives its weights offline. For each
 family timm's random model, every parameter moved off its init (so zero-init parts such as LayerScale, the
 attention-pool query and biases count), is saved as a file; ours built from the name and that file gives timm's
-logits within 1e-5 and every gradient within 1e-5 of the largest reference entry, at the model's native size.
+logits within 1e-5 and every gradient within 1e-5 of the largest reference entry, at the model's native size and
+at a second one (against timm's `set_input_size`), and its ONNX export gives timm's logits in onnxruntime.
 
 Families at 1 block to keep the file short (timm's `depth=` builds a shorter model of the same family on both
 sides); one full-depth model through the trainer's own config path (EVA-02-Ti, the smallest)."""
@@ -10,12 +11,22 @@ sides); one full-depth model through the trainer's own config path (EVA-02-Ti, t
 import importlib
 import logging
 
+import numpy as np
 import pytest
 import timm
 import torch
 from safetensors.torch import save_file
-from trainer_utils import QUICK_SYNTHETIC, compose_config, make_tree, scales_by_name, train_exit_line
+from trainer_utils import (
+    QUICK_SYNTHETIC,
+    compose_config,
+    load_script,
+    make_tree,
+    scales_by_name,
+    train_exit_line,
+)
 
+from vit.cli.args import run_script
+from vit.deploy.export import run_onnx, write_onnx
 from vit.engine.build import build_model_from_config
 from vit.engine.weights import eva_to_vit_keys, load_pretrained, read_weights
 from vit.models.foundation import timm_architecture
@@ -23,6 +34,7 @@ from vit.models.vit import VisionTransformer, ViTConfig
 from vit.train.finetune import load_pretrained_weights, read_pretrained
 
 setup_phase = importlib.import_module("vit.train.setup")
+export_script = load_script("export")
 
 # The smallest of each family (and the parts only a larger size has: EVA-02-B's inner MLP norm and separate q, k, v
 # projections; DINOv3-S+'s SwiGLU). CLIP with GELU (`vit_base_patch16_clip_224`) differs from the QuickGELU one
@@ -79,6 +91,52 @@ def test_each_family_from_its_timm_name_and_a_file_computes_timms_numbers(name, 
     load_pretrained(ours, read_weights(f"timm:{name}", file=path))  # strict, after the reader's layout
     logits, grads = differences(ours.eval(), theirs, arch.img_size)
     assert logits <= 1e-5 and grads <= 1e-5, (logits, grads)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_each_family_at_a_second_resolution_computes_what_timm_computes_after_set_input_size(name, tmp_path):
+    """At a grid of 10 x 10 patches, native to none of the families: ours built at that size from the name and the
+    file (the position table resampled as it loads, the rotary positions laid over the new grid) against timm's
+    model given the same file, then `set_input_size` to that size."""
+    theirs, path = timm_file(name, tmp_path / f"{name}.safetensors", depth=1)
+    arch = timm_architecture(name, depth=1)
+    size = 10 * arch.settings["patch_size"]
+    assert size != arch.img_size
+    ours = VisionTransformer(ViTConfig(**{**arch.settings, "img_size": size}, num_classes=7))
+    load_pretrained(ours, read_weights(f"timm:{name}", file=path))
+    theirs.set_input_size(img_size=(size, size))
+    logits, grads = differences(ours.eval(), theirs, size)
+    assert logits <= 1e-5 and grads <= 1e-5, (logits, grads)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_each_family_exports_to_onnx_and_onnxruntime_gives_timms_logits(name, tmp_path):
+    """The exporter's own ONNX writer (dynamic batch) on ours built from the name and the file, run by
+    onnxruntime on a batch of 2 (the export traced at 1): the MAP head, rotary variants and registers export."""
+    theirs, path = timm_file(name, tmp_path / f"{name}.safetensors", depth=1)
+    arch = timm_architecture(name, depth=1)
+    ours = VisionTransformer(ViTConfig(**arch.settings, num_classes=7)).eval()
+    load_pretrained(ours, read_weights(f"timm:{name}", file=path))
+    x = torch.randn(2, 3, arch.img_size, arch.img_size, generator=torch.Generator().manual_seed(3))
+    onnx_path = tmp_path / "model.onnx"
+    with torch.no_grad():
+        write_onnx(ours, x[:1], onnx_path, dynamic=True)
+        expected = theirs(x).numpy()
+    assert np.abs(run_onnx(onnx_path, x) - expected).max() <= 1e-4
+
+
+def test_the_export_script_takes_a_timm_name_and_its_file(tmp_path):
+    """`scripts/export.py model.pretrained=timm:<name> model.pretrained_file=<file>`: EVA-02-Ti at its 12 blocks,
+    exported and checked by the script (on generated images: no data given), then run here against timm."""
+    name = "eva02_tiny_patch14_224"
+    theirs, path = timm_file(name, tmp_path / "eva02.safetensors")
+    output = tmp_path / "eva02.onnx"
+    argv = [f"model.pretrained=timm:{name}", f"model.pretrained_file={path}", f"output={output}"]
+    assert run_script(export_script.main, argv, usage=export_script.__doc__) == 0
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = theirs(x).numpy()
+    assert np.abs(run_onnx(output, x) - expected).max() <= 1e-4
 
 
 def test_the_architecture_is_timms_and_reads_what_each_family_changes():
@@ -284,20 +342,36 @@ def test_the_finetune_recipe_takes_any_family_by_its_name(name, tmp_path):
     assert (cfg.data.img_size, cfg.optim.layer_decay, cfg.model.drop_path_rate) == (224, 0.75, 0.1)
 
 
-def test_the_finetune_recipe_trains_from_a_name_and_a_file(tmp_path):
-    """The recipe end to end on generated folders: EVA-02-Ti from its name and a file, at 28 px (a 2x2 grid of
-    its 14-px patches) for one step; the config its checkpoint saves holds timm's preprocessing for the name."""
+# One of each family (its smallest size); EVA-02-Ti in the default suite, the others in the slow tier (a base-size
+# file to write, and a full-depth model to build, per family).
+SIX_FAMILIES = [
+    pytest.param("deit3_small_patch16_224", marks=pytest.mark.slow),
+    pytest.param("vit_small_patch14_reg4_dinov2", marks=pytest.mark.slow),
+    pytest.param("vit_small_patch16_dinov3", marks=pytest.mark.slow),
+    pytest.param("vit_base_patch16_siglip_224", marks=pytest.mark.slow),
+    pytest.param("vit_base_patch16_clip_quickgelu_224", marks=pytest.mark.slow),
+    "eva02_tiny_patch14_224",
+]
+
+
+@pytest.mark.parametrize("name", SIX_FAMILIES)
+def test_the_finetune_recipe_trains_each_family_from_a_name_and_a_file(name, tmp_path):
+    """The recipe end to end on generated folders: the family's model from its name and a file, at a 2x2 grid of
+    its patches, for one step; the config its checkpoint saves holds timm's preprocessing for the name, and the
+    model is timm's architecture at full depth with a head of the folders' 3 classes."""
     from vit.engine.weights import load_checkpoint
     from vit.train import run
 
-    name = "eva02_tiny_patch14_224"
-    _, path = timm_file(name, tmp_path / "eva02.safetensors")
-    root = make_tree(tmp_path / "folders", classes=("a", "b", "c"), per_class=4, size=28)
+    _, path = timm_file(name, tmp_path / "weights.safetensors")
+    arch = timm_architecture(name).settings
+    size = 2 * arch["patch_size"]
+    root = make_tree(tmp_path / "folders", classes=("a", "b", "c"), per_class=4, size=size)
     overrides = ["experiment=finetune", f"model.pretrained=timm:{name}", f"model.pretrained_file={path}"]
-    overrides += [f"data.root={root}", "data.img_size=28", "data.batch_size=4", "data.num_workers=0", *CPU]
+    overrides += [f"data.root={root}", f"data.img_size={size}", "data.batch_size=4", "data.num_workers=0", *CPU]
     overrides += ["trainer.epochs=1", "trainer.limit_train_batches=1", "data.augment.auto_augment=null"]
     run(compose_config(overrides), output_dir=tmp_path / "run")
     trained = load_checkpoint(tmp_path / "run" / "checkpoints" / "last.pt")
-    assert trained["step"] == 1 and trained["model"]["head.weight"].shape == (3, 192)
+    assert trained["step"] == 1 and trained["model"]["head.weight"].shape == (3, arch["embed_dim"])
+    assert sum(key.endswith(".attn.proj.weight") for key in trained["model"]) == arch["depth"]
     saved, timms = trained["config"]["data"], timm.get_pretrained_cfg(name)
     assert list(saved["mean"]) == list(timms.mean) and saved["crop_pct"] == timms.crop_pct

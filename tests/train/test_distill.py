@@ -12,6 +12,7 @@ import timm
 import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
+from timm.data import IMAGENET_DEFAULT_MEAN
 from timm.layers import resample_abs_pos_embed
 from torch import nn
 from torchvision.transforms import functional as TF
@@ -304,7 +305,34 @@ def test_a_timm_teacher_without_network_or_cache_is_one_line(monkeypatch, tmp_pa
     with pytest.raises(CheckpointError, match=r"distill.teacher='timm:resnet18.a1_in1k': cannot download") as err:
         load_teacher({"teacher": "timm:resnet18.a1_in1k"})
     assert "\n" not in str(err.value)
-    assert "give a file: distill.teacher=" in str(err.value) and "model.pretrained" not in str(err.value)
+    assert "give a file: distill.teacher_file=" in str(err.value) and "model.pretrained" not in str(err.value)
+
+
+def test_a_timm_teacher_from_its_file_is_built_as_model_pretrained_builds_it_with_its_preprocessing(tmp_path):
+    """`distill.teacher=timm:<name> distill.teacher_file=<file>` (the file in place of timm's download, as
+    model.pretrained_file): EVA-02-Ti, in Eva's key layout, gives timm's logits, at the size and normalisation of
+    its pretrained config (CLIP's mean and std), with the file's class count."""
+    name = "eva02_tiny_patch14_224.mim_in22k"
+    torch.manual_seed(0)
+    reference = timm.create_model(name, pretrained=False, num_classes=7).eval()
+    with torch.no_grad():
+        for param in reference.parameters():  # off its init: LayerScale and the zero-initialised head count
+            param.add_(0.02 * torch.randn_like(param))
+    path = save_safetensors(reference.state_dict(), tmp_path / "eva02.safetensors")
+    teacher = load_teacher({"teacher": f"timm:{name}", "teacher_file": str(path)})
+    cfg = reference.pretrained_cfg
+    assert teacher.num_classes == 7 and teacher.img_size == cfg["input_size"][-1] == 224
+    assert teacher.mean == tuple(cfg["mean"]) != IMAGENET_DEFAULT_MEAN and teacher.std == tuple(cfg["std"])
+    x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(teacher.model.eval()(x), reference(x), rtol=0, atol=1e-5)
+
+
+def test_a_teacher_file_is_for_a_timm_name_and_must_exist(resnet_file, tmp_path):
+    with pytest.raises(CheckpointError, match=r"distill.teacher_file=.*missing.safetensors: no such file"):
+        load_teacher({"teacher": "timm:resnet18.a1_in1k", "teacher_file": str(tmp_path / "missing.safetensors")})
+    with pytest.raises(CheckpointError, match="a weights file is given for a timm:<name> source"):
+        load_teacher({"teacher": str(resnet_file), "teacher_file": str(resnet_file)})
 
 
 def test_a_teacher_of_other_classes_stops_before_the_data(resnet_file, tmp_path, monkeypatch):

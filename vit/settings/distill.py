@@ -15,6 +15,9 @@ class DistillSettings(Settings):
     # null: no teacher | timm:<name>[.<tag>] | a last.pt/best.pt of this trainer | a state dict file
     # (.safetensors/.pth/.pt/.bin) of the timm model named by teacher_model
     teacher: str | None = knob(None)
+    # of a timm:<name> teacher: a file holding those pretrained weights, read in place of timm's download (offline),
+    # as model.pretrained_file is for model.pretrained=timm:<name>
+    teacher_file: str | None = knob(None)
     teacher_model: str | None = knob(None)  # the timm architecture of a state dict file, e.g. resnet18
     teacher_ema: bool = knob(True)  # of a checkpoint of this trainer holding EMA and raw weights: the EMA ones
     # none | hard (cross-entropy on the teacher's top-1) | soft (KL divergence at temperature tau)

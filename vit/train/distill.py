@@ -6,8 +6,9 @@
 tempered distributions, summed and scaled by tau^2 / (B * classes) as DeiT's `DistillationLoss` does. The dist
 logits are those of the distillation token's head (`model.distill_token=true`), else the class head's own.
 
-The teacher (`distill.teacher=<source>`): a timm model (`timm:<name>`), a last.pt/best.pt of this trainer, or a
-state dict file of the timm architecture `distill.teacher_model`. It runs in eval mode under no_grad, in the run's
+The teacher (`distill.teacher=<source>`): a timm model (`timm:<name>`, its weights from timm's download or from
+`distill.teacher_file`), a last.pt/best.pt of this trainer, or a state dict file of the timm architecture
+`distill.teacher_model`. It runs in eval mode under no_grad, in the run's
 autocast, on the batch the student trains on (augmented, Mixup/CutMix-mixed), resized and re-normalised on the
 device where its input differs (`TeacherView`). It is read before any data; checkpoints never hold it.
 """
@@ -29,6 +30,7 @@ from vit.engine.device import autocast_to
 from vit.engine.weights import CheckpointError, read_weights
 from vit.errors import ConfigError
 from vit.models.fit import PretrainedError, Weights, describe_mismatch
+from vit.models.vit import VisionTransformer, ViTConfig
 from vit.settings import DistillSettings
 from vit.train.checkpoints import class_difference
 
@@ -174,16 +176,19 @@ def load_teacher(dcfg: DistillSettings | Mapping) -> Teacher | None:
         return None
     setting = f"distill.teacher={str(source)!r}"
     # Offline, the one line says how to give the teacher as a file: the teacher's key, not model.pretrained.
-    instead = "distill.teacher=<last.pt/best.pt of this trainer, or a state dict with distill.teacher_model=<name>>"
+    instead = "distill.teacher_file=/path/to/the/weights.safetensors"
     try:
         # distill.teacher_ema=true: the EMA weights where the source holds them, else its raw ones
-        weights = read_weights(str(source), ema=None if dcfg.teacher_ema else False, instead=instead)
+        ema = None if dcfg.teacher_ema else False
+        weights = read_weights(str(source), ema=ema, instead=instead, file=dcfg.teacher_file)
         if weights.timm_model is not None:
             return timm_teacher(weights)
         if weights.config is not None:
             return checkpoint_teacher(weights)
         return state_dict_teacher(weights, dcfg.teacher_model)
     except FileNotFoundError:
+        if dcfg.teacher_file:  # the source is then timm:<name>: the missing file is this one
+            raise CheckpointError(f"distill.teacher_file={dcfg.teacher_file}: no such file") from None
         raise CheckpointError(
             f"{setting}: no such file (give timm:<name>, a last.pt/best.pt of this trainer, or a state dict file "
             "with distill.teacher_model=<timm model name>)"
@@ -193,13 +198,24 @@ def load_teacher(dcfg: DistillSettings | Mapping) -> Teacher | None:
 
 
 def timm_teacher(weights: Weights) -> Teacher:
-    """A pretrained timm model (timm's download and cache), with its own input size and normalisation."""
-    import timm
+    """A pretrained timm model (timm's download and cache, or `distill.teacher_file` in their place) with the input
+    its pretrained config records: size, mean and std. A ViT our model builds from timm's architecture (DeiT III,
+    DINOv2/v3, SigLIP, CLIP, EVA-02 ...: vit/models/foundation.py) is built as `model.pretrained=timm:<name>`
+    builds it, which computes timm's numbers and reads the weights in our key layout (Eva's included); any other
+    model (a ConvNet) is timm's own, with the weights' classifier size."""
+    from vit.models.foundation import timm_architecture
 
-    model = timm.create_model(weights.timm_model, pretrained=False)
+    try:
+        arch = timm_architecture(weights.timm_model)
+    except ValueError:  # not a ViT our model builds
+        model = timm_from_state_dict(weights.timm_model, weights.state_dict, weights.where)
+        cfg = model.pretrained_cfg
+        return Teacher(model, weights.where, model.num_classes, None, cfg["input_size"][-1], cfg["mean"], cfg["std"])
+    head = weights.state_dict.get("head.weight")  # (classes, C); none for a backbone without a classifier
+    classes = 0 if head is None else int(head.shape[0])
+    model = VisionTransformer(ViTConfig(**arch.settings, num_classes=classes))
     fit_strictly(model, weights.state_dict, weights.where)
-    cfg = model.pretrained_cfg
-    return Teacher(model, weights.where, model.num_classes, None, cfg["input_size"][-1], cfg["mean"], cfg["std"])
+    return Teacher(model, weights.where, classes, None, arch.img_size, arch.mean, arch.std)
 
 
 def state_dict_teacher(weights: Weights, timm_name: str | None) -> Teacher:
