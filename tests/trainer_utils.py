@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 from omegaconf import OmegaConf
 from PIL import Image
@@ -28,6 +29,22 @@ CONFIG_DIR = str(REPO / "configs")
 # A model small enough that a CPU epoch over a few hundred images takes about a second.
 TINY_MODEL = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2"]
 QUICK_SYNTHETIC = ["data=synthetic", "data.synthetic.num_train=256", "data.synthetic.num_val=64", "data.batch_size=32"]
+# One name of each foundation-ViT family docs/FINETUNE.md lists (its smallest size, with the tag of its pretrained
+# weights): EVA-02-Ti, the smallest, in the default suite; the others, with a larger file to write and model to
+# build each, in the slow tier.
+FOUNDATION_FAMILIES = [
+    *(
+        pytest.param(name, marks=pytest.mark.slow)
+        for name in (
+            "deit3_small_patch16_224.fb_in22k_ft_in1k",
+            "vit_small_patch14_reg4_dinov2.lvd142m",
+            "vit_small_patch16_dinov3.lvd1689m",
+            "vit_base_patch16_siglip_224.webli",
+            "vit_base_patch16_clip_quickgelu_224.openai",
+        )
+    ),
+    "eva02_tiny_patch14_224.mim_in22k",
+]
 # The tiny model on the synthetic data, on the CPU, without attention figures: a run of a few seconds.
 QUICK = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.device=cpu", "trainer.attn_maps_every_n_epochs=0"]
 

@@ -17,7 +17,13 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from PIL import Image
 from timm.data import ImageNetInfo, create_transform, resolve_data_config
-from trainer_utils import TINY_MODEL, ForkedRun, compose_config, trainer_path_evaluation
+from trainer_utils import (
+    FOUNDATION_FAMILIES,
+    TINY_MODEL,
+    ForkedRun,
+    compose_config,
+    trainer_path_evaluation,
+)
 
 from vit.cli.evaluate import cli
 from vit.data.augment.transforms import val_transform
@@ -138,18 +144,7 @@ def test_the_precision_follows_the_trainers_rule_and_amp(folder, timm_file, monk
     assert "amp='fp8' must be one of" in capsys.readouterr().err
 
 
-# One name of each foundation family (docs/FINETUNE.md); EVA-02-Ti in the default suite, the larger others slow.
-FAMILY_NAMES = [
-    pytest.param("deit3_small_patch16_224.fb_in22k_ft_in1k", marks=pytest.mark.slow),
-    pytest.param("vit_small_patch14_reg4_dinov2.lvd142m", marks=pytest.mark.slow),
-    pytest.param("vit_small_patch16_dinov3.lvd1689m", marks=pytest.mark.slow),
-    pytest.param("vit_base_patch16_siglip_224.webli", marks=pytest.mark.slow),
-    pytest.param("vit_base_patch16_clip_quickgelu_224.openai", marks=pytest.mark.slow),
-    "eva02_tiny_patch14_224.mim_in22k",
-]
-
-
-@pytest.mark.parametrize("name", FAMILY_NAMES)
+@pytest.mark.parametrize("name", FOUNDATION_FAMILIES)
 def test_a_timm_name_and_its_file_give_timms_numbers_with_timms_preprocessing(name, folder, tmp_path, capsys):
     """`model.pretrained=timm:<name> model.pretrained_file=<file>` (the download stood in for by a file: no network
     here) builds timm's architecture for `<name>` (EVA-02's too: its own names, rotary positions, SwiGLU), loads the

@@ -17,6 +17,7 @@ import timm
 import torch
 from safetensors.torch import save_file
 from trainer_utils import (
+    FOUNDATION_FAMILIES,
     QUICK_SYNTHETIC,
     compose_config,
     load_script,
@@ -342,19 +343,7 @@ def test_the_finetune_recipe_takes_any_family_by_its_name(name, tmp_path):
     assert (cfg.data.img_size, cfg.optim.layer_decay, cfg.model.drop_path_rate) == (224, 0.75, 0.1)
 
 
-# One of each family (its smallest size); EVA-02-Ti in the default suite, the others in the slow tier (a base-size
-# file to write, and a full-depth model to build, per family).
-SIX_FAMILIES = [
-    pytest.param("deit3_small_patch16_224", marks=pytest.mark.slow),
-    pytest.param("vit_small_patch14_reg4_dinov2", marks=pytest.mark.slow),
-    pytest.param("vit_small_patch16_dinov3", marks=pytest.mark.slow),
-    pytest.param("vit_base_patch16_siglip_224", marks=pytest.mark.slow),
-    pytest.param("vit_base_patch16_clip_quickgelu_224", marks=pytest.mark.slow),
-    "eva02_tiny_patch14_224",
-]
-
-
-@pytest.mark.parametrize("name", SIX_FAMILIES)
+@pytest.mark.parametrize("name", FOUNDATION_FAMILIES)
 def test_the_finetune_recipe_trains_each_family_from_a_name_and_a_file(name, tmp_path):
     """The recipe end to end on generated folders: the family's model from its name and a file, at a 2x2 grid of
     its patches, for one step; the config its checkpoint saves holds timm's preprocessing for the name, and the
