@@ -82,8 +82,11 @@ def check_budget_held(metrics: dict) -> dict:
     assert budget["budget_s"] == BUDGET_S
     assert budget["wall_s"] == metrics["wall_time_s"]
     # Ends inside the budget, and does not give much of it away (a 4 s budget is 0.2 s of margin).
+    # Past the budget by at most the 0.3 s above (a loaded CI machine has been seen 0.012 s over), well inside the
+    # tolerance, with the overrun recorded as what it was.
     assert BUDGET_S * 0.8 <= metrics["wall_time_s"] <= BUDGET_S + 0.3, budget
-    assert budget["within_tolerance"] and budget["overrun_s"] == 0.0
+    overrun = max(0.0, metrics["wall_time_s"] - BUDGET_S)
+    assert budget["within_tolerance"] and budget["overrun_s"] == pytest.approx(overrun, abs=1e-6)
     assert budget["trained_steps"] == budget["planned_steps"] == metrics["final"]["step"]
     # The decay ends on the last step: the rate set after it is the minimum, and the run did not stop early.
     assert budget["final_lr"] == pytest.approx(MIN_LR, rel=1e-6)
