@@ -494,16 +494,23 @@ REGISTRY = RESULTS / "README.md"
 REGISTRY_SECTION = "## Figures measured before records were kept"
 
 
+def registry_rows(registry: Path, section: str) -> list[list[str]]:
+    """The cells of each row of the registry's table under `section` that names a document (docs/..., README);
+    none when the registry has no such section."""
+    text = registry.read_text()
+    if section not in text:
+        return []
+    listed = text[text.index(section) :].split("\n## ")[0]
+    return [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in listed.splitlines()
+        if line.startswith(("| docs/", "| README"))
+    ]
+
+
 def unbacked_sections(registry: Path = REGISTRY) -> set[tuple[str, str]]:
     """(document, section) of each row of the registry of figures measured before records were kept."""
-    text = registry.read_text()
-    listed = text[text.index(REGISTRY_SECTION) :].split("\n## ")[0]
-    rows = set()
-    for line in listed.splitlines():
-        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if line.startswith("| docs/") or line.startswith("| README"):
-            rows.add((cells[0], cells[1]))
-    return rows
+    return {(cells[0], cells[1]) for cells in registry_rows(registry, REGISTRY_SECTION)}
 
 
 def unaccounted(docs: list[Path], registry: Path = REGISTRY, root: Path = REPO) -> list[str]:
@@ -583,12 +590,7 @@ def recorded(figure: str, numbers: list[float]) -> bool:
 
 def prose_registry(registry: Path = REGISTRY) -> set[tuple[str, str]]:
     """(document, figure) of each row of the registry's list of figures quoted in prose without a record."""
-    text = registry.read_text()
-    if PROSE_REGISTRY_SECTION not in text:
-        return set()
-    listed = text[text.index(PROSE_REGISTRY_SECTION) :].split("\n## ")[0]
-    cells = ([c.strip() for c in line.strip().strip("|").split("|")] for line in listed.splitlines())
-    return {(row[0], row[1]) for row in cells if len(row) > 2 and row[0].startswith(("docs/", "README"))}
+    return {(cells[0], cells[1]) for cells in registry_rows(registry, PROSE_REGISTRY_SECTION)}
 
 
 def unbacked_prose(docs: list[Path], registry: Path = REGISTRY, root: Path = REPO) -> list[str]:
