@@ -5,6 +5,7 @@ settings (exit 2, one line)."""
 import importlib
 import importlib.util
 import json
+import logging
 import math
 
 import pytest
@@ -326,6 +327,20 @@ def test_a_timm_teacher_from_its_file_is_built_as_model_pretrained_builds_it_wit
     x = torch.randn(2, 3, 224, 224, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(teacher.model.eval()(x), reference(x), rtol=0, atol=1e-5)
+
+
+def test_a_teacher_model_beside_a_source_that_names_its_architecture_is_named_as_unused(resnet_file, caplog):
+    path = save_safetensors(
+        timm.create_model("test_vit", num_classes=10).state_dict(), resnet_file.parent / "vit.safetensors"
+    )
+    source = {"teacher": "timm:test_vit", "teacher_file": str(path), "teacher_model": "resnet18"}
+    with caplog.at_level(logging.WARNING, logger="vit.train"):
+        load_teacher(source)
+    assert "distill.teacher_model=resnet18 is not used: distill.teacher='timm:test_vit'" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="vit.train"):
+        load_teacher({"teacher": str(resnet_file), "teacher_model": "test_resnet"})  # a state dict: it is used
+    assert "is not used" not in caplog.text
 
 
 def test_a_teacher_file_is_for_a_timm_name_and_must_exist(resnet_file, tmp_path):

@@ -181,11 +181,15 @@ def load_teacher(dcfg: DistillSettings | Mapping) -> Teacher | None:
         # distill.teacher_ema=true: the EMA weights where the source holds them, else its raw ones
         ema = None if dcfg.teacher_ema else False
         weights = read_weights(str(source), ema=ema, instead=instead, file=dcfg.teacher_file)
-        if weights.timm_model is not None:
-            return timm_teacher(weights)
-        if weights.config is not None:
-            return checkpoint_teacher(weights)
-        return state_dict_teacher(weights, dcfg.teacher_model)
+        if weights.timm_model is None and weights.config is None:
+            return state_dict_teacher(weights, dcfg.teacher_model)
+        if dcfg.teacher_model:  # a timm name or a checkpoint of ours says its own architecture
+            log.warning(
+                "distill.teacher_model=%s is not used: %s, not a bare state dict, says its own architecture",
+                dcfg.teacher_model,
+                setting,
+            )
+        return timm_teacher(weights) if weights.timm_model is not None else checkpoint_teacher(weights)
     except FileNotFoundError:
         if dcfg.teacher_file:  # the source is then timm:<name>: the missing file is this one
             raise CheckpointError(f"distill.teacher_file={dcfg.teacher_file}: no such file") from None
