@@ -6,9 +6,10 @@ Each table between `<!-- table: <name> -->` and `<!-- /table -->` in README.md a
 vit/analysis/doc_tables.py from the record folder its name maps to (the line under each table names the folder).
 With check=true nothing is written: each document whose tables differ from what their records give is named, as is
 each table of measured figures that is neither generated nor listed in docs/results/README.md among the figures
-measured before records were kept, and each accuracy or speed quoted outside the generated tables ("73.75%",
-"223 img/s") that is in no generated table, no record its section names and none of the registry's lists; the
-exit code is then 1 (the default test suite runs this).
+measured before records were kept, and each figure quoted outside the generated tables ("73.75%", "223 img/s",
+"1,800.4 s", "4,139 MiB", "1.16x", "10.9 points") that is in no generated table, no record its section names and
+none of the registry's lists, as is a registry row whose arithmetic does not give its figure; the exit code is
+then 1 (the default test suite runs this).
 """
 
 from __future__ import annotations

@@ -40,6 +40,30 @@ def test_the_mean_and_spread_are_computed_from_the_records(tmp_path):
     assert "**55.13%** (53.92-56.75)" in before and "**56.13%** (54.71-56.92)" in after
 
 
+def test_the_cpu_tables_compute_their_ratios_from_the_records(tmp_path):
+    """The memory table's medians ratio and the INT8 table's speedup move with the records they come from: a
+    checkpointed step twice as slow doubles the time ratio; a dynamic INT8 file twice as fast doubles its speedup."""
+    memory = json.loads((REPO / "docs" / "results" / "cpu_grad_checkpointing_avx2" / "memory.json").read_text())
+    (tmp_path / "memory.json").write_text(json.dumps(memory))
+    before = doc_tables.memory_table(tmp_path).splitlines()[-1]
+    for process in memory["rows"]:
+        if process["setting"] == "checkpointed":
+            process["step_s"] *= 2
+    memory["medians"]["checkpointed"]["step_s"] *= 2
+    (tmp_path / "memory.json").write_text(json.dumps(memory))
+    after = doc_tables.memory_table(tmp_path).splitlines()[-1]
+    ratio = memory["medians"]["checkpointed"]["step_s"] / memory["medians"]["plain"]["step_s"]
+    assert f"**{ratio / 2:.2f}x**" in before and f"**{ratio:.2f}x**" in after
+    int8 = json.loads((REPO / "docs" / "results" / "cpu_inference_avx2" / "int8_speed.json").read_text())
+    first = int8["results"][0]["runtimes"]
+    speedup = first[1]["ours_ms"] / first[2]["ours_ms"]  # onnxruntime fp32 over INT8 dynamic
+    (tmp_path / "int8_speed.json").write_text(json.dumps(int8))
+    assert doc_tables.int8_speed_table(tmp_path).splitlines()[2].endswith(f"| {speedup:.2f}x |")
+    first[2]["ours_ms"] /= 2
+    (tmp_path / "int8_speed.json").write_text(json.dumps(int8))
+    assert doc_tables.int8_speed_table(tmp_path).splitlines()[2].endswith(f"| {2 * speedup:.2f}x |")
+
+
 def test_a_measured_table_with_no_record_and_no_registry_entry_is_named(tmp_path):
     (tmp_path / "docs" / "results").mkdir(parents=True)
     doc, readme = tmp_path / "docs" / "NEW.md", tmp_path / "README.md"
@@ -120,3 +144,40 @@ def test_an_accuracy_or_a_speed_quoted_outside_the_tables_needs_a_record_a_table
     registry.write_text(f"{header}\n{doc_tables.PROSE_REGISTRY_SECTION}\n\n{rows}| docs/NEW.md | 12.34% | gone |\n")
     problems = doc_tables.unbacked_prose([doc], registry, root=tmp_path)
     assert problems == ["docs/results/README.md: lists 12.34% in docs/NEW.md, which does not quote it there"]
+
+
+def test_times_memory_ratios_and_points_in_prose_are_checked_and_an_arithmetic_row_is_computed(tmp_path):
+    """Every figure with a unit is checked, a range by both its ends, in the unit the record keeps (seconds, bytes,
+    fractions); a setting (`trainer.budget=300s`) and a name (`patch16`) are not figures; a registry row that
+    derives its figure by arithmetic must compute it from numbers the document quotes."""
+    results = tmp_path / "docs" / "results"
+    (results / "runs").mkdir(parents=True)
+    doc, registry = tmp_path / "docs" / "NEW.md", results / "README.md"
+    header = f"{doc_tables.REGISTRY_SECTION}\n\n| document | section | measured | machine |\n|---|---|---|---|\n"
+    prose = (
+        "# New\n\n## A run\n\nWith `trainer.budget=300s` on vit_tiny_patch16_224 (`docs/results/runs/`): a step of\n"
+        "700 ms, the step's memory 4,139-4,157 MiB, 1.16x the plain step, 30 minutes in all. It reached 73.75\n"
+        "against 62.88 for the plain loop: +10.9 points.\n"
+    )
+    doc.write_text(prose)
+    record = {"step_s": 0.7004, "rss_bytes": [4139 * 2**20, 4150 * 2**20], "ratio": 1.158, "wall_s": 1800.0}
+    (results / "runs" / "metrics.json").write_text(json.dumps(record))
+    registry.write_text(header)
+    problems = doc_tables.unbacked_prose([doc], registry, root=tmp_path)
+    found = [problem.split(": ", 1)[1].split(" is in")[0] for problem in problems]
+    assert found == ["4,139-4,157 MiB", "10.9 points"]  # 4,157 MiB is in no record; the points have none
+    record["rss_bytes"][1] = 4157 * 2**20
+    (results / "runs" / "metrics.json").write_text(json.dumps(record))
+    rows = "| document | figures | what they are |\n|---|---|---|\n"
+    derived = f"{header}\n{doc_tables.PROSE_REGISTRY_SECTION}\n\n{rows}"
+    derived += "| docs/NEW.md | 10.9 points | = {}: the gain |\n"
+    registry.write_text(derived.format("73.75 - 62.88"))
+    assert doc_tables.unbacked_prose([doc], registry, root=tmp_path) == []
+    registry.write_text(derived.format("73.75 + 62.88"))
+    assert doc_tables.unbacked_prose([doc], registry, root=tmp_path) == [
+        "docs/results/README.md: docs/NEW.md: derives 10.9 points from 73.75 + 62.88, which gives 136.6"
+    ]
+    registry.write_text(derived.format("73.75 - 62.83"))
+    assert doc_tables.unbacked_prose([doc], registry, root=tmp_path) == [
+        "docs/results/README.md: docs/NEW.md: derives 10.9 points from 62.83, which docs/NEW.md does not quote"
+    ]

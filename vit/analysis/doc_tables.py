@@ -414,6 +414,131 @@ def cpu_lever_table(folder: Path) -> str:
     return markdown_table([*header, "ours / timm (p10-p90)"], rows)
 
 
+# --- Serving, loading and memory on the CPU -------------------------------------------------------------------------
+
+
+def _inference_results(folder: Path, pattern: str) -> list[dict]:
+    """The cases of benchmarks/benchmark.py's mode=inference records matching `pattern`, in the order measured."""
+    return [r for path in sorted(folder.glob(pattern)) for r in json.loads(path.read_text())["results"]]
+
+
+def _ms(value: float, spread: tuple[float, float] | None = None) -> str:
+    """Milliseconds with about four significant digits (9.08, 86.51, 1,278.7, 2,376), and the spread beside them in
+    parentheses at the same decimals."""
+    decimals = 2 if value < 100 else 1 if value < 1000 else 0
+    text = f"{value:,.{decimals}f}"
+    return text if spread is None else f"{text} ({spread[0]:,.{decimals}f}-{spread[1]:,.{decimals}f})"
+
+
+def inference_table(folder: Path) -> str:
+    """benchmarks/benchmark.py's mode=inference records (`inference_*.json`): a row per model, batch and runtime,
+    ours against timm's same model: the median latency over rounds with ours' 10th-90th percentile, images a second
+    from the median, and the median of the per-round throughput ratios with its spread."""
+    rows = []
+    for result in _inference_results(folder, "inference_*.json"):
+        for row in result["runtimes"]:
+            spread = _ms(row["ours_ms"], (row["ours_p10_ms"], row["ours_p90_ms"]))
+            peer, ratio = "-", "-"
+            if row["peer_ms"] is not None:
+                peer = f"{_ms(row['peer_ms'])}"
+                ratio = f"{row['ratio_median']:.3f} ({row['ratio_p10']:.3f}-{row['ratio_p90']:.3f})"
+            rows.append(
+                [f"`{result['case']}`", str(result["img_size"]), str(result["batch"]), row["runtime"], spread]
+                + [rate(1000 * result["batch"] / row["ours_ms"]), peer, ratio]
+            )
+    header = ["model", "img px", "batch", "runtime", "ours ms (p10-p90)", "ours img/s", "timm ms"]
+    return markdown_table([*header, "ours / timm (p10-p90)"], rows)
+
+
+INT8_RUNTIMES = ("eager", "onnxruntime", "onnxruntime-int8-dynamic", "onnxruntime-int8-static")
+
+
+def int8_speed_table(folder: Path) -> str:
+    """benchmarks/benchmark.py's mode=inference records of the INT8 files (`int8_*.json`): a row per model and batch,
+    each runtime's median latency (10th-90th percentile over rounds), and dynamic INT8 against onnxruntime's fp32
+    (the ratio of the medians)."""
+    rows = []
+    for result in _inference_results(folder, "int8_*.json"):
+        runtimes = {row["runtime"]: row for row in result["runtimes"]}
+        cells = [
+            _ms(runtimes[name]["ours_ms"], (runtimes[name]["ours_p10_ms"], runtimes[name]["ours_p90_ms"]))
+            for name in INT8_RUNTIMES
+        ]
+        speedup = runtimes["onnxruntime"]["ours_ms"] / runtimes["onnxruntime-int8-dynamic"]["ours_ms"]
+        rows.append([f"`{result['case']}`", str(result["img_size"]), str(result["batch"]), *cells, f"{speedup:.2f}x"])
+    header = ["model", "img px", "batch", "PyTorch eager fp32 ms", "onnxruntime fp32 ms", "INT8 dynamic ms"]
+    return markdown_table([*header, "INT8 static (QDQ) ms", "dynamic vs onnxruntime fp32"], rows)
+
+
+def shards_table(folder: Path) -> str:
+    """benchmarks/bench_shards.py's record (`shards.json`): per row the median images a second of each loader over
+    the repeats (their range beside it) and the median of the per-repeat ratios shards / folders."""
+    record = json.loads((folder / "shards.json").read_text())
+
+    def cell(median: float, repeats: list[float]) -> str:
+        return f"{median:,.0f} ({min(repeats):,.0f}-{max(repeats):,.0f})"
+
+    rows = [
+        [row["row"], cell(row["folders_img_per_s"], row["folders_img_per_s_repeats"])]
+        + [cell(row["shards_img_per_s"], row["shards_img_per_s_repeats"]), f"**{row['shards_over_folders']:.2f}**"]
+        for row in record["rows"]
+    ]
+    header = ["row", "folders img/s (repeats' range)", "shards img/s (repeats' range)", "shards / folders"]
+    return markdown_table(header, rows)
+
+
+def memory_table(folder: Path) -> str:
+    """benchmarks/bench_memory.py's record (`memory.json`): each process's peak RSS before and after its one step,
+    the step's share (after - before) and its time, in the order run, then the medians and their ratio."""
+    record = json.loads((folder / "memory.json").read_text())
+    rows, seen = [], {}
+    for process in record["rows"]:
+        seen[process["setting"]] = seen.get(process["setting"], 0) + 1
+        before, after = process["rss_before_mib"], process["rss_after_mib"]
+        rows.append(
+            [process["setting"], str(seen[process["setting"]]), f"{before:,.0f} MiB", f"{after:,.0f} MiB"]
+            + [f"{after - before:,.0f} MiB", f"{process['step_s']:.1f} s"]
+        )
+    plain, checkpointed = record["medians"]["plain"], record["medians"]["checkpointed"]
+    rows.append(
+        ["**checkpointed / plain**", "medians", "", "", f"**{checkpointed['share_mib'] / plain['share_mib']:.2f}x**"]
+        + [f"**{checkpointed['step_s'] / plain['step_s']:.2f}x**"]
+    )
+    header = ["setting", "repeat", "peak RSS before", "peak RSS after", "step's share", "step time"]
+    return markdown_table(header, rows)
+
+
+def augment_table(folder: Path) -> str:
+    """benchmarks/bench_augment.py's records (`augment_threads<n>.json`, one per thread count): a row per policy and
+    implementation, the median ms per batch at each thread count and the aten ops dispatched per batch (views and
+    tensors of under 16 elements among them), as the first record counted them."""
+    records = sorted((json.loads(p.read_text()) for p in folder.glob("augment_*.json")), key=lambda r: -r["threads"])
+    rows = []
+    for index, row in enumerate(records[0]["rows"]):
+        times = [f"{record['rows'][index]['ms_median']:.1f}" for record in records]
+        ops = [f"{round(row['ops_per_batch'].get(name, 0))}" for name in ("all", "views", "small")]
+        rows.append([row["policy"], row["implementation"], *times, *ops])
+    threads = [f"ms / batch, {r['threads']} thread{'s' if r['threads'] > 1 else ''}" for r in records]
+    header = ["policy", "implementation", *threads, "aten ops / batch", "of them views", "of them < 16 elements"]
+    return markdown_table(header, rows)
+
+
+def cpu_loader_table(folder: Path) -> str:
+    """benchmarks/bench_cpu_loader.py's records (`cpu_loader_run<n>.json`): a row per pipeline and run, each side's
+    images a second on one core and the median per-batch ratio ours / timm with its quartiles."""
+    rows = []
+    for path in sorted(folder.glob("cpu_loader_run*.json")):
+        run = path.stem.removeprefix("cpu_loader_")
+        for row in json.loads(path.read_text())["rows"]:
+            q1, q3 = row["ours_over_timm_quartiles"]
+            rows.append(
+                [f"{row['pipeline']}, {run.replace('run', 'run ')}", f"{row['ours_img_per_s']:.1f}"]
+                + [f"{row['timm_img_per_s']:.1f}", f"{row['ours_over_timm_median']:.2f} [{q1:.2f}, {q3:.2f}]"]
+            )
+    header = ["pipeline", "ours img/s per core", "timm img/s per core", "ours / timm, median per batch [quartiles]"]
+    return markdown_table(header, rows)
+
+
 TABLES: dict[str, DocTable] = {
     "cifar10_cpu_budget_avx2": DocTable("cifar10_cpu_budget/avx2", cpu_budget_table),
     "cifar10_cpu_budget_2h_loaded_avx2": DocTable("cifar10_cpu_budget/avx2_2h_loaded", cpu_budget_table),
@@ -431,6 +556,12 @@ TABLES: dict[str, DocTable] = {
     "optimizer_step_avx2": DocTable("cpu_step_avx2", optimizer_step_table),
     "cifar10_proxy_base": DocTable("cifar10_proxy_base", proxy_base_table),
     "cpu_profile_avx2": DocTable("cpu_step_avx2", cpu_profile_table),
+    "cpu_inference_avx2": DocTable("cpu_inference_avx2", inference_table),
+    "cpu_int8_speed_avx2": DocTable("cpu_inference_avx2", int8_speed_table),
+    "cpu_shards_avx2": DocTable("cpu_shards_avx2", shards_table),
+    "cpu_grad_checkpointing_avx2": DocTable("cpu_grad_checkpointing_avx2", memory_table),
+    "cpu_augment_avx2": DocTable("cpu_augment_avx2", augment_table),
+    "cpu_loader_imagenet_avx2": DocTable("cpu_loader_imagenet_avx2", cpu_loader_table),
 }
 
 
@@ -473,20 +604,36 @@ class MeasuredTable:
     generated: bool
 
 
+def sections(text: str) -> list[tuple[str, list[tuple[int, str]]]]:
+    """(heading, [(line number, line), ...]) of each section of a Markdown text; a `#` line inside a fenced code
+    block is not a heading."""
+    found, heading, lines, fenced = [], "", [], False
+    for number, line in enumerate(text.split("\n"), 1):
+        if line.startswith("```"):
+            fenced = not fenced
+        match = None if fenced else HEADING.match(line)
+        if match:
+            found.append((heading, lines))
+            heading, lines = match.group(1).strip(), []
+        lines.append((number, line))
+    found.append((heading, lines))
+    return found
+
+
 def measured_tables(doc: str, text: str) -> list[MeasuredTable]:
-    """The tables of measured figures in `text` (the Markdown of `doc`), by their header row."""
-    found, section, generated = [], "", False
-    lines = text.split("\n")
-    for index, line in enumerate(lines):
-        if match := HEADING.match(line):
-            section = match.group(1).strip()
-        elif line.startswith("<!-- table:"):
-            generated = True
-        elif line.startswith("<!-- /table"):
-            generated = False
-        elif line.startswith("|") and index + 1 < len(lines) and DIVIDER.match(lines[index + 1]):
-            if MEASURED_HEADER.search(line):
-                found.append(MeasuredTable(doc, section, index + 1, generated))
+    """The tables of measured figures in `text` (the Markdown of `doc`), by their header row, with the heading of
+    the section each sits in (`sections`: a `#` line in a code block is not a heading)."""
+    found = []
+    for section, lines in sections(text):
+        generated = False
+        for position, (number, line) in enumerate(lines):
+            if line.startswith("<!-- table:"):
+                generated = True
+            elif line.startswith("<!-- /table"):
+                generated = False
+            elif line.startswith("|") and position + 1 < len(lines) and DIVIDER.match(lines[position + 1][1]):
+                if MEASURED_HEADER.search(line):
+                    found.append(MeasuredTable(doc, section, number, generated))
     return found
 
 
@@ -538,30 +685,57 @@ def unaccounted(docs: list[Path], registry: Path = REGISTRY, root: Path = REPO) 
     return problems
 
 
-# --- accuracies and speeds outside the generated tables ------------------------------------------------------------
+# --- figures quoted outside the generated tables --------------------------------------------------------------------
 
-# A figure as the docs quote it in prose or in a hand-written table: an accuracy with two decimals ("73.75%") or a
-# speed ("223 img/s", "9,000 img/s"). Times and memory written outside the generated tables are not checked.
-PROSE_FIGURE = re.compile(r"(?<![\d.,])(?:\d{1,3}\.\d{2}%|\d[\d,]*(?:\.\d+)? img/s)")
+# A figure as the docs quote it in prose or in a hand-written table: a number, or a range of two ("4,139-4,157 MiB"),
+# with the unit that says what it measures: a percentage (an accuracy, a share), a speed, a time, a memory size, a
+# ratio ("1.16x") or a difference in points. A number right after `=`, `/`, `-` or a letter is a setting or part of a
+# name, not a figure ("trainer.budget=300s", "vit_tiny_patch16_224").
+FIGURE_NUMBER = r"\d+(?:,\d{3})*(?:\.\d+)?"
+FIGURE_UNITS = r"img/s|TFLOP/s|ms|µs|s|seconds|min|minutes|h|hours|MiB|GiB|KiB|MB|GB|kB|points"
+FIGURE = re.compile(
+    rf"(?<![\w.,=/-])(?:(?P<low>{FIGURE_NUMBER})[-–])?(?P<value>{FIGURE_NUMBER})"
+    rf"(?:(?P<attached>%|x|×)|\s(?P<unit>{FIGURE_UNITS}))(?![\w/])"
+)
+# What a record's number is multiplied by to be written in a figure's unit: records keep fractions, seconds and bytes.
+UNIT_SCALES = {
+    "%": (1.0, 100.0),
+    "ms": (1.0, 1e3),
+    "µs": (1.0, 1e6),
+    "min": (1.0, 1 / 60),
+    "minutes": (1.0, 1 / 60),
+    "h": (1.0, 1 / 3600),
+    "hours": (1.0, 1 / 3600),
+    "MiB": (1.0, 2.0**-20),
+    "GiB": (1.0, 2.0**-30, 2.0**-10),  # bytes or MiB
+    "KiB": (1.0, 2.0**-10),
+    "MB": (1.0, 1e-6, 2.0**-20),
+    "GB": (1.0, 1e-9, 2.0**-30),
+    "kB": (1.0, 1e-3),
+}
 RECORD_PATH = re.compile(r"docs/results/[\w./-]*\w")
 NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
 RECORD_SUFFIXES = (".json", ".log", ".txt", ".csv", ".xml", ".md")
 PROSE_REGISTRY_SECTION = "## Figures quoted in prose without a record"
 
 
-def sections(text: str) -> list[tuple[str, list[tuple[int, str]]]]:
-    """(heading, [(line number, line), ...]) of each section of a Markdown text; a `#` line inside a fenced code
-    block is not a heading."""
-    found, heading, lines, fenced = [], "", [], False
-    for number, line in enumerate(text.split("\n"), 1):
-        if line.startswith("```"):
-            fenced = not fenced
-        match = None if fenced else HEADING.match(line)
-        if match:
-            found.append((heading, lines))
-            heading, lines = match.group(1).strip(), []
-        lines.append((number, line))
-    found.append((heading, lines))
+@dataclass(frozen=True)
+class Figure:
+    """A figure quoted in a document: as written ("1,909-2,173 MiB"), its numbers as written ("1909", "2173") and
+    its unit ("MiB", "%", "x")."""
+
+    text: str
+    numbers: tuple[str, ...]
+    unit: str
+
+
+def figures(line: str) -> list[Figure]:
+    """The figures a line of Markdown quotes."""
+    found = []
+    for match in FIGURE.finditer(line):
+        numbers = tuple(n.replace(",", "") for n in (match.group("low"), match.group("value")) if n)
+        unit = match.group("attached") or match.group("unit")
+        found.append(Figure(match.group(0), numbers, "x" if unit == "×" else unit))
     return found
 
 
@@ -579,57 +753,114 @@ def record_numbers(path: Path) -> list[float]:
     ]
 
 
-def recorded(figure: str, numbers: list[float]) -> bool:
-    """Whether a record's number, rounded as the figure is written, gives the figure; an accuracy also from a
-    fraction (0.7375 gives 73.75%)."""
-    text = figure.removesuffix("%").removesuffix(" img/s").replace(",", "")
-    value, decimals = float(text), len(text.partition(".")[2])
-    scales = (1.0, 100.0) if figure.endswith("%") else (1.0,)
-    return any(round(number * scale, decimals) == value for number in numbers for scale in scales)
+def recorded(figure: Figure, numbers: list[float]) -> bool:
+    """Whether each of the figure's numbers is a record's number rounded as the figure writes it, in the figure's
+    unit (0.7375 gives 73.75%, 1800 s gives 30 minutes, 5.3e9 bytes gives 5.3 GB)."""
+    scales = UNIT_SCALES.get(figure.unit, (1.0,))
+
+    def given(text: str) -> bool:
+        value, decimals = float(text), len(text.partition(".")[2])
+        return any(round(number * scale, decimals) == value for number in numbers for scale in scales)
+
+    return all(given(text) for text in figure.numbers)
 
 
-def prose_registry(registry: Path = REGISTRY) -> set[tuple[str, str]]:
-    """(document, figure) of each row of the registry's list of figures quoted in prose without a record."""
-    return {(cells[0], cells[1]) for cells in registry_rows(registry, PROSE_REGISTRY_SECTION)}
+@dataclass(frozen=True)
+class ProseRow:
+    """A row of the registry's list of figures quoted in prose without a record: the document, the figures as it
+    writes them, and what they are. A row whose explanation starts with `= <arithmetic>:` derives its one figure
+    from numbers the same document quotes; the check evaluates it."""
+
+    doc: str
+    figures: tuple[str, ...]
+    what: str
+
+
+def prose_registry(registry: Path = REGISTRY) -> list[ProseRow]:
+    """The rows of the registry's list of figures quoted in prose without a record (figures separated by `;`)."""
+    return [
+        ProseRow(cells[0], tuple(f.strip() for f in cells[1].split(";")), cells[2])
+        for cells in registry_rows(registry, PROSE_REGISTRY_SECTION)
+    ]
+
+
+ARITHMETIC = re.compile(r"^=\s*(?P<expression>[\d.,+\-*/() ]+?)\s*:")
+
+
+def derivation_problem(row: ProseRow, text: str) -> str | None:
+    """What is wrong with a registry row that derives its figure by arithmetic (`= 83.27 - 72.37: ...`), or None:
+    the arithmetic must give the figure at its rounding and each number in it must be quoted by the document."""
+    match = ARITHMETIC.match(row.what)
+    if match is None:
+        return None
+    expression = match.group("expression")
+    if len(row.figures) != 1:
+        return f"derives {'; '.join(row.figures)} from one arithmetic: name one figure a row"
+    operands = re.findall(r"\d[\d,]*(?:\.\d+)?", expression)
+    quoted = {n for line in text.split("\n") for f in figures(line) for n in f.numbers}
+    quoted |= {n.replace(",", "") for n in re.findall(r"\d[\d,]*(?:\.\d+)?", text)}
+    missing = [n for n in operands if n.replace(",", "") not in quoted]
+    if missing:
+        return f"derives {row.figures[0]} from {', '.join(missing)}, which {row.doc} does not quote"
+    value = eval(expression.replace(",", ""), {"__builtins__": {}})  # digits, + - * / ( ) only (ARITHMETIC)
+    found = figures(row.figures[0])
+    if len(found) != 1 or not recorded(found[0], [abs(value)]):
+        return f"derives {row.figures[0]} from {expression}, which gives {value:.4g}"
+    return None
 
 
 def unbacked_prose(docs: list[Path], registry: Path = REGISTRY, root: Path = REPO) -> list[str]:
-    """The accuracies and speeds quoted outside the generated tables that nothing backs. A figure is backed where
-    - a generated table (of any document) holds it, or a section listed among the figures measured before records
-      were kept (the figure quoted where it was measured);
-    - its own section names a record (`docs/results/<folder or file>`) holding the number;
-    - the registry lists it, with its document, among the figures quoted in prose without a record.
+    """The figures quoted outside the generated tables that nothing backs. A figure is backed where
+    - a generated table of any document quotes each of its numbers in its unit as written, or a generated table of
+      its own section holds them, or a section listed among the figures measured before records were kept quotes
+      them (where they were measured);
+    - its own section names a record (`docs/results/<folder or file>`) holding its numbers;
+    - the registry lists it, with its document, among the figures quoted in prose without a record (an arithmetic
+      there is checked against the numbers it names).
     A registry row naming a figure its document does not quote is a problem too."""
-    listed_sections, listed_figures = unbacked_sections(registry), prose_registry(registry)
+    listed_sections, rows = unbacked_sections(registry), prose_registry(registry)
+    listed_figures = {(row.doc, figure) for row in rows for figure in row.figures}
     texts = {path.relative_to(root).as_posix(): path.read_text() for path in docs}
-    known: set[str] = set()
+    known: set[tuple[str, str]] = set()  # (number as written, unit) of the figures quoted where they are backed
     for doc, text in texts.items():
         for _, body in blocks(text):
-            known.update(PROSE_FIGURE.findall(body))
+            known.update((n, f.unit) for line in body.split("\n") for f in figures(line) for n in f.numbers)
         for heading, lines in sections(text):
             if (doc, heading) in listed_sections:
-                known.update(PROSE_FIGURE.findall("\n".join(line for _, line in lines)))
+                known.update((n, f.unit) for _, line in lines for f in figures(line) for n in f.numbers)
     problems, quoted, numbers = [], set(), {}
     for doc, text in texts.items():
         for heading, lines in sections(text):
             if (doc, heading) in listed_sections:
+                quoted.update((doc, f.text) for _, line in lines for f in figures(line))
                 continue
             records = {root / found for _, line in lines for found in RECORD_PATH.findall(line)} - {registry}
             for path in records - numbers.keys():
                 numbers[path] = record_numbers(path)
-            inside_block = False
+            backing = [number for path in records for number in numbers[path]]
+            inside_block, prose = False, []
             for number, line in lines:
                 inside_block = (inside_block or line.startswith("<!-- table:")) and not line.startswith("<!-- /table")
-                for figure in [] if inside_block else PROSE_FIGURE.findall(line):
-                    quoted.add((doc, figure))
-                    if figure in known or (doc, figure) in listed_figures:
+                if inside_block:
+                    backing += [float(token.replace(",", "")) for token in re.findall(FIGURE_NUMBER, line)]
+                else:
+                    prose.append((number, line))
+            for number, line in prose:
+                for figure in figures(line):
+                    quoted.add((doc, figure.text))
+                    if (doc, figure.text) in listed_figures:
                         continue
-                    if any(recorded(figure, numbers[path]) for path in records):
+                    ends = [Figure(n, (n,), figure.unit) for n in figure.numbers]  # a range's two ends alike
+                    if all((end.text, end.unit) in known or recorded(end, backing) for end in ends):
                         continue
                     problems.append(
-                        f"{doc}:{number} ({heading}): {figure} is in no generated table, no record its section "
+                        f"{doc}:{number} ({heading}): {figure.text} is in no generated table, no record its section "
                         f"names and no list of {registry.relative_to(root)}"
                     )
+    where = registry.relative_to(root)
     for doc, figure in sorted(listed_figures - quoted):
-        problems.append(f"{registry.relative_to(root)}: lists {figure} in {doc}, which does not quote it there")
+        problems.append(f"{where}: lists {figure} in {doc}, which does not quote it there")
+    for row in rows:
+        if row.doc in texts and (problem := derivation_problem(row, texts[row.doc])):
+            problems.append(f"{where}: {row.doc}: {problem}")
     return problems
