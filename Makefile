@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml
 # folders first) rather than by test count; each test stays independent of the others' order.
 XDIST := -n auto --dist loadfile --no-loadscope-reorder
 
+# -rs: the summary names every skipped test with its reason (on a machine without a GPU: the cuda tier, and only it).
 test: $(STAMP)
-	$(PY) -m pytest -q $(XDIST) --durations=30
+	$(PY) -m pytest -q -rs $(XDIST) --durations=30
 
 test-all: $(STAMP)
 	$(PY) -m pytest -q $(XDIST) -m ''
