@@ -539,6 +539,76 @@ def cpu_loader_table(folder: Path) -> str:
     return markdown_table(header, rows)
 
 
+# --- The CPU-scale experiments (benchmarks/distill_experiment.py, transfer_experiment.py) -------------------------
+
+DISTILL_LABELS = {
+    "alone": "alone (labels only)",
+    "hard": "hard distillation, token",
+    "soft": "soft distillation (tau 1), token",
+}
+TRANSFER_LABELS = {
+    "finetune": "finetune (pretrained, all layers, layer decay 0.75)",
+    "probe": "probe (pretrained, head only)",
+    "scratch": "scratch (random init, same steps)",
+}
+
+
+def _seed_row(label: str, method: dict) -> list[str]:
+    """A method's seeds (test top-1 each), their mean and sample standard deviation, as benchmarks' experiments
+    record them (vit/analysis/experiments.py's `seed_table`); the mean and spread computed here from the seeds."""
+    tops = method["test_top1"]
+    spread = statistics.stdev(tops) if len(tops) > 1 else 0.0
+    return [label, " / ".join(f"{top:.2f}" for top in tops), f"**{statistics.fmean(tops):.2f}**", f"{spread:.2f}"]
+
+
+def _seconds_range(seconds: list[float]) -> str:
+    return f"{min(seconds):.0f}-{max(seconds):.0f} s"
+
+
+def distill_table(folder: Path) -> str:
+    """benchmarks/distill_experiment.py's record (`results.json`): each student's seeds on the test images, their
+    mean and spread, the distilled students' final agreement with the teacher on the holdout, each run's wall time;
+    the teacher's row last."""
+    summary = json.loads((folder / "results.json").read_text())["summary"]
+    rows = []
+    for method, label in DISTILL_LABELS.items():
+        agreement = summary[method].get("holdout_agreement")
+        agreement = " / ".join(f"{a:.1f}" for a in agreement) + "%" if agreement else "-"
+        rows.append([*_seed_row(label, summary[method]), agreement, _seconds_range(summary[method]["seconds"])])
+    teacher = summary["teacher"]
+    rows.append([f"teacher ({teacher['steps']} steps)", f"{teacher['test_top1']:.2f}", "", "", ""])
+    rows[-1].append(f"{teacher['seconds']:.0f} s")
+    header = ["student", "test top-1, each seed", "mean", "sample std", "final holdout agreement with the teacher"]
+    return markdown_table([*header, "wall time per run"], rows)
+
+
+def holdout_curve_table(folder: Path) -> str:
+    """An experiment's record (`results.json`): each method's holdout top-1 at each evaluated step, the mean over its
+    seeds (the figure's lines), with the seeds' range."""
+    record = json.loads((folder / "results.json").read_text())
+    methods = list(record["summary"])[:-1]  # the last entry is the teacher or the pretraining run, not a method
+    rows, steps = [], []
+    for method in methods:
+        runs = [run for name, run in sorted(record["runs"].items()) if name.startswith(f"{method}-")]
+        curves = [[(h["step"], h["val_top1"]) for h in run["history"] if h["val_top1"] is not None] for run in runs]
+        steps = [step for step, _ in curves[0]]
+        by_step = list(zip(*[[top for _, top in curve] for curve in curves], strict=True))
+        cells = [f"{statistics.fmean(v):.1f}% ({min(v):.1f}-{max(v):.1f})" for v in by_step]
+        rows.append([method, *cells])
+    return markdown_table(["holdout top-1, mean of seeds (range)", *(f"step {step}" for step in steps)], rows)
+
+
+def transfer_table(folder: Path) -> str:
+    """benchmarks/transfer_experiment.py's record (`results.json`): each start's seeds on the target classes' test
+    images, their mean and spread, each run's wall time."""
+    summary = json.loads((folder / "results.json").read_text())["summary"]
+    rows = [
+        [*_seed_row(label, summary[method]), _seconds_range(summary[method]["seconds"])]
+        for method, label in TRANSFER_LABELS.items()
+    ]
+    return markdown_table(["start", "test top-1, each seed", "mean", "sample std", "wall time per run"], rows)
+
+
 TABLES: dict[str, DocTable] = {
     "cifar10_cpu_budget_avx2": DocTable("cifar10_cpu_budget/avx2", cpu_budget_table),
     "cifar10_cpu_budget_2h_loaded_avx2": DocTable("cifar10_cpu_budget/avx2_2h_loaded", cpu_budget_table),
@@ -562,6 +632,8 @@ TABLES: dict[str, DocTable] = {
     "cpu_grad_checkpointing_avx2": DocTable("cpu_grad_checkpointing_avx2", memory_table),
     "cpu_augment_avx2": DocTable("cpu_augment_avx2", augment_table),
     "cpu_loader_imagenet_avx2": DocTable("cpu_loader_imagenet_avx2", cpu_loader_table),
+    "distill_cpu_avx2": DocTable("distill_cpu_avx2", distill_table),
+    "distill_curve_cpu_avx2": DocTable("distill_cpu_avx2", holdout_curve_table),
 }
 
 
@@ -602,6 +674,15 @@ class MeasuredTable:
     section: str
     line: int
     generated: bool
+
+
+def wrapped_figures(line: str, next_line: str) -> list[Figure]:
+    """The figures a line quotes, one whose unit wrapped onto the next line ("1.3" / "points below") included."""
+    words = next_line.split()
+    if not words or not line.strip():
+        return figures(line)
+    joined = f"{line.rstrip()} {words[0]}"
+    return [figure for figure in figures(joined) if joined.rfind(figure.text) < len(line.rstrip())]
 
 
 def sections(text: str) -> list[tuple[str, list[tuple[int, str]]]]:
@@ -845,8 +926,8 @@ def unbacked_prose(docs: list[Path], registry: Path = REGISTRY, root: Path = REP
                     backing += [float(token.replace(",", "")) for token in re.findall(FIGURE_NUMBER, line)]
                 else:
                     prose.append((number, line))
-            for number, line in prose:
-                for figure in figures(line):
+            for index, (number, line) in enumerate(prose):
+                for figure in wrapped_figures(line, prose[index + 1][1] if index + 1 < len(prose) else ""):
                     quoted.add((doc, figure.text))
                     if (doc, figure.text) in listed_figures:
                         continue
