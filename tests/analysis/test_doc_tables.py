@@ -181,3 +181,11 @@ def test_times_memory_ratios_and_points_in_prose_are_checked_and_an_arithmetic_r
     assert doc_tables.unbacked_prose([doc], registry, root=tmp_path) == [
         "docs/results/README.md: docs/NEW.md: derives 10.9 points from 62.83, which docs/NEW.md does not quote"
     ]
+
+
+def test_a_figure_whose_unit_wrapped_onto_the_next_line_is_read_once():
+    """`wrapped_figures`: "1.3" at a line's end and "points" at the next one's start are one figure of that line;
+    a figure wholly on the next line is that line's, not this one's."""
+    found = doc_tables.wrapped_figures("soft distillation ended 1.3", "points below it, and 4 s later 2.5x")
+    assert [(f.text, f.unit) for f in found] == [("1.3 points", "points")]
+    assert doc_tables.wrapped_figures("soft distillation ended 1.3", "") == []
