@@ -634,6 +634,7 @@ TABLES: dict[str, DocTable] = {
     "cpu_loader_imagenet_avx2": DocTable("cpu_loader_imagenet_avx2", cpu_loader_table),
     "distill_cpu_avx2": DocTable("distill_cpu_avx2", distill_table),
     "distill_curve_cpu_avx2": DocTable("distill_cpu_avx2", holdout_curve_table),
+    "transfer_cpu_avx2": DocTable("transfer_cpu_avx2", transfer_table),
 }
 
 
