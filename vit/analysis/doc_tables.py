@@ -878,10 +878,8 @@ def derivation_problem(row: ProseRow, text: str) -> str | None:
     expression = match.group("expression")
     if len(row.figures) != 1:
         return f"derives {'; '.join(row.figures)} from one arithmetic: name one figure a row"
-    operands = re.findall(r"\d[\d,]*(?:\.\d+)?", expression)
-    quoted = {n for line in text.split("\n") for f in figures(line) for n in f.numbers}
-    quoted |= {n.replace(",", "") for n in re.findall(r"\d[\d,]*(?:\.\d+)?", text)}
-    missing = [n for n in operands if n.replace(",", "") not in quoted]
+    quoted = {number.replace(",", "") for number in re.findall(FIGURE_NUMBER, text)}
+    missing = [n for n in re.findall(FIGURE_NUMBER, expression) if n.replace(",", "") not in quoted]
     if missing:
         return f"derives {row.figures[0]} from {', '.join(missing)}, which {row.doc} does not quote"
     value = eval(expression.replace(",", ""), {"__builtins__": {}})  # digits, + - * / ( ) only (ARITHMETIC)
