@@ -677,15 +677,6 @@ class MeasuredTable:
     generated: bool
 
 
-def wrapped_figures(line: str, next_line: str) -> list[Figure]:
-    """The figures a line quotes, one whose unit wrapped onto the next line ("1.3" / "points below") included."""
-    words = next_line.split()
-    if not words or not line.strip():
-        return figures(line)
-    joined = f"{line.rstrip()} {words[0]}"
-    return [figure for figure in figures(joined) if joined.rfind(figure.text) < len(line.rstrip())]
-
-
 def sections(text: str) -> list[tuple[str, list[tuple[int, str]]]]:
     """(heading, [(line number, line), ...]) of each section of a Markdown text; a `#` line inside a fenced code
     block is not a heading."""
@@ -821,6 +812,15 @@ def figures(line: str) -> list[Figure]:
     return found
 
 
+def wrapped_figures(line: str, next_line: str) -> list[Figure]:
+    """The figures a line quotes, one whose unit wrapped onto the next line ("1.3" / "points below") included."""
+    words = next_line.split()
+    if not words or not line.strip():
+        return figures(line)
+    joined = f"{line.rstrip()} {words[0]}"
+    return [figure for figure in figures(joined) if joined.rfind(figure.text) < len(line.rstrip())]
+
+
 def record_numbers(path: Path) -> list[float]:
     """Every number in the record files at `path` (a file or a folder)."""
     if path.is_dir():
@@ -898,7 +898,7 @@ def unbacked_prose(docs: list[Path], registry: Path = REGISTRY, root: Path = REP
     - the registry lists it, with its document, among the figures quoted in prose without a record (an arithmetic
       there is checked against the numbers it names).
     A registry row naming a figure its document does not quote is a problem too."""
-    listed_sections, rows = unbacked_sections(registry), prose_registry(registry)
+    listed_sections, rows, where = unbacked_sections(registry), prose_registry(registry), registry.relative_to(root)
     listed_figures = {(row.doc, figure) for row in rows for figure in row.figures}
     texts = {path.relative_to(root).as_posix(): path.read_text() for path in docs}
     known: set[tuple[str, str]] = set()  # (number as written, unit) of the figures quoted where they are backed
@@ -935,9 +935,8 @@ def unbacked_prose(docs: list[Path], registry: Path = REGISTRY, root: Path = REP
                         continue
                     problems.append(
                         f"{doc}:{number} ({heading}): {figure.text} is in no generated table, no record its section "
-                        f"names and no list of {registry.relative_to(root)}"
+                        f"names and no list of {where}"
                     )
-    where = registry.relative_to(root)
     for doc, figure in sorted(listed_figures - quoted):
         problems.append(f"{where}: lists {figure} in {doc}, which does not quote it there")
     for row in rows:
