@@ -198,7 +198,7 @@ class ShardStream(IterableDataset):
             if self.on_bad == "error":
                 raise DataError(
                     f"shard {url}: sample {key}.{ext} cannot be decoded ({problem_of(err)}); "
-                    "set data.on_bad_image=skip to train on the rest"
+                    "set data.on_bad_image=skip to leave such samples out and use the rest"
                 ) from None
             return None
         if not self.random_crop:

@@ -229,7 +229,8 @@ def _drop_unreadable(cfg: DataSettings, root: Path, splits: dict[str, tv_dataset
         shown = f"the first {BAD_IMAGES_LISTED}" if len(rows) > BAD_IMAGES_LISTED else "listed"
         raise DataError(
             f"data.root={str(root)!r}: {len(rows)} of {total} image files cannot be read ({shown} below). "
-            f"Fix or delete them, or set data.on_bad_image=skip to train on the rest:\n{listed}{more}"
+            # Tool-neutral: training and vit-eval both read this message.
+            f"Fix or delete them, or set data.on_bad_image=skip to leave them out and use the rest:\n{listed}{more}"
         )
     per_split = ", ".join(f"{split}: {len(found)}" for split, found in bad.items() if found)
     log.warning(
