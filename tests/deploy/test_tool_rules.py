@@ -58,3 +58,61 @@ def test_bad_images_in_an_evaluation_are_not_answered_with_advice_to_train(tree,
     skipped = evaluate_tool.cli([*argv, "data.num_workers=0", "amp=none", "data.on_bad_image=skip"])
     assert skipped == 0
     assert json.loads(capsys.readouterr().out)["count"] == 6  # 2 images a class, the broken file left out
+
+
+# --- output that holds the answer -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ours(tmp_path_factory):
+    """A checkpoint as the trainer writes it (generated data, random 2-block weights) whose EMA weights differ from
+    its raw ones, and a few 32 px images to predict on."""
+    from omegaconf import OmegaConf
+    from PIL import Image
+    from trainer_utils import compose_config, noise_image
+
+    from vit.engine.build import build_model_from_config
+
+    cfg = compose_config(["data=synthetic", "model.embed_dim=32", "model.depth=2", "model.num_heads=2"])
+    cfg.data.synthetic.num_val = 24
+    cfg.trainer.ema = True
+    torch.manual_seed(4)
+    model = build_model_from_config(cfg.model, num_classes=10)
+    raw = model.state_dict()
+    ema = {k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v for k, v in raw.items()}
+    folder = tmp_path_factory.mktemp("ours")
+    classes = {f"class_{i}": i for i in range(10)}
+    config = OmegaConf.to_container(cfg, resolve=True)
+    torch.save({"model": raw, "ema": ema, "config": config, "class_to_idx": classes}, folder / "best.pt")
+    torch.save({"model": raw, "ema": None, "config": config, "class_to_idx": classes}, folder / "no_ema.pt")
+    images = folder / "images"
+    images.mkdir()
+    for i in range(3):
+        noise_image("RGB", 32, seed=i).save(images / f"{i}.jpg")
+    assert Image.open(images / "0.jpg").size == (32, 32)
+    return folder
+
+
+def predict(argv, capsys) -> tuple[int, str, str]:
+    from vit.cli import predict as predict_tool
+    from vit.cli.args import run_script
+
+    code = run_script(predict_tool.main, argv, usage=predict_tool.__doc__)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_predict_prints_the_classes_only_and_names_a_precision_it_could_not_run(ours, monkeypatch, capsys):
+    """The precision a prediction runs in is no news on every call: stdout holds one line an image and stderr
+    stays empty. Only an amp= given on the command that cannot run here is said, as a warning."""
+    argv = [f"checkpoint={ours / 'best.pt'}", f"image={ours / 'images'}"]
+    code, out, err = predict(argv, capsys)
+    assert code == 0 and len(out.splitlines()) == 3
+    assert "precision" not in err, err
+    code, out, err = predict([*argv, "amp=none"], capsys)
+    assert code == 0 and "precision" not in err, err
+    monkeypatch.setattr("vit.engine.device.cpu_has_native_fp16", lambda: False)
+    code, out, err = predict([*argv, "amp=fp16"], capsys)
+    assert code == 0 and len(out.splitlines()) == 3
+    (line,) = [line for line in err.splitlines() if "precision" in line]
+    assert line.startswith("warning: precision: ") and "amp=fp16 but this CPU has no native fp16" in line, line

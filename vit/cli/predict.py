@@ -11,7 +11,8 @@ best.onnx.json that scripts/export.py writes beside it); an ONNX file runs throu
 preprocessing and class names of its side JSON, without the model code. Prints one line per image;
 `json=<path>` also writes them as JSON, `json=-` prints the JSON instead of the lines. A checkpoint's model runs
 in the precision `amp` gives it on this CPU (default: its run's trainer.amp; auto: bf16 where the CPU has it
-natively and the model is wide enough to gain, else fp32; vit/engine/device.py), said in one line on stderr.
+natively and the model is wide enough to gain, else fp32; vit/engine/device.py); it is said (a warning on
+stderr) only where an `amp` given on the command cannot run on this CPU and another precision runs instead.
 
 Foreign weights, as evaluate and export take them: `model=<name> model.pretrained=timm:<name>` builds timm's
 architecture of that name (DINOv2, SigLIP, CLIP, EVA-02 ...), with `model.pretrained_file=<file>` holding its
@@ -29,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -37,9 +39,23 @@ import torch
 
 from vit.analysis.inputs import image_paths, load_images, load_model
 from vit.cli.args import parse_args, run_script
-from vit.engine.device import choose_precision
+from vit.engine.device import Precision, choose_precision
 from vit.errors import UsageError
 from vit.settings.trainer import AMP_MODES
+
+log = logging.getLogger("vit.cli.predict")
+
+
+def cpu_precision(amp: str | None, default: str, model) -> Precision:
+    """The precision the model runs in on this CPU: `amp` given on the command, else `default` (the run's
+    trainer.amp), by the trainer's rule. Said only where an amp= given on this command cannot run and something
+    else runs instead (a warning on stderr); otherwise a debug log line: the output is the predictions alone."""
+    precision = choose_precision(amp or default, torch.device("cpu"), model)
+    if amp is not None and precision.substituted:
+        print("warning: " + precision.describe(), file=sys.stderr)
+    else:
+        log.debug(precision.describe())
+    return precision
 
 
 def probabilities(
@@ -71,9 +87,7 @@ def probabilities(
         found, images = load_images(part, config)  # (B, 3, H, W), the validation transform
         paths += found
         batches.append(images)
-    precision = choose_precision(amp or (config.get("trainer") or {}).get("amp", "auto"), torch.device("cpu"), model)
-    # One line on stderr, once the inputs are known to be good (a warning where an explicit amp could not run).
-    print(("warning: " if precision.substituted else "") + precision.describe(), file=sys.stderr)
+    precision = cpu_precision(amp, (config.get("trainer") or {}).get("amp", "auto"), model)
     with torch.no_grad(), precision.autocast(torch.device("cpu")):
         chunks = [model(chunk).float().softmax(dim=-1) for images in batches for chunk in images.split(64)]
     return paths, torch.cat(chunks).numpy(), names
@@ -92,8 +106,7 @@ def foreign_probabilities(options, spec: str, amp: str | None) -> tuple[list[Pat
     names = weights.classes or [str(i) for i in range(int(model.num_classes))]
     paths = [p for part in spec.split(",") for p in image_paths(part)]
     images = torch.stack([transform(read_rgb(path)) for path in paths])  # (B, 3, H, W)
-    precision = choose_precision(amp or "auto", torch.device("cpu"), model)
-    print(("warning: " if precision.substituted else "") + precision.describe(), file=sys.stderr)
+    precision = cpu_precision(amp, "auto", model)
     with torch.no_grad(), precision.autocast(torch.device("cpu")):
         chunks = [model(chunk).float().softmax(dim=-1) for chunk in images.split(64)]
     return paths, torch.cat(chunks).numpy(), names
