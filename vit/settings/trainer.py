@@ -14,31 +14,48 @@ from vit.errors import ConfigError
 from vit.settings.schema import Settings, knob
 
 UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([smhd])")
+SMALLER_UNIT = {"d": "h", "h": "m", "m": "s"}  # what a bare number after a unit most likely meant: 1h30 -> 1h30m
+# trainer.budget's grammar: a bare number is seconds; else one or more parts `<number><unit>`, spaces allowed between
+# a number and its unit and between parts ('10 m', '1h 30m'), never inside a number ('1 0m' is refused, not 10m).
+_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
+_PART = re.compile(rf"({_NUMBER})\s*([smhd])")
+_DURATION = re.compile(rf"\s*(?:{_NUMBER}\s*[smhd]\s*)+")
+# Parts and then a number without a unit: `1h30` is 1h30m to most readers, 1h30s to some, so it is refused with the
+# reading named instead of being guessed.
+_UNIT_MISSING = re.compile(rf"\s*((?:{_NUMBER}\s*[smhd]\s*)+)({_NUMBER})\s*")
 
 
 def parse_budget(value) -> float | None:
     """`trainer.budget` in seconds: null -> None; a number of seconds; or a duration such as `90s`, `30m`, `2h`,
-    `1h30m`. Raises ConfigError naming the value otherwise."""
+    `1h30m`, `'1h 30m'` (units s, m, h, d, any case; spaces between a number and its unit and between parts).
+    Raises ConfigError naming the value otherwise, with the duration meant where a trailing number lacks its unit."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "null", "none")):
         return None
     bad = ConfigError(
-        f"trainer.budget={value!r} is not a duration: give seconds (e.g. 1800) or a number with a unit s, m, h or d "
-        "(e.g. 90s, 30m, 2h, 1h30m)"
+        f"trainer.budget={value!r} is not a duration: give seconds (e.g. 1800) or numbers with a unit s, m, h or d "
+        "(e.g. 90s, 30m, 2h, 1h30m, '1h 30m')"
     )
     if isinstance(value, bool):
         raise bad
     if isinstance(value, int | float):
         seconds = float(value)
     else:
-        text = str(value).strip().lower().replace(" ", "")
+        text = str(value).strip().lower()
         try:
             seconds = float(text)
         except ValueError:
-            parts = _PART.findall(text)
-            if not parts or "".join(number + unit for number, unit in parts) != text:
-                raise bad from None
-            seconds = sum(float(number) * UNITS[unit] for number, unit in parts)
+            if not _DURATION.fullmatch(text):
+                missing = _UNIT_MISSING.fullmatch(text)
+                if missing is None:
+                    raise bad from None
+                parts, number = missing.groups()
+                unit = SMALLER_UNIT.get(parts.rstrip()[-1])
+                meant = f"; write {parts}{number}{unit} if that is what you mean" if unit else ""
+                raise ConfigError(
+                    f"trainer.budget={value!r} is ambiguous: {number} after {parts.strip()} has no unit{meant} "
+                    "(units s, m, h, d; a number alone is seconds)"
+                ) from None
+            seconds = sum(float(number) * UNITS[unit] for number, unit in _PART.findall(text))
     if not math.isfinite(seconds) or seconds <= 0:
         raise ConfigError(f"trainer.budget={value!r} must be a positive duration")
     return seconds
@@ -92,9 +109,9 @@ class TrainerSettings(Settings):
     group: ClassVar[str] = "trainer"
 
     epochs: int = knob(100, low=1, text="must be positive")  # with trainer.budget: the upper bound
-    # null | a wall-clock budget for the whole run, process start to the end of the final test: 90s, 30m, 2h, 1h30m
-    # or seconds; the run measures its speed, plans as many steps as fit (the lr decay ends on the last) and
-    # re-plans when the speed drifts (vit/train/budget.py). Read as seconds.
+    # null | a wall-clock budget for the whole run, process start to the end of the final test: 90s, 30m, 2h, 1h30m,
+    # '1h 30m' or seconds (parse_budget's grammar); the run measures its speed, plans as many steps as fit (the lr
+    # decay ends on the last) and re-plans when the speed drifts (vit/train/budget.py). Read as seconds.
     budget: float | None = knob(None, parse=parse_budget)
     device: Literal["auto", "cpu", "cuda"] = knob("auto")
     # auto: bf16 where the device has it natively and it pays, else fp32 (vit/engine/device.py; an explicit
