@@ -364,3 +364,50 @@ def test_the_finetune_recipe_trains_each_family_from_a_name_and_a_file(name, tmp
     assert sum(key.endswith(".attn.proj.weight") for key in trained["model"]) == arch["depth"]
     saved, timms = trained["config"]["data"], timm.get_pretrained_cfg(name)
     assert list(saved["mean"]) == list(timms.mean) and saved["crop_pct"] == timms.crop_pct
+
+
+# --- the record of a run built from a timm name --------------------------------------------------------------------
+
+
+def test_a_run_from_a_timm_name_records_the_model_it_built(tmp_path, caplog):
+    """EVA-02-Ti from its timm name under `model=vit_small` (384 wide, 6 heads: a config whose architecture timm's
+    replaces) trains a step; every record says the model built, 192 wide, 12 deep, 3 heads, under its timm name:
+    the model line of the log, metrics.json, the checkpoint's config (which evaluate/export/predict, a fine-tuning
+    from the checkpoint and resume read) and .hydra/model_built.yaml. Rerunning the command still finds the run
+    for trainer.resume=auto."""
+    import yaml
+
+    from vit.deploy.weights import build_model
+    from vit.engine.weights import load_checkpoint
+    from vit.train import run
+
+    name = "eva02_tiny_patch14_224.mim_in22k"
+    _, path = timm_file(name, tmp_path / "eva02.safetensors")
+    overrides = ["model=vit_small", f"model.pretrained=timm:{name}", f"model.pretrained_file={path}", *CPU]
+    overrides += [*QUICK_SYNTHETIC, "data.img_size=32", "data.patch_size=4", "data.batch_size=4"]
+    overrides += ["trainer.epochs=1", "trainer.limit_train_batches=1", "trainer.limit_val_batches=1"]
+    run_dir = tmp_path / "outputs" / "2026-01-01" / "10-00-00"  # Hydra's layout, which resume=auto searches
+    caplog.set_level(logging.INFO, logger="vit.train")
+    run(compose_config(overrides), output_dir=run_dir)
+    built = {"embed_dim": 192, "depth": 12, "num_heads": 3, "mlp": "swiglu", "pos_embed": "learned_rope"}
+
+    lines = [r.getMessage() for r in caplog.records if "M params" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith(f"timm:{name}: 5.36 M params"), lines
+    metrics = __import__("json").loads((run_dir / "metrics.json").read_text())
+    assert metrics["model"] == f"timm:{name}"
+    assert {k: metrics["architecture"][k] for k in built} == built
+    assert metrics["architecture"]["patch_size"] == 4 and metrics["architecture"]["img_size"] == 32  # kept
+    checkpoint = run_dir / "checkpoints" / "last.pt"
+    saved = load_checkpoint(checkpoint)["config"]["model"]
+    assert saved["name"] == f"timm:{name}" and {k: saved[k] for k in built} == built
+    assert yaml.safe_load((run_dir / ".hydra" / "model_built.yaml").read_text()) == saved
+    # what evaluate/export/predict report and rebuild; a fine-tuning from the checkpoint reads its heads
+    loaded = build_model(read_weights(checkpoint), str(checkpoint))
+    assert loaded.name == f"timm:{name}" and loaded.model.embed_dim == 192 and len(loaded.model.blocks) == 12
+    assert read_weights(checkpoint).num_heads == 3
+    # the same command again: trainer.resume=auto compares its config, as the run records it, with the run's
+    second = run_dir.parent / "11-00-00"
+    for source, found in ((name, checkpoint), ("eva02_small_patch14_224", None)):
+        again = compose_config([*overrides, f"model.pretrained=timm:{source}", "trainer.resume=auto"])
+        setup_phase.use_timm_preprocessing(again)  # as build_model_and_data does first
+        assert setup_phase.resume_checkpoint_path("auto", second, setup_phase.recorded_config(again)) == found

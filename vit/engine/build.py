@@ -6,7 +6,11 @@ its settings replace the model config's. What the config sets on top stays where
 size (the position table is resampled, rotary positions follow the grid), a patch size other than the registry's
 16 (the kernel is resampled), the class count, dropout and drop-path rates, the attention backend, `dynamic_img_size`
 and `qk_scale`. Any other architecture setting the config gives a value of its own (other than what `model=<name>`
-builds with, e.g. `model.embed_dim=192`) is one log line naming it, and timm's value is used."""
+builds with, e.g. `model.embed_dim=192`) is one log line naming it, and timm's value is used.
+
+What a run records of such a model (checkpoints, metrics.json, the log) is the model built, not the config it was
+composed with (`model=vit_tiny`'s 192 wide, 3 heads): `built_model_config` gives the model config with timm's
+architecture in place and `model.name=timm:<name>`, which builds the same model again."""
 
 from __future__ import annotations
 
@@ -45,6 +49,11 @@ KEPT_OVER_TIMM = (
     "qk_scale",
     "in_chans",
 )
+# What a record names a model built from a timm name by: `model.name=timm:<name>` (built_model_config).
+TIMM_PREFIX = "timm:"
+# Model keys that say how the model trains or how its attention is computed, not what it is (metrics.json's
+# "architecture" leaves them out, beside the class count, which the data decides and metrics.json names apart).
+NOT_ARCHITECTURE = ("name", "num_classes", "drop_rate", "attn_drop_rate", "drop_path_rate", "attn_backend")
 
 
 def model_kwargs(model_cfg: Mapping, num_classes: int | None = None) -> dict:
@@ -62,9 +71,18 @@ def build_model_from_config(
     With `model.pretrained=timm:<name>`: timm's architecture for it, the config's kept settings on top (logged
     unless `announce` is False, for a second build of the same model)."""
     name = model_cfg.get("name")
-    check_types(OmegaConf.create({"model": dict(model_cfg)}))
-    if name not in list_models():
-        raise ConfigError(f"model.name={name!r} is not a known model; known models: {', '.join(list_models())}")
+    if is_timm_named(model_cfg):  # a record of a model built from a timm name: a ViT, typed as the registry's are
+        check_types(OmegaConf.create({"model": {**dict(model_cfg), "name": list_models("vit_*")[0]}}))
+        pretrained = model_cfg.get("pretrained")
+        require(
+            pretrained == name,
+            f"model.name={name!r} names the model a run built from model.pretrained={name}; it is built from that "
+            f"setting, and model.pretrained is {pretrained!r}: give model.pretrained={name}",
+        )
+    else:
+        check_types(OmegaConf.create({"model": dict(model_cfg)}))
+        if name not in list_models():
+            raise ConfigError(f"model.name={name!r} is not a known model; known models: {', '.join(list_models())}")
     init_values = model_cfg.get("init_values")
     if init_values is not None:
         require(float(init_values) >= 0, f"model.init_values={init_values} must be >= 0 (LayerScale; 0 or null: off)")
@@ -79,7 +97,10 @@ def build_model_from_config(
         kwargs = over_timm_architecture(arch, name, kwargs, announce)
     try:
         if arch is not None:
-            return VisionTransformer(ViTConfig(**kwargs))
+            model = VisionTransformer(ViTConfig(**kwargs))
+            # The weights check names the timm model, not config keys, when a file does not fit (vit/models/fit.py).
+            model.timm_name = arch.name
+            return model
         return create_model(name, **kwargs)
     except ValueError as err:
         raise ConfigError(f"model.{err}") from err
@@ -106,8 +127,9 @@ def pretrained_architecture(model_cfg: Mapping) -> TimmArchitecture | None:
 def over_timm_architecture(arch: TimmArchitecture, name: str, kwargs: dict, announce: bool) -> dict[str, Any]:
     """ViTConfig's settings for timm's architecture `arch` with the config's `kwargs` on top where they keep the
     weights fitting. A setting of another value than `model=<name>` builds with (so given by the user or a recipe)
-    that cannot stay is named in one log line; so is the architecture used."""
-    baseline = model_defaults(name)
+    that cannot stay is named in one log line; so is the architecture used. A record's `name=timm:<name>` has
+    timm's architecture for its values, so none of its settings is another value."""
+    baseline = dict(arch.settings) if name.startswith(TIMM_PREFIX) else model_defaults(name)
     valid = {f.name for f in fields(ViTConfig) if f.init}
     settings = {**arch.settings, "lsa": False, "patch_embed": "standard"}
     if kwargs.get("patch_size") == baseline.get("patch_size"):  # not chosen: the registry's 16, timm's instead
@@ -126,6 +148,44 @@ def over_timm_architecture(arch: TimmArchitecture, name: str, kwargs: dict, anno
         if ignored:
             log.warning("model.pretrained=timm:%s fixes the architecture; ignored: %s", arch.name, ", ".join(ignored))
     return settings
+
+
+def is_timm_named(model_cfg: Mapping) -> bool:
+    """Whether `model_cfg` is the record of a model built from a timm name (`model.name=timm:<name>`)."""
+    return str(model_cfg.get("name") or "").startswith(TIMM_PREFIX)
+
+
+def model_label(model_cfg: Mapping) -> str:
+    """How records and reports name the model `model_cfg` builds: `timm:<name>` for a model built from
+    model.pretrained=timm:<name> (its architecture is timm's, whatever model config it was composed with), else
+    model.name."""
+    source = model_cfg.get("pretrained")
+    if not is_timm_named(model_cfg) and isinstance(source, str) and source_kind(source) == "timm":
+        return source
+    return str(model_cfg.get("name"))
+
+
+def built_model_config(model_cfg: Mapping) -> dict:
+    """The model config a run records (checkpoints, .hydra/model_built.yaml, metrics.json): `model_cfg` (resolved)
+    as it is, or with model.pretrained=timm:<name> the model actually built: `name=timm:<name>`, timm's
+    architecture in place of the config's own, the settings kept over it as the config gives them. It builds the
+    same model again (nothing in it differs from timm's, so nothing is named as ignored), and a record of a record
+    is itself."""
+    config = dict(model_cfg)
+    arch = pretrained_architecture(config)
+    if arch is None:
+        return config
+    settings = over_timm_architecture(arch, str(config.get("name")), model_kwargs(config), announce=False)
+    valid = {f.name for f in fields(ViTConfig) if f.init}
+    # Another family's keys (a T2T-ViT config composed with a timm name) build nothing: left out of the record.
+    record = {k: v for k, v in config.items() if k in valid or k in FINETUNE_MODEL_KEYS}
+    return {"name": model_label(config), **record, **settings}
+
+
+def architecture(model_cfg: Mapping) -> dict:
+    """The settings of a (recorded) model config that say what the model is: width, depth, heads, patch and image
+    size, and every other key timm's architecture fixes; not the weights' source, rates or class count."""
+    return {k: v for k, v in model_cfg.items() if k not in NOT_ARCHITECTURE and k not in FINETUNE_MODEL_KEYS}
 
 
 def build_mae_from_config(model_cfg: Mapping, mae_cfg: Mapping) -> nn.Module:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from vit.engine.build import architecture
+
 
 def epoch_record(epoch: int, step: int, train: dict, val: dict | None, val_ema: dict | None, elapsed_s: float) -> dict:
     """One entry of the run's history (metrics.json, checkpoints): epoch counted from 1; `elapsed_s` is the run's
@@ -82,8 +84,9 @@ def final_test(run) -> dict:
 
 
 def run_metrics(run) -> dict:
-    """metrics.json: final and best epoch, mean throughput, model size, how it ran (loader, precision, compile,
-    threads) with the reasons, and the whole history."""
+    """metrics.json: the model built (its name, `timm:<name>` for one built from a timm name, and its
+    architecture, from the config the checkpoints record), final and best epoch, mean throughput, model size, how
+    it ran (loader, precision, compile, threads) with the reasons, and the whole history."""
     cfg, cost, bundle, settings, history = run.cfg, run.built.cost, run.bundle, run.step_settings, run.progress.history
     evaluated = [r for r in history if r.get("val_loss") is not None]
     scored = [r for r in evaluated if r.get("val_top1") is not None]
@@ -91,8 +94,10 @@ def run_metrics(run) -> dict:
         best = max(scored, key=lambda r: r["val_top1"])
     else:  # task=mae: the lowest reconstruction loss
         best = min(evaluated, key=lambda r: r["val_loss"]) if evaluated else {}
+    built = run.built.resolved["model"]  # the model built, not the model config composed (vit/train/setup.py)
     return {
-        "model": cfg.model.name,
+        "model": built["name"],
+        "architecture": architecture(built),
         "params": cost.params,
         "macs": cost.macs,
         "num_classes": bundle.num_classes,

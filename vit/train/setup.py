@@ -17,9 +17,10 @@ from torch import nn
 
 from vit.data import DataBundle, build_data
 from vit.data.resources import available_cpus
-from vit.engine.build import pretrained_architecture
+from vit.engine.build import built_model_config, pretrained_architecture
 from vit.engine.device import resolve_device
 from vit.engine.distributed import Distributed
+from vit.engine.files import atomic_write_text
 from vit.engine.tasks import Task, task_of
 from vit.errors import ConfigError
 from vit.models import Complexity, complexity
@@ -73,7 +74,7 @@ def setup_torch(trainer: TrainerSettings, dist: Distributed) -> torch.device:
 class ModelAndData:
     """The first phases' product: the model (on its device, with pretrained weights and the teacher) and the data."""
 
-    resolved: dict  # the config with interpolations resolved, as checkpoints store it
+    resolved: dict  # the config with interpolations resolved and the model as built (`recorded_config`)
     model: nn.Module  # on the device; the module whose weights the checkpoints hold
     bundle: DataBundle
     distiller: object | None  # vit/train/distill.py's Distiller, with or without a teacher
@@ -176,7 +177,9 @@ def build_model_and_data(
     model = task.build_model(cfg, num_classes=num_classes_cfg or 1000, dynamic_img_size=dynamic)
     # model.pretrained: read and checked against this model before any data is read. A resumed run continues from
     # its own checkpoint and does not read them again.
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = recorded_config(cfg)
+    if dist.is_main:
+        write_built_model(run_dir, cfg, resolved["model"])
     resume_path = dist.broadcast(resume_checkpoint_path(trainer.resume, run_dir, resolved) if dist.is_main else None)
     pretrained = read_pretrained(cfg.model, model) if resume_path is None else None
     # distill.teacher: read before any data, and again on resume (checkpoints hold the student only).
@@ -202,8 +205,40 @@ def build_model_and_data(
     if distiller is not None:  # the distill task's loss is the distiller's
         task.attach(distiller)
     cost = complexity(model)
-    log.info("%s: %.2f M params, %.3f GMACs per image", cfg.model.name, cost.params / 1e6, cost.macs / 1e9)
+    # The model built: `timm:<name>` for one built from a timm name, not the model config it was composed with.
+    label = resolved["model"]["name"]
+    log.info("%s: %.2f M params, %.3f GMACs per image", label, cost.params / 1e6, cost.macs / 1e9)
     return ModelAndData(resolved, model, bundle, distiller, task, cost, resume_path, resize, *threads)
+
+
+def recorded_config(cfg: DictConfig) -> dict:
+    """The run's config as its checkpoints store it and trainer.resume=auto compares it: resolved, its model the one
+    built. With model.pretrained=timm:<name> that is timm's architecture under `model.name=timm:<name>`
+    (vit/engine/build.py's `built_model_config`), not the model config it was composed with, so evaluation, export,
+    predict, a resume and a fine-tuning from the checkpoint rebuild and name the model trained. The same command
+    gives the same record, so resume=auto still finds its run."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    if task_of(cfg).classifier:  # task=mae builds its encoder from the config's own keys (build_mae_from_config)
+        resolved["model"] = built_model_config(resolved["model"])
+    return resolved
+
+
+# Beside Hydra's .hydra/config.yaml, which keeps the model config the command composed.
+BUILT_MODEL_FILE = Path(".hydra") / "model_built.yaml"
+
+
+def write_built_model(run_dir: Path, cfg: DictConfig, built: dict) -> None:
+    """Where the model built is not the composed model config (model.pretrained=timm:<name>), the run folder says
+    which it is: BUILT_MODEL_FILE, the model part of `recorded_config`."""
+    if built == OmegaConf.to_container(cfg.model, resolve=True):
+        return
+    header = (
+        f"# The model this run built: model.pretrained={built.get('pretrained')} fixes the architecture, so "
+        "config.yaml's model keys are not what was trained. Checkpoints hold this as config.model.\n"
+    )
+    path = run_dir / BUILT_MODEL_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(header + OmegaConf.to_yaml(OmegaConf.create(built)), path)
 
 
 def use_timm_preprocessing(cfg: DictConfig) -> None:
