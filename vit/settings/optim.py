@@ -5,14 +5,32 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from vit.errors import ConfigError
 from vit.settings.schema import Settings, knob
+
+
+def parse_optimizer_name(value: Any) -> str:
+    """`optim.name`: a name of timm's optimizer registry. A name it lacks is one line with the closest names (as an
+    unknown config key gets its nearest one) and where the whole list is, not the list itself: timm knows about a
+    hundred names, a line of a thousand characters in which the misspelt name's neighbour is hard to find."""
+    import difflib
+
+    from timm.optim import list_optimizers  # here, not at the top: Hydra imports the settings at its start
+
+    known = list_optimizers()
+    if isinstance(value, str) and value in known:
+        return value
+    close = difflib.get_close_matches(str(value).lower(), known, n=3, cutoff=0.6)  # timm's names are lower case
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    listing = f"timm.optim.list_optimizers() lists all {len(known)}"
+    raise ConfigError(f"optim.name={value!r} is not an optimizer timm knows{hint} ({listing})")
 
 
 @dataclass(frozen=True)
 class OptimSettings(Settings):
     group: ClassVar[str] = "optim"
 
-    name: str = knob("adamw")  # any optimizer of timm's registry (timm.optim.list_optimizers())
+    name: str = knob("adamw", parse=parse_optimizer_name)  # any optimizer of timm's registry (list_optimizers())
     lr: float = knob(1.0e-3, low=0.0, low_open=True)  # for a global batch of lr_batch images, scaled linearly
     lr_batch: int | None = knob(512, low=1)  # the global batch lr is given for (null: 512)
     weight_decay: float = knob(0.05, low=0.0)  # none on norms, biases, position embeddings and tokens
