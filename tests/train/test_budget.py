@@ -2,8 +2,10 @@
 speed drifts, and ends on the planned step with the learning rate decayed to sched.min_lr; a stopped run resumes
 to the step count and weights of an unbroken one; a budget too small for the run is refused in one line."""
 
+import logging
 import math
 import os
+import re
 import signal
 import time
 
@@ -15,8 +17,9 @@ from vit.engine.weights import load_checkpoint
 from vit.errors import ConfigError
 from vit.settings.trainer import parse_budget
 from vit.train import run
-from vit.train.budget import Budget, RunShape
+from vit.train.budget import Budget, Forecast, RunShape, resumed_line
 from vit.train.config import validate
+from vit.train.run import budget_line
 
 MIN_LR = 1e-5  # not 0, so the final rate being the minimum says something
 BUDGETED = [*QUICK, "trainer.epochs=100", f"sched.min_lr={MIN_LR}", "sched.warmup_epochs=1", "trainer.ema=false"]
@@ -266,3 +269,78 @@ def test_the_speed_window_does_not_swing_with_the_plan(monkeypatch):
     turns = sum((b - a) * (c - b) < 0 for a, b, c in zip(totals, totals[1:], totals[2:], strict=False))
     assert turns == 0, totals
     assert budget.reached(budget.history[-1]["total_steps"])
+
+
+# --- what a budgeted run tells its user -------------------------------------------------------------------------
+PROGRESS_LINE = re.compile(r"^epoch (\d+)(?:/(\d+)| \(planning\)) step (\d+)/(\d+) ")
+
+
+def test_the_progress_line_counts_towards_the_plan_not_the_epochs_bound(tmp_path, monkeypatch, caplog):
+    """Each progress line names the plan's epochs and the epoch's planned batches (the last epoch is cut at the
+    plan's last step), never trainer.epochs' upper bound; the last line of the run reads step n/n."""
+    clock = FakeClock(dt=0.05)
+    monkeypatch.setattr(time, "perf_counter", clock)
+    with caplog.at_level(logging.INFO, logger="vit.train"):
+        metrics = run(
+            compose_config([*BUDGETED, "trainer.budget=2s", "trainer.log_every_n_steps=1", "trainer.progress=log"]),
+            output_dir=tmp_path,
+            train_loader_wrapper=lambda loader: ClockedLoader(loader, clock),
+        )
+    budget = metrics["budget"]
+    lines = [m.groups() for r in caplog.records if (m := PROGRESS_LINE.match(r.getMessage()))]
+    assert lines, caplog.text
+    planned = [line for line in lines if line[1] is not None]
+    epochs = math.ceil(budget["planned_epochs"])
+    assert all(int(line[1]) == epochs for line in planned[-8:])  # the plan's epochs, not trainer.epochs=100
+    assert not any(int(line[1]) == 100 for line in planned)
+    # The last epoch is the plan's partial one: its lines count to the planned step, and the last one reaches it.
+    last_epoch, _, done, total = lines[-1]
+    assert int(last_epoch) == epochs and done == total
+    assert int(total) == budget["planned_steps"] - (epochs - 1) * 8 < 8  # 8 batches an epoch; the plan cuts it
+
+
+def test_small_re_plans_are_kept_in_the_record_but_not_each_a_line(monkeypatch, caplog):
+    """A loaded machine's speed wavers at every step: every plan stays in the record, the log tells only of those
+    that move the end by more than 5% or come a tenth of the budget after the last line."""
+    budget, now = scripted_budget(monkeypatch, budget_s=60.0)
+    budget.epoch_starts()
+    with caplog.at_level(logging.INFO, logger="vit.train"):
+        for step in range(1, 4000):
+            now[0] += 0.01 * (1.3 if (step // 40) % 2 else 0.8)  # the speed swings by 60% every 40 steps
+            budget.after_step(step)
+            if budget.reached(step):
+                break
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("budget re-plan")]
+    replans = len(budget.history) - 1
+    assert replans > 20  # the wavering speed made the plan move many times (all kept for metrics.json)
+    assert 1 <= len(lines) <= 12, lines  # a first plan, then at most one line a tenth of the budget, and big moves
+    assert budget.record(step, 59.0, 0.0)["replans"] == replans
+
+
+def test_a_long_run_without_a_budget_says_so_after_its_first_timed_steps(monkeypatch, caplog):
+    now = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    long_run, short_run = Forecast(40_000, 128, untimed=1, speaks=True), Forecast(400, 128, untimed=1, speaks=True)
+    with caplog.at_level(logging.WARNING, logger="vit.train"):
+        for step in range(1, 30):
+            now[0] += 1.3  # ViT-Ti on a CPU: about a hundred images a second
+            long_run.after_step(step)
+            short_run.after_step(step)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1, warnings  # once, for the long run only
+    assert warnings[0].startswith("this run's 39,989 steps left take about 14.4 h on this machine (98 img/s")
+    assert "trainer.budget=<time>" in warnings[0]
+
+
+def test_the_budget_lines_of_a_stopped_and_resumed_run():
+    """A stopped run's last line gives the rate at the stop, not a 'final' one; a resumed run says at once what
+    of its budget is spent and left."""
+    record = {"budget_s": 60.0, "wall_s": 20.0, "trained_steps": 30, "planned_steps": 90, "planned_epochs": 2.0}
+    record.update(final_lr=2e-4, replans=1, within_tolerance=True, overrun_s=0.0)
+    assert budget_line(record, stopped=True).endswith("2.00 epochs, 1 re-plan), lr at the stop 0.0002")
+    record.update(trained_steps=90)
+    assert budget_line(record).endswith("(2.00 epochs, 1 re-plan), final lr 0.0002")
+    shape = RunShape(60.0, 45, 100, 10, 1, 1, 0, 1, False, 32)
+    state = {"plan": {"total_steps": 90, "anchor_step": 10, "anchor_progress": 0.0, "warmup_steps": 10}}
+    resumed = Budget(shape, elapsed_s=22.4, state=state)
+    assert resumed_line(resumed, 30).startswith("budget 1m resumed: 22 s spent, 38 s left; 30 of the plan's 90 steps")

@@ -15,7 +15,10 @@ Training", ICLR 2020). So the run measures its own speed and sizes its schedule 
   plan at the same steps on every rank), over the steps of the latest half of the time left; an epoch's end is
   timed when it happens. When the predicted end drifts away from the budget by more than a band (2% of the time
   left, 0.5% of the budget near the end: a loaded machine, a slower epoch, larger images under progressive
-  resizing), the run re-plans, with one log line.
+  resizing), the run re-plans. A re-plan is a log line when it moves the plan's end by more than 5% of the steps
+  last announced (and 2% of the budget has passed since that line), or when a tenth of the budget has passed since
+  the last line: on a loaded machine the speed wavers all the time, and a line for each small correction would
+  bury the log. The progress line counts towards the current plan, and metrics.json keeps every plan.
 - The schedule is a function of planned progress. The warmup runs over its configured steps (at most half of the
   plan); the cosine after it runs over the planned progress q in [0, 1], and a re-plan at step s keeps q(s) and
   stretches or shrinks what is left so that q reaches 1 on the new last step: the learning rate never jumps and
@@ -121,6 +124,8 @@ class Budget:
         # first batch waits for the worker to start (the main process's start-up copied into it).
         self.untimed_left = 1 + shape.loader_workers
         self.img_size: int | None = None  # the image size of the epoch being trained (progressive resizing)
+        # The plan the log last told of: (its last step, the run's clock then); a resumed plan counts as told.
+        self.announced: tuple[int, float] | None = (self.plan.total_steps, elapsed_s) if self.plan else None
 
     @property
     def planner(self) -> bool:
@@ -313,6 +318,19 @@ class Budget:
         if self.planner:
             self.announce(step, first)
 
+    # A re-plan is a line of its own when it moves the end by more than ANNOUNCE_CHANGE of the steps last told of
+    # and ANNOUNCE_GAP of the budget has passed since that line (the first plans, made on a few steps, settle in
+    # quick succession), or when ANNOUNCE_EVERY of the budget has passed; the progress line shows the plan live.
+    ANNOUNCE_CHANGE, ANNOUNCE_GAP, ANNOUNCE_EVERY = 0.05, 0.02, 0.1
+
+    def worth_a_line(self, first: bool) -> bool:
+        if first or self.announced is None:
+            return True
+        told, told_at = self.announced
+        since = (self.elapsed() - told_at) / self.shape.budget_s
+        moved = abs(self.plan.total_steps - told) > self.ANNOUNCE_CHANGE * told
+        return (moved and since >= self.ANNOUNCE_GAP) or since >= self.ANNOUNCE_EVERY
+
     def announce(self, step: int, first: bool) -> None:
         shape, total = self.shape, self.plan.total_steps
         epochs = self.planned_epochs()
@@ -321,11 +339,16 @@ class Budget:
         bound = " (the trainer.epochs bound)" if total == shape.max_steps else ""
         what = f"budget {duration(shape.budget_s)}" if first else f"budget re-plan at step {step:,}"
         test = " and the test" if shape.test_batches else ""
-        log.info(
+        line = (
             f"{what}: {total:,} steps of {shape.images_per_step} images ({total / shape.steps_per_epoch:.1f} epochs)"
             f"{bound} at {shape.images_per_step / self.step_s:,.0f} img/s measured; {kept:.0f} s kept for "
             f"{evaluations} evaluation{'s' if evaluations != 1 else ''}{test}; {self.elapsed():.0f} s spent"
         )
+        if not self.worth_a_line(first):
+            log.debug(line)  # a small correction: in metrics.json's plans, not the console
+            return
+        self.announced = (total, self.elapsed())
+        log.info(line)
 
     def progress(self, step: int) -> float:
         """The cosine's planned progress at `step`, in [0, 1] (0 until the warmup's end)."""
@@ -356,7 +379,8 @@ class Budget:
             "planned_steps": self.total_steps(),
             "trained_steps": step,
             "planned_epochs": self.total_steps() / self.shape.steps_per_epoch,
-            "final_lr": final_lr,
+            "final_lr": final_lr,  # the rate of the last step trained (of a stopped run: at the stop)
+            "replans": max(0, len(self.history) - 1),
             "overrun_s": max(0.0, wall_s - budget),
             "within_tolerance": wall_s - budget <= tolerance(budget),
             "plans": list(self.history),
@@ -394,6 +418,43 @@ class BudgetSchedule:
         self.schedule.load_state_dict(state)
 
 
+class Forecast:
+    """Without trainer.budget: after the first timed steps, how long the trainer.epochs of the run take at the
+    measured speed. A run whose steps alone would take more than LONG_RUN_S says so in one warning line, with the
+    setting that plans for a fixed time instead: a first command should not run for half a day without a word."""
+
+    LONG_RUN_S = 3 * 3600.0  # "a few hours": past this the line is printed
+    TIMED_STEPS = 10
+
+    def __init__(self, max_steps: int, images_per_step: int, untimed: int, speaks: bool) -> None:
+        self.max_steps, self.images_per_step, self.speaks = max_steps, images_per_step, speaks
+        self.untimed_left = untimed  # the first step (allocations, compilation) and each loader worker's start
+        self.first: tuple[int, float] | None = None  # (step, clock) where the timing starts
+        self.done = not speaks
+
+    def after_step(self, step: int) -> None:
+        if self.done:
+            return
+        if self.untimed_left or self.first is None:
+            self.untimed_left = max(0, self.untimed_left - 1)
+            self.first = (step, clock())
+            return
+        if step - self.first[0] < self.TIMED_STEPS:
+            return
+        self.done = True
+        step_s = (clock() - self.first[1]) / (step - self.first[0])
+        left_s = (self.max_steps - step) * step_s
+        if left_s > self.LONG_RUN_S:
+            log.warning(self.line(step, step_s, left_s))
+
+    def line(self, step: int, step_s: float, left_s: float) -> str:
+        return (
+            f"this run's {self.max_steps - step:,} steps left take about {left_s / 3600:.1f} h on this machine "
+            f"({self.images_per_step / step_s:,.0f} img/s measured, evaluations not counted); to train for a fixed "
+            "time instead, add trainer.budget=<time> (e.g. 30m or 2h): the run then plans as many steps as fit"
+        )
+
+
 def attach_budget(run) -> Budget | None:
     """trainer.budget: the run's Budget (its plan resumed where the checkpoint had one), hooked into the step
     settings: the loop asks it after every optimizer step, and the schedule follows its planned progress.
@@ -401,6 +462,10 @@ def attach_budget(run) -> Budget | None:
     trainer, step, bundle = run.trainer, run.step_settings, run.bundle
     saved = run.progress.budget_state
     if trainer.budget is None:
+        images = run.cfg.data.batch_size * trainer.accum_steps * run.dist.world_size
+        max_steps = trainer.epochs * max(1, math.ceil(run.batches_per_epoch() / trainer.accum_steps))
+        untimed = 1 + int(bundle.train_workers or 0)
+        step.forecast = Forecast(max_steps, images, untimed, speaks=run.dist.is_main)
         if saved:
             log.info(
                 "the checkpoint's run had trainer.budget=%s; this one has none and trains to trainer.epochs=%d",
@@ -442,4 +507,18 @@ def attach_budget(run) -> Budget | None:
             Budget.WARMUP_STEPS,
             budget.untimed_left,
         )
+    else:  # resumed: what is spent and left now, not only at the next re-plan
+        log.info(resumed_line(budget, run.step_state.step))
     return budget
+
+
+def resumed_line(budget: Budget, step: int) -> str:
+    """A resumed budgeted run's first word on its budget: the time spent (start-ups included) and left, and where
+    the resumed plan stands; the speed is measured afresh and the plan re-fitted if it moved."""
+    shape, total = budget.shape, budget.total_steps()
+    spent = budget.elapsed()
+    return (
+        f"budget {duration(shape.budget_s)} resumed: {spent:.0f} s spent, {max(0.0, shape.budget_s - spent):.0f} s "
+        f"left; {step:,} of the plan's {total:,} steps trained ({total / shape.steps_per_epoch:.1f} epochs); the "
+        f"speed is measured again and the plan re-fitted to the time left"
+    )

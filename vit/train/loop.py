@@ -49,6 +49,7 @@ class StepSettings:
     compiled: bool = False  # whether torch.compile is on (reported in metrics.json)
     task: Task = field(default_factory=Classify)  # what the run trains for: its loss (vit/engine/tasks/)
     budget: object | None = None  # trainer.budget (vit/train/budget.py): plans the steps, ends the run on the last
+    forecast: object | None = None  # without a budget: a run of many hours says so early (vit/train/budget.py)
 
     @property
     def amp_dtype(self) -> torch.dtype | None:
@@ -268,6 +269,8 @@ def optimizer_step(settings: StepSettings, state: StepState) -> torch.Tensor:
     state.step += 1
     if settings.budget is not None:  # measure the speed; a re-plan takes effect in the schedule below
         settings.budget.after_step(state.step)
+    elif settings.forecast is not None:
+        settings.forecast.after_step(state.step)
     settings.scheduler.step_update(num_updates=state.step)
     if settings.ema is not None:
         settings.ema.update(settings.model, step=state.step)

@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -41,10 +41,13 @@ class Reporter:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.console.close()
         self.tb.close()
 
-    def start_epoch(self, epoch: int, epochs: int, batches: int, done_before: int = 0) -> None:
-        self.console.start_epoch(epoch, epochs, batches, done_before)
+    def start_epoch(self, epoch: int, totals: Callable[[], tuple[int | None, int]], done_before: int = 0) -> None:
+        """`totals()`: (the run's epochs, the epoch's batches), asked at every progress update (a budget's plan
+        changes them; the epochs are None before its first plan)."""
+        self.console.start_epoch(epoch, totals, done_before)
 
     def log_step(self, step_in_epoch: int, step: int, values: dict) -> None:
         """Every `log_every_n_steps` steps, with the values already on the host."""
@@ -107,27 +110,41 @@ def use_progress_bar(setting: str) -> bool:
 
 
 class Console:
-    """Per-epoch progress: a tqdm bar (loss, lr, img/s, ETA) on a terminal, a log line every N steps elsewhere."""
+    """Per-epoch progress: a tqdm bar (loss, lr, img/s, ETA) on a terminal, a log line every N steps elsewhere.
+
+    What the line counts towards comes from `totals()`, asked at every update: (the run's epochs, the epoch's
+    batches). Under trainer.budget both follow the current plan, which a re-plan changes mid-epoch, and the epochs
+    are None before the first plan. While the bar is open, log records are written through tqdm (clearing the bar
+    and drawing it again below the line), so no line is printed through it."""
 
     def __init__(self, progress: str, enabled: bool = True) -> None:
         self.enabled = enabled  # off on torchrun ranks other than 0
         self.bar_enabled = enabled and use_progress_bar(progress)
         self._bar = None
+        self._redirect = None  # logging_redirect_tqdm while the bar is open
 
-    def start_epoch(self, epoch: int, epochs: int, steps: int, done_before: int = 0) -> None:
+    def start_epoch(self, epoch: int, totals: Callable[[], tuple[int | None, int]], done_before: int = 0) -> None:
         """`done_before`: the epoch's batches trained before a resume; the lines count the epoch's real step (the
         one TensorBoard logs), not the steps since the resume."""
-        self.epoch, self.epochs, self.steps, self.done_before = epoch, epochs, steps, done_before
+        self.epoch, self.totals, self.done_before = epoch, totals, done_before
         self.start = time.perf_counter()
         if self.bar_enabled:
             from tqdm import tqdm
 
-            desc = f"epoch {epoch + 1}/{epochs}"
-            self._bar = tqdm(total=steps, initial=done_before, desc=desc, leave=False, dynamic_ncols=True)
+            epochs, steps = totals()
+            self._bar = tqdm(total=steps, initial=done_before, desc=self.desc(epochs), leave=False, dynamic_ncols=True)
+            self._redirect = redirect_logging_to_tqdm()
+
+    def desc(self, epochs: int | None) -> str:
+        return f"epoch {self.epoch + 1}/{epochs}" if epochs is not None else f"epoch {self.epoch + 1} (planning)"
 
     def update(self, step_in_epoch: int, done: int, loss: float, lr: float, img_s: float) -> None:
         """`step_in_epoch`: the steps this process has trained in the epoch (after a resume, since the resume)."""
+        epochs, steps = self.totals()
         if self._bar is not None:
+            if self._bar.total != steps:
+                self._bar.total = steps
+            self._bar.set_description_str(self.desc(epochs), refresh=False)
             self._bar.n = self.done_before + step_in_epoch
             self._bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", img_s=f"{img_s:,.0f}", refresh=False)
             self._bar.refresh()
@@ -135,13 +152,12 @@ class Console:
         if not self.enabled:
             return
         elapsed = time.perf_counter() - self.start
-        eta = elapsed / max(step_in_epoch, 1) * (self.steps - self.done_before - step_in_epoch)
+        eta = elapsed / max(step_in_epoch, 1) * max(0, steps - self.done_before - step_in_epoch)
         log.info(
-            "epoch %d/%d step %d/%d loss %.4f lr %.2e %.0f img/s eta %.0fs",
-            self.epoch + 1,
-            self.epochs,
+            "%s step %d/%d loss %.4f lr %.2e %.0f img/s eta %.0fs",
+            self.desc(epochs),
             self.done_before + step_in_epoch,
-            self.steps,
+            steps,
             loss,
             lr,
             img_s,
@@ -149,11 +165,32 @@ class Console:
         )
 
     def end_epoch(self, summary: str) -> None:
+        self.close()
+        if self.enabled:
+            log.info(summary)
+
+    def close(self) -> None:
+        """Close the epoch's bar and give the console's log handlers back (also when the run fails mid-epoch)."""
         if self._bar is not None:
             self._bar.close()
             self._bar = None
-        if self.enabled:
-            log.info(summary)
+        if self._redirect is not None:
+            self._redirect.__exit__(None, None, None)
+            self._redirect = None
+
+
+def redirect_logging_to_tqdm():
+    """The root logger's console handlers write through tqdm while a bar is open (tqdm's logging_redirect_tqdm);
+    None where the root logger has no console handler (a test, a notebook), which then gains none."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    console = (sys.stdout, sys.stderr)
+    handlers = logging.getLogger().handlers
+    if not any(isinstance(h, logging.StreamHandler) and h.stream in console for h in handlers):
+        return None
+    redirect = logging_redirect_tqdm()
+    redirect.__enter__()
+    return redirect
 
 
 class TensorBoard:

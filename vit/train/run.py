@@ -173,7 +173,7 @@ def train(
                 # and the lines count the epoch's real batch: the trained ones, then these.
                 done_before = run.progress.batches_done_before(epoch)
                 left = len(run.bundle.train_loader) if limit is None else min(len(run.bundle.train_loader), limit)
-                run.report.start_epoch(epoch, run.planned_epochs(), done_before + left, done_before)
+                run.report.start_epoch(epoch, epoch_totals(run, epoch, done_before + left), done_before)
                 trained = train_epoch(run, limit)
                 if trained["stopped"]:
                     save_stopped(run, epoch, trained)
@@ -208,6 +208,23 @@ def train_epoch(run: Run, limit: int | None) -> dict:
     if run.budget is not None:
         run.budget.epoch_trained()
     return trained
+
+
+def epoch_totals(run: Run, epoch: int, batches: int) -> Callable[[], tuple[int | None, int]]:
+    """What the progress line of `epoch` counts towards, asked at each of its updates: (the run's epochs, the
+    epoch's batches). Under trainer.budget, the current plan's: its epochs, and of the `batches` only those up to
+    its last step (a re-plan moves both mid-epoch); before the first plan the epochs are not known yet (None)."""
+
+    def totals() -> tuple[int | None, int]:
+        budget = run.budget
+        if budget is None:
+            return run.trainer.epochs, batches
+        if budget.plan is None:
+            return None, batches
+        steps_left = budget.total_steps() - epoch * budget.shape.steps_per_epoch  # optimizer steps
+        return budget.planned_epochs(), min(batches, max(0, steps_left) * run.trainer.accum_steps)
+
+    return totals
 
 
 def trial_stops(run: Run, epoch: int, val, val_ema, last: bool) -> bool:
@@ -355,7 +372,7 @@ def finish(run: Run, teacher: dict | None) -> dict:
         final_lr = run.step_settings.optimizer.param_groups[0]["lr"]
         metrics["budget"] = run.budget.record(state.step, metrics["wall_time_s"], final_lr)
         report.scalars({"budget/wall_s": metrics["wall_time_s"], "budget/trained_steps": state.step}, state.step)
-        report.line(budget_line(metrics["budget"]))
+        report.line(budget_line(metrics["budget"], stopped=run.stop.name is not None))
     metrics["stopped_by_signal"] = run.stop.name
     metrics["provenance"] = run.provenance  # as the run started: command, commit, machine, versions, date
     metrics["world_size"] = run.dist.world_size
@@ -371,13 +388,17 @@ def finish(run: Run, teacher: dict | None) -> dict:
     return metrics
 
 
-def budget_line(record: dict) -> str:
-    """The run's last console line about its budget: the time used against it, the steps planned and trained."""
+def budget_line(record: dict, stopped: bool = False) -> str:
+    """The run's last console line about its budget: the time used against it, the steps planned and trained, the
+    re-plans (each in metrics.json) and the learning rate reached: the final one, or for a run stopped before its
+    plan's end (a signal, trainer.stop_after_epoch) the one at the stop, which its resume continues from."""
     over = "" if record["within_tolerance"] else f" (over by {record['overrun_s']:.1f} s, more than the tolerance)"
+    replans = record.get("replans", 0)
+    early = stopped or record["trained_steps"] < record["planned_steps"]
     return (
         f"budget {duration(record['budget_s'])}: {record['wall_s']:.1f} s used{over}; {record['trained_steps']:,} of "
-        f"{record['planned_steps']:,} planned steps ({record['planned_epochs']:.2f} epochs), final lr "
-        f"{record['final_lr']:.3g}"
+        f"{record['planned_steps']:,} planned steps ({record['planned_epochs']:.2f} epochs, {replans} "
+        f"re-plan{'s' if replans != 1 else ''}), {'lr at the stop' if early else 'final lr'} {record['final_lr']:.3g}"
     )
 
 
