@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from timm.optim import Muon, list_optimizers
-from trainer_utils import QUICK, QUICK_SYNTHETIC, TINY_MODEL, assert_resumes_exactly, compose_config
+from trainer_utils import QUICK, QUICK_SYNTHETIC, TINY_MODEL, assert_resumes_exactly, compose_config, run_cli
 
 from vit.cli.evaluate import cli as evaluate_main
 from vit.cli.train import train_task
@@ -19,6 +19,7 @@ from vit.train.config import validate
 from vit.train.optimizer import (
     build_optimizer,
     fallback_patterns,
+    kept_settings_warning,
     layer_decay_groups,
     optimizer_kwargs,
     param_groups,
@@ -215,3 +216,62 @@ def test_a_muon_checkpoint_evaluates(muon_run, capsys):
     result = json.loads(capsys.readouterr().out)
     final = json.loads((muon_run / "metrics.json").read_text())["final"]
     assert result["top1"] == pytest.approx(final["val_top1"]) and result["loss"] == pytest.approx(final["val_loss"])
+
+
+# --- optim.name beside another group's rate and weight decay ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "group", "given", "expected"),
+    [
+        (
+            ["optim.name=lion"],
+            "adamw",
+            set(),
+            "optim.name=lion runs with optim.lr=0.001 and optim.weight_decay=0.05, chosen for adamw (the config group "
+            "optim=adamw); optim=lion sets a rate and weight decay chosen for it (or set optim.lr and "
+            "optim.weight_decay)",
+        ),
+        (["optim.name=lion", "optim.lr=1e-4"], "adamw", {"optim.lr"}, "runs with optim.weight_decay=0.05, chosen"),
+        (["optim.name=clion"], "adamw", set(), "; set optim.lr and optim.weight_decay for clion"),  # no optim=clion
+        (["optim=sgd", "optim.name=adamw"], "sgd", set(), "runs with optim.lr=0.1 and optim.weight_decay=0.0005"),
+        (
+            ["optim.name=lion", "optim.lr=1e-4", "optim.weight_decay=0.5"],
+            "adamw",
+            {"optim.lr", "optim.weight_decay"},
+            None,
+        ),  # fmt: skip
+        (["optim=lion"], "lion", set(), None),  # the group's own optimizer
+        (["optim.name=adamw"], "adamw", {"optim.name"}, None),
+        (["optim.name=lion"], None, set(), None),  # composed without Hydra: no group known
+    ],
+)
+def test_another_optimizer_keeping_the_groups_rate_and_decay_is_named(overrides, group, given, expected):
+    line = kept_settings_warning(compose_config(overrides).optim, group, given)
+    if expected is None:
+        assert line is None
+    else:
+        assert line is not None and expected in line and "\n" not in line, line
+        assert line.startswith(f"optim.name={compose_config(overrides).optim.name} runs with")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "warned"),
+    [
+        (["optim.name=lion"], True),
+        (["optim.name=lion", "optim.lr=1e-4", "optim.weight_decay=0.5"], False),  # the user chose both
+        (["optim=lion"], False),
+    ],
+)
+def test_the_warning_reads_the_group_and_the_users_keys_from_hydra(overrides, warned, tmp_path):
+    """Through the command line: Hydra's record of the job says which group was composed and which keys the user
+    set. `search.trial` without a study stops the run right after the settings' check (check_search), so nothing
+    trains; the warning comes before it, once."""
+    done = run_cli([*QUICK, *overrides, "search.trial=0", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert done.returncode == 2 and "search.trial is set but search.storage is not" in done.stderr
+    lines = [line for line in done.stdout.splitlines() if "optim.name=lion runs with" in line]
+    if warned:
+        (line,) = lines
+        assert "[WARNING]" in line and "optim.lr=0.001 and optim.weight_decay=0.05, chosen for adamw" in line
+    else:
+        assert lines == []

@@ -35,12 +35,17 @@ def train_task(cfg) -> float | None:
     and a trial its pruner stopped raises optuna.TrialPruned: neither ends the search. A trial stopped by a signal
     raises TrialInterrupted, which does."""
     from vit.train import run
+    from vit.train.config import validate
     from vit.train.loop import NonFiniteLossError
     from vit.train.search import TrialInterrupted, is_trial, optimized_metric
 
     logging.getLogger("vit").setLevel(logging.INFO)
     try:
         metric = optimized_metric(cfg)
+        # The settings first (run() checks them again, in milliseconds): the warnings below speak of a run that can
+        # start, and a refused one says only why.
+        validate(cfg)
+        warn_kept_optimizer_settings(cfg)
         metrics = run(cfg)
     except UserError as err:  # a setting, the data, a checkpoint, the run folder: "<kind> error: ..." and exit 2
         exit_with(err)
@@ -57,6 +62,34 @@ def train_task(cfg) -> float | None:
 
         raise optuna.TrialPruned(f"pruned after epoch {pruned}")
     return (metrics.get("final") or {}).get(metric)
+
+
+def override_keys(overrides: list[str]) -> set[str]:
+    """The keys and groups an override list sets (`optim.lr=...`, `+optim.kwargs.x=1`, `optim=lion`: optim.lr,
+    optim.kwargs.x, optim), read with Hydra's own override grammar."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return {override.key_or_group for override in OverridesParser.create().parse_overrides(list(overrides))}
+
+
+def warn_kept_optimizer_settings(cfg) -> None:
+    """`optim.name=lion` beside the default `optim=adamw` trains Lion with AdamW's rate and weight decay: one warning
+    line naming them and the group to use (vit/train/optimizer.py: kept_settings_warning), unless the command line
+    set them. Which group the run composed and which keys the user set are Hydra's record of this job: its choices
+    and its overrides (a sweep's or a search's values among them). Rank 0 alone speaks under torchrun."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from vit.engine.distributed import env_rank
+    from vit.train.optimizer import kept_settings_warning
+
+    if env_rank() != 0 or not HydraConfig.initialized():
+        return
+    hydra_cfg = HydraConfig.get()
+    line = kept_settings_warning(
+        cfg.optim, hydra_cfg.runtime.choices.get("optim"), override_keys(hydra_cfg.overrides.task)
+    )
+    if line:
+        logging.getLogger("vit.train").warning(line)
 
 
 def check_group_choices(args: list[str]) -> None:

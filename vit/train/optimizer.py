@@ -137,6 +137,39 @@ def optimizer_class(name: str) -> type:
         raise ConfigError(f"optim.name={name}: {first_line(err)}") from err
 
 
+# The settings a config of configs/optim/ chooses for its own optimizer, which differ between optimizers by an order
+# of magnitude (Lion's rate is a tenth of AdamW's and its weight decay ten times higher: configs/optim/lion.yaml).
+TUNED_FOR_THE_OPTIMIZER = ("lr", "weight_decay")
+
+
+def kept_settings_warning(optim: OptimSettings | Mapping, group: str | None, given: Collection[str]) -> str | None:
+    """The warning line for `optim.name=<other>` beside the config group `optim=<group>` (adamw by default): the
+    group's rate and weight decay were chosen for the group's own optimizer and would carry over without a word.
+    `given`: the keys set on the command line (the user's choice, never warned about). None where the name is the
+    group's own, where both keys were given, or where the group is unknown (a run composed without Hydra)."""
+    from omegaconf import OmegaConf
+
+    from vit import CONFIG_DIR
+
+    group_file = CONFIG_DIR / "optim" / f"{group}.yaml"
+    if not group or not group_file.is_file():
+        return None
+    optim = OptimSettings.of(optim)
+    own = OmegaConf.load(group_file).get("name", OptimSettings.name)  # the group's optimizer
+    if optim.name == own:
+        return None
+    kept = [key for key in TUNED_FOR_THE_OPTIMIZER if f"optim.{key}" not in given]
+    if not kept:
+        return None
+    values = " and ".join(f"optim.{key}={getattr(optim, key):g}" for key in kept)
+    setting = " and ".join(f"optim.{key}" for key in kept)
+    if (CONFIG_DIR / "optim" / f"{optim.name}.yaml").is_file():
+        advice = f"optim={optim.name} sets a rate and weight decay chosen for it (or set {setting})"
+    else:
+        advice = f"set {setting} for {optim.name}"
+    return f"optim.name={optim.name} runs with {values}, chosen for {own} (the config group optim={group}); {advice}"
+
+
 def optimizer_kwargs(optim: OptimSettings, opt_class: type, device: torch.device) -> dict:
     """What `create_optimizer_v2` gets besides the groups and the rate: optim.betas, eps and momentum where set,
     then optim.kwargs as given. A key left null is not passed: the optimizer's own default applies (timm's factory
