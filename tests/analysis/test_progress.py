@@ -36,3 +36,22 @@ def test_a_terminal_gets_a_bar(monkeypatch, capsys):
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
     assert list(progress(iter("abc"), 3, "evaluating")) == ["a", "b", "c"]
     assert "evaluating" in capsys.readouterr().err
+
+
+def test_a_log_line_during_a_bar_is_written_above_it_and_the_handlers_come_back(monkeypatch, capsys):
+    import logging
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    root = logging.getLogger()
+    console = logging.StreamHandler(sys.stderr)  # as Hydra's console handler, on the (captured) stderr
+    console.setFormatter(logging.Formatter("LOG %(message)s"))
+    monkeypatch.setattr(root, "handlers", [console])
+    monkeypatch.setattr(root, "level", logging.INFO)
+    for item in progress(range(3), 3, "evaluating"):
+        if item == 1:
+            logging.getLogger("vit.test").info("hello from the log")
+    written = capsys.readouterr().err
+    before = written[: written.index("LOG hello from the log")]
+    # tqdm.write clears the bar's line (a carriage return after blanks) before the record: not printed after the bar
+    assert before.endswith("\r") and before.rstrip("\r").endswith(" "), repr(written)
+    assert root.handlers == [console]

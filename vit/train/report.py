@@ -24,6 +24,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from vit.engine.compile import eager
 from vit.engine.files import OutputError, free_space, write_error_reason
+from vit.progress import redirect_logging_to_tqdm
 
 log = logging.getLogger("vit.train")
 
@@ -177,20 +178,6 @@ class Console:
         if self._redirect is not None:
             self._redirect.__exit__(None, None, None)
             self._redirect = None
-
-
-def redirect_logging_to_tqdm():
-    """The root logger's console handlers write through tqdm while a bar is open (tqdm's logging_redirect_tqdm);
-    None where the root logger has no console handler (a test, a notebook), which then gains none."""
-    from tqdm.contrib.logging import logging_redirect_tqdm
-
-    console = (sys.stdout, sys.stderr)
-    handlers = logging.getLogger().handlers
-    if not any(isinstance(h, logging.StreamHandler) and h.stream in console for h in handlers):
-        return None
-    redirect = logging_redirect_tqdm()
-    redirect.__enter__()
-    return redirect
 
 
 class TensorBoard:
