@@ -1,6 +1,6 @@
 """Evaluate a checkpoint of ours, or a model name with foreign weights, on a dataset (see vit/cli/evaluate.py):
 
-    python scripts/evaluate.py checkpoint=<best.pt> [data.root=...] [ema=true] [flip=true] [confusion=cm.png]
+    python scripts/evaluate.py checkpoint=<best.pt> [data.root=...] [ema=auto|true|false] [flip=true] [confusion=cm.png]
     python scripts/evaluate.py model=<name> model.pretrained=<timm:name | file> data=imagefolder data.root=<folder>
         [preprocess=data|timm:<name>] [class_map=imagenet|<file>] [json=<path>]
 

@@ -3,14 +3,18 @@ weights of a checkpoint they read (EMA or raw), a refusal to name classes with a
 (and `features=true` for the pooled image features instead), advice that fits the tool, and output that holds the
 answer only."""
 
+import importlib
 import json
+import sys
 
 import pytest
 import timm
+import tomllib
 import torch
-from trainer_utils import make_tree
+from trainer_utils import REPO, make_tree
 
 from vit.cli import evaluate as evaluate_tool
+from vit.deploy.weights import EMA_RULE
 
 # A 3-class, 2-block ViT-Ti/16 of timm (224 px): small enough to build and run in a moment on a CPU.
 TIMM_TINY = "vit_tiny_patch16_224"
@@ -116,3 +120,103 @@ def test_predict_prints_the_classes_only_and_names_a_precision_it_could_not_run(
     assert code == 0 and len(out.splitlines()) == 3
     (line,) = [line for line in err.splitlines() if "precision" in line]
     assert line.startswith("warning: precision: ") and "amp=fp16 but this CPU has no native fp16" in line, line
+
+
+# --- one rule for which weights of a checkpoint a tool reads -----------------------------------------------------
+
+
+def model_of(checkpoint, key: str):
+    """The checkpoint's model with its `key` weights ("model": raw, "ema"), fp32, eval mode."""
+    from omegaconf import OmegaConf
+
+    from vit.engine.build import build_model_from_config
+
+    state = torch.load(checkpoint, weights_only=True)
+    model = build_model_from_config(OmegaConf.create(state["config"]["model"]), num_classes=10)
+    model.load_state_dict(state[key])
+    return model.eval()
+
+
+def test_evaluate_predict_and_export_read_the_same_weights_by_default(ours, tmp_path, capsys):
+    """On a checkpoint holding EMA weights, vit-eval, vit-predict and vit-export all read the EMA ones unless
+    ema=false (as model.pretrained=<checkpoint> starts a run), and each names them: the accuracy vit-eval reports is
+    that of the model vit-export writes and vit-predict runs."""
+    from vit.cli import export as export_tool
+
+    checkpoint = ours / "best.pt"
+    common = ["device=cpu", "data.num_workers=0", "amp=none"]
+    evaluations = {}
+    for ema in (None, "true", "false"):
+        argv = [f"checkpoint={checkpoint}", *common] + ([f"ema={ema}"] if ema else [])
+        assert evaluate_tool.cli(argv) == 0
+        captured = capsys.readouterr()
+        evaluations[ema] = json.loads(captured.out)
+        assert f"weights: {evaluations[ema]['weights']}" in captured.err  # the summary line names them
+    assert evaluations[None]["weights"] == evaluations["true"]["weights"] == "ema"
+    assert evaluations["false"]["weights"] == "raw"
+    assert evaluations[None]["loss"] == evaluations["true"]["loss"] != evaluations["false"]["loss"]
+
+    images = ours / "images"
+    predictions = {}
+    for ema in (None, "true", "false"):
+        argv = [f"checkpoint={checkpoint}", f"image={images}", "json=-", "top=10", "amp=none"]
+        code, out, err = predict(argv + ([f"ema={ema}"] if ema else []), capsys)
+        assert code == 0, err
+        records = json.loads(out)
+        predictions[ema] = [sorted((p["index"], p["prob"]) for p in r["top"]) for r in records]
+        assert {r["weights"] for r in records} == {f"{'raw' if ema == 'false' else 'ema'} ({checkpoint})"}
+        assert err.strip() == f"weights: {records[0]['weights']}"
+    assert predictions[None] == predictions["true"] != predictions["false"]
+
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    for ema, key in ((None, "ema"), ("false", "model")):
+        output = tmp_path / f"{ema}.torchscript.pt"
+        argv = [f"checkpoint={checkpoint}", "format=torchscript", f"output={output}", f"image={images}"]
+        assert export_tool.main(argv + ([f"ema={ema}"] if ema else [])) == 0
+        assert f"weights: {'raw' if ema else 'ema'})" in capsys.readouterr().out
+        side = json.loads(output.with_name(output.name + ".json").read_text())
+        assert side["weights"] == ("raw" if ema else "ema")
+        with torch.no_grad():
+            torch.testing.assert_close(torch.jit.load(str(output))(x), model_of(checkpoint, key)(x))
+
+
+@pytest.mark.parametrize(
+    ("tool", "args", "needle"),
+    [
+        ("evaluate", ["checkpoint={ours}/no_ema.pt", "ema=true"], "has no EMA weights"),
+        ("predict", ["checkpoint={ours}/no_ema.pt", "ema=true", "image={ours}/images"], "has no EMA weights"),
+        ("export", ["checkpoint={ours}/no_ema.pt", "ema=true", "output={tmp}/x.pt2"], "has no EMA weights"),
+        ("evaluate", ["checkpoint={ours}/best.pt", "ema=maybe"], "ema='maybe' must be one of auto, true, false"),
+        ("predict", ["checkpoint={ours}/best.pt", "ema=maybe", "image={ours}/images"], "ema='maybe' must be one of"),
+        ("export", ["checkpoint={ours}/best.pt", "ema=maybe", "output={tmp}/x.pt2"], "ema='maybe' must be one of"),
+        ("evaluate", FOREIGN + ["model.pretrained={timm}", "ema=true"], "holds no EMA weights (no state_dict_ema"),
+    ],
+)
+def test_ema_true_without_ema_weights_and_a_bad_ema_value_are_one_line(
+    ours, timm_file, tmp_path, capsys, tool, args, needle
+):
+    from vit.cli import export as export_tool
+    from vit.cli.args import run_script
+
+    fill = {"ours": ours, "tmp": tmp_path, "timm": timm_file}
+    argv = [a.format(**fill) for a in args]
+    if tool == "evaluate":
+        code = evaluate_tool.cli([*argv, "device=cpu", "data.num_workers=0"])
+        err = capsys.readouterr().err
+    elif tool == "predict":
+        code, _, err = predict(argv, capsys)
+    else:
+        code = run_script(export_tool.main, argv)
+        err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and needle in lines[0], lines
+
+
+@pytest.mark.parametrize("command", ["vit-eval", "vit-predict", "vit-export", "vit-average"])
+def test_every_tool_states_the_one_ema_rule_in_its_help(command, monkeypatch, capsys):
+    commands = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    module, _, function = commands[command].partition(":")
+    monkeypatch.setattr(sys, "argv", [command, "--help"])
+    with pytest.raises(SystemExit):
+        getattr(importlib.import_module(module), function)()
+    assert EMA_RULE in " ".join(capsys.readouterr().out.split()), command

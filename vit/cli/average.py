@@ -1,15 +1,17 @@
 """Average the weights of several checkpoints of one run into a new checkpoint.
 
-usage: vit-average <run folder | checkpoint files...> [last=<N>] [weights=auto|ema|raw]
+usage: vit-average <run folder | checkpoint files...> [last=<N>] [ema=auto|true|false]
        [out=<file>]
 (in a checkout, without installing: python scripts/average_checkpoints.py with the same arguments)
 
 With a run folder, its kept epoch checkpoints (checkpoints/epoch_NNNN.pt, written with trainer.keep_last=N) are
-averaged, the newest `last` of them when given. `weights`: the EMA weights (ema), the raw ones (raw), or auto
-(the EMA when the checkpoints hold one). The result (default: <run folder>/checkpoints/averaged.pt, else
+averaged, the newest `last` of them when given. The result (default: <run folder>/checkpoints/averaged.pt, else
 averaged.pt beside the first file) holds the mean of each tensor and the run's config and classes, so
 scripts/evaluate.py, scripts/export.py and `model.pretrained=<file>` read it like any checkpoint of this trainer;
 it holds no optimizer state, so it does not resume.
+
+Weights: {ema_rule} Here the first checkpoint decides for all of them, and every one must hold the weights chosen;
+the average is written as the result's weights (its `ema` is empty: ema=auto reads them back).
 
 Example:
 
@@ -24,6 +26,7 @@ import sys
 from pathlib import Path
 
 from vit.cli.args import parse_args, run_script
+from vit.deploy.weights import ema_option, with_ema_rule
 from vit.engine.files import atomic_save
 from vit.errors import UsageError
 from vit.train.averaging import average_checkpoints
@@ -40,7 +43,7 @@ def kept_epochs(run_dir: Path) -> list[Path]:
 
 def main(argv: list[str]) -> int:
     sources = [arg for arg in argv if "=" not in arg]
-    options = parse_args([arg for arg in argv if "=" in arg], {"last": None, "weights": "auto", "out": None})
+    options = parse_args([arg for arg in argv if "=" in arg], {"last": None, "ema": None, "out": None})
     if not sources:
         raise UsageError("give a run folder or checkpoint files (see --help)")
     if len(sources) == 1 and Path(sources[0]).is_dir():
@@ -59,7 +62,9 @@ def main(argv: list[str]) -> int:
     out = Path(options["out"]) if options["out"] else default_out
     if out.resolve() in {p.resolve() for p in paths}:
         raise UsageError(f"out={str(out)!r} is one of the checkpoints being averaged")
-    averaged = average_checkpoints(paths, options["weights"])
+    # averaging's own names for the same three choices (EMA_RULE): auto, ema, raw
+    which = {None: "auto", True: "ema", False: "raw"}[ema_option(options["ema"])]
+    averaged = average_checkpoints(paths, which)
     atomic_save(averaged, out)
     names = ", ".join(p.name for p in paths)
     print(f"averaged the {averaged['averaged_from']['weights']} weights of {len(paths)} checkpoints ({names}) -> {out}")
@@ -68,4 +73,4 @@ def main(argv: list[str]) -> int:
 
 def console() -> None:
     """`vit-average` (and `python scripts/average_checkpoints.py` in a checkout)."""
-    sys.exit(run_script(main, usage=__doc__))
+    sys.exit(run_script(main, usage=with_ema_rule(__doc__)))

@@ -1,6 +1,6 @@
 """Evaluate any weights on a dataset: a checkpoint of this trainer, or a model name with foreign weights.
 
-usage: vit-eval checkpoint=<path> [data.<key>=...] [ema=true] [flip=true] [confusion=<png>]
+usage: vit-eval checkpoint=<path> [data.<key>=...] [ema=auto|true|false] [flip=true] [confusion=<png>]
            [json=<path>] [amp=auto|bf16|fp16|none]
        vit-eval model=<name> model.pretrained=<timm:name | file> [model.<key>=...]
            [data=<config>] [data.<key>=...] [preprocess=data|timm:<name>] [class_map=imagenet|<file>]
@@ -8,7 +8,7 @@ usage: vit-eval checkpoint=<path> [data.<key>=...] [ema=true] [flip=true] [confu
 
 Examples:
 
-    python scripts/evaluate.py checkpoint=outputs/.../checkpoints/best.pt [data.root=...] [ema=true] [flip=true]
+    python scripts/evaluate.py checkpoint=outputs/.../checkpoints/best.pt [data.root=...] [ema=false] [flip=true]
     python scripts/evaluate.py model=vit_small model.pretrained=timm:vit_small_patch16_224.augreg_in1k \\
         data=imagefolder data.root=/data/imagenet [class_map=imagenet]
     python scripts/evaluate.py model=t2t_vit_14 model.pretrained=81.5_T2T_ViT_14.pth.tar model.qk_scale=0.05103 \\
@@ -21,6 +21,8 @@ count of the weights and the image size of the preprocessing. The split is the d
 `data.val_split=<folder>` for image folders (default val/, validation/ or test/), CIFAR's test split, or with
 `data.holdout=<n>` a class-balanced slice of the training images; `data.limit_val_samples=<n>` a balanced subset,
 only when given on this command (a limit in a checkpoint's training config is named in one line and not applied).
+
+Weights: {ema_rule}
 
 Preprocessing: `preprocess=timm:<name>` is timm's pretrained config of those weights (resize ratio, interpolation,
 mean/std), `preprocess=data` the data config's validation transform; by default a `timm:` source uses timm's
@@ -37,7 +39,8 @@ the trainer's rule (vit/engine/device.py: auto is bf16 where the device has it n
 enough to gain, else fp32); the JSON's "precision" names what ran.
 
 Output: JSON on stdout (top1, top5, loss, per-class top-1, images/s of the evaluation loop with decoding, the
-split, the preprocessing and the class mapping; `json=<path>` also writes it) and a one-line summary on stderr.
+split, the weights read ("weights": ema or raw), the preprocessing and the class mapping; `json=<path>` also writes
+it) and a one-line summary on stderr.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from vit.cli.args import parse_args, run_script
-from vit.deploy.weights import resolve
+from vit.deploy.weights import resolve, with_ema_rule
 from vit.errors import UsageError
 from vit.progress import progress
 
@@ -234,7 +237,8 @@ def evaluate_weights(argv: list[str]) -> dict:
 def summary_line(result: dict) -> str:
     pre = result["preprocessing"]
     return (
-        f"{result['model']} ({result['source']}) on {result['data']} {result['split']}, {result['count']:,} images: "
+        f"{result['model']} ({result['source']}, weights: {result['weights']}) on {result['data']} "
+        f"{result['split']}, {result['count']:,} images: "
         f"top-1 {result['top1']:.2f}%, top-5 {result['top5']:.2f}%, loss {result['loss']:.4f}, "
         f"{result['images_per_s']:,.0f} img/s in {result['precision']}{', flip' if result['flip'] else ''}; "
         f"preprocessing: {pre['origin']} "
@@ -260,7 +264,7 @@ def main(argv: list[str]) -> int:
 
 def cli(argv: list[str] | None = None) -> int:
     """`python scripts/evaluate.py ...` and `vit-eval ...`: exit code 0, or 2 with one line for a bad setting."""
-    return run_script(main, argv, usage=__doc__)
+    return run_script(main, argv, usage=with_ema_rule(__doc__))
 
 
 def console() -> None:

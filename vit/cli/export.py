@@ -1,7 +1,7 @@
 """Export a trained model to ONNX, TorchScript or a torch.export program, checked against PyTorch.
 
 usage: vit-export checkpoint=<best.pt> [format=onnx|torchscript|exported-program] [output=<path>]
-           [batch=dynamic|<n>] [ema=false] [image=<file, folder or a,b,c>] [atol=1e-4]
+           [batch=dynamic|<n>] [ema=auto|true|false] [image=<file, folder or a,b,c>] [atol=1e-4]
            [quantize=int8|int8-dynamic|int8-static] [calibration=256] [check_images=<n>] [max_drop=1.0]
        vit-export model=<name> model.pretrained=<timm:name | file> [data=imagefolder]
            [preprocess=data|timm:<name>] output=<path> ...
@@ -14,6 +14,8 @@ one. The exported file is run on a batch of images (`image=`, else the first ima
 validation split, else generated ones) and its logits compared with the PyTorch model's: ONNX through
 onnxruntime, the others through PyTorch; a max |diff| above `atol` fails the command (exit 1) and keeps nothing.
 ONNX needs the optional extra: pip install -e '.[export]'.
+
+Weights: {ema_rule} The side JSON records them ("weights").
 
 `quantize=` (format=onnx) writes an INT8 file instead (default name best.int8.onnx), with onnxruntime's
 quantization of the linear layers: `int8-dynamic` (int8 weights, activations quantized on the fly), `int8-static`
@@ -52,7 +54,7 @@ from vit.deploy.export import (
     export_model,
 )
 from vit.deploy.quantize import CALIBRATION, MAX_DROP, resolve_mode
-from vit.deploy.weights import resolve
+from vit.deploy.weights import resolve, with_ema_rule
 from vit.engine.weights import source_kind
 from vit.errors import UsageError
 
@@ -191,6 +193,7 @@ def main(argv: list[str]) -> int:
         batch=batch,
         model_name=weights.name,
         source=weights.source,
+        weights=weights.which,
         atol=atol,
         int8=int8,
     )
@@ -198,7 +201,8 @@ def main(argv: list[str]) -> int:
     kind = f"{fmt}, {result.int8.mode}" if result.int8 is not None else fmt
     float_check = "the float file " if result.int8 is not None else ""
     print(
-        f"wrote {result.path} ({kind}, batch {'dynamic' if batch is None else batch}) and {result.side_json}; "
+        f"wrote {result.path} ({kind}, batch {'dynamic' if batch is None else batch}, weights: {weights.which}) "
+        f"and {result.side_json}; "
         f"{float_check}checked with {runtime} on {what}, batches {result.checked_batches}: max |diff| "
         f"{result.max_abs_diff:.2e} <= {atol:g}"
     )
@@ -209,4 +213,4 @@ def main(argv: list[str]) -> int:
 
 def console() -> None:
     """`vit-export` (and `python scripts/export.py` in a checkout)."""
-    sys.exit(run_script(main, usage=__doc__))
+    sys.exit(run_script(main, usage=with_ema_rule(__doc__)))

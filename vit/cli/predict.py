@@ -1,7 +1,7 @@
 """Top-5 predictions of a trained model with class names and probabilities.
 
 usage: vit-predict checkpoint=<path> image=<file, folder or a.jpg,b.png> [json=<path> | json=-]
-    [top=5] [ema=false] [amp=auto|bf16|fp16|none]
+    [top=5] [ema=auto|true|false] [amp=auto|bf16|fp16|none]
        vit-predict model=<name> model.pretrained=<timm:name | file> [model.pretrained_file=<file>]
     [model.<key>=...] [preprocess=timm:<name>|data] [data=<config>] [data.<key>=...] image=<...> ...
 (in a checkout, without installing: python scripts/predict.py with the same arguments)
@@ -13,6 +13,9 @@ preprocessing and class names of its side JSON, without the model code. Prints o
 in the precision `amp` gives it on this CPU (default: its run's trainer.amp; auto: bf16 where the CPU has it
 natively and the model is wide enough to gain, else fp32; vit/engine/device.py); it is said (a warning on
 stderr) only where an `amp` given on the command cannot run on this CPU and another precision runs instead.
+
+Weights: {ema_rule} Here: one line on stderr, and "weights" in each JSON record (an ONNX file: the weights its
+side JSON says it was exported from).
 
 Foreign weights, as evaluate and export take them: `model=<name> model.pretrained=timm:<name>` builds timm's
 architecture of that name (DINOv2, SigLIP, CLIP, EVA-02 ...), with `model.pretrained_file=<file>` holding its
@@ -37,8 +40,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vit.analysis.inputs import image_paths, load_images, load_model
+from vit.analysis.inputs import image_paths
 from vit.cli.args import parse_args, run_script
+from vit.deploy.weights import ema_option, with_ema_rule
 from vit.engine.device import Precision, choose_precision
 from vit.errors import UsageError
 from vit.settings.trainer import AMP_MODES
@@ -58,47 +62,38 @@ def cpu_precision(amp: str | None, default: str, model) -> Precision:
     return precision
 
 
-def probabilities(
-    checkpoint: str, spec: str, use_ema: bool, amp: str | None = None
-) -> tuple[list[Path], np.ndarray, list[str]]:
-    """(image paths, (B, classes) probabilities, class names) from a checkpoint or an ONNX file. A checkpoint's
-    model runs in the precision `amp` (default: its run's trainer.amp) gives it on this CPU, by the trainer's rule."""
-    if amp is not None and amp not in AMP_MODES:
-        raise UsageError(f"amp={amp!r} must be one of {AMP_MODES}")
-    if checkpoint.endswith(".onnx"):
-        if amp is not None:
-            raise UsageError(f"amp={amp}: an ONNX file runs in the precision it was exported in; leave amp out")
-        from vit.deploy.export import ExportError, require_export_extra
-        from vit.deploy.runtime import OnnxClassifier
+def onnx_probabilities(checkpoint: str, spec: str, options) -> tuple[list[Path], np.ndarray, list[str], str]:
+    """(image paths, (B, classes) probabilities, class names, the weights it was exported from) of an exported ONNX
+    file, through onnxruntime with its side JSON's preprocessing."""
+    # The file holds one set of weights in one precision, chosen when it was exported (its side JSON names the
+    # weights); a choice here could not be honoured.
+    if options.get("amp") is not None:
+        raise UsageError(f"amp={options['amp']}: an ONNX file runs in the precision it was exported in; leave amp out")
+    if ema_option(options.get("ema")) is not None:
+        raise UsageError(f"ema={options['ema']}: an ONNX file holds the weights it was exported with; leave ema out")
+    from vit.deploy.export import ExportError, require_export_extra
+    from vit.deploy.runtime import OnnxClassifier
 
-        try:
-            require_export_extra()
-        except ExportError as err:
-            raise UsageError(str(err).replace("format=onnx", f"checkpoint={checkpoint}")) from None
-        paths = [p for part in spec.split(",") for p in image_paths(part)]
-        classifier = OnnxClassifier(checkpoint)
-        probs = classifier.predict_proba(paths)
-        names = classifier.classes or [str(i) for i in range(probs.shape[-1])]
-        return paths, probs, names
-    model, config, classes = load_model(checkpoint, use_ema=use_ema)
-    names = sorted(classes, key=classes.get) if classes else [str(i) for i in range(model.num_classes)]
-    paths, batches = [], []
-    for part in spec.split(","):
-        found, images = load_images(part, config)  # (B, 3, H, W), the validation transform
-        paths += found
-        batches.append(images)
-    precision = cpu_precision(amp, (config.get("trainer") or {}).get("amp", "auto"), model)
-    with torch.no_grad(), precision.autocast(torch.device("cpu")):
-        chunks = [model(chunk).float().softmax(dim=-1) for images in batches for chunk in images.split(64)]
-    return paths, torch.cat(chunks).numpy(), names
+    try:
+        require_export_extra()
+    except ExportError as err:
+        raise UsageError(str(err).replace("format=onnx", f"checkpoint={checkpoint}")) from None
+    paths = [p for part in spec.split(",") for p in image_paths(part)]
+    classifier = OnnxClassifier(checkpoint)
+    probs = classifier.predict_proba(paths)
+    names = classifier.classes or [str(i) for i in range(probs.shape[-1])]
+    return paths, probs, names, str(classifier.meta.get("weights") or "not recorded")
 
 
-def foreign_probabilities(options, spec: str, amp: str | None) -> tuple[list[Path], np.ndarray, list[str]]:
-    """(image paths, probabilities, class names) of foreign weights (model= with model.pretrained=), built and
-    preprocessed as evaluate.py builds them (vit/deploy/weights.py's `resolve`)."""
+def model_probabilities(options, spec: str) -> tuple[list[Path], np.ndarray, list[str], str]:
+    """(image paths, (B, classes) probabilities, class names, the weights read) of a checkpoint of ours or foreign
+    weights (model= with model.pretrained=), built, chosen (EMA_RULE) and preprocessed as vit-eval and vit-export
+    build them (vit/deploy/weights.py's `resolve`). The model runs in the precision `amp` (default: its run's
+    trainer.amp, auto for foreign weights) gives it on this CPU, by the trainer's rule."""
     from vit.data.images import read_rgb
     from vit.deploy.weights import resolve
 
+    amp = options.get("amp")
     if amp is not None and amp not in AMP_MODES:
         raise UsageError(f"amp={amp!r} must be one of {AMP_MODES}")
     weights, pre, _ = resolve(options)
@@ -106,10 +101,11 @@ def foreign_probabilities(options, spec: str, amp: str | None) -> tuple[list[Pat
     names = weights.classes or [str(i) for i in range(int(model.num_classes))]
     paths = [p for part in spec.split(",") for p in image_paths(part)]
     images = torch.stack([transform(read_rgb(path)) for path in paths])  # (B, 3, H, W)
-    precision = cpu_precision(amp, "auto", model)
+    trained_with = (weights.config.get("trainer") or {}).get("amp") if weights.config is not None else None
+    precision = cpu_precision(amp, trained_with or "auto", model)
     with torch.no_grad(), precision.autocast(torch.device("cpu")):
         chunks = [model(chunk).float().softmax(dim=-1) for chunk in images.split(64)]
-    return paths, torch.cat(chunks).numpy(), names
+    return paths, torch.cat(chunks).numpy(), names, f"{weights.which} ({weights.source})"
 
 
 KNOWN = {"checkpoint": None, "image": None, "json": None, "top": "5", "ema": None, "amp": None}
@@ -120,21 +116,25 @@ def main(argv: list[str]) -> int:
     args = parse_args(argv, {**KNOWN, **FOREIGN}, ("image",), model_keys=True, data_keys=True)
     if not args["top"].isdigit() or int(args["top"]) < 1:
         raise UsageError(f"top={args['top']!r} must be a positive integer")
-    if args.source is not None:
-        paths, probs, names = foreign_probabilities(args, args["image"], args["amp"])
-    else:
-        if not args.get("checkpoint"):
+    ema_option(args["ema"])  # a bad value named before any file is read
+    checkpoint = args.get("checkpoint")
+    if args.source is None:
+        if not checkpoint:
             raise UsageError("checkpoint=<...> is required (or model=<name> model.pretrained=<timm:name | file>)")
         if args["model"] or args.model or args.data or args["preprocess"] or args["data"]:
             raise UsageError("model=, model.<key>=, data and preprocess= go with model.pretrained=, not checkpoint=")
-        ema = args.flag("ema")
-        paths, probs, names = probabilities(args["checkpoint"], args["image"], ema, args["amp"])
+    if args.source is None and checkpoint.endswith(".onnx"):
+        paths, probs, names, which = onnx_probabilities(checkpoint, args["image"], args)
+    else:
+        paths, probs, names, which = model_probabilities(args, args["image"])
+    # Which weights answered (EMA_RULE), once on stderr: stdout holds the predictions alone.
+    print(f"weights: {which}", file=sys.stderr)
     k = min(int(args["top"]), probs.shape[-1])
     order = np.argsort(-probs, axis=-1, kind="stable")[:, :k]  # (B, k), most probable first
     results = []
     for path, row, indices in zip(paths, probs, order, strict=True):
         preds = [{"class": names[i], "index": int(i), "prob": round(float(row[i]), 4)} for i in indices]
-        results.append({"image": str(path), "top": preds})
+        results.append({"image": str(path), "weights": which, "top": preds})
         if args["json"] != "-":
             # the path as found (cat/0000.jpg and ship/0000.jpg are different images)
             print(f"{path}: " + ", ".join(f"{p['class']} {100 * p['prob']:.1f}%" for p in preds))
@@ -147,4 +147,4 @@ def main(argv: list[str]) -> int:
 
 def console() -> None:
     """`vit-predict` (and `python scripts/predict.py` in a checkout)."""
-    sys.exit(run_script(main, usage=__doc__))
+    sys.exit(run_script(main, usage=with_ema_rule(__doc__)))

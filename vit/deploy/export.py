@@ -277,6 +277,7 @@ def export_model(
     batch: int | None = None,
     model_name: str = "",
     source: str = "",
+    weights: str = "",
     atol: float = ATOL,
     int8: Int8Request | None = None,
 ) -> ExportResult:
@@ -304,6 +305,7 @@ def export_model(
         "file": path.name,
         "model": model_name,
         "source": source,
+        "weights": weights,  # which of the source's weights (vit/deploy/weights.py's EMA_RULE): ema, raw, ...
         "input": {
             "name": INPUT_NAME,
             "shape": ["batch" if batch is None else batch, 3, size, size],

@@ -15,12 +15,43 @@ from torch import nn
 from vit import CONFIG_DIR
 from vit.deploy.preprocessing import Preprocessing, from_data_config, from_timm
 from vit.engine.weights import NoEmaError, read_weights, source_forms, source_kind, source_name
-from vit.errors import UserError
+from vit.errors import UsageError, UserError
 from vit.models.fit import PretrainedError, Weights
 
 
 class WeightsError(UserError):
     """Weights that cannot be used as asked: one line naming the setting, file or mismatch (exit code 2)."""
+
+
+# Which weights of a checkpoint every tool after training reads (vit-eval, vit-predict, vit-export, vit-average):
+# one rule, the one `model.pretrained=<last.pt>` starts a run with, so that the accuracy vit-eval reports is that of
+# the model vit-export writes and vit-predict runs. Each tool's --help states it (`with_ema_rule`).
+EMA_CHOICES = ("auto", "true", "false")
+EMA_RULE = (
+    "ema=auto (the default) reads the EMA weights where the checkpoint holds them (a run trained with "
+    "trainer.ema=true; a state-dict file's state_dict_ema or model_ema), else its raw ones, as "
+    "model.pretrained=<checkpoint> starts a run; ema=true the EMA weights, refused in one line where there are "
+    "none; ema=false the raw weights. The output names the weights used."
+)
+
+
+def ema_option(value: object, key: str = "ema") -> bool | None:
+    """`ema=auto|true|false` (EMA_RULE) as `read_weights` takes it: None for auto (and when not given), True, False.
+    Anything else is one line naming the key."""
+    if value is None or str(value).lower() == "auto":
+        return None
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("true", "1", "yes"):
+        return True
+    if str(value).lower() in ("false", "0", "no"):
+        return False
+    raise UsageError(f"{key}={value!r} must be one of {', '.join(EMA_CHOICES)} ({EMA_RULE.split(';')[0]})")
+
+
+def with_ema_rule(usage: str) -> str:
+    """A tool's --help text with EMA_RULE in place of its `{ema_rule}` mark: the rule is written once."""
+    return usage.replace("{ema_rule}", EMA_RULE)
 
 
 @dataclass
@@ -31,7 +62,7 @@ class LoadedModel:
     preprocessing: Preprocessing | None  # what the weights prescribe (our data config, timm's config), if anything
     source: str  # the file or name the weights came from, for reports
     config: dict | None = None  # the resolved training config (checkpoints of ours)
-    which: str = ""  # "ema" or "model" for a checkpoint of ours; for a file, which of its weights were taken
+    which: str = ""  # which of its weights were read (`which_weights`): "ema" or "raw" for a checkpoint of ours
 
 
 def read_source(
@@ -44,6 +75,8 @@ def read_source(
     except FileNotFoundError:
         if file is not None:
             raise WeightsError(f"model.pretrained_file={file}: no such file") from None
+        if key == "checkpoint":  # a checkpoint of ours: timm names and other files go with model.pretrained=
+            raise WeightsError(f"checkpoint {source!r} does not exist") from None
         raise WeightsError(f"{key}={source}: no such file ({source_forms()})") from None
     except NoEmaError as err:  # names the checkpoint and why it has no EMA weights
         raise WeightsError(str(err)) from None
@@ -66,13 +99,40 @@ def class_names(weights: Weights) -> list[str] | None:
     return sorted(class_to_idx, key=class_to_idx.get) if class_to_idx else None
 
 
-def which_weights(weights: Weights, use_ema: bool | None) -> str:
-    """For the report: "ema" or "model" of a checkpoint of ours; for a file, which of its weights come first."""
+def which_weights(weights: Weights, use_ema: bool | None, file: str | None = None) -> str:
+    """For the report, which weights were read (EMA_RULE): "ema" or "raw" of a checkpoint of ours (and of a file
+    whose EMA weights ema=true found); for another file, which of its weights come first; timm's release for a
+    `timm:<name>` source without a file."""
     if weights.config is not None:
-        return "ema" if weights.ema else "model"
-    if weights.timm_model is not None:
-        return ""
-    return "raw first where the file holds EMA ones too" if use_ema is False else "EMA first where the file holds both"
+        return "ema" if weights.ema else "raw"
+    if use_ema is True:
+        return "ema"  # checked by `require_ema`
+    if weights.timm_model is not None and file is None:
+        return "timm's release"
+    return "raw where the file holds EMA ones too" if use_ema is False else "ema where the file holds them"
+
+
+def require_ema(found: Weights, given: str, file: str | None) -> None:
+    """ema=true on weights that are not a checkpoint of ours (read_weights refuses one without EMA weights): a
+    state-dict file must hold them under state_dict_ema or model_ema, said in one line where it does not. The file
+    is read once more for this, only when ema=true is given."""
+    from vit.engine.weights import WRAPPER_KEYS
+    from vit.models.weights_file import WeightsFileError, read_weights_file
+
+    if found.config is not None:
+        return
+    path = file or (given if found.timm_model is None else None)
+    if path is None:
+        raise WeightsError(f"ema=true: {given} is timm's release, one set of weights with no EMA: leave ema out")
+    ema_keys = [key for key in WRAPPER_KEYS if "ema" in key]  # state_dict_ema, model_ema
+    try:
+        obj = read_weights_file(path)
+    except WeightsFileError as err:
+        raise WeightsError(str(err)) from None
+    if not (isinstance(obj, dict) and any(isinstance(obj.get(k), dict) and obj[k] for k in ema_keys)):
+        raise WeightsError(
+            f"ema=true: {path} holds no EMA weights (no {' or '.join(ema_keys)} in it): leave ema out, or ema=false"
+        )
 
 
 def model_from_config(config: dict, state_dict: dict, num_classes: int | None, overrides: Mapping) -> nn.Module:
@@ -119,11 +179,13 @@ def build_model(
         name = found.config["model"].get("name")
         if model_name and model_name != name:
             raise WeightsError(f"model={model_name} but checkpoint {given!r} holds a {name}")
-        classes, which = class_names(found), which_weights(found, use_ema)
+        classes, which = class_names(found), which_weights(found, use_ema, file)
         model = model_from_config(found.config, found.state_dict, len(classes or []) or None, overrides or {})
         return LoadedModel(model.eval(), name, classes, prescribed_preprocessing(found), given, found.config, which)
     if found.timm_model is not None:  # timm:<name>: timm's architecture for it (vit/models/foundation.py)
-        return timm_named_model(found, given, model_name, overrides or {}, img_size, file)
+        loaded = timm_named_model(found, given, model_name, overrides or {}, img_size, file)
+        loaded.which = which_weights(found, use_ema, file)
+        return loaded
     if not model_name:
         raise WeightsError(
             f"checkpoint {given!r} is not a checkpoint of this trainer (no config inside): name the model and give "
@@ -145,7 +207,7 @@ def build_model(
     except (ValueError, TypeError) as err:
         raise WeightsError(f"model={model_name} with model.pretrained={given}: {err}") from err
     model.float()
-    which = which_weights(found, use_ema)
+    which = which_weights(found, use_ema, file)
     return LoadedModel(model.eval(), model_name, class_names(found), prescribed, given, which=which)
 
 
@@ -222,12 +284,7 @@ def resolve(options, default_data: str = "imagefolder") -> tuple[LoadedModel, Pr
     if not given:
         raise WeightsError("checkpoint=<path> or model=<name> model.pretrained=<source> is required")
     key = "checkpoint" if checkpoint else "model.pretrained"
-    # ema=: given, else a checkpoint's raw weights (as the trainer evaluates its model) and a source's EMA ones
-    # where it holds both (as model.pretrained starts a run, model.pretrained_ema=true).
-    use_ema = options.flag("ema") if options.get("ema") is not None else (None if source else False)
-    ema_setting = options.model.pop("pretrained_ema", None)
-    if ema_setting is not None and options.get("ema") is None:
-        use_ema = bool(ema_setting)
+    use_ema = ema_choice(options)
     options.model.pop("freeze", None)  # a training setting, not the model's
     file = options.model.pop("pretrained_file", None)  # the weights of a timm:<name> source, offline
     if file is not None and checkpoint:
@@ -236,6 +293,8 @@ def resolve(options, default_data: str = "imagefolder") -> tuple[LoadedModel, Pr
         )
     file = None if file is None else str(file)
     found = read_source(given, use_ema=use_ema, key=key, file=file)  # read once
+    if use_ema is True:
+        require_ema(found, given, file)
     if found.config is not None and "data" in found.config and not options.get("data"):
         data_cfg = OmegaConf.merge(OmegaConf.create(found.config["data"]), OmegaConf.from_dotlist(options.data))
     else:
@@ -253,6 +312,21 @@ def resolve(options, default_data: str = "imagefolder") -> tuple[LoadedModel, Pr
         pre = from_data_config(data_cfg)  # ours (with any data.* override) or a foreign file
     check_input_size(weights.model, pre.img_size)
     return weights, pre, data_cfg
+
+
+def ema_choice(options) -> bool | None:
+    """`ema=` of a tool's options by EMA_RULE (None: auto), or the trainer's name for the same choice,
+    `model.pretrained_ema=`, beside model.pretrained=; both given and disagreeing is one line."""
+    given = ema_option(options.get("ema"))
+    trainer_name = options.model.pop("pretrained_ema", None)
+    if trainer_name is None:
+        return given
+    as_trainer = ema_option(trainer_name, "model.pretrained_ema")
+    if options.get("ema") is not None and given != as_trainer:
+        raise WeightsError(
+            f"ema={options.get('ema')} and model.pretrained_ema={trainer_name} disagree: give one of them"
+        )
+    return as_trainer
 
 
 def check_input_size(model, img_size: int) -> None:

@@ -23,13 +23,14 @@ def chosen_weights(state: dict, path: Path, which: str) -> dict[str, torch.Tenso
         return state["model"]
     ema = state.get("ema")
     if not ema:
-        raise CheckpointError(f"checkpoint {str(path)!r} holds no EMA weights: average with weights=raw")
+        raise CheckpointError(f"checkpoint {str(path)!r} holds no EMA weights: average the raw ones with ema=false")
     return ema
 
 
 def average_checkpoints(paths: Sequence[Path], which: str = "auto") -> dict:
     """The averaged checkpoint of `paths` (at least one), read one at a time. `which`: ema, raw, or auto (the EMA
-    weights when the first file holds them, else the raw ones). Every file must hold the same tensors (names,
+    weights when the first file holds them, else the raw ones: vit/deploy/weights.py's EMA_RULE, which vit-average
+    gives as ema=true|false|auto). Every file must hold the same tensors (names,
     shapes, dtypes) and the same classes; tensors that are not floating point must be equal in all of them."""
     if which not in WEIGHT_CHOICES:
         raise CheckpointError(f"weights={which!r} must be one of {WEIGHT_CHOICES}")
