@@ -335,6 +335,47 @@ def test_a_non_numeric_model_value_is_named_through_the_cli(tmp_path):
     assert done.stderr.strip() == "config error: model.img_size='abc' must be an integer"
 
 
+def tree(root) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_a_refused_run_leaves_no_folder_behind(tmp_path):
+    """Hydra makes outputs/<date>/<time>/ with .hydra/ and an empty train.log before the task starts: a refused
+    command takes it away again, and its outputs/<date>/ and outputs/ where it made them; an earlier run's folder
+    stays as it was."""
+    done = run_cli(["optim.lr=fast", "data=synthetic"], cwd=tmp_path, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip() == "config error: optim.lr='fast' must be a number"
+    assert tree(tmp_path) == []
+    earlier = tmp_path / "outputs" / "2020-01-01" / "00-00-00"
+    (earlier / ".hydra").mkdir(parents=True)
+    (earlier / "train.log").write_text("")
+    before = tree(tmp_path)
+    for arg in ("trainer.budget=1h30", "data.augment.re_prob=1.0", "search.trial=0"):
+        assert run_cli([arg, "data=synthetic"], cwd=tmp_path, timeout=120).returncode == 2
+    assert tree(tmp_path) == before
+
+
+def test_a_refused_sweep_job_leaves_no_folder_behind(tmp_path):
+    """-m: the sweep's folder (multirun/<date>/<time>/, its multirun.yaml) and the job's (<n>/) go too."""
+    done = run_cli(["-m", "optim.lr=fast", "data=synthetic"], cwd=tmp_path, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip() == "config error: optim.lr='fast' must be a number"
+    assert tree(tmp_path) == []
+
+
+def test_a_folder_the_user_named_is_removed_only_if_the_command_made_it(tmp_path):
+    """hydra.run.dir=<a folder that was there>: kept, and its log holds the error line; a new folder under a folder
+    that was there goes, up to that folder."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    done = run_cli(["optim.lr=fast", "data=synthetic", f"hydra.run.dir={mine}"], cwd=tmp_path, timeout=120)
+    assert done.returncode == 2
+    assert (mine / ".hydra").is_dir()
+    (log_line,) = (mine / "train.log").read_text().splitlines()
+    assert log_line.endswith("[ERROR] - config error: optim.lr='fast' must be a number")
+    done = run_cli(["optim.lr=fast", "data=synthetic", f"hydra.run.dir={mine}/new/run"], cwd=tmp_path, timeout=120)
+    assert done.returncode == 2 and sorted(p.name for p in mine.iterdir()) == [".hydra", "train.log"]
+
+
 # --- checkpoints -----------------------------------------------------------------------------------------------
 
 

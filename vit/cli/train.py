@@ -11,12 +11,15 @@ what this adds is only the exit code, the one line and the nearest existing key.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
 import sys
 from pathlib import Path
 from typing import NoReturn
+
+from hydra.experimental.callback import Callback
 
 from vit.engine.compose import CONFIG_DIR, compose
 from vit.errors import ConfigError, UserError, exit_with
@@ -48,6 +51,7 @@ def train_task(cfg) -> float | None:
         warn_kept_optimizer_settings(cfg)
         metrics = run(cfg)
     except UserError as err:  # a setting, the data, a checkpoint, the run folder: "<kind> error: ..." and exit 2
+        forget_refused_run(err)
         exit_with(err)
     except NonFiniteLossError as err:  # "training stopped: ..." and exit 1
         if is_trial(cfg):
@@ -62,6 +66,113 @@ def train_task(cfg) -> float | None:
 
         raise optuna.TrialPruned(f"pruned after epoch {pruned}")
     return (metrics.get("final") or {}).get(metric)
+
+
+@dataclasses.dataclass(frozen=True)
+class NewFolders:
+    """What existed, before Hydra made anything, of the folder a command's runs go to (hydra.run.dir, or a sweep's
+    hydra.sweep.dir holding one folder per job)."""
+
+    top: str  # the folder, absolute
+    existed: bool
+    entries: frozenset[str]  # a sweep folder that existed: what it held (an earlier sweep's job folders)
+    keep: str  # its nearest ancestor that existed: emptied parents are removed up to it, never it
+
+
+_NEW_FOLDERS: dict[str, NewFolders] = {}  # by `top`, noted by RunFolders for this command's runs
+
+
+def _note_folder(path) -> None:
+    top = os.path.abspath(str(path))
+    keep = Path(top)
+    while not keep.exists() and keep != keep.parent:
+        keep = keep.parent
+    entries = frozenset(os.listdir(top)) if os.path.isdir(top) else frozenset()
+    _NEW_FOLDERS[top] = NewFolders(top, os.path.exists(top), entries, str(keep))
+
+
+class RunFolders(Callback):
+    """A Hydra callback (configs/config.yaml: hydra.callbacks.run_folders): before Hydra makes a run's folder, it
+    notes whether the folder, or a sweep's, existed, so that a run refused before it wrote anything of its own can
+    take away the folder made for it (forget_refused_run) and never one the user named that was there before. The
+    folder's name is resolved here from the config the run then uses, so the ${now:...} in it is the same."""
+
+    def on_run_start(self, config, **kwargs) -> None:
+        _note_folder(config.hydra.run.dir)
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        _note_folder(config.hydra.sweep.dir)
+
+    def on_run_end(self, config, **kwargs) -> None:
+        _NEW_FOLDERS.clear()
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        _NEW_FOLDERS.clear()
+
+
+def forget_refused_run(err: BaseException) -> None:
+    """A run refused (a setting, the data, a checkpoint) leaves no folder behind when it wrote nothing of its own:
+    Hydra made the folder and wrote its config copy (.hydra/) and the log before the task started, so without this
+    every refused command left an outputs/<date>/<time>/ whose log does not even hold the error. The folder goes
+    where it holds only those and this command made it (RunFolders), and so do the parents it emptied that this
+    command made (outputs/<date>/, a sweep's folder holding only its multirun.yaml). A folder kept, holding
+    checkpoints, TensorBoard events or metrics, or the user's own from before, gets the error line in its log."""
+    import shutil
+
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from vit.errors import one_line
+
+    noted_folders = list(_NEW_FOLDERS.values())
+    _NEW_FOLDERS.clear()  # this command's: a later run in this process (a test, a notebook) notes its own
+    if not HydraConfig.initialized() or not noted_folders:
+        return
+    hydra_cfg = HydraConfig.get()
+    output_dir = OmegaConf.select(hydra_cfg, "runtime.output_dir", default=None, throw_on_missing=False)
+    if not output_dir:  # Hydra's compose API sets its config without a folder: no run of a command
+        return
+    folder = os.path.abspath(output_dir)
+    noted = next((n for n in noted_folders if folder == n.top or folder.startswith(n.top + os.sep)), None)
+    log_name = f"{hydra_cfg.job.name}.log"
+    own = {log_name, *([hydra_cfg.output_subdir] if hydra_cfg.output_subdir else [])}  # what Hydra wrote there
+    made = noted is not None and not noted.existed
+    if noted is not None and noted.existed and folder != noted.top:  # a job's folder in a sweep folder of before
+        made = os.path.relpath(folder, noted.top).split(os.sep)[0] not in noted.entries
+    if made and os.path.isdir(folder) and set(os.listdir(folder)) <= own:
+        _close_logs_in(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        _remove_emptied_parents(Path(folder).parent, noted)
+        return
+    for handler in _logs_in(folder):  # kept: the log says why the run stopped, as the console did
+        handler.handle(logging.makeLogRecord({"name": "vit.train", "levelno": logging.ERROR,
+                                              "levelname": "ERROR", "msg": one_line(err)}))  # fmt: skip
+
+
+def _logs_in(folder: str) -> list[logging.FileHandler]:
+    handlers = logging.getLogger().handlers
+    return [h for h in handlers if isinstance(h, logging.FileHandler) and os.path.dirname(h.baseFilename) == folder]
+
+
+def _close_logs_in(folder: str) -> None:
+    for handler in _logs_in(folder):
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+
+
+def _remove_emptied_parents(parent: Path, noted: NewFolders) -> None:
+    """The folders above a removed run folder that this command made and that are now empty, up to the nearest one
+    that existed before; a sweep's folder counts as empty holding only its multirun.yaml (Hydra's record of the
+    sweep, written before the first job)."""
+    while str(parent) != noted.keep and parent != parent.parent and parent.is_dir():
+        entries = set(os.listdir(parent))
+        if str(parent) == noted.top and not noted.existed:
+            entries -= {"multirun.yaml"}
+        if entries:
+            return
+        (parent / "multirun.yaml").unlink(missing_ok=True)
+        parent.rmdir()
+        parent = parent.parent
 
 
 def override_keys(overrides: list[str]) -> set[str]:
@@ -328,6 +439,7 @@ def main() -> None:
 
     count_from_process_start()  # this process exists for the run: its wall time counts from the process start
 
+    _NEW_FOLDERS.clear()  # RunFolders notes this command's folders
     check_group_choices(sys.argv[1:])
     sys.argv[1:] = without_null_groups(sys.argv[1:])
     check_override_keys(sys.argv[1:])
