@@ -344,3 +344,27 @@ def test_the_budget_lines_of_a_stopped_and_resumed_run():
     state = {"plan": {"total_steps": 90, "anchor_step": 10, "anchor_progress": 0.0, "warmup_steps": 10}}
     resumed = Budget(shape, elapsed_s=22.4, state=state)
     assert resumed_line(resumed, 30).startswith("budget 1m resumed: 22 s spent, 38 s left; 30 of the plan's 90 steps")
+
+
+def test_the_plan_keeps_time_for_the_figures_its_epochs_draw(monkeypatch):
+    """The attention figures of the last epoch (and every figure_every-th) cost seconds the plan must keep: one is
+    drawn and timed before the plan; an epoch end that draws one is timed without it, the figure counted apart."""
+    plans = {}
+    for every in (0, 10):
+        now = [0.0]
+        monkeypatch.setattr(time, "perf_counter", lambda now=now: now[0])
+        shape = RunShape(60.0, 1000, 10, 10, 100, 1, 0, 1, False, 32, figure_every=every)
+        budget = Budget(shape, elapsed_s=0.0)
+        if every:
+            budget.figure_drawn(3.0, in_epoch=False)  # drawn before the first step
+        budget.epoch_starts()
+        train_steps(budget, now, 1, 10, 0.01)
+        plans[every] = budget.total_steps()
+    # 60 s at 0.01 s a step, less the margin: the figure of the last epoch takes 3 s, that is 300 steps.
+    assert plans[0] - plans[10] == pytest.approx(300, abs=2), plans
+    budget.epoch_trained()
+    now[0] += 5.0  # the epoch's evaluation, checkpoint and a 2-second figure
+    budget.figure_drawn(2.0)
+    budget.epoch_ended(evaluated=True)
+    assert budget.eval_end_s == pytest.approx(3.0) and budget.figure_s == 2.0
+    assert budget.state_dict()["figure_s"] == 2.0  # a resumed run keeps it

@@ -9,8 +9,9 @@ Training", ICLR 2020). So the run measures its own speed and sizes its schedule 
 - After a few warm-up steps (the first one holds allocations or compilation and is not timed, as is the first step
   at each new image size under progressive resizing, after which the speed is measured afresh), the plan: the
   largest number of optimizer steps T such that the steps left, the end of every epoch still to come (its
-  evaluation, when `trainer.val_every_n_epochs` or the last epoch asks for one, and its checkpoint) and the final
-  test evaluation all end before the budget, less a small margin for writing metrics.json.
+  evaluation, when `trainer.val_every_n_epochs` or the last epoch asks for one, its checkpoint, and the attention
+  or reconstruction figures it draws, one of which is drawn and timed before the plan) and the final test
+  evaluation all end before the budget, less a small margin for writing metrics.json.
 - The speed is measured again at every step (every 10 steps under torchrun, where rank 0 plans and broadcasts the
   plan at the same steps on every rank), over the steps of the latest half of the time left; an epoch's end is
   timed when it happens. When the predicted end drifts away from the budget by more than a band (2% of the time
@@ -87,6 +88,7 @@ class RunShape:
     flip: bool  # trainer.eval_flip: each pass sees every image twice
     images_per_step: int  # global images per optimizer step (batch x accumulation x processes)
     loader_workers: int = 0  # the train loader's worker processes: each one's first batch waits for its start
+    figure_every: int = 0  # the attention or reconstruction figures: every this many epochs and after the last
 
     @property
     def max_steps(self) -> int:
@@ -112,7 +114,9 @@ class Budget:
         self.plan = Plan(**state["plan"]) if state.get("plan") else None  # None: the upper bound rules
         self.history: list[dict] = list(state.get("history", []))  # one entry per plan and re-plan
         self.eval_end_s: float | None = state.get("eval_end_s")  # measured: an epoch end with an evaluation
-        self.plain_end_s: float | None = state.get("plain_end_s")  # ... and one without
+        self.plain_end_s: float | None = state.get("plain_end_s")  # ... and one without (figures left out of both)
+        self.figure_s: float | None = state.get("figure_s")  # measured: drawing the figures once
+        self.figure_in_epoch_s = 0.0  # figures drawn in the epoch end being timed, left out of its cost
         self.step_s: float | None = None  # measured seconds per optimizer step in this process
         self.sample_steps: list[int] = []  # optimizer steps timed in this process, ascending ...
         self.sample_clock: list[float] = []  # ... and the training clock after each
@@ -164,12 +168,20 @@ class Budget:
         """The epoch's evaluation, record and checkpoint are done: their time is what an epoch end costs."""
         if self.loop_ended is None:
             return
-        seconds = clock() - self.loop_ended
+        seconds = clock() - self.loop_ended - self.figure_in_epoch_s
+        self.figure_in_epoch_s = 0.0
         if evaluated:
             self.eval_end_s = seconds
         else:
             self.plain_end_s = seconds
         self.loop_ended = None
+
+    def figure_drawn(self, seconds: float, in_epoch: bool = True) -> None:
+        """The figures took `seconds`: the cost of each epoch end that draws them (`in_epoch`: this epoch's end,
+        whose own cost is measured without them)."""
+        self.figure_s = seconds
+        if in_epoch:
+            self.figure_in_epoch_s += seconds
 
     def training_clock(self) -> float:
         running = clock() - self.loop_started if self.loop_started is not None else 0.0
@@ -254,7 +266,9 @@ class Budget:
         current = self.current_epoch(step)
         evaluated = set(self.evaluated(epochs))
         ends = sum(self.end_cost(e in evaluated) for e in range(current, epochs))
-        return ends + self.eval_batch_seconds() * self.shape.test_batches
+        every = self.shape.figure_every
+        figures = sum(1 for e in range(current, epochs) if every and ((e + 1) % every == 0 or e + 1 == epochs))
+        return ends + figures * (self.figure_s or 0.0) + self.eval_batch_seconds() * self.shape.test_batches
 
     def most_steps(self, step: int, left: float) -> int | None:
         """The most steps (at least `step`) whose training, epoch ends and test take at most `left` seconds from
@@ -368,6 +382,7 @@ class Budget:
             "history": list(self.history),
             "eval_end_s": self.eval_end_s,
             "plain_end_s": self.plain_end_s,
+            "figure_s": self.figure_s,
         }
 
     def record(self, step: int, wall_s: float, final_lr: float) -> dict:
@@ -495,6 +510,7 @@ def attach_budget(run) -> Budget | None:
         flip=trainer.eval_flip and run.task.classifier,
         images_per_step=run.cfg.data.batch_size * trainer.accum_steps * run.dist.world_size,
         loader_workers=int(bundle.train_workers or 0),
+        figure_every=run.report.figure_every,
     )
     budget = Budget(shape, run.progress.elapsed(), dist=run.dist, state=saved)
     budget.check_start()

@@ -67,27 +67,28 @@ class Reporter:
         the first epoch, so no rank's data order depends on whether it reports)."""
         self.fixed_images = first_images(val_loader, ATTENTION_IMAGES)
 
-    def attention_maps(self, model, bundle, epoch: int, epochs: int, step: int) -> None:
-        """Every `attn_maps_every_n_epochs` epochs and after the last: the fixed images' per-head attention maps
-        and rollout over the image's tokens (the cls token's attention; the image tokens' mean without one)."""
-        due = self.attn_every and ((epoch + 1) % self.attn_every == 0 or epoch + 1 == epochs)
-        if not (self.enabled and due):
-            return
-        if self.fixed_images is None:
-            return
-        with eager():  # blocks compiled in place (compile_scope=blocks) run eagerly for the figure
-            image = attention_image(model, self.fixed_images, bundle.mean, bundle.std)
-        self.tb.image("attention/heads_and_rollout", image, step)
+    @property
+    def figure_every(self) -> int:
+        """Every how many epochs (and after the last) the run draws a figure; 0: never (or not this rank)."""
+        return (self.attn_every or self.recon_every) if self.enabled else 0
 
-    def reconstructions(self, model, bundle, epoch: int, epochs: int, step: int) -> None:
-        """task=mae, every `recon_images_every_n_epochs` epochs and after the last: original, masked and
-        reconstructed versions of the fixed validation images (the same masks every time)."""
-        due = self.recon_every and ((epoch + 1) % self.recon_every == 0 or epoch + 1 == epochs)
-        if not (self.enabled and due) or self.fixed_images is None:
-            return
-        with eager():
-            image = reconstruction_image(model, self.fixed_images, bundle.mean, bundle.std)
-        self.tb.image("mae/original_masked_reconstruction", image, step)
+    def figures(self, model, bundle, step: int, epoch: int | None = None, epochs: int | None = None) -> bool:
+        """The figures due after `epoch` of `epochs` (every `figure_every` epochs and after the last; with epoch None,
+        now): the fixed images' per-head attention maps and rollout over the image's tokens (the cls token's
+        attention; the image tokens' mean without one), or with task=mae their original, masked and reconstructed
+        versions (the same masks every time). Returns whether one was drawn."""
+        every = self.figure_every
+        due = every and (epoch is None or (epoch + 1) % every == 0 or epoch + 1 == epochs)
+        if not due or self.fixed_images is None:
+            return False
+        with eager():  # blocks compiled in place (compile_scope=blocks) run eagerly for the figure
+            if self.attn_every:
+                image = attention_image(model, self.fixed_images, bundle.mean, bundle.std)
+                self.tb.image("attention/heads_and_rollout", image, step)
+            if self.recon_every:
+                image = reconstruction_image(model, self.fixed_images, bundle.mean, bundle.std)
+                self.tb.image("mae/original_masked_reconstruction", image, step)
+        return True
 
     def hparams(self, hparams: dict, metrics: dict) -> None:
         self.tb.hparams(hparams, metrics)

@@ -163,6 +163,12 @@ def train(
     progress, budget = run.progress, run.budget
     with run.report:
         run.report.keep_images(run.bundle.val_loader)
+        if budget is not None and budget.shape.figure_every and budget.figure_s is None:
+            # A budget keeps time for the figures its last epoch draws: it measures one (at step 0, the model
+            # as initialised or resumed) before it plans.
+            drawing = time.perf_counter()
+            if run.report.figures(run.model, run.bundle, run.step_state.step):
+                budget.figure_drawn(time.perf_counter() - drawing, in_epoch=False)
         teacher = evaluate_teacher(run)  # a bad teacher shows before the student trains
         with run.stop.installed():
             for epoch in range(progress.start_epoch, run.trainer.epochs):
@@ -314,8 +320,9 @@ def record_epoch(run: Run, epoch: int, trained: dict, val: dict | None, val_ema:
     if run.budget is not None:
         scalars.update({"budget/planned_steps": run.budget.total_steps(), "budget/elapsed_s": run.budget.elapsed()})
     run.report.scalars(scalars, state.step)
-    run.report.attention_maps(run.model, run.bundle, epoch, epochs, state.step)
-    run.report.reconstructions(run.model, run.bundle, epoch, epochs, state.step)
+    drawing = time.perf_counter()
+    if run.report.figures(run.model, run.bundle, state.step, epoch, epochs) and run.budget is not None:
+        run.budget.figure_drawn(time.perf_counter() - drawing)
     val_name = run.bundle.val_name
     run.report.line(epoch_line(epoch, epochs, trained, val, val_ema, state.train_img_size, val_name))
 
