@@ -15,7 +15,8 @@ from vit.errors import ConfigError
 from vit.models import Attention
 from vit.train.config import validate
 
-MODELS = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "configs" / "model").glob("*.yaml"))
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+MODELS = sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml"))
 DATA = ["cifar10", "cifar100", "imagefolder", "synthetic"]
 
 
@@ -102,6 +103,37 @@ def test_unknown_group_choice_exits_2_naming_the_options(capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("config error: model=vit_huge is not a known model config; known:") and "vit_tiny" in err
+
+
+def test_help_lists_only_the_groups_a_command_chooses_from(tmp_path):
+    """`--help`'s groups are the ones a command line chooses from; the groups inside them (the settings' declared
+    defaults stored by hydra_plugins/ as optim/schema, data/schema, model/registry, ...; configs/model/shared/) are
+    what those configs are built from."""
+    done = run_cli(["--help"], cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, done.stderr
+    groups = done.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    listed = dict(line.split(": ", 1) for line in groups.splitlines() if ": " in line)
+    assert sorted(listed) == sorted(p.name for p in CONFIGS.iterdir() if p.is_dir() and p.name != "hydra")
+    assert listed["optim"] == "adamw, lion, muon, sgd" and listed["model"] == ", ".join(MODELS)
+    assert "schema" not in groups and "registry" not in groups and "shared" not in groups
+    assert not list(tmp_path.iterdir())  # help writes no folder
+
+
+@pytest.mark.parametrize(
+    "arg", ["optim/schema=defaults", "data/schema=hf", "model/registry=vit_base", "+mae/schema=defaults",
+            "model/shared=finetune", "~model/shared", "model/registry@model=vit_base"],
+)  # fmt: skip
+def test_a_group_inside_another_is_not_a_choice(arg, capsys):
+    """Hydra would take some of these (a config's defaults swapped for another dataset's) and stop on others with
+    exit code 1 and several lines: one line and exit code 2 here, naming the group to choose instead."""
+    top = arg.lstrip("+~").split("/")[0]
+    with pytest.raises(SystemExit) as exit_info:
+        check_group_choices([arg])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"config error: {arg.lstrip('+~').split('=')[0].split('@')[0]} is not a config group to ")
+    hint = f"; choose {top}=<name> (" if top != "mae" else "(the groups to choose from: --help)"  # no configs/mae/
+    assert hint in err and "\n" not in err
 
 
 @pytest.mark.parametrize(

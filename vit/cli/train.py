@@ -203,11 +203,37 @@ def warn_kept_optimizer_settings(cfg) -> None:
         logging.getLogger("vit.train").warning(line)
 
 
+def user_config_groups() -> str:
+    """The config groups `--help` lists (configs/config.yaml's help template, `${vit_config_groups:}`), with their
+    options, one line each as Hydra writes them: the groups a command line chooses from. Hydra's own list
+    ($APP_CONFIG_GROUPS) also holds every group inside another, which no command chooses: the settings' declared
+    defaults and the models' (optim/schema, data/schema, model/registry: hydra_plugins/) and the pieces the model
+    configs are built from (model/shared)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    hydra = GlobalHydra.instance().hydra
+    groups = [group for group in hydra.list_all_config_groups() if "/" not in group and group != "hydra"]
+    options = {group: sorted(hydra.config_loader.get_group_options(group)) for group in groups}
+    return "\n".join(f"{group}: {', '.join(options[group])}" for group in sorted(groups))
+
+
 def check_group_choices(args: list[str]) -> None:
     """`model=vit_huge`: Hydra would stop with exit code 1; like every other bad setting it exits 2 here, naming
-    the known options. Comma lists (multirun sweeps over groups) are checked choice by choice."""
+    the known options. Comma lists (multirun sweeps over groups) are checked choice by choice. A group inside another
+    (`optim/schema=...`, `model/shared=...`) is what that group's configs are built from, not a choice: refused."""
     for arg in args:
         group, sep, value = arg.partition("=")
+        inner, _, _ = group.lstrip("+~").partition("@")
+        top = inner.partition("/")[0]
+        if "/" in inner and top != "hydra" and top.isidentifier():
+            if not (Path(CONFIG_DIR) / top).is_dir():  # mae/schema: task=mae takes it
+                _exit_config_error(f"{inner} is not a config group to choose: it holds what configs are built from "
+                                   "(the groups to choose from: --help)")  # fmt: skip
+            known = ", ".join(sorted(p.stem for p in (Path(CONFIG_DIR) / top).glob("*.yaml")))
+            _exit_config_error(
+                f"{inner} is not a config group to choose: it holds what the {top} configs are built from; "
+                f"choose {top}=<name> ({known})"
+            )
         group_dir = Path(CONFIG_DIR) / group
         if not sep or not group.isidentifier() or not group_dir.is_dir() or "(" in value:
             continue  # not a group choice (a key, hydra.*, +/~ edits), or a sweep function Hydra expands
@@ -433,12 +459,14 @@ def without_null_groups(args: list[str]) -> list[str]:
 
 def main() -> None:
     import hydra
+    from omegaconf import OmegaConf
 
     from vit.engine.distributed import worker_hydra_overrides
     from vit.train.run import count_from_process_start
 
     count_from_process_start()  # this process exists for the run: its wall time counts from the process start
 
+    OmegaConf.register_new_resolver("vit_config_groups", user_config_groups, replace=True)  # for --help
     _NEW_FOLDERS.clear()  # RunFolders notes this command's folders
     check_group_choices(sys.argv[1:])
     sys.argv[1:] = without_null_groups(sys.argv[1:])
