@@ -411,3 +411,47 @@ def test_a_run_from_a_timm_name_records_the_model_it_built(tmp_path, caplog):
         again = compose_config([*overrides, f"model.pretrained=timm:{source}", "trainer.resume=auto"])
         setup_phase.use_timm_preprocessing(again)  # as build_model_and_data does first
         assert setup_phase.resume_checkpoint_path("auto", second, setup_phase.recorded_config(again)) == found
+
+
+# --- a file that is not the weights of the timm name ---------------------------------------------------------------
+
+
+def test_a_file_of_another_model_under_a_timm_name_names_the_fixes_that_work(tmp_path, monkeypatch, capsys):
+    """An EVA-02-Ti file given as the weights of DINOv2-S: the name fixes the architecture, so the line says the file
+    is not that name's weights (its width and depth; no heads, which the file does not say, least of all the
+    name's 6) and names the fixes that work, never a model.<key>: the name's own file, or the file's own name,
+    which then loads; evaluate's pair says the same."""
+    import re
+
+    from vit.deploy.weights import WeightsError, build_model, read_source
+
+    name = "vit_small_patch14_dinov2.lvd142m"
+    _, path = timm_file("eva02_tiny_patch14_224", tmp_path / "eva02.safetensors")
+    pair = [f"model.pretrained=timm:{name}", f"model.pretrained_file={path}"]
+    line = exit_line(pair, tmp_path, monkeypatch, capsys)
+    assert f"{path} does not hold the weights of timm:{name}: it holds a model 192 wide and 12 deep, " in line
+    assert f"timm:{name} is 384 wide and 12 deep with 6 heads; give the file of timm:{name}'s weights" in line
+    assert "model.embed_dim" not in line and "model.num_heads" not in line
+    suggested = re.search(r"as model\.pretrained=(timm:\S+) ", line).group(1)
+    assert suggested == "timm:eva02_tiny_patch14_224"
+    cfg = compose_config(["data=synthetic", f"model.pretrained={suggested}", f"model.pretrained_file={path}"])
+    model = build_model_from_config(cfg.model, num_classes=5)
+    assert read_pretrained(cfg.model, model).timm_model == "eva02_tiny_patch14_224"
+    with pytest.raises(WeightsError, match=f"does not hold the weights of timm:{name}: it holds a model 192 wide"):
+        build_model(read_source(f"timm:{name}", file=path), f"timm:{name}", file=path)
+
+
+def test_the_heads_said_of_a_file_under_a_timm_name_are_the_files_own(tmp_path):
+    """A file whose qk-norm says its heads (384 wide in 12 heads of 32) under DeiT III-S's name (6 heads): the line
+    gives the file its own 12 heads and the name its 6."""
+    from vit.models.fit import PretrainedError, fit_state_dict
+
+    name = "deit3_small_patch16_224"
+    _, path = timm_file(name, tmp_path / "w.safetensors", qk_norm=True, num_heads=12)
+    model = build_model_from_config(compose_config([f"model.pretrained=timm:{name}"]).model, num_classes=7)
+    weights = read_weights(f"timm:{name}", file=path)
+    with pytest.raises(PretrainedError) as error:
+        fit_state_dict(weights, model)
+    assert f"it holds a model 384 wide and 12 deep with 12 heads, timm:{name} is 384 wide and 12 deep with 6 heads" in (
+        str(error.value)
+    )

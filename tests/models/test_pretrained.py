@@ -105,3 +105,17 @@ def test_truncated_file_is_refused(tmp_path, timm_tiny):
     path.write_bytes(path.read_bytes()[:5000])
     with pytest.raises(ValueError, match="cut.pth"):
         load_pretrained(create_model("vit_tiny"), path)
+
+
+def test_the_heads_a_file_implies_are_checked_and_named():
+    """A bare state dict records no head count, but a qk-norm's (head_dim,) weight implies one: 3 heads of 64 in a
+    model configured with 6 is named as the keys to set, before the shapes are compared."""
+    from vit.models.fit import PretrainedError
+
+    weights = create_model("vit_tiny", depth=2, qk_norm=True).state_dict()  # 192 wide, 3 heads
+    with pytest.raises(PretrainedError) as error:
+        load_pretrained(create_model("vit_tiny", depth=2, qk_norm=True, num_heads=6), weights)
+    assert str(error.value) == (
+        "state dict is a model 192 wide and 2 deep with 3 heads, the configured one has model.num_heads=6: set "
+        "model.num_heads=3 (or pick the model config of those weights)"
+    )

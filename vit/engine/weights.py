@@ -256,17 +256,12 @@ def read_timm(name: str, ema: bool | None = None, instead: str = GIVE_A_FILE) ->
 
 def read_timm_file(name: str, path: str, ema: bool | None) -> Weights:
     """The weights of timm's `name` from a file (`model.pretrained_file`, as timm's
-    `pretrained_cfg_overlay=dict(file=...)`): a state dict in timm's layout, read as any weights file; the heads
-    come from timm's architecture of that name."""
-    from vit.models.foundation import timm_architecture
-
+    `pretrained_cfg_overlay=dict(file=...)`): a state dict in timm's layout, read as any weights file. The number
+    of heads is the file's own where it records or implies one (vit/models/fit.py's `implied_heads`), never the
+    name's: the file may hold another model, and a message would then give it the name's heads."""
     check_timm_name(name, need_weights=False)
     weights = read_file(path, ema)
-    try:
-        heads = timm_architecture(name).settings["num_heads"]
-    except ValueError:
-        heads = None  # not a ViT our model builds: the load names what does not fit
-    return replace(weights, where=f"{path} (timm:{name})", num_heads=heads, timm_model=name)
+    return replace(weights, where=f"{path} (timm:{name})", timm_model=name, file=path)
 
 
 def check_timm_name(name: str, need_weights: bool = True) -> None:

@@ -2,8 +2,9 @@
 
 `vit/engine/weights.py` reads a source (a timm name, a weight file, a checkpoint of this trainer) into
 `Weights`; this module checks that the weights are the model's architecture (width, depth, heads where the source
-records them), adapts the position table (resampled to the model's grid), the patch kernel (resampled to its patch
-size) and a classifier of another size (replaced by the model's own), and names every key that still does not fit.
+records or implies them; for a model built from a timm name, that they are that name's), adapts the position
+table (resampled to the model's grid), the patch kernel (resampled to its patch size) and a classifier of another
+size (replaced by the model's own), and names every key that still does not fit.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Weights:
     timm_model: str | None = None  # the timm model (and tag) the weights were released for, when the source says
     config: dict | None = None  # a checkpoint of this trainer: its resolved config (model, data, trainer, ...)
     ema: bool | None = None  # a checkpoint of this trainer: whether these are its EMA weights; None for other sources
+    file: str | None = None  # the file read in place of timm's download (model.pretrained_file), for messages
 
 
 def encoder_shape(state_dict: StateDict) -> tuple[int, int] | None:
@@ -54,9 +56,19 @@ def encoder_shape(state_dict: StateDict) -> tuple[int, int] | None:
     return int(norm.shape[0]), max(depths) + 1
 
 
+def implied_heads(state_dict: StateDict, width: int) -> int | None:
+    """The number of heads a state dict itself implies: width / head width where a qk-norm's (head_dim,) weight
+    gives the head width; None otherwise (qkv is (3C, C) for any count)."""
+    q_norm = state_dict.get("blocks.0.attn.q_norm.weight")
+    if q_norm is None or q_norm.ndim != 1 or not q_norm.shape[0] or width % q_norm.shape[0]:
+        return None
+    return width // int(q_norm.shape[0])
+
+
 def check_architecture(weights: Weights, model: nn.Module) -> None:
-    """Width, depth and heads of the weights are the model's: a disagreement names the config keys, before any
-    tensor is compared."""
+    """Width, depth and heads of the weights are the model's: a disagreement names the config keys, or for a model
+    whose architecture comes from a timm name (`model.timm_name`, vit/engine/build.py) says the weights are not
+    that name's, before any tensor is compared."""
     shape = encoder_shape(weights.state_dict)
     if shape is None:
         first = ", ".join(list(weights.state_dict)[:4])
@@ -65,17 +77,41 @@ def check_architecture(weights: Weights, model: nn.Module) -> None:
             f"keys: {first})"
         )
     width, depth = shape
+    heads = weights.num_heads or implied_heads(weights.state_dict, width)
     ours = {"embed_dim": model.embed_dim, "depth": len(model.blocks), "num_heads": model.blocks[0].attn.num_heads}
-    theirs = {"embed_dim": width, "depth": depth, "num_heads": weights.num_heads}
+    theirs = {"embed_dim": width, "depth": depth, "num_heads": heads}
     differ = [k for k in ours if theirs[k] is not None and theirs[k] != ours[k]]
-    if differ:
-        said = ", ".join(f"model.{k}={ours[k]}" for k in differ)
-        want = " ".join(f"model.{k}={theirs[k]}" for k in differ)
-        raise PretrainedError(
-            f"{weights.where} is a model {width} wide and {depth} deep"
-            + (f" with {weights.num_heads} heads" if weights.num_heads else "")
-            + f", the configured one has {said}: set {want} (or pick the model config of those weights)"
-        )
+    if not differ:
+        return
+    held = f"a model {width} wide and {depth} deep" + (f" with {heads} heads" if heads else "")
+    timm_name = getattr(model, "timm_name", None)
+    if timm_name:
+        raise PretrainedError(not_the_timm_weights(weights, timm_name, held, ours))
+    said = ", ".join(f"model.{k}={ours[k]}" for k in differ)
+    want = " ".join(f"model.{k}={theirs[k]}" for k in differ)
+    raise PretrainedError(
+        f"{weights.where} is {held}, the configured one has {said}: set {want} (or pick the model config of those "
+        "weights)"
+    )
+
+
+def not_the_timm_weights(weights: Weights, timm_name: str, held: str, ours: dict) -> str:
+    """The message for weights of another shape than the model of `timm_name`: the name fixes the architecture, so
+    no model.<key> can fit them; the fixes that can are the name's own weights or the weights' own name."""
+    from vit.models.foundation import timm_names_fitting
+
+    names = timm_names_fitting(weights.state_dict, like=timm_name)
+    own = (
+        f"model.pretrained=timm:{names[0]} (timm's models with its keys and shapes: {', '.join(names)})"
+        if names
+        else "model.pretrained=timm:<the name of the model it holds> (no timm ViT read here has its keys and shapes)"
+    )
+    name_shape = f"{ours['embed_dim']} wide and {ours['depth']} deep with {ours['num_heads']} heads"
+    return (
+        f"{weights.file or weights.where} does not hold the weights of timm:{timm_name}: it holds {held}, "
+        f"timm:{timm_name} is {name_shape}; give the file of timm:{timm_name}'s weights as model.pretrained_file, or "
+        f"the file's own model as {own}"
+    )
 
 
 def adapt_state_dict(state_dict: StateDict, model: nn.Module, reset_head: bool = False) -> StateDict:

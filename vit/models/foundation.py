@@ -296,4 +296,63 @@ def read_positions(model: nn.Module, kind: str, settings: dict[str, Any]) -> dic
     return out
 
 
-__all__ = ["TimmArchitecture", "timm_architecture"]
+# The timm modules whose models this reads (TIMM_CLASSES): where `timm_names_fitting` looks for a file's model.
+TIMM_MODULES = ("vision_transformer", "deit", "eva")
+# Keys that fit after adapting (vit/models/fit.py: the table resampled to the grid, the kernel to the patch size, the
+# classifier replaced): their shapes say nothing about the model a file is of.
+ADAPTED = ("pos_embed", "patch_embed.proj.weight")
+HEAD_KEYS = ("head.", "head_dist.")
+
+
+def timm_names_fitting(state_dict: dict, limit: int = 3, like: str = "") -> list[str]:
+    """timm's names (without tags) whose model has exactly the keys and shapes of `state_dict` (in our layout; the
+    position table, the patch kernel and the classifier aside, which loading adapts): the timm models a file of
+    weights can be, for a message that suggests one. Those with pretrained weights first, then those most like
+    `like`; at most `limit`. Only models of the file's patch size in the modules read here are tried (a hundred or
+    so), each built on the meta device without blocks first, then with one, and at its own depth only where those
+    fit: about a second, on the way to an error."""
+    import difflib
+
+    import timm
+
+    from vit.engine.weights import eva_to_vit_keys
+
+    kernel = state_dict.get("patch_embed.proj.weight")
+    if kernel is None or kernel.ndim != 4:
+        return []
+    theirs = shapes(state_dict)
+    stems = [
+        {k: v for k, v in theirs.items() if not k.startswith("blocks.") or k.startswith(f"blocks.{depth - 1}.")}
+        for depth in (0, 1)
+    ]
+    names = sorted({n for m in TIMM_MODULES for n in timm.list_models(f"*patch{kernel.shape[-1]}_*", module=m)})
+    pretrained = {n.split(".", 1)[0] for n in timm.list_pretrained()}
+    names.sort(key=lambda n: (n not in pretrained, -difflib.SequenceMatcher(None, n, like).ratio(), n))
+    found = []
+    for name in names:
+        if all(shapes_of(name, eva_to_vit_keys, depth=d) == stem for d, stem in enumerate(stems)):
+            if shapes_of(name, eva_to_vit_keys) == theirs:
+                found.append(name)
+                if len(found) == limit:
+                    break
+    return found
+
+
+def shapes(state_dict: dict) -> dict[str, tuple[int, ...]]:
+    """Key -> shape, the keys loading adapts (ADAPTED, HEAD_KEYS) present but shapeless."""
+    return {k: () if k in ADAPTED else tuple(v.shape) for k, v in state_dict.items() if not k.startswith(HEAD_KEYS)}
+
+
+def shapes_of(name: str, to_ours, **timm_kwargs: Any) -> dict[str, tuple[int, ...]] | None:
+    """`shapes` of timm's `name` in our layout (`to_ours`), built on the meta device; None where timm fails."""
+    import timm
+
+    try:
+        with torch.device("meta"):
+            model = timm.create_model(name, pretrained=False, **timm_kwargs)
+        return shapes(to_ours(model.state_dict()))
+    except Exception:  # a model that needs other arguments, or does not build on meta: not a candidate
+        return None
+
+
+__all__ = ["TimmArchitecture", "timm_architecture", "timm_names_fitting"]
