@@ -455,3 +455,21 @@ def test_the_heads_said_of_a_file_under_a_timm_name_are_the_files_own(tmp_path):
     assert f"it holds a model 384 wide and 12 deep with 12 heads, timm:{name} is 384 wide and 12 deep with 6 heads" in (
         str(error.value)
     )
+
+
+def test_resume_auto_still_finds_a_timm_named_run_recorded_with_its_composed_model(tmp_path):
+    """A run of model.pretrained=timm:<name> whose checkpoints were written before they recorded the model built
+    holds the composed model config (vit_small's 384 wide): the same command finds it for trainer.resume=auto."""
+    from omegaconf import OmegaConf
+
+    cfg = compose_config(["model=vit_small", "model.pretrained=timm:eva02_tiny_patch14_224", "data=synthetic"])
+    setup_phase.use_timm_preprocessing(cfg)  # as build_model_and_data does first
+    composed = OmegaConf.to_container(cfg, resolve=True)
+    old = tmp_path / "outputs" / "2026-01-01" / "09-00-00" / "checkpoints" / "last.pt"
+    old.parent.mkdir(parents=True)
+    torch.save({"model": {}, "config": composed}, old)
+    recorded = setup_phase.recorded_config(cfg)
+    assert recorded["model"] != composed["model"]
+    second = tmp_path / "outputs" / "2026-01-01" / "10-00-00"
+    assert setup_phase.resume_checkpoint_path("auto", second, recorded) is None
+    assert setup_phase.resume_checkpoint_path("auto", second, recorded, composed["model"]) == old

@@ -177,10 +177,11 @@ def build_model_and_data(
     model = task.build_model(cfg, num_classes=num_classes_cfg or 1000, dynamic_img_size=dynamic)
     # model.pretrained: read and checked against this model before any data is read. A resumed run continues from
     # its own checkpoint and does not read them again.
-    resolved = recorded_config(cfg)
+    resolved, composed = recorded_config(cfg), OmegaConf.to_container(cfg.model, resolve=True)
     if dist.is_main:
-        write_built_model(run_dir, cfg, resolved["model"])
-    resume_path = dist.broadcast(resume_checkpoint_path(trainer.resume, run_dir, resolved) if dist.is_main else None)
+        write_built_model(run_dir, resolved["model"], composed)
+    resume_path = resume_checkpoint_path(trainer.resume, run_dir, resolved, composed) if dist.is_main else None
+    resume_path = dist.broadcast(resume_path)
     pretrained = read_pretrained(cfg.model, model) if resume_path is None else None
     # distill.teacher: read before any data, and again on resume (checkpoints hold the student only).
     teacher = load_teacher(cfg.get("distill"))
@@ -227,10 +228,10 @@ def recorded_config(cfg: DictConfig) -> dict:
 BUILT_MODEL_FILE = Path(".hydra") / "model_built.yaml"
 
 
-def write_built_model(run_dir: Path, cfg: DictConfig, built: dict) -> None:
-    """Where the model built is not the composed model config (model.pretrained=timm:<name>), the run folder says
-    which it is: BUILT_MODEL_FILE, the model part of `recorded_config`."""
-    if built == OmegaConf.to_container(cfg.model, resolve=True):
+def write_built_model(run_dir: Path, built: dict, composed: dict) -> None:
+    """Where the model `built` is not the `composed` model config (model.pretrained=timm:<name>), the run folder
+    says which it is: BUILT_MODEL_FILE, the model part of `recorded_config`."""
+    if built == composed:
         return
     header = (
         f"# The model this run built: model.pretrained={built.get('pretrained')} fixes the architecture, so "
@@ -293,10 +294,13 @@ def use_grad_checkpointing(model: nn.Module, enabled: bool) -> None:
     log.info("gradient checkpointing: the encoder blocks are recomputed in the backward pass")
 
 
-def resume_checkpoint_path(setting, run_dir: Path, resolved: dict) -> Path | None:
+def resume_checkpoint_path(setting, run_dir: Path, resolved: dict, composed_model: dict | None = None) -> Path | None:
     """`trainer.resume`: null -> None; a path -> that file; auto -> this run's last.pt, else (in Hydra's
     outputs/<date>/<time> layout only) the newest last.pt of an earlier run with the same model and data config,
-    so rerunning the same command continues it. A run folder chosen by hand resumes from its own files only."""
+    so rerunning the same command continues it. A run folder chosen by hand resumes from its own files only.
+    `resolved` is the config as checkpoints record it (`recorded_config`); `composed_model`, the model config as
+    composed, is what the checkpoints of a model.pretrained=timm:<name> run written before the model built was
+    recorded hold: such a run is still found."""
     if not setting:
         return None
     if setting != "auto":
@@ -306,6 +310,8 @@ def resume_checkpoint_path(setting, run_dir: Path, resolved: dict) -> Path | Non
     if (resolved.get("distill") or {}).get("teacher"):  # a distillation run continues the one with its teacher
         match["distill"] = resolved["distill"]
     path = find_resume_checkpoint(run_dir, runs_root, match)
+    if path is None and composed_model is not None and composed_model != match["model"]:
+        path = find_resume_checkpoint(run_dir, runs_root, {**match, "model": composed_model})
     if path is None:
         log.info("trainer.resume=auto: no checkpoint of this run found, starting fresh")
     return path
