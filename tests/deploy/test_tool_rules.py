@@ -220,3 +220,98 @@ def test_every_tool_states_the_one_ema_rule_in_its_help(command, monkeypatch, ca
     with pytest.raises(SystemExit):
         getattr(importlib.import_module(module), function)()
     assert EMA_RULE in " ".join(capsys.readouterr().out.split()), command
+
+
+# --- no classes from a classifier the weights did not train ------------------------------------------------------
+
+
+def encoder_only(name: str, path, **kwargs):
+    """timm's `name` (random weights) saved as a safetensors state dict without its classifier, as an encoder
+    released for pretraining (EVA-02's mim_in22k, MAE, DINO) is; and the timm model."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(2)
+    model = timm.create_model(name, pretrained=False, num_classes=0, **kwargs).eval()
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    assert not any(k.startswith("head.") for k in state)
+    save_file(state, str(path))
+    return model
+
+
+@pytest.fixture(scope="module")
+def encoder_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("encoder") / "vit_tiny_encoder.safetensors"
+    return path, encoder_only(TIMM_TINY, path, depth=2)
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (FOREIGN + ["model.pretrained={encoder}"], "the weights hold no classifier (an encoder only)"),
+        (
+            [
+                "model=vit_small",
+                "model.pretrained=timm:eva02_tiny_patch14_224.mim_in22k",
+                "model.pretrained_file={eva}",
+            ],
+            "the weights hold no classifier (an encoder only)",
+        ),
+        (FOREIGN + ["model.pretrained={timm}", "model.num_classes=5"], "the weights' classifier has 3 classes and"),
+    ],
+)
+def test_predict_refuses_classes_from_an_untrained_classifier(
+    encoder_file, timm_file, tree, tmp_path, capsys, caplog, args, reason
+):
+    """Weights without a trained classifier for the model's head (an encoder, a head of another class count) leave
+    it freshly initialised: its "classes" would be random, so vit-predict refuses in one line naming why and what
+    to do, exit code 2, before reading any image."""
+    eva = tmp_path / "eva02_tiny_encoder.safetensors"
+    if any("{eva}" in a for a in args):
+        encoder_only("eva02_tiny_patch14_224", eva)
+    argv = [a.format(encoder=encoder_file[0], timm=timm_file, eva=eva) for a in args]
+    code, out, err = predict([*argv, f"image={tree / 'val' / 'cat'}", "amp=none"], capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1, err
+    assert reason in lines[0] and "freshly initialised" in lines[0] and "features=true" in lines[0], lines[0]
+
+
+def test_features_true_prints_the_pooled_features_timm_computes(encoder_file, tree, tmp_path, capsys):
+    """features=true: each image's pre-logits embedding (the pooled, normed token the head would read), what timm's
+    own model gives (forward_head(pre_logits=True)) on timm's transform of the image, as lines and as JSON."""
+    from timm.data import create_transform, resolve_data_config
+
+    from vit.data.images import read_rgb
+
+    path, model = encoder_file
+    images = tree / "val" / "cat"
+    argv = [*FOREIGN, f"model.pretrained={path}", f"preprocess=timm:{TIMM_TINY}", f"image={images}", "amp=none"]
+    code, out, err = predict([*argv, "features=true", "json=-"], capsys)
+    assert code == 0, err
+    records = json.loads(out)
+    transform = create_transform(**resolve_data_config({}, model=model))
+    for record in records:
+        x = transform(read_rgb(record["image"])).unsqueeze(0)
+        with torch.no_grad():
+            expected = model.forward_head(model.forward_features(x), pre_logits=True)[0]
+        assert len(record["features"]) == 192 == expected.numel()
+        assert record["features"] == pytest.approx(expected.tolist(), abs=1e-4)
+    code, out, err = predict([*argv, "features=true"], capsys)
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == len(records) == 2
+    assert [float(v) for v in lines[0].split(": ", 1)[1].split()] == pytest.approx(records[0]["features"], abs=1e-4)
+
+
+def test_features_true_on_our_checkpoint_and_the_settings_it_does_not_take(ours, tmp_path, capsys):
+    images = ours / "images"
+    code, out, err = predict([f"checkpoint={ours / 'best.pt'}", f"image={images}", "features=true", "json=-"], capsys)
+    assert code == 0, err
+    assert [len(r["features"]) for r in json.loads(out)] == [32, 32, 32]  # the model's width
+    for extra, needle in (
+        (["top=3"], "top=3 ranks classes, and features=true prints features"),
+        ([f"checkpoint={tmp_path / 'best.onnx'}"], "computes the logits only"),
+        (["features=maybe"], "features='maybe' must be true or false"),
+    ):
+        argv = [f"checkpoint={ours / 'best.pt'}", f"image={images}", "features=true", *extra]
+        code, out, err = predict(argv, capsys)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and needle in lines[0], lines

@@ -1,7 +1,7 @@
-"""Top-5 predictions of a trained model with class names and probabilities.
+"""Top-5 predictions of a trained model with class names and probabilities, or the images' features.
 
 usage: vit-predict checkpoint=<path> image=<file, folder or a.jpg,b.png> [json=<path> | json=-]
-    [top=5] [ema=auto|true|false] [amp=auto|bf16|fp16|none]
+    [top=5 | features=true] [ema=auto|true|false] [amp=auto|bf16|fp16|none]
        vit-predict model=<name> model.pretrained=<timm:name | file> [model.pretrained_file=<file>]
     [model.<key>=...] [preprocess=timm:<name>|data] [data=<config>] [data.<key>=...] image=<...> ...
 (in a checkout, without installing: python scripts/predict.py with the same arguments)
@@ -13,6 +13,12 @@ preprocessing and class names of its side JSON, without the model code. Prints o
 in the precision `amp` gives it on this CPU (default: its run's trainer.amp; auto: bf16 where the CPU has it
 natively and the model is wide enough to gain, else fp32; vit/engine/device.py); it is said (a warning on
 stderr) only where an `amp` given on the command cannot run on this CPU and another precision runs instead.
+
+A classifier the weights did not train (weights without one, an encoder released for pretraining; a head of
+another class count than `model.num_classes`) is freshly initialised and would name random classes: predicting
+classes with it is refused in one line (exit code 2). `features=true` prints each image's pooled features instead,
+the embedding the head reads (forward_head(pre_logits=True): the cls token or the pool, after the final norm), a
+line `<image>: <C numbers>` each, or "features" in the JSON; it takes any weights, with or without a trained head.
 
 Weights: {ema_rule} Here: one line on stderr, and "weights" in each JSON record (an ONNX file: the weights its
 side JSON says it was exported from).
@@ -27,11 +33,12 @@ Example:
 
     vit-predict checkpoint=outputs/<date>/<time>/checkpoints/best.pt image=cifar10/test/cat top=3
     vit-predict model=vit_base model.pretrained=timm:vit_base_patch14_reg4_dinov2.lvd142m \
-        model.pretrained_file=dinov2_vitb14_reg4.safetensors image=photos/
+        model.pretrained_file=dinov2_vitb14_reg4.safetensors image=photos/ features=true json=features.json
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
@@ -85,37 +92,75 @@ def onnx_probabilities(checkpoint: str, spec: str, options) -> tuple[list[Path],
     return paths, probs, names, str(classifier.meta.get("weights") or "not recorded")
 
 
-def model_probabilities(options, spec: str) -> tuple[list[Path], np.ndarray, list[str], str]:
-    """(image paths, (B, classes) probabilities, class names, the weights read) of a checkpoint of ours or foreign
-    weights (model= with model.pretrained=), built, chosen (EMA_RULE) and preprocessed as vit-eval and vit-export
-    build them (vit/deploy/weights.py's `resolve`). The model runs in the precision `amp` (default: its run's
-    trainer.amp, auto for foreign weights) gives it on this CPU, by the trainer's rule."""
+@contextlib.contextmanager
+def head_said_here():
+    """vit/models/fit.py's own line about a classifier it initialised ("classifier: ... head initialised") left out
+    while the weights are read: this tool says it itself, in its refusal to name classes with that head (one line)
+    or not at all with features=true, which does not use the head."""
+    fit_log = logging.getLogger("vit.models.fit")
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("classifier:")
+
+    fit_log.addFilter(keep)
+    try:
+        yield
+    finally:
+        fit_log.removeFilter(keep)
+
+
+def model_outputs(options, spec: str, features: bool) -> tuple[list[Path], np.ndarray, list[str], str]:
+    """(image paths, (B, classes) probabilities or with `features` the pooled (B, C) features, class names, the
+    weights read) of a checkpoint of ours or foreign weights (model= with model.pretrained=), built, chosen
+    (EMA_RULE) and preprocessed as vit-eval and vit-export build them (vit/deploy/weights.py's `resolve`). The model
+    runs in the precision `amp` (default: its run's trainer.amp, auto for foreign weights) gives it on this CPU, by
+    the trainer's rule. Classes from a classifier the weights did not train are refused in one line, before any
+    image is read."""
     from vit.data.images import read_rgb
-    from vit.deploy.weights import resolve
+    from vit.deploy.weights import WeightsError, resolve
 
     amp = options.get("amp")
     if amp is not None and amp not in AMP_MODES:
         raise UsageError(f"amp={amp!r} must be one of {AMP_MODES}")
-    weights, pre, _ = resolve(options)
+    with head_said_here():
+        weights, pre, _ = resolve(options)
+    if weights.untrained_head and not features:
+        # A fresh head's softmax names classes with confident-looking but random probabilities: no answer at all.
+        key = "checkpoint" if options.get("checkpoint") else "model.pretrained"
+        raise WeightsError(
+            f"{key}={weights.source}: {weights.untrained_head}: give weights whose classifier was trained "
+            "(fine-tune on your classes first), or add features=true for the pooled image features"
+        )
     model, transform = weights.model, pre.transform()
     names = weights.classes or [str(i) for i in range(int(model.num_classes))]
     paths = [p for part in spec.split(",") for p in image_paths(part)]
     images = torch.stack([transform(read_rgb(path)) for path in paths])  # (B, 3, H, W)
     trained_with = (weights.config.get("trainer") or {}).get("amp") if weights.config is not None else None
     precision = cpu_precision(amp, trained_with or "auto", model)
+
+    def answer(chunk: torch.Tensor) -> torch.Tensor:
+        if features:  # the embedding the head would read: (B, C), before the classifier
+            return model.forward_head(model.forward_features(chunk), pre_logits=True).float()
+        return model(chunk).float().softmax(dim=-1)  # (B, classes)
+
     with torch.no_grad(), precision.autocast(torch.device("cpu")):
-        chunks = [model(chunk).float().softmax(dim=-1) for chunk in images.split(64)]
+        chunks = [answer(chunk) for chunk in images.split(64)]
     return paths, torch.cat(chunks).numpy(), names, f"{weights.which} ({weights.source})"
 
 
-KNOWN = {"checkpoint": None, "image": None, "json": None, "top": "5", "ema": None, "amp": None}
+KNOWN = {"checkpoint": None, "image": None, "json": None, "top": None, "ema": None, "amp": None, "features": None}
 FOREIGN = {"model": None, "preprocess": None, "data": None}  # with model.pretrained=: as evaluate.py takes them
+TOP = 5  # classes a line, unless top= says
 
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv, {**KNOWN, **FOREIGN}, ("image",), model_keys=True, data_keys=True)
-    if not args["top"].isdigit() or int(args["top"]) < 1:
-        raise UsageError(f"top={args['top']!r} must be a positive integer")
+    features = args.flag("features")
+    if features and args["top"] is not None:
+        raise UsageError(f"top={args['top']} ranks classes, and features=true prints features: leave one out")
+    top = str(TOP if args["top"] is None else args["top"])
+    if not top.isdigit() or int(top) < 1:
+        raise UsageError(f"top={top!r} must be a positive integer")
     ema_option(args["ema"])  # a bad value named before any file is read
     checkpoint = args.get("checkpoint")
     if args.source is None:
@@ -124,25 +169,46 @@ def main(argv: list[str]) -> int:
         if args["model"] or args.model or args.data or args["preprocess"] or args["data"]:
             raise UsageError("model=, model.<key>=, data and preprocess= go with model.pretrained=, not checkpoint=")
     if args.source is None and checkpoint.endswith(".onnx"):
-        paths, probs, names, which = onnx_probabilities(checkpoint, args["image"], args)
+        if features:
+            raise UsageError(
+                f"features=true: {checkpoint} computes the logits only; give the checkpoint it was exported from"
+            )
+        paths, outputs, names, which = onnx_probabilities(checkpoint, args["image"], args)
     else:
-        paths, probs, names, which = model_probabilities(args, args["image"])
+        paths, outputs, names, which = model_outputs(args, args["image"], features)
     # Which weights answered (EMA_RULE), once on stderr: stdout holds the predictions alone.
     print(f"weights: {which}", file=sys.stderr)
-    k = min(int(args["top"]), probs.shape[-1])
-    order = np.argsort(-probs, axis=-1, kind="stable")[:, :k]  # (B, k), most probable first
-    results = []
-    for path, row, indices in zip(paths, probs, order, strict=True):
-        preds = [{"class": names[i], "index": int(i), "prob": round(float(row[i]), 4)} for i in indices]
-        results.append({"image": str(path), "weights": which, "top": preds})
-        if args["json"] != "-":
-            # the path as found (cat/0000.jpg and ship/0000.jpg are different images)
-            print(f"{path}: " + ", ".join(f"{p['class']} {100 * p['prob']:.1f}%" for p in preds))
+    results = (feature_records if features else class_records)(paths, outputs, names, which, int(top), args["json"])
     if args["json"] == "-":
         print(json.dumps(results, indent=2))
     elif args["json"]:
         Path(args["json"]).write_text(json.dumps(results, indent=2) + "\n")
     return 0
+
+
+def class_records(paths, probs: np.ndarray, names: list[str], which: str, top: int, json_out: str | None) -> list:
+    """The `top` classes of each image as JSON records, each printed as a line unless json=- (JSON only)."""
+    k = min(top, probs.shape[-1])
+    order = np.argsort(-probs, axis=-1, kind="stable")[:, :k]  # (B, k), most probable first
+    results = []
+    for path, row, indices in zip(paths, probs, order, strict=True):
+        preds = [{"class": names[i], "index": int(i), "prob": round(float(row[i]), 4)} for i in indices]
+        results.append({"image": str(path), "weights": which, "top": preds})
+        if json_out != "-":
+            # the path as found (cat/0000.jpg and ship/0000.jpg are different images)
+            print(f"{path}: " + ", ".join(f"{p['class']} {100 * p['prob']:.1f}%" for p in preds))
+    return results
+
+
+def feature_records(paths, features: np.ndarray, names, which: str, top, json_out: str | None) -> list:
+    """Each image's pooled features (C numbers) as JSON records, each printed as a line `<path>: <C numbers>`
+    unless json=- (JSON only)."""
+    results = []
+    for path, row in zip(paths, features, strict=True):
+        results.append({"image": str(path), "weights": which, "features": [round(float(v), 6) for v in row]})
+        if json_out != "-":
+            print(f"{path}: " + " ".join(f"{float(v):.6g}" for v in row))
+    return results
 
 
 def console() -> None:

@@ -50,8 +50,14 @@ def ema_option(value: object, key: str = "ema") -> bool | None:
 
 
 def with_ema_rule(usage: str) -> str:
-    """A tool's --help text with EMA_RULE in place of its `{ema_rule}` mark: the rule is written once."""
-    return usage.replace("{ema_rule}", EMA_RULE)
+    """A tool's --help text with EMA_RULE in place of its `{ema_rule}` mark (the rule is written once), that
+    paragraph wrapped to the width of the rest."""
+    import textwrap
+
+    def filled(text: str) -> str:
+        return textwrap.fill(" ".join(text.replace("{ema_rule}", EMA_RULE).split()), width=116)
+
+    return "\n\n".join(filled(text) if "{ema_rule}" in text else text for text in usage.split("\n\n"))
 
 
 @dataclass
@@ -63,6 +69,7 @@ class LoadedModel:
     source: str  # the file or name the weights came from, for reports
     config: dict | None = None  # the resolved training config (checkpoints of ours)
     which: str = ""  # which of its weights were read (`which_weights`): "ema" or "raw" for a checkpoint of ours
+    untrained_head: str | None = None  # why its classifier is not the weights' own (`untrained_head`); None: it is
 
 
 def read_source(
@@ -109,7 +116,7 @@ def which_weights(weights: Weights, use_ema: bool | None, file: str | None = Non
         return "ema"  # checked by `require_ema`
     if weights.timm_model is not None and file is None:
         return "timm's release"
-    return "raw where the file holds EMA ones too" if use_ema is False else "ema where the file holds them"
+    return "raw if the file holds them, else ema" if use_ema is False else "ema if the file holds them, else raw"
 
 
 def require_ema(found: Weights, given: str, file: str | None) -> None:
@@ -152,6 +159,26 @@ def model_from_config(config: dict, state_dict: dict, num_classes: int | None, o
     return model
 
 
+def untrained_head(found: Weights, model: nn.Module) -> str | None:
+    """Why the model's classifier is not one the weights trained, in words; None where it is. Read off the result
+    (the model's head against the weights' `head.weight`), so every way vit/models/fit.py has of initialising a
+    classifier the weights do not fit (none in them, another class count, other classes) is caught alike."""
+    import torch
+
+    weight = getattr(getattr(model, "head", None), "weight", None)
+    if weight is None:
+        return "the model has no classifier (model.num_classes=0)"
+    fresh = "so the model's head is freshly initialised and names random classes"
+    theirs = found.state_dict.get("head.weight")
+    if theirs is None:
+        return f"the weights hold no classifier (an encoder only), {fresh} ({weight.shape[0]} of them)"
+    if theirs.shape != weight.shape:
+        return f"the weights' classifier has {theirs.shape[0]} classes and the model {weight.shape[0]}, {fresh}"
+    if not torch.equal(weight.detach(), theirs.to(weight.dtype)):
+        return f"the weights' classifier was trained on other classes, {fresh}"
+    return None
+
+
 def build_model(
     found: Weights,
     given: str,
@@ -163,7 +190,23 @@ def build_model(
 ) -> LoadedModel:
     """The model for the weights read from `given`: a checkpoint of ours builds the model its config describes;
     other weights need `model_name`, built with the registry's defaults, `overrides`, the weights' class count and
-    `img_size` (else the preprocessing's), then loaded through the model.pretrained source checks."""
+    `img_size` (else the preprocessing's), then loaded through the model.pretrained source checks. Its
+    `untrained_head` says whether the classifier is the weights' own."""
+    loaded = built_model(found, given, model_name, overrides, img_size, use_ema, file)
+    loaded.untrained_head = untrained_head(found, loaded.model)
+    return loaded
+
+
+def built_model(
+    found: Weights,
+    given: str,
+    model_name: str | None,
+    overrides: Mapping | None,
+    img_size: int | None,
+    use_ema: bool | None,
+    file: str | None,
+) -> LoadedModel:
+    """`build_model`'s model, by the kind of weights."""
     from vit.engine.tasks import task_of
     from vit.engine.weights import load_pretrained
     from vit.models import create_model, list_models
