@@ -3,7 +3,7 @@
 Configs live in configs/ (see README.md); everything here is in vit/train/run.py.
 """
 
-from vit.cli.train import main
+from vit.cli.train import console
 
 if __name__ == "__main__":
-    main()
+    console()

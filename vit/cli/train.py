@@ -21,6 +21,7 @@ from typing import NoReturn
 
 from hydra.experimental.callback import Callback
 
+from vit.cli.fast_exit import exit_process
 from vit.engine.compose import CONFIG_DIR, compose
 from vit.errors import ConfigError, UserError, exit_with
 
@@ -474,3 +475,13 @@ def main() -> None:
     check_output_dir(sys.argv[1:])
     sys.argv.extend(worker_hydra_overrides())  # torchrun ranks > 0: no config copy or log file of their own
     hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")(train_task)()
+
+
+def console() -> NoReturn:
+    """`vit-train` and `python train.py`: `main`, then the process ends at once (vit/cli/fast_exit.py), so a run's
+    wall time and its trainer.budget end with the process. Tests call `main` in their own process instead."""
+    try:
+        main()
+    except SystemExit as done:  # a refused setting (exit 2), a diverged run (1), --help, Hydra's own exits
+        exit_process(done.code)
+    exit_process(0)
