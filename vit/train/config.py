@@ -27,6 +27,7 @@ def validate(cfg: DictConfig) -> None:
     except Exception as err:  # an interpolation that points nowhere
         raise ConfigError(f"config cannot be resolved: {err}") from err
     check_types(cfg)
+    check_heads(cfg.model)
     check_task(cfg)
     check_data(cfg)
     check_optim(cfg.optim)
@@ -36,6 +37,19 @@ def validate(cfg: DictConfig) -> None:
     check_trainer(cfg.trainer)
     check_progressive_resize(cfg)
     resolve_device(cfg.trainer.device)
+
+
+def check_heads(model: DictConfig) -> None:
+    """The heads against the width, here, before the run folder is announced and any data is read: the commonest
+    slip in a model's shape (building the model checks the rest, with the same words). A timm name fixes both."""
+    if str(model.get("pretrained") or "").startswith("timm:"):
+        return
+    width, heads = model.get("embed_dim"), model.get("num_heads")
+    if isinstance(width, int) and isinstance(heads, int):
+        require(
+            width > 0 and heads > 0 and width % heads == 0,
+            f"model.num_heads={heads} must be a positive divisor of embed_dim={width}",
+        )
 
 
 def check_data(cfg: DictConfig) -> None:
