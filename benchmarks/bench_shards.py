@@ -64,7 +64,7 @@ def prepare(args) -> tuple[Path, Path]:
     if not (shards / "_info.json").is_file():
         from vit.cli.shards import main as make_shards
 
-        make_shards([str(tree), str(shards), f"samples_per_shard={args.samples_per_shard}"])
+        make_shards([f"source={tree}", f"out={shards}", f"samples_per_shard={args.samples_per_shard}"])
     return tree, shards
 
 

@@ -3,7 +3,7 @@
 `documented_commands()` reads every ```bash block and every 4-space-indented block of the Markdown files and
 returns the commands in them (backslash continuations joined, `python -c "..."` kept whole, comments dropped),
 each with its file, line and the block it belongs to: the commands of one block run in order in one folder, as a
-user runs them, so `train.py ... hydra.run.dir=runs/tiny` followed by `average_checkpoints.py runs/tiny` works.
+user runs them, so `train.py ... hydra.run.dir=runs/tiny` followed by `average_checkpoints.py run=runs/tiny` works.
 
 `verdict(command)` is the table: a command is run, with the placeholders of the docs (`<cifar10>`,
 `/path/to/imagenet`, `outputs/<date>/<time>/...`) replaced by small local data and files and with tiny sizes

@@ -107,16 +107,16 @@ SCRIPT_SLOTS = [
     ("export", ["checkpoint={pt}", "format=torchscript", "output={root}/out.ts", "image={bad}"], ".jpg"),
     ("visualize_attention", ["checkpoint={bad}", "image={images}", "out={root}/att.png"], ".pt"),
     ("visualize_attention", ["checkpoint={pt}", "image={bad}", "out={root}/att.png"], ".jpg"),
-    ("average_checkpoints", ["{bad}", "{pt}", "out={root}/avg.pt"], ".pt"),
-    ("make_shards", ["{bad}", "{root}/shards"], ".tar.gz"),
+    ("average_checkpoints", ["checkpoints={bad},{pt}", "out={root}/avg.pt"], ".pt"),
+    ("make_shards", ["source={bad}", "out={root}/shards"], ".tar.gz"),
     ("make_cifar_jpegs", ["root={bad}", "out={root}/jpegs"], ".tar.gz"),
 ]
 
 
 def _slot(args) -> str:
-    """Which argument takes the bad file: its key, or `source` for a positional one."""
-    arg = next((a for a in args if "{bad}" in a), "")
-    return arg.split("=")[0] if "=" in arg else "source"
+    """Which argument takes the bad file: its key (every tool takes key=value only)."""
+    arg = next(a for a in args if "{bad}" in a)
+    return arg.split("=")[0]
 
 
 @pytest.mark.parametrize("kind", KINDS)

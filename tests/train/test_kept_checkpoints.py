@@ -64,7 +64,7 @@ def test_the_script_writes_a_checkpoint_that_evaluation_and_finetuning_read(kept
     out = tmp_path / "averaged.pt"
     capsys.readouterr()
     with pytest.raises(SystemExit) as done:  # scripts/average_checkpoints.py's entry point, in this process
-        monkeypatch.setattr(sys, "argv", ["average_checkpoints.py", str(run_dir), f"out={out}"])
+        monkeypatch.setattr(sys, "argv", ["average_checkpoints.py", f"run={run_dir}", f"out={out}"])
         load_script("average_checkpoints").console()
     assert done.value.code == 0
     assert "2 checkpoints (epoch_0003.pt, epoch_0004.pt)" in capsys.readouterr().out
@@ -103,7 +103,7 @@ def test_bad_keep_last_and_bad_script_arguments_are_one_line(tmp_path, capsys):
     assert done.returncode == 2 and done.stderr.strip().count("\n") == 0
     assert "trainer.keep_last=0" in done.stderr
     capsys.readouterr()
-    assert run_script(average.main, [str(tmp_path)], usage=average.__doc__) == 2  # the tool's own exit path
+    assert run_script(average.main, [f"run={tmp_path}"], usage=average.__doc__) == 2  # the tool's own exit path
     err = capsys.readouterr().err
     assert "holds no epoch checkpoints" in err and err.strip().count("\n") == 0
 

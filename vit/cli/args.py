@@ -119,6 +119,15 @@ def parse_args(
     return args
 
 
+def refuse_positional(argv: list[str], form: Callable[[list[str]], str]) -> None:
+    """Paths given without a key (`vit-average runs/tiny`), as two tools once took them: one UsageError naming the
+    `key=value` form to write instead, `form(paths)` (`run=runs/tiny`). Every tool takes `key=value` only."""
+    bare = [arg for arg in argv if "=" not in arg]
+    if bare and not bare[0].startswith("-"):  # an option (--samples-per-shard) is parse_args' to name
+        paths = [arg for arg in bare if not arg.startswith("-")]
+        raise UsageError(f"argument {paths[0]!r} must look like key=value: write {form(paths)}")
+
+
 def script_command(script: str, argv: list[str] | None) -> list[str]:
     """The command a script's measurement record names: the process's own command line where `main` was given it
     (`argv` None, or sys.argv's arguments), else `<folder>/<name>.py` (benchmarks/benchmark.py) and the

@@ -1,14 +1,15 @@
 """Average the weights of several checkpoints of one run into a new checkpoint.
 
-usage: vit-average <run folder | checkpoint files...> [last=<N>] [ema=auto|true|false]
-       [out=<file>]
+usage: vit-average run=<run folder> [last=<N>] [ema=auto|true|false] [out=<file>]
+       vit-average checkpoints=<a.pt,b.pt,...> [last=<N>] [ema=auto|true|false] [out=<file>]
 (in a checkout, without installing: python scripts/average_checkpoints.py with the same arguments)
 
-With a run folder, its kept epoch checkpoints (checkpoints/epoch_NNNN.pt, written with trainer.keep_last=N) are
-averaged, the newest `last` of them when given. The result (default: <run folder>/checkpoints/averaged.pt, else
-averaged.pt beside the first file) holds the mean of each tensor and the run's config and classes, so
-scripts/evaluate.py, scripts/export.py and `model.pretrained=<file>` read it like any checkpoint of this trainer;
-it holds no optimizer state, so it does not resume.
+`run=`: the run folder's kept epoch checkpoints (checkpoints/epoch_NNNN.pt, written with trainer.keep_last=N) are
+averaged; `checkpoints=`: the files listed, comma-separated, oldest first; `last=<N>`: only the newest N. The result
+(`out`; default: <run folder>/checkpoints/averaged.pt, else averaged.pt beside the first file) holds the mean of
+each tensor and the run's config and classes, so scripts/evaluate.py, scripts/export.py and
+`model.pretrained=<file>` read it like any checkpoint of this trainer; it holds no optimizer state, so it does not
+resume.
 
 Weights: {ema_rule} Here the first checkpoint decides for all of them, and every one must hold the weights chosen;
 the average is written as the result's weights (its `ema` is empty: ema=auto reads them back).
@@ -16,7 +17,7 @@ the average is written as the result's weights (its `ema` is empty: ema=auto rea
 Example:
 
     python train.py model=vit_tiny data=cifar10 trainer.epochs=30 trainer.keep_last=5 hydra.run.dir=runs/tiny
-    vit-average runs/tiny last=5
+    vit-average run=runs/tiny last=5
     python scripts/evaluate.py checkpoint=runs/tiny/checkpoints/averaged.pt
 """
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from vit.cli.args import parse_args, run_script
+from vit.cli.args import parse_args, refuse_positional, run_script
 from vit.deploy.weights import ema_option, with_ema_rule
 from vit.engine.files import atomic_save
 from vit.errors import UsageError
@@ -41,19 +42,32 @@ def kept_epochs(run_dir: Path) -> list[Path]:
     return [path for _, path in numbered]
 
 
+def positional_form(paths: list[str]) -> str:
+    """The key=value form of paths given without a key: a run folder, or checkpoint files."""
+    if len(paths) == 1 and Path(paths[0]).is_dir():
+        return f"run={paths[0]}"
+    return f"checkpoints={','.join(paths)}"
+
+
 def main(argv: list[str]) -> int:
-    sources = [arg for arg in argv if "=" not in arg]
-    options = parse_args([arg for arg in argv if "=" in arg], {"last": None, "ema": None, "out": None})
-    if not sources:
-        raise UsageError("give a run folder or checkpoint files (see --help)")
-    if len(sources) == 1 and Path(sources[0]).is_dir():
-        paths = kept_epochs(Path(sources[0]))
-        default_out = (paths[0].parent / "averaged.pt") if paths else None
+    refuse_positional(argv, positional_form)
+    options = parse_args(argv, {"run": None, "checkpoints": None, "last": None, "ema": None, "out": None})
+    which = {None: "auto", True: "ema", False: "raw"}[ema_option(options["ema"])]  # averaging's names, EMA_RULE
+    run, files = options["run"], options["checkpoints"]
+    if bool(run) == bool(files):
+        raise UsageError(
+            "give run=<run folder> or checkpoints=<a.pt,b.pt,...>" + (", not both" if run else " (see --help)")
+        )
+    if run:
+        if not Path(run).is_dir():
+            raise UsageError(f"run={run}: no such folder (a run folder, its kept checkpoints in checkpoints/)")
+        paths = kept_epochs(Path(run))
+        default_out = paths[0].parent / "averaged.pt"
     else:
-        paths = [Path(source) for source in sources]
+        paths = [Path(path) for path in files.split(",") if path]
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
-            raise UsageError(f"no such checkpoint file: {missing[0]!r}")
+            raise UsageError(f"checkpoints=: no such checkpoint file: {missing[0]!r}")
         default_out = paths[0].parent / "averaged.pt"
     if options["last"] is not None:
         if not str(options["last"]).isdigit() or int(options["last"]) < 1:
@@ -62,8 +76,6 @@ def main(argv: list[str]) -> int:
     out = Path(options["out"]) if options["out"] else default_out
     if out.resolve() in {p.resolve() for p in paths}:
         raise UsageError(f"out={str(out)!r} is one of the checkpoints being averaged")
-    # averaging's own names for the same three choices (EMA_RULE): auto, ema, raw
-    which = {None: "auto", True: "ema", False: "raw"}[ema_option(options["ema"])]
     averaged = average_checkpoints(paths, which)
     atomic_save(averaged, out)
     names = ", ".join(p.name for p in paths)

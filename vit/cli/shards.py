@@ -1,15 +1,15 @@
 """Write an image-folder tree, or a .tar/.tar.gz/.zip of one, as tar shards for data=webdataset.
 
-usage: vit-shards <folder or archive> <output folder> [samples_per_shard=5000] [seed=0]
+usage: vit-shards source=<folder or archive> out=<output folder> [samples_per_shard=5000] [seed=0]
        [val_split=<name>] [cache_dir=<folder>]
 (in a checkout, without installing: python scripts/make_shards.py with the same arguments)
 
 Example (the CIFAR-10 JPEGs that scripts/make_cifar_jpegs.py writes):
 
-    vit-shards data/cifar10-jpeg.tar.gz data/cifar10-shards samples_per_shard=5000
+    vit-shards source=data/cifar10-jpeg.tar.gz out=data/cifar10-shards samples_per_shard=5000
 
 Input: <root>/train/<class>/* and <root>/{val,validation,test}/<class>/*, the layout data=imagefolder reads (an
-archive is extracted once, beside it or into cache_dir). Written into the output folder:
+archive is extracted once, beside it or into cache_dir). Written into the output folder `out`:
   train-000000.tar ...    the training images in one random order (fixed by seed), samples_per_shard each
   <split>-000000.tar ...  the validation split, named after its folder (val, validation or test), also shuffled
   classes.json            class name -> index: the sorted class folders, as data=imagefolder numbers them
@@ -37,36 +37,38 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 from webdataset import TarWriter
 
-from vit.cli.args import Arguments, parse_args, run_script
+from vit.cli.args import Arguments, parse_args, refuse_positional, run_script
 from vit.data.errors import DataError
 from vit.data.sources.archive import ArchiveError, extract_archive, is_archive
 from vit.data.sources.folders import VAL_SPLIT_NAMES, find_tree_root
 from vit.data.sources.shards import CLASSES_NAME, IMAGE_EXTENSIONS, INFO_NAME
-from vit.errors import UsageError
 
 SHARD_MTIME = 0  # every member's time stamp: the same tree and seed give byte-identical shards
 
 
-DEFAULTS = {"samples_per_shard": "5000", "seed": "0", "val_split": None, "cache_dir": None}
+DEFAULTS = {"source": None, "out": None, "samples_per_shard": "5000", "seed": "0", "val_split": None, "cache_dir": None}
+
+
+def positional_form(paths: list[str], argv: list[str]) -> str:
+    """The key=value form of paths given without a key: the keys `argv` does not give yet, in the order the tool
+    once took its two paths (source, then out)."""
+    keys = [key for key in ("source", "out") if not any(arg.startswith(f"{key}=") for arg in argv)]
+    named = [f"{key}={path}" for key, path in zip(keys, paths, strict=False)]
+    return " ".join(named + [f"{key}=<...>" for key in keys[len(named) :]]) or "every argument as key=value (--help)"
 
 
 def parse_command(argv: list[str]) -> tuple[str, str, Arguments]:
-    """(source, output folder, the `key=value` options): the two arguments without `=`, in that order."""
-    paths = [arg for arg in argv if "=" not in arg and not arg.startswith("-")]
-    args = parse_args([arg for arg in argv if "=" in arg or arg.startswith("-")], DEFAULTS)
-    if len(paths) != 2:
-        raise UsageError(
-            f"give the source (a folder or archive) and the output folder, then key=value options; got {len(paths)} "
-            f"paths: {' '.join(paths) or 'none'}"
-        )
-    return paths[0], paths[1], args
+    """(source, output folder, the `key=value` options)."""
+    refuse_positional(argv, lambda paths: positional_form(paths, argv))
+    args = parse_args(argv, DEFAULTS, ("source", "out"))
+    return args["source"], args["out"], args
 
 
 def find_tree(source: str, val_split: str | None, cache_dir: str | None) -> tuple[Path, str]:
     """The folder holding train/ (after extracting an archive) and the validation folder's name."""
     path = Path(source).expanduser().resolve()
     if not path.exists():
-        raise DataError(f"source {source} does not exist")
+        raise DataError(f"source={source} does not exist")
     if is_archive(path):
         try:
             path = extract_archive(path, cache_dir)
@@ -76,7 +78,7 @@ def find_tree(source: str, val_split: str | None, cache_dir: str | None) -> tupl
     names = [val_split] if val_split else list(VAL_SPLIT_NAMES)
     found = next((name for name in names if (root / name).is_dir()), None)
     if found is None:
-        raise DataError(f"source {source}: no {'/, '.join(names)}/ folder beside train/ in {root}")
+        raise DataError(f"source={source}: no {'/, '.join(names)}/ folder beside train/ in {root}")
     return root, found
 
 
@@ -133,7 +135,7 @@ def main(argv: list[str]) -> int:
             raise DataError(f"{root / split} holds no image files")
     output = Path(output).expanduser()
     if output.exists() and (any(output.glob("*.tar")) or (output / INFO_NAME).exists()):
-        raise DataError(f"output folder {output} already holds shards: choose an empty or new folder")
+        raise DataError(f"out={output} already holds shards: choose an empty or new folder")
     output.mkdir(parents=True, exist_ok=True)
     # Both splits shuffled: every shard holds every class, and data.limit_val_samples (the first samples of the
     # validation shards) is a random subset rather than the first classes.
