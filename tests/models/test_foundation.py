@@ -29,8 +29,8 @@ from trainer_utils import (
 from vit.cli.args import run_script
 from vit.deploy.export import run_onnx, write_onnx
 from vit.engine.build import build_model_from_config
-from vit.engine.weights import eva_to_vit_keys, load_pretrained, read_weights
-from vit.models.foundation import timm_architecture
+from vit.engine.weights import load_pretrained, read_weights
+from vit.models.foundation import eva_to_vit_keys, timm_architecture
 from vit.models.vit import VisionTransformer, ViTConfig
 from vit.train.finetune import load_pretrained_weights, read_pretrained
 

@@ -24,9 +24,10 @@ from trainer_utils import (
 
 from vit.cli.args import run_script
 from vit.engine.build import build_model_from_config
-from vit.engine.weights import eva_to_vit_keys, load_checkpoint, load_pretrained
+from vit.engine.weights import load_checkpoint, load_pretrained
 from vit.errors import ConfigError
 from vit.models import create_model
+from vit.models.foundation import eva_to_vit_keys
 from vit.train import run
 
 SMALL = {"img_size": 64, "num_classes": 10}  # 4 x 4 patches of 16: every part of the model, at a test's cost

@@ -49,8 +49,6 @@ KEPT_OVER_TIMM = (
     "qk_scale",
     "in_chans",
 )
-# What a record names a model built from a timm name by: `model.name=timm:<name>` (built_model_config).
-TIMM_PREFIX = "timm:"
 # Model keys that say how the model trains or how its attention is computed, not what it is (metrics.json's
 # "architecture" leaves them out, beside the class count, which the data decides and metrics.json names apart).
 NOT_ARCHITECTURE = ("name", "num_classes", "drop_rate", "attn_drop_rate", "drop_path_rate", "attn_backend")
@@ -129,7 +127,7 @@ def over_timm_architecture(arch: TimmArchitecture, name: str, kwargs: dict, anno
     weights fitting. A setting of another value than `model=<name>` builds with (so given by the user or a recipe)
     that cannot stay is named in one log line; so is the architecture used. A record's `name=timm:<name>` has
     timm's architecture for its values, so none of its settings is another value."""
-    baseline = dict(arch.settings) if name.startswith(TIMM_PREFIX) else model_defaults(name)
+    baseline = dict(arch.settings) if source_kind(name) == "timm" else model_defaults(name)
     valid = {f.name for f in fields(ViTConfig) if f.init}
     settings = {**arch.settings, "lsa": False, "patch_embed": "standard"}
     if kwargs.get("patch_size") == baseline.get("patch_size"):  # not chosen: the registry's 16, timm's instead
@@ -151,8 +149,9 @@ def over_timm_architecture(arch: TimmArchitecture, name: str, kwargs: dict, anno
 
 
 def is_timm_named(model_cfg: Mapping) -> bool:
-    """Whether `model_cfg` is the record of a model built from a timm name (`model.name=timm:<name>`)."""
-    return str(model_cfg.get("name") or "").startswith(TIMM_PREFIX)
+    """Whether `model_cfg` is the record of a model built from a timm name (`model.name=timm:<name>`, named as the
+    weight source it came from: built_model_config)."""
+    return source_kind(str(model_cfg.get("name") or "")) == "timm"
 
 
 def model_label(model_cfg: Mapping) -> str:

@@ -17,7 +17,6 @@ False the raw ones, None the EMA ones where there are any.
 from __future__ import annotations
 
 import difflib
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -29,6 +28,7 @@ from torch import nn
 from vit.errors import UserError
 from vit.hub import host_reachable, hub_host, offline_hub
 from vit.models.fit import PretrainedError, StateDict, Weights, fit_state_dict
+from vit.models.foundation import eva_to_vit_keys
 from vit.models.weights_file import WeightsFileError, first_line, read_weights_file
 
 
@@ -195,32 +195,6 @@ def unwrap_state_dict(obj: object, source: str = "checkpoint", ema: bool | None 
         if all(k.startswith(prefix) for k in obj):
             obj = {k[len(prefix) :]: v for k, v in obj.items()}
     return eva_to_vit_keys(obj)
-
-
-# timm's Eva models (its RoPE ViTs, DINOv3, EVA-02) name some parameters apart from ours and timm's VisionTransformer:
-# LayerScale `blocks.<i>.gamma_1` / `gamma_2` (ours `ls1.gamma` / `ls2.gamma`), and EVA-02 B and L's separate
-# `q_proj`, `k_proj`, `v_proj` (ours: one `qkv` = [q | k | v], the biases as `q_bias` and `v_bias` where the keys
-# have none, as EVA-02-Ti/S store them) and split SwiGLU `fc1_g`, `fc1_x` (ours: one `fc1` = [gate | value]).
-# Every other name is ours already (`rope.freqs`, `q_bias`, `v_bias` included).
-EVA_LAYER_SCALE = re.compile(r"^(blocks\.\d+\.)gamma_([12])$")
-
-
-def eva_to_vit_keys(state_dict: dict) -> dict:
-    """The state dict with Eva's names and split projections in our layout (see above); every other key as it was."""
-    out = {EVA_LAYER_SCALE.sub(r"\1ls\2.gamma", k): v for k, v in state_dict.items()}
-    for prefix in sorted({k[: -len("q_proj.weight")] for k in out if k.endswith(".attn.q_proj.weight")}):
-        out[prefix + "qkv.weight"] = torch.cat([out.pop(f"{prefix}{p}_proj.weight") for p in "qkv"])  # (3C, C)
-        q, k, v = (out.pop(f"{prefix}{p}_proj.bias", None) for p in "qkv")
-        if q is not None and k is None:  # EVA-02: no key bias
-            out[prefix + "q_bias"], out[prefix + "v_bias"] = q, v
-        elif q is not None:
-            out[prefix + "qkv.bias"] = torch.cat([q, k, v])
-    for prefix in sorted({k[: -len("fc1_g.weight")] for k in out if k.endswith(".fc1_g.weight")}):
-        for kind in ("weight", "bias"):
-            if f"{prefix}fc1_g.{kind}" in out:
-                gate, value = out.pop(f"{prefix}fc1_g.{kind}"), out.pop(f"{prefix}fc1_x.{kind}")
-                out[f"{prefix}fc1.{kind}"] = torch.cat([gate, value])  # [gate | value]
-    return out
 
 
 # --- timm --------------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ is a ValueError naming the part.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -315,8 +316,6 @@ def timm_names_fitting(state_dict: dict, limit: int = 3, like: str = "") -> list
 
     import timm
 
-    from vit.engine.weights import eva_to_vit_keys
-
     kernel = state_dict.get("patch_embed.proj.weight")
     if kernel is None or kernel.ndim != 4:
         return []
@@ -355,4 +354,30 @@ def shapes_of(name: str, to_ours, **timm_kwargs: Any) -> dict[str, tuple[int, ..
         return None
 
 
-__all__ = ["TimmArchitecture", "timm_architecture", "timm_names_fitting"]
+# timm's Eva models (its RoPE ViTs, DINOv3, EVA-02) name some parameters apart from ours and timm's VisionTransformer:
+# LayerScale `blocks.<i>.gamma_1` / `gamma_2` (ours `ls1.gamma` / `ls2.gamma`), and EVA-02 B and L's separate
+# `q_proj`, `k_proj`, `v_proj` (ours: one `qkv` = [q | k | v], the biases as `q_bias` and `v_bias` where the keys
+# have none, as EVA-02-Ti/S store them) and split SwiGLU `fc1_g`, `fc1_x` (ours: one `fc1` = [gate | value]).
+# Every other name is ours already (`rope.freqs`, `q_bias`, `v_bias` included).
+EVA_LAYER_SCALE = re.compile(r"^(blocks\.\d+\.)gamma_([12])$")
+
+
+def eva_to_vit_keys(state_dict: dict) -> dict:
+    """The state dict with Eva's names and split projections in our layout (see above); every other key as it was."""
+    out = {EVA_LAYER_SCALE.sub(r"\1ls\2.gamma", k): v for k, v in state_dict.items()}
+    for prefix in sorted({k[: -len("q_proj.weight")] for k in out if k.endswith(".attn.q_proj.weight")}):
+        out[prefix + "qkv.weight"] = torch.cat([out.pop(f"{prefix}{p}_proj.weight") for p in "qkv"])  # (3C, C)
+        q, k, v = (out.pop(f"{prefix}{p}_proj.bias", None) for p in "qkv")
+        if q is not None and k is None:  # EVA-02: no key bias
+            out[prefix + "q_bias"], out[prefix + "v_bias"] = q, v
+        elif q is not None:
+            out[prefix + "qkv.bias"] = torch.cat([q, k, v])
+    for prefix in sorted({k[: -len("fc1_g.weight")] for k in out if k.endswith(".fc1_g.weight")}):
+        for kind in ("weight", "bias"):
+            if f"{prefix}fc1_g.{kind}" in out:
+                gate, value = out.pop(f"{prefix}fc1_g.{kind}"), out.pop(f"{prefix}fc1_x.{kind}")
+                out[f"{prefix}fc1.{kind}"] = torch.cat([gate, value])  # [gate | value]
+    return out
+
+
+__all__ = ["TimmArchitecture", "eva_to_vit_keys", "timm_architecture", "timm_names_fitting"]

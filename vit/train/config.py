@@ -15,7 +15,7 @@ from vit.data.sources.splits import parse_holdout
 from vit.engine.config_types import check_types
 from vit.engine.device import resolve_device
 from vit.engine.tasks import CONFIG_TASKS, task_of
-from vit.engine.weights import names_a_source
+from vit.engine.weights import names_a_source, source_kind
 from vit.errors import ConfigError, require
 from vit.train.finetune import FREEZE_MODES
 
@@ -42,7 +42,7 @@ def validate(cfg: DictConfig) -> None:
 def check_heads(model: DictConfig) -> None:
     """The heads against the width, here, before the run folder is announced and any data is read: the commonest
     slip in a model's shape (building the model checks the rest, with the same words). A timm name fixes both."""
-    if str(model.get("pretrained") or "").startswith("timm:"):
+    if source_kind(str(model.get("pretrained") or "")) == "timm":
         return
     width, heads = model.get("embed_dim"), model.get("num_heads")
     if isinstance(width, int) and isinstance(heads, int):
