@@ -164,7 +164,8 @@ def test_a_timm_name_and_its_file_give_timms_numbers_with_timms_preprocessing(na
         top1, loss, _ = reference(model(torch.stack([transform(Image.open(p).convert("RGB")) for p in paths])), labels)
     argv = [f"model.pretrained=timm:{name}", f"model.pretrained_file={path}", f"data.root={folder}"]
     result, summary = evaluate(argv, capsys)
-    assert result["source"] == f"timm:{name}"
+    assert result["source"] == result["model"] == f"timm:{name}"  # the architecture built, not the default config's
+    assert summary.startswith(f"timm:{name}") or f" timm:{name}" in summary.splitlines()[-1], summary
     assert result["top1"] == pytest.approx(top1) and result["loss"] == pytest.approx(loss, abs=1e-5)
     assert f"preprocessing: timm pretrained config of '{name}'" in summary
 

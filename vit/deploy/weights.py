@@ -260,7 +260,7 @@ def timm_named_model(
     """The model of `model.pretrained=timm:<name>` as training builds it: timm's architecture for `<name>` with the
     kept overrides on top (an architecture setting given beside it is named in one line), the weights' class count,
     and `img_size` (else timm's); `model=<name>` is optional and only says which settings were given."""
-    from vit.engine.build import build_model_from_config
+    from vit.engine.build import build_model_from_config, model_label
     from vit.engine.weights import load_pretrained
     from vit.models import list_models
 
@@ -274,11 +274,14 @@ def timm_named_model(
         model_cfg["num_classes"] = int(head.shape[0])
     model = build_model_from_config(model_cfg)
     try:
-        load_pretrained(model, Weights(found.state_dict, found.where, found.num_heads))
+        # The file and the timm name it was given for: a wrong file's message names the file and the name's fix.
+        weights = Weights(found.state_dict, found.where, found.num_heads, file=found.file, timm_model=found.timm_model)
+        load_pretrained(model, weights)
     except (ValueError, TypeError) as err:
         raise WeightsError(f"model.pretrained={given}: {err}") from err
     model.float()
-    return LoadedModel(model.eval(), model_cfg["name"], class_names(found), prescribed_preprocessing(found), given)
+    label = model_label(model_cfg)  # timm:<name>: the architecture built, whatever model=<name> was given
+    return LoadedModel(model.eval(), label, class_names(found), prescribed_preprocessing(found), given)
 
 
 DATA_CONFIGS_DIR = CONFIG_DIR / "data"
