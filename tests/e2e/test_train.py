@@ -95,7 +95,10 @@ def test_evaluate_reproduces_the_val_metrics(cli_run, tmp_path, capsys):
     assert evaluate_main(argv) == 0
     result = json.loads(capsys.readouterr().out)
     final = json.loads((run_dir / "metrics.json").read_text())["final"]
-    assert result["top1"] == pytest.approx(final["val_top1"]) and result["loss"] == pytest.approx(final["val_loss"])
+    # ema=auto, the default: the EMA weights, which the run kept and evaluated beside the raw ones.
+    assert result["weights"] == "ema"
+    assert result["top1"] == pytest.approx(final["val_ema_top1"])
+    assert result["loss"] == pytest.approx(final["val_ema_loss"])
     assert len(result["per_class_top1"]) == 10 and (tmp_path / "cm.png").stat().st_size > 1000
 
 

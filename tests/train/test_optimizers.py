@@ -215,7 +215,10 @@ def test_a_muon_checkpoint_evaluates(muon_run, capsys):
     assert evaluate_main([f"checkpoint={muon_run / 'checkpoints' / 'last.pt'}", "device=cpu"]) == 0
     result = json.loads(capsys.readouterr().out)
     final = json.loads((muon_run / "metrics.json").read_text())["final"]
-    assert result["top1"] == pytest.approx(final["val_top1"]) and result["loss"] == pytest.approx(final["val_loss"])
+    val = "val_ema" if result["weights"] == "ema" else "val"  # ema=auto: the EMA weights where the run kept them
+    assert result["top1"] == pytest.approx(final[f"{val}_top1"]) and result["loss"] == pytest.approx(
+        final[f"{val}_loss"]
+    )
 
 
 # --- optim.name beside another group's rate and weight decay ------------------------------------------------------
