@@ -57,11 +57,12 @@ def timed_run(budget: str, overrides: list[str], load: str, folder: Path) -> dic
         "outside_wall_s": round(outside, 3),
         "recorded_wall_s": metrics.get("wall_time_s"),
         "outside_over_budget_s": round(outside - budget_s, 3),
-        "outside_within_tolerance": outside - budget_s <= tolerance(budget_s),
+        # Of a run that trained: a refused one (a budget too small for it, exit 2) holds no budget to judge.
+        "outside_within_tolerance": outside - budget_s <= tolerance(budget_s) if done.returncode == 0 else None,
         "planned_steps": record.get("planned_steps"),
         "trained_steps": record.get("trained_steps"),
         "replans": record.get("replans"),
-        "test_top1": (metrics.get("test") or metrics.get("final") or {}).get("top1"),
+        "top1": (metrics.get("test") or {}).get("top1") or (metrics.get("final") or {}).get("val_top1"),
         "budget_record": record,  # metrics.json's budget: every plan, the final lr (the run folder is not kept)
         "stderr_tail": done.stderr[-500:] if done.returncode else "",
     }
