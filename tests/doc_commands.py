@@ -144,6 +144,11 @@ SKIPPED = [
 # Delete a line to run its commands here, tiny.
 MEASURED_BY_TESTS = [
     (
+        r"budget_outside\.py",
+        "two budgeted trainings of a minute or more; tests/e2e/test_terminal.py runs the script small (one idle run "
+        "of 8 s)",
+    ),  # fmt: skip
+    (
         r"benchmark\.py mode=inference(?!.*int8)",
         "tests/analysis/test_inference_bench.py runs it small (eager, onnxruntime; runtimes=compiled: minutes on a "
         "CPU)",
