@@ -315,3 +315,19 @@ def test_features_true_on_our_checkpoint_and_the_settings_it_does_not_take(ours,
         code, out, err = predict(argv, capsys)
         lines = err.strip().splitlines()
         assert code == 2 and len(lines) == 1 and needle in lines[0], lines
+
+
+def test_evaluate_and_export_say_when_the_classifier_was_never_trained(encoder_file, tree, tmp_path, capsys):
+    """vit-eval's figures of a freshly initialised head are a random classifier's, and vit-export's file names noise
+    unless it is kept for its features: both still run (an encoder is worth exporting), each with one warning."""
+    from vit.cli import export as export_tool
+
+    path, _ = encoder_file
+    argv = [*FOREIGN, "model.num_classes=3", f"model.pretrained={path}", f"preprocess=timm:{TIMM_TINY}"]
+    assert evaluate_tool.main([*argv, f"data.root={tree}", "device=cpu", "amp=none"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and warnings[0].endswith("this evaluates a random classifier"), warnings
+    output = tmp_path / "encoder.pt2"
+    assert export_tool.main([*argv, "format=exported-program", f"output={output}", f"image={tree / 'val'}"]) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "the exported file's classes are random" in warnings[0], warnings

@@ -176,6 +176,9 @@ def evaluate_weights(argv: list[str]) -> dict:
     if options.get("amp", "auto") not in AMP_MODES:
         raise UsageError(f"amp={options.get('amp')!r} must be one of {AMP_MODES}")
     weights, pre, data_cfg = resolve(options)
+    if weights.untrained_head:  # the figures below are then a random classifier's: said, not hidden in chance
+        print(f"warning: {weights.source}: {weights.untrained_head}: this evaluates a random classifier",
+              file=sys.stderr)  # fmt: skip
     if weights.config is not None:
         for_this_machine(data_cfg, options.data)
     batch_size = options.integer("batch_size", int(data_cfg.get("batch_size") or 256))

@@ -181,6 +181,9 @@ def main(argv: list[str]) -> int:
     output = Path(output)
     check_writable(output)  # before the weights are read and the model built
     weights, pre, data_cfg = resolve(options)
+    if weights.untrained_head:  # an encoder exported for its features is fine; as a classifier it names noise
+        print(f"warning: {weights.source}: {weights.untrained_head}: the exported file's classes are random; "
+              "fine-tune on your classes first, unless the file is for its features", file=sys.stderr)  # fmt: skip
     images, what = check_images(options.get("image"), pre, data_cfg)
     int8 = int8_request(options, pre, data_cfg) if options.get("quantize") else None
     result = export_model(
