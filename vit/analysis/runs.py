@@ -101,6 +101,18 @@ def _tb_curve(run_dir: Path) -> list[tuple[int, float]]:
     return [(e.step, e.value) for e in events.Scalars("val/top1")]
 
 
+def run_config(run_dir: Path) -> dict:
+    """The run's resolved config, its model the one built: a run from model.pretrained=timm:<name> wrote timm's
+    architecture beside Hydra's composed config (BUILT_MODEL_FILE), which keeps the model config it started from."""
+    from vit.engine.build import BUILT_MODEL_FILE
+
+    config = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
+    built = run_dir / BUILT_MODEL_FILE
+    if built.is_file():
+        config["model"] = yaml.safe_load(built.read_text())
+    return config
+
+
 def read_runs(sweep_dir: str | Path) -> list[RunRecord]:
     """Every run below `sweep_dir` (folders holding .hydra/config.yaml), in Hydra's job order."""
     sweep_dir = Path(sweep_dir)
@@ -118,7 +130,7 @@ def read_runs(sweep_dir: str | Path) -> list[RunRecord]:
                 path=run_dir,
                 name=run_dir.relative_to(sweep_dir).as_posix() if run_dir != sweep_dir else run_dir.name,
                 overrides=_overrides(run_dir),
-                config=yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text()),
+                config=run_config(run_dir),
                 metrics=json.loads(metrics_path.read_text()) if metrics_path.is_file() else {},
                 val_top1_curve=_tb_curve(run_dir),
             )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import asdict, fields
+from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -52,6 +53,11 @@ KEPT_OVER_TIMM = (
 # Model keys that say how the model trains or how its attention is computed, not what it is (metrics.json's
 # "architecture" leaves them out, beside the class count, which the data decides and metrics.json names apart).
 NOT_ARCHITECTURE = ("name", "num_classes", "drop_rate", "attn_drop_rate", "drop_path_rate", "attn_backend")
+
+
+# In a run folder, beside Hydra's .hydra/config.yaml (the model config the command composed): the model the run built
+# where the two differ (model.pretrained=timm:<name>), written by vit/train/setup.py, read by vit/analysis/runs.py.
+BUILT_MODEL_FILE = Path(".hydra") / "model_built.yaml"
 
 
 def model_kwargs(model_cfg: Mapping, num_classes: int | None = None) -> dict:

@@ -17,7 +17,7 @@ from torch import nn
 
 from vit.data import DataBundle, build_data
 from vit.data.resources import available_cpus
-from vit.engine.build import built_model_config, pretrained_architecture
+from vit.engine.build import BUILT_MODEL_FILE, built_model_config, pretrained_architecture
 from vit.engine.device import resolve_device
 from vit.engine.distributed import Distributed
 from vit.engine.files import atomic_write_text
@@ -222,10 +222,6 @@ def recorded_config(cfg: DictConfig) -> dict:
     if task_of(cfg).classifier:  # task=mae builds its encoder from the config's own keys (build_mae_from_config)
         resolved["model"] = built_model_config(resolved["model"])
     return resolved
-
-
-# Beside Hydra's .hydra/config.yaml, which keeps the model config the command composed.
-BUILT_MODEL_FILE = Path(".hydra") / "model_built.yaml"
 
 
 def write_built_model(run_dir: Path, built: dict, composed: dict) -> None:
