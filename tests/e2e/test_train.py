@@ -56,7 +56,11 @@ def test_cli_run_directory_layout(cli_run):
     params = sum(v.numel() for v in state["model"].values())  # the tiny ViT's state is its parameters
     assert metrics["epochs_done"] == 2 and metrics["params"] == params and metrics["wall_time_s"] > 0
     assert metrics["final"]["val_top1"] == metrics["history"][-1]["val_top1"]
-    assert metrics["best"]["val_top1"] >= metrics["final"]["val_top1"]
+    # best.pt is chosen by the weights the tools read: the EMA's (trainer.ema), the best of the evaluated epochs.
+    best = metrics["best"]
+    assert best["chosen_by"] == "val_ema" and best["val_ema_top1"] >= metrics["final"]["val_ema_top1"]
+    assert best["val_ema_top1"] == max(r["val_ema_top1"] for r in metrics["history"])
+    assert load_checkpoint(run_dir / "checkpoints" / "best.pt")["epoch"] == best["epoch"]
     assert "epoch 2/2" in done.stdout  # plain log lines when not on a terminal
     assert f"run folder: {run_dir.resolve()}" in done.stdout.splitlines()[0]  # the first line says where it writes
     # Where the run came from: this checkout's commit, the command, this machine (vit/engine/provenance.py).

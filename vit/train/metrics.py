@@ -72,6 +72,19 @@ def val_score(result: dict) -> float:
     return float(result["top1"]) if result["top1"] is not None else -float(result["loss"])
 
 
+def chosen_weights(val: dict | None, val_ema: dict | None) -> dict | None:
+    """The evaluation best.pt is chosen by: the EMA weights' where the run keeps an EMA, as the tools after training
+    read a checkpoint's EMA weights by default (vit/deploy/weights.py's EMA_RULE) and timm chooses its best
+    checkpoint; else the raw weights'."""
+    return val_ema if val_ema is not None else val
+
+
+def chosen_result(record: dict) -> dict:
+    """A history entry's evaluation that best.pt is chosen by, as `chosen_weights` picks it."""
+    prefix = "val_ema" if record.get("val_ema_loss") is not None else "val"
+    return {"top1": record.get(f"{prefix}_top1"), "loss": record[f"{prefix}_loss"]}
+
+
 def final_test(run) -> dict:
     """Top-1/top-5/loss of the final weights (and the EMA's) on the test split that data.holdout set aside."""
     bundle = run.bundle
@@ -89,11 +102,7 @@ def run_metrics(run) -> dict:
     it ran (loader, precision, compile, threads) with the reasons, and the whole history."""
     cfg, cost, bundle, settings, history = run.cfg, run.built.cost, run.bundle, run.step_settings, run.progress.history
     evaluated = [r for r in history if r.get("val_loss") is not None]
-    scored = [r for r in evaluated if r.get("val_top1") is not None]
-    if scored:
-        best = max(scored, key=lambda r: r["val_top1"])
-    else:  # task=mae: the lowest reconstruction loss
-        best = min(evaluated, key=lambda r: r["val_loss"]) if evaluated else {}
+    best = max(evaluated, key=lambda r: val_score(chosen_result(r))) if evaluated else {}
     built = run.built.resolved["model"]  # the model built, not the model config composed (vit/train/setup.py)
     return {
         "model": built["name"],
@@ -103,7 +112,14 @@ def run_metrics(run) -> dict:
         "num_classes": bundle.num_classes,
         "epochs_done": len(history),
         "final": history[-1] if history else {},
-        "best": {"val_top1": best.get("val_top1"), "val_loss": best.get("val_loss"), "epoch": best.get("epoch")},
+        "best": {
+            "val_top1": best.get("val_top1"),
+            "val_loss": best.get("val_loss"),
+            "val_ema_top1": best.get("val_ema_top1"),
+            "val_ema_loss": best.get("val_ema_loss"),
+            "epoch": best.get("epoch"),
+            "chosen_by": ("val_ema" if best.get("val_ema_loss") is not None else "val") if best else None,
+        },
         "task": str(cfg.get("task", "classify")),
         "train_img_per_s": float(np.mean([r["train_img_per_s"] for r in history])) if history else None,
         "loader": bundle.loader_kind,

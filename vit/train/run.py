@@ -36,7 +36,15 @@ from vit.train.budget import attach_budget, duration
 from vit.train.checkpoints import Checkpointer, Progress, resume, rng_state, set_rng_state
 from vit.train.config import validate
 from vit.train.loop import NonFiniteLossError, StepState, train_one_epoch, weights_finite
-from vit.train.metrics import epoch_line, epoch_record, epoch_scalars, final_test, run_metrics, val_score
+from vit.train.metrics import (
+    chosen_weights,
+    epoch_line,
+    epoch_record,
+    epoch_scalars,
+    final_test,
+    run_metrics,
+    val_score,
+)
 from vit.train.optimizer import build_step_settings
 from vit.train.report import Reporter, flat_hparams
 from vit.train.search import TrialReport, check_search, is_trial
@@ -187,9 +195,10 @@ def train(
                 last = trained["planned_end"] or epoch + 1 == run.trainer.epochs
                 val, val_ema = evaluate_epoch(run, epoch, last)
                 record_epoch(run, epoch, trained, val, val_ema)
-                is_best = val is not None and val_score(val) > progress.best_score
-                if val is not None:
-                    progress.best_score = max(progress.best_score, val_score(val))
+                chosen = chosen_weights(val, val_ema)  # the EMA's where the run keeps one: what the tools read
+                is_best = chosen is not None and val_score(chosen) > progress.best_score
+                if chosen is not None:
+                    progress.best_score = max(progress.best_score, val_score(chosen))
                 check_weights(run, epoch)
                 run.checkpoints.save_epoch(epoch + 1, run.step_state.step, progress, is_best)
                 if budget is not None:
