@@ -530,3 +530,16 @@ def scales_by_name(model, groups: list[dict]) -> dict[str, tuple[float, float]]:
     """Each parameter's (lr_scale, weight_decay) in optimizer parameter groups, by the parameter's name."""
     names = {id(p): n for n, p in model.named_parameters()}
     return {names[id(p)]: (g["lr_scale"], g["weight_decay"]) for g in groups for p in g["params"]}
+
+
+def saved_timm_model(folder: Path, name: str, num_classes: int, depth: int = 2, seed: int = 1):
+    """timm's `name` with random weights (`depth` blocks, `num_classes` outputs), saved as a plain state dict in
+    `folder`: the file a user downloads in timm's layout. Returns (its path, the timm model)."""
+    import timm
+    import torch
+
+    torch.manual_seed(seed)
+    model = timm.create_model(name, pretrained=False, num_classes=num_classes, depth=depth).eval()
+    path = folder / "vit_tiny.pth"
+    torch.save(model.state_dict(), path)
+    return path, model

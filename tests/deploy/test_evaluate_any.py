@@ -22,6 +22,7 @@ from trainer_utils import (
     TINY_MODEL,
     ForkedRun,
     compose_config,
+    saved_timm_model,
     trainer_path_evaluation,
 )
 
@@ -83,11 +84,7 @@ def folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def timm_file(tmp_path_factory):
     """A 4-class, 2-block ViT-Ti/16 of timm saved as a plain state dict, and the timm model itself."""
-    torch.manual_seed(1)
-    model = timm.create_model(TIMM_NAME, pretrained=False, num_classes=4, depth=2).eval()
-    path = tmp_path_factory.mktemp("timm") / "vit_tiny.pth"
-    torch.save(model.state_dict(), path)
-    return path, model
+    return saved_timm_model(tmp_path_factory.mktemp("timm"), TIMM_NAME, num_classes=4)
 
 
 def test_a_limited_evaluation_is_class_balanced_and_unseen_classes_have_no_accuracy(folder, timm_file, capsys):

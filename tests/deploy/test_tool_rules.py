@@ -11,7 +11,7 @@ import pytest
 import timm
 import tomllib
 import torch
-from trainer_utils import REPO, make_tree
+from trainer_utils import REPO, make_tree, saved_timm_model
 
 from vit.cli import evaluate as evaluate_tool
 from vit.deploy.weights import EMA_RULE
@@ -30,11 +30,7 @@ def tree(tmp_path_factory):
 @pytest.fixture(scope="module")
 def timm_file(tmp_path_factory):
     """A 3-class timm ViT-Ti/16 of 2 blocks saved as a plain state dict (its head included)."""
-    torch.manual_seed(1)
-    model = timm.create_model(TIMM_TINY, pretrained=False, num_classes=3, depth=2).eval()
-    path = tmp_path_factory.mktemp("timm") / "vit_tiny.pth"
-    torch.save(model.state_dict(), path)
-    return path
+    return saved_timm_model(tmp_path_factory.mktemp("timm"), TIMM_TINY, num_classes=3)[0]
 
 
 def one_error_line(capsys) -> str:
