@@ -147,7 +147,7 @@ DETERMINISTIC = [*BUDGETED, "trainer.deterministic=true", "trainer.save_checkpoi
 DETERMINISTIC += ["data.augment.hflip=true", "model.drop_path_rate=0.1", "trainer.ema=true"]
 
 
-def test_a_stopped_budgeted_run_resumes_to_the_unbroken_runs_steps_and_weights(tmp_path, monkeypatch):
+def test_a_stopped_budgeted_run_resumes_to_the_unbroken_runs_steps_and_weights(tmp_path, monkeypatch, caplog):
     clock = FakeClock(dt=0.1)
     monkeypatch.setattr(time, "perf_counter", clock)
     straight = run(
@@ -161,11 +161,23 @@ def test_a_stopped_budgeted_run_resumes_to_the_unbroken_runs_steps_and_weights(t
         train_loader_wrapper=lambda loader: ClockedLoader(loader, clock, stop_at=21),
     )
     assert first["stopped_by_signal"] == "SIGTERM" and "budget" in first
-    resumed = run(
-        compose_config([*DETERMINISTIC, "trainer.resume=auto"]),
-        output_dir=tmp_path / "resumed",
-        train_loader_wrapper=lambda loader: ClockedLoader(loader, clock),
-    )
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vit.train"):
+        resumed = run(
+            compose_config([*DETERMINISTIC, "trainer.resume=auto", "trainer.progress=log"]),
+            output_dir=tmp_path / "resumed",
+            train_loader_wrapper=lambda loader: ClockedLoader(loader, clock),
+        )
+    # The resumed run says what of its budget is spent and left at once, and its progress lines and epoch lines
+    # count the same epochs: the plan's, as the run ends.
+    said = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("budget 6s resumed: ") for line in said[:12]), said[:12]
+    counted = [m.groups() for line in said if (m := re.match(r"^epoch (\d+)/(\d+)(:?)", line))]
+    for epoch, total, summary in counted:  # the line closing an epoch agrees with the progress line before it
+        if summary:
+            before = [c for c in counted[: counted.index((epoch, total, summary))] if c[0] == epoch and not c[2]]
+            assert before and before[-1][1] == total, counted
+    assert counted[-1][1] == str(math.ceil(resumed["budget"]["planned_epochs"])), counted
     planned = straight["budget"]["planned_steps"]
     assert 21 < planned < 100 * 8
     assert resumed["budget"]["trained_steps"] == resumed["budget"]["planned_steps"] == planned
