@@ -146,7 +146,7 @@ MEASURED_BY_TESTS = [
     (
         r"budget_outside\.py",
         "two budgeted trainings of a minute or more; tests/e2e/test_terminal.py runs the script small (one idle run "
-        "of 8 s)",
+        "of 15 s)",
     ),  # fmt: skip
     (
         r"benchmark\.py mode=inference(?!.*int8)",

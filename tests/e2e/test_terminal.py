@@ -25,10 +25,10 @@ from trainer_utils import REPO, TINY_MODEL
 from vit.train.budget import tolerance
 
 COLUMNS = 120
-BUDGET_S = 10.0
+BUDGET_S = 15.0  # a loaded CI machine may spend 8 s starting: the rest still holds a plan
 DATA = ["data=synthetic", "data.synthetic.num_train=1024", "data.synthetic.num_val=64", "data.batch_size=32"]
 TRAIN = [*DATA, *TINY_MODEL, "trainer.device=cpu", "trainer.threads=1", "trainer.log_every_n_steps=2"]
-TRAIN += ["trainer.attn_maps_every_n_epochs=0", "trainer.epochs=50"]
+TRAIN += ["trainer.attn_maps_every_n_epochs=0", "trainer.epochs=200"]
 
 
 def run_in_terminal(args: list[str], cwd: Path, timeout: float = 240.0) -> tuple[int, str, float]:
@@ -109,7 +109,7 @@ def python(script: str, *args: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def budgeted(tmp_path_factory):
-    """The README's budgeted training, in a terminal: a tiny ViT on synthetic data for 10 seconds."""
+    """The README's budgeted training, in a terminal: a tiny ViT on synthetic data for BUDGET_S seconds."""
     cwd = tmp_path_factory.mktemp("terminal")
     args = python("train.py", *TRAIN, f"trainer.budget={BUDGET_S:g}s", f"hydra.run.dir={cwd / 'run'}")
     code, written, wall = run_in_terminal(args, cwd)
@@ -126,9 +126,9 @@ def test_the_bar_counts_to_the_plan_and_no_log_line_tears_it(budgeted):
     epochs = metrics["epochs_done"]
     assert epochs == len(metrics["history"]) and budget["trained_steps"] == budget["planned_steps"]
     # Once planned, every frame names the plan's epochs (re-plans on a loaded machine move them), never the
-    # trainer.epochs=50 bound; the bar of the first epoch says it is planning until the plan is made.
+    # trainer.epochs=200 bound; the bar of the first epoch says it is planning until the plan is made.
     named = [frame[1] for frame in frames if frame[1] is not None]
-    assert named and max(named) < 50, sorted(set(named))
+    assert named and max(named) < 200, sorted(set(named))
     assert all(frame[0] == 1 for frame in frames if frame[1] is None)
     # The run's last frame: the last epoch, as many of them as the run had, its planned batches all done.
     last_epoch, of, percent, done, total = frames[-1]
@@ -179,14 +179,14 @@ def test_fine_tuning_and_predict_read_as_a_person_expects(budgeted):
 
 
 def test_budget_outside_records_a_budgeted_run_timed_from_outside(tmp_path):
-    """benchmarks/budget_outside.py, the measurement of docs/BENCHMARKS.md's section on it, small: one idle run."""
+    """benchmarks/budget_outside.py, the measurement of docs/BENCHMARKS.md's section on it, small: one idle run of 15 s."""
     record_file = tmp_path / "record.json"
-    args = python("benchmarks/budget_outside.py", "budget=8s", "loads=idle", f"json={record_file}", *TRAIN)
+    args = python("benchmarks/budget_outside.py", "budget=15s", "loads=idle", f"json={record_file}", *TRAIN)
     done = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads(record_file.read_text())
     (measured,) = record["runs"]
-    assert measured["load"] == "idle" and measured["exit_code"] == 0 and record["budget_s"] == 8.0
+    assert measured["load"] == "idle" and measured["exit_code"] == 0 and record["budget_s"] == 15.0
     assert 0.0 <= measured["outside_wall_s"] - measured["recorded_wall_s"] < 1.0
     assert measured["outside_within_tolerance"] and measured["trained_steps"] == measured["planned_steps"] > 0
-    assert record["provenance"]["commit"] and "budget=8s" in record["provenance"]["command"]
+    assert record["provenance"]["commit"] and "budget=15s" in record["provenance"]["command"]
