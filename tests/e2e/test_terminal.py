@@ -179,7 +179,7 @@ def test_fine_tuning_and_predict_read_as_a_person_expects(budgeted):
 
 
 def test_budget_outside_records_a_budgeted_run_timed_from_outside(tmp_path):
-    """benchmarks/budget_outside.py, the measurement of docs/BENCHMARKS.md's section on it, small: one idle run of 15 s."""
+    """benchmarks/budget_outside.py, the measurement of docs/BENCHMARKS.md's section on it, small: one idle 15 s run."""
     record_file = tmp_path / "record.json"
     args = python("benchmarks/budget_outside.py", "budget=15s", "loads=idle", f"json={record_file}", *TRAIN)
     done = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=240)
