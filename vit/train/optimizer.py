@@ -206,7 +206,7 @@ def build_optimizer(
         groups = param_groups(model, optim.weight_decay, fallback)
     kwargs = optimizer_kwargs(optim, opt_class, device)
     try:
-        return create_optimizer_v2(groups, opt=name, lr=lr, **kwargs)
+        optimizer = create_optimizer_v2(groups, opt=name, lr=lr, **kwargs)
     except TypeError as err:
         unexpected = re.search(r"unexpected keyword argument '(\w+)'", str(err))
         if unexpected is None:
@@ -218,6 +218,11 @@ def build_optimizer(
         ) from err
     except ValueError as err:  # the optimizer's own range checks: "Invalid beta parameter at index 1: 1.5"
         raise ConfigError(f"optim.name={name}: {first_line(err)}") from err
+    if fallback:  # timm's Muon, as its factory built it, with its Newton-Schulz iterations batched (vit/train/muon.py)
+        from vit.train.muon import BatchedMuon
+
+        optimizer = BatchedMuon.of(optimizer, device)
+    return optimizer
 
 
 class WeightDecayCosine:
