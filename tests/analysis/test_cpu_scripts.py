@@ -106,24 +106,29 @@ def test_cpu_setup_names_its_settings_and_refuses_unknown_ones(tmp_path, monkeyp
 @pytest.mark.slow  # 16 s on 2 cores: a process that builds a model and three optimizers and times them
 def test_optimizer_step_table_times_each_optimizer_as_the_trainer_builds_it(tmp_path):
     tiny = ["model.embed_dim=32", "model.depth=1", "model.num_heads=2", "rounds=1", "steps=2", "threads=1"]
-    done = script("bench_optimizer.py", "optimizers=adamw,adamw:loop,lion", *tiny, f"json={tmp_path / 'o.json'}")
+    specs = "optimizers=adamw,adamw:loop,lion,muon:timm,muon:fp32"
+    done = script("bench_optimizer.py", specs, *tiny, f"json={tmp_path / 'o.json'}")
     assert done.returncode == 0, done.stderr
-    table = [line.split("|") for line in done.stdout.splitlines() if line.startswith(("| adamw", "| lion"))]
+    table = [line.split("|") for line in done.stdout.splitlines() if line.startswith(("| adamw", "| lion", "| muon"))]
     rows = {cells[1].strip(): cells[2:5] for cells in table}
-    assert [cls.strip() for cls, _, _ in rows.values()] == ["AdamW", "AdamW", "Lion"]
+    assert [cls.strip() for cls, _, _ in rows.values()] == ["AdamW", "AdamW", "Lion", "Muon", "BatchedMuon"]
     assert all(float(ms) > 0 for _, ms, _ in rows.values()) and float(rows["adamw"][2]) == 1.0
     record = json.loads((tmp_path / "o.json").read_text())
-    assert_measurement_record(record, "bench_optimizer", "optimizers=adamw,adamw:loop,lion")
+    assert_measurement_record(record, "bench_optimizer", specs)
     assert [(r["optimizer"], r["class"]) for r in record["optimizers"]] == [
         ("adamw", "AdamW"),
         ("adamw:loop", "AdamW"),
         ("lion", "Lion"),
+        ("muon:timm", "Muon"),
+        ("muon:fp32", "BatchedMuon"),
     ]
     for row in record["optimizers"]:  # every round (one here), the table's figure their median
         assert len(row["ms_rounds"]) == 1 and row["ms_median"] == statistics.median(row["ms_rounds"])
     assert record["model"] == {"embed_dim": 32, "depth": 1, "num_heads": 2} and record["steps"] == 2
     bad = script("bench_optimizer.py", "optimizers=lion:loop")
     assert bad.returncode == 2 and "only adam and adamw have the variants" in bad.stderr
+    bad = script("bench_optimizer.py", "optimizers=muon:fp64")
+    assert bad.returncode == 2 and "muon's variants are timm, fp32, bf16" in bad.stderr
 
 
 def test_matmul_peak_record_holds_every_round(tmp_path, capsys):
