@@ -346,6 +346,19 @@ def optimizer_step_table(folder: Path) -> str:
     return markdown_table(["optimizer", "class", "ms per step (median)", "vs torch's per-tensor AdamW"], body)
 
 
+def cpu_bf16_table(folder: Path) -> str:
+    """benchmarks/bench_cpu_bf16.py's record (bench_cpu_bf16.json): a row per case, fp32 and bf16 autocast img/s
+    (medians of the interleaved rounds) and their ratio, in the order measured."""
+    record = json.loads((folder / "bench_cpu_bf16.json").read_text())
+    rows = [
+        [str(c["width"]), str(c["heads"]), str(c["tokens"]), str(c["batch"])]
+        + [rate(c["fp32_img_per_s"]), rate(c["bf16_img_per_s"]), f"{c['bf16_over_fp32']:.2f}"]
+        for c in record["cases"]
+    ]
+    header = ["width", "heads", "tokens", "batch", "fp32 img/s", "bf16 img/s", "bf16 / fp32"]
+    return markdown_table(header, rows)
+
+
 _BACKWARD = "backward (torch/_tensor.py"
 # (row, which of py-spy's collapsed stacks inside `train_one_epoch` count for it)
 PROFILE_ROWS: list[tuple[str, Callable[[str], bool]]] = [
@@ -624,6 +637,7 @@ TABLES: dict[str, DocTable] = {
     "cifar10_cpu_budget_search_avx2": DocTable("cifar10_cpu_budget_search_avx2", budget_search_table),
     "cifar10_cpu_holdout_30m_avx2": DocTable("cifar10_cpu_holdout_30m_avx2", budget_comparison_table),
     "optimizer_step_avx2": DocTable("cpu_step_avx2", optimizer_step_table),
+    "cpu_bf16_avx512": DocTable("cpu_bf16_avx512", cpu_bf16_table),
     "cifar10_proxy_base": DocTable("cifar10_proxy_base", proxy_base_table),
     "cpu_profile_avx2": DocTable("cpu_step_avx2", cpu_profile_table),
     "cpu_inference_avx2": DocTable("cpu_inference_avx2", inference_table),

@@ -5,9 +5,10 @@ training, the evaluations during training, `scripts/evaluate.py`, `scripts/predi
 - CUDA: bf16 when the GPU has native bf16 (Ampere and later), else fp32.
 - CPU: bf16 when torch reports native bf16 matmuls (AVX512-BF16 or AMX) *and* the model is at least
   `CPU_BF16_MIN_WIDTH` wide *and* sees at least `CPU_BF16_MIN_TOKENS` patch tokens. Below either, the casts around
-  every matmul cost more than the smaller matmuls save: measured on a 2-core AMD EPYC with AVX512-BF16
-  (docs/BENCHMARKS.md, "bf16 on the CPU"), a ViT training step ran at 0.63x fp32's speed 32 wide, 1.16x 128 wide
-  with 64 tokens, but 0.87x 128 wide with 16. The batch size did not change which side won there.
+  every matmul cost more than the smaller matmuls save. Measured on two 2-core AMD EPYCs with AVX512-BF16
+  (docs/BENCHMARKS.md, "bf16 on the CPU"): a ViT training step ran at 0.59-0.63x fp32's speed 32 wide; 128 wide
+  over 64 tokens it gained 1.16x on one and was even (1.01x, batch 128) or lost (0.86x, batch 32) on the other;
+  192 wide over 64 tokens it gained on both (1.50x and 1.07-1.18x).
 - Anything else: fp32.
 
 An explicit setting the device cannot run natively is never dropped in silence: one warning line says what runs
@@ -31,10 +32,11 @@ from vit.errors import ConfigError
 log = logging.getLogger("vit.train")
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
-# Where bf16 trained faster than fp32 on the CPU at every batch measured: encoders (embed_dim) at least 128 wide over
-# at least 64 patch tokens (96 wide: 0.66x to 1.11x; 128 wide over 16 tokens: 0.87x). Conservative: it keeps a few
-# cases that gained a little (96 wide over 256 tokens: 1.11x) in fp32 rather than pick bf16 where it loses.
-CPU_BF16_MIN_WIDTH = 128
+# Where bf16 trained faster than fp32 on every CPU and batch measured: encoders (embed_dim) at least 192 wide over at
+# least 64 patch tokens. 128 wide over 64 tokens gained on one CPU (1.16x) and lost on the other at batch 32 (0.86x);
+# 96 wide: 0.64x to 1.11x. Conservative: it keeps cases that gained on one CPU in fp32 rather than pick bf16 where
+# it loses on another.
+CPU_BF16_MIN_WIDTH = 192
 CPU_BF16_MIN_TOKENS = 64
 
 
