@@ -40,6 +40,7 @@ import time
 from dataclasses import dataclass
 
 from vit.errors import ConfigError
+from vit.train.report import figure_due
 
 log = logging.getLogger("vit.train")
 
@@ -266,8 +267,7 @@ class Budget:
         current = self.current_epoch(step)
         evaluated = set(self.evaluated(epochs))
         ends = sum(self.end_cost(e in evaluated) for e in range(current, epochs))
-        every = self.shape.figure_every
-        figures = sum(1 for e in range(current, epochs) if every and ((e + 1) % every == 0 or e + 1 == epochs))
+        figures = sum(figure_due(self.shape.figure_every, e, epochs) for e in range(current, epochs))
         return ends + figures * (self.figure_s or 0.0) + self.eval_batch_seconds() * self.shape.test_batches
 
     def most_steps(self, step: int, left: float) -> int | None:
@@ -476,11 +476,12 @@ def attach_budget(run) -> Budget | None:
     `run` is vit/train/setup.py's Run, with its checkpoint resumed."""
     trainer, step, bundle = run.trainer, run.step_settings, run.bundle
     saved = run.progress.budget_state
+    steps_per_epoch = max(1, math.ceil(run.batches_per_epoch() / trainer.accum_steps))  # optimizer steps, a process
+    images_per_step = run.cfg.data.batch_size * trainer.accum_steps * run.dist.world_size  # global
+    loader_workers = int(bundle.train_workers or 0)
     if trainer.budget is None:
-        images = run.cfg.data.batch_size * trainer.accum_steps * run.dist.world_size
-        max_steps = trainer.epochs * max(1, math.ceil(run.batches_per_epoch() / trainer.accum_steps))
-        untimed = 1 + int(bundle.train_workers or 0)
-        step.forecast = Forecast(max_steps, images, untimed, speaks=run.dist.is_main)
+        max_steps = trainer.epochs * steps_per_epoch
+        step.forecast = Forecast(max_steps, images_per_step, 1 + loader_workers, speaks=run.dist.is_main)
         if saved:
             log.info(
                 "the checkpoint's run had trainer.budget=%s; this one has none and trains to trainer.epochs=%d",
@@ -500,7 +501,7 @@ def attach_budget(run) -> Budget | None:
     tests = test_loader is not None and run.trial is None and run.task.classifier
     shape = RunShape(
         budget_s=trainer.budget,
-        steps_per_epoch=max(1, math.ceil(run.batches_per_epoch() / trainer.accum_steps)),
+        steps_per_epoch=steps_per_epoch,
         max_epochs=trainer.epochs,
         warmup_steps=int(schedule.warmup_t),
         val_every=trainer.val_every_n_epochs,
@@ -508,8 +509,8 @@ def attach_budget(run) -> Budget | None:
         test_batches=(min(len(test_loader), limit) if limit else len(test_loader)) if tests else 0,
         eval_passes=2 if step.ema is not None else 1,
         flip=trainer.eval_flip and run.task.classifier,
-        images_per_step=run.cfg.data.batch_size * trainer.accum_steps * run.dist.world_size,
-        loader_workers=int(bundle.train_workers or 0),
+        images_per_step=images_per_step,
+        loader_workers=loader_workers,
         figure_every=run.report.figure_every,
     )
     budget = Budget(shape, run.progress.elapsed(), dist=run.dist, state=saved)

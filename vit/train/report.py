@@ -78,8 +78,7 @@ class Reporter:
         attention; the image tokens' mean without one), or with task=mae their original, masked and reconstructed
         versions (the same masks every time). Returns whether one was drawn."""
         every = self.figure_every
-        due = every and (epoch is None or (epoch + 1) % every == 0 or epoch + 1 == epochs)
-        if not due or self.fixed_images is None:
+        if not every or not (epoch is None or figure_due(every, epoch, epochs)) or self.fixed_images is None:
             return False
         with eager():  # blocks compiled in place (compile_scope=blocks) run eagerly for the figure
             if self.attn_every:
@@ -92,6 +91,12 @@ class Reporter:
 
     def hparams(self, hparams: dict, metrics: dict) -> None:
         self.tb.hparams(hparams, metrics)
+
+
+def figure_due(every: int, epoch: int, epochs: int) -> bool:
+    """Whether epoch `epoch` (from 0) of `epochs` draws the figures: every `every`-th and the last (0: none). The
+    reporter draws by it, and a budget keeps time for the figures by it."""
+    return bool(every) and ((epoch + 1) % every == 0 or epoch + 1 == epochs)
 
 
 def first_images(loader, count: int) -> torch.Tensor | None:

@@ -174,9 +174,7 @@ def train(
         if budget is not None and budget.shape.figure_every and budget.figure_s is None:
             # A budget keeps time for the figures its last epoch draws: it measures one (at step 0, the model
             # as initialised or resumed) before it plans.
-            drawing = time.perf_counter()
-            if run.report.figures(run.model, run.bundle, run.step_state.step):
-                budget.figure_drawn(time.perf_counter() - drawing, in_epoch=False)
+            draw_figures(run)
         teacher = evaluate_teacher(run)  # a bad teacher shows before the student trains
         with run.stop.installed():
             for epoch in range(progress.start_epoch, run.trainer.epochs):
@@ -329,11 +327,18 @@ def record_epoch(run: Run, epoch: int, trained: dict, val: dict | None, val_ema:
     if run.budget is not None:
         scalars.update({"budget/planned_steps": run.budget.total_steps(), "budget/elapsed_s": run.budget.elapsed()})
     run.report.scalars(scalars, state.step)
-    drawing = time.perf_counter()
-    if run.report.figures(run.model, run.bundle, state.step, epoch, epochs) and run.budget is not None:
-        run.budget.figure_drawn(time.perf_counter() - drawing)
+    draw_figures(run, epoch, epochs)
     val_name = run.bundle.val_name
     run.report.line(epoch_line(epoch, epochs, trained, val, val_ema, state.train_img_size, val_name))
+
+
+def draw_figures(run: Run, epoch: int | None = None, epochs: int | None = None) -> None:
+    """The figures due after `epoch` of `epochs` (None: now), timed for the budget, which keeps time for them (one
+    drawn outside an epoch is not part of that epoch end's cost)."""
+    start = time.perf_counter()
+    drawn = run.report.figures(run.model, run.bundle, run.step_state.step, epoch, epochs)
+    if drawn and run.budget is not None:
+        run.budget.figure_drawn(time.perf_counter() - start, in_epoch=epoch is not None)
 
 
 def evaluation_settings(run: Run) -> tuple:
