@@ -203,7 +203,7 @@ def test_a_bad_combination_through_train_py(tmp_path):
     done = run_cli(["data=synthetic", "model.class_token=false", f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip() == (
-        "config error: model.class_token=false needs global_pool=avg: global_pool=token reads the cls token"
+        "config error: model.class_token=false needs global_pool=avg, map or seq: global_pool=token reads the cls token"
     )
 
 

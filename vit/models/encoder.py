@@ -9,7 +9,7 @@ Tokens-to-Token module). An image's path through `forward`, for ViT-Ti/16 at 224
     + pos_embed, pos_drop                  (B, 197, C)      one row per prefix token, then one per grid position
     depth x Block                          (B, 197, C)
     norm                                   (B, 197, C)
-    pool: the cls token, or the mean       (B, C)
+    pool: the cls token, the mean, ...     (B, C)
     head                                   (B, num_classes)
 
 With `distill_token=True` (DeiT's distilled ViT, timm's `VisionTransformerDistilled`) a second learned token sits
@@ -33,6 +33,11 @@ after the position table, CLIP's), a patch projection without bias (`patch_bias`
 attention pooling (`global_pool="map"`, SigLIP's head: a learned query attends over the image's tokens,
 `attn_pool`, vit/models/layers.py's `AttentionPool`).
 
+The Compact Convolutional Transformer's head (Hassani et al. 2021) is `global_pool="seq"`, sequence pooling: after
+the final norm each image token gets a score from one Linear (`seq_pool`, C -> 1), a softmax over the tokens turns
+the scores into weights, and the head reads the weighted average of the tokens, (B, N, C) -> (B, C). CCT has no cls
+token (`class_token=False`); its tokenizer is `patch_embed="cct"` (vit/models/vit.py).
+
 Parameter names are timm's (`cls_token`, `dist_token`, `reg_token`, `pos_embed`, `rope.freqs`, `blocks.N.*`,
 `norm`, `fc_norm`, `head`, `head_dist`); the tokenizer sits under the name its model's weights use
 (`tokenizer_name`: `patch_embed` or `tokens_to_token`).
@@ -50,7 +55,7 @@ from vit.models.layers import MLPS, AttentionPool, Block, check_rate, run_blocks
 from vit.models.pos_embed import POS_EMBED_KINDS, make_pos_embed, resample_pos_embed
 from vit.models.rope import MixedRope, axial_rope_table, dinov3_rope_table
 
-GLOBAL_POOLS = ("token", "avg", "map")
+GLOBAL_POOLS = ("token", "avg", "map", "seq")
 # Rotary positions: axial (fixed frequencies), mixed (learned per head), DINOv3's (normalised centres, half
 # layout), and EVA-02's (axial beside a learned table).
 ROPE_KINDS = ("rope", "rope_mixed", "rope_dinov3", "learned_rope")
@@ -89,7 +94,8 @@ class EncoderConfig:
     pos_embed: str = "learned"
     # "token" reads the cls token; "avg" averages the image's tokens (not the cls, dist or register tokens) and,
     # as timm does, moves the final LayerNorm after the pooling (`fc_norm`); "map": a learned query attends over
-    # the image's tokens (SigLIP's attention-pool head, `attn_pool`).
+    # the image's tokens (SigLIP's attention-pool head, `attn_pool`); "seq": CCT's sequence pooling, a softmax over
+    # the image's tokens of one learned score each (`seq_pool`, a Linear C -> 1) weighs their average.
     global_pool: str = "token"
     init_values: float | None = None  # LayerScale init (None: off)
     attn_backend: str = "auto"  # see `Attention`
@@ -193,6 +199,8 @@ class Encoder(nn.Module):
         if config.global_pool == "map":  # the attention-pool head, sized as timm's: the blocks' heads and MLP ratio
             mlp_ratio = config.mlp_ratio if config.mlp != "swiglu" else 4.0
             self.attn_pool = AttentionPool(embed_dim, config.num_heads, mlp_ratio, config.norm_eps)
+        # CCT's sequence pooling: one score per token, after the final norm as CCT places it.
+        self.seq_pool = nn.Linear(embed_dim, 1) if config.global_pool == "seq" else None
         self.fc_norm = nn.LayerNorm(embed_dim, eps=config.norm_eps) if use_fc_norm else nn.Identity()
         self.head = self._new_head()
         self.head_dist = self._new_head() if config.distill_token else None
@@ -309,6 +317,10 @@ class Encoder(nn.Module):
             return self._distilled_head(x, pre_logits)
         if self.attn_pool is not None:
             x = self.attn_pool(x[:, self.num_prefix_tokens :])  # (B, C): a learned query's read of the image tokens
+        elif self.seq_pool is not None:
+            tokens = x[:, self.num_prefix_tokens :]  # (B, N, C): the image's tokens, no registers
+            weights = self.seq_pool(tokens).softmax(dim=1)  # (B, N, 1): each token's share, summing to 1
+            x = (weights * tokens).sum(dim=1)  # (B, C): their weighted average
         elif self.global_pool == "avg":
             x = x[:, self.num_prefix_tokens :].mean(dim=1)  # (B, C): mean over the image's tokens, no registers
         else:
@@ -373,7 +385,7 @@ def check_switches(config: EncoderConfig) -> None:
             f"distill_token=true needs global_pool=token (the heads read the two tokens), not {c.global_pool!r}"
         )
     if not c.class_token and c.global_pool == "token":
-        raise ValueError("class_token=false needs global_pool=avg: global_pool=token reads the cls token")
+        raise ValueError("class_token=false needs global_pool=avg, map or seq: global_pool=token reads the cls token")
     if not c.class_token and c.distill_token:
         raise ValueError("distill_token=true needs class_token=true: the two heads read the cls and dist tokens")
     if table_kind(c.pos_embed) is None and c.no_embed_class:

@@ -238,6 +238,58 @@ class ConvStemEmbed(PatchGrid):
         return x.flatten(2).transpose(1, 2)  # (B, N, embed_dim), patches in row-major order
 
 
+class ConvPoolEmbed(PatchGrid):
+    """The convolutional tokenizer of the Compact Convolutional Transformer (CCT, Hassani et al. 2021, "Escaping
+    the Big Data Paradigm with Compact Transformers"): log2(p) stages of a 3 x 3 convolution of stride 1 (no bias),
+    ReLU and a 3 x 3 max-pool of stride 2, instead of one p x p patch projection. The stages in between are 64
+    channels wide (CCT's `in_planes`), the last is the embedding width. For CIFAR's ViT/4 (32 px, C = 96), CCT's
+    two-stage tokenizer ("3x2"):
+
+        x                                        (B, 3, 32, 32)
+        stages.0: Conv 3x3 s1, ReLU, MaxPool 3x3 s2 p1    (B, 64, 16, 16)
+        stages.1: Conv 3x3 s1, ReLU, MaxPool 3x3 s2 p1    (B, 96, 8, 8)
+        flatten                                  (B, 64, 96)
+
+    Unlike the strided stem (`ConvStemEmbed`), every convolution runs at its stage's full resolution before the
+    pooling halves it: the first at 32 x 32, so it costs more than the strided stem (about 11 M multiply-adds per
+    CIFAR image at C = 96, against about 3.6 M) and sees finer detail; no BatchNorm. Same `grid_size` and
+    `num_patches` as `PatchEmbed` (a patch size of 2 gives CCT's one-stage "3x1" tokenizer); the patch size must be
+    a power of two. The convolutions are initialised as CCT's (Kaiming normal, fan in)."""
+
+    hidden_channels = 64  # CCT's width between the stages (`in_planes`)
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int | tuple[int, int] = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+    ) -> None:
+        super().__init__(img_size, patch_size, in_chans)
+        p = self.patch_size[0]
+        if self.patch_size[1] != p or p < 2 or p & (p - 1):
+            raise ValueError(f"patch_embed=cct needs a square power-of-two patch size (2, 4, 8, ...), not {patch_size}")
+        stages = p.bit_length() - 1  # log2(p) halvings by the pools
+        widths = [in_chans] + [self.hidden_channels] * (stages - 1) + [embed_dim]
+        self.stages = nn.Sequential(
+            *[
+                nn.Sequential(
+                    nn.Conv2d(c_in, c_out, kernel_size=3, stride=1, padding=1, bias=False),
+                    nn.ReLU(inplace=True),
+                    nn.MaxPool2d(kernel_size=3, stride=2, padding=1),
+                )
+                for c_in, c_out in zip(widths[:-1], widths[1:], strict=True)
+            ]
+        )
+        for stage in self.stages:
+            nn.init.kaiming_normal_(stage[0].weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.check_input(x)
+        x = self.stages(x)  # (B, embed_dim, H/p, W/p)
+        return x.flatten(2).transpose(1, 2)  # (B, N, embed_dim), patches in row-major order
+
+
 class QuickGELU(nn.Module):
     """x * sigmoid(1.702 x): the sigmoid approximation of GELU that OpenAI's CLIP was trained with (timm's
     `quick_gelu`). Close to GELU but not equal (up to ~0.02 apart), so CLIP's weights need it to compute what they

@@ -1,8 +1,9 @@
 """The Vision Transformer (Dosovitskiy et al. 2021), shaped and named like timm's so its weights load as is.
 
 A ViT is the shared `Encoder` (vit/models/encoder.py, which walks an image through the model) with a patch
-embedding as its tokenizer: the image cut into p x p patches, each projected to a token of width C. Three kinds
-(docs/LEVERS.md): timm's Conv2d patches, Shifted Patch Tokenization, or T2T-style overlapping windows.
+embedding as its tokenizer: the image cut into p x p patches, each projected to a token of width C. Five kinds
+(docs/LEVERS.md): timm's Conv2d patches, Shifted Patch Tokenization, T2T-style overlapping windows, a strided
+convolutional stem, or CCT's convolution and max-pool stages.
 """
 
 from __future__ import annotations
@@ -12,13 +13,21 @@ from dataclasses import dataclass
 from torch import nn
 
 from vit.models.encoder import Encoder, EncoderConfig
-from vit.models.layers import ConvStemEmbed, OverlappingPatchEmbed, PatchEmbed, ShiftedPatchEmbed, to_2tuple
+from vit.models.layers import (
+    ConvPoolEmbed,
+    ConvStemEmbed,
+    OverlappingPatchEmbed,
+    PatchEmbed,
+    ShiftedPatchEmbed,
+    to_2tuple,
+)
 
 PATCH_EMBEDS = {
     "standard": PatchEmbed,
     "spt": ShiftedPatchEmbed,
     "overlap": OverlappingPatchEmbed,
     "conv": ConvStemEmbed,
+    "cct": ConvPoolEmbed,
 }
 
 
@@ -30,7 +39,8 @@ class ViTConfig(EncoderConfig):
     patch_size: int = 16
     in_chans: int = 3
     # "standard" (timm's PatchEmbed), "spt" (Shifted Patch Tokenization, `ShiftedPatchEmbed`), "overlap" (T2T-style
-    # overlapping windows, `OverlappingPatchEmbed`) or "conv" (a convolutional stem, `ConvStemEmbed`). `patch_embed`
+    # overlapping windows, `OverlappingPatchEmbed`), "conv" (a convolutional stem, `ConvStemEmbed`) or "cct" (the
+    # Compact Convolutional Transformer's convolution, ReLU and max-pool stages, `ConvPoolEmbed`). `patch_embed`
     # and `lsa` are the two levers of Lee, Lee & Song 2021 for small data sets (docs/LEVERS.md); both off, the
     # model and its state dict are timm's.
     patch_embed: str = "standard"

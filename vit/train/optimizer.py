@@ -99,13 +99,14 @@ def layer_decay_groups(
 #   - norms, biases, layer-scale gammas (1-d): AdamW by shape;
 #   - pos_embed, cls/reg/dist tokens (1, N, D), MAE's mask token and decoder position table, the learned rotary
 #     frequencies: AdamW (no_weight_decay() names, flagged here; most would also fall back by shape);
-#   - the patch embedding (a (D, 3, p, p) conv, the conv stem, SPT's linear, T2T's tokens-to-token module) and the
-#     classifier heads (head, head_dist; MAE's decoder_pred): AdamW, flagged here. By shape timm would give the
-#     patch kernel and most heads (10 x 192: yes) to Muon; Muon is meant for the hidden layers, with the input
-#     embedding and the output layer left to AdamW (Jordan et al. 2024, the Muon write-up and modded-nanogpt).
+#   - the patch embedding (a (D, 3, p, p) conv, the conv stems, SPT's linear, T2T's tokens-to-token module) and the
+#     classifier heads (head, head_dist, CCT's sequence-pool score `seq_pool`; MAE's decoder_pred): AdamW, flagged
+#     here. By shape timm would give the patch kernel and most heads (10 x 192: yes) to Muon; Muon is meant for
+#     the hidden layers, with the input embedding and the output layer left to AdamW (Jordan et al. 2024, the Muon
+#     write-up and modded-nanogpt).
 # Both halves run at the group's learning rate (timm's fallback_lr_scale 1), so the schedule and the layer decay
 # apply to both.
-MUON_FALLBACK = ("patch_embed.*", "tokens_to_token.*", "head.*", "head_dist.*", "decoder_pred.*")
+MUON_FALLBACK = ("patch_embed.*", "tokens_to_token.*", "seq_pool.*", "head.*", "head_dist.*", "decoder_pred.*")
 
 
 def fallback_patterns(model: nn.Module, optimizer_class: type) -> tuple[str, ...]:
