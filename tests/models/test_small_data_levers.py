@@ -319,7 +319,7 @@ def test_overlap_is_a_config_choice_and_keeps_the_encoder():
     model.patch_embed.dynamic_img_size = True  # progressive resizing: smaller images, still whole patches
     assert model.patch_embed(torch.randn(2, 3, 16, 16)).shape == (2, 16, 48)
     with pytest.raises(
-        ConfigError, match=r"patch_embed='overlapping' must be one of \('standard', 'spt', 'overlap', 'conv'\)"
+        ConfigError, match=r"patch_embed='overlapping' must be one of \('standard', 'spt', 'overlap', 'conv', 'cct'\)"
     ):
         build_model_from_config(compose_config(["model.patch_embed=overlapping"]).model, num_classes=10)
 
