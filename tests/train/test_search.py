@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from trainer_utils import QUICK, REPO, compose_config, load_script, run_cli
 
 from vit.errors import ConfigError
-from vit.sweeper import search_space
+from vit.sweeper import Fidelity, search_space
 from vit.train.search import optimized_metric
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -126,6 +126,33 @@ def test_a_trial_below_the_median_is_pruned_and_stops_early_with_its_last_checkp
     assert study.trials[1].intermediate_values == {1: pruned["final"]["val_top1"]}
 
 
+def test_successive_halving_runs_the_best_of_each_rung_again_at_the_next_fidelity(tmp_path):
+    """hydra.sweeper.fidelity over trainer.epochs [1, 2] with eta 2: 3 settings for 1 epoch, then the best 2 of them
+    again for 2 epochs, ranked only against each other; the same command then has nothing to run."""
+    folder = tmp_path / "search"
+    enqueue(folder, {"optim.lr": 0.003}, {"optim.lr": 1e-7}, {"optim.lr": 0.001})  # the second learns nothing
+    fidelity = "hydra.sweeper.fidelity={key: trainer.epochs, values: [1, 2], eta: 2}"
+    done, _ = search(tmp_path, "optim.lr=choice(0.003, 1e-07, 0.001)", fidelity, n_trials=3)
+    assert done.returncode == 0, done.stderr[-3000:]
+    trials = study_of(folder).trials
+    assert states(study_of(folder)) == ["COMPLETE"] * 5
+    first, second = trials[:3], trials[3:]
+    assert [t.user_attrs["rung"] for t in trials] == [0, 0, 0, 1, 1]
+    assert [final_metrics(folder, t.number)["epochs_done"] for t in trials] == [1, 1, 1, 2, 2]
+    promoted = [t.user_attrs["promoted_from"] for t in second]
+    left = [t for t in first if t.number not in promoted]
+    assert len(set(promoted)) == 2 and len(left) == 1
+    assert all(trials[n].value >= left[0].value for n in promoted)  # the best two of the first rung
+    assert [t.params for t in second] == [trials[n].params for n in promoted]
+    best = max(second, key=lambda t: t.value)
+    assert f"best trial {best.number} at rung 1 (trainer.epochs=2): val_top1 {best.value:.4f}" in done.stdout
+    again, _ = search(tmp_path, "optim.lr=choice(0.003, 1e-07, 0.001)", fidelity, n_trials=3)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "rung 0 (trainer.epochs=1): 3 of 3 trials finished, nothing to run" in again.stdout
+    assert "rung 1 (trainer.epochs=2): 2 of 2 trials finished, nothing to run" in again.stdout
+    assert len(study_of(folder).trials) == 5
+
+
 def test_a_diverged_trial_is_recorded_failed_and_the_search_goes_on(tmp_path):
     folder = tmp_path / "search"
     enqueue(folder, {"optim.lr": 1e30}, {"optim.lr": 0.01})
@@ -224,6 +251,20 @@ def test_two_processes_share_one_study(tmp_path):
         (["optimized_metric=val_loss"], "optimized_metric=val_loss is to minimize but hydra.sweeper.direction=max"),
         (["hydra.sweeper.storage=nosuchdb://x/y"], "hydra.sweeper.storage=nosuchdb://x/y cannot be opened: "),
         (["hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0 must be at least 1"),
+        (
+            ["hydra.sweeper.fidelity={key: trainer.epochs, values: [1, 2], eta: 1}"],
+            "hydra.sweeper.fidelity.eta=1 must be an integer >= 2",
+        ),
+        (["hydra.sweeper.fidelity={key: trainer.epochs, values: [1]}"], "hydra.sweeper.fidelity.values=[1] must list"),
+        (["hydra.sweeper.fidelity={key: optim.lr, values: [1, 2]}"], "fidelity.key=optim.lr is also searched"),
+        (["hydra.sweeper.fidelity={key: trainer.epochs, values: [1, 2], rungs: 3}"], "fidelity.rungs is not a"),
+        (
+            [
+                "hydra.sweeper.fidelity={key: trainer.epochs, values: [1, 2]}",
+                "search.pruner={_target_: optuna.pruners.MedianPruner}",
+            ],
+            "set search.pruner=null",
+        ),
     ],
 )
 def test_bad_search_settings_exit_2_with_one_line(tmp_path, args, message):
@@ -326,6 +367,9 @@ def test_every_setting_of_the_budgeted_cpu_search_builds(tmp_path):
 
     raw = yaml.safe_load((REPO / "configs" / "hparams_search" / "cifar10_cpu_budget.yaml").read_text())
     assert raw["trainer"]["budget"] == "5m" and raw["data"]["holdout"] == 5000 and raw["search"]["pruner"] is None
+    fidelity = Fidelity.of(raw["hydra"]["sweeper"]["fidelity"])
+    assert fidelity.key == "trainer.budget" and fidelity.values[-1] == "30m"  # the last rung is the recipe's budget
+    assert fidelity.sizes(raw["hydra"]["sweeper"]["n_trials"]) == [18, 6, 2]
     space, fixed = search_space(raw["hydra"]["sweeper"]["params"], [])
     assert fixed == [] and len(space) == 8
     (tmp_path / "train" / "a").mkdir(parents=True)
