@@ -151,6 +151,13 @@ def test_successive_halving_runs_the_best_of_each_rung_again_at_the_next_fidelit
     assert "rung 0 (trainer.epochs=1): 3 of 3 trials finished, nothing to run" in again.stdout
     assert "rung 1 (trainer.epochs=2): 2 of 2 trials finished, nothing to run" in again.stdout
     assert len(study_of(folder).trials) == 5
+    # summarize_runs: the best of the last rung, a rung column, and importances over the first rung's 3 trials only
+    summarize = load_script("summarize_runs")
+    assert summarize.main([str(folder), f"out={tmp_path}"]) in (0, None)
+    text = (tmp_path / "summary.md").read_text()
+    assert f"Best trial: {best.number} (rung 1), val_top1 {best.value:.2f}" in text
+    assert "| trial | rung | state | val_top1 | epochs | optim.lr |" in text
+    assert "Parameter importances: not shown, 3 complete trials" in text
 
 
 def test_a_diverged_trial_is_recorded_failed_and_the_search_goes_on(tmp_path):

@@ -159,7 +159,8 @@ def budget_search_table(folder: Path) -> str:
     return markdown_table(header, rows)
 
 
-COMPARISON_FIXED = ("experiment=", "data.root=", "data.holdout=", "hydra.")  # overrides every compared run shares
+# overrides every compared run shares
+COMPARISON_FIXED = ("experiment=", "data.root=", "data.holdout=", "trainer.seed=", "hydra.")
 
 
 def budget_comparison_table(folder: Path) -> str:
@@ -636,6 +637,7 @@ TABLES: dict[str, DocTable] = {
     "cpu_compile_avx2": DocTable("cpu_compile_avx2", model_step_table),
     "cifar10_cpu_budget_search_avx2": DocTable("cifar10_cpu_budget_search_avx2", budget_search_table),
     "cifar10_cpu_holdout_30m_avx2": DocTable("cifar10_cpu_holdout_30m_avx2", budget_comparison_table),
+    "cpu_levers_30m_avx2": DocTable("cpu_levers_30m_avx2", budget_comparison_table),
     "optimizer_step_avx2": DocTable("cpu_step_avx2", optimizer_step_table),
     "cpu_bf16_avx512": DocTable("cpu_bf16_avx512", cpu_bf16_table),
     "cifar10_proxy_base": DocTable("cifar10_proxy_base", proxy_base_table),

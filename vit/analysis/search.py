@@ -23,6 +23,7 @@ class TrialRow:
     params: dict
     epochs_run: int | None  # trained epochs (a pruned trial stops after its last report)
     epochs_asked: int | None
+    rung: int | None = None  # its rung in a successive-halving search (hydra.sweeper.fidelity), else None
 
 
 def study_url(folder: Path, storage: str | None) -> str | None:
@@ -63,7 +64,8 @@ def trial_rows(study, folder: Path) -> list[TrialRow]:
             run = asked
         else:
             run = max(trial.intermediate_values, default=None)
-        rows.append(TrialRow(trial.number, state, trial.value, dict(trial.params), run, asked))
+        rung = trial.user_attrs.get("rung")
+        rows.append(TrialRow(trial.number, state, trial.value, dict(trial.params), run, asked, rung))
     return rows
 
 
@@ -102,10 +104,26 @@ def min_trials_for_importance(num_params: int) -> int:
     return max(10, 2 * num_params)
 
 
-def importance_lines(study) -> list[str]:
-    """The parameters' importances with the count of trials behind them, or one line saying why there are none."""
+def first_rung(study):
+    """A successive-halving study's first rung as a study of its own (in memory): the trials that ran every
+    setting at one length, which alone can be compared for the importances; the study itself where it has no
+    rungs."""
     import optuna
 
+    trials = study.get_trials(deepcopy=False)
+    if not any("rung" in t.user_attrs for t in trials):
+        return study
+    alone = optuna.create_study(direction=study.direction)
+    alone.add_trials([t for t in trials if t.user_attrs.get("rung", 0) == 0 and t.state.is_finished()])
+    return alone
+
+
+def importance_lines(study) -> list[str]:
+    """The parameters' importances with the count of trials behind them, or one line saying why there are none.
+    In a successive-halving search, over its first rung only."""
+    import optuna
+
+    study = first_rung(study)
     complete = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE]
     keys = sorted({k for r in complete for k in r.params})
     needed = min_trials_for_importance(len(keys))
@@ -155,17 +173,26 @@ def search_report(study, folder: Path) -> str:
             lines.append(f"Not counted, run again or refused for a bad setting: {lost}.")
         lines.append("")
     complete = [r for r in rows if r.state == "complete"]
+    rungs = any(r.rung is not None for r in rows)
     if complete:
-        best = study.best_trial
+        where = ""
+        if rungs:  # the best of the highest rung: only runs of one length are compared
+            top = max(r.rung or 0 for r in complete)
+            ranked = sorted((r for r in complete if (r.rung or 0) == top), key=lambda r: r.value)
+            best = ranked[-1] if study.direction.name.lower() == "maximize" else ranked[0]
+            where = f" (rung {top})"
+        else:
+            best = study.best_trial
         shown = " ".join(f"{k}={_value(v)}" for k, v in best.params.items())
-        lines += [f"Best trial: {best.number}, {metric} {best.value:.2f}, with `{shown}`.", ""]
+        lines += [f"Best trial: {best.number}{where}, {metric} {best.value:.2f}, with `{shown}`.", ""]
     lines += importance_lines(study)
     keys = sorted({k for r in rows for k in r.params})
-    header = ["trial", "state", metric, "epochs", *keys]
+    header = ["trial", *(["rung"] if rungs else []), "state", metric, "epochs", *keys]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         epochs = f"{_value(r.epochs_run)}/{_value(r.epochs_asked)}"
         value = "-" if r.value is None else f"{r.value:.2f}"
-        cells = [str(r.number), r.state, value, epochs, *(_value(r.params.get(k)) for k in keys)]
+        rung = [_value(r.rung)] if rungs else []
+        cells = [str(r.number), *rung, r.state, value, epochs, *(_value(r.params.get(k)) for k in keys)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
