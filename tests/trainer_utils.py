@@ -383,7 +383,9 @@ def assert_resumes_exactly(overrides: list[str], tmp_path: Path) -> tuple[dict, 
     return straight, resumed, a
 
 
-def trainer_path_evaluation(checkpoint, *data_overrides: str, ema: bool = False, flip: bool = False) -> dict:
+def trainer_path_evaluation(
+    checkpoint, *data_overrides: str, ema: bool = False, flip: bool = False, shift: int = 0
+) -> dict:
     """The reference the evaluation tool is checked against: a checkpoint's weights through the trainer's own data
     path (`vit.data.build_data` on the checkpoint's data config) and the engine's evaluation pass, with the split's
     name and the per-class top-1 of the classes evaluated."""
@@ -403,7 +405,7 @@ def trainer_path_evaluation(checkpoint, *data_overrides: str, ema: bool = False,
     model.load_state_dict(state["ema"] if ema else state["model"])
     device = torch.device("cpu")
     bundle = build_data(data_cfg, device=device)
-    result = evaluate(model, bundle.val_loader, device, None, num_classes=bundle.num_classes, flip=flip)
+    result = evaluate(model, bundle.val_loader, device, None, num_classes=bundle.num_classes, flip=flip, shift=shift)
     confusion = result.pop("confusion")
     names = sorted(bundle.class_to_idx, key=bundle.class_to_idx.get)
     accuracy = (confusion.diag().float() / confusion.sum(1).clamp_min(1).float() * 100).tolist()

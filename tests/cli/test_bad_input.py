@@ -172,6 +172,7 @@ RANGE_CASES = {
     "trainer.ema_decay": (["trainer.ema_decay=1.0"], "trainer.ema_decay=1.0 must be in (0, 1)"),
     "trainer.val_every_n_epochs": (["trainer.val_every_n_epochs=0"], "trainer.val_every_n_epochs=0 must be >= 1"),
     "trainer.keep_last": (["trainer.keep_last=0"], "trainer.keep_last=0 must be >= 1 or null"),
+    "trainer.eval_shift": (["trainer.eval_shift=-1"], "trainer.eval_shift=-1 must be >= 0"),
     "data.shuffle_buffer": (["data=webdataset", "data.shuffle_buffer=-1"], "data.shuffle_buffer=-1 must be >= 0"),
     "data.epoch_samples": (["data=webdataset", "data.epoch_samples=0"], "data.epoch_samples=0 must be >= 1"),
     "trainer.progressive_resize.min_size": (

@@ -244,6 +244,10 @@ def test_our_checkpoint_gives_the_trainers_evaluation(our_checkpoint, tmp_path, 
     result_flip, _ = evaluate([f"checkpoint={our_checkpoint}", "flip=true"], capsys)
     assert result_flip["flip"] and result_flip["loss"] == pytest.approx(flipped["loss"])
     assert result_flip["loss"] != pytest.approx(result["loss"])
+    shifted = trainer_path_evaluation(our_checkpoint, flip=True, shift=1)
+    result_shift, summary_shift = evaluate([f"checkpoint={our_checkpoint}", "flip=true", "shift=1"], capsys)
+    assert result_shift["shift"] == 1 and result_shift["loss"] == pytest.approx(shifted["loss"])
+    assert result_shift["loss"] != pytest.approx(result_flip["loss"]) and ", flip, shift 1;" in summary_shift
     # The same file as the weights of a named model: the same numbers.
     named, _ = evaluate(["model=vit_tiny", f"model.pretrained={our_checkpoint}"], capsys)
     assert named["top1"] == pytest.approx(expected["top1"]) and named["loss"] == pytest.approx(expected["loss"])
@@ -257,6 +261,7 @@ def test_our_checkpoint_gives_the_trainers_evaluation(our_checkpoint, tmp_path, 
         (["model=vit_huge", "model.pretrained={timm}"], "model=vit_huge is not a known model"),
         (["checkpoint={ours}", "data=mnist"], "data=mnist is not a known data config"),
         (["checkpoint={ours}", "colour=red"], "unknown argument 'colour'"),
+        (["checkpoint={ours}", "shift=-1"], "shift='-1' must be an integer >= 0"),
         (["checkpoint={ours}", "class_map={tmp}/none.txt"], "class_map="),
         (["model=vit_tiny", "model.pretrained={tmp}/none.pth"], "model.pretrained={tmp}/none.pth: no such file"),
     ],

@@ -232,6 +232,33 @@ def test_flip_evaluation_averages_the_probabilities_of_image_and_mirror():
     assert plain["loss"] != pytest.approx(result["loss"])
 
 
+def test_shifted_crop_evaluation_weighs_the_image_and_its_two_shifts_and_their_mirrors():
+    """trainer.eval_shift=2 with eval_flip: 1/4 on the image and on its mirror, 1/8 on each of the image moved 2 px
+    down-right and up-left (zero-filled) and on their mirrors; the shifts built here by slicing a padded copy."""
+    from vit.engine.evaluation import evaluate, tta_views
+
+    gen = torch.Generator().manual_seed(0)
+    images, targets = torch.randn(32, 3, 6, 6, generator=gen), torch.randint(0, 5, (32,), generator=gen)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(108, 5))  # sees where every pixel is
+    padded = torch.nn.functional.pad(images, (2, 2, 2, 2))
+    down_right, up_left = padded[..., 0:6, 0:6], padded[..., 4:10, 4:10]
+    assert torch.equal(down_right[..., 2:, 2:], images[..., :4, :4]) and (down_right[..., :2, :] == 0).all()
+    weights = [w for w, _ in tta_views(images, flip=True, shift=2)]
+    assert weights == [0.25, 0.25, 0.125, 0.125, 0.125, 0.125]
+    with torch.no_grad():
+        p = lambda x: model(x).softmax(-1)  # noqa: E731
+        probs = (p(images) + p(images.flip(-1))) / 4
+        probs += (p(down_right) + p(down_right.flip(-1)) + p(up_left) + p(up_left.flip(-1))) / 8
+    loader = [(images[:16], targets[:16]), (images[16:], targets[16:])]
+    result = evaluate(model, loader, torch.device("cpu"), None, flip=True, shift=2)
+    assert result["top1"] == pytest.approx(100.0 * (probs.argmax(-1) == targets).float().mean().item())
+    assert result["loss"] == pytest.approx(-probs.log()[torch.arange(32), targets].mean().item(), rel=1e-5)
+    alone = evaluate(model, loader, torch.device("cpu"), None, shift=2)  # without the mirrors: 1/2, 1/4, 1/4
+    with torch.no_grad():
+        probs = p(images) / 2 + p(down_right) / 4 + p(up_left) / 4
+    assert alone["loss"] == pytest.approx(-probs.log()[torch.arange(32), targets].mean().item(), rel=1e-5)
+
+
 def test_weight_decay_cosine_from_start_to_end_on_decaying_groups_only():
     cfg = compose_config(["optim.weight_decay=0.05", "optim.weight_decay_end=0.45"])
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))

@@ -244,7 +244,7 @@ def scripted_budget(monkeypatch, budget_s: float = 100.0) -> tuple[Budget, list[
     """A Budget over 1,000 steps per epoch whose clock is a list the test moves: now[0] seconds."""
     now = [0.0]
     monkeypatch.setattr(time, "perf_counter", lambda: now[0])
-    shape = RunShape(budget_s, 1000, 10, 10, 100, 1, 0, 1, False, 32)
+    shape = RunShape(budget_s, 1000, 10, 10, 100, 1, 0, 1, 1, 32)
     return Budget(shape, elapsed_s=0.0), now
 
 
@@ -352,7 +352,7 @@ def test_the_budget_lines_of_a_stopped_and_resumed_run():
     assert budget_line(record, stopped=True).endswith("2.00 epochs, 1 re-plan), lr at the stop 0.0002")
     record.update(trained_steps=90)
     assert budget_line(record).endswith("(2.00 epochs, 1 re-plan), final lr 0.0002")
-    shape = RunShape(60.0, 45, 100, 10, 1, 1, 0, 1, False, 32)
+    shape = RunShape(60.0, 45, 100, 10, 1, 1, 0, 1, 1, 32)
     state = {"plan": {"total_steps": 90, "anchor_step": 10, "anchor_progress": 0.0, "warmup_steps": 10}}
     resumed = Budget(shape, elapsed_s=22.4, state=state)
     assert resumed_line(resumed, 30).startswith("budget 1m resumed: 22 s spent, 38 s left; 30 of the plan's 90 steps")
@@ -365,7 +365,7 @@ def test_the_plan_keeps_time_for_the_figures_its_epochs_draw(monkeypatch):
     for every in (0, 10):
         now = [0.0]
         monkeypatch.setattr(time, "perf_counter", lambda now=now: now[0])
-        shape = RunShape(60.0, 1000, 10, 10, 100, 1, 0, 1, False, 32, figure_every=every)
+        shape = RunShape(60.0, 1000, 10, 10, 100, 1, 0, 1, 1, 32, figure_every=every)
         budget = Budget(shape, elapsed_s=0.0)
         if every:
             budget.figure_drawn(3.0, in_epoch=False)  # drawn before the first step

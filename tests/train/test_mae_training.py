@@ -133,6 +133,8 @@ def test_the_reconstruction_image_shows_three_views_per_image():
         (["model.global_pool=avg"], "task=mae: model.global_pool='avg'"),
         (["data.augment.mixup_alpha=0.8"], "task=mae reads no labels: data.augment.mixup_alpha=0.8 must be 0"),
         (["trainer.attn_maps_every_n_epochs=5"], "trainer.attn_maps_every_n_epochs=5 must be 0"),
+        (["trainer.eval_flip=true"], "trainer.eval_flip=true is unused"),
+        (["trainer.eval_shift=1"], "trainer.eval_shift=1 is unused"),
         (["model.reg_tokens=4"], "task=mae: model.the masked autoencoder keeps the cls token and nothing else"),
     ],
 )

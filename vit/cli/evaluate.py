@@ -1,7 +1,7 @@
 """Evaluate any weights on a dataset: a checkpoint of this trainer, or a model name with foreign weights.
 
-usage: vit-eval checkpoint=<path> [data.<key>=...] [ema=auto|true|false] [flip=true] [confusion=<png>]
-           [json=<path>] [amp=auto|bf16|fp16|none]
+usage: vit-eval checkpoint=<path> [data.<key>=...] [ema=auto|true|false] [flip=true] [shift=<pixels>]
+           [confusion=<png>] [json=<path>] [amp=auto|bf16|fp16|none]
        vit-eval model=<name> model.pretrained=<timm:name | file> [model.<key>=...]
            [data=<config>] [data.<key>=...] [preprocess=data|timm:<name>] [class_map=imagenet|<file>]
 (in a checkout, without installing: python scripts/evaluate.py with the same arguments)
@@ -23,6 +23,10 @@ count of the weights and the image size of the preprocessing. The split is the d
 only when given on this command (a limit in a checkpoint's training config is named in one line and not applied).
 
 Weights: {ema_rule}
+
+Test-time augmentation (as trainer.eval_flip and trainer.eval_shift): `flip=true` averages each image's class
+probabilities with its mirror's; `shift=<n>` weighs in the image moved n pixels down-right and up-left (1/4 each,
+the image itself 1/2), each view with its mirror under flip=true. Each view is one more forward pass.
 
 Preprocessing: `preprocess=timm:<name>` is timm's pretrained config of those weights (resize ratio, interpolation,
 mean/std), `preprocess=data` the data config's validation transform; by default a `timm:` source uses timm's
@@ -67,6 +71,7 @@ KNOWN_KEYS = (
     "data",
     "ema",
     "flip",
+    "shift",
     "class_map",
     "preprocess",
     "batch_size",
@@ -184,6 +189,7 @@ def evaluate_weights(argv: list[str]) -> dict:
     batch_size = options.integer("batch_size", int(data_cfg.get("batch_size") or 256))
     device = resolve_device(options.get("device", "auto"))
     flip = options.flag("flip")
+    shift = options.integer("shift", 0, minimum=0)
 
     splits = build_splits(data_cfg)
     data_classes = sorted(splits.class_to_idx, key=splits.class_to_idx.get)
@@ -203,7 +209,7 @@ def evaluate_weights(argv: list[str]) -> dict:
     batches = len(loader) if limit is None else min(limit, len(loader))
     what = f"evaluating {weights.name} on {splits.val_name}"
     shown = progress(loader, batches, what, unit="batches")
-    result = evaluate(model, shown, device, amp, limit, num_classes=len(data_classes), flip=flip)
+    result = evaluate(model, shown, device, amp, limit, num_classes=len(data_classes), flip=flip, shift=shift)
     seconds = time.perf_counter() - start
     confusion = result.pop("confusion")
     per_class = (confusion.diag().float() / confusion.sum(1).clamp_min(1).float() * 100).tolist()
@@ -221,6 +227,7 @@ def evaluate_weights(argv: list[str]) -> dict:
     result["source"] = weights.source
     result["weights"] = weights.which or "the source's"
     result["flip"] = flip
+    result["shift"] = shift
     result["preprocessing"] = pre.to_dict()
     result["classes"] = {
         "data": len(data_classes),
@@ -239,11 +246,12 @@ def evaluate_weights(argv: list[str]) -> dict:
 
 def summary_line(result: dict) -> str:
     pre = result["preprocessing"]
+    views = (", flip" if result["flip"] else "") + (f", shift {result['shift']}" if result.get("shift") else "")
     return (
         f"{result['model']} ({result['source']}, weights: {result['weights']}) on {result['data']} "
         f"{result['split']}, {result['count']:,} images: "
         f"top-1 {result['top1']:.2f}%, top-5 {result['top5']:.2f}%, loss {result['loss']:.4f}, "
-        f"{result['images_per_s']:,.0f} img/s in {result['precision']}{', flip' if result['flip'] else ''}; "
+        f"{result['images_per_s']:,.0f} img/s in {result['precision']}{views}; "
         f"preprocessing: {pre['origin']} "
         f"(resize {pre['resize']} {pre['interpolation']}, crop {pre['img_size']})"
     )

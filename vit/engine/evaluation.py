@@ -24,18 +24,40 @@ def evaluate(
     num_classes: int | None = None,
     dist: Distributed | None = None,
     flip: bool = False,
+    shift: int = 0,
 ) -> dict:
     """Top-1, top-5 and mean cross-entropy over the loader (sums kept on the device until the end).
     With `num_classes`, also the confusion matrix (rows: true class, columns: predicted).
     Under torchrun each rank evaluates its shard and the sums are all-reduced: every rank gets the totals.
-    `flip`: test-time augmentation, the class probabilities averaged over each image and its mirror image."""
+    `flip`, `shift`: test-time augmentation, the class probabilities averaged over the views of `tta_views`."""
     model.eval()
     ctx = autocast_to(device, amp_dtype)
     with eager():  # blocks compiled in place for training (trainer.compile_scope=blocks) evaluate eagerly
-        return _evaluate(model, loader, device, ctx, limit_batches, num_classes, dist, flip)
+        return _evaluate(model, loader, device, ctx, limit_batches, num_classes, dist, flip, shift)
 
 
-def _evaluate(model, loader, device, ctx, limit_batches, num_classes, dist, flip) -> dict:
+def shifted(images: torch.Tensor, dy: int, dx: int) -> torch.Tensor:
+    """The images moved `dy` pixels down and `dx` right (negative: up, left), the uncovered border zero-filled as
+    the training pad-crop fills it. (B, C, H, W) -> same."""
+    pad = max(abs(dy), abs(dx))
+    height, width = images.shape[-2:]
+    padded = F.pad(images, (pad, pad, pad, pad))  # (B, C, H + 2 pad, W + 2 pad)
+    return padded[..., pad - dy : pad - dy + height, pad - dx : pad - dx + width]
+
+
+def tta_views(images: torch.Tensor, flip: bool, shift: int) -> list[tuple[float, torch.Tensor]]:
+    """The (weight, view) pairs whose class probabilities test-time augmentation averages, weights summing to 1:
+    the image; with `shift` > 0 also the image moved `shift` pixels down-right and up-left, weighed 1/2, 1/4,
+    1/4 (airbench's multi-crop weights); with `flip` each view and its mirror, half the view's weight each."""
+    views = [(1.0, images)]
+    if shift > 0:
+        views = [(0.5, images), (0.25, shifted(images, shift, shift)), (0.25, shifted(images, -shift, -shift))]
+    if flip:
+        views = [pair for weight, view in views for pair in ((weight / 2, view), (weight / 2, view.flip(-1)))]
+    return views
+
+
+def _evaluate(model, loader, device, ctx, limit_batches, num_classes, dist, flip, shift) -> dict:
     correct1 = torch.zeros((), device=device, dtype=torch.long)
     correct5 = torch.zeros((), device=device, dtype=torch.long)
     loss_sum = torch.zeros((), device=device)
@@ -46,16 +68,15 @@ def _evaluate(model, loader, device, ctx, limit_batches, num_classes, dist, flip
             break
         images = images.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
-        with ctx:
-            logits = model(images).float()  # (B, classes)
-            if flip:
-                mirrored = model(images.flip(-1)).float()
-        if flip:
-            scores = (logits.softmax(-1) + mirrored.softmax(-1)) / 2  # probabilities (B, classes)
+        if flip or shift:
+            with ctx:
+                scores = sum(w * model(view).float().softmax(-1) for w, view in tta_views(images, flip, shift))
+            # scores: the views' weighted probabilities (B, classes)
             loss_sum += F.nll_loss(scores.clamp_min(1e-12).log(), targets, reduction="sum")
         else:
-            scores = logits
-            loss_sum += F.cross_entropy(logits, targets, reduction="sum")
+            with ctx:
+                scores = model(images).float()  # logits (B, classes)
+            loss_sum += F.cross_entropy(scores, targets, reduction="sum")
         top5 = scores.topk(min(5, scores.shape[-1]), dim=-1).indices  # (B, 5)
         correct1 += (top5[:, 0] == targets).sum()
         correct5 += (top5 == targets[:, None]).any(dim=-1).sum()

@@ -147,6 +147,9 @@ class TrainerSettings(Settings):
     max_bad_steps: int = knob(5, low=1)  # stop after this many consecutive non-finite losses
     val_every_n_epochs: int = knob(1, low=1)  # evaluate after every n-th epoch (and always after the last)
     eval_flip: bool = knob(False)  # test-time augmentation: the mean of each image's and its mirror's probabilities
+    # test-time shifted crops: N > 0 also weighs in the image moved N pixels down-right and up-left (zero-filled, as
+    # the training pad-crop fills), half the weight on the image as it is and a quarter on each shift
+    eval_shift: int = knob(0, low=0)
     progressive_resize: ProgressiveResize = knob(ProgressiveResize())
 
     def use_compile(self, device_type: str) -> bool:

@@ -86,7 +86,7 @@ class RunShape:
     val_batches: int  # batches of one evaluation pass (trainer.limit_val_batches applied)
     test_batches: int  # batches of the final test pass, 0 when the run has none
     eval_passes: int  # passes per evaluation: 1, 2 with an EMA (its own pass)
-    flip: bool  # trainer.eval_flip: each pass sees every image twice
+    views: int  # forward passes per image in a pass: 1, x2 with trainer.eval_flip, x3 with trainer.eval_shift
     images_per_step: int  # global images per optimizer step (batch x accumulation x processes)
     loader_workers: int = 0  # the train loader's worker processes: each one's first batch waits for its start
     figure_every: int = 0  # the attention or reconstruction figures: every this many epochs and after the last
@@ -251,7 +251,7 @@ class Budget:
         shape = self.shape
         if self.eval_end_s is not None and shape.val_batches:
             return self.eval_end_s / shape.val_batches
-        return self.step_s / 3 * shape.eval_passes * (2 if shape.flip else 1)
+        return self.step_s / 3 * shape.eval_passes * shape.views
 
     def end_cost(self, evaluated: bool) -> float:
         if not evaluated:
@@ -508,7 +508,7 @@ def attach_budget(run) -> Budget | None:
         val_batches=min(len(val_loader), limit) if limit else len(val_loader),
         test_batches=(min(len(test_loader), limit) if limit else len(test_loader)) if tests else 0,
         eval_passes=2 if step.ema is not None else 1,
-        flip=trainer.eval_flip and run.task.classifier,
+        views=(2 if trainer.eval_flip else 1) * (3 if trainer.eval_shift else 1) if run.task.classifier else 1,
         images_per_step=images_per_step,
         loader_workers=loader_workers,
         figure_every=run.report.figure_every,

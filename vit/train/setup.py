@@ -151,11 +151,12 @@ class Run:
 
     def evaluate(self, loader, *, ema: bool = False) -> dict:
         """The model's (or its EMA's) results over `loader`, as every evaluation of the run measures them: top-1,
-        top-5 and loss (with trainer.eval_flip, over each image and its mirror), or with task=mae the
-        reconstruction loss on fixed masks; trainer.limit_val_batches caps the batches, torchrun's ranks share them."""
+        top-5 and loss (with trainer.eval_flip and trainer.eval_shift, over each image's test-time views), or with
+        task=mae the reconstruction loss on fixed masks; trainer.limit_val_batches caps the batches, torchrun's ranks
+        share them."""
         model = self.step_settings.ema.module if ema else self.model
         args = (model, loader, self.device, self.step_settings.amp_dtype, self.trainer.limit_val_batches, self.dist)
-        return self.task.evaluate(*args, flip=self.trainer.eval_flip)
+        return self.task.evaluate(*args, flip=self.trainer.eval_flip, shift=self.trainer.eval_shift)
 
 
 def build_model_and_data(

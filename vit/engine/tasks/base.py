@@ -44,9 +44,10 @@ class Task:
         limit_batches: int | None,
         dist: Distributed,
         flip: bool,
+        shift: int = 0,
     ) -> dict:
-        """The evaluation every epoch and the final test run: top-1, top-5 and loss (flip: over each image and its
-        mirror)."""
+        """The evaluation every epoch and the final test run: top-1, top-5 and loss (flip, shift: over each image's
+        test-time views, vit/engine/evaluation.py's `tta_views`)."""
         from vit.engine.evaluation import evaluate
 
-        return evaluate(model, loader, device, amp_dtype, limit_batches, dist=dist, flip=flip)
+        return evaluate(model, loader, device, amp_dtype, limit_batches, dist=dist, flip=flip, shift=shift)

@@ -58,6 +58,8 @@ class MaskedAutoencoder(Task):
         require(
             not cfg.trainer.get("eval_flip"), "task=mae evaluates the reconstruction: trainer.eval_flip=true is unused"
         )
+        shift = cfg.trainer.get("eval_shift") or 0
+        require(shift == 0, f"task=mae evaluates the reconstruction: trainer.eval_shift={shift} is unused")
         attn_every = cfg.trainer.get("attn_maps_every_n_epochs") or 0
         require(
             int(attn_every) == 0,
@@ -88,6 +90,7 @@ class MaskedAutoencoder(Task):
         limit_batches: int | None,
         dist: Distributed,
         flip: bool,
+        shift: int = 0,
     ) -> dict:
         """The reconstruction loss on fixed masks (the same hidden patches every evaluation)."""
         from vit.engine.evaluation import evaluate_reconstruction
