@@ -192,6 +192,20 @@ def budget_comparison_table(folder: Path) -> str:
     return markdown_table(header, rows)
 
 
+def tta_table(folder: Path) -> str:
+    """vit-eval's JSON records in `tta/` (`<run>_flip_true[_shift_<n>].json`): a row per run, its holdout top-1
+    with the flip alone and with each shift beside it."""
+    results: dict[str, dict[int, float]] = {}
+    for path in sorted((folder / "tta").glob("*.json")):
+        run, _, views = path.stem.partition("_flip_true")
+        shift = int(views.removeprefix("_shift_")) if views else 0
+        results.setdefault(run, {})[shift] = json.loads(path.read_text())["top1"]
+    shifts = sorted({shift for row in results.values() for shift in row})
+    header = ["run", *("flip" if s == 0 else f"flip, shift {s}" for s in shifts)]
+    rows = [[run, *(f"{row[s]:.2f}%" if s in row else "" for s in shifts)] for run, row in results.items()]
+    return markdown_table(header, rows)
+
+
 # --- The GPU recipes as budgets ----------------------------------------------------------------------------------
 
 
@@ -638,6 +652,7 @@ TABLES: dict[str, DocTable] = {
     "cifar10_cpu_budget_search_avx2": DocTable("cifar10_cpu_budget_search_avx2", budget_search_table),
     "cifar10_cpu_holdout_30m_avx2": DocTable("cifar10_cpu_holdout_30m_avx2", budget_comparison_table),
     "cpu_levers_30m_avx2": DocTable("cpu_levers_30m_avx2", budget_comparison_table),
+    "cpu_tta_avx2": DocTable("cpu_levers_30m_avx2", tta_table),
     "optimizer_step_avx2": DocTable("cpu_step_avx2", optimizer_step_table),
     "cpu_bf16_avx512": DocTable("cpu_bf16_avx512", cpu_bf16_table),
     "cifar10_proxy_base": DocTable("cifar10_proxy_base", proxy_base_table),
