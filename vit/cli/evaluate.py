@@ -226,8 +226,7 @@ def evaluate_weights(argv: list[str]) -> dict:
     result["model"] = weights.name
     result["source"] = weights.source
     result["weights"] = weights.which or "the source's"
-    result["flip"] = flip
-    result["shift"] = shift
+    result["flip"], result["shift"] = flip, shift
     result["preprocessing"] = pre.to_dict()
     result["classes"] = {
         "data": len(data_classes),
