@@ -1,10 +1,12 @@
 """Surviving interruptions: SIGTERM stops cleanly with a resume hint; kill -9 at random moments (also during a
 checkpoint write) never leaves a broken last.pt, and resuming each time ends with the uninterrupted weights."""
 
+import io
 import os
 import random
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -115,3 +117,41 @@ def test_a_second_signal_exits_at_once():
         assert exit_info.value.code == 128 + signal.SIGTERM
     finally:
         stop.restore(previous)
+
+
+class SignalMidWrite(io.RawIOBase):
+    """A pipe's write end that runs `on_write` the first time its buffer flushes into it: a signal landing while
+    the program is in the middle of writing a line, deterministically."""
+
+    def __init__(self, fd: int, on_write) -> None:
+        self.fd, self.on_write = fd, on_write
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def write(self, data) -> int:
+        on_write, self.on_write = self.on_write, None
+        if on_write is not None:
+            on_write()
+        return os.write(self.fd, data)
+
+
+def test_the_stop_line_of_a_signal_landing_mid_write_loses_neither_line(monkeypatch):
+    """The handler's line cannot re-enter sys.stdout's buffer while it is flushing a log line (a print there raised
+    "reentrant call" inside the interrupted write, and logging printed a traceback instead of the line)."""
+    from vit.train.signals import StopSignal
+
+    stop = StopSignal()
+    read_end, write_end = os.pipe()
+    raw = SignalMidWrite(write_end, lambda: stop._handle(signal.SIGTERM, None))
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(io.BufferedWriter(raw), line_buffering=True))
+    print("epoch 1/8 step 50/175 loss 2.2295")
+    sys.stdout.flush()
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        written = pipe.read()
+    assert stop.requested()
+    assert "SIGTERM received: stopping after this step" in written and "step 50/175 loss 2.2295\n" in written

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 from collections.abc import Iterator
 
 from vit.engine.distributed import env_rank
@@ -13,7 +15,10 @@ class StopSignal:
     """`with stop.installed():` the handlers are this object's; poll `requested()` once per step.
 
     The loop checks the flag between steps, so a stop never lands inside an optimizer update or a checkpoint
-    write; a second signal raises SystemExit(128 + signum) at once, as a shell would report it.
+    write; a second signal raises SystemExit(128 + signum) at once, as a shell would report it. The handler's one
+    line goes to the standard output's file descriptor, not through `print`: a signal that lands while the program
+    is writing a log line would otherwise re-enter sys.stdout's buffer ("reentrant call"), and the log line would be
+    lost to a logging error.
     """
 
     def __init__(self) -> None:
@@ -31,7 +36,7 @@ class StopSignal:
             raise SystemExit(128 + signum)
         self.signum = signum
         if env_rank() == 0:  # under torchrun every rank gets the signal; one line is enough
-            print(f"{self.name} received: stopping after this step (send it again to exit now)", flush=True)
+            announce(f"{self.name} received: stopping after this step (send it again to exit now)")
 
     def install(self) -> dict:
         previous = {}
@@ -54,3 +59,14 @@ class StopSignal:
             yield self
         finally:
             self.restore(previous)
+
+
+def announce(line: str) -> None:
+    """Write one line from a signal handler: straight to the file descriptor under sys.stdout (a system call holds
+    no Python-level lock); where there is none (a notebook's stream), to sys.stderr, which nothing here buffers."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError and a ValueError
+        print(line, file=sys.stderr, flush=True)
+        return
+    os.write(fd, f"\n{line}\n".encode())
