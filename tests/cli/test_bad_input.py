@@ -306,6 +306,7 @@ def test_every_numeric_knob_refuses_a_word(key, kind):
         ("trainer.ema=maybe", "trainer.ema='maybe' must be true or false"),
         ("model.qkv_bias=1", "model.qkv_bias=1 must be true or false"),
         ("model.lsa=maybe", "model.lsa='maybe' must be true or false"),
+        ("data.augment.hflip_alternate=maybe", "data.augment.hflip_alternate='maybe' must be true or false"),
         ("optim.betas=abc", "optim.betas='abc' must be a list of 2 numbers or null"),
         ("data.std=[a,1,1]", "data.std=['a', 1, 1] must be a list of 3 numbers or null"),
         ("data.holdout=some", "data.holdout='some' must be null, a count"),

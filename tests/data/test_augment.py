@@ -217,8 +217,9 @@ def synthetic_cfg(loader: str, **augment) -> dict:
         {"crop": "pad", "pad": 2, "auto_augment": "autoaug"},
         {"crop": "none", "auto_augment": "trivial", "re_prob": 0.25},
         {"crop": "pad", "auto_augment": "augmix-m3-w2-d1"},
+        {"crop": "pad", "hflip": True, "hflip_alternate": True, "auto_augment": None},
     ],
-    ids=["rand", "autoaug", "trivial", "augmix"],
+    ids=["rand", "autoaug", "trivial", "augmix", "alternating-flip"],
 )
 def test_both_loaders_yield_the_same_batches(augment):
     """Same seed and config: the torch DataLoader (decoding in workers) and the GPU-resident loader give equal
@@ -468,6 +469,56 @@ def test_cpu_loader_benchmark_refuses_a_bad_value_in_one_line(capsys, tmp_path):
         assert run_script(module.main, argv, usage=module.__doc__) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith(message), err
+
+
+def mirrored_by_index(bundle, epoch: int, skip: int = 0) -> dict[int, bool]:
+    """{image index: mirrored?} for the train batches of `epoch` (crop none, no policy: each output is one image of
+    the split or its mirror, found by value)."""
+    loader = bundle.train_loader
+    plain, mirror = bundle.val_loader.augment(loader.images), bundle.val_loader.augment(loader.images.flip(3))
+    loader.set_epoch(epoch)
+    loader.skip_batches(skip)
+    seen = {}
+    for x, _ in loader:
+        for row in x:
+            same = [(i, False) for i in range(len(plain)) if torch.equal(row, plain[i])]
+            same += [(i, True) for i in range(len(mirror)) if torch.equal(row, mirror[i])]
+            assert len(same) == 1, "every training image is one image of the split, mirrored or not"
+            seen[same[0][0]] = same[0][1]
+    return seen
+
+
+def test_alternating_flip_mirrors_each_image_in_every_other_epoch():
+    """data.augment.hflip_alternate, as airbench's loader does it: a random half of the images mirrored in the first
+    epoch, then every image's flip reversed each epoch; a resumed epoch's remaining batches flip as they would
+    have (the torch loader's batches equal these: test_both_loaders_yield_the_same_batches)."""
+    alternating = dict(crop="none", hflip=True, hflip_alternate=True, auto_augment=None)
+    bundle = build_data(synthetic_cfg("resident", **alternating), seed=5)
+    epochs = [mirrored_by_index(bundle, epoch) for epoch in range(3)]
+    assert all(sorted(seen) == list(range(32)) for seen in epochs)
+    assert 8 <= sum(epochs[0].values()) <= 24  # a fair draw of 32: outside this about once in 500 seeds
+    assert all(epochs[1][i] != epochs[0][i] and epochs[2][i] == epochs[0][i] for i in range(32))
+    resumed = mirrored_by_index(bundle, 1, skip=2)
+    assert len(resumed) == 16 and all(epochs[1][i] == mirrored for i, mirrored in resumed.items())
+    other_seed = build_data(synthetic_cfg("resident", **alternating), seed=6)
+    assert mirrored_by_index(other_seed, 0) != epochs[0]
+
+
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        ({"hflip": False, "hflip_alternate": True}, "data.augment.hflip_alternate=true needs data.augment.hflip=true"),
+        ({"hflip_alternate": True, "repeated_aug": 3}, "data.augment.hflip_alternate=true with data.repeated_aug=3"),
+    ],
+)
+def test_an_alternating_flip_with_nothing_to_alternate_is_refused(cfg, message):
+    data = synthetic_cfg("resident", crop="none", auto_augment=None)
+    data["augment"]["hflip"] = cfg.get("hflip", True)
+    data["augment"]["hflip_alternate"] = True
+    if "repeated_aug" in cfg:
+        data["repeated_aug"] = cfg["repeated_aug"]
+    with pytest.raises(DataError, match=message.replace(".", r"\.")):
+        build_data(data)
 
 
 def test_flip_mirrors_exactly_the_drawn_samples():

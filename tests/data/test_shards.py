@@ -228,6 +228,7 @@ def test_settings_that_cannot_work_are_named(shards, tmp_path):
         ({"num_classes": 2}, r"^data\.num_classes=2 but .*classes\.json lists 3 classes"),
         ({"shuffle_buffer": "many"}, r"^data\.shuffle_buffer='many' must be an integer"),
         ({"batch_size": 128}, r"^data\.batch_size=128 is larger than the 90 training samples"),
+        ({"augment": {"hflip_alternate": True}}, r"^data\.augment\.hflip_alternate=true is not available with data"),
     ]
     for extra, needle in cases:
         with pytest.raises(DataError, match=needle):

@@ -22,6 +22,9 @@ class AugmentSettings(Settings):
     pad: int = knob(4, low=0)
     scale_min: float = knob(0.08, low=0.0, high=1.0, low_open=True)
     hflip: bool = knob(True)
+    # with hflip: each image mirrored in every other epoch, from a random half of the images in the first (airbench's
+    # derandomized flip: no image goes two epochs unmirrored or mirrored); false: every epoch draws each flip anew
+    hflip_alternate: bool = knob(False)
     # null | autoaug (AutoAugment: CIFAR-10 policy up to 64 px, ImageNet's above) | trivial (TrivialAugmentWide)
     # | rand-m9-mstd0.5-inc1 (timm's RandAugment) | augmix (torchvision's AugMix; augmix-m3-w3-d2-a1: severity,
     # width, depth, alpha); checked against the policies' registry (vit/data/augment/policies.py) with the config

@@ -75,12 +75,16 @@ def random_resized_crop(
 
 
 def random_hflip(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Mirror each sample left-right with probability 1/2. (B, C, H, W) -> same.
+    """Mirror each sample left-right with probability 1/2. (B, C, H, W) -> same."""
+    return hflip(x, draws.rand(x.shape[0], generator, x.device) < 0.5)
+
+
+def hflip(x: torch.Tensor, flip: torch.Tensor) -> torch.Tensor:
+    """Mirror the samples where `flip` (bool (B,), on x's device) is true. (B, C, H, W) -> same.
 
     On CUDA one torch.where over the batch (finding the flipped samples would be a host sync); on the CPU only the
     flipped samples are copied, written over a copy of the batch as 8-byte words (uint8 rows one byte at a time are
     several times slower)."""
-    flip = draws.rand(x.shape[0], generator, x.device) < 0.5  # (B,)
     if x.device.type != "cpu" or x[0].numel() * x.element_size() % 8:
         return torch.where(flip.view(-1, 1, 1, 1), x.flip(3), x)
     index = flip.nonzero().squeeze(1)
@@ -118,6 +122,25 @@ def random_erasing(
     return torch.where(mask, noise, x)
 
 
+class AlternatingFlip:
+    """data.augment.hflip_alternate, airbench's derandomized flip: a random half of the split's images mirrored in
+    even epochs (a fixed draw from the seed), the other half in odd ones. The loaders pass each batch's indices
+    into the split; whichever loader, worker count or resume made the batch, an image's flip depends only on
+    (seed, index, epoch)."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed * 7_919 + 1)  # not the batches' seeds (batch_seed)
+        self.first = {"cpu": torch.randint(0, 2, (size,), generator=generator, dtype=torch.uint8).bool()}  # (N,)
+
+    def __call__(self, indices: torch.Tensor, epoch: int, device: torch.device) -> torch.Tensor:
+        """bool (B,) on `device`: whether each image of the batch (indices int64 (B,) into the split) is mirrored.
+        Looked up where the indices are (the resident loader's on its device: no host sync on a GPU)."""
+        key = str(indices.device)
+        if key not in self.first:
+            self.first[key] = self.first["cpu"].to(indices.device)
+        return (self.first[key][indices] ^ bool(epoch % 2)).to(device, non_blocking=True)
+
+
 # ---- the stage both loaders call ----
 
 
@@ -148,15 +171,24 @@ class BatchAugment:
         """The batch's generator: a CPU one whatever device the batch is on (vit/data/augment/draws.py says why)."""
         return torch.Generator().manual_seed(batch_seed(seed, epoch, rank, index))
 
-    def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    def alternating_flip(self, size: int, seed: int) -> AlternatingFlip | None:
+        """The flips a train loader over `size` images passes to each call, where data.augment.hflip_alternate."""
+        return AlternatingFlip(size, seed) if self.train and self.spec.hflip and self.spec.hflip_alternate else None
+
+    def __call__(
+        self, x: torch.Tensor, generator: torch.Generator | None = None, flip: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """`flip`: bool (B,), the batch's mirrored samples (from `alternating_flip`); None: each drawn anew."""
         spec = self.spec
         if self.train:
             if self.crop == "pad" and spec.pad > 0:
                 x = random_pad_crop(x, int(spec.pad), generator)
             elif self.crop == "rrc":
                 x = random_resized_crop(x, (float(spec.scale_min), 1.0), generator)
+            if spec.hflip and flip is None and spec.hflip_alternate:
+                raise RuntimeError("data.augment.hflip_alternate: this loader passed no flips (alternating_flip)")
             if spec.hflip:
-                x = random_hflip(x, generator)
+                x = random_hflip(x, generator) if flip is None else hflip(x, flip)
             if self.policy is not None:
                 x = self.policy(x, generator)
         key = str(x.device)

@@ -50,6 +50,19 @@ def loader_choice(cfg: DataSettings) -> str:
     return kind
 
 
+def check_alternating_flip(cfg: DataSettings, spec) -> None:
+    """data.augment.hflip_alternate alternates the flips data.augment.hflip draws, one per image and epoch."""
+    if not spec.hflip_alternate:
+        return
+    if not spec.hflip:
+        raise DataError("data.augment.hflip_alternate=true needs data.augment.hflip=true (no flip to alternate)")
+    if (cfg.repeated_aug or 1) > 1:
+        raise DataError(
+            f"data.augment.hflip_alternate=true with data.repeated_aug={cfg.repeated_aug}: the copies of an image in "
+            "one epoch would all be mirrored alike; use one of the two"
+        )
+
+
 def _in_memory_fits(splits: Splits, img_size: int, device: torch.device) -> tuple[bool, str]:
     """Whether the splits as uint8 (N, 3, H, W) take under a quarter of the free memory of the device they would
     live on (the GPU's, or the host's for a CPU run), and the reason in words; estimated before anything is
@@ -102,6 +115,7 @@ def build_data(
     spec = augment_settings(cfg.augment)
     device = torch.device(device)
     cfg = replace(cfg, loader=loader_choice(cfg))
+    check_alternating_flip(cfg, spec)
     if dataset_source(cfg.name).streams:  # tar shards: no splits to hold in memory (stream.py)
         mean, std = mean_std(cfg)
         common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)

@@ -58,6 +58,7 @@ class ResidentLoader:
         self.epoch = 0
         self.skip = 0  # batches of the next epoch already trained (a resume inside an epoch)
         self.val_order = None if train else evaluation_order(np.asarray(targets))
+        self.alternating_flip = augment.alternating_flip(len(self.targets), seed)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -90,6 +91,7 @@ class ResidentLoader:
         for b in range(skip, self._full_len()):
             idx = order[b * self.batch_size : (b + 1) * self.batch_size]
             generator = self.augment.generator(self.seed, self.epoch, self.rank, b) if self.train else None
-            yield self.augment(self.images[idx], generator), self.targets[idx]
+            flip = self.alternating_flip(idx, self.epoch, self.device) if self.alternating_flip else None
+            yield self.augment(self.images[idx], generator, flip), self.targets[idx]
         if self.train:
             self.epoch += 1

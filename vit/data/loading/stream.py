@@ -290,6 +290,11 @@ def build_stream_data(
 ) -> DataBundle:
     """The train/val loaders of data=webdataset, as a `DataBundle` like the other datasets'."""
     on_bad, buffer, epoch_samples = _settings(cfg)
+    if spec.hflip_alternate:  # with hflip (build_data checks)
+        raise DataError(
+            "data.augment.hflip_alternate=true is not available with data=webdataset: a stream has no fixed index "
+            "per image to alternate its flip by (use false: each flip drawn anew)"
+        )
     train_urls = expand_shards(cfg.urls, "urls")
     val_urls, val_name = val_shards(cfg, train_urls)
     num_classes, class_to_idx = class_map(cfg, train_urls)

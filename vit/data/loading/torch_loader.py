@@ -94,10 +94,13 @@ class EpochSampler(DistributedSampler):
         super().set_epoch(epoch)
         self.skip = 0
 
-    def __iter__(self):
+    def epoch_indices(self) -> torch.Tensor:
+        """int64 (num_samples,): this rank's indices of the epoch, from its first sample (before `skip`)."""
         order = epoch_order(len(self.dataset), self.seed, self.epoch, self.repeats)
-        indices = order[: self.total_size][self.rank : self.total_size : self.num_replicas].tolist()
-        return iter(indices[self.skip :])
+        return order[: self.total_size][self.rank : self.total_size : self.num_replicas]
+
+    def __iter__(self):
+        return iter(self.epoch_indices().tolist()[self.skip :])
 
     def __len__(self) -> int:
         return max(0, self.num_samples - self.skip)
@@ -137,6 +140,9 @@ class DeviceBatches:
         self.train = augment.train
         self.epoch, self.start = 0, 0
         self.dataset, self.batch_size, self.generator = loader.dataset, loader.batch_size, loader.generator
+        # data.augment.hflip_alternate: each batch's indices come from the sampler's order (EpochSampler only; the
+        # shard stream refuses the setting, having no fixed index per image)
+        self.alternating_flip = augment.alternating_flip(len(self.dataset), seed)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self.start = epoch, 0
@@ -153,11 +159,16 @@ class DeviceBatches:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         start, self.start = self.start, 0
+        order = self.sampler.epoch_indices() if self.alternating_flip else None
         for index, (images, targets) in enumerate(self.loader, start):
             images = images.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
             generator = self.augment.generator(self.seed, self.epoch, self.rank, index) if self.train else None
-            yield self.augment(images, generator), targets
+            flip = None
+            if order is not None:  # the batch's images: drop_last batches of the sampler's order
+                indices = order[index * self.batch_size : (index + 1) * self.batch_size]
+                flip = self.alternating_flip(indices, self.epoch, self.device)
+            yield self.augment(images, generator, flip), targets
         if self.train:  # as the GPU-resident loader: a full pass moves on to the next epoch
             self.epoch += 1
             self.sampler.set_epoch(self.epoch)
