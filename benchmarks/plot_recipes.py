@@ -18,7 +18,7 @@ writes into `out=` (default: the folder, when one is given; required with severa
 Example:
 
     python benchmarks/plot_recipes.py multirun/2025-01-01/10-00-00 outputs/plain out=docs/figures \\
-        anchor=326:81.4:"plain pipeline (timm + torchvision)" goal=65:81.4 goal=300:90 goal=1800:94
+        anchor=326:81.4:"plain pipeline (timm + torchvision)" goal=60:81.4 goal=300:90 goal=480:94
 
 Prints the table and its notes.
 """

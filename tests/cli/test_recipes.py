@@ -26,6 +26,16 @@ def recipe_yaml(name: str) -> dict:
     return yaml.safe_load((REPO / "configs" / "experiment" / f"{name}.yaml").read_text())
 
 
+def recipe_model_keys(name: str) -> dict:
+    """The model keys a recipe's YAML sets, over those of the recipes it builds on (its `defaults` entries that name
+    another experiment file)."""
+    raw, keys = recipe_yaml(name), {}
+    for parent in raw.get("defaults", []):
+        if isinstance(parent, str) and (REPO / "configs" / "experiment" / f"{parent}.yaml").is_file():
+            keys.update(recipe_model_keys(parent))
+    return {**keys, **raw.get("model", {})}
+
+
 @pytest.mark.parametrize("name", RECIPES)
 def test_recipe_composes_with_image_folders_as_cifar10(name, cifar_like_tree):
     """`data=imagefolder` would mean 224 px and patch 16; the recipe makes it CIFAR-10's 32 px, patch 4, 10 classes,
@@ -61,7 +71,7 @@ def test_recipe_trains_a_few_steps_on_cpu(name, cifar_like_tree, tmp_path):
     assert metrics["epochs_done"] == 2 and metrics["val_split"] == "test"
     assert metrics["final"]["train_loss"] > 0 and 0 < metrics["wall_time_s"]
     # The recipe's model is what trained: the parameter count of the same model built directly from its YAML.
-    model_keys = recipe_yaml(name).get("model", {})
+    model_keys = recipe_model_keys(name)
     expected = create_model("vit_tiny", img_size=32, patch_size=4, num_classes=10, **model_keys)
     assert metrics["params"] == complexity(expected).params
     resize = recipe_yaml(name).get("trainer", {}).get("progressive_resize")

@@ -68,13 +68,17 @@ def budget_text(seconds: float) -> str:
 POSITION_NAMES = {"rope_mixed": "mixed RoPE", "rope": "RoPE", "rope_dinov3": "DINOv3's RoPE", "none": "no positions"}
 
 
+OPTIMIZER_NAMES = {"muon": "Muon", "nmuon": "Muon (Nesterov)", "lion": "Lion", "sgd": "SGD"}
+
+
 def _vit_name(config: dict) -> str:
     """`ViT/4 96 x 6, 2 heads, conv stem, qk-norm, mixed RoPE`: the size, then what differs from a plain ViT."""
     model = OmegaConf.to_container(OmegaConf.create(config), resolve=True)["model"]  # `${data.patch_size}`
     parts = [f"ViT/{model['patch_size']} {model['embed_dim']} x {model['depth']}", f"{model['num_heads']} heads"]
-    parts += ["conv stem"] if model.get("patch_embed") == "conv" else []
+    parts += {"conv": ["conv stem"], "cct": ["CCT tokenizer"]}.get(model.get("patch_embed"), [])
     parts += ["qk-norm"] if model.get("qk_norm") else []
     parts += [POSITION_NAMES[model["pos_embed"]]] if model.get("pos_embed") in POSITION_NAMES else []
+    parts += ["sequence pooling"] if model.get("global_pool") == "seq" else []
     return ", ".join(parts)
 
 
@@ -101,6 +105,8 @@ def cpu_budget_table(folder: Path) -> str:
                 label = f"`experiment={recipe_dir.name}` (`trainer.budget={budget_text(budget['budget_s'])}`)"
                 label = label if index == 0 else "same"
                 model, precision = _vit_name(config), metrics["precision"]
+                optimizer = config["optim"]["name"]
+                model += f"; {OPTIMIZER_NAMES.get(optimizer, optimizer)}" if optimizer != "adamw" else ""
                 trained = f"{budget['trained_steps']:,} steps ({budget['planned_epochs']:.2f} epochs, planned)"
                 seen = budget["trained_steps"] * config["data"]["batch_size"]
                 img_s = f"{metrics['train_img_per_s']:.0f}"
@@ -642,6 +648,7 @@ TABLES: dict[str, DocTable] = {
     "cifar10_cpu_budget_2h_loaded_avx2": DocTable("cifar10_cpu_budget/avx2_2h_loaded", cpu_budget_table),
     "cifar10_cpu_budget_2h_avx2": DocTable("cifar10_cpu_budget/avx2_2h", cpu_budget_table),
     "cifar10_cpu_budget_avx2_96wide": DocTable("cifar10_cpu_budget/avx2_96wide", cpu_budget_table),
+    "cifar10_cpu_budget_avx2_muon_seqpool": DocTable("cifar10_cpu_budget/avx2_muon_seqpool", cpu_budget_table),
     "gpu_budget_h200": DocTable("gpu_budget_h200", gpu_budget_table),
     "foundation_step_avx2": DocTable("foundation_step_avx2", model_step_table),
     "matmul_peak_h200": DocTable("gpu_budget_h200", matmul_peak_table),
