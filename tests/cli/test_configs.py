@@ -151,3 +151,19 @@ def test_data_and_checkpoint_errors_exit_2_with_one_line(error, line, monkeypatc
     with pytest.raises(SystemExit) as exit_info:
         train_task(compose_config([]))
     assert exit_info.value.code == 2 and capsys.readouterr().err.strip() == line
+
+
+def test_help_shows_the_config_its_overrides_compose_and_leaves_other_flags_to_hydra(capsys):
+    """`--help model=vit_small` prints the help template with the config those overrides compose (vit_small's
+    width), `--resolve` resolves its interpolations; any other flag (`--hydra-help`, `--cfg job`) is Hydra's."""
+    from vit.cli.train import print_help
+
+    assert print_help(["--help", "model=vit_small", "data.batch_size=7"])
+    shown = capsys.readouterr().out
+    groups, config = shown.split("== Configuration groups ==")[1].split("== Config ==")
+    assert "optim: adamw, lion, muon, sgd" in groups
+    assert "embed_dim: 384" in config and "batch_size: 7" in config and "hydra:" not in config
+    assert "patch_size: ${data.patch_size}" in config  # unresolved, as Hydra shows it
+    assert print_help(["-h", "--resolve"]) and "patch_size: ${" not in capsys.readouterr().out.split("== Config ==")[1]
+    assert not print_help(["--hydra-help"]) and not print_help(["--help", "--cfg", "job"])
+    assert not print_help(["model=vit_small"])

@@ -206,16 +206,41 @@ def warn_kept_optimizer_settings(cfg) -> None:
 
 def user_config_groups() -> str:
     """The config groups `--help` lists (configs/config.yaml's help template, `${vit_config_groups:}`), with their
-    options, one line each as Hydra writes them: the groups a command line chooses from. Hydra's own list
-    ($APP_CONFIG_GROUPS) also holds every group inside another, which no command chooses: the settings' declared
-    defaults and the models' (optim/schema, data/schema, model/registry: hydra_plugins/) and the pieces the model
-    configs are built from (model/shared)."""
-    from hydra.core.global_hydra import GlobalHydra
+    options, one line each as Hydra writes them: the groups a command line chooses from, the folders of configs/
+    and their YAML files. Hydra's own list ($APP_CONFIG_GROUPS) also holds every group inside another, which no
+    command chooses: the settings' declared defaults and the models' (optim/schema, data/schema, model/registry:
+    hydra_plugins/) and the pieces the model configs are built from (model/shared). Read from the folders, not
+    through Hydra's config loader, which copies every stored config once per group it is asked about (seconds)."""
+    folders = sorted(p for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and p.name != "hydra")
+    return "\n".join(f"{p.name}: {', '.join(sorted(f.stem for f in p.glob('*.yaml')))}" for p in folders)
 
-    hydra = GlobalHydra.instance().hydra
-    groups = [group for group in hydra.list_all_config_groups() if "/" not in group and group != "hydra"]
-    options = {group: sorted(hydra.config_loader.get_group_options(group)) for group in groups}
-    return "\n".join(f"{group}: {', '.join(options[group])}" for group in sorted(groups))
+
+HELP_FLAGS = {"--help", "-h"}
+
+
+def print_help(args: list[str]) -> bool:
+    """`--help` (with overrides, and `--resolve`), rendered from configs/config.yaml's help template as Hydra renders
+    it, but without Hydra's $APP_CONFIG_GROUPS and $HYDRA_CONFIG_GROUPS, which Hydra builds for every help whether
+    the template uses them or not (a copy of every stored config per group: 10 s and more on a 2-core CPU). False
+    where the command is not an app help (other flags go to Hydra)."""
+    flags = {arg for arg in args if arg.startswith("-")}
+    if not flags & HELP_FLAGS or not flags <= HELP_FLAGS | {"--resolve"}:
+        return False
+    import string
+
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf, open_dict
+
+    OmegaConf.register_new_resolver("vit_config_groups", user_config_groups, replace=True)
+    overrides = [arg for arg in args if not arg.startswith("-")]
+    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name="train"):
+        cfg = hydra_compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    template = cfg.hydra.help.template  # its interpolations resolved: the header, the groups, the footer
+    with open_dict(cfg):
+        del cfg["hydra"]  # the job's config, as Hydra's help shows it
+    print(string.Template(template).safe_substitute(CONFIG=OmegaConf.to_yaml(cfg, resolve="--resolve" in flags)))
+    return True
 
 
 def check_group_choices(args: list[str]) -> None:
@@ -473,6 +498,8 @@ def main() -> None:
     sys.argv[1:] = without_null_groups(sys.argv[1:])
     check_override_keys(sys.argv[1:])
     check_output_dir(sys.argv[1:])
+    if print_help(sys.argv[1:]):
+        return
     sys.argv.extend(worker_hydra_overrides())  # torchrun ranks > 0: no config copy or log file of their own
     hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")(train_task)()
 
