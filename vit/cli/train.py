@@ -211,8 +211,13 @@ def user_config_groups() -> str:
     command chooses: the settings' declared defaults and the models' (optim/schema, data/schema, model/registry:
     hydra_plugins/) and the pieces the model configs are built from (model/shared). Read from the folders, not
     through Hydra's config loader, which copies every stored config once per group it is asked about (seconds)."""
-    folders = sorted(p for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and p.name != "hydra")
-    return "\n".join(f"{p.name}: {', '.join(sorted(f.stem for f in p.glob('*.yaml')))}" for p in folders)
+    groups = sorted(p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and p.name != "hydra")
+    return "\n".join(f"{group}: {', '.join(group_options(group))}" for group in groups)
+
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group a command line chooses from: its YAML files in configs/<group>/."""
+    return sorted(p.stem for p in (Path(CONFIG_DIR) / group).glob("*.yaml"))
 
 
 HELP_FLAGS = {"--help", "-h"}
@@ -228,14 +233,13 @@ def print_help(args: list[str]) -> bool:
         return False
     import string
 
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
     from omegaconf import OmegaConf, open_dict
 
     OmegaConf.register_new_resolver("vit_config_groups", user_config_groups, replace=True)
-    overrides = [arg for arg in args if not arg.startswith("-")]
-    with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name="train"):
-        cfg = hydra_compose(config_name="config", overrides=overrides, return_hydra_config=True)
+    try:
+        cfg = compose([arg for arg in args if not arg.startswith("-")], with_hydra=True)
+    except ConfigError as err:
+        _exit_config_error(str(err))
     template = cfg.hydra.help.template  # its interpolations resolved: the header, the groups, the footer
     with open_dict(cfg):
         del cfg["hydra"]  # the job's config, as Hydra's help shows it
@@ -255,7 +259,7 @@ def check_group_choices(args: list[str]) -> None:
             if not (Path(CONFIG_DIR) / top).is_dir():  # mae/schema: task=mae takes it
                 _exit_config_error(f"{inner} is not a config group to choose: it holds what configs are built from "
                                    "(the groups to choose from: --help)")  # fmt: skip
-            known = ", ".join(sorted(p.stem for p in (Path(CONFIG_DIR) / top).glob("*.yaml")))
+            known = ", ".join(group_options(top))
             _exit_config_error(
                 f"{inner} is not a config group to choose: it holds what the {top} configs are built from; "
                 f"choose {top}=<name> ({known})"
@@ -263,7 +267,7 @@ def check_group_choices(args: list[str]) -> None:
         group_dir = Path(CONFIG_DIR) / group
         if not sep or not group.isidentifier() or not group_dir.is_dir() or "(" in value:
             continue  # not a group choice (a key, hydra.*, +/~ edits), or a sweep function Hydra expands
-        known = sorted(p.stem for p in group_dir.glob("*.yaml"))
+        known = group_options(group)
         for choice in value.split(","):
             if choice not in known and not (group == "experiment" and choice == "null"):
                 _exit_config_error(f"{group}={choice} is not a known {group} config; known: {', '.join(known)}")
@@ -356,7 +360,7 @@ def group_compositions(overrides: list) -> list[list[str]] | None:
         if isinstance(value, ChoiceSweep):
             values = value.list
         elif isinstance(value, Glob):
-            values = value.filter(sorted(p.stem for p in group_dir.glob("*.yaml")))
+            values = value.filter(group_options(group))
         elif override.is_sweep_override():
             return None  # range(...) or interval(...) over config names: Hydra's business
         else:
