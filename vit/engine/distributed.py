@@ -88,10 +88,12 @@ def worker_hydra_overrides() -> list[str]:
     return ["hydra.output_subdir=null", "hydra/job_logging=disabled", "hydra/hydra_logging=disabled"]
 
 
-def setup_distributed(device: torch.device) -> Distributed:
-    """Join (or create) the process group torchrun describes: nccl on CUDA, gloo on CPU."""
+def setup_distributed(device: torch.device, strategy: str = "ddp") -> Distributed:
+    """Join (or create) the process group torchrun describes: nccl on CUDA, gloo on CPU. Outside torchrun a run
+    stays without a group, except under trainer.strategy=fsdp, whose sharded parameters need one: a group of one
+    process (an in-memory store, no port), so the same command runs with and without torchrun."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    if world_size <= 1:
+    if world_size <= 1 and strategy != "fsdp":
         return Distributed()
     rank, local_rank = env_rank(), int(os.environ.get("LOCAL_RANK", "0"))
     owns_group = False
@@ -99,6 +101,9 @@ def setup_distributed(device: torch.device) -> Distributed:
         if device.type == "cuda":
             torch.cuda.set_device(local_rank)
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
+        if world_size <= 1:
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+        else:
+            dist.init_process_group(backend=backend, rank=rank, world_size=world_size)
         owns_group = True
     return Distributed(dist.get_rank(), dist.get_world_size(), local_rank, owns_group)

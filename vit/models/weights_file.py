@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from vit.errors import UserError
+from vit.models.sharded_file import ShardedFileError, is_sharded_checkpoint, read_sharded_checkpoint
 
 _ZIP_MAGIC = b"PK"  # torch.save's format: a zip archive
 _PICKLE_PROTO = 0x80  # the first byte of a pickle of protocol 2 or newer (torch's legacy format)
@@ -55,12 +56,18 @@ def read_error_reason(err: Exception, head: bytes = b"") -> str:
 
 
 def read_weights_file(path: str | Path, what: str = "weights file") -> object:
-    """What the file at `path` holds (a state dict, a trainer checkpoint's dict...), on the CPU. `what` names the
-    file in the messages ("checkpoint", "teacher file"). Raises WeightsFileError: missing, a folder, empty,
-    truncated, not a weights file, or a pickle that would run code."""
+    """What the file at `path` holds (a state dict, a trainer checkpoint's dict...), on the CPU; a sharded
+    checkpoint folder (vit/models/sharded_file.py) as the dict of its single-file form. `what` names the file in the
+    messages ("checkpoint", "teacher file"). Raises WeightsFileError: missing, a folder, empty, truncated, not a
+    weights file, or a pickle that would run code."""
     path = Path(path)
+    if is_sharded_checkpoint(path):  # trainer.strategy=fsdp's checkpoint folder: read whole, in this process
+        try:
+            return read_sharded_checkpoint(path, lambda file: read_weights_file(file, what))
+        except ShardedFileError as err:
+            raise WeightsFileError(f"cannot read sharded {what} {str(path)!r}: {err}") from None
     if path.is_dir():
-        raise WeightsFileError(f"{what} {str(path)!r} is a folder, not a file")
+        raise WeightsFileError(f"{what} {str(path)!r} is a folder, not a file (nor a sharded checkpoint)")
     if not path.is_file():
         raise WeightsFileError(f"{what} {str(path)!r} does not exist")
     if path.stat().st_size == 0:

@@ -114,6 +114,13 @@ class TrainerSettings(Settings):
     # decay ends on the last) and re-plans when the speed drifts (vit/train/budget.py). Read as seconds.
     budget: float | None = knob(None, parse=parse_budget)
     device: Literal["auto", "cpu", "cuda"] = knob("auto")
+    # how a torchrun launch shares the work: ddp (every rank holds the whole model, gradients averaged) | fsdp (FSDP2:
+    # each encoder block and the root sharded over the ranks, parameters, gradients and optimizer state alike;
+    # checkpoints are sharded folders, vit/train/sharded.py). fsdp without torchrun runs as world size 1.
+    strategy: Literal["ddp", "fsdp"] = knob("ddp")
+    # fsdp: free each block's gathered parameters after its forward and gather them again for the backward (ZeRO-3,
+    # the least memory) | false: keep them to the backward (ZeRO-2: one all-gather a step fewer, more memory)
+    reshard_after_forward: bool = knob(True)
     # auto: bf16 where the device has it natively and it pays, else fp32 (vit/engine/device.py; an explicit
     # bf16/fp16 the device cannot run natively: one warning line, what runs instead)
     amp: AmpMode = knob("auto")

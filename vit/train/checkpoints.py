@@ -32,9 +32,12 @@ import numpy as np
 import torch
 
 from vit.engine.files import atomic_save
+from vit.engine.sharding import is_sharded
 from vit.engine.weights import CheckpointError, load_checkpoint
-from vit.models.weights_file import first_line
+from vit.models.sharded_file import TRAINING_FILE, is_sharded_checkpoint
+from vit.models.weights_file import WeightsFileError, first_line, read_weights_file
 from vit.train.loop import StepSettings, StepState
+from vit.train.sharded import remove_unnamed, resume_sharded, save_sharded
 
 
 def training_state(
@@ -57,6 +60,20 @@ def training_state(
     }
 
 
+def sharded_rest(scheduler, epoch: int, step: int, best_score: float, class_to_idx) -> dict:
+    """What a sharded checkpoint's training.pt holds besides config, history and budget: `training_state` less the
+    tensors DCP writes (model, optimizer, EMA) and the scaler (fp16 does not run sharded)."""
+    return {
+        "scheduler": scheduler.state_dict(),
+        "scaler": None,
+        "rng": rng_state(),
+        "epoch": epoch,
+        "step": step,
+        "best_score": best_score,
+        "class_to_idx": dict(class_to_idx),
+    }
+
+
 def restore_training_state(
     state: dict,
     *,
@@ -69,16 +86,51 @@ def restore_training_state(
     class_to_idx: Mapping[str, int] | None = None,
     optim_name: str,
 ) -> None:
-    """Load a `training_state` dict into freshly built objects; a model that does not fit names the file and
-    the first differing keys and shapes (another model, another class count), a checkpoint trained on other
-    classes than the data's `class_to_idx` (other names, or the same names in another order) names the first
-    index where they part, and one trained with another `optim.name` than the run's `optim_name` names both.
-    Every check comes before any weight is loaded."""
-    from vit.models.fit import describe_mismatch
-
+    """Load a `training_state` dict into freshly built objects, after `check_resumable`'s checks. A sharded
+    checkpoint read whole (its optimizer state keyed by parameter name) loads into an unsharded run too."""
     weights = state["model"]
     if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
         raise CheckpointError(f"checkpoint {str(path)!r}: its 'model' entry is not a state dict of tensors")
+    check_resumable(state, weights, model, path, class_to_idx, optim_name)
+    model.load_state_dict(weights)
+    try:
+        if state.get("optimizer_keys") == "names":  # vit/train/sharded.py: keyed by name, not by position
+            from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+            set_optimizer_state_dict(model, optimizer, state["optimizer"])
+        else:
+            optimizer.load_state_dict(state["optimizer"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: its optimizer or schedule state does not fit this run: {first_line(err)}"
+        ) from err
+    restore_rest(state, scheduler=scheduler, scaler=scaler, path=path)
+    if ema is not None and state.get("ema"):
+        ema.module.load_state_dict(state["ema"])
+
+
+def restore_rest(state: dict, *, scheduler, scaler, path) -> None:
+    """What a checkpoint holds besides the weights and the optimizer: the schedule, the fp16 scale, the RNG."""
+    try:
+        scheduler.load_state_dict(state["scheduler"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: its optimizer or schedule state does not fit this run: {first_line(err)}"
+        ) from err
+    if scaler is not None and state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
+    if state.get("rng"):
+        set_rng_state(state["rng"])
+
+
+def check_resumable(state: dict, weights: Mapping, model, path, class_to_idx, optim_name: str) -> None:
+    """Before any weight is loaded: a model that does not fit `weights` (tensors, or meta tensors of the saved
+    shapes) names the file and the first differing keys and shapes (another model, another class count), a
+    checkpoint trained on other classes than the data's `class_to_idx` (other names, or the same names in another
+    order) names the first index where they part, and one trained with another `optim.name` than the run's
+    `optim_name` names both."""
+    from vit.models.fit import describe_mismatch
+
     missing = [key for key in ("optimizer", "scheduler") if not state.get(key)]
     if missing:
         raise CheckpointError(
@@ -110,20 +162,6 @@ def restore_training_state(
             f"checkpoint {str(path)!r} was trained with optim.name={saved_optim}, this run uses "
             f"optim.name={optim_name}: resume with optim.name={saved_optim}"
         )
-    model.load_state_dict(weights)
-    try:
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as err:
-        raise CheckpointError(
-            f"checkpoint {str(path)!r}: its optimizer or schedule state does not fit this run: {first_line(err)}"
-        ) from err
-    if scaler is not None and state.get("scaler"):
-        scaler.load_state_dict(state["scaler"])
-    if ema is not None and state.get("ema"):
-        ema.module.load_state_dict(state["ema"])
-    if state.get("rng"):
-        set_rng_state(state["rng"])
 
 
 def class_difference(saved: Mapping, data: Mapping[str, int], path) -> str | None:
@@ -170,7 +208,7 @@ def find_resume_checkpoint(run_dir: Path, runs_root: Path | None, config_match: 
     """`trainer.resume=auto`: this run's last.pt, else the newest last.pt under `runs_root` whose saved
     model and data config equal this run's (so rerunning the same command continues it)."""
     own = run_dir / "checkpoints" / "last.pt"
-    if own.is_file():
+    if own.exists():  # a file, or a link to a sharded checkpoint's folder
         return own
     if runs_root is None or not runs_root.is_dir():
         return None
@@ -179,12 +217,22 @@ def find_resume_checkpoint(run_dir: Path, runs_root: Path | None, config_match: 
         if config_match is None:
             return candidate
         try:
-            saved = load_checkpoint(candidate).get("config") or {}
+            saved = checkpoint_config(candidate)
         except CheckpointError:
             continue
         if all(saved.get(k) == v for k, v in config_match.items()):
             return candidate
     return None
+
+
+def checkpoint_config(path: Path) -> dict:
+    """The config a checkpoint records (of a sharded one, read from its training.pt alone)."""
+    source = path / TRAINING_FILE if is_sharded_checkpoint(path) else path
+    try:
+        state = read_weights_file(source, "checkpoint")
+    except WeightsFileError as err:
+        raise CheckpointError(str(err)) from None
+    return (state.get("config") if isinstance(state, dict) else None) or {}
 
 
 log = logging.getLogger("vit.train")
@@ -226,25 +274,34 @@ def training_parts(settings: StepSettings) -> dict:
 
 
 class Checkpointer:
-    """Writes the run's checkpoints (rank 0 only; `enabled=False` writes nothing)."""
+    """Writes the run's checkpoints: one file each, by rank 0 alone; under trainer.strategy=fsdp one folder each,
+    every rank writing its shards (vit/train/sharded.py). `enabled=False` writes nothing."""
 
     def __init__(
         self, folder: Path, *, enabled: bool, keep_last: int | None, settings: StepSettings, class_to_idx, config
     ) -> None:
-        self.folder, self.enabled, self.keep_last = folder, enabled, keep_last
+        self.folder, self.keep_last = folder, keep_last
+        self.sharded = is_sharded(settings.model)
+        self.main = settings.dist.is_main
+        self.enabled = enabled and (self.main or self.sharded)  # every rank takes part in a sharded write
         self.parts, self.settings = training_parts(settings), settings
         self.class_to_idx, self.config = class_to_idx, config
 
     def state(self, epoch: int, step: int, progress: Progress) -> dict:
-        state = training_state(
-            **self.parts,
-            epoch=epoch,
-            step=step,
-            best_score=progress.best_score,
-            class_to_idx=self.class_to_idx,
-            config=self.config,
-            history=progress.history,
-        )
+        """The checkpoint's dict; a sharded run's without the tensors of model, optimizer and EMA (DCP's part)."""
+        if self.sharded:
+            state = sharded_rest(self.parts["scheduler"], epoch, step, progress.best_score, self.class_to_idx)
+            state.update(config=self.config, history=list(progress.history))
+        else:
+            state = training_state(
+                **self.parts,
+                epoch=epoch,
+                step=step,
+                best_score=progress.best_score,
+                class_to_idx=self.class_to_idx,
+                config=self.config,
+                history=progress.history,
+            )
         state["elapsed_s"] = progress.elapsed()
         budget = self.settings.budget
         state["budget"] = budget.state_dict() if budget is not None else None
@@ -256,15 +313,18 @@ class Checkpointer:
             return
         state = self.state(epochs_done, step, progress)
         last = self.folder / "last.pt"
-        if self.keep_last:
-            epoch_file = self.folder / f"epoch_{epochs_done:04d}.pt"
+        epoch_file = self.folder / f"epoch_{epochs_done:04d}.pt"
+        if self.sharded:
+            names = ["last.pt", *([epoch_file.name] if self.keep_last else []), *(["best.pt"] if is_best else [])]
+            save_sharded(self.folder, self.settings.dist, self.parts, state, step, names)
+        elif self.keep_last:
             atomic_save(state, epoch_file)
             link_or_save(epoch_file, last, state)  # the same bytes: a second name, not a second write
         else:
             atomic_save(state, last)
-        if is_best:
+        if is_best and not self.sharded:
             link_or_save(last, self.folder / "best.pt", state)
-        if self.keep_last:
+        if self.keep_last and self.main:
             self.remove_old_epochs()
 
     def save_stop(self, epoch: int, step: int, progress: Progress, batches_done: int, rng_ranks: list) -> Path:
@@ -273,7 +333,10 @@ class Checkpointer:
         if self.enabled:
             state = self.state(epoch, step, progress)
             state.update(batches_into_epoch=batches_done, rng=rng_ranks[0], rng_ranks=rng_ranks)
-            atomic_save(state, last)
+            if self.sharded:
+                save_sharded(self.folder, self.settings.dist, self.parts, state, step, ["last.pt"])
+            else:
+                atomic_save(state, last)
         return last
 
     def remove_old_epochs(self) -> None:
@@ -285,6 +348,8 @@ class Checkpointer:
         )
         for _, path in numbered[: max(0, len(numbered) - self.keep_last)]:
             path.unlink(missing_ok=True)
+        if self.sharded:
+            remove_unnamed(self.folder)  # the folders only the removed epoch files named
 
 
 def link_or_save(source: Path, target: Path, state: dict) -> None:
@@ -306,10 +371,17 @@ def resume(
     """Load the checkpoint at `path` into the model, optimizer, schedule, scaler and EMA; return where the run
     stands. The time of the earlier processes counts too (not the pause between them): the run's clock goes on
     from the moment the checkpoint was written (inside an epoch too), else from the last finished epoch."""
-    saved = load_checkpoint(path)
-    restore_training_state(
-        saved, path=path, class_to_idx=class_to_idx, optim_name=optim_name, **training_parts(settings)
-    )
+    parts = training_parts(settings)
+    if is_sharded(settings.model):  # each rank reads its own shards (vit/train/sharded.py)
+
+        def check(rest: dict, shapes: dict) -> None:
+            check_resumable(rest, shapes, settings.model, path, class_to_idx, optim_name)
+
+        saved = resume_sharded(path, parts, check)
+        restore_rest(saved, scheduler=settings.scheduler, scaler=settings.scaler, path=path)
+    else:
+        saved = load_checkpoint(path)
+        restore_training_state(saved, path=path, class_to_idx=class_to_idx, optim_name=optim_name, **parts)
     history = list(saved.get("history", []))
     elapsed = float(saved.get("elapsed_s") or (history[-1] if history else {}).get("elapsed_s") or 0.0)
     rng_ranks = saved.get("rng_ranks") or []

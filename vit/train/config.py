@@ -17,6 +17,7 @@ from vit.engine.device import resolve_device
 from vit.engine.tasks import CONFIG_TASKS, task_of
 from vit.engine.weights import names_a_source, source_kind
 from vit.errors import ConfigError, require
+from vit.models.sharded_file import is_sharded_checkpoint
 from vit.train.finetune import FREEZE_MODES
 
 
@@ -138,7 +139,8 @@ def check_trainer(trainer: DictConfig) -> None:
     """Types, ranges and choices: vit/settings/trainer.py (checked with the types). What remains needs the disk."""
     resume = trainer.resume
     if resume not in (None, "auto"):
-        require(Path(str(resume)).is_file(), f"trainer.resume={str(resume)!r}: no such checkpoint file")
+        found = Path(str(resume)).is_file() or is_sharded_checkpoint(str(resume))
+        require(found, f"trainer.resume={str(resume)!r}: no such checkpoint file (or sharded checkpoint folder)")
 
 
 def check_finetune(cfg: DictConfig) -> None:

@@ -18,6 +18,7 @@ from torch import nn
 
 from vit.engine.device import Precision
 from vit.engine.distributed import Distributed
+from vit.engine.sharding import full, is_sharded, local
 from vit.engine.tasks import Task
 from vit.engine.tasks.classify import Classify
 from vit.errors import CheckFailed
@@ -104,7 +105,11 @@ def autocast(settings: StepSettings):
 
 
 def sync_context(settings: StepSettings, last_micro_step: bool):
-    """DDP all-reduces gradients in backward; while accumulating, only the last micro-batch needs to."""
+    """DDP all-reduces gradients in backward (a sharded model reduce-scatters them); while accumulating, only the
+    last micro-batch needs to."""
+    if is_sharded(settings.model):
+        settings.model.set_requires_gradient_sync(last_micro_step)  # until the next call: set at every micro-batch
+        return nullcontext()
     if settings.ddp is None or last_micro_step:
         return nullcontext()
     return settings.ddp.no_sync()
@@ -139,10 +144,14 @@ def raise_if_diverged(settings: StepSettings, state: StepState) -> None:
         )
 
 
-def weights_finite(model: nn.Module) -> bool:
-    """One host sync: whether every parameter is finite (checked before a checkpoint overwrites a good one)."""
-    params = [p.detach() for p in model.parameters()]
-    return bool(torch.isfinite(torch.stack(torch._foreach_norm(params))).all().item()) if params else True
+def weights_finite(model: nn.Module, dist: Distributed | None = None) -> bool:
+    """One host sync: whether every parameter is finite (checked before a checkpoint overwrites a good one). A
+    sharded model's ranks each check their shards and agree (`dist`, every rank calling)."""
+    params = [local(p.detach()) for p in model.parameters()]
+    finite = bool(torch.isfinite(torch.stack(torch._foreach_norm(params))).all().item()) if params else True
+    if dist is None or not is_sharded(model):
+        return finite
+    return not dist.any(not finite, params[0].device if params else torch.device("cpu"))
 
 
 def train_one_epoch(
@@ -274,4 +283,4 @@ def optimizer_step(settings: StepSettings, state: StepState) -> torch.Tensor:
     settings.scheduler.step_update(num_updates=state.step)
     if settings.ema is not None:
         settings.ema.update(settings.model, step=state.step)
-    return grad_norm.detach().float()
+    return full(grad_norm.detach()).float()  # sharded gradients: the norm over all ranks' shards

@@ -23,6 +23,7 @@ from collections import defaultdict
 
 import timm.optim.muon as timm_muon
 import torch
+from torch.distributed.tensor import DTensor
 
 from vit.engine.device import cpu_has_native_bf16, cuda_has_native_bf16
 
@@ -44,8 +45,10 @@ def batched_muon(
 ) -> None:
     """timm's functional Muon step (`timm.optim.muon.muon`, whose keywords `settings` are) with the Newton-Schulz
     iterations of same-shaped matrices run as one batch in `dtype`. Updates that are not matrices (a conv kernel,
-    reshaped by timm's conv_mode) and a capturable step (CUDA graphs, tensor rates) go to timm's own `timm_step`."""
-    if settings.get("capturable") or any(p.ndim != 2 for p in params):
+    reshaped by timm's conv_mode), a capturable step (CUDA graphs, tensor rates) and sharded parameters (DTensors,
+    trainer.strategy=fsdp: each matrix's iterations need its whole value, which timm's own step gathers) go to
+    timm's own `timm_step`."""
+    if settings.get("capturable") or any(p.ndim != 2 or isinstance(p, DTensor) for p in params):
         timm_step(params, grads, momentum_bufs, **settings)
         return
     lr, momentum = settings["lr"], settings["momentum"]

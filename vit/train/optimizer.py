@@ -6,6 +6,7 @@ learning rate scaled to the global batch, the per-step schedule, the precision a
 from __future__ import annotations
 
 import inspect
+import logging
 import math
 import re
 from collections.abc import Collection, Mapping
@@ -22,11 +23,14 @@ from torch import nn
 from vit.engine.compile import compile_blocks
 from vit.engine.device import Precision, announce, choose_precision
 from vit.engine.distributed import Distributed
+from vit.engine.sharding import is_sharded, shard_model
 from vit.errors import ConfigError
 from vit.models.weights_file import first_line
 from vit.settings import OptimSettings, SchedSettings, TrainerSettings
 from vit.train.loop import StepSettings
 from vit.train.progressive import ResizeSchedule, allow_recompiles
+
+log = logging.getLogger("vit.train")
 
 
 def param_groups(model: nn.Module, weight_decay: float, fallback: Collection[str] = ()) -> list[dict]:
@@ -314,17 +318,43 @@ class Optimisation:
 def build_optimisation(
     cfg: DictConfig, trainer: TrainerSettings, model: nn.Module, bundle, device: torch.device, dist: Distributed
 ) -> Optimisation:
-    """The optimizer (lr scaled to the global batch), the per-step schedule, the precision and the EMA."""
+    """The optimizer (lr scaled to the global batch), the per-step schedule, the precision and the EMA. Under
+    trainer.strategy=fsdp the model and its EMA are sharded first (vit/engine/sharding.py), so that the optimizer
+    holds the sharded parameters and its state is sharded alike."""
     global_batch = cfg.data.batch_size * trainer.accum_steps * dist.world_size  # data.batch_size: per process
-    optim = OptimSettings.of(cfg.optim)
-    optimizer = build_optimizer(model, optim, scaled_lr(optim, global_batch=global_batch), device)
-    steps_per_epoch = max(1, math.ceil(batches_per_epoch(bundle, trainer) / trainer.accum_steps))
-    scheduler = build_scheduler(optimizer, cfg.sched, trainer.epochs, steps_per_epoch, optim.weight_decay_end)
     precision = choose_precision(trainer.amp, device, model)
     announce(precision)
     # EMA warmup (timm): the decay ramps up over the first steps, so short runs get a useful average too.
     ema = ModelEmaV3(model, decay=trainer.ema_decay, use_warmup=trainer.ema_warmup) if trainer.ema else None
+    if trainer.strategy == "fsdp":
+        shard_run_model(model, ema, precision, trainer, dist)
+    optim = OptimSettings.of(cfg.optim)
+    optimizer = build_optimizer(model, optim, scaled_lr(optim, global_batch=global_batch), device)
+    steps_per_epoch = max(1, math.ceil(batches_per_epoch(bundle, trainer) / trainer.accum_steps))
+    scheduler = build_scheduler(optimizer, cfg.sched, trainer.epochs, steps_per_epoch, optim.weight_decay_end)
     return Optimisation(optimizer, scheduler, precision, ema)
+
+
+def shard_run_model(model: nn.Module, ema, precision: Precision, trainer: TrainerSettings, dist: Distributed) -> None:
+    """trainer.strategy=fsdp: the model and its EMA (a copy made before sharding) sharded over the ranks alike, so
+    the EMA's update pairs each rank's shard with the same shard of the model."""
+    if precision.dtype == torch.float16:
+        raise ConfigError(
+            "trainer.amp=fp16 cannot run under trainer.strategy=fsdp: its gradient scaler does not take sharded "
+            "gradients; use trainer.amp=bf16 (or none)"
+        )
+    for module in (model, ema.module if ema is not None else None):
+        if module is not None:
+            shard_model(module, precision.dtype, trainer.reshard_after_forward)
+    mode = "ZeRO-3" if trainer.reshard_after_forward else "ZeRO-2"
+    log.info(
+        "sharded data parallel (trainer.strategy=fsdp): each block and the root over %d process%s, %s "
+        "(trainer.reshard_after_forward=%s)",
+        dist.world_size,
+        "es" if dist.world_size > 1 else "",
+        mode,
+        str(trainer.reshard_after_forward).lower(),
+    )
 
 
 def wrap_model(
@@ -332,9 +362,10 @@ def wrap_model(
 ) -> tuple[nn.Module, nn.Module | None, bool]:
     """(the module the step calls, the DDP wrapper or None, whether it is compiled): under torchrun the model in
     DistributedDataParallel (which broadcasts rank 0's weights and averages the gradients in backward), compiled
-    where trainer.compile says so."""
+    where trainer.compile says so. A sharded model (trainer.strategy=fsdp) is called as it is: its own hooks
+    gather the parameters and reduce the gradients."""
     ddp = None
-    if dist.enabled:
+    if dist.enabled and not is_sharded(model):
         device_ids = [device.index] if device.type == "cuda" else None
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     use_compile = trainer.use_compile(device.type)

@@ -72,7 +72,7 @@ def run(
     own_dir = Path(output_dir) if output_dir is not None else hydra_output_dir()
     if own_dir is None:
         raise ConfigError("no run directory: call run(cfg, output_dir=...) or start through train.py")
-    dist = setup_distributed(resolve_device(cfg.trainer.device))
+    dist = setup_distributed(resolve_device(cfg.trainer.device), cfg.trainer.strategy)
     if not dist.is_main:  # the console is rank 0's; other ranks speak only of problems
         logging.getLogger("vit").setLevel(logging.WARNING)
     # Each torchrun worker's Hydra names its directory by its own clock: rank 0's is the run's.
@@ -141,7 +141,7 @@ def build_run(
     progress.startup_s = startup_s
     checkpoints = Checkpointer(
         run_dir / "checkpoints",
-        enabled=trainer.save_checkpoints and dist.is_main,
+        enabled=trainer.save_checkpoints,  # rank 0 writes (every rank its shards under fsdp)
         keep_last=trainer.keep_last,
         settings=step_settings,
         class_to_idx=built.bundle.class_to_idx,
@@ -348,7 +348,7 @@ def evaluation_settings(run: Run) -> tuple:
 
 def check_weights(run: Run, epoch: int) -> None:
     """Non-finite steps too few to stop the loop may still have ruined the weights: never checkpoint those."""
-    if not weights_finite(run.model):
+    if not weights_finite(run.model, run.dist):
         raise NonFiniteLossError(
             f"the weights are not finite after epoch {epoch + 1} (step {run.step_state.step}); the checkpoints of "
             f"epoch {epoch} are kept"
