@@ -140,7 +140,8 @@ SKIPPED = [
 # Measurement commands left to the test named, which runs the script small: TINY_SCRIPT_ARGS makes each of them tiny
 # too, but a tiny run costs 7-17 s on the 2-core CI machine (torch and timm imported, models built) and the
 # measurement commands get about 30 s of this test in all. The ones run here are those no other test runs as a
-# whole: bench_shards.py, bench_cpu_setup.py (its train.py runs), benchmark.py's INT8 runtimes, and bench_memory.py.
+# whole: bench_shards.py, bench_cpu_setup.py (its train.py runs), benchmark.py's INT8 runtimes, bench_memory.py and
+# bench_fsdp.py.
 # Delete a line to run its commands here, tiny.
 MEASURED_BY_TESTS = [
     (
@@ -182,6 +183,7 @@ SKIPPED += [(pattern, f"a measurement; {reason}") for pattern, reason in MEASURE
 # appended so that it measures a tiny case in seconds (its flags and keys given last win).
 TINY_SCRIPT_ARGS = [
     (r"benchmarks/bench_memory\.py", "model=vit_tiny img_size=32 batch_size=2 num_classes=10 repeats=1"),
+    (r"benchmarks/bench_fsdp\.py", "models=vit_tiny img_size=32 batch_size=2 steps=1 world_size=2"),
     # benchmark.py: the toy ViT (32 px, 2 blocks) against timm's, one round of one step or call, eager
     (r"benchmarks/benchmark\.py (?!.*mode=(inference|e2e))", "models=toy batch=2 compile=off"),
     (r"benchmarks/benchmark\.py mode=inference", "models=toy batches=1"),

@@ -85,6 +85,46 @@ def test_sigterm_stops_after_the_step_and_resumes_exactly(tmp_path, reference):
     assert_same_weights(load_checkpoint(run_dir / "checkpoints" / "last.pt"), reference)
 
 
+def test_sigusr1_saves_requeues_the_slurm_job_and_the_requeued_job_resumes_unasked(tmp_path, reference, monkeypatch):
+    """SLURM's warning signal (#SBATCH --signal=USR1@<s>): the run stops at a step with last.pt and asks for a
+    requeue (a stand-in `scontrol` records its arguments); the requeued job (SLURM_RESTART_COUNT=1) runs the same
+    command, without trainer.resume, and ends on the uninterrupted weights."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "scontrol_calls"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    run_dir = tmp_path / "run"
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242"}
+    proc = ForkedRun.train([*ARGS, f"hydra.run.dir={run_dir}"], run_dir, env)
+    assert wait_for_epoch(proc, run_dir, 1)
+    proc.send_signal(signal.SIGUSR1)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-2000:]
+    assert "SIGUSR1 received" in out and "SLURM job 4242 requeued (scontrol requeue)" in out, out[-2000:]
+    assert calls.read_text().split() == ["requeue", "4242"]
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    resumed = run_cli([*ARGS, f"hydra.run.dir={run_dir}"], run_dir)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "SLURM_RESTART_COUNT=1: this launch is a restart" in resumed.stdout + resumed.stderr
+    assert_same_weights(load_checkpoint(run_dir / "checkpoints" / "last.pt"), reference)
+
+
+def test_requeue_says_what_happened_outside_slurm_and_when_scontrol_fails(monkeypatch):
+    from vit.train.signals import requeue
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert requeue().startswith("SIGUSR1 outside a SLURM job (no SLURM_JOB_ID)")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    failed = subprocess.CompletedProcess([], 1, "", "scontrol: error: Invalid job id specified\n")
+    line = requeue(lambda args: failed)
+    assert line == "SIGUSR1: scontrol requeue 7 failed (scontrol: error: Invalid job id specified); resume by hand"
+
+    def missing(args):
+        raise FileNotFoundError(2, "No such file or directory", "scontrol")
+
+    assert "could not requeue SLURM job 7 (FileNotFoundError" in requeue(missing)
+
+
 def test_kill_9_at_random_moments_then_resume(tmp_path, reference):
     rng = random.Random(7)
     run_dir = tmp_path / "run"

@@ -38,19 +38,34 @@ def finished(run_dir, proc) -> dict:
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory):
+def single_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("single")
-    return finished(run_dir, run_cli([*COMMON, "data.batch_size=32", f"hydra.run.dir={run_dir}"], run_dir))
+    return run_dir, finished(run_dir, run_cli([*COMMON, "data.batch_size=32", f"hydra.run.dir={run_dir}"], run_dir))
+
+
+@pytest.fixture(scope="module")
+def single(single_run):
+    return single_run[1]
+
+
+def logged_losses(run_dir) -> list[tuple[int, float]]:
+    """(step, train loss) of every log line TensorBoard holds: every 4th step here."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0}).Reload()
+    return [(event.step, event.value) for event in events.Scalars("train/loss")]
 
 
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("fsdp")
-    proc = run_ranks([*COMMON, *SHARDED, f"hydra.run.dir={run_dir}"], run_dir, nproc=2)
+    # a log line every 8 micro-batches: every 4 optimizer steps, as the one process's every 4 batches
+    proc = run_ranks([*COMMON, *SHARDED, "trainer.log_every_n_steps=8", f"hydra.run.dir={run_dir}"], run_dir, nproc=2)
     return run_dir, proc, finished(run_dir, proc)
 
 
-def test_two_sharded_ranks_match_one_process_with_the_same_global_batch(single, sharded):
+def test_two_sharded_ranks_match_one_process_with_the_same_global_batch(single_run, sharded):
+    single_dir, single = single_run
     run_dir, proc, state = sharded
     assert "sharded data parallel (trainer.strategy=fsdp): each block and the root over 2 processes, ZeRO-3" in (
         proc.stdout + proc.stderr
@@ -61,6 +76,10 @@ def test_two_sharded_ranks_match_one_process_with_the_same_global_batch(single, 
     for ours, reference in zip(state["history"], single["history"], strict=True):
         assert ours["val_top1"] == pytest.approx(reference["val_top1"], abs=1e-6)
         assert ours["train_loss"] == pytest.approx(reference["train_loss"], rel=1e-4)
+    steps, losses = zip(*logged_losses(run_dir), strict=True)
+    reference_steps, reference_losses = zip(*logged_losses(single_dir), strict=True)
+    assert steps == reference_steps == (4, 8, 12, 16)
+    assert losses == pytest.approx(reference_losses, rel=1e-5)  # step by step, the mean over the ranks
 
 
 def test_sharded_checkpoints_are_folders_named_by_links(sharded):
@@ -159,6 +178,10 @@ def test_a_single_file_does_not_resume_sharded_and_bad_settings_are_one_line(sin
     assert "is a single file, written without sharding" in proc.stderr and f"model.pretrained={path}" in proc.stderr
     proc = run_cli([*COMMON, "trainer.strategy=zero3", f"hydra.run.dir={tmp_path / 'c'}"], tmp_path)
     assert proc.returncode == 2 and "trainer.strategy" in proc.stderr and "zero3" in proc.stderr
+    args = [*COMMON, "trainer.strategy=fsdp", "trainer.compile=true", f"hydra.run.dir={tmp_path / 'd'}"]
+    proc = run_cli(args, tmp_path)
+    assert proc.returncode == 2 and "trainer.compile=true with trainer.strategy=fsdp" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_fp16_where_it_runs_is_refused_under_fsdp():
@@ -172,3 +195,202 @@ def test_fp16_where_it_runs_is_refused_under_fsdp():
     trainer = TrainerSettings(strategy="fsdp")
     with pytest.raises(ConfigError, match="trainer.amp=fp16 cannot run under trainer.strategy=fsdp"):
         shard_run_model(torch.nn.Linear(2, 2), None, Precision("fp16", "asked"), trainer, None)
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc): torchrun's workers."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    if int(stat.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        found.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return found
+
+
+@pytest.mark.slow
+def test_an_elastic_restart_resumes_from_the_last_complete_checkpoint_unasked(tmp_path):
+    """torchrun --max-restarts=1: a worker killed with SIGKILL after epoch 1, the agent restarts both, and they
+    continue from the sharded last.pt (TORCHELASTIC_RESTART_COUNT=1, no trainer.resume given) to the run's end."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from trainer_utils import REPO
+
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--max-restarts=1"]
+    args = [*COMMON, *SHARDED, "trainer.epochs=4", f"hydra.run.dir={tmp_path}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([*launcher, str(REPO / "train.py"), *args], stdout=subprocess.PIPE, text=True, env=env)
+    last = tmp_path / "checkpoints" / "last.pt"
+    deadline = time.time() + 180
+    while not (last.exists() and load_checkpoint(last)["epoch"] >= 1) and time.time() < deadline:
+        assert proc.poll() is None
+        time.sleep(0.2)
+    os.kill(max(children(proc.pid)), signal.SIGKILL)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out[-3000:]
+    assert "TORCHELASTIC_RESTART_COUNT=1: this launch is a restart" in out and "resumed from" in out, out[-3000:]
+    assert load_checkpoint(last)["epoch"] == 4
+
+
+def test_muon_recomputed_blocks_figures_and_uneven_evaluation_under_fsdp(tmp_path):
+    """Muon (timm's own step for sharded matrices), gradient checkpointing, the attention figure (every rank runs
+    its forward pass, rank 0 writes it) and an evaluation whose shards differ in batches (61 images of batch 10:
+    4 batches on rank 0, 3 on rank 1, so rank 1 runs an idle pass), with test-time flips, train under fsdp; the
+    all-reduced top-1 is the one process's top-1 of the same weights."""
+    from omegaconf import OmegaConf
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from vit.data.loading.build import build_data
+    from vit.engine.build import build_model_from_config
+    from vit.engine.evaluation import evaluate
+
+    args = [*COMMON, "trainer.strategy=fsdp", "optim=muon", "trainer.grad_checkpointing=true", "trainer.epochs=1"]
+    args += ["data.synthetic.num_val=61", "data.batch_size=10", "trainer.eval_flip=true"]
+    args += ["trainer.attn_maps_every_n_epochs=1", "trainer.ema=false", f"hydra.run.dir={tmp_path}"]
+    state = finished(tmp_path, run_ranks(args, tmp_path, nproc=2))
+    events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0}).Reload()
+    assert events.Tags()["images"] == ["attention/heads_and_rollout"]
+    model = build_model_from_config(state["config"]["model"], num_classes=state["config"]["data"]["num_classes"])
+    model.load_state_dict(state["model"])
+
+    bundle = build_data(OmegaConf.create(state["config"]["data"]), device=torch.device("cpu"), seed=0)
+    result = evaluate(model, bundle.val_loader, torch.device("cpu"), None, flip=True)
+    assert result["count"] == 61
+    assert state["history"][-1]["val_top1"] == pytest.approx(result["top1"], abs=1e-6)
+
+
+def test_masked_autoencoder_pretrains_sharded_with_its_decoder_blocks(tmp_path):
+    from trainer_utils import QUICK_SYNTHETIC
+
+    decoder = ["mae.decoder_embed_dim=32", "mae.decoder_depth=1", "mae.decoder_num_heads=4"]
+    args = ["task=mae", *TINY_MODEL, *decoder, *QUICK_SYNTHETIC, "trainer.device=cpu", "trainer.epochs=1"]
+    args += ["trainer.strategy=fsdp", "data.batch_size=16", f"hydra.run.dir={tmp_path}"]
+    state = finished(tmp_path, run_ranks(args, tmp_path, nproc=2))
+    assert any(key.startswith("decoder_blocks.0.") for key in state["model"]) and state["step"] == 8
+    assert state["history"][-1]["val_loss"] > 0
+
+
+@pytest.mark.slow
+def test_t2t_vit_trains_sharded_to_the_one_process_weights(tmp_path):
+    """T2T-ViT's token modules are sharded units of their own; two ranks match one process as the ViT does."""
+    model = ["model=t2t_vit_7", "model.embed_dim=32", "model.depth=1", "model.num_heads=2", "model.token_dim=16"]
+    common = [*COMMON[:3], *model, *COMMON[6:], "trainer.epochs=1", "data.img_size=32"]
+    single_dir, sharded_dir = tmp_path / "single", tmp_path / "sharded"
+    single_dir.mkdir()
+    one = finished(single_dir, run_cli([*common, "data.batch_size=32", f"hydra.run.dir={single_dir}"], single_dir))
+    args = [*common, "trainer.strategy=fsdp", "data.batch_size=16", f"hydra.run.dir={sharded_dir}"]
+    assert_close_weights(finished(sharded_dir, run_ranks(args, sharded_dir, nproc=2)), one)
+
+
+def start_ranks(args: list[str], run_dir, nproc: int = 2) -> list:
+    """The ranks of `train.py <args>`, started as torchrun starts its workers, left running (trainer_utils'
+    run_ranks waits for them)."""
+    from trainer_utils import ForkedRun, free_port
+
+    common = {"WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1"}
+    common |= {"MASTER_PORT": str(free_port()), "GROUP_RANK": "0"}
+    ranks = []
+    for rank in range(nproc):
+        env = {**common, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+        ranks.append(ForkedRun.train([*args, f"hydra.run.dir={run_dir}"], run_dir, env, cpu=rank))
+    return ranks
+
+
+def epochs_in(run_dir) -> int:
+    last = run_dir / "checkpoints" / "last.pt"
+    return int(load_checkpoint(last)["epoch"]) if last.exists() else 0
+
+
+def test_sigterm_stops_both_ranks_and_two_ranks_resume_to_the_same_weights(sharded, tmp_path):
+    """A stop inside epoch 2 (SIGTERM to every rank, as torchrun passes it on) writes a sharded last.pt at that
+    step; two ranks resume it (trainer.resume=auto) to the weights of the uninterrupted run."""
+    import signal
+    import time
+
+    _, _, uninterrupted = sharded
+    args = [*COMMON, *SHARDED, "trainer.log_every_n_steps=1"]
+    ranks = start_ranks(args, tmp_path)
+    deadline = time.time() + 120
+    while epochs_in(tmp_path) < 1 and time.time() < deadline:
+        assert all(rank.poll() is None for rank in ranks)
+        time.sleep(0.05)
+    for rank in ranks:
+        rank.send_signal(signal.SIGTERM)
+    outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
+    assert [rank.returncode for rank in ranks] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+    if "stopped by SIGTERM" in outputs[0]:  # (a run that had already ended had nothing to stop)
+        stopped = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+        assert stopped["step"] < 16 and stopped.get("batches_into_epoch")
+    resumed = run_ranks([*args, "trainer.resume=auto", f"hydra.run.dir={tmp_path}"], tmp_path, nproc=2)
+    assert_close_weights(finished(tmp_path, resumed), uninterrupted, atol=2e-5)
+
+
+@pytest.mark.slow
+def test_kill_9_of_one_rank_at_random_moments_loses_nothing(sharded, tmp_path):
+    """kill -9 of rank 1 somewhere in epochs 2 and 3, a sharded save included (rank 0 then fails or is killed);
+    each time whatever last.pt names loads, and the resumed run ends on the uninterrupted weights."""
+    import random
+    import signal
+    import time
+
+    _, _, uninterrupted = sharded
+    rng = random.Random(3)
+    args = [*COMMON, *SHARDED, "trainer.resume=auto"]
+    for target in (1, 2):
+        ranks = start_ranks(args, tmp_path)
+        deadline = time.time() + 120
+        while epochs_in(tmp_path) < target and time.time() < deadline and ranks[1].poll() is None:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0.0, 0.5))
+        ranks[1].send_signal(signal.SIGKILL)
+        time.sleep(2.0)  # rank 0 meets the dead peer in its next collective
+        ranks[0].kill()
+        for rank in ranks:
+            rank.wait(timeout=60)
+        epochs_in(tmp_path)  # whatever last.pt names must load
+    resumed = run_ranks([*args, f"hydra.run.dir={tmp_path}"], tmp_path, nproc=2)
+    assert_close_weights(finished(tmp_path, resumed), uninterrupted, atol=2e-5)
+
+
+def test_evaluate_and_export_read_the_folder_as_the_single_file(sharded, tmp_path, capsys):
+    """Every consumer reads the folder through the one reader: evaluate's numbers and the exported model's
+    outputs are those of the consolidated file; a folder missing a rank's shards is one line, exit code 2."""
+    import json
+    import shutil
+
+    from vit.cli.args import run_script
+    from vit.cli.consolidate import main as consolidate
+    from vit.cli.evaluate import cli as evaluate
+    from vit.cli.export import main as export_main
+
+    def export(argv):
+        return run_script(export_main, argv)
+
+    run_dir, _, _ = sharded
+    folder, whole = run_dir / "checkpoints" / "last.pt", tmp_path / "whole.pt"
+    assert consolidate([f"checkpoint={folder}", f"out={whole}"]) == 0
+    capsys.readouterr()
+    results, programs = [], []
+    for name, source in (("folder", folder), ("file", whole)):
+        assert evaluate([f"checkpoint={source}", "device=cpu", "amp=none"]) == 0
+        results.append(json.loads(capsys.readouterr().out))
+        output = tmp_path / f"{name}.torchscript.pt"
+        assert export([f"checkpoint={source}", "format=torchscript", f"output={output}"]) == 0
+        programs.append(torch.jit.load(str(output)))
+    assert results[0]["top1"] == results[1]["top1"] and results[0]["loss"] == results[1]["loss"]
+    images = torch.randn(3, 3, 32, 32)
+    torch.testing.assert_close(programs[0](images), programs[1](images), atol=0, rtol=0)
+    broken = tmp_path / "broken"
+    shutil.copytree(folder.resolve(), broken)
+    next(broken.glob("__1_*.distcp")).unlink()
+    capsys.readouterr()
+    assert evaluate([f"checkpoint={broken}", "device=cpu"]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("error: cannot read sharded checkpoint") and "its tensors cannot be read" in error
+    assert len(error.splitlines()) == 1

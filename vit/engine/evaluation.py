@@ -12,6 +12,7 @@ from torch import nn
 from vit.engine.compile import eager
 from vit.engine.device import autocast_to
 from vit.engine.distributed import Distributed
+from vit.engine.sharding import is_sharded
 
 
 @torch.no_grad()
@@ -57,15 +58,38 @@ def tta_views(images: torch.Tensor, flip: bool, shift: int) -> list[tuple[float,
     return views
 
 
+def batches_to_run(model: nn.Module, loader, limit_batches: int | None, dist: Distributed | None) -> int | None:
+    """A sharded model (trainer.strategy=fsdp) gathers its parameters in every forward pass, with every rank at once,
+    so every rank must run as many passes: the most batches any rank's shard of the split holds (they differ by one
+    where the images do not divide evenly). None: no such need (each rank runs its own batches)."""
+    if dist is None or not dist.enabled or not is_sharded(model):
+        return None
+    batches = len(loader) if limit_batches is None else min(len(loader), limit_batches)
+    return int(dist.max_(torch.tensor([batches], device=next(model.parameters()).device)).item())
+
+
+def idle_passes(model: nn.Module, images: torch.Tensor | None, count: int, views: int, ctx) -> None:
+    """`count` batches' worth of forward passes (of `views` views each) whose results are dropped: a rank whose
+    shard ran out keeps its part in the sharded model's gathers (see `batches_to_run`)."""
+    if images is None:  # this rank's shard was empty: an image of the model's size stands in
+        side = model.patch_embed.img_size
+        images = torch.zeros(1, 3, *(side if isinstance(side, tuple) else (side, side)))
+    with ctx:
+        for _ in range(count * views):
+            model(images[:1].to(next(model.parameters()).device))
+
+
 def _evaluate(model, loader, device, ctx, limit_batches, num_classes, dist, flip, shift) -> dict:
     correct1 = torch.zeros((), device=device, dtype=torch.long)
     correct5 = torch.zeros((), device=device, dtype=torch.long)
     loss_sum = torch.zeros((), device=device)
     confusion = torch.zeros(num_classes, num_classes, dtype=torch.long, device=device) if num_classes else None
-    count = 0
+    count, done, images = 0, 0, None
+    even = batches_to_run(model, loader, limit_batches, dist)
     for i, (images, targets) in enumerate(loader):
         if limit_batches is not None and i >= limit_batches:
             break
+        done = i + 1
         images = images.to(device, non_blocking=True)
         targets = targets.to(device, non_blocking=True)
         if flip or shift:
@@ -85,6 +109,8 @@ def _evaluate(model, loader, device, ctx, limit_batches, num_classes, dist, flip
                 num_classes, num_classes
             )
         count += targets.shape[0]
+    if even is not None:
+        idle_passes(model, images, even - done, (2 if flip else 1) * (3 if shift else 1), ctx)
     sums = torch.stack([correct1.double(), correct5.double(), loss_sum.double(), loss_sum.new_tensor(count).double()])
     if dist is not None:
         dist.sum_(sums)
@@ -124,11 +150,13 @@ def evaluate_reconstruction(
     generator = torch.Generator().manual_seed(RECONSTRUCTION_EVAL_SEED)
     num_patches = model.patch_embed.num_patches
     loss_sum = torch.zeros((), device=device, dtype=torch.float64)
-    count = 0
+    count, done, images = 0, 0, None
+    even = batches_to_run(model, loader, limit_batches, dist)
     with eager():
         for i, (images, _) in enumerate(loader):
             if limit_batches is not None and i >= limit_batches:
                 break
+            done = i + 1
             images = images.to(device, non_blocking=True)  # (B, 3, H, W)
             noise = torch.rand(images.shape[0], num_patches, generator=generator).to(device)  # (B, N)
             with ctx:
@@ -136,6 +164,8 @@ def evaluate_reconstruction(
             # Every image hides the same number of patches, so the batch mean weighs each image alike.
             loss_sum += loss.double() * images.shape[0]
             count += images.shape[0]
+        if even is not None:
+            idle_passes(model, images, even - done, 1, ctx)
     sums = torch.stack([loss_sum, loss_sum.new_tensor(float(count))])
     if dist is not None:
         dist.sum_(sums)

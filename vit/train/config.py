@@ -136,7 +136,13 @@ def check_sched(sched: DictConfig, optim: DictConfig) -> None:
 
 
 def check_trainer(trainer: DictConfig) -> None:
-    """Types, ranges and choices: vit/settings/trainer.py (checked with the types). What remains needs the disk."""
+    """Types, ranges and choices: vit/settings/trainer.py (checked with the types). What remains needs the disk, or
+    is a pair of settings that do not go together."""
+    require(
+        not (trainer.get("strategy") == "fsdp" and trainer.get("compile") is True),
+        "trainer.compile=true with trainer.strategy=fsdp: compiling a sharded model is not supported yet (not "
+        "tested here); leave trainer.compile at auto (off under fsdp) or false",
+    )
     resume = trainer.resume
     if resume not in (None, "auto"):
         found = Path(str(resume)).is_file() or is_sharded_checkpoint(str(resume))

@@ -369,6 +369,9 @@ def wrap_model(
         device_ids = [device.index] if device.type == "cuda" else None
         ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
     use_compile = trainer.use_compile(device.type)
+    if use_compile and is_sharded(model):  # trainer.compile=auto (an explicit true is refused with the config)
+        log.info("trainer.compile=auto: off under trainer.strategy=fsdp (compiling a sharded model is not tested here)")
+        use_compile = False
     step_model = ddp if ddp is not None else model
     train_model = compiled_model(model, step_model, trainer, resize) if use_compile else step_model
     return train_model, ddp, use_compile

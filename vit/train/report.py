@@ -32,10 +32,15 @@ ATTENTION_IMAGES = 4  # fixed validation images whose attention maps go to Tenso
 
 
 class Reporter:
-    def __init__(self, log_dir: str, progress: str, *, enabled: bool, attn_every: int, recon_every: int = 0) -> None:
+    def __init__(
+        self, log_dir: str, progress: str, *, enabled: bool, attn_every: int, recon_every: int = 0, collective=False
+    ) -> None:
+        """`enabled`: this rank writes (rank 0). `collective`: every rank runs the figures' forward passes, which a
+        sharded model (trainer.strategy=fsdp) needs of all its ranks at once; only rank 0 writes them."""
         self.tb = TensorBoard(log_dir, enabled=enabled)
         self.console = Console(progress, enabled=enabled)
         self.enabled, self.attn_every, self.recon_every = enabled, attn_every, recon_every
+        self.collective = collective
         self.fixed_images = None  # (ATTENTION_IMAGES, 3, H, W): the same validation images every epoch
 
     def __enter__(self) -> Reporter:
@@ -70,7 +75,7 @@ class Reporter:
     @property
     def figure_every(self) -> int:
         """Every how many epochs (and after the last) the run draws a figure; 0: never (or not this rank)."""
-        return (self.attn_every or self.recon_every) if self.enabled else 0
+        return (self.attn_every or self.recon_every) if self.enabled or self.collective else 0
 
     def figures(self, model, bundle, step: int, epoch: int | None = None, epochs: int | None = None) -> bool:
         """The figures due after `epoch` of `epochs` (every `figure_every` epochs and after the last; with epoch None,

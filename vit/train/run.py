@@ -29,6 +29,7 @@ from vit.engine.device import resolve_device
 from vit.engine.distributed import Distributed, setup_distributed
 from vit.engine.files import atomic_write_text, check_run_dir
 from vit.engine.provenance import provenance
+from vit.engine.sharding import is_sharded
 from vit.engine.tasks import task_of
 from vit.errors import ConfigError
 from vit.settings import TrainerSettings
@@ -49,7 +50,7 @@ from vit.train.optimizer import build_step_settings
 from vit.train.report import Reporter, flat_hparams
 from vit.train.search import TrialReport, check_search, is_trial
 from vit.train.setup import Run, build_model_and_data, epoch_seed, rank_seed, seed_everything, setup_torch
-from vit.train.signals import StopSignal
+from vit.train.signals import StopSignal, requeue, restart_count
 
 log = logging.getLogger("vit.train")
 
@@ -103,7 +104,8 @@ def continued_run_dir(setting, resume_path: Path | None, run_dir: Path, main: bo
     outputs/<date>/<time>, a new one per command) continues in that folder, so its checkpoints, TensorBoard curves
     and metrics.json stay one run. Hydra's new folder keeps this command's config and log, whose first lines say
     where the run went; the earlier folder's train.log gets the rest of the log too."""
-    if str(setting) != "auto" or resume_path is None or resume_path.parent.name != "checkpoints":
+    auto = str(setting) == "auto" or (not setting and restart_count() is not None)  # a restart resumes as auto
+    if not auto or resume_path is None or resume_path.parent.name != "checkpoints":
         return run_dir
     earlier = resume_path.parent.parent
     if earlier.resolve() == run_dir.resolve():
@@ -153,6 +155,7 @@ def build_run(
         enabled=dist.is_main,
         attn_every=trainer.attn_maps_every_n_epochs,  # 0 with task=mae (vit/train/config.py refuses any other)
         recon_every=trainer.recon_images_every_n_epochs if task_of(cfg).reconstructs else 0,
+        collective=is_sharded(step_settings.model),
     )
     stop = StopSignal()
     step_settings.stop_requested = stop.requested
@@ -300,6 +303,8 @@ def save_stopped(run: Run, epoch: int, trained: dict) -> None:
             "plus trainer.resume=auto",
             flush=True,
         )
+        if run.stop.requeues:  # SIGUSR1: the job goes back in SLURM's queue and resumes when it starts again
+            print(requeue(), flush=True)
 
 
 def evaluate_epoch(run: Run, epoch: int, last: bool) -> tuple[dict | None, dict | None]:

@@ -33,7 +33,7 @@ from vit.train.optimizer import batches_per_epoch
 from vit.train.progressive import ResizeSchedule, resize_schedule
 from vit.train.report import Reporter
 from vit.train.search import TrialReport
-from vit.train.signals import StopSignal
+from vit.train.signals import StopSignal, restart_count
 
 log = logging.getLogger("vit.train")
 
@@ -298,6 +298,10 @@ def resume_checkpoint_path(setting, run_dir: Path, resolved: dict, composed_mode
     `resolved` is the config as checkpoints record it (`recorded_config`); `composed_model`, the model config as
     composed, is what the checkpoints of a model.pretrained=timm:<name> run written before the model built was
     recorded hold: such a run is still found."""
+    restarted = restart_count()
+    if not setting and restarted is not None:  # torchrun's elastic restart or SLURM's requeue: continue unasked
+        log.info("%s=%d: this launch is a restart, so it resumes as trainer.resume=auto would", *restarted)
+        setting = "auto"
     if not setting:
         return None
     if setting != "auto":

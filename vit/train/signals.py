@@ -1,4 +1,7 @@
-"""Stopping a run cleanly: SIGTERM/SIGINT ask the loop to stop after the current step, a second one exits."""
+"""Stopping a run cleanly: SIGTERM/SIGINT ask the loop to stop after the current step, a second one exits.
+SIGUSR1 stops the same way, then asks SLURM to requeue the job (`scontrol requeue $SLURM_JOB_ID`): the signal
+`#SBATCH --signal=USR1@<seconds>` sends that long before the job's time ends, so a preempted or time-limited job
+saves, goes back in the queue and resumes from its last.pt when it starts again (`restart_resume`)."""
 
 from __future__ import annotations
 
@@ -38,9 +41,16 @@ class StopSignal:
         if env_rank() == 0:  # under torchrun every rank gets the signal; one line is enough
             announce(f"{self.name} received: stopping after this step (send it again to exit now)")
 
+    @property
+    def requeues(self) -> bool:
+        """Whether the stop was asked for by SIGUSR1: after the checkpoint, the job is requeued (`requeue`)."""
+        return self.name == "SIGUSR1"
+
     def install(self) -> dict:
         previous = {}
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGUSR1", None)):
+            if signum is None:  # Windows has no SIGUSR1
+                continue
             try:
                 previous[signum] = signal.signal(signum, self._handle)
             except ValueError:  # not the main thread (e.g. a notebook worker): no handlers, no graceful stop
@@ -70,3 +80,36 @@ def announce(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
         return
     os.write(fd, f"\n{line}\n".encode())
+
+
+# The variables a restarted launch sets: torchrun's elastic agent on each restart of the workers (--max-restarts),
+# SLURM on a requeued job.
+RESTART_COUNTS = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")
+
+
+def restart_count() -> tuple[str, int] | None:
+    """(variable, count) when this process is a restart of an earlier launch of the same command, else None."""
+    for name in RESTART_COUNTS:
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return name, int(value)
+    return None
+
+
+def requeue(run_command=None) -> str:
+    """Ask SLURM to put this job back in the queue (after SIGUSR1's checkpoint); the line that says what happened.
+    `run_command(args)`: how `scontrol` runs (subprocess.run; tests pass their own)."""
+    import subprocess
+
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return "SIGUSR1 outside a SLURM job (no SLURM_JOB_ID): stopped with last.pt; resume with trainer.resume=auto"
+    run_command = run_command or (lambda args: subprocess.run(args, capture_output=True, text=True, timeout=60))
+    try:
+        result = run_command(["scontrol", "requeue", job])
+    except (OSError, subprocess.SubprocessError) as err:
+        return f"SIGUSR1: could not requeue SLURM job {job} ({type(err).__name__}: {err}); resume it by hand"
+    if result.returncode != 0:
+        reason = (result.stderr or result.stdout or "").strip().splitlines()
+        return f"SIGUSR1: scontrol requeue {job} failed ({reason[0] if reason else result.returncode}); resume by hand"
+    return f"SIGUSR1: SLURM job {job} requeued (scontrol requeue); it resumes from last.pt when it starts again"
