@@ -59,8 +59,10 @@ def logged_losses(run_dir) -> list[tuple[int, float]]:
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("fsdp")
-    # a log line every 8 micro-batches: every 4 optimizer steps, as the one process's every 4 batches
-    proc = run_ranks([*COMMON, *SHARDED, "trainer.log_every_n_steps=8", f"hydra.run.dir={run_dir}"], run_dir, nproc=2)
+    # a log line every 8 micro-batches: every 4 optimizer steps, as the one process's every 4 batches; both epochs'
+    # checkpoints kept (the first is the stopped run the resume test continues: one launch fewer)
+    args = [*COMMON, *SHARDED, "trainer.log_every_n_steps=8", "trainer.keep_last=2", f"hydra.run.dir={run_dir}"]
+    proc = run_ranks(args, run_dir, nproc=2)
     return run_dir, proc, finished(run_dir, proc)
 
 
@@ -86,10 +88,11 @@ def test_sharded_checkpoints_are_folders_named_by_links(sharded):
     run_dir, _, _ = sharded
     folder = run_dir / "checkpoints"
     links = {path.name: path for path in folder.iterdir() if path.is_symlink()}
-    assert sorted(links) == ["best.pt", "epoch_0002.pt", "last.pt"]  # keep_last=1: epoch 1's name is gone
+    assert sorted(links) == ["best.pt", "epoch_0001.pt", "epoch_0002.pt", "last.pt"]
     assert not os.path.isabs(os.readlink(links["last.pt"]))  # relative: the run folder can move
+    assert links["last.pt"].resolve() == links["epoch_0002.pt"].resolve()  # one folder, two names
     targets = {path.resolve() for path in links.values()}
-    # every folder under sharded/ is named by a link (epoch 1's went with its name), and each is complete
+    # every folder under sharded/ is named by a link, and each is complete
     assert {path.resolve() for path in (folder / "sharded").iterdir()} == targets
     for target in targets:
         assert (target / ".metadata").is_file() and (target / "training.pt").is_file()
@@ -97,20 +100,16 @@ def test_sharded_checkpoints_are_folders_named_by_links(sharded):
 
 
 def test_resume_on_one_process_reshards_to_the_same_weights(sharded, tmp_path):
-    """The two-rank run stopped after epoch 1 (its last.pt then), resumed by one process without torchrun."""
+    """The two-rank run's checkpoint after epoch 1 (what a run stopped there leaves), resumed by one process
+    without torchrun: DCP reshards 2 -> 1, and the run ends on the two ranks' weights."""
     run_dir, _, uninterrupted = sharded
-    first = tmp_path / "first"
-    proc = run_ranks([*COMMON, *SHARDED, "trainer.stop_after_epoch=1", f"hydra.run.dir={first}"], first, nproc=2)
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    assert load_checkpoint(first / "checkpoints" / "last.pt")["epoch"] == 1
-    resumed_dir = tmp_path / "resumed"
-    resumed_dir.mkdir()
+    first = run_dir / "checkpoints" / "epoch_0001.pt"
+    assert load_checkpoint(first)["epoch"] == 1
     args = [*COMMON, "trainer.strategy=fsdp", "data.batch_size=16", "trainer.accum_steps=2"]
-    args += [f"trainer.resume={first / 'checkpoints' / 'last.pt'}", f"hydra.run.dir={resumed_dir}"]
-    resumed = run_cli(args, resumed_dir)
+    resumed = run_cli([*args, f"trainer.resume={first}", f"hydra.run.dir={tmp_path}"], tmp_path)
     assert "resumed from" in resumed.stdout + resumed.stderr
     assert "over 1 process, ZeRO-3" in resumed.stdout + resumed.stderr
-    assert_close_weights(finished(resumed_dir, resumed), uninterrupted, atol=2e-5)
+    assert_close_weights(finished(tmp_path, resumed), uninterrupted, atol=2e-5)
 
 
 def test_consolidate_writes_the_folder_as_one_file_that_resumes_unsharded(sharded, tmp_path, capsys):
@@ -329,6 +328,11 @@ def test_sigterm_stops_both_ranks_and_two_ranks_resume_to_the_same_weights(shard
         assert stopped["step"] < 16 and stopped.get("batches_into_epoch")
     resumed = run_ranks([*args, "trainer.resume=auto", f"hydra.run.dir={tmp_path}"], tmp_path, nproc=2)
     assert_close_weights(finished(tmp_path, resumed), uninterrupted, atol=2e-5)
+    # trainer.keep_last=1: epoch 1's name went, and with it the folder no other name held
+    folder = tmp_path / "checkpoints"
+    links = {path.name: path.resolve() for path in folder.iterdir() if path.is_symlink()}
+    assert "epoch_0001.pt" not in links and "epoch_0002.pt" in links
+    assert {path.resolve() for path in (folder / "sharded").iterdir()} == set(links.values())
 
 
 @pytest.mark.slow
@@ -382,15 +386,45 @@ def test_evaluate_and_export_read_the_folder_as_the_single_file(sharded, tmp_pat
         results.append(json.loads(capsys.readouterr().out))
         output = tmp_path / f"{name}.torchscript.pt"
         assert export([f"checkpoint={source}", "format=torchscript", f"output={output}"]) == 0
+        capsys.readouterr()  # the export's check lines
         programs.append(torch.jit.load(str(output)))
     assert results[0]["top1"] == results[1]["top1"] and results[0]["loss"] == results[1]["loss"]
     images = torch.randn(3, 3, 32, 32)
     torch.testing.assert_close(programs[0](images), programs[1](images), atol=0, rtol=0)
+    # vit-average and model.pretrained= (the one reader of weights) take the folder too
+    from vit.cli.average import main as average
+    from vit.engine.weights import read_weights
+
+    single_weights = load_checkpoint(whole)["model"]
+    assert average([f"checkpoints={folder}", f"out={tmp_path / 'avg.pt'}", "ema=false"]) == 0
+    averaged = load_checkpoint(tmp_path / "avg.pt")["model"]
+    pretrained = read_weights(str(folder), ema=False).state_dict
+    for name, tensor in single_weights.items():
+        assert torch.equal(averaged[name], tensor) and torch.equal(pretrained[name], tensor), name
     broken = tmp_path / "broken"
     shutil.copytree(folder.resolve(), broken)
     next(broken.glob("__1_*.distcp")).unlink()
     capsys.readouterr()
     assert evaluate([f"checkpoint={broken}", "device=cpu"]) == 2
     error = capsys.readouterr().err.strip()
-    assert error.startswith("error: cannot read sharded checkpoint") and "its tensors cannot be read" in error
+    assert error.startswith(f"error: checkpoint={broken}: cannot read sharded") and "__1_0.distcp" in error
+    assert "its tensors cannot be read (FileNotFoundError: [Errno 2] No such file or directory" in error
     assert len(error.splitlines()) == 1
+
+
+def test_a_frozen_fine_tuning_distilled_from_a_sharded_checkpoint_trains_sharded(sharded, tmp_path):
+    """model.pretrained= and distill.teacher= both read the sharded folder; the backbone frozen (the root's unit
+    then mixes frozen and trained parameters), layer decay on, the teacher unsharded beside the sharded student,
+    the data through torch's DataLoader and its distributed sampler (the other tests: the resident loader)."""
+    run_dir, _, source = sharded
+    folder = run_dir / "checkpoints" / "last.pt"
+    args = [*COMMON, "trainer.strategy=fsdp", "data.batch_size=16", "trainer.epochs=1", "trainer.ema=false"]
+    args += ["data.loader=torch", "data.num_workers=0"]
+    args += [f"model.pretrained={folder}", "model.pretrained_ema=false", "model.freeze=backbone"]
+    args += ["optim.layer_decay=0.75", f"distill.teacher={folder}", "distill.type=hard"]
+    proc = run_ranks([*args, f"hydra.run.dir={tmp_path}"], tmp_path, nproc=2)
+    state = finished(tmp_path, proc)
+    assert "teacher top-1 on the" in proc.stdout + proc.stderr
+    for name, tensor in state["model"].items():
+        same = torch.equal(tensor, source["model"][name])
+        assert same != name.startswith("head."), name  # the backbone as it was, the head trained

@@ -30,6 +30,7 @@ from vit.cli.args import parse_args, refuse_positional, run_script
 from vit.deploy.weights import ema_option, with_ema_rule
 from vit.engine.files import atomic_save
 from vit.errors import UsageError
+from vit.models.sharded_file import is_sharded_checkpoint
 from vit.train.averaging import average_checkpoints
 from vit.train.checkpoints import EPOCH_FILE
 
@@ -65,7 +66,7 @@ def main(argv: list[str]) -> int:
         default_out = paths[0].parent / "averaged.pt"
     else:
         paths = [Path(path) for path in files.split(",") if path]
-        missing = [str(p) for p in paths if not p.is_file()]
+        missing = [str(p) for p in paths if not (p.is_file() or is_sharded_checkpoint(p))]
         if missing:
             raise UsageError(f"checkpoints=: no such checkpoint file: {missing[0]!r}")
         default_out = paths[0].parent / "averaged.pt"

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 
 METADATA = ".metadata"
@@ -127,7 +127,16 @@ def read_sharded_checkpoint(path: str | Path, read_file) -> dict:
         with warnings.catch_warnings():  # DCP says that a load without a process group is one process's: it is
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load(tensors, storage_reader=reader, no_dist=True)
-    except Exception as err:  # a missing or truncated piece: DCP's own exception types vary by version
-        reason = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0]}"
-        raise ShardedFileError(f"its tensors cannot be read ({reason})") from None
+    except (Exception, CheckpointException) as err:  # a missing or truncated piece (DCP's is a BaseException)
+        raise ShardedFileError(f"its tensors cannot be read ({dcp_reason(err)})") from None
     return merge_tensors(state, tensors)
+
+
+def dcp_reason(err: BaseException) -> str:
+    """Why a DCP load or save failed, in one line: the first rank's own exception, not DCP's wrapper around every
+    rank's traceback."""
+    if isinstance(err, CheckpointException) and err.failures:
+        failure = next(iter(err.failures.values()))
+        err = failure[0] if isinstance(failure, tuple) else failure
+    lines = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0] if lines else ''}".rstrip(": ")

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as torch_dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemWriter
+from torch.distributed.checkpoint import CheckpointException, FileSystemWriter
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
@@ -37,8 +37,8 @@ from torch.distributed.checkpoint.state_dict import (
 from vit.engine.distributed import Distributed
 from vit.engine.files import atomic_save
 from vit.engine.weights import CheckpointError
-from vit.models.sharded_file import TRAINING_FILE, SafeReader, is_sharded_checkpoint
-from vit.models.weights_file import first_line, read_weights_file
+from vit.models.sharded_file import TRAINING_FILE, SafeReader, dcp_reason, is_sharded_checkpoint
+from vit.models.weights_file import read_weights_file
 
 SHARDED_DIR = "sharded"
 OPTIMIZER_KEYS = "names"  # training.pt's "optimizer_keys": its optimizer state is keyed by parameter name
@@ -81,8 +81,8 @@ def save_sharded(folder: Path, dist: Distributed, parts: dict, rest: dict, step:
     tensors, optimizer_rest = sharded_tensors(parts["model"], parts["optimizer"], parts["ema"])
     try:
         dcp.save(tensors, storage_writer=FileSystemWriter(target))
-    except Exception as err:  # a full or read-only disk on any rank: DCP gathers the ranks' failures into one
-        raise CheckpointError(f"cannot write sharded checkpoint {str(target)!r}: {first_line(err)}") from None
+    except (Exception, CheckpointException) as err:  # a full or read-only disk on any rank: DCP gathers them
+        raise CheckpointError(f"cannot write sharded checkpoint {str(target)!r}: {dcp_reason(err)}") from None
     if dist.is_main:
         atomic_save({**rest, "optimizer": optimizer_rest, "optimizer_keys": OPTIMIZER_KEYS}, target / TRAINING_FILE)
         for link in names:
@@ -129,8 +129,8 @@ def resume_sharded(path: Path, parts: dict, check) -> dict:
         tensors.pop("ema")  # a run without an EMA resumed with one: the EMA starts from the weights (below)
     try:
         dcp.load(tensors, storage_reader=SafeReader(path))
-    except Exception as err:
-        raise CheckpointError(f"sharded checkpoint {str(path)!r} does not load: {first_line(err)}") from None
+    except (Exception, CheckpointException) as err:
+        raise CheckpointError(f"sharded checkpoint {str(path)!r} does not load: {dcp_reason(err)}") from None
     set_model_state_dict(model, tensors["model"])
     saved_optimizer = rest.get("optimizer") or {}
     others = saved_optimizer.get("state", {})
