@@ -181,6 +181,11 @@ def test_a_single_file_does_not_resume_sharded_and_bad_settings_are_one_line(sin
     proc = run_cli(args, tmp_path)
     assert proc.returncode == 2 and "trainer.compile=true with trainer.strategy=fsdp" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+    proc = run_cli(
+        [*COMMON, "trainer.strategy=fsdp", "optim.name=adafactor", f"hydra.run.dir={tmp_path / 'e'}"], tmp_path
+    )
+    assert proc.returncode == 2 and "optim.name=adafactor with trainer.strategy=fsdp" in proc.stderr
+    assert "SHARDED_OPTIMIZERS" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_fp16_where_it_runs_is_refused_under_fsdp():
@@ -428,3 +433,86 @@ def test_a_frozen_fine_tuning_distilled_from_a_sharded_checkpoint_trains_sharded
     for name, tensor in state["model"].items():
         same = torch.equal(tensor, source["model"][name])
         assert same != name.startswith("head."), name  # the backbone as it was, the head trained
+
+
+def sharded_against_whole(names: list[str], out) -> None:
+    """In each of two forked ranks: for every optimizer of `names` (built by the trainer's build_optimizer, its
+    parameter groups and Muon's batching included), a tiny ViT sharded and its unsharded copy take the same two
+    steps on the same batch; rank 0 writes {name: the largest |difference| of the weights, or the error}."""
+    import copy
+    import json
+
+    import torch.distributed as dist
+
+    from vit.engine.sharding import full, shard_model
+    from vit.models import create_model
+    from vit.train.optimizer import build_optimizer
+
+    dist.init_process_group("gloo")
+    results = {}
+    for name in names:
+        torch.manual_seed(0)
+        whole = create_model("vit_tiny", img_size=16, patch_size=4, embed_dim=16, depth=2, num_heads=2)
+        whole.reset_classifier(3)
+        settings = {"name": name, "lr": 1e-2, "weight_decay": 0.05}
+        try:
+            whole_optimizer = build_optimizer(whole, settings, 1e-2, torch.device("cpu"))
+        except Exception as err:  # noqa: BLE001 - an optimizer this machine cannot build (CUDA-only packages)
+            results[name] = f"unavailable: {type(err).__name__}"
+            continue
+        sharded = shard_model(copy.deepcopy(whole), None)
+        try:
+            optimizers = [whole_optimizer, build_optimizer(sharded, settings, 1e-2, torch.device("cpu"))]
+            generator = torch.Generator().manual_seed(1)
+            for _ in range(2):
+                images, labels = torch.randn(4, 3, 16, 16, generator=generator), torch.tensor([0, 1, 2, 0])
+                for model, optimizer in zip((whole, sharded), optimizers, strict=True):
+                    torch.nn.functional.cross_entropy(model(images), labels).backward()
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+            pairs = zip(sharded.parameters(), whole.parameters(), strict=True)
+            results[name] = max((full(p.detach()) - q.detach()).abs().max().item() for p, q in pairs)
+        except Exception as err:  # noqa: BLE001 - recorded, and the test names it
+            results[name] = f"sharded: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    if dist.get_rank() == 0:
+        out.write_text(json.dumps(results))
+    dist.destroy_process_group()
+
+
+def optimizer_gaps(names: list[str], tmp_path) -> dict:
+    import json
+
+    from trainer_utils import ForkedRun, free_port
+
+    out = tmp_path / "gaps.json"
+    common = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    ranks = [
+        ForkedRun(lambda: sharded_against_whole(names, out), ["gaps"], tmp_path, {**common, "RANK": str(r)}, cpu=r)
+        for r in range(2)
+    ]
+    assert [rank.wait(timeout=600) for rank in ranks] == [0, 0], ranks[0].output()[-3000:]
+    return json.loads(out.read_text())
+
+
+# Each kind of update rule: moments (AdamW fused, RAdam's rectification), plain momentum, per-parameter trust
+# ratios (LAMB, LARS), sign updates (Lion), and Muon's orthogonalised matrices.
+REPRESENTATIVE = ["adamw", "radam", "sgd", "lamb", "lars", "lion", "muon"]
+
+
+@pytest.mark.parametrize("names", [REPRESENTATIVE, pytest.param("all", marks=pytest.mark.slow)], ids=["some", "all"])
+def test_every_optimizer_steps_sharded_as_unsharded(names, tmp_path):
+    """What each optimizer the trainer runs under fsdp does to sharded weights is what it does to whole ones (fp32
+    tolerance): an update rule that reads a whole tensor (a norm, a factorization, an orthogonalisation) must see it
+    whole, not its shard. (How SHARDED_OPTIMIZERS was chosen: this test over all of timm's, vit/train/optimizer.py.)"""
+    import json
+
+    from vit.train.optimizer import SHARDED_OPTIMIZERS
+
+    if names == "all":  # every optimizer the trainer runs under fsdp
+        names = sorted(SHARDED_OPTIMIZERS)
+    gaps = optimizer_gaps(names, tmp_path)
+    print(json.dumps(gaps, indent=1))
+    failed = {name: gap for name, gap in gaps.items() if isinstance(gap, str) and gap.startswith("sharded:")}
+    apart = {name: gap for name, gap in gaps.items() if not isinstance(gap, str) and gap > 1e-5}
+    assert not failed and not apart, (failed, apart)
+    assert all(isinstance(gaps[name], float) for name in REPRESENTATIVE), gaps

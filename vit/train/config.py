@@ -36,6 +36,7 @@ def validate(cfg: DictConfig) -> None:
     check_distill(cfg)
     check_sched(cfg.sched, cfg.optim)
     check_trainer(cfg.trainer)
+    check_strategy(cfg)
     check_progressive_resize(cfg)
     resolve_device(cfg.trainer.device)
 
@@ -135,14 +136,29 @@ def check_sched(sched: DictConfig, optim: DictConfig) -> None:
         )
 
 
-def check_trainer(trainer: DictConfig) -> None:
-    """Types, ranges and choices: vit/settings/trainer.py (checked with the types). What remains needs the disk, or
-    is a pair of settings that do not go together."""
+def check_strategy(cfg: DictConfig) -> None:
+    """What trainer.strategy=fsdp does not run (one line each, before any data): an optimizer whose sharded step is
+    not its whole one, and compiling (trainer.compile=true: not tested sharded)."""
+    from vit.train.optimizer import SHARDED_OPTIMIZERS
+
+    if cfg.trainer.get("strategy") != "fsdp":
+        return
+    name = cfg.optim.get("name")
     require(
-        not (trainer.get("strategy") == "fsdp" and trainer.get("compile") is True),
+        name in SHARDED_OPTIMIZERS,
+        f"optim.name={name} with trainer.strategy=fsdp: its step is not known to treat sharded weights as whole ones "
+        f"(those that do, compared step for step: adamw, lamb, lars, lion, muon, sgd ... {len(SHARDED_OPTIMIZERS)} "
+        "in all, vit/train/optimizer.py's SHARDED_OPTIMIZERS)",
+    )
+    require(
+        cfg.trainer.get("compile") is not True,
         "trainer.compile=true with trainer.strategy=fsdp: compiling a sharded model is not supported yet (not "
         "tested here); leave trainer.compile at auto (off under fsdp) or false",
     )
+
+
+def check_trainer(trainer: DictConfig) -> None:
+    """Types, ranges and choices: vit/settings/trainer.py (checked with the types). What remains needs the disk."""
     resume = trainer.resume
     if resume not in (None, "auto"):
         found = Path(str(resume)).is_file() or is_sharded_checkpoint(str(resume))

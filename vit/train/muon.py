@@ -23,7 +23,7 @@ from collections import defaultdict
 
 import timm.optim.muon as timm_muon
 import torch
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from vit.engine.device import cpu_has_native_bf16, cuda_has_native_bf16
 
@@ -45,10 +45,11 @@ def batched_muon(
 ) -> None:
     """timm's functional Muon step (`timm.optim.muon.muon`, whose keywords `settings` are) with the Newton-Schulz
     iterations of same-shaped matrices run as one batch in `dtype`. Updates that are not matrices (a conv kernel,
-    reshaped by timm's conv_mode), a capturable step (CUDA graphs, tensor rates) and sharded parameters (DTensors,
-    trainer.strategy=fsdp: each matrix's iterations need its whole value, which timm's own step gathers) go to
-    timm's own `timm_step`."""
-    if settings.get("capturable") or any(p.ndim != 2 or isinstance(p, DTensor) for p in params):
+    reshaped by timm's conv_mode) and a capturable step (CUDA graphs, tensor rates) go to timm's own `timm_step`.
+    Sharded parameters (DTensors, trainer.strategy=fsdp): the decay and momentum act on each rank's shards; the
+    iterations need each matrix whole, so every rank gathers the updates, runs them as an unsharded run does (the
+    same batches, the same precision) and keeps its own shard of the result."""
+    if settings.get("capturable") or any(p.ndim != 2 for p in params):
         timm_step(params, grads, momentum_bufs, **settings)
         return
     lr, momentum = settings["lr"], settings["momentum"]
@@ -56,6 +57,8 @@ def batched_muon(
     torch._foreach_mul_(params, 1 - lr * settings["weight_decay"])  # decoupled weight decay, as timm's
     torch._foreach_lerp_(momentum_bufs, grads, 1 - momentum)
     updates = torch._foreach_lerp(grads, momentum_bufs, momentum) if settings["nesterov"] else momentum_bufs
+    sharded = [update if isinstance(update, DTensor) else None for update in updates]
+    updates = [update.full_tensor() if isinstance(update, DTensor) else update for update in updates]  # gathered
     by_shape: dict[torch.Size, list[int]] = defaultdict(list)
     for i, update in enumerate(updates):
         by_shape[update.shape].append(i)
@@ -73,9 +76,18 @@ def batched_muon(
         adjust = settings["adjust_lr_fn"]
         scale = timm_muon.get_lr_scale(shape, adjust) if adjust else 1.0
         targets = [params[i] for i in indices]
-        torch._foreach_add_(
-            targets, [o.to(p.dtype) for o, p in zip(ortho.unbind(0), targets, strict=True)], alpha=-lr * scale
-        )
+        results = [
+            own_shard(o.to(p.dtype), sharded[i]) for o, p, i in zip(ortho.unbind(0), targets, indices, strict=True)
+        ]
+        torch._foreach_add_(targets, results, alpha=-lr * scale)
+
+
+def own_shard(whole: torch.Tensor, like: DTensor | None) -> torch.Tensor:
+    """`whole` as it is, or (`like` a sharded update) this rank's shard of it, laid out as `like` (every rank holds
+    the same `whole`: nothing is sent)."""
+    if like is None:
+        return whole
+    return distribute_tensor(whole, like.device_mesh, like.placements, src_data_rank=None)
 
 
 class BatchedMuon(timm_muon.Muon):
