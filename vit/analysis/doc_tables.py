@@ -542,6 +542,37 @@ def memory_table(folder: Path) -> str:
     return markdown_table(header, rows)
 
 
+def fsdp_table(folder: Path) -> str:
+    """benchmarks/bench_fsdp.py's record (`fsdp.json`): per model and strategy, what one rank holds of the weights,
+    gradients and optimizer state (the ranks' mean), the largest rank's peak memory and the median step; then
+    FSDP's state against DDP's divided by the world size, and its step time against DDP's."""
+    record = json.loads((folder / "fsdp.json").read_text())
+    world = record["settings"]["world_size"]
+    parts = ("params_mib", "grads_mib", "optimizer_mib")
+    summary: dict[tuple[str, str], dict] = {}
+    for model in record["settings"]["models"]:
+        for strategy in ("ddp", "fsdp"):
+            mine = [row for row in record["rows"] if row["model"] == model and row["strategy"] == strategy]
+            summary[model, strategy] = {
+                **{part: statistics.mean(row[part] for row in mine) for part in parts},
+                "peak_mib": max(row["peak_mib"] for row in mine),
+                "step_s": statistics.median(row["step_s"] for row in mine),
+            }
+    rows = []
+    for (model, strategy), values in summary.items():
+        state = sum(values[part] for part in parts)
+        cells = [f"{values[part]:,.0f}" for part in parts]
+        rows.append([model, strategy, *cells, f"{state:,.0f}", f"{values['peak_mib']:,.0f}", f"{values['step_s']:.2f}"])
+        if strategy == "fsdp":
+            ddp = summary[model, "ddp"]
+            ddp_state = sum(ddp[part] for part in parts)
+            share = f"**{state / (ddp_state / world):.2f}x** DDP's / {world}"
+            step = f"**{values['step_s'] / ddp['step_s']:.2f}x** DDP's"
+            rows.append([model, "FSDP against DDP", "", "", "", share, "", step])
+    header = ["model", "strategy", "weights MiB / rank", "gradients MiB / rank", "optimizer MiB / rank"]
+    return markdown_table([*header, "state MiB / rank", "peak MiB (largest rank)", "step s (median)"], rows)
+
+
 def augment_table(folder: Path) -> str:
     """benchmarks/bench_augment.py's records (`augment_threads<n>.json`, one per thread count): a row per policy and
     implementation, the median ms per batch at each thread count and the aten ops dispatched per batch (views and
@@ -668,6 +699,7 @@ TABLES: dict[str, DocTable] = {
     "cpu_int8_speed_avx2": DocTable("cpu_inference_avx2", int8_speed_table),
     "cpu_shards_avx2": DocTable("cpu_shards_avx2", shards_table),
     "cpu_grad_checkpointing_avx2": DocTable("cpu_grad_checkpointing_avx2", memory_table),
+    "cpu_fsdp_avx2": DocTable("cpu_fsdp_avx2", fsdp_table),
     "cpu_augment_avx2": DocTable("cpu_augment_avx2", augment_table),
     "cpu_loader_imagenet_avx2": DocTable("cpu_loader_imagenet_avx2", cpu_loader_table),
     "distill_cpu_avx2": DocTable("distill_cpu_avx2", distill_table),
