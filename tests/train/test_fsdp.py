@@ -222,10 +222,10 @@ def test_a_restarted_worker_group_resumes_unasked(sharded, tmp_path):
 
 
 def test_muon_recomputed_blocks_figures_and_uneven_evaluation_under_fsdp(tmp_path):
-    """Muon (timm's own step for sharded matrices), gradient checkpointing, the attention figure (every rank runs
-    its forward pass, rank 0 writes it) and an evaluation whose shards differ in batches (61 images of batch 10:
-    4 batches on rank 0, 3 on rank 1, so rank 1 runs an idle pass), with test-time flips, train under fsdp; the
-    all-reduced top-1 is the one process's top-1 of the same weights."""
+    """Muon (its iterations on the gathered matrices), gradient checkpointing, ZeRO-2, the attention figure (every
+    rank runs its forward pass, rank 0 writes it) and an evaluation whose shards differ in batches (61 images of
+    batch 10: 4 batches on rank 0, 3 on rank 1, so rank 1 runs an idle pass), with test-time flips, train under
+    fsdp; the all-reduced top-1 is the one process's top-1 of the same weights."""
     from omegaconf import OmegaConf
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -236,7 +236,10 @@ def test_muon_recomputed_blocks_figures_and_uneven_evaluation_under_fsdp(tmp_pat
     args = [*COMMON, "trainer.strategy=fsdp", "optim=muon", "trainer.grad_checkpointing=true", "trainer.epochs=1"]
     args += ["data.synthetic.num_val=61", "data.batch_size=10", "trainer.eval_flip=true"]
     args += ["trainer.attn_maps_every_n_epochs=1", "trainer.ema=false", f"hydra.run.dir={tmp_path}"]
-    state = finished(tmp_path, run_ranks(args, tmp_path, nproc=2))
+    args += ["trainer.reshard_after_forward=false"]  # ZeRO-2: the gathered weights kept from forward to backward
+    proc = run_ranks(args, tmp_path, nproc=2)
+    state = finished(tmp_path, proc)
+    assert "over 2 processes, ZeRO-2 (trainer.reshard_after_forward=false)" in proc.stdout + proc.stderr
     events = EventAccumulator(str(tmp_path / "tb"), size_guidance={"images": 0}).Reload()
     assert events.Tags()["images"] == ["attention/heads_and_rollout"]
     model = build_model_from_config(state["config"]["model"], num_classes=state["config"]["data"]["num_classes"])

@@ -12,7 +12,7 @@ from torch import nn
 from vit.engine.compile import eager
 from vit.engine.device import autocast_to
 from vit.engine.distributed import Distributed
-from vit.engine.sharding import is_sharded
+from vit.engine.sharding import is_sharded, reshard
 
 
 @torch.no_grad()
@@ -34,7 +34,9 @@ def evaluate(
     model.eval()
     ctx = autocast_to(device, amp_dtype)
     with eager():  # blocks compiled in place for training (trainer.compile_scope=blocks) evaluate eagerly
-        return _evaluate(model, loader, device, ctx, limit_batches, num_classes, dist, flip, shift)
+        result = _evaluate(model, loader, device, ctx, limit_batches, num_classes, dist, flip, shift)
+    reshard(model)  # a sharded model's blocks gathered for the passes, freed (see vit/engine/sharding.py)
+    return result
 
 
 def shifted(images: torch.Tensor, dy: int, dx: int) -> torch.Tensor:
@@ -166,6 +168,7 @@ def evaluate_reconstruction(
             count += images.shape[0]
         if even is not None:
             idle_passes(model, images, even - done, 1, ctx)
+    reshard(model)
     sums = torch.stack([loss_sum, loss_sum.new_tensor(float(count))])
     if dist is not None:
         dist.sum_(sums)

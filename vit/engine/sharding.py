@@ -52,3 +52,12 @@ def full(tensor: torch.Tensor) -> torch.Tensor:
     """The whole value of a DTensor on every rank (a collective: every rank must call it); any other tensor as it
     is. A gradient norm computed over sharded gradients is a DTensor whose full value is the global norm."""
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def reshard(model: nn.Module) -> None:
+    """Free every gathered block of a sharded model, so its parameters are the sharded ones again (what the optimizer
+    holds and a checkpoint saves). Under reshard_after_forward=false a forward pass without a backward (an
+    evaluation, a figure) leaves them gathered. Any other model: nothing to do."""
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()

@@ -36,6 +36,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from vit.engine.distributed import Distributed
 from vit.engine.files import atomic_save
+from vit.engine.sharding import reshard
 from vit.engine.weights import CheckpointError
 from vit.models.sharded_file import TRAINING_FILE, SafeReader, dcp_reason, is_sharded_checkpoint
 from vit.models.weights_file import read_weights_file
@@ -58,6 +59,9 @@ def split_optimizer_state(state: dict) -> tuple[dict, dict]:
 
 def sharded_tensors(model, optimizer, ema) -> tuple[dict, dict]:
     """(what DCP writes, the optimizer's non-tensor part). Every rank must call it (it is collective)."""
+    for module in (model, ema.module if ema is not None else None):
+        if module is not None:
+            reshard(module)  # the parameters the optimizer holds: the sharded ones
     optimizer_tensors, optimizer_rest = split_optimizer_state(get_optimizer_state_dict(model, optimizer))
     tensors = {"model": get_model_state_dict(model), "optimizer": optimizer_tensors}
     if ema is not None:
