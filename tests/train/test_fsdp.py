@@ -502,3 +502,17 @@ def test_every_optimizer_steps_sharded_as_unsharded(names, tmp_path):
     apart = {name: gap for name, gap in gaps.items() if not isinstance(gap, str) and gap > 1e-5}
     assert not failed and not apart, (failed, apart)
     assert all(isinstance(gaps[name], float) for name in REPRESENTATIVE), gaps
+
+
+@pytest.mark.slow
+def test_a_budgeted_sharded_run_trains_its_plan_on_every_rank(tmp_path):
+    """trainer.budget under fsdp: rank 0 plans from the measured sharded steps and the others take its plan, so
+    every rank trains the same planned steps and the decay ends on the last, inside the budget."""
+    import json
+
+    args = [*COMMON, "trainer.strategy=fsdp", "data.batch_size=16", "trainer.epochs=200", "trainer.budget=12s"]
+    proc = run_ranks([*args, f"hydra.run.dir={tmp_path}"], tmp_path, nproc=2)
+    state = finished(tmp_path, proc)
+    budget = json.loads((tmp_path / "metrics.json").read_text())["budget"]
+    assert budget["trained_steps"] == budget["planned_steps"] == state["step"] > 0
+    assert "budget 12s" in proc.stdout + proc.stderr
