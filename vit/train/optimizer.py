@@ -38,58 +38,15 @@ log = logging.getLogger("vit.train")
 # the cautious variants (c*), AdamP and SGDP, Adafactor's family, Kron, NovoGrad, MARS, AdaMuon and NAdaMuon raised
 # on an in-place operation over sharded tensors; timm's Adafactor ran but ended 0.02 apart (its factored moments
 # are plain tensors of the whole shape); bitsandbytes' and apex's need CUDA and were not tried.
-SHARDED_OPTIMIZERS = frozenset(
-    {
-        "adabelief",
-        "adadelta",
-        "adagrad",
-        "adam",
-        "adamax",
-        "adamc",
-        "adamw",
-        "adamwlegacy",
-        "adan",
-        "adanw",
-        "adopt",
-        "adoptc",
-        "adoptw",
-        "lamb",
-        "lambc",
-        "lambcd",
-        "lambcw",
-        "lambw",
-        "laprop",
-        "lapropc",
-        "larc",
-        "lars",
-        "lion",
-        "lionc",
-        "madgrad",
-        "madgradw",
-        "momentum",
-        "muon",
-        "nadam",
-        "nadamc",
-        "nadamlegacy",
-        "nadamw",
-        "nesterov",
-        "nesterovw",
-        "nlarc",
-        "nlars",
-        "nmuon",
-        "radabelief",
-        "radam",
-        "radamlegacy",
-        "radamw",
-        "rmsprop",
-        "rmsproptf",
-        "rmsproptfc",
-        "rmsproptfw",
-        "sgd",
-        "sgdc",
-        "sgdw",
-    }
-)
+# fmt: off
+SHARDED_OPTIMIZERS = frozenset({
+    "adabelief", "adadelta", "adagrad", "adam", "adamax", "adamc", "adamw", "adamwlegacy", "adan", "adanw", "adopt",
+    "adoptc", "adoptw", "lamb", "lambc", "lambcd", "lambcw", "lambw", "laprop", "lapropc", "larc", "lars", "lion",
+    "lionc", "madgrad", "madgradw", "momentum", "muon", "nadam", "nadamc", "nadamlegacy", "nadamw", "nesterov",
+    "nesterovw", "nlarc", "nlars", "nmuon", "radabelief", "radam", "radamlegacy", "radamw", "rmsprop", "rmsproptf",
+    "rmsproptfc", "rmsproptfw", "sgd", "sgdc", "sgdw",
+})
+# fmt: on
 
 
 def param_groups(model: nn.Module, weight_decay: float, fallback: Collection[str] = ()) -> list[dict]:
