@@ -166,13 +166,14 @@ def budget_search_table(folder: Path) -> str:
 
 
 # overrides every compared run shares
-COMPARISON_FIXED = ("experiment=", "data.root=", "data.holdout=", "trainer.seed=", "hydra.")
+COMPARISON_FIXED = ("experiment=", "data.root=", "data.holdout=", "trainer.seed=", "hydra.", "trainer.budget=")
+COMPARISON_FIXED += ("trainer.epochs=",)  # a comparison at equal epochs: every run's, in its section's command
 
 
 def budget_comparison_table(folder: Path) -> str:
-    """Full-budget runs of one experiment on the holdout, a subfolder each (metrics.json, .hydra/overrides.yaml), in
-    the subfolders' order: the settings each adds to the experiment, what the budget bought, the holdout top-1 at
-    each evaluation on the way and at the end; the best final score in bold."""
+    """Runs of one experiment on the holdout, a subfolder each (metrics.json, .hydra/overrides.yaml), in the
+    subfolders' order: the settings each adds to the experiment, the steps trained (what the budget bought, or the
+    epochs set), the holdout top-1 at each evaluation on the way and at the end; the best final score in bold."""
     runs = []
     for path in sorted(p for p in folder.iterdir() if (p / "metrics.json").is_file()):
         overrides = OmegaConf.load(path / ".hydra" / "overrides.yaml")
@@ -181,7 +182,12 @@ def budget_comparison_table(folder: Path) -> str:
     best = max(m["final"]["val_top1"] for _, m in runs)
     rows = []
     for chosen, metrics in runs:
-        budget, top1 = metrics["budget"], metrics["final"]["val_top1"]
+        top1, history = metrics["final"]["val_top1"], metrics["history"]
+        budget = metrics.get("budget") or {  # a run of set epochs: what it trained, its wall time
+            "trained_steps": history[-1]["step"],
+            "planned_epochs": float(metrics["epochs_done"]),
+            "wall_s": metrics["wall_time_s"],
+        }
         settings = ", ".join(_setting_text(o) for o in chosen) or "none: the recipe as it is"
         curve = ", ".join(
             f"{r['val_top1']:.2f}% (epoch {r['epoch']})" for r in metrics["history"] if r.get("val_top1") is not None
@@ -691,6 +697,7 @@ TABLES: dict[str, DocTable] = {
     "cifar10_cpu_holdout_30m_avx2": DocTable("cifar10_cpu_holdout_30m_avx2", budget_comparison_table),
     "cpu_levers_30m_avx2": DocTable("cpu_levers_30m_avx2", budget_comparison_table),
     "cpu_tta_avx2": DocTable("cpu_levers_30m_avx2", tta_table),
+    "cpu_alternating_flip_avx2": DocTable("cpu_alternating_flip_avx2", budget_comparison_table),
     "optimizer_step_avx2": DocTable("cpu_step_avx2", optimizer_step_table),
     "cpu_bf16_avx512": DocTable("cpu_bf16_avx512", cpu_bf16_table),
     "cifar10_proxy_base": DocTable("cifar10_proxy_base", proxy_base_table),
