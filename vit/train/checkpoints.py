@@ -18,6 +18,7 @@ fine-tuning, or goes into scripts/average_checkpoints.py."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -93,17 +94,13 @@ def restore_training_state(
         raise CheckpointError(f"checkpoint {str(path)!r}: its 'model' entry is not a state dict of tensors")
     check_resumable(state, weights, model, path, class_to_idx, optim_name)
     model.load_state_dict(weights)
-    try:
+    with state_that_does_not_fit(path):
         if state.get("optimizer_keys") == "names":  # vit/train/sharded.py: keyed by name, not by position
             from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
             set_optimizer_state_dict(model, optimizer, state["optimizer"])
         else:
             optimizer.load_state_dict(state["optimizer"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as err:
-        raise CheckpointError(
-            f"checkpoint {str(path)!r}: its optimizer or schedule state does not fit this run: {first_line(err)}"
-        ) from err
     restore_rest(state, scheduler=scheduler, scaler=scaler, path=path)
     if ema is not None and state.get("ema"):
         ema.module.load_state_dict(state["ema"])
@@ -111,16 +108,23 @@ def restore_training_state(
 
 def restore_rest(state: dict, *, scheduler, scaler, path) -> None:
     """What a checkpoint holds besides the weights and the optimizer: the schedule, the fp16 scale, the RNG."""
-    try:
+    with state_that_does_not_fit(path):
         scheduler.load_state_dict(state["scheduler"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as err:
-        raise CheckpointError(
-            f"checkpoint {str(path)!r}: its optimizer or schedule state does not fit this run: {first_line(err)}"
-        ) from err
     if scaler is not None and state.get("scaler"):
         scaler.load_state_dict(state["scaler"])
     if state.get("rng"):
         set_rng_state(state["rng"])
+
+
+@contextlib.contextmanager
+def state_that_does_not_fit(path):
+    """An optimizer or schedule state the run's objects refuse: one CheckpointError naming the file."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError, RuntimeError) as err:
+        raise CheckpointError(
+            f"checkpoint {str(path)!r}: its optimizer or schedule state does not fit this run: {first_line(err)}"
+        ) from err
 
 
 def check_resumable(state: dict, weights: Mapping, model, path, class_to_idx, optim_name: str) -> None:
