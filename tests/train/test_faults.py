@@ -159,6 +159,36 @@ def test_a_second_signal_exits_at_once():
         stop.restore(previous)
 
 
+def test_a_signal_after_the_epochs_lets_the_final_evaluation_end(tmp_path, monkeypatch):
+    """SIGTERM once the epochs are over (here as the final evaluation starts) is still the run's to handle: the
+    default handler there would end the process, and under torchrun that rank alone, while the others wait for it
+    in the evaluation's gathers. The run ends its evaluation, writes metrics.json and exits 0; nothing was stopped,
+    and a second signal would still exit at once."""
+    import importlib
+    import json
+
+    run_module = importlib.import_module("vit.train.run")  # the module (vit.train.run is also the function)
+    finish = run_module.finish
+
+    def signalled_finish(run, teacher):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)  # the handler runs at the next bytecode boundary
+        return finish(run, teacher)
+
+    reached_outside = []  # where the run's handlers are not installed, the signal lands here, not in pytest's death
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: reached_outside.append(signum))
+    monkeypatch.setattr(run_module, "finish", signalled_finish)
+    try:
+        done = run_cli([*ARGS, "trainer.epochs=1", "data.holdout=32", f"hydra.run.dir={tmp_path}"], tmp_path)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert not reached_outside, "the signal met the handler outside the run"
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "SIGTERM received after training: finishing the final evaluation" in done.stdout + done.stderr
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["stopped_by_signal"] is None and metrics["test"]["top1"] >= 0.0
+
+
 class SignalMidWrite(io.RawIOBase):
     """A pipe's write end that runs `on_write` the first time its buffer flushes into it: a signal landing while
     the program is in the middle of writing a line, deterministically."""

@@ -172,45 +172,47 @@ def train(
     """The recipe: every phase is a named function taking the run; the epoch loop is the only logic here."""
     run = build_run(cfg, run_dir, wall_start, dist, loader_wrapper, startup_s)
     progress, budget = run.progress, run.budget
-    with run.report:
+    # The stop handlers cover everything that runs collectives, the final evaluation included: under torchrun a
+    # signal that met the default handler there would end one rank while the others wait for it in a gather.
+    with run.report, run.stop.installed():
         run.report.keep_images(run.bundle.val_loader)
         if budget is not None and budget.shape.figure_every and budget.figure_s is None:
             # A budget keeps time for the figures its last epoch draws: it measures one (at step 0, the model
             # as initialised or resumed) before it plans.
             draw_figures(run)
         teacher = evaluate_teacher(run)  # a bad teacher shows before the student trains
-        with run.stop.installed():
-            for epoch in range(progress.start_epoch, run.trainer.epochs):
-                if budget is not None and budget.reached(run.step_state.step):
-                    break  # a resumed run whose plan is done
-                limit = start_epoch(run, epoch)
-                # After a resume inside this epoch the loader holds only the batches left (it skips the trained ones),
-                # and the lines count the epoch's real batch: the trained ones, then these.
-                done_before = run.progress.batches_done_before(epoch)
-                left = len(run.bundle.train_loader) if limit is None else min(len(run.bundle.train_loader), limit)
-                run.report.start_epoch(epoch, epoch_totals(run, epoch, done_before + left), done_before)
-                trained = train_epoch(run, limit)
-                if trained["stopped"]:
-                    save_stopped(run, epoch, trained)
-                    break
-                last = trained["planned_end"] or epoch + 1 == run.trainer.epochs
-                val, val_ema = evaluate_epoch(run, epoch, last)
-                record_epoch(run, epoch, trained, val, val_ema)
-                chosen = chosen_weights(val, val_ema)  # the EMA's where the run keeps one: what the tools read
-                is_best = chosen is not None and val_score(chosen) > progress.best_score
-                if chosen is not None:
-                    progress.best_score = max(progress.best_score, val_score(chosen))
-                check_weights(run, epoch)
-                run.checkpoints.save_epoch(epoch + 1, run.step_state.step, progress, is_best)
-                if budget is not None:
-                    budget.epoch_ended(evaluated=val is not None)
-                if is_trial(cfg) and trial_stops(run, epoch, val, val_ema, last):
-                    break  # last.pt holds this epoch; no test split for a pruned trial
-                if last:
-                    break
-                if run.trainer.pauses_after(epoch):
-                    log.info("trainer.stop_after_epoch=%d reached; continue with trainer.resume=auto", epoch + 1)
-                    break
+        for epoch in range(progress.start_epoch, run.trainer.epochs):
+            if budget is not None and budget.reached(run.step_state.step):
+                break  # a resumed run whose plan is done
+            limit = start_epoch(run, epoch)
+            # After a resume inside this epoch the loader holds only the batches left (it skips the trained ones),
+            # and the lines count the epoch's real batch: the trained ones, then these.
+            done_before = run.progress.batches_done_before(epoch)
+            left = len(run.bundle.train_loader) if limit is None else min(len(run.bundle.train_loader), limit)
+            run.report.start_epoch(epoch, epoch_totals(run, epoch, done_before + left), done_before)
+            trained = train_epoch(run, limit)
+            if trained["stopped"]:
+                save_stopped(run, epoch, trained)
+                break
+            last = trained["planned_end"] or epoch + 1 == run.trainer.epochs
+            val, val_ema = evaluate_epoch(run, epoch, last)
+            record_epoch(run, epoch, trained, val, val_ema)
+            chosen = chosen_weights(val, val_ema)  # the EMA's where the run keeps one: what the tools read
+            is_best = chosen is not None and val_score(chosen) > progress.best_score
+            if chosen is not None:
+                progress.best_score = max(progress.best_score, val_score(chosen))
+            check_weights(run, epoch)
+            run.checkpoints.save_epoch(epoch + 1, run.step_state.step, progress, is_best)
+            if budget is not None:
+                budget.epoch_ended(evaluated=val is not None)
+            if is_trial(cfg) and trial_stops(run, epoch, val, val_ema, last):
+                break  # last.pt holds this epoch; no test split for a pruned trial
+            if last:
+                break
+            if run.trainer.pauses_after(epoch):
+                log.info("trainer.stop_after_epoch=%d reached; continue with trainer.resume=auto", epoch + 1)
+                break
+        run.stop.finishing = True  # a signal from here on lets the final evaluation end on every rank
         return finish(run, teacher)
 
 

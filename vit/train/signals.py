@@ -15,7 +15,8 @@ from vit.engine.distributed import env_rank
 
 
 class StopSignal:
-    """`with stop.installed():` the handlers are this object's; poll `requested()` once per step.
+    """`with stop.installed():` the handlers are this object's; poll `requested()` once per step; set `finishing`
+    when the epochs are over.
 
     The loop checks the flag between steps, so a stop never lands inside an optimizer update or a checkpoint
     write; a second signal raises SystemExit(128 + signum) at once, as a shell would report it. The handler's one
@@ -25,7 +26,11 @@ class StopSignal:
     """
 
     def __init__(self) -> None:
-        self.signum: int | None = None
+        self.signum: int | None = None  # the signal that stopped training
+        # Set once training is over: a signal then lets the final evaluation end (every rank is in its gathers, and
+        # the results are moments away) and is kept apart, since it stopped nothing.
+        self.finishing = False
+        self.late_signum: int | None = None
 
     @property
     def name(self) -> str | None:
@@ -35,8 +40,16 @@ class StopSignal:
         return self.signum is not None
 
     def _handle(self, signum, frame) -> None:
-        if self.signum is not None:
+        if self.signum is not None or self.late_signum is not None:
             raise SystemExit(128 + signum)
+        if self.finishing:
+            self.late_signum = signum
+            if env_rank() == 0:
+                announce(
+                    f"{signal.Signals(signum).name} received after training: finishing the final evaluation "
+                    "(send it again to exit now)"
+                )
+            return
         self.signum = signum
         if env_rank() == 0:  # under torchrun every rank gets the signal; one line is enough
             announce(f"{self.name} received: stopping after this step (send it again to exit now)")
