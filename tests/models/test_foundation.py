@@ -30,7 +30,7 @@ from vit.cli.args import run_script
 from vit.deploy.export import run_onnx, write_onnx
 from vit.engine.build import build_model_from_config
 from vit.engine.weights import load_pretrained, read_weights
-from vit.models.foundation import eva_to_vit_keys, timm_architecture
+from vit.models.foundation import timm_architecture, timm_keys_to_ours
 from vit.models.vit import VisionTransformer, ViTConfig
 from vit.train.finetune import load_pretrained_weights, read_pretrained
 
@@ -76,7 +76,7 @@ def differences(ours: torch.nn.Module, theirs: torch.nn.Module, size: int) -> tu
     assert out.shape == ref.shape
     out.square().sum().backward()
     ref.square().sum().backward()
-    their_grads = eva_to_vit_keys({k: p.grad for k, p in theirs.named_parameters()})
+    their_grads = timm_keys_to_ours({k: p.grad for k, p in theirs.named_parameters()})
     worst = 0.0
     for key, param in ours.named_parameters():
         g_ref = their_grads[key]
@@ -277,7 +277,7 @@ def test_layer_decay_gives_each_parameter_timms_scale(name):
 
     theirs = timm.create_model(name, pretrained=False, num_classes=7, depth=3)
     groups = param_groups_layer_decay(theirs, 0.05, theirs.no_weight_decay(), layer_decay=0.7)
-    expected = eva_to_vit_keys(scales_by_name(theirs, groups))  # Eva's parameter names in ours
+    expected = timm_keys_to_ours(scales_by_name(theirs, groups))  # Eva's parameter names in ours
     ours = VisionTransformer(ViTConfig(**timm_architecture(name, depth=3).settings, num_classes=7))
     optimizer = build_optimizer(ours, {"name": "adamw", "weight_decay": 0.05, "layer_decay": 0.7}, 1e-3, CPU_DEVICE)
     got = scales_by_name(ours, optimizer.param_groups)

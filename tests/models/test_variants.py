@@ -27,7 +27,7 @@ from vit.engine.build import build_model_from_config
 from vit.engine.weights import load_checkpoint, load_pretrained
 from vit.errors import ConfigError
 from vit.models import create_model
-from vit.models.foundation import eva_to_vit_keys
+from vit.models.foundation import timm_keys_to_ours
 from vit.train import run
 
 SMALL = {"img_size": 64, "num_classes": 10}  # 4 x 4 patches of 16: every part of the model, at a test's cost
@@ -80,7 +80,7 @@ def ours_and_timms(variant: str, img_size: int = 64, depth: int | None = None, p
 
 def their_state_dict(theirs: nn.Module) -> dict:
     state = theirs.state_dict()
-    return eva_to_vit_keys(state) if type(theirs).__name__ == "Eva" else state
+    return timm_keys_to_ours(state) if type(theirs).__name__ == "Eva" else state
 
 
 def assert_same_numbers(ours: nn.Module, theirs: nn.Module, x: torch.Tensor) -> None:
@@ -100,7 +100,7 @@ def assert_same_numbers(ours: nn.Module, theirs: nn.Module, x: torch.Tensor) -> 
 
 def their_state_dict_params(theirs: nn.Module) -> dict:
     params = dict(theirs.named_parameters())
-    return eva_to_vit_keys(params) if type(theirs).__name__ == "Eva" else params
+    return timm_keys_to_ours(params) if type(theirs).__name__ == "Eva" else params
 
 
 @pytest.mark.parametrize("variant", list(REFERENCES))

@@ -28,7 +28,7 @@ from torch import nn
 from vit.errors import UserError
 from vit.hub import host_reachable, hub_host, offline_hub
 from vit.models.fit import PretrainedError, StateDict, Weights, fit_state_dict
-from vit.models.foundation import eva_to_vit_keys
+from vit.models.foundation import timm_keys_to_ours
 from vit.models.weights_file import WeightsFileError, first_line, read_weights_file
 
 
@@ -194,7 +194,7 @@ def unwrap_state_dict(obj: object, source: str = "checkpoint", ema: bool | None 
     for prefix in ("module.", "_orig_mod."):
         if all(k.startswith(prefix) for k in obj):
             obj = {k[len(prefix) :]: v for k, v in obj.items()}
-    return eva_to_vit_keys(obj)
+    return timm_keys_to_ours(obj)
 
 
 # --- timm --------------------------------------------------------------------------------------------------------
@@ -225,7 +225,7 @@ def read_timm(name: str, ema: bool | None = None, instead: str = GIVE_A_FILE) ->
         ) from err
     blocks = getattr(model, "blocks", None)
     heads = getattr(getattr(blocks[0], "attn", None), "num_heads", None) if blocks else None
-    return Weights(eva_to_vit_keys(model.state_dict()), f"timm:{name}", heads, timm_model=name)
+    return Weights(timm_keys_to_ours(model.state_dict()), f"timm:{name}", heads, timm_model=name)
 
 
 def read_timm_file(name: str, path: str, ema: bool | None) -> Weights:

@@ -52,10 +52,12 @@ from torch import nn
 from torch.nn.init import trunc_normal_
 
 from vit.models.layers import MLPS, AttentionPool, Block, check_rate, run_blocks, to_2tuple
+from vit.models.naflex import is_naflex, key_mask, masked_mean, naflex_inputs, rows_per_image
 from vit.models.pos_embed import POS_EMBED_KINDS, make_pos_embed, resample_pos_embed
 from vit.models.rope import MixedRope, axial_rope_table, dinov3_rope_table
 
 GLOBAL_POOLS = ("token", "avg", "map", "seq")
+POS_EMBED_INTERPS = ("bicubic", "bilinear")  # how a position table is resampled to another grid
 # Rotary positions: axial (fixed frequencies), mixed (learned per head), DINOv3's (normalised centres, half
 # layout), and EVA-02's (axial beside a learned table).
 ROPE_KINDS = ("rope", "rope_mixed", "rope_dinov3", "learned_rope")
@@ -118,6 +120,12 @@ class EncoderConfig:
     norm_eps: float = 1e-6  # the epsilon of every LayerNorm: timm's ViTs' 1e-6; CLIP's and DINOv3's 1e-5
     norm_pre: bool = False  # a LayerNorm on the tokens after the position table, before the blocks (CLIP's)
     mlp_norm: bool = False  # a LayerNorm inside every MLP, over its hidden width before fc2 (EVA-02 B and L)
+    # How the position table is resampled to another grid (a dynamic image size, each image of a NaFlex batch):
+    # "bicubic" (timm's default) or "bilinear" (SigLIP 2's NaFlex models); antialiased either way.
+    pos_embed_interp: str = "bicubic"
+    # Resample the table to a square of the grid's longer side and cut the grid from it (timm's NaFlex
+    # `pos_embed_ar_preserving`), rather than stretching it to the grid's aspect ratio.
+    pos_embed_ar_preserving: bool = False
 
     def __post_init__(self) -> None:
         check_switches(self)
@@ -198,7 +206,8 @@ class Encoder(nn.Module):
         self.attn_pool = None
         if config.global_pool == "map":  # the attention-pool head, sized as timm's: the blocks' heads and MLP ratio
             mlp_ratio = config.mlp_ratio if config.mlp != "swiglu" else 4.0
-            self.attn_pool = AttentionPool(embed_dim, config.num_heads, mlp_ratio, config.norm_eps)
+            act = "gelu_tanh" if config.mlp == "gelu_tanh" else "gelu"  # SigLIP 2 NaFlex's head: its blocks' GELU
+            self.attn_pool = AttentionPool(embed_dim, config.num_heads, mlp_ratio, config.norm_eps, act)
         # CCT's sequence pooling: one score per token, after the final norm as CCT places it.
         self.seq_pool = nn.Linear(embed_dim, 1) if config.global_pool == "seq" else None
         self.fc_norm = nn.LayerNorm(embed_dim, eps=config.norm_eps) if use_fc_norm else nn.Identity()
@@ -261,7 +270,10 @@ class Encoder(nn.Module):
                 init_linear_trunc_normal(head)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C_in, H, W) -> all tokens after the last block and norm, (B, P + N, C) with P prefix tokens."""
+        """(B, C_in, H, W) -> all tokens after the last block and norm, (B, P + N, C) with P prefix tokens. A NaFlex
+        batch (vit/models/naflex.py) goes through `naflex_features` instead."""
+        if is_naflex(x):
+            return self.naflex_features(x)[0]
         tokens = self.tokenizer(x)  # (B, N, C); the input's shape is checked there
         grid = self.tokenizer.input_grid(x)  # (rows, columns) of those N tokens
         prefix = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
@@ -277,52 +289,96 @@ class Encoder(nn.Module):
         x = run_blocks(self.blocks, x, checkpointed, self.rotary_tables(grid))  # (B, P + N, C)
         return self.norm(x)
 
+    def naflex_features(self, inputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """A NaFlex batch (vit/models/naflex.py: patches (B, N, p_h * p_w * C_in), their (row, column) and a valid
+        mask) -> (tokens (B, P + N, C) after the last block and norm, valid (B, N)). What `forward_features` does
+        to an image, per image: its own grid's position rows or rotary table, padding masked out as a key."""
+        patches, coord, valid = naflex_inputs(inputs)
+        embed = getattr(self.tokenizer, "embed_patches", None)
+        if embed is None:
+            raise ValueError(f"NaFlex batches need the standard patch embedding, not {type(self.tokenizer).__name__}")
+        tokens = embed(patches)  # (B, N, C)
+        batch = tokens.shape[0]
+        prefix = [t.expand(batch, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+        prefix = torch.cat(prefix, dim=1) if prefix else tokens[:, :0]  # (B, P, C): cls, dist, registers
+        if self.pos_embed is not None:
+            table_prefix = 0 if self.no_embed_class else self.num_prefix_tokens
+            # each token's row of its image's table (1, P + h * w, C), the prefix rows left out: (B, N, C)
+            tokens = tokens + rows_per_image(lambda grid: self.position_table(grid)[0, table_prefix:], coord, valid)
+            if table_prefix:
+                prefix = prefix + self.pos_embed[:, :table_prefix]  # the prefix tokens' own rows
+        x = self.norm_pre(self.pos_drop(torch.cat([prefix, tokens], dim=1)))  # (B, P + N, C)
+        checkpointed = self.grad_checkpointing and self.training and torch.is_grad_enabled()
+        mask = key_mask(valid, self.num_prefix_tokens)  # (B, 1, 1, P + N)
+        x = run_blocks(self.blocks, x, checkpointed, self.naflex_rotary_tables(coord, valid), attn_mask=mask)
+        return self.norm(x), valid
+
     def position_table(self, grid: tuple[int, int]) -> torch.Tensor:
         """The position table for a token grid of `grid`, (1, P + rows * columns, C) (P = 0 with
-        `no_embed_class`): the stored one, or with a dynamic image size that table resampled (bicubic) to the
-        input's grid, as timm's `dynamic_img_size`."""
+        `no_embed_class`): the stored one, or with a dynamic image size (or a NaFlex image) that table resampled
+        (`pos_embed_interp`, `pos_embed_ar_preserving`) to the input's grid, as timm's `dynamic_img_size`."""
         if grid == self.grid_size:
             return self.pos_embed
         prefix = 0 if self.no_embed_class else self.num_prefix_tokens
-        return resample_pos_embed(self.pos_embed, grid, prefix, self.grid_size)
+        mode, ar_preserving = self.config.pos_embed_interp, self.config.pos_embed_ar_preserving
+        return resample_pos_embed(self.pos_embed, grid, prefix, self.grid_size, mode, ar_preserving)
 
     def rotary_tables(self, grid: tuple[int, int]) -> list[torch.Tensor] | None:
         """One rotary table [sin | cos] per block for a token grid of `grid`, or None without rotary positions:
         axial, DINOv3's and EVA-02's, the same (P + N, 2 * head_dim) for every block; mixed, each block's (heads,
         P + N, 2 * head_dim) from its learned frequencies. The P prefix tokens' rows are the identity rotation
         (sin 0, cos 1): they have no place in the image, and are left as they are (timm skips them)."""
-        kind = self.pos_embed_kind
-        if kind not in ROPE_KINDS:
+        if self.pos_embed_kind not in ROPE_KINDS:
             return None
-        head_dim = self.embed_dim // self.blocks[0].attn.num_heads
+        table = identity_prefix(self.grid_rotary_table(grid), self.num_prefix_tokens)
+        if self.rope is None:  # (P + N, 2 * head_dim), the same for every block
+            return [table] * len(self.blocks)
+        return list(table.unbind(0))  # (depth, heads, P + N, 2 * head_dim): each block's own
+
+    def grid_rotary_table(self, grid: tuple[int, int]) -> torch.Tensor:
+        """The rotary table of a token grid without prefix rows: (rows * columns, 2 * head_dim), or for mixed
+        rotary positions every block's (depth, heads, rows * columns, 2 * head_dim)."""
+        if self.rope is not None:
+            return self.rope(grid)
+        kind, head_dim = self.pos_embed_kind, self.embed_dim // self.blocks[0].attn.num_heads
+        if kind == "rope_dinov3":
+            table = dinov3_rope_table(grid, head_dim, self.rope_temperature)
+        elif kind == "learned_rope":  # EVA-02: the row first, positions on the pretraining grid
+            ref = None if self.rope_ref_grid is None else (self.rope_ref_grid, self.rope_ref_grid)
+            table = axial_rope_table(grid, head_dim, self.rope_temperature, rows_first=True, ref_grid=ref)
+        else:
+            table = axial_rope_table(grid, head_dim, self.rope_temperature)
+        return table.to(self.blocks[0].norm1.weight.device)
+
+    def naflex_rotary_tables(self, coord: torch.Tensor, valid: torch.Tensor) -> list[torch.Tensor] | None:
+        """`rotary_tables` for a NaFlex batch: each token rotated by its coordinate on its own image's grid, one
+        table per block, (B, 1, P + N, 2 * head_dim), or per head (B, heads, P + N, 2 * head_dim) when mixed."""
+        if self.pos_embed_kind not in ROPE_KINDS:
+            return None
+        rows = rows_per_image(self.grid_rotary_table, coord, valid)  # (B, N, 2D) or (B, depth, heads, N, 2D)
         if self.rope is None:
-            if kind == "rope_dinov3":
-                table = dinov3_rope_table(grid, head_dim, self.rope_temperature)
-            elif kind == "learned_rope":  # EVA-02: the row first, positions on the pretraining grid
-                ref = None if self.rope_ref_grid is None else (self.rope_ref_grid, self.rope_ref_grid)
-                table = axial_rope_table(grid, head_dim, self.rope_temperature, rows_first=True, ref_grid=ref)
-            else:
-                table = axial_rope_table(grid, head_dim, self.rope_temperature)
-            table = table.to(self.blocks[0].norm1.weight.device)
-            return [identity_prefix(table, self.num_prefix_tokens)] * len(self.blocks)
-        tables = identity_prefix(self.rope(grid), self.num_prefix_tokens)  # (depth, heads, P + N, 2 * head_dim)
-        return list(tables.unbind(0))
+            return [identity_prefix(rows.unsqueeze(1), self.num_prefix_tokens)] * len(self.blocks)
+        return list(identity_prefix(rows, self.num_prefix_tokens).unbind(1))
 
     def forward_head(
-        self, x: torch.Tensor, pre_logits: bool = False
+        self, x: torch.Tensor, pre_logits: bool = False, valid: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """(B, P + N, C) -> logits (B, num_classes), or the pooled (B, C) with `pre_logits`. With the distillation
-        token: in training mode the pair (cls logits, dist logits), each (B, num_classes); else their average."""
+        token: in training mode the pair (cls logits, dist logits), each (B, num_classes); else their average.
+        `valid` (B, N): a NaFlex batch's patches, the only tokens the pooling reads (None: all)."""
         if self.dist_token is not None:
             return self._distilled_head(x, pre_logits)
+        tokens = x[:, self.num_prefix_tokens :]  # (B, N, C): the image's tokens, no registers
         if self.attn_pool is not None:
-            x = self.attn_pool(x[:, self.num_prefix_tokens :])  # (B, C): a learned query's read of the image tokens
+            x = self.attn_pool(tokens, valid)  # (B, C): a learned query's read of the image tokens
         elif self.seq_pool is not None:
-            tokens = x[:, self.num_prefix_tokens :]  # (B, N, C): the image's tokens, no registers
-            weights = self.seq_pool(tokens).softmax(dim=1)  # (B, N, 1): each token's share, summing to 1
+            scores = self.seq_pool(tokens)  # (B, N, 1)
+            if valid is not None:
+                scores = scores.masked_fill(~valid.unsqueeze(-1), float("-inf"))  # padding gets no share
+            weights = scores.softmax(dim=1)  # (B, N, 1): each token's share, summing to 1
             x = (weights * tokens).sum(dim=1)  # (B, C): their weighted average
-        elif self.global_pool == "avg":
-            x = x[:, self.num_prefix_tokens :].mean(dim=1)  # (B, C): mean over the image's tokens, no registers
+        elif self.global_pool == "avg":  # (B, C): mean over the image's tokens, no registers
+            x = tokens.mean(dim=1) if valid is None else masked_mean(tokens, valid)
         else:
             x = x[:, 0]  # (B, C): the cls token
         x = self.fc_norm(x)
@@ -338,6 +394,10 @@ class Encoder(nn.Module):
         return (logits + logits_dist) / 2  # evaluation: the heads averaged, as DeiT does
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Images (B, C_in, H, W), or a NaFlex batch (vit/models/naflex.py) -> logits."""
+        if is_naflex(x):
+            tokens, valid = self.naflex_features(x)
+            return self.forward_head(tokens, valid=valid)
         return self.forward_head(self.forward_features(x))
 
 
@@ -376,6 +436,10 @@ def check_switches(config: EncoderConfig) -> None:
             raise ValueError(f"{name}={value!r} must be true or false")
     if c.fc_norm is not None and not isinstance(c.fc_norm, bool):
         raise ValueError(f"fc_norm={c.fc_norm!r} must be true, false or null (null: after the pooling with avg)")
+    if c.pos_embed_interp not in POS_EMBED_INTERPS:
+        raise ValueError(f"pos_embed_interp={c.pos_embed_interp!r} must be one of {POS_EMBED_INTERPS}")
+    if not isinstance(c.pos_embed_ar_preserving, bool):
+        raise ValueError(f"pos_embed_ar_preserving={c.pos_embed_ar_preserving!r} must be true or false")
     if c.mlp not in MLPS:
         raise ValueError(f"mlp={c.mlp!r} must be one of {tuple(MLPS)}")
     if isinstance(c.reg_tokens, bool) or not isinstance(c.reg_tokens, int) or c.reg_tokens < 0:

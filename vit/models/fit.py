@@ -159,9 +159,9 @@ def adapt_final_norm(state_dict: StateDict, own: StateDict) -> None:
 
 
 def adapt_pos_embed(state_dict: StateDict, own: StateDict, model: nn.Module) -> None:
-    """A position table (1, prefix + h*w, C) of another grid: a learned one resampled bicubically onto the
-    model's grid with timm's `resample_abs_pos_embed` (224/16 -> 32/4: 14x14 -> 8x8), a fixed sinusoid one
-    recomputed for it."""
+    """A position table (1, prefix + h*w, C) of another grid: a learned one resampled onto the model's grid with
+    timm's `resample_abs_pos_embed` (224/16 -> 32/4: 14x14 -> 8x8; bicubic, or the model's `pos_embed_interp`), a
+    fixed sinusoid one recomputed for it."""
     from timm.layers import resample_abs_pos_embed
 
     pos = state_dict.get("pos_embed")
@@ -179,9 +179,13 @@ def adapt_pos_embed(state_dict: StateDict, own: StateDict, model: nn.Module) -> 
     if side * side != old_patches:
         return  # not a square grid: left to the mismatch check, which names the shapes
     new_grid = list(getattr(model, "grid_size", (math.isqrt(new_patches),) * 2))  # the tokenizer's grid
-    state_dict["pos_embed"] = resample_abs_pos_embed(pos, new_grid, [side, side], num_prefix_tokens=prefix)
+    mode = getattr(getattr(model, "config", None), "pos_embed_interp", "bicubic")  # as the model resamples it
+    state_dict["pos_embed"] = resample_abs_pos_embed(
+        pos, new_grid, [side, side], num_prefix_tokens=prefix, interpolation=mode
+    )
     log.info(
-        "pos_embed resampled from a %dx%d to a %dx%d grid: %s -> %s",
+        "pos_embed resampled (%s) from a %dx%d to a %dx%d grid: %s -> %s",
+        mode,
         side,
         side,
         *new_grid,

@@ -31,7 +31,7 @@ from torch import nn
 
 # The timm model classes read here: its VisionTransformer (DeiT III, DINOv2, SigLIP, CLIP) and Eva (DINOv3, EVA-02,
 # the RoPE ViTs). A subclass (DeiT's distilled ViT) counts as its base.
-TIMM_CLASSES = ("VisionTransformer", "Eva")
+TIMM_CLASSES = ("VisionTransformer", "Eva", "NaFlexVit")
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,8 @@ def timm_architecture(name: str, **timm_kwargs: Any) -> TimmArchitecture:
     kind = next((c for c in TIMM_CLASSES if any(k.__name__ == c for k in type(model).__mro__)), None)
     if kind is None:
         raise ValueError(f"timm's {name} is a {type(model).__name__}; the ViTs read here are {', '.join(TIMM_CLASSES)}")
-    settings = {**read_tokens(model), **read_blocks(model), **read_head(model, kind)}
+    tokens = read_naflex_tokens(model) if kind == "NaFlexVit" else read_tokens(model)
+    settings = {**tokens, **read_blocks(model), **read_head(model, kind)}
     settings.update(read_positions(model, kind, settings))
     cfg = model.pretrained_cfg or {}
     # where a pretrained_cfg leaves a value out, timm's own default for it
@@ -142,6 +143,44 @@ def read_tokens(model: nn.Module) -> dict[str, Any]:
         distill_token=getattr(model, "dist_token", None) is not None,
         reg_tokens=0 if reg is None else int(reg.shape[1]),
         norm_pre=is_layer_norm(model.norm_pre),
+    )
+
+
+def read_naflex_tokens(model: nn.Module) -> dict[str, Any]:
+    """`read_tokens` for timm's NaFlexVit, whose `embeds` holds the patch projection (a Linear over flattened
+    patches, or a Conv2d), the position table (1, h, w, C) over the patches only, and the prefix tokens. Our ViT
+    takes images of any size (`dynamic_img_size`) and NaFlex batches, with the table resampled as timm does."""
+    name = model.default_cfg.get("architecture", type(model).__name__)
+    embeds = model.embeds
+    if embeds.pos_embed_type != "learned":
+        raise unsupported(name, f"a {embeds.pos_embed_type!r} position embedding")
+    if embeds.pos_embed_use_grid_sample or embeds.pos_embed_align_corners or not embeds.pos_embed_antialias:
+        raise unsupported(name, "a position table resampled by grid_sample, with align_corners or no antialiasing")
+    if embeds.pos_embed_interp_mode not in ("bicubic", "bilinear"):
+        raise unsupported(name, f"a position table resampled {embeds.pos_embed_interp_mode}")
+    if embeds.norm_input is not None or not isinstance(embeds.norm, nn.Identity):
+        raise unsupported(name, "a norm in its patch embedding")
+    if embeds.patch_interpolator is not None or not embeds.channels_last or embeds.in_chans != 3:
+        raise unsupported(name, "patch-size interpolation, (channel, row, column) patches or other than 3 channels")
+    if getattr(model, "rope", None) is not None:
+        raise unsupported(name, "rotary positions in a NaFlexVit")
+    if not isinstance(model.norm_pre, nn.Identity) and not is_layer_norm(model.norm_pre):
+        raise unsupported(name, f"a {type(model.norm_pre).__name__} before the blocks")
+    patch = square(embeds.patch_size, "patch size", name)
+    grid = square(tuple(embeds.pos_embed.shape[1:3]), "position grid", name)
+    reg = embeds.reg_token
+    return dict(
+        img_size=grid * patch,  # the table's own grid: any other is resampled
+        patch_size=patch,
+        patch_bias=embeds.proj.bias is not None,
+        embed_dim=int(model.embed_dim),
+        class_token=embeds.cls_token is not None,
+        distill_token=False,
+        reg_tokens=0 if reg is None else int(reg.shape[1]),
+        norm_pre=is_layer_norm(model.norm_pre),
+        dynamic_img_size=True,
+        pos_embed_interp=str(embeds.pos_embed_interp_mode),
+        pos_embed_ar_preserving=bool(embeds.pos_embed_ar_preserving),
     )
 
 
@@ -197,15 +236,12 @@ def read_layer_scale(block: nn.Module, name: str) -> dict[str, Any]:
 
 def read_mlp(mlp: nn.Module, embed_dim: int, name: str) -> dict[str, Any]:
     """The MLP kind, its ratio (fc1's width / C, exactly: int(C * ratio) is fc1's width) and its inner norm."""
-    kind = type(mlp).__name__
-    act = type(getattr(mlp, "act", None)).__name__
-    if kind == "Mlp" and act in ("GELU", "QuickGELU"):
-        if act == "GELU" and mlp.act.approximate != "none":
-            raise unsupported(name, f"a GELU with approximate={mlp.act.approximate!r}")
-        which, width = ("gelu" if act == "GELU" else "quick_gelu"), mlp.fc1.out_features
-    elif kind == "GluMlp" and act == "SiLU" and not mlp.gate_last:  # timm's SwiGLUPacked: fc1 = [gate | value]
+    kind, act = type(mlp).__name__, activation(getattr(mlp, "act", None))
+    if kind == "Mlp" and act in ("gelu", "quick_gelu", "gelu_tanh"):
+        which, width = act, mlp.fc1.out_features
+    elif kind == "GluMlp" and act == "silu" and not mlp.gate_last:  # timm's SwiGLUPacked: fc1 = [gate | value]
         which, width = "swiglu", mlp.fc1.out_features
-    elif kind == "SwiGLU" and act == "SiLU":  # separate fc1_g, fc1_x: read as one fc1 = [gate | value]
+    elif kind == "SwiGLU" and act == "silu":  # separate fc1_g, fc1_x: read as one fc1 = [gate | value]
         which, width = "swiglu", 2 * mlp.fc1_g.out_features
     else:
         raise unsupported(name, f"a {kind} MLP with {act}")
@@ -213,6 +249,14 @@ def read_mlp(mlp: nn.Module, embed_dim: int, name: str) -> dict[str, Any]:
     if not isinstance(norm, nn.Identity) and not is_layer_norm(norm):
         raise unsupported(name, f"a {type(norm).__name__} inside the MLP")
     return dict(mlp=which, mlp_ratio=exact_ratio(width, embed_dim), mlp_norm=is_layer_norm(norm))
+
+
+def activation(act: nn.Module | None) -> str:
+    """Our name of a timm activation module ("gelu", "gelu_tanh", "quick_gelu", "silu"), else its class name."""
+    kind = type(act).__name__
+    if kind == "GELU":
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(act.approximate, f"GELU({act.approximate})")
+    return {"GELUTanh": "gelu_tanh", "QuickGELU": "quick_gelu", "SiLU": "silu"}.get(kind, kind)
 
 
 def exact_ratio(width: int, dim: int) -> float:
@@ -229,6 +273,8 @@ def read_head(model: nn.Module, kind: str) -> dict[str, Any]:
     pool = model.global_pool
     if pool not in ("token", "avg", "map"):
         raise unsupported(name, f"global_pool={pool!r}")
+    if pool == "avg" and getattr(model, "pool_include_prefix", False):
+        raise unsupported(name, "average pooling over its prefix tokens")
     norm, fc_norm = model.norm, model.fc_norm
     if not (is_layer_norm(norm) ^ is_layer_norm(fc_norm)) or not (
         isinstance(norm, nn.Identity) ^ isinstance(fc_norm, nn.Identity)
@@ -254,13 +300,16 @@ def check_attention_pool(model: nn.Module, kind: str, name: str) -> None:
     ratio = blocks_mlp["mlp_ratio"] if blocks_mlp["mlp"] != "swiglu" else 4.0
     if pool.num_heads != heads or pool.mlp is None or pool.mlp.fc1.out_features != int(embed_dim * ratio):
         raise unsupported(name, "an attention-pool head with other heads or MLP width than its blocks")
-    if type(pool.mlp.act).__name__ != "GELU" or pool.mlp.act.approximate != "none":
+    expected = "gelu_tanh" if blocks_mlp["mlp"] == "gelu_tanh" else "gelu"  # as `Encoder` builds its head
+    if activation(pool.mlp.act) != expected:
         raise unsupported(name, f"an attention-pool MLP with {type(pool.mlp.act).__name__}")
 
 
 def read_positions(model: nn.Module, kind: str, settings: dict[str, Any]) -> dict[str, Any]:
     """The position table and rotary positions: our `pos_embed` kind and its rotary settings."""
     name = model.default_cfg.get("architecture", type(model).__name__)
+    if kind == "NaFlexVit":  # a learned table over the patches only (read_naflex_tokens refuses the rest)
+        return dict(no_embed_class=True, rope_temperature=None, rope_ref_grid=None, pos_embed="learned")
     table = getattr(model, "pos_embed", None) is not None
     rope = getattr(model, "rope", None) if kind == "Eva" else None
     out: dict[str, Any] = dict(no_embed_class=bool(model.no_embed_class), rope_temperature=None, rope_ref_grid=None)
@@ -298,7 +347,7 @@ def read_positions(model: nn.Module, kind: str, settings: dict[str, Any]) -> dic
 
 
 # The timm modules whose models this reads (TIMM_CLASSES): where `timm_names_fitting` looks for a file's model.
-TIMM_MODULES = ("vision_transformer", "deit", "eva")
+TIMM_MODULES = ("vision_transformer", "deit", "eva", "naflexvit")
 # Keys that fit after adapting (vit/models/fit.py: the table resampled to the grid, the kernel to the patch size, the
 # classifier replaced): their shapes say nothing about the model a file is of.
 ADAPTED = ("pos_embed", "patch_embed.proj.weight")
@@ -329,8 +378,8 @@ def timm_names_fitting(state_dict: dict, limit: int = 3, like: str = "") -> list
     names.sort(key=lambda n: (n not in pretrained, -difflib.SequenceMatcher(None, n, like).ratio(), n))
     found = []
     for name in names:
-        if all(shapes_of(name, eva_to_vit_keys, depth=d) == stem for d, stem in enumerate(stems)):
-            if shapes_of(name, eva_to_vit_keys) == theirs:
+        if all(shapes_of(name, timm_keys_to_ours, depth=d) == stem for d, stem in enumerate(stems)):
+            if shapes_of(name, timm_keys_to_ours) == theirs:
                 found.append(name)
                 if len(found) == limit:
                     break
@@ -354,6 +403,15 @@ def shapes_of(name: str, to_ours, **timm_kwargs: Any) -> dict[str, tuple[int, ..
         return None
 
 
+# timm's NaFlexVit keeps its patch projection, position table and prefix tokens in `embeds`: `embeds.proj` a Linear
+# over patches flattened as (row, column, channel), (C, p * p * 3) (ours: the Conv2d `patch_embed.proj`, (C, 3, p, p),
+# the same numbers reordered), `embeds.pos_embed` (1, h, w, C) (ours: (1, h * w, C), rows in row-major order),
+# `embeds.cls_token`, `embeds.reg_token` (ours without the prefix).
+NAFLEX_EMBEDS = {
+    "embeds.cls_token": "cls_token",
+    "embeds.reg_token": "reg_token",
+    "embeds.proj.bias": "patch_embed.proj.bias",
+}
 # timm's Eva models (its RoPE ViTs, DINOv3, EVA-02) name some parameters apart from ours and timm's VisionTransformer:
 # LayerScale `blocks.<i>.gamma_1` / `gamma_2` (ours `ls1.gamma` / `ls2.gamma`), and EVA-02 B and L's separate
 # `q_proj`, `k_proj`, `v_proj` (ours: one `qkv` = [q | k | v], the biases as `q_bias` and `v_bias` where the keys
@@ -362,9 +420,17 @@ def shapes_of(name: str, to_ours, **timm_kwargs: Any) -> dict[str, tuple[int, ..
 EVA_LAYER_SCALE = re.compile(r"^(blocks\.\d+\.)gamma_([12])$")
 
 
-def eva_to_vit_keys(state_dict: dict) -> dict:
-    """The state dict with Eva's names and split projections in our layout (see above); every other key as it was."""
-    out = {EVA_LAYER_SCALE.sub(r"\1ls\2.gamma", k): v for k, v in state_dict.items()}
+def timm_keys_to_ours(state_dict: dict) -> dict:
+    """The state dict with NaFlexVit's and Eva's names, layouts and split projections in ours (see above); every
+    other key as it was."""
+    out = {EVA_LAYER_SCALE.sub(r"\1ls\2.gamma", NAFLEX_EMBEDS.get(k, k)): v for k, v in state_dict.items()}
+    proj = out.pop("embeds.proj.weight", None)
+    if proj is not None:  # (C, p * p * 3) over (row, column, channel) -> (C, 3, p, p); a Conv2d's stays as it is
+        side = math.isqrt(proj.shape[1] // 3) if proj.ndim == 2 else 0
+        out["patch_embed.proj.weight"] = proj.unflatten(1, (side, side, 3)).permute(0, 3, 1, 2) if side else proj
+    table = out.pop("embeds.pos_embed", None)
+    if table is not None:  # (1, h, w, C) -> (1, h * w, C)
+        out["pos_embed"] = table.flatten(1, 2)
     for prefix in sorted({k[: -len("q_proj.weight")] for k in out if k.endswith(".attn.q_proj.weight")}):
         out[prefix + "qkv.weight"] = torch.cat([out.pop(f"{prefix}{p}_proj.weight") for p in "qkv"])  # (3C, C)
         q, k, v = (out.pop(f"{prefix}{p}_proj.bias", None) for p in "qkv")
@@ -380,4 +446,4 @@ def eva_to_vit_keys(state_dict: dict) -> dict:
     return out
 
 
-__all__ = ["TimmArchitecture", "eva_to_vit_keys", "timm_architecture", "timm_names_fitting"]
+__all__ = ["TimmArchitecture", "timm_keys_to_ours", "timm_architecture", "timm_names_fitting"]

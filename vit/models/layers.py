@@ -108,6 +108,19 @@ class PatchEmbed(PatchGrid):
         x = self.proj(x)  # (B, embed_dim, H/p, W/p)
         return x.flatten(2).transpose(1, 2)  # (B, N, embed_dim), patches in row-major order
 
+    def embed_patches(self, patches: torch.Tensor) -> torch.Tensor:
+        """Patches cut already (a NaFlex batch, vit/models/naflex.py), (B, N, p_h * p_w * C_in), each flattened
+        as (row, column, channel) as timm's NaFlex loader cuts them -> (B, N, embed_dim). The same projection as
+        `forward`: the Conv2d's kernel (embed_dim, C_in, p_h, p_w) read as a Linear over that flattening."""
+        ph, pw = self.patch_size
+        if patches.ndim != 3 or patches.shape[-1] != ph * pw * self.in_chans:
+            raise ValueError(
+                f"patches of shape {tuple(patches.shape)} do not match the model: expected (batch, tokens, "
+                f"{ph} * {pw} * {self.in_chans} = {ph * pw * self.in_chans})"
+            )
+        weight = self.proj.weight.permute(0, 2, 3, 1).flatten(1)  # (embed_dim, p_h * p_w * C_in): row, column, channel
+        return F.linear(patches, weight, self.proj.bias)
+
 
 class ShiftedPatchEmbed(PatchGrid):
     """Shifted Patch Tokenization (SPT, Lee, Lee & Song 2021): each patch also sees a strip of its neighbours.
@@ -302,7 +315,12 @@ class QuickGELU(nn.Module):
         return x * torch.sigmoid(1.702 * x)
 
 
-ACTIVATIONS = {"gelu": nn.GELU, "quick_gelu": QuickGELU}
+def gelu_tanh() -> nn.Module:
+    """GELU's tanh approximation (SigLIP's, timm's `GELUTanh`): the same numbers as `F.gelu(x, approximate="tanh")`."""
+    return nn.GELU(approximate="tanh")
+
+
+ACTIVATIONS = {"gelu": nn.GELU, "quick_gelu": QuickGELU, "gelu_tanh": gelu_tanh}
 
 
 def inner_norm(width: int, norm_eps: float | None) -> nn.Module:
@@ -348,6 +366,13 @@ class QuickGeluMlp(Mlp):
         super().__init__(in_features, hidden_features, act="quick_gelu", **kwargs)
 
 
+class GeluTanhMlp(Mlp):
+    """`Mlp` with GELU's tanh approximation (SigLIP 2's NaFlex models); the same parameters."""
+
+    def __init__(self, in_features: int, hidden_features: int | None = None, **kwargs) -> None:
+        super().__init__(in_features, hidden_features, act="gelu_tanh", **kwargs)
+
+
 class SwiGLU(nn.Module):
     """The gated MLP of recent ViTs (Shazeer 2020; DINOv2, EVA-02): fc1 -> split in two halves a, b ->
     SiLU(a) * b -> dropout -> [norm] -> fc2 -> dropout. (B, N, C) -> (B, N, out).
@@ -388,7 +413,7 @@ class SwiGLU(nn.Module):
 
 
 # The MLP kinds, by their `mlp` setting: each takes (in_features, hidden_features, drop=, norm_eps=).
-MLPS = {"gelu": Mlp, "quick_gelu": QuickGeluMlp, "swiglu": SwiGLU}
+MLPS = {"gelu": Mlp, "quick_gelu": QuickGeluMlp, "gelu_tanh": GeluTanhMlp, "swiglu": SwiGLU}
 
 
 class DropPath(nn.Module):
@@ -491,22 +516,30 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 
-    def forward(self, x: torch.Tensor, rope: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), rope=rope)))
+    def forward(
+        self, x: torch.Tensor, rope: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask, rope=rope)))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 
 def run_blocks(
-    blocks: nn.Module, x: torch.Tensor, checkpointed: bool, ropes: list[torch.Tensor | None] | None = None
+    blocks: nn.Module,
+    x: torch.Tensor,
+    checkpointed: bool,
+    ropes: list[torch.Tensor | None] | None = None,
+    attn_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`x` through each module of `blocks` in turn. `checkpointed`: gradient checkpointing, each module's
     activations are dropped after its forward and recomputed in the backward pass, so only the (B, N, C) input of
     every block stays in memory, at the cost of one more forward pass of the blocks. Non-reentrant checkpointing
     (`use_reentrant=False`) restores the RNG state for the recomputation, so dropout and drop-path draw the same
-    masks both times. `ropes`: one rotary position table per block (or None), handed to each block's attention."""
+    masks both times. `ropes`: one rotary position table per block (or None), handed to each block's attention;
+    `attn_mask`: the same mask for every block's attention (NaFlex batches: padding is no key, vit/models/naflex.py)."""
     for i, block in enumerate(blocks):
         args = (x,) if ropes is None or ropes[i] is None else (x, ropes[i])
-        x = checkpoint(block, *args, use_reentrant=False) if checkpointed else block(*args)
+        kwargs = {} if attn_mask is None else {"attn_mask": attn_mask}
+        x = checkpoint(block, *args, use_reentrant=False, **kwargs) if checkpointed else block(*args, **kwargs)
     return x
 
 
@@ -526,7 +559,9 @@ class AttentionPool(nn.Module):
     Parameter names are timm's (`latent`, `q`, `kv`, `proj`, `norm`, `mlp.fc1`, `mlp.fc2`), so its weights load.
     """
 
-    def __init__(self, dim: int, num_heads: int, mlp_ratio: float = 4.0, norm_eps: float = 1e-6) -> None:
+    def __init__(
+        self, dim: int, num_heads: int, mlp_ratio: float = 4.0, norm_eps: float = 1e-6, act: str = "gelu"
+    ) -> None:
         super().__init__()
         if num_heads <= 0 or dim % num_heads:
             raise ValueError(f"num_heads={num_heads} must be a positive divisor of embed_dim={dim}")
@@ -536,19 +571,22 @@ class AttentionPool(nn.Module):
         self.kv = nn.Linear(dim, 2 * dim)  # [k | v], each split into heads
         self.proj = nn.Linear(dim, dim)
         self.norm = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act=act)  # act: "gelu"; SigLIP 2's NaFlex heads "gelu_tanh"
 
     def init_weights(self) -> None:
         """timm's: the query trunc-normal with std C^-0.5, cut at 2 std (the Linears get the model's init)."""
         std = self.latent.shape[-1] ** -0.5
         nn.init.trunc_normal_(self.latent, std=std, a=-2 * std, b=2 * std)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, N, C) -> (B, C); `valid` (B, N) bool: the tokens the query may read (a NaFlex batch's padding
+        is not), None: all."""
         batch = x.shape[0]
         q = self.q(self.latent.expand(batch, -1, -1))  # (B, 1, C)
         q = rearrange(q, "b l (h d) -> b h l d", h=self.num_heads)  # (B, heads, 1, head_dim)
         k, v = rearrange(self.kv(x), "b n (two h d) -> two b h n d", two=2, h=self.num_heads)  # (B, heads, N, d)
-        out = F.scaled_dot_product_attention(q, k, v)  # (B, heads, 1, head_dim): the query's read of the tokens
+        mask = None if valid is None else valid[:, None, None, :]  # (B, 1, 1, N): True = may attend
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (B, heads, 1, head_dim): the query's read
         out = self.proj(rearrange(out, "b h l d -> b l (h d)"))  # (B, 1, C)
         out = out + self.mlp(self.norm(out))
         return out[:, 0]  # (B, C)

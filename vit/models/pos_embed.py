@@ -74,11 +74,16 @@ def resample_pos_embed(
     new_grid: tuple[int, int],
     num_prefix_tokens: int = 1,
     old_grid: tuple[int, int] | None = None,
+    mode: str = "bicubic",
+    ar_preserving: bool = False,
 ) -> torch.Tensor:
-    """Bicubic resampling of the patch part of a (1, prefix + h*w, C) table onto `new_grid`.
+    """Resampling (bicubic, or `mode`; antialiased) of the patch part of a (1, prefix + h*w, C) table onto
+    `new_grid`.
 
     The prefix (class token) rows are kept as they are: they carry no spatial position. `old_grid` defaults
-    to the square root of the patch count.
+    to the square root of the patch count. `ar_preserving` (timm's NaFlex `pos_embed_ar_preserving`): the table
+    is resampled to a square of the longer side and the grid cut from its top-left corner, so a row of a wide
+    image has the positions a square image's row has, not a squeezed copy of them.
     """
     if pos_embed.ndim != 3 or pos_embed.shape[0] != 1:
         raise ValueError(f"pos_embed of shape {tuple(pos_embed.shape)} must be (1, tokens, dim)")
@@ -95,6 +100,8 @@ def resample_pos_embed(
         return pos_embed
     dim = patches.shape[-1]
     grid = patches.reshape(1, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2)  # (1, C, h, w)
-    grid = F.interpolate(grid.float(), size=new_grid, mode="bicubic", align_corners=False, antialias=True)
+    size = (max(new_grid),) * 2 if ar_preserving else tuple(new_grid)
+    grid = F.interpolate(grid.float(), size=size, mode=mode, align_corners=False, antialias=True)
+    grid = grid[:, :, : new_grid[0], : new_grid[1]]  # (1, C, rows, columns)
     patches = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim).to(pos_embed.dtype)
     return torch.cat([prefix, patches], dim=1)

@@ -1,0 +1,156 @@
+"""NaFlex batches (vit/models/naflex.py): images of their own shapes, cut into patches on their own grids and
+packed with padding. Our ViT given timm's NaFlexVit weights computes timm's logits and gradients on the same batch
+(sequence lengths and aspect ratios of several kinds, the gap, aspect-preserving gap, map and SigLIP 2 variants);
+padding changes nothing; a NaFlex batch and the image tensor of the same images give the same logits."""
+
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+
+from vit.engine.weights import load_pretrained, read_weights
+from vit.models import create_model
+from vit.models.foundation import timm_architecture, timm_keys_to_ours
+from vit.models.naflex import naflex_inputs, pack, patchify
+from vit.models.vit import VisionTransformer, ViTConfig
+
+# The four kinds of NaFlexVit head and position table: average pooling over the patches (4 registers), the same with
+# the table resampled aspect-preserving, attention pooling (1 register), SigLIP 2's (attention pooling, tanh GELU,
+# a bilinearly resampled table). Each at 1 block and 64 wide, as timm builds the family at any size.
+FAMILIES = [
+    "naflexvit_base_patch16_gap",
+    "naflexvit_base_patch16_par_gap",
+    "naflexvit_base_patch16_map",
+    "naflexvit_base_patch16_siglip",
+]
+SMALL = dict(depth=1, embed_dim=64, num_heads=2)
+# (height, width) in pixels at patch 16: a square of the table's own 16 x 16 grid, a wide and a tall image, and
+# small ones, so that one batch holds 3 sequence lengths and 3 aspect ratios beside the table's own.
+SHAPES = [(256, 256), (48, 112), (96, 32), (64, 64), (16, 16)]
+
+
+def images(shapes=SHAPES, seed=2) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(3, h, w, generator=generator) for h, w in shapes]
+
+
+def timm_and_ours(name: str, path) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """timm's model, every parameter moved off its init, saved to a file; ours built from the name and read from it.
+    The position table is moved as far as the tokens are wide (std 1, not timm's 0.02): at its init, how it is
+    resampled to each image's grid (bicubic or bilinear, aspect-preserving or not) hardly shows in the logits."""
+    torch.manual_seed(0)
+    theirs = timm.create_model(name, pretrained=False, num_classes=7, **SMALL)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for key, param in theirs.named_parameters():
+            scale = 1.0 if key == "embeds.pos_embed" else 0.02
+            param.add_(scale * torch.randn(param.shape, generator=generator))
+    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(path))
+    arch = timm_architecture(name, **SMALL)
+    ours = VisionTransformer(ViTConfig(**arch.settings, num_classes=7))
+    load_pretrained(ours, read_weights(f"timm:{name}", file=str(path)))  # strict, after the reader's layout
+    return theirs.eval(), ours.eval()
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_our_naflex_forward_and_gradients_are_timms(name, tmp_path):
+    theirs, ours = timm_and_ours(name, tmp_path / "weights.safetensors")
+    batch = pack(images(), (16, 16))  # 256 tokens long: the square image's; the others padded
+    assert batch["patch_valid"].sum(dim=1).tolist() == [256, 21, 12, 16, 1]
+    out, ref = ours(batch), theirs(dict(batch))
+    assert out.shape == ref.shape == (len(SHAPES), 7)
+    assert (out - ref).abs().max().item() <= 1e-5
+    out.square().sum().backward()
+    ref.square().sum().backward()
+    their_grads = timm_keys_to_ours({k: p.grad for k, p in theirs.named_parameters()})
+    for key, param in ours.named_parameters():
+        reference = their_grads[key]
+        assert ((param.grad - reference).abs().max() / max(1.0, reference.abs().max())).item() <= 1e-5, key
+
+
+@pytest.mark.parametrize("name", ["naflexvit_base_patch16_gap", "naflexvit_base_patch16_map"])
+def test_padding_changes_nothing(name, tmp_path):
+    """Each image alone (no padding) and packed beside a longer one (padded to its length) give the same logits."""
+    _, ours = timm_and_ours(name, tmp_path / "weights.safetensors")
+    pictures = images()
+    with torch.no_grad():
+        together = ours(pack(pictures, (16, 16), seq_len=300))
+        alone = torch.cat([ours(pack([picture], (16, 16))) for picture in pictures])
+    assert (together - alone).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("pos_embed", ["learned", "rope_mixed", "rope"])
+def test_a_naflex_batch_computes_what_the_image_tensor_computes(pos_embed):
+    """Square images of the model's size, and of another size with a dynamic image size: the same logits as a
+    tensor and as a NaFlex batch, for a learned table (with a cls token's row) and rotary positions."""
+    torch.manual_seed(0)
+    model = create_model(
+        "vit_tiny", img_size=32, patch_size=4, depth=2, num_classes=5, pos_embed=pos_embed, dynamic_img_size=True
+    ).eval()
+    for side in (32, 24):
+        pictures = torch.randn(3, 3, side, side)
+        with torch.no_grad():
+            expected, got = model(pictures), model(pack(list(pictures), (4, 4)))
+        assert (expected - got).abs().max().item() <= 1e-5, side
+
+
+def test_patches_are_cut_as_the_convolution_reads_them():
+    """patchify's (row, column, channel) flattening through `embed_patches` is the patch Conv2d's output."""
+    torch.manual_seed(0)
+    model = create_model("vit_tiny", img_size=32, patch_size=4, depth=1, num_classes=0)
+    picture = torch.randn(3, 32, 32)
+    patches, grid = patchify(picture, (4, 4))
+    assert grid == (8, 8) and patches.shape == (64, 48)
+    with torch.no_grad():
+        expected = model.patch_embed(picture[None])[0]  # (64, 192)
+        got = model.patch_embed.embed_patches(patches[None])[0]
+    assert (expected - got).abs().max().item() <= 1e-5
+
+
+def test_bad_batches_and_images_are_named():
+    with pytest.raises(ValueError, match="missing: patch_valid"):
+        naflex_inputs({"patches": torch.zeros(1, 4, 48), "patch_coord": torch.zeros(1, 4, 2)})
+    with pytest.raises(ValueError, match="patch_coord of shape"):
+        naflex_inputs(
+            {"patches": torch.zeros(1, 4, 48), "patch_coord": torch.zeros(1, 3, 2), "patch_valid": torch.ones(1, 4)}
+        )
+    with pytest.raises(ValueError, match="at least one valid patch"):
+        naflex_inputs(
+            {"patches": torch.zeros(1, 4, 48), "patch_coord": torch.zeros(1, 4, 2), "patch_valid": torch.zeros(1, 4)}
+        )
+    with pytest.raises(ValueError, match="30 x 32 px is not a whole number of 4 x 4 patches"):
+        patchify(torch.zeros(3, 30, 32), (4, 4))
+    with pytest.raises(ValueError, match="does not fit seq_len=16"):
+        pack([torch.zeros(3, 32, 32)], (4, 4), seq_len=16)
+    conv_stem = create_model("vit_tiny", img_size=32, patch_size=4, depth=1, num_classes=2, patch_embed="conv")
+    with pytest.raises(ValueError, match="need the standard patch embedding"):
+        conv_stem(pack([torch.zeros(3, 32, 32)], (4, 4)))
+
+
+@pytest.mark.slow  # the trainer builds timm's whole architecture: ViT-B, 86 M parameters, a 350 MB file
+def test_a_naflex_family_fine_tunes_from_its_timm_name_through_the_trainer(tmp_path):
+    """`model.pretrained=timm:naflexvit_base_patch16_siglip` with a file: timm's architecture (a bilinear table over
+    the patches only, tanh GELU, attention pooling), one step on 32 px images at patch 4 (table and kernel
+    resampled), and the checkpoint builds the same model again for the tools."""
+    from trainer_utils import QUICK_SYNTHETIC, compose_config
+
+    from vit.deploy.weights import build_model
+    from vit.engine.weights import load_checkpoint
+    from vit.train import run
+
+    name = "naflexvit_base_patch16_siglip"
+    torch.manual_seed(0)
+    theirs = timm.create_model(name, pretrained=False, num_classes=0)
+    save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(tmp_path / "weights.safetensors"))
+    overrides = [f"model.pretrained=timm:{name}", f"model.pretrained_file={tmp_path / 'weights.safetensors'}"]
+    overrides += [*QUICK_SYNTHETIC, "trainer.device=cpu", "trainer.attn_maps_every_n_epochs=0", "trainer.ema=false"]
+    overrides += ["data.img_size=32", "data.patch_size=4", "trainer.epochs=1", "trainer.limit_train_batches=1"]
+    overrides += ["trainer.limit_val_batches=1", "data.batch_size=4"]
+    run(compose_config(overrides), output_dir=tmp_path / "run")
+    checkpoint = tmp_path / "run" / "checkpoints" / "last.pt"
+    rebuilt = build_model(read_weights(checkpoint), str(checkpoint)).model
+    assert rebuilt.config.pos_embed_interp == "bilinear" and rebuilt.config.mlp == "gelu_tanh"
+    assert rebuilt.pos_embed.shape == (1, 64, 768) and rebuilt.cls_token is None
+    trained = load_checkpoint(checkpoint)["model"]
+    for key, value in rebuilt.state_dict().items():
+        assert torch.equal(value, trained[key].float()), key
