@@ -68,6 +68,16 @@ def test_our_naflex_forward_and_gradients_are_timms(name, tmp_path):
         assert ((param.grad - reference).abs().max() / max(1.0, reference.abs().max())).item() <= 1e-5, key
 
 
+@pytest.mark.parametrize("name", FAMILIES)
+def test_an_image_tensor_of_another_shape_gives_timms_logits(name, tmp_path):
+    """The same models on an ordinary batch of 64 x 96 px images (a 4 x 6 grid, not the table's 16 x 16): timm
+    cuts and projects it as patches, ours with the Conv2d; the table resampled alike."""
+    theirs, ours = timm_and_ours(name, tmp_path / "weights.safetensors")
+    pictures = torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        assert (ours(pictures) - theirs(pictures)).abs().max().item() <= 1e-5
+
+
 @pytest.mark.parametrize("name", ["naflexvit_base_patch16_gap", "naflexvit_base_patch16_map"])
 def test_padding_changes_nothing(name, tmp_path):
     """Each image alone (no padding) and packed beside a longer one (padded to its length) give the same logits."""

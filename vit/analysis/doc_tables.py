@@ -698,6 +698,7 @@ TABLES: dict[str, DocTable] = {
     "cpu_levers_30m_avx2": DocTable("cpu_levers_30m_avx2", budget_comparison_table),
     "cpu_tta_avx2": DocTable("cpu_levers_30m_avx2", tta_table),
     "cpu_alternating_flip_avx2": DocTable("cpu_alternating_flip_avx2", budget_comparison_table),
+    "cpu_progressive_resize_avx2": DocTable("cpu_progressive_resize_avx2", budget_comparison_table),
     "optimizer_step_avx2": DocTable("cpu_step_avx2", optimizer_step_table),
     "cpu_bf16_avx512": DocTable("cpu_bf16_avx512", cpu_bf16_table),
     "cifar10_proxy_base": DocTable("cifar10_proxy_base", proxy_base_table),
