@@ -182,7 +182,7 @@ def test_qk_norm_bounds_the_attention_logits():
         (["model.class_token=false"], "model.class_token=false needs global_pool=avg"),
         (["model.pos_embed=rope", "model.no_embed_class=true"], "model.no_embed_class=true places a position table"),
         (["model.rope_temperature=50"], "model.rope_temperature=50 is for pos_embed=rope|rope_mixed"),
-        (["model.mlp=relu"], "model.mlp='relu' must be one of ('gelu', 'quick_gelu', 'swiglu')"),
+        (["model.mlp=relu"], "model.mlp='relu' must be one of ('gelu', 'quick_gelu', 'gelu_tanh', 'swiglu')"),
         (["model.reg_tokens=-1"], "model.reg_tokens=-1 must be an integer >= 0"),
         (["model.mlp=swiglu", "model.mlp_ratio=1.5", "model.embed_dim=33", "model.num_heads=3"], "even fc1 width"),
         (["model=t2t_vit_7", "data.img_size=32", "model.dynamic_img_size=true"], "dynamic_img_size=true is for ViTs"),

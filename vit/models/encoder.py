@@ -203,11 +203,7 @@ class Encoder(nn.Module):
         )
         use_fc_norm = config.global_pool == "avg" if config.fc_norm is None else config.fc_norm
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(embed_dim, eps=config.norm_eps)
-        self.attn_pool = None
-        if config.global_pool == "map":  # the attention-pool head, sized as timm's: the blocks' heads and MLP ratio
-            mlp_ratio = config.mlp_ratio if config.mlp != "swiglu" else 4.0
-            act = "gelu_tanh" if config.mlp == "gelu_tanh" else "gelu"  # SigLIP 2 NaFlex's head: its blocks' GELU
-            self.attn_pool = AttentionPool(embed_dim, config.num_heads, mlp_ratio, config.norm_eps, act)
+        self.attn_pool = attention_pool(config) if config.global_pool == "map" else None
         # CCT's sequence pooling: one score per token, after the final norm as CCT places it.
         self.seq_pool = nn.Linear(embed_dim, 1) if config.global_pool == "seq" else None
         self.fc_norm = nn.LayerNorm(embed_dim, eps=config.norm_eps) if use_fc_norm else nn.Identity()
@@ -399,6 +395,14 @@ class Encoder(nn.Module):
             tokens, valid = self.naflex_features(x)
             return self.forward_head(tokens, valid=valid)
         return self.forward_head(self.forward_features(x))
+
+
+def attention_pool(config: EncoderConfig) -> AttentionPool:
+    """The attention-pool head (`global_pool="map"`), sized as timm's: the blocks' heads and MLP ratio (4 beside
+    SwiGLU blocks), and their GELU (tanh-approximated in SigLIP 2's NaFlex models)."""
+    mlp_ratio = config.mlp_ratio if config.mlp != "swiglu" else 4.0
+    act = "gelu_tanh" if config.mlp == "gelu_tanh" else "gelu"
+    return AttentionPool(config.embed_dim, config.num_heads, mlp_ratio, config.norm_eps, act)
 
 
 def check_encoder_args(config: EncoderConfig) -> None:
