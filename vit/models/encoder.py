@@ -272,8 +272,7 @@ class Encoder(nn.Module):
             return self.naflex_features(x)[0]
         tokens = self.tokenizer(x)  # (B, N, C); the input's shape is checked there
         grid = self.tokenizer.input_grid(x)  # (rows, columns) of those N tokens
-        prefix = [t for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
-        prefix = [t.expand(tokens.shape[0], -1, -1) for t in prefix]  # (B, 1, C) cls, dist; (B, R, C) registers
+        prefix = self.prefix_tokens(tokens.shape[0])
         if self.pos_embed is None:  # rotary positions: nothing added here, the attention rotates q and k
             x = torch.cat([*prefix, tokens], dim=1)  # (B, P + N, C)
         elif self.no_embed_class:  # the table covers the image's tokens only: add, then prepend the prefix
@@ -285,6 +284,10 @@ class Encoder(nn.Module):
         x = run_blocks(self.blocks, x, checkpointed, self.rotary_tables(grid))  # (B, P + N, C)
         return self.norm(x)
 
+    def prefix_tokens(self, batch: int) -> list[torch.Tensor]:
+        """The tokens before the image's, each expanded to the batch: (B, 1, C) cls, dist; (B, R, C) registers."""
+        return [t.expand(batch, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
+
     def naflex_features(self, inputs) -> tuple[torch.Tensor, torch.Tensor]:
         """A NaFlex batch (vit/models/naflex.py: patches (B, N, p_h * p_w * C_in), their (row, column) and a valid
         mask) -> (tokens (B, P + N, C) after the last block and norm, valid (B, N)). What `forward_features` does
@@ -294,9 +297,8 @@ class Encoder(nn.Module):
         if embed is None:
             raise ValueError(f"NaFlex batches need the standard patch embedding, not {type(self.tokenizer).__name__}")
         tokens = embed(patches)  # (B, N, C)
-        batch = tokens.shape[0]
-        prefix = [t.expand(batch, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
-        prefix = torch.cat(prefix, dim=1) if prefix else tokens[:, :0]  # (B, P, C): cls, dist, registers
+        prefix = self.prefix_tokens(tokens.shape[0])
+        prefix = torch.cat(prefix, dim=1) if prefix else tokens[:, :0]  # (B, P, C)
         if self.pos_embed is not None:
             table_prefix = 0 if self.no_embed_class else self.num_prefix_tokens
             # each token's row of its image's table (1, P + h * w, C), the prefix rows left out: (B, N, C)

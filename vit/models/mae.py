@@ -30,6 +30,7 @@ from einops import rearrange
 from torch import nn
 
 from vit.models.layers import Block
+from vit.models.naflex import patchify
 from vit.models.pos_embed import sincos_2d_table
 from vit.models.registry import model_arguments, model_entry
 from vit.models.vit import VisionTransformer, ViTConfig
@@ -111,8 +112,7 @@ class MaskedAutoencoder(VisionTransformer):
 
     def patchify(self, images: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, N, p·p·C), each patch flattened as (row, column, channel), patches row-major."""
-        ph, pw = self.patch_embed.patch_size
-        return rearrange(images, "b c (h p) (w q) -> b (h w) (p q c)", p=ph, q=pw)
+        return patchify(images, self.patch_embed.patch_size)[0]
 
     def unpatchify(self, patches: torch.Tensor) -> torch.Tensor:
         """(B, N, p·p·C) -> (B, C, H, W), the inverse of `patchify` on the model's grid."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
+from einops import rearrange
 
 NAFLEX_KEYS = ("patches", "patch_coord", "patch_valid")
 Grid = tuple[int, int]
@@ -51,18 +52,18 @@ def naflex_inputs(batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torc
     return patches, coord.long(), valid
 
 
-def patchify(image: torch.Tensor, patch_size: Grid) -> tuple[torch.Tensor, Grid]:
-    """One image (C, H, W) -> its patches (h * w, p_h * p_w * C) in row-major order, each flattened as (row,
-    column, channel), and its grid (h, w) = (H / p_h, W / p_w). The sides must be whole numbers of patches."""
+def patchify(images: torch.Tensor, patch_size: Grid) -> tuple[torch.Tensor, Grid]:
+    """Images (C, H, W) or (B, C, H, W) -> their patches (..., h * w, p_h * p_w * C) in row-major order, each
+    flattened as (row, column, channel) (MAE's reconstruction targets too), and the grid (h, w) = (H / p_h, W / p_w).
+    The sides must be whole numbers of patches."""
     ph, pw = patch_size
-    if image.ndim != 3:
-        raise ValueError(f"an image of shape {tuple(image.shape)} must be (channels, height, width)")
-    channels, height, width = image.shape
+    if images.ndim not in (3, 4):
+        raise ValueError(f"images of shape {tuple(images.shape)} must be ([batch,] channels, height, width)")
+    height, width = images.shape[-2:]
     if height < ph or width < pw or height % ph or width % pw:
         raise ValueError(f"an image of {height} x {width} px is not a whole number of {ph} x {pw} patches")
-    h, w = height // ph, width // pw
-    patches = image.reshape(channels, h, ph, w, pw).permute(1, 3, 2, 4, 0)  # (h, w, p_h, p_w, C)
-    return patches.reshape(h * w, ph * pw * channels), (h, w)
+    patches = rearrange(images, "... c (h p) (w q) -> ... (h w) (p q c)", p=ph, q=pw)
+    return patches, (height // ph, width // pw)
 
 
 def pack(images: Sequence[torch.Tensor], patch_size: Grid, seq_len: int | None = None) -> dict[str, torch.Tensor]:
