@@ -29,6 +29,7 @@ ABOVE = {
     "vit.hub": EVERY_PACKAGE,  # the Hub's offline check, for the pretrained weights and the Hugging Face datasets
     "vit.progress": EVERY_PACKAGE,  # progress bars and lines for long stretches of work
     "vit.settings": EVERY_PACKAGE,  # the config groups' typed declarations: defaults, types and ranges
+    "vit.naflex": EVERY_PACKAGE,  # the NaFlex batch format: the data's loaders make it, the models read it
     "vit.models": ("vit.data", "vit.engine", *TOOLS),
     "vit.data": ("vit.models", "vit.engine", *TOOLS),
     "vit.engine": TOOLS,

@@ -344,6 +344,18 @@ def make_tree(root: Path, classes=("cat", "dog", "frog"), per_class=8, val="val"
     return root
 
 
+def mixed_shape_tree(root: Path) -> Path:
+    """root/{train,val}/{a,b}/: wide (40 x 24 px), tall (24 x 40) and square (32 x 32) noise images, 6 a class."""
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for name in ("a", "b"):
+            (root / split / name).mkdir(parents=True)
+            for i, (width, height) in enumerate([(40, 24), (24, 40), (32, 32)] * 2):
+                pixels = rng.integers(0, 256, (height, width, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(root / split / name / f"{i}.png")
+    return root
+
+
 # The data config a fake run records (fake_run).
 DATA_CFG = {"name": "cifar10", "img_size": 32, "mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}
 

@@ -327,3 +327,57 @@ def test_evaluate_and_export_say_when_the_classifier_was_never_trained(encoder_f
     assert export_tool.main([*argv, "format=exported-program", f"output={output}", f"image={tree / 'val'}"]) == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "the exported file's classes are random" in warnings[0], warnings
+
+
+def test_predict_at_the_images_own_shapes_packs_them_whole(ours, tmp_path, capsys):
+    """seq_len=<n>: each image whole, its aspect ratio kept, at most n patches, run as one NaFlex batch (padding
+    masked): a square 32 px image at 64 tokens is the 32 px image the default path sees, so the same classes and
+    probabilities; a wide one (5 x 10 patches, padded to 64 in the batch) answers as it does alone."""
+    from PIL import Image
+    from trainer_utils import noise_image
+
+    from vit.data.images import read_rgb
+    from vit.deploy.preprocessing import Preprocessing
+
+    images = tmp_path / "images"
+    images.mkdir()
+    noise_image("RGB", 32, seed=0).save(images / "a_square.png")
+    noise_image("RGB", 64, seed=1).resize((64, 32)).save(images / "b_wide.png")
+    base = [f"checkpoint={ours / 'best.pt'}", "amp=none", "ema=false", "json=-", "top=10"]
+    code, out, err = predict([*base, f"image={images}", "seq_len=64"], capsys)
+    assert code == 0, err
+    square, wide = json.loads(out)
+    code, out, err = predict([*base, f"image={images / 'a_square.png'}"], capsys)
+    assert code == 0, err
+    plain = {p["class"]: p["prob"] for p in json.loads(out)[0]["top"]}
+    assert {p["class"]: p["prob"] for p in square["top"]} == pytest.approx(plain, abs=1e-4)
+    code, out, err = predict([*base, f"image={images / 'b_wide.png'}", "seq_len=64"], capsys)
+    assert code == 0, err
+    alone = {p["class"]: p["prob"] for p in json.loads(out)[0]["top"]}
+    assert {p["class"]: p["prob"] for p in wide["top"]} == pytest.approx(alone, abs=1e-4)
+    pre = Preprocessing(32, 32, "bilinear", (0.5,) * 3, (0.25,) * 3, origin="test")
+    x = pre.naflex_transform(64, 4)(read_rgb(images / "b_wide.png"))
+    assert tuple(x.shape) == (3, 20, 40) and Image.open(images / "b_wide.png").size == (64, 32)  # 5 x 10 patches
+    for extra, needle in (
+        (["seq_len=0"], "seq_len='0' must be a whole number of tokens >= 1"),
+        ([f"checkpoint={tmp_path / 'best.onnx'}"], "seq_len=64: "),
+    ):
+        code, out, err = predict([*base, f"image={images}", "seq_len=64", *extra], capsys)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and needle in lines[0], lines
+
+
+def test_evaluate_at_the_images_own_shapes_matches_the_square_path_at_their_size(ours, capsys):
+    """vit-eval seq_len=<n>: the split's images whole as NaFlex batches. The synthetic split's 32 px squares at 64
+    tokens are the 32 px tensors of the default path: the same top-1 and loss; at 16 tokens (16 px) another figure."""
+    base = [f"checkpoint={ours / 'best.pt'}", "amp=none", "ema=false", "device=cpu", "data.num_workers=0"]
+    results = {}
+    for extra in ([], ["seq_len=64"], ["seq_len=16"]):
+        assert evaluate_tool.main([*base, *extra]) == 0
+        results[tuple(extra)] = json.loads(capsys.readouterr().out)
+    square, at_64, at_16 = results.values()
+    assert at_64["seq_len"] == 64 and square["seq_len"] is None and at_64["count"] == square["count"] == 24
+    assert at_64["top1"] == square["top1"] and at_64["loss"] == pytest.approx(square["loss"], abs=1e-5)
+    assert at_16["loss"] != pytest.approx(square["loss"], abs=1e-5)
+    assert evaluate_tool.cli([*base, "seq_len=64", "flip=true"]) == 2
+    assert "leave out flip and shift" in one_error_line(capsys)

@@ -11,8 +11,8 @@ from safetensors.torch import save_file
 from vit.engine.weights import load_pretrained, read_weights
 from vit.models import create_model
 from vit.models.foundation import timm_architecture, timm_keys_to_ours
-from vit.models.naflex import naflex_inputs, pack, patchify
 from vit.models.vit import VisionTransformer, ViTConfig
+from vit.naflex import naflex_inputs, pack, patchify
 
 # The four kinds of NaFlexVit head and position table: average pooling over the patches (4 registers), the same with
 # the table resampled aspect-preserving, attention pooling (1 register), SigLIP 2's (attention pooling, tanh GELU,

@@ -1,7 +1,7 @@
 """Evaluate any weights on a dataset: a checkpoint of this trainer, or a model name with foreign weights.
 
 usage: vit-eval checkpoint=<path> [data.<key>=...] [ema=auto|true|false] [flip=true] [shift=<pixels>]
-           [confusion=<png>] [json=<path>] [amp=auto|bf16|fp16|none]
+           [confusion=<png>] [json=<path>] [amp=auto|bf16|fp16|none] [seq_len=<tokens>]
        vit-eval model=<name> model.pretrained=<timm:name | file> [model.<key>=...]
            [data=<config>] [data.<key>=...] [preprocess=data|timm:<name>] [class_map=imagenet|<file>]
 (in a checkout, without installing: python scripts/evaluate.py with the same arguments)
@@ -27,6 +27,11 @@ Weights: {ema_rule}
 Test-time augmentation (as trainer.eval_flip and trainer.eval_shift): `flip=true` averages each image's class
 probabilities with its mirror's; `shift=<n>` weighs in the image moved n pixels down-right and up-left (1/4 each,
 the image itself 1/2), each view with its mirror under flip=true. Each view is one more forward pass.
+
+Images at their own shapes: `seq_len=<n>` evaluates each image whole (no crop), resized with its aspect ratio kept
+to at most n patches (each side a whole number of patches), the batches NaFlex batches (vit/naflex.py: each image on
+its own grid, padding masked); any ViT with the standard patch embedding (a data.naflex run's, timm's NaFlexVit
+models). `seq_len=64` is a 32 px square image in 4 px patches, `seq_len=144` the same at 48 px.
 
 Preprocessing: `preprocess=timm:<name>` is timm's pretrained config of those weights (resize ratio, interpolation,
 mean/std), `preprocess=data` the data config's validation transform; by default a `timm:` source uses timm's
@@ -67,6 +72,7 @@ from vit.progress import progress
 
 KNOWN_KEYS = (
     "checkpoint",
+    "seq_len",
     "model",
     "data",
     "ema",
@@ -157,18 +163,39 @@ def for_this_machine(data_cfg, given: list[str]) -> None:
         )
 
 
-def evaluation_loader(split, pre, data_cfg, batch_size: int, device: torch.device) -> DataLoader:
+def evaluation_loader(
+    split, pre, data_cfg, batch_size: int, device: torch.device, naflex: tuple[int, int] | None = None
+) -> DataLoader:
     """The split through the preprocessing, its batches drawn across every class (so limit_batches sees them all),
-    with this machine's workers (at most 8) unless the data config names a count."""
+    with this machine's workers (at most 8) unless the data config names a count. `naflex` (seq_len, patch size):
+    each image whole at its own shape, at most seq_len patches, the batches NaFlex batches (vit/naflex.py)."""
+    from vit.data.loading.naflex import PackImages
     from vit.data.loading.torch_loader import ShardSampler, Transformed, class_balanced_order
 
     workers = data_cfg.get("num_workers")
     workers = min(8, os.cpu_count() or 1) if workers is None else int(workers)
-    dataset = Transformed(split, pre.transform())
+    transform = pre.transform() if naflex is None else pre.naflex_transform(*naflex)
+    dataset = Transformed(split, transform)
     sampler = ShardSampler(len(dataset), order=class_balanced_order(dataset))
+    collate = None if naflex is None else PackImages(naflex[1])
     return DataLoader(
-        dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=device.type == "cuda"
-    )
+        dataset, batch_size=batch_size, sampler=sampler, num_workers=workers, pin_memory=device.type == "cuda",
+        collate_fn=collate,
+    )  # fmt: skip
+
+
+def own_shapes(options, model: nn.Module, flip: bool, shift: int) -> tuple[int, int] | None:
+    """seq_len=<n>: (n, the model's patch size), the images evaluated whole at their own shapes as NaFlex batches;
+    None without it. Test-time views are of square image tensors: refused beside it, in one line."""
+    from vit.deploy.preprocessing import naflex_patch_size
+
+    patch = naflex_patch_size(model, options.get("seq_len"))
+    if patch is None:
+        return None
+    if flip or shift:
+        raise UsageError(f"seq_len={options.get('seq_len')} evaluates each image once, at its own shape: leave out "
+                         "flip and shift (their views are of square images)")  # fmt: skip
+    return int(options.get("seq_len")), patch
 
 
 def evaluate_weights(argv: list[str]) -> dict:
@@ -190,6 +217,7 @@ def evaluate_weights(argv: list[str]) -> dict:
     device = resolve_device(options.get("device", "auto"))
     flip = options.flag("flip")
     shift = options.integer("shift", 0, minimum=0)
+    naflex = own_shapes(options, weights.model, flip, shift)
 
     splits = build_splits(data_cfg)
     data_classes = sorted(splits.class_to_idx, key=splits.class_to_idx.get)
@@ -199,7 +227,7 @@ def evaluate_weights(argv: list[str]) -> dict:
     model = weights.model if indices is None else SelectLogits(weights.model, indices)
     model.to(device)
 
-    loader = evaluation_loader(splits.val, pre, data_cfg, batch_size, device)
+    loader = evaluation_loader(splits.val, pre, data_cfg, batch_size, device, naflex)
     trained_with = (weights.config.get("trainer") or {}).get("amp") if weights.config is not None else None
     precision = choose_precision(options.get("amp") or trained_with or "auto", device, weights.model)
     announce(precision)
@@ -221,12 +249,9 @@ def evaluate_weights(argv: list[str]) -> dict:
     result["precision"] = precision.name
     result["precision_reason"] = precision.reason
     result["seconds"] = round(seconds, 2)
-    result["split"] = splits.val_name
-    result["data"] = str(data_cfg.get("name"))
-    result["model"] = weights.name
-    result["source"] = weights.source
+    result.update(split=splits.val_name, data=str(data_cfg.get("name")), model=weights.name, source=weights.source)
     result["weights"] = weights.which or "the source's"
-    result["flip"], result["shift"] = flip, shift
+    result.update(flip=flip, shift=shift, seq_len=naflex[0] if naflex else None)
     result["preprocessing"] = pre.to_dict()
     result["classes"] = {
         "data": len(data_classes),
@@ -246,6 +271,7 @@ def evaluate_weights(argv: list[str]) -> dict:
 def summary_line(result: dict) -> str:
     pre = result["preprocessing"]
     views = (", flip" if result["flip"] else "") + (f", shift {result['shift']}" if result.get("shift") else "")
+    views += f", each image at its own shape in at most {result['seq_len']} patches" if result.get("seq_len") else ""
     return (
         f"{result['model']} ({result['source']}, weights: {result['weights']}) on {result['data']} "
         f"{result['split']}, {result['count']:,} images: "

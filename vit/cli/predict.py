@@ -1,7 +1,7 @@
 """Top-5 predictions of a trained model with class names and probabilities, or the images' features.
 
 usage: vit-predict checkpoint=<path> image=<file, folder or a.jpg,b.png> [json=<path> | json=-]
-    [top=5 | features=true] [ema=auto|true|false] [amp=auto|bf16|fp16|none]
+    [top=5 | features=true] [ema=auto|true|false] [amp=auto|bf16|fp16|none] [seq_len=<tokens>]
        vit-predict model=<name> model.pretrained=<timm:name | file> [model.pretrained_file=<file>]
     [model.<key>=...] [preprocess=timm:<name>|data] [data=<config>] [data.<key>=...] image=<...> ...
 (in a checkout, without installing: python scripts/predict.py with the same arguments)
@@ -22,6 +22,11 @@ line `<image>: <C numbers>` each, or "features" in the JSON; it takes any weight
 
 Weights: {ema_rule} Here: one line on stderr, and "weights" in each JSON record (an ONNX file: the weights its
 side JSON says it was exported from).
+
+Images at their own shapes: `seq_len=<n>` keeps each image whole (no crop) and resizes it, its aspect ratio kept, to
+at most n patches (each side a whole number of patches), then runs the images as NaFlex batches (vit/naflex.py:
+each on its own grid, padding masked). Any ViT with the standard patch embedding takes them (a NaFlex-trained run's,
+timm's NaFlexVit models); `seq_len=64` is a 32 px square image in 4 px patches, a 64 x 32 px one at 8 x 4 patches.
 
 Foreign weights, as evaluate and export take them: `model=<name> model.pretrained=timm:<name>` builds timm's
 architecture of that name (DINOv2, SigLIP, CLIP, EVA-02 ...), with `model.pretrained_file=<file>` holding its
@@ -49,9 +54,11 @@ import torch
 
 from vit.analysis.inputs import image_paths
 from vit.cli.args import parse_args, run_script
+from vit.deploy.preprocessing import naflex_patch_size
 from vit.deploy.weights import ema_option, with_ema_rule
 from vit.engine.device import Precision, choose_precision
 from vit.errors import UsageError
+from vit.naflex import pack
 from vit.settings.trainer import AMP_MODES
 
 log = logging.getLogger("vit.cli.predict")
@@ -131,24 +138,32 @@ def model_outputs(options, spec: str, features: bool) -> tuple[list[Path], np.nd
             f"{key}={weights.source}: {weights.untrained_head}: give weights whose classifier was trained "
             "(fine-tune on your classes first), or add features=true for the pooled image features"
         )
-    model, transform = weights.model, pre.transform()
+    model = weights.model
+    patch = naflex_patch_size(model, options.get("seq_len"))
+    transform = pre.transform() if patch is None else pre.naflex_transform(int(options["seq_len"]), patch)
     names = weights.classes or [str(i) for i in range(int(model.num_classes))]
     paths = [p for part in spec.split(",") for p in image_paths(part)]
-    images = torch.stack([transform(read_rgb(path)) for path in paths])  # (B, 3, H, W)
+    images = [transform(read_rgb(path)) for path in paths]  # (3, H, W) each; with seq_len, each its own H, W
     trained_with = (weights.config.get("trainer") or {}).get("amp") if weights.config is not None else None
     precision = cpu_precision(amp, trained_with or "auto", model)
 
-    def answer(chunk: torch.Tensor) -> torch.Tensor:
-        if features:  # the embedding the head would read: (B, C), before the classifier
-            return model.forward_head(model.forward_features(chunk), pre_logits=True).float()
-        return model(chunk).float().softmax(dim=-1)  # (B, classes)
+    def answer(chunk: list[torch.Tensor]) -> torch.Tensor:
+        batch = torch.stack(chunk) if patch is None else pack(chunk, (patch, patch))  # (B, 3, H, W) or NaFlex
+        if not features:
+            return model(batch).float().softmax(dim=-1)  # (B, classes)
+        # the embedding the head would read: (B, C), before the classifier
+        if patch is None:
+            return model.forward_head(model.forward_features(batch), pre_logits=True).float()
+        tokens, valid = model.naflex_features(batch)
+        return model.forward_head(tokens, pre_logits=True, valid=valid).float()
 
     with torch.no_grad(), precision.autocast(torch.device("cpu")):
-        chunks = [answer(chunk) for chunk in images.split(64)]
+        chunks = [answer(images[i : i + 64]) for i in range(0, len(images), 64)]
     return paths, torch.cat(chunks).numpy(), names, f"{weights.which} ({weights.source})"
 
 
 KNOWN = {"checkpoint": None, "image": None, "json": None, "top": None, "ema": None, "amp": None, "features": None}
+KNOWN |= {"seq_len": None}
 FOREIGN = {"model": None, "preprocess": None, "data": None}  # with model.pretrained=: as evaluate.py takes them
 TOP = 5  # classes a line, unless top= says
 
@@ -169,10 +184,10 @@ def main(argv: list[str]) -> int:
         if args["model"] or args.model or args.data or args["preprocess"] or args["data"]:
             raise UsageError("model=, model.<key>=, data and preprocess= go with model.pretrained=, not checkpoint=")
     if args.source is None and checkpoint.endswith(".onnx"):
-        if features:
-            raise UsageError(
-                f"features=true: {checkpoint} computes the logits only; give the checkpoint it was exported from"
-            )
+        if features or args["seq_len"] is not None:
+            what = "computes the logits only" if features else "takes square images of its own size only"
+            key = "features=true" if features else f"seq_len={args['seq_len']}"
+            raise UsageError(f"{key}: {checkpoint} {what}; give the checkpoint it was exported from")
         paths, outputs, names, which = onnx_probabilities(checkpoint, args["image"], args)
     else:
         paths, outputs, names, which = model_outputs(args, args["image"], features)

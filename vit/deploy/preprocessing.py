@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torchvision import transforms as T
 
+from vit.errors import UsageError
+
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
 
 
@@ -39,6 +41,21 @@ class Preprocessing:
                 T.Normalize(self.mean, self.std),
             ]
         )
+
+    def naflex_transform(self, seq_len: int, patch_size: int):
+        """PIL image -> normalised float tensor (3, h, w): the whole image, no crop, resized with its aspect ratio
+        kept to at most `seq_len` patches of `patch_size` px, each side a whole number of them (vit/data/loading/
+        naflex.py's `grid_for`), for a NaFlex batch (vit/naflex.py's `pack`)."""
+        from vit.data.loading.naflex import grid_for
+
+        finish = T.Compose([T.PILToTensor(), T.ConvertImageDtype(torch.float32), T.Normalize(self.mean, self.std)])
+        mode = T.InterpolationMode(self.interpolation)
+
+        def apply(image) -> torch.Tensor:
+            size = grid_for((image.height, image.width), patch_size, seq_len)
+            return finish(T.functional.resize(image, list(size), interpolation=mode, antialias=True))
+
+        return apply
 
     def to_dict(self) -> dict:
         out = asdict(self)
@@ -92,3 +109,20 @@ def from_timm(name: str) -> Preprocessing:
         tuple(float(v) for v in cfg["std"]),
         f"timm pretrained config of {name!r}",
     )
+
+
+def naflex_patch_size(model, seq_len: str | None) -> int | None:
+    """The tools' seq_len=<n> (vit-eval, vit-predict): the side of the model's patches, which NaFlex batches are
+    cut into (None without seq_len). A model that does not cut plain patches (a convolutional stem, T2T-ViT) or
+    non-square ones is refused in one line, before any image is read."""
+    if seq_len is None:
+        return None
+    if not str(seq_len).isdigit() or int(seq_len) < 1:
+        raise UsageError(f"seq_len={seq_len!r} must be a whole number of tokens >= 1")
+    tokenizer = getattr(model, "tokenizer", None)
+    if not hasattr(tokenizer, "embed_patches") or len(set(tokenizer.patch_size)) != 1:
+        raise UsageError(
+            f"seq_len={seq_len}: images at their own shapes need a ViT that cuts square patches (the standard patch "
+            f"embedding), not {type(tokenizer or model).__name__}"
+        )
+    return int(tokenizer.patch_size[0])

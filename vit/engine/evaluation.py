@@ -13,6 +13,7 @@ from vit.engine.compile import eager
 from vit.engine.device import autocast_to
 from vit.engine.distributed import Distributed
 from vit.engine.sharding import is_sharded, reshard
+from vit.naflex import to_device
 
 
 @torch.no_grad()
@@ -92,7 +93,7 @@ def _evaluate(model, loader, device, ctx, limit_batches, num_classes, dist, flip
         if limit_batches is not None and i >= limit_batches:
             break
         done = i + 1
-        images = images.to(device, non_blocking=True)
+        images = to_device(images, device)  # (B, 3, H, W), or a NaFlex batch (vit/naflex.py)
         targets = targets.to(device, non_blocking=True)
         if flip or shift:
             with ctx:

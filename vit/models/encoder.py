@@ -52,9 +52,10 @@ from torch import nn
 from torch.nn.init import trunc_normal_
 
 from vit.models.layers import MLPS, AttentionPool, Block, check_rate, run_blocks, to_2tuple
-from vit.models.naflex import is_naflex, key_mask, masked_mean, naflex_inputs, rows_per_image
+from vit.models.naflex import key_mask, masked_mean, rows_per_image
 from vit.models.pos_embed import POS_EMBED_KINDS, make_pos_embed, resample_pos_embed
 from vit.models.rope import MixedRope, axial_rope_table, dinov3_rope_table
+from vit.naflex import is_naflex, naflex_inputs
 
 GLOBAL_POOLS = ("token", "avg", "map", "seq")
 POS_EMBED_INTERPS = ("bicubic", "bilinear")  # how a position table is resampled to another grid
@@ -267,7 +268,7 @@ class Encoder(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C_in, H, W) -> all tokens after the last block and norm, (B, P + N, C) with P prefix tokens. A NaFlex
-        batch (vit/models/naflex.py) goes through `naflex_features` instead."""
+        batch (vit/naflex.py) goes through `naflex_features` instead."""
         if is_naflex(x):
             return self.naflex_features(x)[0]
         tokens = self.tokenizer(x)  # (B, N, C); the input's shape is checked there
@@ -289,7 +290,7 @@ class Encoder(nn.Module):
         return [t.expand(batch, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
 
     def naflex_features(self, inputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """A NaFlex batch (vit/models/naflex.py: patches (B, N, p_h * p_w * C_in), their (row, column) and a valid
+        """A NaFlex batch (vit/naflex.py: patches (B, N, p_h * p_w * C_in), their (row, column) and a valid
         mask) -> (tokens (B, P + N, C) after the last block and norm, valid (B, N)). What `forward_features` does
         to an image, per image: its own grid's position rows or rotary table, padding masked out as a key."""
         patches, coord, valid = naflex_inputs(inputs)
@@ -392,7 +393,7 @@ class Encoder(nn.Module):
         return (logits + logits_dist) / 2  # evaluation: the heads averaged, as DeiT does
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Images (B, C_in, H, W), or a NaFlex batch (vit/models/naflex.py) -> logits."""
+        """Images (B, C_in, H, W), or a NaFlex batch (vit/naflex.py) -> logits."""
         if is_naflex(x):
             tokens, valid = self.naflex_features(x)
             return self.forward_head(tokens, valid=valid)

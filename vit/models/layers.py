@@ -109,7 +109,7 @@ class PatchEmbed(PatchGrid):
         return x.flatten(2).transpose(1, 2)  # (B, N, embed_dim), patches in row-major order
 
     def embed_patches(self, patches: torch.Tensor) -> torch.Tensor:
-        """Patches cut already (a NaFlex batch, vit/models/naflex.py), (B, N, p_h * p_w * C_in), each flattened
+        """Patches cut already (a NaFlex batch, vit/naflex.py), (B, N, p_h * p_w * C_in), each flattened
         as (row, column, channel) as timm's NaFlex loader cuts them -> (B, N, embed_dim). The same projection as
         `forward`: the Conv2d's kernel (embed_dim, C_in, p_h, p_w) read as a Linear over that flattening."""
         ph, pw = self.patch_size

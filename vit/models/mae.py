@@ -30,10 +30,10 @@ from einops import rearrange
 from torch import nn
 
 from vit.models.layers import Block
-from vit.models.naflex import patchify
 from vit.models.pos_embed import sincos_2d_table
 from vit.models.registry import model_arguments, model_entry
 from vit.models.vit import VisionTransformer, ViTConfig
+from vit.naflex import patchify
 
 
 @dataclass(frozen=True)

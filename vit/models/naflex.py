@@ -1,93 +1,21 @@
 """NaFlex batches: images at their own shape and size, each cut into patches on its own grid and packed into one
 batch of padded patch sequences (NaViT's patch-n-pack, as timm's NaFlexVit and its NaFlex loader take them).
 
-A batch is a dict with timm's keys, so timm's NaFlex loader's batches go in as they are:
-
-    patches      (B, N, p_h * p_w * C)   each image's patches in row-major order over its own grid, each flattened
-                                         as (row, column, channel); after an image's last patch, padding up to N
-    patch_coord  (B, N, 2)               (row, column) of each patch in its image's grid, integers (padding: 0)
-    patch_valid  (B, N)                  True for a patch, False for padding
-
-An image of h x w patches fills h * w of the N places; its grid is read back from its coordinates (largest + 1).
-Through the encoder (vit/models/encoder.py), per image: the patch projection (the Conv2d kernel read as a Linear
-over the flattened patch, `PatchEmbed.embed_patches`), the position table resampled to that image's grid (or its
-rotary table computed for that grid) and each patch given the row of its coordinate, padding masked out of every
-attention as keys (`key_mask`) and out of the pooling. A padded image and the same image alone give the same
-logits (tests/models/test_naflex.py), and with timm's weights the same logits as timm's NaFlexVit.
+The batch format is vit/naflex.py's (made by the data's loaders, read here). Through the encoder
+(vit/models/encoder.py), per image: the patch projection (the Conv2d kernel read as a Linear over the flattened
+patch, `PatchEmbed.embed_patches`), the position table resampled to that image's grid (or its rotary table computed
+for that grid) and each patch given the row of its coordinate, padding masked out of every attention as keys
+(`key_mask`) and out of the pooling. A padded image and the same image alone give the same logits
+(tests/models/test_naflex.py), and with timm's weights the same logits as timm's NaFlexVit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 
 import torch
-from einops import rearrange
 
-NAFLEX_KEYS = ("patches", "patch_coord", "patch_valid")
-Grid = tuple[int, int]
-
-
-def is_naflex(x: object) -> bool:
-    """Whether a model input is a NaFlex batch (a mapping of `NAFLEX_KEYS`) rather than an image tensor."""
-    return isinstance(x, Mapping)
-
-
-def naflex_inputs(batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(patches (B, N, D), patch_coord (B, N, 2) long, patch_valid (B, N) bool) of a batch, its shapes checked:
-    a ValueError naming the key and shape that does not fit."""
-    missing = [key for key in NAFLEX_KEYS if key not in batch]
-    if missing:
-        raise ValueError(f"a NaFlex batch needs the keys {', '.join(NAFLEX_KEYS)}; missing: {', '.join(missing)}")
-    patches, coord, valid = (batch[key] for key in NAFLEX_KEYS)
-    if patches.ndim != 3:
-        raise ValueError(f"patches of shape {tuple(patches.shape)} must be (batch, tokens, patch values)")
-    batch_size, length = patches.shape[:2]
-    if tuple(coord.shape) != (batch_size, length, 2):
-        raise ValueError(f"patch_coord of shape {tuple(coord.shape)} must be ({batch_size}, {length}, 2)")
-    if tuple(valid.shape) != (batch_size, length):
-        raise ValueError(f"patch_valid of shape {tuple(valid.shape)} must be ({batch_size}, {length})")
-    valid = valid.bool()
-    if not bool(valid.any(dim=1).all()):
-        raise ValueError("every image of a NaFlex batch needs at least one valid patch (patch_valid)")
-    return patches, coord.long(), valid
-
-
-def patchify(images: torch.Tensor, patch_size: Grid) -> tuple[torch.Tensor, Grid]:
-    """Images (C, H, W) or (B, C, H, W) -> their patches (..., h * w, p_h * p_w * C) in row-major order, each
-    flattened as (row, column, channel) (MAE's reconstruction targets too), and the grid (h, w) = (H / p_h, W / p_w).
-    The sides must be whole numbers of patches."""
-    ph, pw = patch_size
-    if images.ndim not in (3, 4):
-        raise ValueError(f"images of shape {tuple(images.shape)} must be ([batch,] channels, height, width)")
-    height, width = images.shape[-2:]
-    if height < ph or width < pw or height % ph or width % pw:
-        raise ValueError(f"an image of {height} x {width} px is not a whole number of {ph} x {pw} patches")
-    patches = rearrange(images, "... c (h p) (w q) -> ... (h w) (p q c)", p=ph, q=pw)
-    return patches, (height // ph, width // pw)
-
-
-def pack(images: Sequence[torch.Tensor], patch_size: Grid, seq_len: int | None = None) -> dict[str, torch.Tensor]:
-    """Images (C, H_i, W_i) of any shapes -> one NaFlex batch, padded to `seq_len` tokens (None: the longest
-    image's). An image with more patches than `seq_len` is a ValueError (resize it first)."""
-    if not images:
-        raise ValueError("no images to pack")
-    cut = [patchify(image, patch_size) for image in images]
-    longest = max(patches.shape[0] for patches, _ in cut)
-    length = longest if seq_len is None else int(seq_len)
-    if longest > length:
-        grid = next(g for p, g in cut if p.shape[0] == longest)
-        raise ValueError(f"an image of {grid[0]} x {grid[1]} patches ({longest} tokens) does not fit seq_len={length}")
-    first = cut[0][0]
-    patches = first.new_zeros(len(images), length, first.shape[1])
-    coord = torch.zeros(len(images), length, 2, dtype=torch.long, device=first.device)
-    valid = torch.zeros(len(images), length, dtype=torch.bool, device=first.device)
-    for i, (image_patches, (h, w)) in enumerate(cut):
-        n = h * w
-        rows, cols = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
-        patches[i, :n] = image_patches
-        coord[i, :n] = torch.stack([rows.reshape(-1), cols.reshape(-1)], dim=1).to(first.device)
-        valid[i, :n] = True
-    return {"patches": patches, "patch_coord": coord, "patch_valid": valid}
+from vit.naflex import Grid
 
 
 def grid_sizes(coord: torch.Tensor, valid: torch.Tensor) -> list[Grid]:
@@ -130,14 +58,4 @@ def masked_mean(tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return (tokens * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)
 
 
-__all__ = [
-    "NAFLEX_KEYS",
-    "grid_sizes",
-    "is_naflex",
-    "key_mask",
-    "masked_mean",
-    "naflex_inputs",
-    "pack",
-    "patchify",
-    "rows_per_image",
-]
+__all__ = ["grid_sizes", "key_mask", "masked_mean", "rows_per_image"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
+from vit.errors import ConfigError
 from vit.settings.schema import Settings, as_given, knob
 
 
@@ -34,6 +35,38 @@ class AugmentSettings(Settings):
     cutmix_alpha: float = knob(0.0, low=0.0)
     mixup_prob: float = knob(1.0, low=0.0, high=1.0)
     label_smoothing: float = knob(0.1, low=0.0, high=1.0, high_open=True)
+
+
+def parse_seq_lens(value) -> tuple[int, ...] | None:
+    """`data.naflex.seq_lens`: null, or a list of token counts (whole numbers >= 1), returned sorted without
+    repeats."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ConfigError(f"data.naflex.seq_lens={value!r} must be a list of token counts, e.g. [16,36,64], or null")
+    bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+    if bad:
+        raise ConfigError(
+            f"data.naflex.seq_lens={list(value)!r}: {bad[0]!r} is not a token count (a whole number >= 1)"
+        )
+    return tuple(sorted(set(value)))
+
+
+@dataclass(frozen=True)
+class NaFlexSettings(Settings):
+    """Training on NaFlex batches (vit/data/loading/naflex.py): each batch draws one of `seq_lens`, its images are
+    resized to fit that many patches (their aspect ratio kept) and cut into patches; the batch holds as many images
+    as data.batch_size images of `max_seq_len` tokens would, so a short sequence comes in a larger batch."""
+
+    group: ClassVar[str] = "data.naflex"
+
+    # null: off (square image batches at data.img_size) | the token counts a training batch draws from, e.g.
+    # [16,36,64] (CIFAR at 16, 24 and 32 px with 4 px patches)
+    seq_lens: tuple[int, ...] | None = knob(None, parse=parse_seq_lens)
+    # the tokens of a batch: data.batch_size x max_seq_len (null: the largest of seq_lens)
+    max_seq_len: int | None = knob(None, low=1)
 
 
 IMAGENET_AUGMENT = AugmentSettings(crop="rrc", auto_augment="rand-m9-mstd0.5-inc1")  # the 224 px datasets' default
@@ -83,6 +116,7 @@ class DataSettings(Settings):
     mean: tuple[float, float, float] | None = knob(None)  # null: the dataset's own statistics
     std: tuple[float, float, float] | None = knob(None, low=0.0, low_open=True, text="must be > 0 in every channel")
     augment: AugmentSettings = knob(AugmentSettings())
+    naflex: NaFlexSettings = knob(NaFlexSettings())
 
 
 @dataclass(frozen=True)

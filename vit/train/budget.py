@@ -477,7 +477,9 @@ def attach_budget(run) -> Budget | None:
     trainer, step, bundle = run.trainer, run.step_settings, run.bundle
     saved = run.progress.budget_state
     steps_per_epoch = max(1, math.ceil(run.batches_per_epoch() / trainer.accum_steps))  # optimizer steps, a process
-    images_per_step = run.cfg.data.batch_size * trainer.accum_steps * run.dist.world_size  # global
+    # global; NaFlex batches (data.naflex) hold as many images as their token budget allows: their mean
+    per_batch = getattr(bundle.train_loader, "mean_batch_size", run.cfg.data.batch_size)
+    images_per_step = per_batch * trainer.accum_steps * run.dist.world_size
     loader_workers = int(bundle.train_workers or 0)
     if trainer.budget is None:
         max_steps = trainer.epochs * steps_per_epoch

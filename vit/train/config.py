@@ -38,6 +38,7 @@ def validate(cfg: DictConfig) -> None:
     check_trainer(cfg.trainer)
     check_strategy(cfg)
     check_progressive_resize(cfg)
+    check_naflex(cfg)
     resolve_device(cfg.trainer.device)
 
 
@@ -222,3 +223,42 @@ def check_progressive_resize(cfg: DictConfig) -> None:
         0.0 <= start <= end <= 1.0,
         f"{key}.start={start} and {key}.end={end} must satisfy 0 <= start <= end <= 1 (fractions of trainer.epochs)",
     )
+
+
+def check_naflex(cfg: DictConfig) -> None:
+    """`data.naflex.seq_lens`: a ViT with the standard patch embedding at the data's patch size, a token budget
+    that holds the longest sequence, and none of the settings that need square image batches."""
+    naflex = cfg.data.get("naflex")
+    if not naflex or naflex.get("seq_lens") is None:
+        return
+    key = f"data.naflex.seq_lens={list(naflex.seq_lens)}"
+    longest, budget = max(naflex.seq_lens), naflex.get("max_seq_len")
+    require(
+        budget is None or budget >= longest,
+        f"data.naflex.max_seq_len={budget} is below the longest of {key}: a batch's tokens must hold its sequences",
+    )
+    model = cfg.model
+    require(
+        str(model.get("name", "")).startswith("vit") and model.get("patch_embed", "standard") == "standard",
+        f"{key} needs a ViT with the standard patch embedding (each patch projected on its own), not "
+        f"model.name={model.get('name')!r} with model.patch_embed={model.get('patch_embed')!r}",
+    )
+    require(cfg.data.get("patch_size") is not None, f"{key} needs data.patch_size, the side of the patches it cuts")
+    require(
+        model.get("patch_size") in (None, cfg.data.patch_size),
+        f"{key}: model.patch_size={model.get('patch_size')} must be data.patch_size={cfg.data.patch_size}, the "
+        "patches the loader cuts",
+    )
+    augment = cfg.data.augment
+    require(
+        not augment.get("mixup_alpha") and not augment.get("cutmix_alpha"),
+        f"{key} mixes no images: set data.augment.mixup_alpha=0 and data.augment.cutmix_alpha=0",
+    )
+    resize = cfg.trainer.get("progressive_resize") or {}
+    require(
+        resize.get("min_size") is None,
+        f"{key} already trains at several sizes: drop trainer.progressive_resize.min_size",
+    )
+    task = task_of(cfg).name
+    other = "task=mae" if task == "mae" else "a teacher (distill.type, model.distill_token)"
+    require(task == "classify", f"{key} trains a classifier from its labels alone, not with {other}")

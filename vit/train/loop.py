@@ -16,13 +16,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from vit.data.augment.batch import resize_batch
 from vit.engine.device import Precision
 from vit.engine.distributed import Distributed
 from vit.engine.sharding import full, is_sharded, local
 from vit.engine.tasks import Task
 from vit.engine.tasks.classify import Classify
 from vit.errors import CheckFailed
-from vit.train.progressive import resize_batch
+from vit.naflex import batch_size_of, to_device
 
 
 @dataclass
@@ -178,8 +179,9 @@ def train_one_epoch(
         last_micro_step = (i + 1) % settings.accum_steps == 0 or i + 1 == steps
         loss = forward_backward(settings, state, images, targets, last_micro_step)
         loss_sum += loss
-        window.add_batch(loss, images.shape[0])
-        images_seen, done = images_seen + images.shape[0], i + 1
+        count = batch_size_of(images)  # NaFlex batches (data.naflex) hold a number of their own
+        window.add_batch(loss, count)
+        images_seen, done = images_seen + count, i + 1
         if last_micro_step:
             window.add_step(optimizer_step(settings, state))
             if state.first_step_seconds is None:  # compiling blocks the host, so no sync is needed to time it
@@ -214,8 +216,10 @@ def train_one_epoch(
 def forward_backward(
     settings: StepSettings, state: StepState, images: torch.Tensor, targets: torch.Tensor, last_micro_step: bool
 ) -> torch.Tensor:
-    """One micro-batch: (resize,) mix, forward, loss, backward of loss / accum_steps. Returns the detached loss."""
-    images = images.to(settings.device, non_blocking=True)  # (B, 3, H, W)
+    """One micro-batch: (resize,) mix, forward, loss, backward of loss / accum_steps. Returns the detached loss.
+    `images`: (B, 3, H, W), or a NaFlex batch (vit/naflex.py), which is neither resized nor mixed (the config
+    check refuses both with it)."""
+    images = to_device(images, settings.device)  # (B, 3, H, W)
     targets = targets.to(settings.device, non_blocking=True)  # (B,)
     if state.train_img_size is not None:
         images = resize_batch(images, state.train_img_size)  # (B, 3, s, s)

@@ -5,18 +5,16 @@ For a ViT the saving is in the token count: ViT-Ti/4 at 24 px cuts 6 x 6 = 36 pa
 attention's N^2 term shrinks faster still. The model accepts the smaller grids through `dynamic_img_size`
 (its position table resampled to the grid), so nothing about its parameters changes.
 
-The batch is resized on the device after augmentation (bilinear with antialiasing), so both loaders and every
-augmentation work unchanged. Each size is a new input shape: under torch.compile it compiles once per size
-(static shapes, the best kernels), so a ramp over few sizes keeps the compile cost small.
+The batch is resized on the device after augmentation (bilinear with antialiasing: vit/data/augment/batch.py's
+`resize_batch`), so both loaders and every augmentation work unchanged. Each size is a new input shape: under
+torch.compile it compiles once per size (static shapes, the best kernels), so a ramp over few sizes keeps the
+compile cost small.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-import torch
-import torch.nn.functional as F
 
 from vit.settings import ProgressiveResize
 
@@ -58,14 +56,6 @@ def resize_schedule(
     if setting.min_size is None:
         return None
     return ResizeSchedule(setting.min_size, int(full_size), setting.start, setting.end, multiple=int(patch_size))
-
-
-def resize_batch(images: torch.Tensor, size: int) -> torch.Tensor:
-    """(B, C, H, W) -> (B, C, size, size). Antialiasing keeps the downscaled image what a smaller photograph of
-    the scene would look like, not an aliased subsample of it."""
-    if images.shape[-2:] == (size, size):
-        return images
-    return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
 
 
 def allow_recompiles(num_sizes: int) -> None:

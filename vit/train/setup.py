@@ -173,7 +173,8 @@ def build_model_and_data(
     # same initial weights).
     num_classes_cfg = cfg.model.get("num_classes")
     resize = resize_schedule(trainer.progressive_resize, cfg.data.img_size, cfg.model.get("patch_size") or 1)
-    dynamic = resize is not None  # progressive resizing: the ViT takes the smaller images too
+    # progressive resizing, NaFlex batches (data.naflex): the ViT takes images of the other sizes too
+    dynamic = resize is not None or (cfg.data.get("naflex") or {}).get("seq_lens") is not None
     task = task_of(cfg)
     model = task.build_model(cfg, num_classes=num_classes_cfg or 1000, dynamic_img_size=dynamic)
     # model.pretrained: read and checked against this model before any data is read. A resumed run continues from

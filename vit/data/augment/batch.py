@@ -122,6 +122,16 @@ def random_erasing(
     return torch.where(mask, noise, x)
 
 
+def resize_batch(images: torch.Tensor, size: int | tuple[int, int]) -> torch.Tensor:
+    """(B, C, H, W) -> (B, C, h, w), `size` = h = w or (h, w): after augmentation, progressive resizing's smaller
+    epochs (vit/train/progressive.py) and each NaFlex batch's grid (vit/data/loading/naflex.py). Antialiasing keeps
+    a downscaled image what a smaller photograph of the scene would look like, not an aliased subsample of it."""
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    if tuple(images.shape[-2:]) == size:
+        return images
+    return F.interpolate(images, size=size, mode="bilinear", align_corners=False, antialias=True)
+
+
 class AlternatingFlip:
     """data.augment.hflip_alternate, airbench's derandomized flip: a random half of the split's images mirrored in
     even epochs (a fixed draw from the seed), the other half in odd ones. The loaders pass each batch's indices

@@ -14,16 +14,32 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from torch.utils.data import DataLoader
 
 from vit.data.augment.batch import BatchAugment
 from vit.data.augment.spec import augment_settings
-from vit.data.augment.transforms import eval_resize, mixup_and_criterion, train_geometry, val_geometry
+from vit.data.augment.transforms import (
+    eval_resize,
+    mixup_and_criterion,
+    resize_filter,
+    train_geometry,
+    val_geometry,
+)
 from vit.data.errors import DataError
 from vit.data.loading.bundle import DataBundle
 from vit.data.loading.decoded_cache import cached_split
+from vit.data.loading.naflex import (
+    NaFlexFileBatches,
+    NaFlexLoader,
+    NaFlexSchedule,
+    ScheduledBatches,
+    ToSequence,
+    as_lists,
+    own_shape_geometry,
+)
 from vit.data.loading.resident import ResidentLoader
 from vit.data.loading.stream import build_stream_data
-from vit.data.loading.torch_loader import DeviceBatches, Transformed, torch_loader
+from vit.data.loading.torch_loader import DeviceBatches, EpochSampler, Transformed, init_worker, torch_loader
 from vit.data.resources import available_memory, cache_folder, num_workers
 from vit.data.sources.registry import build_splits, data_of, dataset_source, mean_std
 from vit.data.sources.splits import Splits
@@ -117,6 +133,7 @@ def build_data(
     cfg = replace(cfg, loader=loader_choice(cfg))
     check_alternating_flip(cfg, spec)
     if dataset_source(cfg.name).streams:  # tar shards: no splits to hold in memory (stream.py)
+        refuse_naflex(cfg, "the tar shards stream (data=webdataset)")
         mean, std = mean_std(cfg)
         common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
         return build_stream_data(cfg, spec, mean, std, **common)
@@ -128,6 +145,8 @@ def build_data(
     mean, std = mean_std(cfg)
     kind, reason = choose_loader(cfg, splits, device)
     log.info("loader: %s (%s)", kind, reason)
+    if cfg.naflex.seq_lens is not None:
+        log.info(naflex_line(cfg, kind))
     common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
     build = _resident_loaders if kind == "resident" else _torch_loaders
     train_loader, val_loader, test_loader, sampler = build(cfg, splits, spec, mean, std, **common)
@@ -157,16 +176,66 @@ def build_data(
     )
 
 
+def refuse_naflex(cfg: DataSettings, loader: str) -> None:
+    """NaFlex batches come from the resident and torch loaders (vit/data/loading/naflex.py): a run that would read
+    through another is refused, naming it."""
+    if cfg.naflex.seq_lens is not None:
+        raise DataError(
+            f"data.naflex.seq_lens={list(cfg.naflex.seq_lens)} needs data.loader=resident or torch; this run would "
+            f"read through {loader}"
+        )
+
+
+def naflex_line(cfg: DataSettings, kind: str) -> str:
+    """The one line saying what a data.naflex run's images are before their batches resize them."""
+    naflex = cfg.naflex
+    budget = f"{cfg.batch_size} x {naflex.max_seq_len or max(naflex.seq_lens)} tokens a batch"
+    if kind == "resident":
+        return (
+            f"NaFlex batches of {list(naflex.seq_lens)} tokens, {budget}, from each image as decoded at "
+            f"{cfg.img_size} x {cfg.img_size} px (the resident loader's; data.loader=torch keeps each image at its "
+            "own shape)"
+        )
+    return f"NaFlex batches of {list(naflex.seq_lens)} tokens, {budget}, each image at its own shape"
+
+
+def _naflex_file_loader(cfg, splits, spec, mean, std, *, device, seed, rank, world_size, batch_size):
+    """data.naflex through the torch loader: workers decode each image at its own shape for its batch's seq_len
+    (`ScheduledBatches` hands them (index, seq_len)), the device augments and packs (`NaFlexFileBatches`)."""
+    if spec.hflip_alternate:
+        raise DataError(
+            "data.augment.hflip_alternate=true with data.naflex through the torch loader: not built (the resident "
+            "loader has it); set data.augment.hflip_alternate=false or data.loader=resident"
+        )
+    naflex = cfg.naflex
+    geometry = own_shape_geometry(cfg.patch_size, spec.crop, float(spec.scale_min), resize_filter(cfg))
+    images = ToSequence(splits.train, geometry)
+    sampler = EpochSampler(images, world_size, rank, seed, repeats=cfg.repeated_aug or 1)
+    tokens = batch_size * (naflex.max_seq_len or max(naflex.seq_lens))
+    batches = ScheduledBatches(sampler, NaFlexSchedule(sampler.num_samples, naflex.seq_lens, tokens, seed))
+    workers = num_workers(cfg)
+    loader = DataLoader(
+        images, batch_sampler=batches, collate_fn=as_lists, num_workers=workers, persistent_workers=workers > 0,
+        worker_init_fn=init_worker, generator=torch.Generator().manual_seed(seed),
+    )  # fmt: skip
+    augment = BatchAugment(spec, mean, std, cfg.img_size, train=True, crop_done=True)
+    return NaFlexFileBatches(loader, batches, augment, cfg.patch_size, device=device, seed=seed, rank=rank), sampler
+
+
 def _torch_loaders(cfg, splits, spec, mean, std, *, device, seed, rank, world_size, batch_size):
     """DataLoaders over the files (workers decode and, for crop=rrc, crop), each wrapped in `DeviceBatches`."""
     img_size = cfg.img_size
     common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
     train_aug = BatchAugment(spec, mean, std, img_size, train=True, crop_done=True)
     val_aug = BatchAugment(spec, mean, std, img_size, train=False)
-    train_images = Transformed(splits.train, train_geometry(cfg, spec))
-    train, sampler = torch_loader(train_images, cfg, train=True, **common)
     wrap = dict(device=device, seed=seed, rank=rank)
-    loaders = [DeviceBatches(train, sampler, train_aug, **wrap)]
+    if cfg.naflex.seq_lens is not None:  # the images at their own shapes, as NaFlex batches
+        train, sampler = _naflex_file_loader(cfg, splits, spec, mean, std, **common)
+    else:
+        train_images = Transformed(splits.train, train_geometry(cfg, spec))
+        loader, sampler = torch_loader(train_images, cfg, train=True, **common)
+        train = DeviceBatches(loader, sampler, train_aug, **wrap)
+    loaders = [train]
     for split in (splits.val, splits.test):
         if split is None:
             loaders.append(None)
@@ -194,7 +263,13 @@ def _resident_loaders(cfg, splits, spec, mean, std, *, device, seed, rank, world
     train_aug = BatchAugment(spec, mean, std, img_size, train=True)
     val_aug = BatchAugment(spec, mean, std, img_size, train=False)
     repeats = cfg.repeated_aug or 1
-    train_loader = ResidentLoader(*arrays[0], train_aug, train=True, repeats=repeats, **common)
+    naflex = cfg.naflex
+    if naflex.seq_lens is not None:  # data.naflex: batches of patch sequences, their sizes set by the token budget
+        longest = naflex.max_seq_len or max(naflex.seq_lens)
+        patches = dict(seq_lens=naflex.seq_lens, max_seq_len=longest, patch_size=cfg.patch_size)
+        train_loader = NaFlexLoader(*arrays[0], train_aug, repeats=repeats, **patches, **common)
+    else:
+        train_loader = ResidentLoader(*arrays[0], train_aug, train=True, repeats=repeats, **common)
     val_loader = ResidentLoader(*arrays[1], val_aug, train=False, **common)
     test_loader = ResidentLoader(*arrays[2], val_aug, train=False, **common) if len(arrays) > 2 else None
     return train_loader, val_loader, test_loader, None

@@ -11,7 +11,8 @@ from torch.utils.data import Sampler
 
 @dataclass
 class DataBundle:
-    train_loader: Iterable  # (images float (B, 3, H, W) normalised, targets int64 (B,)); len() = batches
+    # (images float (B, 3, H, W) normalised, or a NaFlex batch (vit/naflex.py); targets int64 (B,)); len() = batches
+    train_loader: Iterable
     val_loader: Iterable
     num_classes: int
     class_to_idx: dict[str, int]
