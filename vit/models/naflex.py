@@ -27,11 +27,21 @@ def grid_sizes(coord: torch.Tensor, valid: torch.Tensor) -> list[Grid]:
 def rows_per_image(table_of: Callable[[Grid], torch.Tensor], coord: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Each token's row of its own image's table: `table_of(grid)` is a table (..., h * w, D) laid out in
     row-major order over that grid (a resampled position table, a rotary table); the result is (B, ..., N, D),
-    the row at the token's coordinate, zeros for padding. One table per distinct grid in the batch."""
+    the row at the token's coordinate, zeros for padding. One table per distinct grid in the batch.
+
+    A batch of one grid whose every image fills it in row-major order, unpadded (square images resized alike, the
+    common case), gets the table itself as (1, ..., N, D), broadcast over the batch: the same values without a
+    copy per image (for mixed rotary tables one per block and head, (B, depth, heads, N, D) would be most of the
+    step's memory traffic)."""
     batch, length = valid.shape
     by_grid: dict[Grid, list[int]] = {}
     for i, grid in enumerate(grid_sizes(coord, valid)):
         by_grid.setdefault(grid, []).append(i)
+    if len(by_grid) == 1:
+        ((h, w),) = by_grid
+        places = coord[..., 0] * w + coord[..., 1]  # (B, N)
+        if h * w == length and bool(valid.all()) and bool((places == torch.arange(length, device=coord.device)).all()):
+            return table_of((h, w)).unsqueeze(0)  # (1, ..., N, D)
     out = None
     for (h, w), members in by_grid.items():
         table = table_of((h, w))  # (..., h * w, D)
