@@ -1,14 +1,17 @@
-"""Per-rank memory and step time of data-parallel training, DDP against FSDP (trainer.strategy=ddp | fsdp).
+"""Per-rank memory and step time of data-parallel training, DDP against FSDP (trainer.strategy=ddp | fsdp, and
+fsdp with trainer.reshard_after_forward=false).
 
-usage: python benchmarks/bench_fsdp.py [models=vit_base,vit_large] [world_size=2] [img_size=224] [batch_size=2]
-    [steps=3] [repeats=1] [device=cpu] [json=<file>]
+usage: python benchmarks/bench_fsdp.py [models=vit_base,vit_large] [strategies=ddp,fsdp,fsdp_zero2] [world_size=2]
+    [img_size=224] [batch_size=2] [steps=3] [repeats=1] [device=cpu] [json=<file>]
 
 Each (model, strategy) runs in a fresh process group of `world_size` processes (gloo on the CPU, nccl on CUDA), so
 each process's peak resident set size (`ru_maxrss`) or peak CUDA memory is that setting's alone. Every rank builds
 the model from the same seed (vit_large: ViT-L/16, the vit_base entry made 1024 wide, 24 deep, 16 heads), wraps
 it as the trainer does (DistributedDataParallel, or `shard_model` of vit/engine/sharding.py: each block, then the
-root), and trains `steps` AdamW steps (fp32, cross-entropy against random labels, one untimed first step) on its
-own random batch of `batch_size` images. It reports, per rank:
+root; `fsdp` frees each block's gathered weights after its forward and gathers them again for its backward, ZeRO-3,
+`fsdp_zero2` keeps them from the forward to the backward, ZeRO-2: one all-gather a step fewer, more memory), and
+trains `steps` AdamW steps (fp32, cross-entropy against random labels, one untimed first step) on its own random
+batch of `batch_size` images. It reports, per rank:
     params / grads / optimizer MiB   the bytes of the tensors this rank holds (a sharded parameter's local shard;
                                      the gradients after a backward pass; AdamW's two moments and step after a step)
     peak MiB                         the process's peak RSS on the CPU, peak allocated memory on CUDA
@@ -35,10 +38,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vit.cli.args import parse_args, run_script, script_command  # noqa: E402  (this checkout's vit)
 from vit.errors import UsageError  # noqa: E402
 
-STRATEGIES = ("ddp", "fsdp")
+# strategy -> shard_model's reshard_after_forward (None: not sharded, DistributedDataParallel)
+STRATEGIES = {"ddp": None, "fsdp": True, "fsdp_zero2": False}
 NUMBERS = ("world_size", "img_size", "batch_size", "steps", "repeats")
-KNOWN = {"models": "vit_base,vit_large", "world_size": "2", "img_size": "224", "batch_size": "2", "steps": "3"}
-KNOWN |= {"repeats": "1", "device": "cpu", "json": None}
+KNOWN = {"models": "vit_base,vit_large", "strategies": ",".join(STRATEGIES), "world_size": "2", "img_size": "224"}
+KNOWN |= {"batch_size": "2", "steps": "3", "repeats": "1", "device": "cpu", "json": None}
 # ViT-L/16 (timm vit_large_patch16_224): not a registered name here, so the ViT-B entry with its shape.
 SHAPES = {"vit_large": ("vit_base", {"embed_dim": 1024, "depth": 24, "num_heads": 16})}
 MIB = 2**20
@@ -57,7 +61,11 @@ def read_args(argv: list[str]) -> SimpleNamespace:
     unknown = [name for name in models if name not in SHAPES and name not in list_models()]
     if unknown or not models:
         raise UsageError(f"models={args['models']!r}: {unknown[0] if unknown else 'none'} is not a model name")
-    return SimpleNamespace(models=models, device=args["device"], json=args["json"], **numbers)
+    strategies = [name for name in str(args["strategies"]).split(",") if name]
+    bad = [name for name in strategies if name not in STRATEGIES]
+    if bad or not strategies:
+        raise UsageError(f"strategies={args['strategies']!r}: each of {', '.join(STRATEGIES)}")
+    return SimpleNamespace(models=models, strategies=strategies, device=args["device"], json=args["json"], **numbers)
 
 
 def tensor_mib(tensors) -> float:
@@ -97,8 +105,8 @@ def rank_main(rank: int, args: SimpleNamespace, model_name: str, strategy: str, 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.world_size))
     torch.manual_seed(0)
     model = build(model_name, args.img_size).to(device).train()
-    if strategy == "fsdp":
-        model = shard_model(model, None)
+    if STRATEGIES[strategy] is not None:
+        model = shard_model(model, None, reshard_after_forward=STRATEGIES[strategy])
         step_model = model
     else:
         step_model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank] if cuda else None)
@@ -156,10 +164,10 @@ def free_port() -> int:
 
 
 def summary(rows: list[dict]) -> str:
-    lines = ["model      strategy  rank   params MiB   grads MiB   optimizer MiB   peak MiB   step s"]
+    lines = ["model      strategy    rank   params MiB   grads MiB   optimizer MiB   peak MiB   step s"]
     for r in rows:
         lines.append(
-            f"{r['model']:<10} {r['strategy']:<9} {r['rank']:>4} {r['params_mib']:>12.1f} {r['grads_mib']:>11.1f} "
+            f"{r['model']:<10} {r['strategy']:<11} {r['rank']:>4} {r['params_mib']:>12.1f} {r['grads_mib']:>11.1f} "
             f"{r['optimizer_mib']:>15.1f} {r['peak_mib']:>10.0f} {r['step_s']:>8.2f}"
         )
     return "\n".join(lines)
@@ -170,14 +178,15 @@ def main(argv: list[str]) -> int:
     rows = []
     for repeat in range(args.repeats):
         for model_name in args.models:
-            for strategy in STRATEGIES:  # interleaved: a drift in the machine's load touches both alike
+            for strategy in args.strategies:  # interleaved: a drift in the machine's load touches both alike
                 rows += [{**row, "repeat": repeat} for row in run_setting(args, model_name, strategy)]
                 print(summary(rows[-args.world_size :]).splitlines()[-1], flush=True)
     print(summary(rows))
     if args.json:
         from vit.engine.provenance import measurement_record, write_record
 
-        settings = {"models": args.models, "device": args.device, **{key: getattr(args, key) for key in NUMBERS}}
+        settings = {"models": args.models, "strategies": args.strategies, "device": args.device}
+        settings |= {key: getattr(args, key) for key in NUMBERS}
         record = measurement_record("bench_fsdp", {"settings": settings, "rows": rows}, script_command(__file__, argv))
         write_record(record, args.json)
     return 0
