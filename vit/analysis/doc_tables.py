@@ -107,6 +107,9 @@ def cpu_budget_table(folder: Path) -> str:
                 model, precision = _vit_name(config), metrics["precision"]
                 optimizer = config["optim"]["name"]
                 model += f"; {OPTIMIZER_NAMES.get(optimizer, optimizer)}" if optimizer != "adamw" else ""
+                resize = (config.get("trainer") or {}).get("progressive_resize") or {}
+                if resize.get("min_size"):  # progressive resizing: the first size and where the ramp ends
+                    model += f"; {resize['min_size']} px first, full size by {resize['end']:g} of the epochs"
                 trained = f"{budget['trained_steps']:,} steps ({budget['planned_epochs']:.2f} epochs, planned)"
                 seen = budget["trained_steps"] * config["data"]["batch_size"]
                 img_s = f"{metrics['train_img_per_s']:.0f}"
@@ -550,14 +553,15 @@ def memory_table(folder: Path) -> str:
 
 def fsdp_table(folder: Path) -> str:
     """benchmarks/bench_fsdp.py's record (`fsdp.json`): per model and strategy, what one rank holds of the weights,
-    gradients and optimizer state (the ranks' mean), the largest rank's peak memory and the median step; then
-    FSDP's state against DDP's divided by the world size, and its step time against DDP's."""
+    gradients and optimizer state (the ranks' mean), the largest rank's peak memory and the median step; then each
+    sharded strategy's state against DDP's divided by the world size, and its step time against DDP's."""
     record = json.loads((folder / "fsdp.json").read_text())
     world = record["settings"]["world_size"]
+    strategies = record["settings"].get("strategies", ["ddp", "fsdp"])  # records before fsdp_zero2: these two
     parts = ("params_mib", "grads_mib", "optimizer_mib")
     summary: dict[tuple[str, str], dict] = {}
     for model in record["settings"]["models"]:
-        for strategy in ("ddp", "fsdp"):
+        for strategy in strategies:
             mine = [row for row in record["rows"] if row["model"] == model and row["strategy"] == strategy]
             summary[model, strategy] = {
                 **{part: statistics.mean(row[part] for row in mine) for part in parts},
@@ -569,14 +573,30 @@ def fsdp_table(folder: Path) -> str:
         state = sum(values[part] for part in parts)
         cells = [f"{values[part]:,.0f}" for part in parts]
         rows.append([model, strategy, *cells, f"{state:,.0f}", f"{values['peak_mib']:,.0f}", f"{values['step_s']:.2f}"])
-        if strategy == "fsdp":
+        if strategy != "ddp" and (model, "ddp") in summary:
             ddp = summary[model, "ddp"]
-            ddp_state = sum(ddp[part] for part in parts)
-            share = f"**{state / (ddp_state / world):.2f}x** DDP's / {world}"
+            share = f"**{state / (sum(ddp[part] for part in parts) / world):.2f}x** DDP's / {world}"
+            peak = f"{values['peak_mib'] / ddp['peak_mib']:.2f}x DDP's"
             step = f"**{values['step_s'] / ddp['step_s']:.2f}x** DDP's"
-            rows.append([model, "FSDP against DDP", "", "", "", share, "", step])
+            rows.append([model, f"{strategy} against ddp", "", "", "", share, peak, step])
     header = ["model", "strategy", "weights MiB / rank", "gradients MiB / rank", "optimizer MiB / rank"]
     return markdown_table([*header, "state MiB / rank", "peak MiB (largest rank)", "step s (median)"], rows)
+
+
+def naflex_table(folder: Path) -> str:
+    """benchmarks/bench_naflex.py's records (`naflex_*.json`, one per position encoding): the median img/s of a step
+    on NaFlex batches and on the same images as tensors, and their ratio."""
+    names = {"learned": "learned table (`model.pos_embed=learned`)"}
+    names["rope_mixed"] = "mixed RoPE (`model.pos_embed=rope_mixed`)"
+    rows = []
+    for path in sorted(folder.glob("naflex_*.json")):
+        record = json.loads(path.read_text())
+        speed = record["img_per_s"]
+        label = names.get(record["pos_embed"], f"`model.pos_embed={record['pos_embed']}`")
+        rows.append(
+            [label, f"{speed['naflex']:.0f}", f"{speed['tensors']:.0f}", f"**{record['naflex_over_tensors']:.2f}x**"]
+        )
+    return markdown_table(["positions", "NaFlex img/s", "image tensors img/s", "NaFlex / tensors"], rows)
 
 
 def augment_table(folder: Path) -> str:
@@ -686,6 +706,9 @@ TABLES: dict[str, DocTable] = {
     "cifar10_cpu_budget_2h_avx2": DocTable("cifar10_cpu_budget/avx2_2h", cpu_budget_table),
     "cifar10_cpu_budget_avx2_96wide": DocTable("cifar10_cpu_budget/avx2_96wide", cpu_budget_table),
     "cifar10_cpu_budget_avx2_muon_seqpool": DocTable("cifar10_cpu_budget/avx2_muon_seqpool", cpu_budget_table),
+    "cifar10_cpu_budget_avx2_progressive_resize": DocTable(
+        "cifar10_cpu_budget/avx2_progressive_resize", cpu_budget_table
+    ),
     "gpu_budget_h200": DocTable("gpu_budget_h200", gpu_budget_table),
     "foundation_step_avx2": DocTable("foundation_step_avx2", model_step_table),
     "matmul_peak_h200": DocTable("gpu_budget_h200", matmul_peak_table),
@@ -708,6 +731,7 @@ TABLES: dict[str, DocTable] = {
     "cpu_shards_avx2": DocTable("cpu_shards_avx2", shards_table),
     "cpu_grad_checkpointing_avx2": DocTable("cpu_grad_checkpointing_avx2", memory_table),
     "cpu_fsdp_avx2": DocTable("cpu_fsdp_avx2", fsdp_table),
+    "cpu_naflex_avx2": DocTable("cpu_naflex_avx2", naflex_table),
     "cpu_augment_avx2": DocTable("cpu_augment_avx2", augment_table),
     "cpu_loader_imagenet_avx2": DocTable("cpu_loader_imagenet_avx2", cpu_loader_table),
     "distill_cpu_avx2": DocTable("distill_cpu_avx2", distill_table),
