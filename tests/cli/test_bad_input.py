@@ -175,6 +175,7 @@ RANGE_CASES = {
     "trainer.eval_shift": (["trainer.eval_shift=-1"], "trainer.eval_shift=-1 must be >= 0"),
     "data.shuffle_buffer": (["data=webdataset", "data.shuffle_buffer=-1"], "data.shuffle_buffer=-1 must be >= 0"),
     "data.epoch_samples": (["data=webdataset", "data.epoch_samples=0"], "data.epoch_samples=0 must be >= 1"),
+    "data.naflex.max_seq_len": (["data.naflex.max_seq_len=0"], "data.naflex.max_seq_len=0 must be >= 1"),
     "trainer.progressive_resize.min_size": (
         ["trainer.progressive_resize.min_size=0"],
         "trainer.progressive_resize.min_size=0 must be in [1, data.img_size=32]",

@@ -71,7 +71,7 @@ def test_a_folder_of_mixed_shapes_trains_at_their_shapes_resumes_and_evaluates(t
         (["model=t2t_vit_7"], "needs a ViT with the standard patch embedding"),
         (["data.augment.mixup_alpha=0.8"], "mixes no images"),
         (["trainer.progressive_resize.min_size=16"], "already trains at several sizes"),
-        (["task=mae"], "not with task=mae"),
+        (["task=mae"], "not the mae task"),
     ],
 )
 def test_settings_naflex_cannot_run_with_name_the_key(overrides, needle):

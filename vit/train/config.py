@@ -259,6 +259,5 @@ def check_naflex(cfg: DictConfig) -> None:
         resize.get("min_size") is None,
         f"{key} already trains at several sizes: drop trainer.progressive_resize.min_size",
     )
-    task = task_of(cfg).name
-    other = "task=mae" if task == "mae" else "a teacher (distill.type, model.distill_token)"
-    require(task == "classify", f"{key} trains a classifier from its labels alone, not with {other}")
+    task = task_of(cfg)  # distillation is a task of its own (a teacher: distill.type, model.distill_token)
+    require(task.name == "classify", f"{key} trains a classifier from its labels alone, not the {task.name} task")
