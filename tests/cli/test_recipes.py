@@ -75,7 +75,8 @@ def test_recipe_trains_a_few_steps_on_cpu(name, cifar_like_tree, tmp_path):
     expected = create_model("vit_tiny", img_size=32, patch_size=4, num_classes=10, **model_keys)
     assert metrics["params"] == complexity(expected).params
     resize = recipe_yaml(name).get("trainer", {}).get("progressive_resize")
-    if resize and resize.get("min_size"):  # 2 epochs with the ramp ending by epoch end * 2: the first at the recipe's smallest size
+    # 2 epochs with the ramp ending by epoch end * 2: the first at the recipe's smallest size
+    if resize and resize.get("min_size"):
         sizes = [r["train_img_size"] for r in metrics["history"]]
         assert sizes[0] == resize["min_size"] and sizes[-1] == 32
     else:
