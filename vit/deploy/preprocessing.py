@@ -44,18 +44,13 @@ class Preprocessing:
 
     def naflex_transform(self, seq_len: int, patch_size: int):
         """PIL image -> normalised float tensor (3, h, w): the whole image, no crop, resized with its aspect ratio
-        kept to at most `seq_len` patches of `patch_size` px, each side a whole number of them (vit/data/loading/
-        naflex.py's `grid_for`), for a NaFlex batch (vit/naflex.py's `pack`)."""
-        from vit.data.loading.naflex import grid_for
+        kept to at most `seq_len` patches of `patch_size` px, each side a whole number of them (the geometry the
+        torch loader's NaFlex batches train on, vit/data/loading/naflex.py), for vit/naflex.py's `pack`."""
+        from vit.data.loading.naflex import own_shape_geometry
 
-        finish = T.Compose([T.PILToTensor(), T.ConvertImageDtype(torch.float32), T.Normalize(self.mean, self.std)])
-        mode = T.InterpolationMode(self.interpolation)
-
-        def apply(image) -> torch.Tensor:
-            size = grid_for((image.height, image.width), patch_size, seq_len)
-            return finish(T.functional.resize(image, list(size), interpolation=mode, antialias=True))
-
-        return apply
+        geometry = own_shape_geometry(patch_size, "none", 1.0, self.interpolation)
+        finish = T.Compose([T.ConvertImageDtype(torch.float32), T.Normalize(self.mean, self.std)])
+        return lambda image: finish(geometry(image, seq_len))
 
     def to_dict(self) -> dict:
         out = asdict(self)
