@@ -219,6 +219,7 @@ VARIANTS = {
     ],
     "rope": ["model.pos_embed=rope"],
     "rope_mixed": ["model.pos_embed=rope_mixed", "model.reg_tokens=1"],
+    "factorized": ["model.pos_embed=factorized", "model.no_embed_class=true"],
     "swiglu": ["model.mlp=swiglu", "model.mlp_ratio=2.0"],
     "dynamic": ["model.dynamic_img_size=true", "model.qk_norm=true"],
 }
@@ -232,7 +233,11 @@ COMBINED = {
         "model.mlp=swiglu",
         "model.mlp_ratio=2.0",
     ],
-    "registers_gap+dynamic": [*VARIANTS["registers_gap"], "model.dynamic_img_size=true"],
+    "registers_gap+factorized+dynamic": [
+        *VARIANTS["registers_gap"],
+        *VARIANTS["factorized"],
+        "model.dynamic_img_size=true",
+    ],
     "rope+dynamic": ["model.pos_embed=rope", "model.dynamic_img_size=true"],
 }
 BASE = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.epochs=2", "trainer.device=cpu", "trainer.deterministic=true"]
@@ -434,15 +439,22 @@ def test_attention_figures_hide_the_registers_and_say_their_share(tmp_path, caps
     assert views["heads"].shape == (2, 2, 32, 32) and views["rollout"].shape == (2, 1, 32, 32)
 
 
-def test_plot_pos_embed_draws_a_registers_table_and_names_a_rotary_model(tmp_path, capsys):
+def test_plot_pos_embed_draws_a_registers_table_and_a_factorized_pair_and_names_a_rotary_model(tmp_path, capsys):
     script = load_script("plot_pos_embed")
-    for name, overrides in (("reg", VARIANTS["registers_gap"]), ("rope", ["model.pos_embed=rope"])):
+    factorized = ["model.pos_embed=factorized", "model.no_embed_class=true"]
+    for name, overrides in (
+        ("reg", VARIANTS["registers_gap"]),
+        ("rope", ["model.pos_embed=rope"]),
+        ("fac", factorized),
+    ):
         cfg = compose_config(["data=cifar10", *TINY_MODEL, *overrides])
         model = build_model_from_config(cfg.model, num_classes=10)
         state = {"model": model.state_dict(), "config": OmegaConf.to_container(cfg, resolve=True), "ema": None}
         torch.save({**state, "class_to_idx": {str(i): i for i in range(10)}}, tmp_path / f"{name}.pt")
     argv = [f"checkpoint={tmp_path / 'reg.pt'}", f"out={tmp_path / 'pos.png'}"]
     assert run_script(script.main, argv, usage=script.__doc__) == 0 and (tmp_path / "pos.png").exists()
+    argv = [f"checkpoint={tmp_path / 'fac.pt'}", f"out={tmp_path / 'fac.png'}"]
+    assert run_script(script.main, argv, usage=script.__doc__) == 0 and (tmp_path / "fac.png").exists()
     assert run_script(script.main, [f"checkpoint={tmp_path / 'rope.pt'}"], usage=script.__doc__) == 2
     assert "no position table to draw (model.pos_embed=rope" in capsys.readouterr().err
 

@@ -111,7 +111,15 @@ def test_forward_features_and_head():
         ({"global_pool": "max"}, "global_pool='max'"),
         (
             {"pos_embed": "alibi"},
-            "pos_embed='alibi' must be one of .'learned', 'sinusoidal', 'sincos2d', 'rope', 'rope_mixed'.",
+            "pos_embed='alibi' must be one of .'learned', 'sinusoidal', 'sincos2d', 'factorized', 'rope', 'rope_mix",
+        ),
+        (
+            {"pos_embed": "factorized"},
+            "pos_embed=factorized has rows for the image's tokens only: it needs no_embed_class",
+        ),
+        (
+            {"pos_embed": "factorized", "no_embed_class": True, "pos_embed_interp": "bilinear"},
+            "pos_embed_interp='bilinear' resamples a 2D table; pos_embed=factorized resamples its row and column",
         ),
         ({"depth_": 3}, "depth_"),
     ],

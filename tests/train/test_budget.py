@@ -329,6 +329,18 @@ def test_small_re_plans_are_kept_in_the_record_but_not_each_a_line(monkeypatch, 
     assert budget.record(step, 59.0, 0.0)["replans"] == replans
 
 
+def test_the_plan_line_says_a_naflex_runs_mean_batch_in_whole_images(monkeypatch, caplog):
+    """A NaFlex run's batches hold as many images as the token budget allows: the plan line gives their mean as a
+    whole number, marked as a mean, not as the float the division made."""
+    now = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    budget = Budget(RunShape(60.0, 101, 10, 10, 100, 1, 0, 1, 1, 49_945 / 101), elapsed_s=0.0)  # 494.50... a step
+    budget.epoch_starts()
+    with caplog.at_level(logging.INFO, logger="vit.train"):
+        train_steps(budget, now, 1, 10, 0.1)  # 600 steps fit the minute, fewer than the 1,010 of the bound
+    assert "steps of 495 (mean) images" in caplog.text and "494.5" not in caplog.text
+
+
 def test_a_long_run_without_a_budget_says_so_after_its_first_timed_steps(monkeypatch, caplog):
     now = [0.0]
     monkeypatch.setattr(time, "perf_counter", lambda: now[0])

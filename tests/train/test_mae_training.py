@@ -130,6 +130,11 @@ def test_the_reconstruction_image_shows_three_views_per_image():
         (["mae.decoder_num_heads=3"], "mae.decoder_num_heads=3 must divide mae.decoder_embed_dim=32"),
         (["model=t2t_vit_7"], "model.name='t2t_vit_7' is a T2T-ViT"),
         (["model.pos_embed=rope"], "task=mae: model.pos_embed='rope' is not supported"),
+        (["model.pos_embed=rope_dinov3"], "task=mae: model.pos_embed='rope_dinov3' is not supported"),
+        (
+            ["model.pos_embed=factorized", "model.no_embed_class=true"],
+            "task=mae: model.pos_embed='factorized' is not supported",
+        ),
         (["model.global_pool=avg"], "task=mae: model.global_pool='avg'"),
         (["data.augment.mixup_alpha=0.8"], "task=mae reads no labels: data.augment.mixup_alpha=0.8 must be 0"),
         (["trainer.attn_maps_every_n_epochs=5"], "trainer.attn_maps_every_n_epochs=5 must be 0"),

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from vit.errors import UserError
+from vit.models.pos_embed import resample_1d
 
 log = logging.getLogger("vit.models.fit")  # what is adapted; the trainer quiets it while checking, says it at the load
 
@@ -122,6 +123,7 @@ def adapt_state_dict(state_dict: StateDict, model: nn.Module, reset_head: bool =
     drop_mae_decoder(state_dict, own)
     adapt_final_norm(state_dict, own)
     adapt_pos_embed(state_dict, own, model)
+    adapt_factorized(state_dict, own)
     adapt_patch_embed(state_dict, own, model)
     adapt_head(state_dict, own, reset_head)
     return state_dict
@@ -192,6 +194,19 @@ def adapt_pos_embed(state_dict: StateDict, own: StateDict, model: nn.Module) -> 
         tuple(pos.shape),
         tuple(state_dict["pos_embed"].shape),
     )
+
+
+def adapt_factorized(state_dict: StateDict, own: StateDict) -> None:
+    """A factorized pair (`pos_embed_y` (1, H, C), `pos_embed_x` (1, W, C)) of another grid: each table resampled
+    linearly to the model's side, as the model resamples them for another grid in its forward."""
+    for key in ("pos_embed_y", "pos_embed_x"):
+        table = state_dict.get(key)
+        if table is None or key not in own or table.shape == own[key].shape:
+            continue
+        if table.ndim != 3 or table.shape[-1] != own[key].shape[-1]:
+            continue  # another width: named by the mismatch check
+        state_dict[key] = resample_1d(table, own[key].shape[1])
+        log.info("%s resampled (linear) from %d to %d rows", key, table.shape[1], own[key].shape[1])
 
 
 def adapt_patch_embed(state_dict: StateDict, own: StateDict, model: nn.Module) -> None:

@@ -148,15 +148,19 @@ def read_tokens(model: nn.Module) -> dict[str, Any]:
 
 def read_naflex_tokens(model: nn.Module) -> dict[str, Any]:
     """`read_tokens` for timm's NaFlexVit, whose `embeds` holds the patch projection (a Linear over flattened
-    patches, or a Conv2d), the position table (1, h, w, C) over the patches only, and the prefix tokens. Our ViT
-    takes images of any size (`dynamic_img_size`) and NaFlex batches, with the table resampled as timm does."""
+    patches, or a Conv2d), the position table over the patches only ((1, h, w, C) learned, or the factorized pair
+    (1, h, C) and (1, w, C)), and the prefix tokens. Our ViT takes images of any size (`dynamic_img_size`) and
+    NaFlex batches, with the tables resampled as timm does."""
     name = model.default_cfg.get("architecture", type(model).__name__)
     embeds = model.embeds
-    if embeds.pos_embed_type != "learned":
+    factorized = embeds.pos_embed_type == "factorized"  # resampled linearly along each axis, whatever the mode
+    if embeds.pos_embed_type not in ("learned", "factorized"):
         raise unsupported(name, f"a {embeds.pos_embed_type!r} position embedding")
-    if embeds.pos_embed_use_grid_sample or embeds.pos_embed_align_corners or not embeds.pos_embed_antialias:
-        raise unsupported(name, "a position table resampled by grid_sample, with align_corners or no antialiasing")
-    if embeds.pos_embed_interp_mode not in ("bicubic", "bilinear"):
+    if embeds.pos_embed_use_grid_sample:
+        raise unsupported(name, "a position table resampled by grid_sample")
+    if not factorized and (embeds.pos_embed_align_corners or not embeds.pos_embed_antialias):
+        raise unsupported(name, "a position table resampled with align_corners or without antialiasing")
+    if not factorized and embeds.pos_embed_interp_mode not in ("bicubic", "bilinear"):
         raise unsupported(name, f"a position table resampled {embeds.pos_embed_interp_mode}")
     if embeds.norm_input is not None or not isinstance(embeds.norm, nn.Identity):
         raise unsupported(name, "a norm in its patch embedding")
@@ -167,7 +171,10 @@ def read_naflex_tokens(model: nn.Module) -> dict[str, Any]:
     if not isinstance(model.norm_pre, nn.Identity) and not is_layer_norm(model.norm_pre):
         raise unsupported(name, f"a {type(model.norm_pre).__name__} before the blocks")
     patch = square(embeds.patch_size, "patch size", name)
-    grid = square(tuple(embeds.pos_embed.shape[1:3]), "position grid", name)
+    table_grid = (
+        (embeds.pos_embed_y.shape[1], embeds.pos_embed_x.shape[1]) if factorized else embeds.pos_embed.shape[1:3]
+    )
+    grid = square(tuple(table_grid), "position grid", name)
     reg = embeds.reg_token
     return dict(
         img_size=grid * patch,  # the table's own grid: any other is resampled
@@ -179,7 +186,7 @@ def read_naflex_tokens(model: nn.Module) -> dict[str, Any]:
         reg_tokens=0 if reg is None else int(reg.shape[1]),
         norm_pre=is_layer_norm(model.norm_pre),
         dynamic_img_size=True,
-        pos_embed_interp=str(embeds.pos_embed_interp_mode),
+        pos_embed_interp="bicubic" if factorized else str(embeds.pos_embed_interp_mode),
         pos_embed_ar_preserving=bool(embeds.pos_embed_ar_preserving),
     )
 
@@ -308,8 +315,9 @@ def check_attention_pool(model: nn.Module, kind: str, name: str) -> None:
 def read_positions(model: nn.Module, kind: str, settings: dict[str, Any]) -> dict[str, Any]:
     """The position table and rotary positions: our `pos_embed` kind and its rotary settings."""
     name = model.default_cfg.get("architecture", type(model).__name__)
-    if kind == "NaFlexVit":  # a learned table over the patches only (read_naflex_tokens refuses the rest)
-        return dict(no_embed_class=True, rope_temperature=None, rope_ref_grid=None, pos_embed="learned")
+    if kind == "NaFlexVit":  # a table over the patches only (read_naflex_tokens refuses the rest)
+        pos_embed = "factorized" if model.embeds.pos_embed_type == "factorized" else "learned"
+        return dict(no_embed_class=True, rope_temperature=None, rope_ref_grid=None, pos_embed=pos_embed)
     table = getattr(model, "pos_embed", None) is not None
     rope = getattr(model, "rope", None) if kind == "Eva" else None
     out: dict[str, Any] = dict(no_embed_class=bool(model.no_embed_class), rope_temperature=None, rope_ref_grid=None)
@@ -350,7 +358,7 @@ def read_positions(model: nn.Module, kind: str, settings: dict[str, Any]) -> dic
 TIMM_MODULES = ("vision_transformer", "deit", "eva", "naflexvit")
 # Keys that fit after adapting (vit/models/fit.py: the table resampled to the grid, the kernel to the patch size, the
 # classifier replaced): their shapes say nothing about the model a file is of.
-ADAPTED = ("pos_embed", "patch_embed.proj.weight")
+ADAPTED = ("pos_embed", "pos_embed_y", "pos_embed_x", "patch_embed.proj.weight")
 HEAD_KEYS = ("head.", "head_dist.")
 
 
@@ -406,8 +414,11 @@ def shapes_of(name: str, to_ours, **timm_kwargs: Any) -> dict[str, tuple[int, ..
 # timm's NaFlexVit keeps its patch projection, position table and prefix tokens in `embeds`: `embeds.proj` a Linear
 # over patches flattened as (row, column, channel), (C, p * p * 3) (ours: the Conv2d `patch_embed.proj`, (C, 3, p, p),
 # the same numbers reordered), `embeds.pos_embed` (1, h, w, C) (ours: (1, h * w, C), rows in row-major order),
-# `embeds.cls_token`, `embeds.reg_token` (ours without the prefix).
+# `embeds.cls_token`, `embeds.reg_token`, the factorized `embeds.pos_embed_y`, `embeds.pos_embed_x` (ours without the
+# prefix).
 NAFLEX_EMBEDS = {
+    "embeds.pos_embed_y": "pos_embed_y",
+    "embeds.pos_embed_x": "pos_embed_x",
     "embeds.cls_token": "cls_token",
     "embeds.reg_token": "reg_token",
     "embeds.proj.bias": "patch_embed.proj.bias",

@@ -1,7 +1,8 @@
 """Position embeddings: learned (timm's init), fixed sinusoidal (1D over the token index, or 2D over the patch
-grid as in MAE), and resampling to another grid.
+grid as in MAE), factorized (NaViT's: a row table and a column table), and resampling to another grid.
 
-Layout everywhere: (1, num_prefix + H*W, C), the class token's row first, patches in row-major order.
+Layout everywhere: (1, num_prefix + H*W, C), the class token's row first, patches in row-major order. A factorized
+model keeps its two tables, (1, H, C) and (1, W, C), and builds the (1, H*W, C) table from them for each grid.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-POS_EMBED_KINDS = ("learned", "sinusoidal", "sincos2d")
+POS_EMBED_KINDS = ("learned", "sinusoidal", "sincos2d", "factorized")
 
 
 def sinusoid_table(num_positions: int, dim: int) -> torch.Tensor:
@@ -69,6 +70,14 @@ def make_pos_embed(
     raise ValueError(f"pos_embed={kind!r} must be one of {POS_EMBED_KINDS}")
 
 
+def make_factorized(kind: str, grid: tuple[int, int], dim: int) -> tuple[nn.Parameter | None, nn.Parameter | None]:
+    """For kind="factorized", NaViT's pair: a row table (1, rows, dim) and a column table (1, columns, dim), zeros
+    here (the model's init draws normal(0.02), as timm's NaFlexVit); (None, None) for any other kind."""
+    if kind != "factorized":
+        return None, None
+    return nn.Parameter(torch.zeros(1, grid[0], dim)), nn.Parameter(torch.zeros(1, grid[1], dim))
+
+
 def resample_pos_embed(
     pos_embed: torch.Tensor,
     new_grid: tuple[int, int],
@@ -105,3 +114,106 @@ def resample_pos_embed(
     grid = grid[:, :, : new_grid[0], : new_grid[1]]  # (1, C, rows, columns)
     patches = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim).to(pos_embed.dtype)
     return torch.cat([prefix, patches], dim=1)
+
+
+def factorized_table(
+    rows: torch.Tensor, columns: torch.Tensor, grid: tuple[int, int], ar_preserving: bool = False
+) -> torch.Tensor:
+    """NaViT's factorized positions on a grid, (1, h * w, C) in row-major order: the token at (i, j) gets
+    rows[i] + columns[j], with the two tables resampled to the grid (`resample_factorized`)."""
+    pe_y, pe_x = resample_factorized(rows, columns, grid, ar_preserving)  # (1, h, C), (1, w, C)
+    return (pe_y[:, :, None] + pe_x[:, None, :]).flatten(1, 2)  # (1, h, w, C) -> (1, h * w, C)
+
+
+def resample_factorized(
+    rows: torch.Tensor, columns: torch.Tensor, grid: tuple[int, int], ar_preserving: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A factorized pair, `rows` (1, H, C) and `columns` (1, W, C), at the grid (h, w): each resampled linearly
+    (align_corners off, no antialiasing: timm's NaFlexVit) to its side of the grid, or with `ar_preserving` both to
+    the grid's longer side and cut from the start, so a wide image's columns have the positions a square image's
+    have. Returns (1, h, C), (1, w, C)."""
+    h, w = grid
+    length_y, length_x = (max(grid),) * 2 if ar_preserving else grid
+    return resample_1d(rows, length_y)[:, :h], resample_1d(columns, length_x)[:, :w]
+
+
+def resample_1d(table: torch.Tensor, length: int) -> torch.Tensor:
+    """A (1, L, C) table at `length` rows, linearly (align_corners off); the table itself at its own length."""
+    if table.shape[1] == length:
+        return table
+    line = F.interpolate(table.permute(0, 2, 1).float(), size=length, mode="linear", align_corners=False)
+    return line.permute(0, 2, 1).to(table.dtype)  # (1, C, length) -> (1, length, C)
+
+
+# ---- the same resampling per token, from tensors (a NaFlex model's trace: each image's grid read from its
+# coordinates inside the graph, so the exported file takes images of every shape, not only the example's) ----
+
+
+def antialias_weights(size: int, length: torch.Tensor, index: torch.Tensor, mode: str = "bicubic") -> torch.Tensor:
+    """The weights F.interpolate(mode, antialias=True, align_corners=False) gives the `size` input positions for
+    output position `index` of an output `length` long (tensors that broadcast, shape (...)): (..., size).
+
+    PyTorch's antialiased kernel, written out: scale = size / length; the filter (bicubic with a = -0.5, or the
+    triangle for bilinear) stretched by the scale when shrinking; the window [center - support, center + support)
+    around center = scale * (index + 0.5), cut to the input and normalised to sum to 1."""
+    scale = size / length.to(torch.float32)
+    half = 2.0 if mode == "bicubic" else 1.0  # half the filter's support at scale 1
+    shrinking = scale >= 1.0
+    support = torch.where(shrinking, half * scale, torch.full_like(scale, half))
+    invscale = torch.where(shrinking, 1.0 / scale, torch.ones_like(scale))
+    center = scale * (index.to(torch.float32) + 0.5)  # (...)
+    low = (center - support + 0.5).floor().clamp(min=0)[..., None]
+    high = (center + support + 0.5).floor().clamp(max=size)[..., None]
+    source = torch.arange(size, dtype=torch.float32, device=center.device)  # (size,)
+    distance = ((source - center[..., None] + 0.5) * invscale[..., None]).abs()  # (..., size)
+    if mode == "bicubic":
+        a = -0.5
+        near = ((a + 2) * distance - (a + 3)) * distance * distance + 1
+        far = (((distance - 5) * distance + 8) * distance - 4) * a
+        weights = torch.where(distance < 1, near, torch.where(distance < 2, far, torch.zeros_like(distance)))
+    else:
+        weights = (1.0 - distance).clamp(min=0)
+    weights = weights * ((source >= low) & (source < high)).to(weights.dtype)
+    return weights / weights.sum(dim=-1, keepdim=True)
+
+
+def linear_weights(size: int, length: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The weights F.interpolate(mode="linear", align_corners=False) gives the `size` input positions for output
+    position `index` of an output `length` long (tensors that broadcast, shape (...)): (..., size). The source
+    position scale * (index + 0.5) - 0.5, clamped at 0, between its two neighbours."""
+    scale = size / length.to(torch.float32)
+    position = (scale * (index.to(torch.float32) + 0.5) - 0.5).clamp(min=0)  # (...)
+    left = position.floor().clamp(max=size - 1)
+    right = (left + 1).clamp(max=size - 1)
+    share = (position - left)[..., None]  # the right neighbour's share
+    source = torch.arange(size, dtype=torch.float32, device=position.device)  # (size,)
+    on_left, on_right = (source == left[..., None]).to(share.dtype), (source == right[..., None]).to(share.dtype)
+    return on_left * (1 - share) + on_right * share
+
+
+def resampled_rows_at(
+    patches: torch.Tensor,
+    table_grid: tuple[int, int],
+    lengths: tuple[torch.Tensor, torch.Tensor],
+    y: torch.Tensor,
+    x: torch.Tensor,
+    mode: str = "bicubic",
+) -> torch.Tensor:
+    """`resample_pos_embed`'s rows at tokens (y, x) (row and column, (B, N)) of images whose table is resampled
+    to (lengths[0], lengths[1]) (each (B, 1): the grid, or with aspect preserving the square of its longer side):
+    `patches` (H * W, C), the table without prefix rows on `table_grid` (H, W) -> (B, N, C)."""
+    rows, columns = table_grid
+    weight_y = antialias_weights(rows, lengths[0], y, mode)  # (B, N, H)
+    weight_x = antialias_weights(columns, lengths[1], x, mode)  # (B, N, W)
+    weights = (weight_y[..., :, None] * weight_x[..., None, :]).flatten(-2)  # (B, N, H * W): separable
+    return weights @ patches.to(weights.dtype)  # (B, N, C)
+
+
+def factorized_rows_at(
+    rows: torch.Tensor, columns: torch.Tensor, lengths: tuple[torch.Tensor, torch.Tensor], y, x
+) -> torch.Tensor:
+    """`factorized_table`'s rows at tokens (y, x) ((B, N)) of images whose tables are resampled to (lengths[0],
+    lengths[1]) ((B, 1) each): `rows` (1, H, C) and `columns` (1, W, C) -> (B, N, C)."""
+    weight_y = linear_weights(rows.shape[1], lengths[0], y)  # (B, N, H)
+    weight_x = linear_weights(columns.shape[1], lengths[1], x)  # (B, N, W)
+    return weight_y @ rows[0].to(weight_y.dtype) + weight_x @ columns[0].to(weight_x.dtype)

@@ -21,6 +21,7 @@ from vit.models.layers import (
     ShiftedPatchEmbed,
     to_2tuple,
 )
+from vit.models.pos_embed import resample_factorized
 
 PATCH_EMBEDS = {
     "standard": PatchEmbed,
@@ -93,5 +94,9 @@ class VisionTransformer(Encoder):
         if self.pos_embed is not None and grid != self.grid_size:
             table = self.position_table(grid).detach().clone()  # (1, P + rows * columns, C), or no prefix rows
             self.pos_embed = nn.Parameter(table, requires_grad=self.pos_embed.requires_grad)
+        if self.pos_embed_y is not None and grid != self.grid_size:  # factorized: each table at its new side
+            ar_preserving = self.config.pos_embed_ar_preserving
+            tables = resample_factorized(self.pos_embed_y, self.pos_embed_x, grid, ar_preserving)
+            self.pos_embed_y, self.pos_embed_x = (nn.Parameter(t.detach().clone()) for t in tables)
         self.patch_embed.img_size, self.patch_embed.grid_size = size, grid
         self.patch_embed.num_patches = grid[0] * grid[1]

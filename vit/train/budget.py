@@ -87,7 +87,7 @@ class RunShape:
     test_batches: int  # batches of the final test pass, 0 when the run has none
     eval_passes: int  # passes per evaluation: 1, 2 with an EMA (its own pass)
     views: int  # forward passes per image in a pass: 1, x2 with trainer.eval_flip, x3 with trainer.eval_shift
-    images_per_step: int  # global images per optimizer step (batch x accumulation x processes)
+    images_per_step: float  # global images per optimizer step (batch x accumulation x processes); NaFlex: a mean
     loader_workers: int = 0  # the train loader's worker processes: each one's first batch waits for its start
     figure_every: int = 0  # the attention or reconstruction figures: every this many epochs and after the last
 
@@ -354,7 +354,8 @@ class Budget:
         what = f"budget {duration(shape.budget_s)}" if first else f"budget re-plan at step {step:,}"
         test = " and the test" if shape.test_batches else ""
         line = (
-            f"{what}: {total:,} steps of {shape.images_per_step} images ({total / shape.steps_per_epoch:.1f} epochs)"
+            f"{what}: {total:,} steps of {step_images(shape.images_per_step)} images "
+            f"({total / shape.steps_per_epoch:.1f} epochs)"
             f"{bound} at {shape.images_per_step / self.step_s:,.0f} img/s measured; {kept:.0f} s kept for "
             f"{evaluations} evaluation{'s' if evaluations != 1 else ''}{test}; {self.elapsed():.0f} s spent"
         )
@@ -468,6 +469,12 @@ class Forecast:
             f"({self.images_per_step / step_s:,.0f} img/s measured, evaluations not counted); to train for a fixed "
             "time instead, add trainer.budget=<time> (e.g. 30m or 2h): the run then plans as many steps as fit"
         )
+
+
+def step_images(images: float) -> str:
+    """A step's images as the plan line says them: 256, or a NaFlex run's mean (its batches follow a token budget),
+    494 (mean)."""
+    return f"{int(images)}" if float(images).is_integer() else f"{images:,.0f} (mean)"
 
 
 def attach_budget(run) -> Budget | None:

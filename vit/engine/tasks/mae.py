@@ -38,7 +38,7 @@ class MaskedAutoencoder(Task):
         )
         pos = model.get("pos_embed")
         require(
-            pos not in ("rope", "rope_mixed"),
+            pos in ("sincos2d", "learned", "sinusoidal"),
             f"task=mae: model.pos_embed={pos!r} is not supported: the masked encoder adds a position table to the "
             "patches it keeps (sincos2d, learned or sinusoidal)",
         )
