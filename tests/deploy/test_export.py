@@ -191,6 +191,9 @@ def test_predict_with_the_onnx_file_gives_the_checkpoints_top1(checkpoints, tmp_
         expected = model(x).softmax(-1).numpy()
     got = OnnxClassifier(onnx_path).predict_proba(sorted(images.glob("*.png")))
     assert np.abs(got - expected).max() <= 1e-5
+    # a file of square images takes no seq_len (a NaFlex file is exported with one)
+    argv = [f"checkpoint={onnx_path}", f"image={images}", "seq_len=196"]
+    assert run_script(predict_script.main, argv) == 2
 
 
 def test_a_file_that_does_not_match_pytorch_is_refused_and_not_kept(checkpoints, tmp_path, monkeypatch, capsys):

@@ -358,10 +358,7 @@ def test_predict_at_the_images_own_shapes_packs_them_whole(ours, tmp_path, capsy
     pre = Preprocessing(32, 32, "bilinear", (0.5,) * 3, (0.25,) * 3, origin="test")
     x = pre.naflex_transform(64, 4)(read_rgb(images / "b_wide.png"))
     assert tuple(x.shape) == (3, 20, 40) and Image.open(images / "b_wide.png").size == (64, 32)  # 5 x 10 patches
-    for extra, needle in (
-        (["seq_len=0"], "seq_len='0' must be a whole number of tokens >= 1"),
-        ([f"checkpoint={tmp_path / 'best.onnx'}"], "seq_len=64: "),
-    ):
+    for extra, needle in ((["seq_len=0"], "seq_len='0' must be a whole number of tokens >= 1"),):
         code, out, err = predict([*base, f"image={images}", "seq_len=64", *extra], capsys)
         lines = err.strip().splitlines()
         assert code == 2 and len(lines) == 1 and needle in lines[0], lines
@@ -381,3 +378,81 @@ def test_evaluate_at_the_images_own_shapes_matches_the_square_path_at_their_size
     assert at_16["loss"] != pytest.approx(square["loss"], abs=1e-5)
     assert evaluate_tool.cli([*base, "seq_len=64", "flip=true"]) == 2
     assert "leave out flip and shift" in one_error_line(capsys)
+
+
+def test_export_at_the_images_own_shapes_takes_naflex_batches(ours, tmp_path, capsys):
+    """vit-export seq_len=<n>: a file with three inputs (patches, their coordinates, the valid mask), checked on
+    the images at their own shapes; run on a batch of shapes and lengths it was not traced on (wide, tall and
+    square, padded to n), onnxruntime and TorchScript give the PyTorch model's logits. What it cannot write is
+    refused in one line, before the weights are read."""
+    import onnxruntime as ort
+    from trainer_utils import noise_image
+
+    from vit.cli import export as export_tool
+    from vit.cli.args import run_script
+    from vit.naflex import pack
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for i, size in enumerate([(32, 32), (64, 32), (24, 48)]):
+        noise_image("RGB", 64, seed=i).resize(size).save(images / f"{i}.png")
+    checkpoint = ours / "best.pt"
+    base = [f"checkpoint={checkpoint}", "ema=false", f"image={images}", "seq_len=64"]
+    onnx_file, script_file = tmp_path / "naflex.onnx", tmp_path / "naflex.torchscript.pt"
+    assert export_tool.main([*base, f"output={onnx_file}"]) == 0
+    assert "NaFlex batches of 64 tokens" in capsys.readouterr().out
+    assert export_tool.main([*base, "format=torchscript", f"output={script_file}", "batch=3"]) == 0
+    capsys.readouterr()
+    side = json.loads(onnx_file.with_name(onnx_file.name + ".json").read_text())
+    assert side["input"]["names"] == ["patches", "patch_coord", "patch_valid"]
+    assert side["input"]["shapes"][0] == ["batch", 64, 48] and side["input"]["patch_size"] == 4
+    assert side["preprocessing"]["seq_len"] == 64
+
+    generator = torch.Generator().manual_seed(5)
+    shapes = [(12, 20), (28, 8), (32, 32)]  # 3 x 5, 7 x 2 and 8 x 8 patches: grids the trace never saw
+    batch = pack([torch.randn(3, h, w, generator=generator) for h, w in shapes], (4, 4), seq_len=64)
+    with torch.no_grad():
+        expected = model_of(checkpoint, "model")(batch).numpy()
+    session = ort.InferenceSession(str(onnx_file), providers=["CPUExecutionProvider"])
+    got = session.run(None, {key: value.numpy() for key, value in batch.items()})[0]
+    assert abs(got - expected).max() <= 1e-4
+    with torch.no_grad():
+        scripted = torch.jit.load(str(script_file))(batch["patches"], batch["patch_coord"], batch["patch_valid"])
+    assert abs(scripted.numpy() - expected).max() <= 1e-4
+
+    # vit-predict reads the file (its seq_len by default) as it reads the checkpoint at seq_len=64
+    answers = []
+    for argv in (
+        [f"checkpoint={checkpoint}", "ema=false", "amp=none", "seq_len=64"],
+        [f"checkpoint={onnx_file}"],
+    ):
+        code, out, err = predict([*argv, f"image={images}", "json=-", "top=10"], capsys)
+        assert code == 0, err
+        answers.append([{p["class"]: p["prob"] for p in r["top"]} for r in json.loads(out)])
+    from_checkpoint, from_file = answers
+    assert len(from_file) == 3
+    for got_probs, expected_probs in zip(from_file, from_checkpoint, strict=True):
+        assert got_probs == pytest.approx(expected_probs, abs=1e-4)
+    code, out, err = predict([f"checkpoint={onnx_file}", f"image={images}", "seq_len=16"], capsys)
+    assert code == 2 and "takes NaFlex batches of 64 tokens (as exported)" in err
+
+    for extra, needle in (
+        (["format=exported-program", f"output={tmp_path / 'x.pt2'}"], "it needs format=onnx|torchscript"),
+        (["quantize=int8", f"output={tmp_path / 'x.onnx'}"], "seq_len= with quantize=int8"),
+        (["seq_len=x", f"output={tmp_path / 'x.onnx'}"], "seq_len='x' must be a whole number"),
+    ):
+        assert run_script(export_tool.main, [*base, *extra], usage=export_tool.__doc__) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], lines
+
+
+def test_the_runtimes_naflex_sizes_are_the_trainers():
+    """The torch-free runtime's `naflex_size` (vit/deploy/runtime.py) gives every image the size the PyTorch tools
+    and the trainer give it (`grid_for`, timm's `get_image_size_for_seq`), from a 1 px image to a long strip."""
+    from vit.data.loading.naflex import grid_for
+    from vit.deploy.runtime import naflex_size
+
+    for shape in [(1, 1), (7, 300), (32, 32), (480, 640), (1000, 37), (224, 224)]:
+        for patch in (4, 14, 16):
+            for seq_len in (1, 16, 64, 256, 577):
+                assert naflex_size(shape, patch, seq_len) == grid_for(shape, patch, seq_len), (shape, patch, seq_len)

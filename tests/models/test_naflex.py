@@ -1,6 +1,7 @@
 """NaFlex batches (vit/models/naflex.py): images of their own shapes, cut into patches on their own grids and
 packed with padding. Our ViT given timm's NaFlexVit weights computes timm's logits and gradients on the same batch
-(sequence lengths and aspect ratios of several kinds, the gap, aspect-preserving gap, map and SigLIP 2 variants);
+(sequence lengths and aspect ratios of several kinds, the gap, aspect-preserving gap, factorized aspect-preserving
+gap, map and SigLIP 2 variants);
 padding changes nothing; a NaFlex batch and the image tensor of the same images give the same logits."""
 
 import pytest
@@ -8,18 +9,21 @@ import timm
 import torch
 from safetensors.torch import save_file
 
+from vit.deploy.export import NaFlexInputs
 from vit.engine.weights import load_pretrained, read_weights
 from vit.models import create_model
 from vit.models.foundation import timm_architecture, timm_keys_to_ours
 from vit.models.vit import VisionTransformer, ViTConfig
 from vit.naflex import naflex_inputs, pack, patchify
 
-# The four kinds of NaFlexVit head and position table: average pooling over the patches (4 registers), the same with
-# the table resampled aspect-preserving, attention pooling (1 register), SigLIP 2's (attention pooling, tanh GELU,
-# a bilinearly resampled table). Each at 1 block and 64 wide, as timm builds the family at any size.
+# The five kinds of NaFlexVit head and position table: average pooling over the patches (4 registers), the same with
+# the table resampled aspect-preserving, the same with NaViT's factorized row and column tables, attention pooling
+# (1 register), SigLIP 2's (attention pooling, tanh GELU, a bilinearly resampled table). Each at 1 block and 64
+# wide, as timm builds the family at any size.
 FAMILIES = [
     "naflexvit_base_patch16_gap",
     "naflexvit_base_patch16_par_gap",
+    "naflexvit_base_patch16_parfac_gap",
     "naflexvit_base_patch16_map",
     "naflexvit_base_patch16_siglip",
 ]
@@ -43,7 +47,7 @@ def timm_and_ours(name: str, path) -> tuple[torch.nn.Module, torch.nn.Module]:
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for key, param in theirs.named_parameters():
-            scale = 1.0 if key == "embeds.pos_embed" else 0.02
+            scale = 1.0 if key.startswith("embeds.pos_embed") else 0.02
             param.add_(scale * torch.randn(param.shape, generator=generator))
     save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(path))
     arch = timm_architecture(name, **SMALL)
@@ -89,19 +93,47 @@ def test_padding_changes_nothing(name, tmp_path):
     assert (together - alone).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("pos_embed", ["learned", "rope_mixed", "rope"])
+@pytest.mark.parametrize("pos_embed", ["learned", "rope_mixed", "rope", "factorized"])
 def test_a_naflex_batch_computes_what_the_image_tensor_computes(pos_embed):
     """Square images of the model's size, and of another size with a dynamic image size: the same logits as a
-    tensor and as a NaFlex batch, for a learned table (with a cls token's row) and rotary positions."""
+    tensor and as a NaFlex batch, for a learned table (with a cls token's row), rotary positions and a factorized
+    pair (the image's tokens only)."""
     torch.manual_seed(0)
     model = create_model(
-        "vit_tiny", img_size=32, patch_size=4, depth=2, num_classes=5, pos_embed=pos_embed, dynamic_img_size=True
+        "vit_tiny",
+        img_size=32,
+        patch_size=4,
+        depth=2,
+        num_classes=5,
+        pos_embed=pos_embed,
+        dynamic_img_size=True,
+        no_embed_class=pos_embed == "factorized",
     ).eval()
     for side in (32, 24):
         pictures = torch.randn(3, 3, side, side)
         with torch.no_grad():
             expected, got = model(pictures), model(pack(list(pictures), (4, 4)))
         assert (expected - got).abs().max().item() <= 1e-5, side
+
+
+def test_factorized_tables_read_at_another_grid_compute_what_the_forward_resamples(tmp_path):
+    """timm's factorized model (16 x 16 tables) read into one of 7 x 7 patches (each table resampled once, on
+    loading), and ours fixed at that size with set_input_size, compute what the 16 x 16 model computes on 112 px
+    images, where its forward resamples the tables; an ordinary table would not give the same numbers."""
+    name = "naflexvit_base_patch16_parfac_gap"
+    theirs, ours = timm_and_ours(name, tmp_path / "weights.safetensors")
+    settings = {**timm_architecture(name, **SMALL).settings, "img_size": 112, "dynamic_img_size": False}
+    smaller = VisionTransformer(ViTConfig(**settings, num_classes=7)).eval()
+    load_pretrained(smaller, read_weights(f"timm:{name}", file=str(tmp_path / "weights.safetensors")))
+    assert smaller.pos_embed_y.shape == smaller.pos_embed_x.shape == (1, 7, 64)
+    fixed = VisionTransformer(ViTConfig(**{**settings, "img_size": 256}, num_classes=7)).eval()
+    fixed.load_state_dict(ours.state_dict())
+    fixed.set_input_size(112)
+    pictures = torch.randn(2, 3, 112, 112, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        expected = theirs(pictures)
+        for model in (smaller, fixed):
+            assert (model(pictures) - expected).abs().max().item() <= 1e-5
 
 
 def test_patches_are_cut_as_the_convolution_reads_them():
@@ -164,3 +196,65 @@ def test_a_naflex_family_fine_tunes_from_its_timm_name_through_the_trainer(tmp_p
     trained = load_checkpoint(checkpoint)["model"]
     for key, value in rebuilt.state_dict().items():
         assert torch.equal(value, trained[key].float()), key
+
+
+@pytest.mark.parametrize("mode", ["bicubic", "bilinear"])
+@pytest.mark.parametrize("ar_preserving", [False, True])
+def test_the_per_token_resampling_a_trace_uses_is_the_tables(mode, ar_preserving):
+    """`resampled_rows_at` (the weights of F.interpolate's antialiased kernel written out, each token's row from
+    tensors) gives `resample_pos_embed`'s rows, shrinking, stretching and at the table's own grid; and
+    `factorized_rows_at` gives `factorized_table`'s."""
+    from vit.models.pos_embed import factorized_rows_at, factorized_table, resample_pos_embed, resampled_rows_at
+
+    generator = torch.Generator().manual_seed(0)
+    table = torch.randn(1, 7 * 9, 5, generator=generator)  # a 7 x 9 table of 5 channels, no prefix rows
+    rows, columns = torch.randn(1, 7, 5, generator=generator), torch.randn(1, 9, 5, generator=generator)
+    for grid in [(7, 9), (1, 1), (3, 4), (7, 2), (12, 5), (16, 16), (2, 20)]:
+        y, x = (t.reshape(1, -1) for t in torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij"))
+        height, width = torch.tensor([[grid[0]]]), torch.tensor([[grid[1]]])
+        side = torch.maximum(height, width)
+        lengths = (side, side) if ar_preserving and grid != (7, 9) else (height, width)
+        expected = resample_pos_embed(table, grid, 0, (7, 9), mode, ar_preserving)
+        got = resampled_rows_at(table[0], (7, 9), lengths, y, x, mode)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+        expected = factorized_table(rows, columns, grid, ar_preserving and grid != (7, 9))
+        torch.testing.assert_close(factorized_rows_at(rows, columns, lengths, y, x), expected, atol=1e-5, rtol=0)
+
+
+TRACED = {
+    "learned bicubic": dict(pos_embed="learned"),
+    "learned bilinear, aspect-preserving, average pooling": dict(
+        pos_embed="learned", pos_embed_interp="bilinear", pos_embed_ar_preserving=True, global_pool="avg"
+    ),
+    "factorized, aspect-preserving": dict(
+        pos_embed="factorized", no_embed_class=True, pos_embed_ar_preserving=True, reg_tokens=2
+    ),
+    "axial rope": dict(pos_embed="rope"),
+    "mixed rope, sequence pooling": dict(pos_embed="rope_mixed", class_token=False, global_pool="seq"),
+    "dinov3 rope": dict(pos_embed="rope_dinov3"),
+    "eva-02 (a table and rope on a reference grid)": dict(pos_embed="learned_rope", rope_ref_grid=6),
+}
+
+
+@pytest.mark.parametrize("variant", list(TRACED))
+def test_a_traced_naflex_forward_computes_the_eager_logits_at_grids_it_was_not_traced_on(variant):
+    """A NaFlex model traced on one batch (what vit-export writes) computes the eager model's logits on batches of
+    other grids and lengths: its grids come from the coordinates inside the graph, not from the example."""
+    torch.manual_seed(0)
+    kwargs = dict(img_size=32, patch_size=4, depth=1, embed_dim=32, num_heads=2, num_classes=3, **TRACED[variant])
+    model = create_model("vit_tiny", **kwargs).eval()
+    with torch.no_grad():  # move every parameter off its init so positions matter
+        for param in model.parameters():
+            param.add_(0.5 * torch.randn_like(param))
+    generator = torch.Generator().manual_seed(1)
+
+    def batch(shapes):
+        batched = pack([torch.randn(3, h, w, generator=generator) for h, w in shapes], (4, 4), seq_len=64)
+        return tuple(batched[key] for key in ("patches", "patch_coord", "patch_valid"))
+
+    eager = NaFlexInputs(model)  # the three tensors in, as vit-export traces it
+    with torch.no_grad():
+        traced = torch.jit.trace(eager, batch([(32, 32), (16, 24)]), check_trace=False)
+        for shapes in ([(12, 20), (28, 8), (32, 32)], [(4, 4), (40, 16)], [(24, 24)]):
+            inputs = batch(shapes)
+            torch.testing.assert_close(traced(*inputs), eager(*inputs), atol=1e-4, rtol=0)

@@ -3,6 +3,7 @@
 usage: vit-export checkpoint=<best.pt> [format=onnx|torchscript|exported-program] [output=<path>]
            [batch=dynamic|<n>] [ema=auto|true|false] [image=<file, folder or a,b,c>] [atol=1e-4]
            [quantize=int8|int8-dynamic|int8-static] [calibration=256] [check_images=<n>] [max_drop=1.0]
+           [seq_len=<tokens>]
        vit-export model=<name> model.pretrained=<timm:name | file> [data=imagefolder]
            [preprocess=data|timm:<name>] output=<path> ...
 (in a checkout, without installing: python scripts/export.py with the same arguments)
@@ -16,6 +17,14 @@ onnxruntime, the others through PyTorch; a max |diff| above `atol` fails the com
 ONNX needs the optional extra: pip install -e '.[export]'.
 
 Weights: {ema_rule} The side JSON records them ("weights").
+
+Images at their own shapes: `seq_len=<n>` (format=onnx or torchscript, a ViT with the standard patch embedding)
+writes a file that takes NaFlex batches of n tokens instead of image tensors: three inputs, `patches` (batch, n,
+p * p * 3) float32, each image's patches in row-major order over its own grid, each flattened as (row, column,
+channel), then padding; `patch_coord` (batch, n, 2) int64, each patch's (row, column); `patch_valid` (batch, n)
+bool, true for a patch (the side JSON's "input" says the same). Each image goes in whole, resized with its aspect
+ratio kept to at most n patches (vit-predict seq_len=<n> does it, and reads the file). The check runs the file on
+the check images at their own shapes, every other one also at a quarter of the tokens, packed together.
 
 `quantize=` (format=onnx) writes an INT8 file instead (default name best.int8.onnx), with onnxruntime's
 quantization of the linear layers: `int8-dynamic` (int8 weights, activations quantized on the fly), `int8-static`
@@ -52,42 +61,56 @@ from vit.deploy.export import (
     check_writable,
     default_output,
     export_model,
+    naflex_format_refusal,
 )
+from vit.deploy.preprocessing import naflex_patch_size
 from vit.deploy.quantize import CALIBRATION, MAX_DROP, resolve_mode
 from vit.deploy.weights import resolve, with_ema_rule
 from vit.engine.weights import source_kind
 from vit.errors import UsageError
 
 KNOWN = ("checkpoint", "model", "format", "output", "batch", "ema", "image", "data", "preprocess", "atol")
-KNOWN += ("quantize", "calibration", "check_images", "max_drop")
+KNOWN += ("quantize", "calibration", "check_images", "max_drop", "seq_len")
 CHECK_IMAGES = 8
 
 
-def check_images(image: str | None, pre, data_cfg) -> tuple[torch.Tensor, str]:
-    """A batch of images to compare the export with PyTorch on, and what they are."""
+def check_images(image: str | None, pre, data_cfg, naflex: tuple[int, int] | None = None) -> tuple[object, str]:
+    """A batch of images to compare the export with PyTorch on, and what they are; with `naflex` (seq_len, patch
+    size) a list of images at their own shapes, each at most seq_len patches."""
     from vit.analysis.inputs import image_paths
     from vit.data import DataError
     from vit.data.images import read_rgb
     from vit.data.sources.registry import build_splits
 
-    transform = pre.transform()
+    transform = pre.transform() if naflex is None else pre.naflex_transform(*naflex)
+    batch = torch.stack if naflex is None else list
     if image:
         paths = [p for spec in image.split(",") for p in image_paths(spec)][:CHECK_IMAGES]
-        return torch.stack([transform(read_rgb(p)) for p in paths]), f"{len(paths)} images from image={image}"
+        return batch([transform(read_rgb(p)) for p in paths]), f"{len(paths)} images from image={image}"
     try:
         cfg = dict(data_cfg)
         cfg.update(scan_images=False, holdout=None, limit_val_samples=None, download=False)
         val = build_splits(cfg).val
         images = [val[i][0] for i in range(min(CHECK_IMAGES, len(val)))]
         tensors = [transform(im) for im in images]  # the datasets give PIL images
-        return torch.stack(tensors), f"the first {len(tensors)} images of the {data_cfg.get('name')} validation split"
+        return batch(tensors), f"the first {len(tensors)} images of the {data_cfg.get('name')} validation split"
     except (DataError, OSError, KeyError, TypeError):
-        generator = torch.Generator().manual_seed(0)
-        size = pre.img_size
-        return (
-            torch.randn(CHECK_IMAGES, 3, size, size, generator=generator),
-            f"{CHECK_IMAGES} generated images (the data was not found; image=<folder> checks on real ones)",
-        )
+        what = f"{CHECK_IMAGES} generated images (the data was not found; image=<folder> checks on real ones)"
+        return generated_images(pre.img_size, naflex), what
+
+
+def generated_images(size: int, naflex: tuple[int, int] | None) -> object:
+    """CHECK_IMAGES random normalised images: (B, 3, size, size), or with `naflex` (seq_len, patch size) a list at
+    several aspect ratios (square, wide, tall, long), each resized as its own shape would be for seq_len tokens."""
+    from vit.data.loading.naflex import grid_for
+
+    generator = torch.Generator().manual_seed(0)
+    if naflex is None:
+        return torch.randn(CHECK_IMAGES, 3, size, size, generator=generator)
+    seq_len, patch = naflex
+    shapes = [(size, size), (size, 2 * size), (2 * size, size), (size, 4 * size)]
+    sides = [grid_for(shapes[i % len(shapes)], patch, seq_len) for i in range(CHECK_IMAGES)]
+    return [torch.randn(3, height, width, generator=generator) for height, width in sides]
 
 
 def labelled_images(data_cfg, split: str, count: int | None, pre) -> tuple[np.ndarray, np.ndarray, str]:
@@ -163,6 +186,11 @@ def main(argv: list[str]) -> int:
     fmt = options.get("format", DEFAULT_FORMAT)
     check_format(fmt)  # a known format with its packages installed, before any weights are read
     check_int8_options(options, fmt)
+    seq_len = options.get("seq_len")
+    if seq_len is not None:
+        if not str(seq_len).isdigit() or int(seq_len) < 1:
+            raise UsageError(f"seq_len={seq_len!r} must be a whole number of tokens >= 1")
+        naflex_format_refusal(fmt, options.get("quantize"))
     batch_text = options.get("batch", "dynamic")
     batch = None if batch_text == "dynamic" else options.integer("batch")
     try:
@@ -184,7 +212,9 @@ def main(argv: list[str]) -> int:
     if weights.untrained_head:  # an encoder exported for its features is fine; as a classifier it names noise
         print(f"warning: {weights.source}: {weights.untrained_head}: the exported file's classes are random; "
               "fine-tune on your classes first, unless the file is for its features", file=sys.stderr)  # fmt: skip
-    images, what = check_images(options.get("image"), pre, data_cfg)
+    patch = naflex_patch_size(weights.model, seq_len)  # seq_len checked, and the model cuts square patches
+    naflex = None if patch is None else (int(seq_len), patch)
+    images, what = check_images(options.get("image"), pre, data_cfg, naflex)
     int8 = int8_request(options, pre, data_cfg) if options.get("quantize") else None
     result = export_model(
         weights.model,
@@ -199,10 +229,12 @@ def main(argv: list[str]) -> int:
         weights=weights.which,
         atol=atol,
         int8=int8,
+        seq_len=None if naflex is None else naflex[0],
     )
     runtime = EXPORT_FORMATS[fmt].runtime_words
     kind = f"{fmt}, {result.int8.mode}" if result.int8 is not None else fmt
     float_check = "the float file " if result.int8 is not None else ""
+    kind += f", NaFlex batches of {naflex[0]} tokens" if naflex else ""
     print(
         f"wrote {result.path} ({kind}, batch {'dynamic' if batch is None else batch}, weights: {weights.which}) "
         f"and {result.side_json}; "

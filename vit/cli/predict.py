@@ -27,6 +27,8 @@ Images at their own shapes: `seq_len=<n>` keeps each image whole (no crop) and r
 at most n patches (each side a whole number of patches), then runs the images as NaFlex batches (vit/naflex.py:
 each on its own grid, padding masked). Any ViT with the standard patch embedding takes them (a NaFlex-trained run's,
 timm's NaFlexVit models); `seq_len=64` is a 32 px square image in 4 px patches, a 64 x 32 px one at 8 x 4 patches.
+An ONNX file exported with `seq_len=<n>` (vit-export) takes its images so, at its own n: `seq_len=` may be left out,
+and another n is refused.
 
 Foreign weights, as evaluate and export take them: `model=<name> model.pretrained=timm:<name>` builds timm's
 architecture of that name (DINOv2, SigLIP, CLIP, EVA-02 ...), with `model.pretrained_file=<file>` holding its
@@ -94,6 +96,10 @@ def onnx_probabilities(checkpoint: str, spec: str, options) -> tuple[list[Path],
         raise UsageError(str(err).replace("format=onnx", f"checkpoint={checkpoint}")) from None
     paths = [p for part in spec.split(",") for p in image_paths(part)]
     classifier = OnnxClassifier(checkpoint)
+    seq_len = options.get("seq_len")
+    if seq_len is not None and str(seq_len) != str(classifier.seq_len):
+        what = f"takes NaFlex batches of {classifier.seq_len} tokens" if classifier.seq_len else "takes square images"
+        raise UsageError(f"seq_len={seq_len}: {checkpoint} {what} (as exported); leave seq_len out")
     probs = classifier.predict_proba(paths)
     names = classifier.classes or [str(i) for i in range(probs.shape[-1])]
     return paths, probs, names, str(classifier.meta.get("weights") or "not recorded")
@@ -184,10 +190,10 @@ def main(argv: list[str]) -> int:
         if args["model"] or args.model or args.data or args["preprocess"] or args["data"]:
             raise UsageError("model=, model.<key>=, data and preprocess= go with model.pretrained=, not checkpoint=")
     if args.source is None and checkpoint.endswith(".onnx"):
-        if features or args["seq_len"] is not None:
-            what = "computes the logits only" if features else "takes square images of its own size only"
-            key = "features=true" if features else f"seq_len={args['seq_len']}"
-            raise UsageError(f"{key}: {checkpoint} {what}; give the checkpoint it was exported from")
+        if features:
+            raise UsageError(
+                f"features=true: {checkpoint} computes the logits only; give the checkpoint it was exported from"
+            )
         paths, outputs, names, which = onnx_probabilities(checkpoint, args["image"], args)
     else:
         paths, outputs, names, which = model_outputs(args, args["image"], features)

@@ -2,6 +2,13 @@
 side JSON (`<file>.json`: preprocessing constants, class names, input/output names, batch size), for a fixed
 or a dynamic batch size.
 
+With `seq_len` (a ViT with the standard patch embedding) the file takes NaFlex batches of that many tokens
+instead of image tensors (vit/naflex.py): three inputs, `patches` (batch, seq_len, p * p * 3) float32,
+`patch_coord` (batch, seq_len, 2) int64 and `patch_valid` (batch, seq_len) bool, so each image goes in at its own
+shape, padded. The model is traced with its grids read from the coordinates inside the graph (vit/models/naflex.py),
+so the file serves every shape up to seq_len tokens, not only the example's; the check runs it on images of several
+shapes and lengths packed together.
+
 An ONNX file is checked before it is kept: onnxruntime runs it on a batch of images and its logits must match
 the PyTorch model's (max |diff| <= `atol`, 1e-4 in fp32); the file is written beside its final name and renamed
 only then. TorchScript and exported programs are loaded back and checked the same way with PyTorch. An INT8 ONNX
@@ -15,6 +22,7 @@ import copy
 import datetime
 import errno
 import json
+import math
 import os
 import tempfile
 import warnings
@@ -24,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from vit.deploy.preprocessing import Preprocessing
@@ -32,6 +41,7 @@ from vit.deploy.runtime import side_json_path
 from vit.errors import CheckFailed, UserError
 
 INPUT_NAME, OUTPUT_NAME = "images", "logits"
+NAFLEX_INPUTS = ("patches", "patch_coord", "patch_valid")  # a NaFlex export's inputs, vit/naflex.py's keys
 ONNX_OPSET = 17  # onnxruntime runs it everywhere; LayerNormalization is a single op from 17 on
 ATOL = 1e-4  # fp32: the largest |onnxruntime - PyTorch| logit difference an export may have
 
@@ -119,18 +129,45 @@ class Int8Request:
     split: str = "val"  # the name of the split the check images come from
 
 
-def write_onnx(model: nn.Module, example: torch.Tensor, path: Path, dynamic: bool) -> None:
+# A model's inputs: an image batch (B, 3, H, W), or a NaFlex batch's three tensors in NAFLEX_INPUTS' order.
+Inputs = torch.Tensor | tuple[torch.Tensor, ...]
+
+
+def as_args(inputs: Inputs) -> tuple[torch.Tensor, ...]:
+    return inputs if isinstance(inputs, tuple) else (inputs,)
+
+
+def input_names(inputs: Inputs) -> list[str]:
+    return list(NAFLEX_INPUTS) if isinstance(inputs, tuple) else [INPUT_NAME]
+
+
+class NaFlexInputs(nn.Module):
+    """A model taking a NaFlex batch as the three tensors an exported file has for inputs (exporters take tensors,
+    not a dict). In eval mode from the start: the ONNX exporter gives every submodule the top module's training
+    flag back after the export, and a wrapper left in training mode would turn drop path on in the model."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.eval()
+
+    def forward(self, patches: torch.Tensor, patch_coord: torch.Tensor, patch_valid: torch.Tensor) -> torch.Tensor:
+        return self.model(dict(zip(NAFLEX_INPUTS, (patches, patch_coord, patch_valid), strict=True)))
+
+
+def write_onnx(model: nn.Module, example: Inputs, path: Path, dynamic: bool) -> None:
     # The TorchScript-based exporter (dynamo=False): torch >= 2.9's default torch.export-based exporter needs the
     # onnxscript package on top of onnx, and this one exports ViT and T2T-ViT (SDPA, Unfold, einsum) to opset 17
     # with onnxruntime matching PyTorch to ~1e-6. Its deprecation warning is silenced here, not its errors.
-    axes = {INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}} if dynamic else None
+    names = input_names(example)
+    axes = {name: {0: "batch"} for name in [*names, OUTPUT_NAME]} if dynamic else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
             model,
-            (example,),
+            as_args(example),
             str(path),
-            input_names=[INPUT_NAME],
+            input_names=names,
             output_names=[OUTPUT_NAME],
             dynamic_axes=axes,
             opset_version=ONNX_OPSET,
@@ -138,24 +175,25 @@ def write_onnx(model: nn.Module, example: torch.Tensor, path: Path, dynamic: boo
         )
 
 
-def run_onnx(path: Path, images: torch.Tensor) -> np.ndarray:
+def run_onnx(path: Path, inputs: Inputs) -> np.ndarray:
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return session.run(None, {INPUT_NAME: images.numpy()})[0]
+    feed = {name: tensor.numpy() for name, tensor in zip(input_names(inputs), as_args(inputs), strict=True)}
+    return session.run(None, feed)[0]
 
 
-def write_torchscript(model: nn.Module, example: torch.Tensor, path: Path, dynamic: bool) -> None:
+def write_torchscript(model: nn.Module, example: Inputs, path: Path, dynamic: bool) -> None:
     # A trace: its batch size is free anyway (`dynamic` needs nothing more).
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer warnings about shape checks, fixed for the traced sizes
-        traced = torch.jit.trace(model, (example,), check_trace=False)
+        traced = torch.jit.trace(model, as_args(example), check_trace=False)
     torch.jit.save(traced, str(path))
 
 
-def run_torchscript(path: Path, images: torch.Tensor) -> np.ndarray:
+def run_torchscript(path: Path, inputs: Inputs) -> np.ndarray:
     with torch.no_grad():
-        return torch.jit.load(str(path)).eval()(images).numpy()
+        return torch.jit.load(str(path)).eval()(*as_args(inputs)).numpy()
 
 
 def write_program(model: nn.Module, example: torch.Tensor, path: Path, dynamic: bool) -> None:
@@ -174,13 +212,14 @@ class ExportFormat:
     """How a format is written, and run back for its check by the runtime a user would run it with."""
 
     suffix: str  # the file's ending, after the weights file's stem
-    write: Callable[[nn.Module, torch.Tensor, Path, bool], None]  # (model, example batch, path, dynamic batch)
-    run: Callable[[Path, torch.Tensor], np.ndarray]  # (path, images (B, 3, H, W)) -> logits (B, classes)
+    write: Callable[[nn.Module, Inputs, Path, bool], None]  # (model, example batch, path, dynamic batch)
+    run: Callable[[Path, Inputs], np.ndarray]  # (path, images (B, 3, H, W) or a NaFlex batch) -> logits (B, classes)
     runtime: str  # what checks it, in the side JSON
     runtime_words: str  # the same, in the script's last line
     opset: int | None = None  # ONNX's operator set
     quantizable: bool = False  # quantize=int8 can write it (onnxruntime's quantization)
     needs_export_extra: bool = False  # onnx and onnxruntime, the optional `export` extra
+    traces: bool = True  # written by tracing the model, which a NaFlex export needs (seq_len)
 
 
 # format=<name> -> its entry: adding a format is one entry here (and, to serve it, a runtime in
@@ -190,45 +229,75 @@ EXPORT_FORMATS: dict[str, ExportFormat] = {
     "torchscript": ExportFormat(
         ".torchscript.pt", write_torchscript, run_torchscript, "torch", "PyTorch (loaded back)"
     ),
-    "exported-program": ExportFormat(".pt2", write_program, run_program, "torch", "PyTorch (loaded back)"),
+    "exported-program": ExportFormat(
+        ".pt2", write_program, run_program, "torch", "PyTorch (loaded back)", traces=False
+    ),
 }
 DEFAULT_FORMAT = next(iter(EXPORT_FORMATS))
 
 
-def run_exported(path: Path, fmt: str, images: torch.Tensor) -> np.ndarray:
-    """Logits of the exported file on `images` (B, 3, H, W), by the runtime a user would run it with."""
-    return EXPORT_FORMATS[fmt].run(path, images)
+def run_exported(path: Path, fmt: str, inputs: Inputs) -> np.ndarray:
+    """Logits of the exported file on `inputs` (images (B, 3, H, W), or a NaFlex batch's three tensors), by the
+    runtime a user would run it with."""
+    return EXPORT_FORMATS[fmt].run(path, inputs)
 
 
-def check_batches(images: torch.Tensor, batch: int | None, size: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """(pool, example, checks): the images to check on (repeated to the largest check), the example the export
-    traces (batch 2 for a dynamic export, neither of the checked sizes) and the batch sizes to check: two for a
-    dynamic export, the fixed one otherwise."""
-    example_batch = batch or 2
-    checks = [batch] if batch else sorted({1, max(3, min(len(images), 8))})
+def check_sizes(batch: int | None, images: int) -> list[int]:
+    """The batch sizes an export is checked on: two for a dynamic export (1 and up to 8), the fixed one otherwise."""
+    return [batch] if batch else sorted({1, max(3, min(images, 8))})
+
+
+def check_batches(images: torch.Tensor, batch: int | None, size: int) -> tuple[Inputs, dict[int, Inputs]]:
+    """(example, checks): the example the export traces (batch 2 for a dynamic export, neither of the checked
+    sizes) and each checked batch size's images (the images repeated to the largest)."""
+    checks = check_sizes(batch, len(images))
     pool = images if len(images) >= max(checks) else images.repeat(-(-max(checks) // len(images)), 1, 1, 1)
-    example = pool[:example_batch].contiguous()
+    example = pool[: batch or 2].contiguous()
     if example.shape[1:] != (3, size, size):
         raise ExportError(f"images of shape {tuple(example.shape[1:])} do not fit the model's (3, {size}, {size})")
-    return pool, example, checks
+    return example, {n: pool[:n].contiguous() for n in checks}
+
+
+def naflex_batches(
+    images: list[torch.Tensor], batch: int | None, seq_len: int, patch: int
+) -> tuple[Inputs, dict[int, Inputs]]:
+    """`check_batches` for a NaFlex export: `images` (3, H_i, W_i) at their own shapes, each at most `seq_len`
+    patches. Every other image of a check goes in smaller too (resized, its aspect kept, to at most seq_len / 4
+    patches), so each checked batch mixes grids and lengths and is mostly padding in places; the example holds
+    two images of their own shapes. Each batch is packed to seq_len tokens."""
+    from vit.data.loading.naflex import grid_for
+    from vit.naflex import pack
+
+    checks = check_sizes(batch, len(images))
+    pool = [images[i % len(images)] for i in range(max(checks))]
+    small = max(1, seq_len // 4)
+    for i in range(1, len(pool), 2):
+        height, width = grid_for(tuple(pool[i].shape[-2:]), patch, small)
+        pool[i] = F.interpolate(pool[i][None], size=(height, width), mode="bilinear", antialias=True)[0]
+
+    def packed(chosen: list[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        return tuple(pack(chosen, (patch, patch), seq_len=seq_len)[key] for key in NAFLEX_INPUTS)
+
+    example = packed([images[i % len(images)] for i in range(batch or 2)])
+    return example, {n: packed(pool[:n]) for n in checks}
 
 
 def write_checked(
-    model: nn.Module, path: Path, fmt: str, batch: int | None, images: torch.Tensor, size: int, atol: float
+    model: nn.Module, path: Path, fmt: str, batch: int | None, batches: tuple[Inputs, dict[int, Inputs]], atol: float
 ) -> tuple[float, list[int]]:
-    """Export into a temporary file beside `path`, compare its logits with PyTorch's on each checked batch and
-    move it to `path` only when they agree within `atol`. Returns (largest |diff|, checked batch sizes)."""
-    pool, example, checks = check_batches(images, batch, size)
+    """Export into a temporary file beside `path`, traced on `batches`' example, compare its logits with PyTorch's
+    on each checked batch and move it to `path` only when they agree within `atol`. Returns (largest |diff|,
+    checked batch sizes)."""
+    example, checks = batches
     # Hidden, and ending as `path` does: torch.export.save warns about a file not ending in .pt2.
     tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
     try:
         with torch.no_grad():
             EXPORT_FORMATS[fmt].write(model, example, tmp, batch is None)
         worst = 0.0
-        for n in checks:
-            chunk = pool[:n].contiguous()
+        for chunk in checks.values():
             with torch.no_grad():
-                expected = model(chunk).numpy()
+                expected = model(*as_args(chunk)).numpy()
             got = run_exported(tmp, fmt, chunk)
             if got.shape != expected.shape:
                 raise VerificationError(f"the exported file gives logits of shape {got.shape}, not {expected.shape}")
@@ -236,7 +305,7 @@ def write_checked(
         if not worst <= atol:
             raise VerificationError(
                 f"the {fmt} file's logits differ from PyTorch's by up to {worst:.3g} (> {atol:g}) on batches of "
-                f"{checks}; nothing was written"
+                f"{list(checks)}; nothing was written"
             )
         os.replace(tmp, path)
     except OSError as err:
@@ -245,10 +314,10 @@ def write_checked(
         raise ExportError(f"cannot write the export to {str(path)!r}: {write_error_reason(err, path.parent)}") from err
     finally:
         tmp.unlink(missing_ok=True)
-    return worst, checks
+    return worst, list(checks)
 
 
-def write_int8(model, path: Path, fmt: str, batch, images, size: int, atol: float, int8: Int8Request):
+def write_int8(model, path: Path, fmt: str, batch, batches, atol: float, int8: Int8Request):
     """The float export written beside `path` and checked against PyTorch, quantized into `path` (kept only
     within its top-1 bar), the float file removed: (worst diff, checks, the INT8 report)."""
     entry = check_format(fmt)
@@ -257,7 +326,7 @@ def write_int8(model, path: Path, fmt: str, batch, images, size: int, atol: floa
         raise ExportError(f"quantize={int8.mode} needs format={quantizable}, not format={fmt}")
     float_path = path.with_name(f".{path.name}.float-{os.getpid()}{entry.suffix}")
     try:
-        worst, checks = write_checked(model, float_path, fmt, batch, images, size, atol)
+        worst, checks = write_checked(model, float_path, fmt, batch, batches, atol)
         report = quantize_checked(
             float_path, path, int8.mode, INPUT_NAME, int8.check, int8.calibration, int8.max_drop, int8.split
         )
@@ -280,25 +349,35 @@ def export_model(
     weights: str = "",
     atol: float = ATOL,
     int8: Int8Request | None = None,
+    seq_len: int | None = None,
 ) -> ExportResult:
     """Export `model` (fp32, eval) to `path` in `fmt` for a fixed `batch` (None: dynamic), check it on
     `images` (normalised, (N, 3, H, W)) against the PyTorch logits, then write the side JSON. With `int8` (ONNX
-    only) the checked float file is quantized and `path` is the INT8 file, kept only within its top-1 bar."""
+    only) the checked float file is quantized and `path` is the INT8 file, kept only within its top-1 bar. With
+    `seq_len` the file takes NaFlex batches of that many tokens, and `images` is a list of (3, H_i, W_i) images at
+    their own shapes (each at most seq_len patches)."""
     entry = check_format(fmt)
     path = Path(path)
     check_writable(path)
     # Exported from an fp32 CPU copy in eval mode: the caller's model keeps its device, dtype and mode.
     model = copy.deepcopy(model).float().eval().cpu()
     size = preprocessing.img_size
-    if tuple(getattr(model, "img_size", (size, size))) != (size, size) and hasattr(model, "set_input_size"):
-        # A dynamic-size ViT exported at another size: its position table resampled once for that size (ONNX has
-        # no antialiased bicubic resize to do it in the graph).
-        model.set_input_size(size)
+    exported = model
+    if seq_len is not None:
+        patch = naflex_refusal(model, fmt, int8)
+        batches = naflex_batches(list(images), batch, seq_len, patch)
+        exported = NaFlexInputs(model)  # the three tensors in, the dict the model reads
+    else:
+        if tuple(getattr(model, "img_size", (size, size))) != (size, size) and hasattr(model, "set_input_size"):
+            # A dynamic-size ViT exported at another size: its position table resampled once for that size (ONNX
+            # has no antialiased bicubic resize to do it in the graph).
+            model.set_input_size(size)
+        batches = check_batches(images, batch, size)
     report = None
     if int8 is None:
-        worst, checks = write_checked(model, path, fmt, batch, images, size, atol)
+        worst, checks = write_checked(exported, path, fmt, batch, batches, atol)
     else:
-        worst, checks, report = write_int8(model, path, fmt, batch, images, size, atol, int8)
+        worst, checks, report = write_int8(exported, path, fmt, batch, batches, atol, int8)
     names = list(classes) if classes else [str(i) for i in range(int(getattr(model, "num_classes", 0)))]
     meta = {
         "format": fmt,
@@ -306,11 +385,7 @@ def export_model(
         "model": model_name,
         "source": source,
         "weights": weights,  # which of the source's weights (vit/deploy/weights.py's EMA_RULE): ema, raw, ...
-        "input": {
-            "name": INPUT_NAME,
-            "shape": ["batch" if batch is None else batch, 3, size, size],
-            "dtype": "float32",
-        },
+        "input": input_description(batch, size, seq_len, batches[0]),
         "output": {"name": OUTPUT_NAME, "shape": ["batch" if batch is None else batch, len(names)]},
         "batch": "dynamic" if batch is None else batch,
         "preprocessing": preprocessing.to_dict(),
@@ -322,9 +397,51 @@ def export_model(
         "torch": torch.__version__,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
+    if seq_len is not None:
+        meta["preprocessing"]["seq_len"] = seq_len  # each image resized, its aspect kept, to at most this many patches
     side = side_json_path(path)
     try:
         side.write_text(json.dumps(meta, indent=2) + "\n")
     except OSError as err:
         raise ExportError(f"cannot write {str(side)!r}: {err.strerror or err}") from err
     return ExportResult(path, side, worst, meta["checked"]["runtime"], checks, report)
+
+
+def naflex_format_refusal(fmt: str, quantize: str | None) -> None:
+    """What a NaFlex export (seq_len) cannot write, before any weights are read: ExportError naming it."""
+    if not EXPORT_FORMATS[fmt].traces:
+        traced = "|".join(name for name, entry in EXPORT_FORMATS.items() if entry.traces)
+        raise ExportError(f"seq_len= exports NaFlex batches by tracing the model: it needs format={traced}, not {fmt}")
+    if quantize is not None:
+        raise ExportError(f"seq_len= with quantize={quantize}: INT8 NaFlex files are not built; export the float file")
+
+
+def naflex_refusal(model: nn.Module, fmt: str, int8: Int8Request | None) -> int:
+    """The patch size of a model a NaFlex export (seq_len) can write, or ExportError naming what cannot be."""
+    naflex_format_refusal(fmt, None if int8 is None else int8.mode)
+    tokenizer = getattr(model, "tokenizer", None)
+    if not hasattr(tokenizer, "embed_patches") or len(set(tokenizer.patch_size)) != 1:
+        raise ExportError(
+            "seq_len=: images at their own shapes need a ViT that cuts square patches (the standard patch "
+            f"embedding), not {type(tokenizer or model).__name__}"
+        )
+    return int(tokenizer.patch_size[0])
+
+
+def input_description(batch: int | None, size: int, seq_len: int | None, example: Inputs) -> dict:
+    """The side JSON's `input`: the image tensor's name, shape and dtype; or a NaFlex file's three inputs."""
+    rows = "batch" if batch is None else batch
+    if seq_len is None:
+        return {"name": INPUT_NAME, "shape": [rows, 3, size, size], "dtype": "float32"}
+    patches, coord, valid = example
+    return {
+        "names": list(NAFLEX_INPUTS),
+        "shapes": [[rows, seq_len, patches.shape[-1]], [rows, seq_len, 2], [rows, seq_len]],
+        "dtypes": ["float32", "int64", "bool"],
+        "seq_len": seq_len,
+        "patch_size": math.isqrt(patches.shape[-1] // 3),
+        "layout": (
+            "each image's patches in row-major order over its own grid, each flattened as (row, column, channel), "
+            "then padding; patch_coord: each patch's (row, column) on that grid; patch_valid: true for a patch"
+        ),
+    }

@@ -26,6 +26,9 @@ Rotary positions (`pos_embed="rope"`, `"rope_mixed"` or `"rope_dinov3"`, vit/mod
 added to the tokens: no `pos_embed` parameter; every block's attention rotates q and k by the token's (row,
 column) instead, the prefix tokens by nothing (their table rows are the identity rotation). EVA-02 has both,
 `pos_embed="learned_rope"`: a learned table added to the tokens and axial rotary positions in the attention.
+NaViT's factorized table (`pos_embed="factorized"`, timm's NaFlexVit `_parfac_` models) is two learned tables,
+`pos_embed_y` (1, rows, C) and `pos_embed_x` (1, columns, C): the token at (i, j) gets the sum of row i and column
+j, each table resampled to the image's grid along its own axis.
 
 Today's foundation ViTs add a few parts (vit/models/foundation.py reads which from timm): `norm_pre` (a LayerNorm
 after the position table, CLIP's), a patch projection without bias (`patch_bias`), CLIP's QuickGELU
@@ -52,9 +55,17 @@ from torch import nn
 from torch.nn.init import trunc_normal_
 
 from vit.models.layers import MLPS, AttentionPool, Block, check_rate, run_blocks, to_2tuple
-from vit.models.naflex import key_mask, masked_mean, rows_per_image
-from vit.models.pos_embed import POS_EMBED_KINDS, make_pos_embed, resample_pos_embed
-from vit.models.rope import MixedRope, axial_rope_table, dinov3_rope_table
+from vit.models.naflex import grid_extent, key_mask, masked_mean, rows_per_image
+from vit.models.pos_embed import (
+    POS_EMBED_KINDS,
+    factorized_rows_at,
+    factorized_table,
+    make_factorized,
+    make_pos_embed,
+    resample_pos_embed,
+    resampled_rows_at,
+)
+from vit.models.rope import MixedRope, axial_rope_at, dinov3_rope_at, mixed_rope_at
 from vit.naflex import is_naflex, naflex_inputs
 
 GLOBAL_POOLS = ("token", "avg", "map", "seq")
@@ -91,9 +102,10 @@ class EncoderConfig:
     attn_drop_rate: float = 0.0  # dropout on the attention weights
     drop_path_rate: float = 0.0  # stochastic depth of the last block; rates rise linearly from 0 at the first
     # "learned" (trunc-normal init), "sinusoidal" (fixed, 1D) or "sincos2d" (fixed, 2D over the patch grid, MAE's),
-    # a table added to the tokens; "rope" (axial rotary positions), "rope_mixed" (rotary with learned 2D
-    # frequencies) or "rope_dinov3" (DINOv3's), in the attention; "learned_rope" (EVA-02's): a learned table and
-    # axial rotary positions.
+    # a table added to the tokens; "factorized" (NaViT's: a learned row table and column table, their sum added to
+    # the image's tokens; needs no_embed_class=true); "rope" (axial rotary positions), "rope_mixed" (rotary with
+    # learned 2D frequencies) or "rope_dinov3" (DINOv3's), in the attention; "learned_rope" (EVA-02's): a learned
+    # table and axial rotary positions.
     pos_embed: str = "learned"
     # "token" reads the cls token; "avg" averages the image's tokens (not the cls, dist or register tokens) and,
     # as timm does, moves the final LayerNorm after the pooling (`fc_norm`); "map": a learned query attends over
@@ -165,7 +177,9 @@ class Encoder(nn.Module):
         self.reg_token = nn.Parameter(torch.zeros(1, config.reg_tokens, embed_dim)) if config.reg_tokens else None
         self.pos_embed_kind = pos_embed
         self.pos_embed, self.rope = None, None
-        if table_kind(pos_embed) is not None:
+        # factorized: the row and column tables (1, rows, C) and (1, columns, C), timm's NaFlexVit names; else None
+        self.pos_embed_y, self.pos_embed_x = make_factorized(pos_embed, tokenizer.grid_size, embed_dim)
+        if table_kind(pos_embed) not in (None, "factorized"):
             # One row per prefix token (none with no_embed_class), then one per token of the tokenizer's grid.
             prefix_rows = 0 if config.no_embed_class else self.num_prefix_tokens
             table_rows = tokenizer.num_patches + prefix_rows
@@ -229,6 +243,9 @@ class Encoder(nn.Module):
         """timm's default ViT init: trunc-normal(0.02) Linears with zero bias, tiny cls and register tokens."""
         if self.pos_embed is not None and self.pos_embed.requires_grad:
             trunc_normal_(self.pos_embed, std=0.02)
+        for table in (self.pos_embed_y, self.pos_embed_x):
+            if table is not None:
+                nn.init.normal_(table, std=0.02)  # timm's NaFlexVit init of its factorized tables
         for token in (self.cls_token, self.reg_token):
             if token is not None:
                 nn.init.normal_(token, std=1e-6)
@@ -241,7 +258,8 @@ class Encoder(nn.Module):
     def no_weight_decay(self) -> set[str]:
         """Parameters that weight decay would only pull towards zero for no benefit: the position table or the
         learned rotary frequencies, and the prefix tokens."""
-        names = {"pos_embed", "cls_token", "dist_token", "reg_token", "rope.freqs", "attn_pool.latent"}
+        names = {"pos_embed", "pos_embed_y", "pos_embed_x", "cls_token", "dist_token", "reg_token", "rope.freqs"}
+        names.add("attn_pool.latent")
         return {n for n, _ in self.named_parameters() if n in names}
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -274,7 +292,7 @@ class Encoder(nn.Module):
         tokens = self.tokenizer(x)  # (B, N, C); the input's shape is checked there
         grid = self.tokenizer.input_grid(x)  # (rows, columns) of those N tokens
         prefix = self.prefix_tokens(tokens.shape[0])
-        if self.pos_embed is None:  # rotary positions: nothing added here, the attention rotates q and k
+        if not self.has_position_table:  # rotary positions: nothing added here, the attention rotates q and k
             x = torch.cat([*prefix, tokens], dim=1)  # (B, P + N, C)
         elif self.no_embed_class:  # the table covers the image's tokens only: add, then prepend the prefix
             x = torch.cat([*prefix, tokens + self.position_table(grid)], dim=1)
@@ -300,10 +318,13 @@ class Encoder(nn.Module):
         tokens = embed(patches)  # (B, N, C)
         prefix = self.prefix_tokens(tokens.shape[0])
         prefix = torch.cat(prefix, dim=1) if prefix else tokens[:, :0]  # (B, P, C)
-        if self.pos_embed is not None:
+        if self.has_position_table:
             table_prefix = 0 if self.no_embed_class else self.num_prefix_tokens
             # each token's row of its image's table (1, P + h * w, C), the prefix rows left out: (B, N, C)
-            tokens = tokens + rows_per_image(lambda grid: self.position_table(grid)[0, table_prefix:], coord, valid)
+            if torch.jit.is_tracing():  # the grids as tensors, so the trace holds for images of every shape
+                tokens = tokens + self.position_rows_at(coord, valid)
+            else:
+                tokens = tokens + rows_per_image(lambda grid: self.position_table(grid)[0, table_prefix:], coord, valid)
             if table_prefix:
                 prefix = prefix + self.pos_embed[:, :table_prefix]  # the prefix tokens' own rows
         x = self.norm_pre(self.pos_drop(torch.cat([prefix, tokens], dim=1)))  # (B, P + N, C)
@@ -312,15 +333,44 @@ class Encoder(nn.Module):
         x = run_blocks(self.blocks, x, checkpointed, self.naflex_rotary_tables(coord, valid), attn_mask=mask)
         return self.norm(x), valid
 
+    @property
+    def has_position_table(self) -> bool:
+        """Whether positions are added to the tokens (a table, or a factorized pair), not only rotated in."""
+        return self.pos_embed is not None or self.pos_embed_y is not None
+
     def position_table(self, grid: tuple[int, int]) -> torch.Tensor:
         """The position table for a token grid of `grid`, (1, P + rows * columns, C) (P = 0 with
         `no_embed_class`): the stored one, or with a dynamic image size (or a NaFlex image) that table resampled
-        (`pos_embed_interp`, `pos_embed_ar_preserving`) to the input's grid, as timm's `dynamic_img_size`."""
+        (`pos_embed_interp`, `pos_embed_ar_preserving`) to the input's grid, as timm's `dynamic_img_size`. A
+        factorized pair gives the sum of its rows and columns, each resampled along its axis."""
+        ar_preserving = self.config.pos_embed_ar_preserving
+        if self.pos_embed_y is not None:
+            ar_preserving = ar_preserving and grid != self.grid_size  # the model's own grid: the tables as they are
+            return factorized_table(self.pos_embed_y, self.pos_embed_x, grid, ar_preserving)
         if grid == self.grid_size:
             return self.pos_embed
         prefix = 0 if self.no_embed_class else self.num_prefix_tokens
-        mode, ar_preserving = self.config.pos_embed_interp, self.config.pos_embed_ar_preserving
+        mode = self.config.pos_embed_interp
         return resample_pos_embed(self.pos_embed, grid, prefix, self.grid_size, mode, ar_preserving)
+
+    def position_rows_at(self, coord: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """What `rows_per_image` gives from `position_table`, (B, N, C), computed per token from tensors (each
+        image's grid from its coordinates, `grid_extent`), for a trace: the resampling written out as weights."""
+        extent = grid_extent(coord, valid)  # (B, 2)
+        height, width = extent[:, :1], extent[:, 1:]  # (B, 1) each
+        lengths = (height, width)  # the sides each table is resampled to
+        if self.config.pos_embed_ar_preserving:  # the longer side's square, but the model's own grid as it is
+            own = (height == self.grid_size[0]) & (width == self.grid_size[1])
+            side = torch.maximum(height, width)
+            lengths = (torch.where(own, height, side), torch.where(own, width, side))
+        y, x = coord[..., 0], coord[..., 1]  # (B, N)
+        if self.pos_embed_y is not None:
+            rows = factorized_rows_at(self.pos_embed_y, self.pos_embed_x, lengths, y, x)
+        else:
+            prefix = 0 if self.no_embed_class else self.num_prefix_tokens
+            table = self.pos_embed[0, prefix:]  # (H * W, C)
+            rows = resampled_rows_at(table, self.grid_size, lengths, y, x, self.config.pos_embed_interp)
+        return rows * valid[..., None].to(rows.dtype)  # padding: zeros, as rows_per_image
 
     def rotary_tables(self, grid: tuple[int, int]) -> list[torch.Tensor] | None:
         """One rotary table [sin | cos] per block for a token grid of `grid`, or None without rotary positions:
@@ -339,25 +389,51 @@ class Encoder(nn.Module):
         rotary positions every block's (depth, heads, rows * columns, 2 * head_dim)."""
         if self.rope is not None:
             return self.rope(grid)
+        device = self.blocks[0].norm1.weight.device
+        rows, columns = torch.meshgrid(
+            torch.arange(grid[0], dtype=torch.float32, device=device),
+            torch.arange(grid[1], dtype=torch.float32, device=device),
+            indexing="ij",
+        )
+        return self.rotary_at(rows.reshape(-1), columns.reshape(-1), grid)
+
+    def rotary_at(self, y: torch.Tensor, x: torch.Tensor, grid: tuple) -> torch.Tensor:
+        """The rotary rows [sin | cos] of tokens at rows `y` and columns `x` (float tensors (...)) of an image whose
+        grid is `grid` (ints, or tensors that broadcast against y): (..., 2 * head_dim), or for mixed rotary
+        positions (depth, heads, ..., 2 * head_dim)."""
+        if self.rope is not None:
+            return mixed_rope_at(self.rope.freqs, y, x)
         kind, head_dim = self.pos_embed_kind, self.embed_dim // self.blocks[0].attn.num_heads
         if kind == "rope_dinov3":
-            table = dinov3_rope_table(grid, head_dim, self.rope_temperature)
-        elif kind == "learned_rope":  # EVA-02: the row first, positions on the pretraining grid
+            return dinov3_rope_at(y, x, grid, head_dim, self.rope_temperature)
+        if kind == "learned_rope":  # EVA-02: the row first, positions on the pretraining grid
             ref = None if self.rope_ref_grid is None else (self.rope_ref_grid, self.rope_ref_grid)
-            table = axial_rope_table(grid, head_dim, self.rope_temperature, rows_first=True, ref_grid=ref)
-        else:
-            table = axial_rope_table(grid, head_dim, self.rope_temperature)
-        return table.to(self.blocks[0].norm1.weight.device)
+            return axial_rope_at(y, x, grid, head_dim, self.rope_temperature, rows_first=True, ref_grid=ref)
+        return axial_rope_at(y, x, grid, head_dim, self.rope_temperature)
 
     def naflex_rotary_tables(self, coord: torch.Tensor, valid: torch.Tensor) -> list[torch.Tensor] | None:
         """`rotary_tables` for a NaFlex batch: each token rotated by its coordinate on its own image's grid, one
         table per block, (B, 1, P + N, 2 * head_dim), or per head (B, heads, P + N, 2 * head_dim) when mixed."""
         if self.pos_embed_kind not in ROPE_KINDS:
             return None
-        rows = rows_per_image(self.grid_rotary_table, coord, valid)  # (B, N, 2D) or (B, depth, heads, N, 2D)
+        if torch.jit.is_tracing():  # the grids as tensors, so the trace holds for images of every shape
+            rows = self.rotary_rows_at(coord, valid)
+        else:
+            rows = rows_per_image(self.grid_rotary_table, coord, valid)  # (B, N, 2D) or (B, depth, heads, N, 2D)
         if self.rope is None:
             return [identity_prefix(rows.unsqueeze(1), self.num_prefix_tokens)] * len(self.blocks)
         return list(identity_prefix(rows, self.num_prefix_tokens).unbind(1))
+
+    def rotary_rows_at(self, coord: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """What `rows_per_image` gives from `grid_rotary_table`, computed per token from tensors (each image's grid
+        from its coordinates, `grid_extent`), for a trace: (B, N, 2D) or (B, depth, heads, N, 2D)."""
+        extent = grid_extent(coord, valid).to(torch.float32)  # (B, 2)
+        grid = (extent[:, :1], extent[:, 1:])  # (B, 1) each: broadcast over the tokens
+        rows = self.rotary_at(coord[..., 0].to(torch.float32), coord[..., 1].to(torch.float32), grid)
+        if self.rope is not None:
+            rows = rows.movedim(2, 0)  # (depth, heads, B, N, 2D) -> (B, depth, heads, N, 2D)
+        keep = valid.reshape(valid.shape[0], *([1] * (rows.ndim - 3)), valid.shape[1], 1)  # (B, 1.., N, 1)
+        return rows * keep.to(rows.dtype)  # padding: zeros, as rows_per_image
 
     def forward_head(
         self, x: torch.Tensor, pre_logits: bool = False, valid: torch.Tensor | None = None
@@ -461,6 +537,13 @@ def check_switches(config: EncoderConfig) -> None:
         raise ValueError("distill_token=true needs class_token=true: the two heads read the cls and dist tokens")
     if table_kind(c.pos_embed) is None and c.no_embed_class:
         raise ValueError(f"no_embed_class=true places a position table, and pos_embed={c.pos_embed!r} has none")
+    if c.pos_embed == "factorized" and not c.no_embed_class:
+        raise ValueError("pos_embed=factorized has rows for the image's tokens only: it needs no_embed_class=true")
+    if c.pos_embed == "factorized" and c.pos_embed_interp != "bicubic":
+        raise ValueError(
+            f"pos_embed_interp={c.pos_embed_interp!r} resamples a 2D table; pos_embed=factorized resamples its row"
+            " and column tables linearly (timm's NaFlexVit)"
+        )
     if isinstance(c.norm_eps, bool) or not isinstance(c.norm_eps, (int, float)) or not 0 < c.norm_eps < 1:
         raise ValueError(f"norm_eps={c.norm_eps!r} must be a number in (0, 1)")
     if c.rope_ref_grid is not None:

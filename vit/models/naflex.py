@@ -7,6 +7,11 @@ patch, `PatchEmbed.embed_patches`), the position table resampled to that image's
 for that grid) and each patch given the row of its coordinate, padding masked out of every attention as keys
 (`key_mask`) and out of the pooling. A padded image and the same image alone give the same logits
 (tests/models/test_naflex.py), and with timm's weights the same logits as timm's NaFlexVit.
+
+Under a trace (an export, vit/deploy/export.py) the grids cannot be Python numbers, or the file would hold the
+example's: the encoder then reads each image's grid as a tensor (`grid_extent`) and computes every token's position
+row from it (vit/models/pos_embed.py's `resampled_rows_at`, `factorized_rows_at`; rope.py's `*_rope_at`), the
+same numbers as the eager path to float rounding.
 """
 
 from __future__ import annotations
@@ -20,8 +25,12 @@ from vit.naflex import Grid
 
 def grid_sizes(coord: torch.Tensor, valid: torch.Tensor) -> list[Grid]:
     """Each image's grid (h, w): its valid patches' largest row and column + 1."""
-    extent = coord.masked_fill(~valid[..., None], 0).amax(dim=1) + 1  # (B, 2)
-    return [(int(h), int(w)) for h, w in extent.tolist()]
+    return [(int(h), int(w)) for h, w in grid_extent(coord, valid).tolist()]
+
+
+def grid_extent(coord: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """`grid_sizes` as a tensor, (B, 2) int64 (rows, columns): what a trace computes inside the graph."""
+    return coord.masked_fill(~valid[..., None], 0).amax(dim=1) + 1
 
 
 def rows_per_image(table_of: Callable[[Grid], torch.Tensor], coord: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -68,4 +77,4 @@ def masked_mean(tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return (tokens * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)
 
 
-__all__ = ["grid_sizes", "key_mask", "masked_mean", "rows_per_image"]
+__all__ = ["grid_extent", "grid_sizes", "key_mask", "masked_mean", "rows_per_image"]

@@ -87,13 +87,29 @@ def axial_rope_table(
     the same tensor as timm's RotaryEmbeddingCat.get_embed() (float32): of the axial RoPE ViT by default (the
     first quarter of the pairs turns with the column), of EVA-02 with `rows_first` (the row first) and `ref_grid`
     (positions rescaled to that grid: index / grid * ref_grid, in timm's order of operations)."""
-    _check_head_dim(head_dim)
     x, y = _grid_xy(grid, device)  # (N,) each
+    return axial_rope_at(y, x, grid, head_dim, temperature, rows_first=rows_first, ref_grid=ref_grid)
+
+
+def axial_rope_at(
+    y: torch.Tensor,
+    x: torch.Tensor,
+    grid: tuple,
+    head_dim: int,
+    temperature: float = 100.0,
+    *,
+    rows_first: bool = False,
+    ref_grid: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """`axial_rope_table`'s rows of tokens at rows `y` and columns `x` (float tensors of one shape (...)) on a grid
+    of (rows, columns) (ints, or tensors that broadcast against y: each image's own, in a NaFlex trace): (..., 2 *
+    head_dim). The grid matters only with `ref_grid`."""
+    _check_head_dim(head_dim)
     if ref_grid is not None:
         y, x = y / grid[0] * ref_grid[0], x / grid[1] * ref_grid[1]
-    mag = _magnitudes(head_dim, temperature).to(device)  # (D / 4,)
+    mag = _magnitudes(head_dim, temperature).to(y.device)  # (D / 4,)
     first, second = (y, x) if rows_first else (x, y)
-    angles = torch.cat([first[:, None] * mag, second[:, None] * mag], dim=-1)  # (N, D / 2)
+    angles = torch.cat([first[..., None] * mag, second[..., None] * mag], dim=-1)  # (..., D / 2)
     return _table(angles)
 
 
@@ -105,14 +121,22 @@ def dinov3_rope_table(
 
     For a 16 x 16 grid and head_dim 64: the patch centres (0.5 .. 15.5) / 16 * 2 - 1 on each axis, (256, 2) as
     (row, column); 16 periods 100^(2 i / 32); angles (256, 2, 16) -> (256, 32) [row | column]; table (256, 128)."""
+    x, y = _grid_xy(grid, device)  # (N,) each
+    return dinov3_rope_at(y, x, grid, head_dim, temperature)
+
+
+def dinov3_rope_at(
+    y: torch.Tensor, x: torch.Tensor, grid: tuple, head_dim: int, temperature: float = 100.0
+) -> torch.Tensor:
+    """`dinov3_rope_table`'s rows of tokens at rows `y` and columns `x` (float tensors of one shape (...)) on a grid
+    of (rows, columns) (ints, or tensors that broadcast against y): (..., 2 * head_dim)."""
     _check_head_dim(head_dim)
-    axes = [(torch.arange(0.5, size, dtype=torch.float32) / size) for size in grid]  # centres in (0, 1), per axis
-    coords = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1)  # (rows, columns, 2): (row, column)
-    coords = (2.0 * coords - 1.0).flatten(0, 1).to(device)  # (N, 2) in [-1, 1]
+    centres = torch.stack([(y + 0.5) / grid[0], (x + 0.5) / grid[1]], dim=-1)  # (..., 2) in (0, 1): (row, column)
+    coords = 2.0 * centres - 1.0  # in [-1, 1]
     quarter = head_dim // 4
     periods = temperature ** (2.0 * torch.arange(quarter, dtype=torch.float32) / (head_dim // 2))  # (D / 4,)
-    angles = 2 * math.pi * coords[:, :, None] / periods.to(device)  # (N, 2, D / 4)
-    return _table(angles.flatten(1), half=True)  # (N, 2 * D)
+    angles = 2 * math.pi * coords[..., None] / periods.to(y.device)  # (..., 2, D / 4)
+    return _table(angles.flatten(-2), half=True)  # (..., 2 * D)
 
 
 def mixed_rope_freqs(head_dim: int, depth: int, num_heads: int, temperature: float = 10.0) -> torch.Tensor:
@@ -133,9 +157,16 @@ def mixed_rope_table(freqs: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor
     """(depth, heads, N, 2 * head_dim) = [sin | cos] for learned freqs (2, depth, heads, head_dim // 2): the same
     as timm's RotaryEmbeddingMixed.get_embed(shape=grid) with those freqs. Differentiable in freqs."""
     x, y = _grid_xy(grid, freqs.device)  # (N,) each
+    return mixed_rope_at(freqs, y, x)
+
+
+def mixed_rope_at(freqs: torch.Tensor, y: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """`mixed_rope_table`'s rows of tokens at rows `y` and columns `x` (float tensors of one shape (...)):
+    (depth, heads, ..., 2 * head_dim)."""
     f = freqs.float()
-    # theta = fx * x + fy * y: (depth, heads, 1, D / 2) * (N, 1) -> (depth, heads, N, D / 2).
-    angles = f[0].unsqueeze(-2) * x[:, None] + f[1].unsqueeze(-2) * y[:, None]
+    # theta = fx * x + fy * y: (depth, heads, 1.., D / 2) * (..., 1) -> (depth, heads, ..., D / 2).
+    fx, fy = (f[i].reshape(*f.shape[1:3], *([1] * y.ndim), f.shape[-1]) for i in (0, 1))
+    angles = fx * x[..., None] + fy * y[..., None]
     return _table(angles).to(freqs.dtype)
 
 
@@ -172,4 +203,14 @@ class MixedRope(nn.Module):
         return f"head_dim={self.head_dim}, depth={self.depth}, heads={self.num_heads}, temperature={self.temperature}"
 
 
-__all__ = ["MixedRope", "apply_rope", "axial_rope_table", "dinov3_rope_table", "mixed_rope_freqs", "mixed_rope_table"]
+__all__ = [
+    "MixedRope",
+    "apply_rope",
+    "axial_rope_at",
+    "axial_rope_table",
+    "dinov3_rope_at",
+    "dinov3_rope_table",
+    "mixed_rope_at",
+    "mixed_rope_freqs",
+    "mixed_rope_table",
+]
