@@ -4,7 +4,9 @@ naflex.py), the encoder reads it (vit/models/naflex.py); the keys are timm's, so
 in as they are:
 
     patches      (B, N, p_h * p_w * C)   each image's patches in row-major order over its own grid, each flattened
-                                         as (row, column, channel); after an image's last patch, padding up to N
+                                         as (row, column, channel); after an image's last patch, padding up to N;
+                 or (B, N, p_h, p_w, C)  the same unflattened: timm's form for patches of another size than the
+                                         model's (random patch sizes), whose kernel is resampled to fit them
     patch_coord  (B, N, 2)               (row, column) of each patch in its image's grid, integers (padding: 0)
     patch_valid  (B, N)                  True for a patch, False for padding
 
@@ -34,8 +36,11 @@ def naflex_inputs(batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torc
     if missing:
         raise ValueError(f"a NaFlex batch needs the keys {', '.join(NAFLEX_KEYS)}; missing: {', '.join(missing)}")
     patches, coord, valid = (batch[key] for key in NAFLEX_KEYS)
-    if patches.ndim != 3:
-        raise ValueError(f"patches of shape {tuple(patches.shape)} must be (batch, tokens, patch values)")
+    if patches.ndim not in (3, 5):
+        raise ValueError(
+            f"patches of shape {tuple(patches.shape)} must be (batch, tokens, patch values) or (batch, tokens, "
+            "patch rows, patch columns, channels)"
+        )
     batch_size, length = patches.shape[:2]
     if tuple(coord.shape) != (batch_size, length, 2):
         raise ValueError(f"patch_coord of shape {tuple(coord.shape)} must be ({batch_size}, {length}, 2)")
@@ -47,33 +52,38 @@ def naflex_inputs(batch: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torc
     return patches, coord.long(), valid
 
 
-def patchify(images: torch.Tensor, patch_size: Grid) -> tuple[torch.Tensor, Grid]:
+def patchify(images: torch.Tensor, patch_size: Grid, flat: bool = True) -> tuple[torch.Tensor, Grid]:
     """Images (C, H, W) or (B, C, H, W) -> their patches (..., h * w, p_h * p_w * C) in row-major order, each
     flattened as (row, column, channel) (MAE's reconstruction targets too), and the grid (h, w) = (H / p_h, W / p_w).
-    The sides must be whole numbers of patches."""
+    `flat=False`: each patch as (p_h, p_w, C), (..., h * w, p_h, p_w, C). The sides must be whole numbers of
+    patches."""
     ph, pw = patch_size
     if images.ndim not in (3, 4):
         raise ValueError(f"images of shape {tuple(images.shape)} must be ([batch,] channels, height, width)")
     height, width = images.shape[-2:]
     if height < ph or width < pw or height % ph or width % pw:
         raise ValueError(f"an image of {height} x {width} px is not a whole number of {ph} x {pw} patches")
-    patches = rearrange(images, "... c (h p) (w q) -> ... (h w) (p q c)", p=ph, q=pw)
+    layout = "... (h w) (p q c)" if flat else "... (h w) p q c"
+    patches = rearrange(images, f"... c (h p) (w q) -> {layout}", p=ph, q=pw)
     return patches, (height // ph, width // pw)
 
 
-def pack(images: Sequence[torch.Tensor], patch_size: Grid, seq_len: int | None = None) -> dict[str, torch.Tensor]:
+def pack(
+    images: Sequence[torch.Tensor], patch_size: Grid, seq_len: int | None = None, flat: bool = True
+) -> dict[str, torch.Tensor]:
     """Images (C, H_i, W_i) of any shapes -> one NaFlex batch, padded to `seq_len` tokens (None: the longest
-    image's). An image with more patches than `seq_len` is a ValueError (resize it first)."""
+    image's); `flat=False` keeps each patch (p_h, p_w, C). An image with more patches than `seq_len` is a
+    ValueError (resize it first)."""
     if not images:
         raise ValueError("no images to pack")
-    cut = [patchify(image, patch_size) for image in images]
+    cut = [patchify(image, patch_size, flat) for image in images]
     longest = max(patches.shape[0] for patches, _ in cut)
     length = longest if seq_len is None else int(seq_len)
     if longest > length:
         grid = next(g for p, g in cut if p.shape[0] == longest)
         raise ValueError(f"an image of {grid[0]} x {grid[1]} patches ({longest} tokens) does not fit seq_len={length}")
     first = cut[0][0]
-    patches = first.new_zeros(len(images), length, first.shape[1])
+    patches = first.new_zeros(len(images), length, *first.shape[1:])
     coord = torch.zeros(len(images), length, 2, dtype=torch.long, device=first.device)
     valid = torch.zeros(len(images), length, dtype=torch.bool, device=first.device)
     for i, (image_patches, (h, w)) in enumerate(cut):
@@ -85,11 +95,13 @@ def pack(images: Sequence[torch.Tensor], patch_size: Grid, seq_len: int | None =
     return {"patches": patches, "patch_coord": coord, "patch_valid": valid}
 
 
-def pack_batch(images: torch.Tensor, patch_size: Grid, seq_len: int | None = None) -> dict[str, torch.Tensor]:
+def pack_batch(
+    images: torch.Tensor, patch_size: Grid, seq_len: int | None = None, flat: bool = True
+) -> dict[str, torch.Tensor]:
     """Images (B, C, H, W) of one size -> one NaFlex batch, every image on the same grid, padded to `seq_len`
     tokens (None: the grid's h * w). `pack` for a batch the loaders resized together, in one reshape."""
-    patches, (h, w) = patchify(images, patch_size)  # (B, h * w, p_h * p_w * C)
-    batch, count, _ = patches.shape
+    patches, (h, w) = patchify(images, patch_size, flat)  # (B, h * w, p_h * p_w * C) or (B, h * w, p_h, p_w, C)
+    batch, count = patches.shape[:2]
     length = count if seq_len is None else int(seq_len)
     if count > length:
         raise ValueError(f"an image of {h} x {w} patches ({count} tokens) does not fit seq_len={length}")
@@ -98,7 +110,8 @@ def pack_batch(images: torch.Tensor, patch_size: Grid, seq_len: int | None = Non
     coord[:, :count] = torch.stack([rows.reshape(-1), cols.reshape(-1)], dim=1).to(images.device)
     valid = torch.zeros(batch, length, dtype=torch.bool, device=images.device)
     valid[:, :count] = True
-    patches = torch.nn.functional.pad(patches, (0, 0, 0, length - count))  # (B, length, D): zeros after the image's
+    padding = patches.new_zeros(batch, length - count, *patches.shape[2:])
+    patches = torch.cat([patches, padding], dim=1)  # (B, length, ...): zeros after the image's
     return {"patches": patches, "patch_coord": coord, "patch_valid": valid}
 
 

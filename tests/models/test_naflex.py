@@ -258,3 +258,28 @@ def test_a_traced_naflex_forward_computes_the_eager_logits_at_grids_it_was_not_t
         for shapes in ([(12, 20), (28, 8), (32, 32)], [(4, 4), (40, 16)], [(24, 24)]):
             inputs = batch(shapes)
             torch.testing.assert_close(traced(*inputs), eager(*inputs), atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("name", ["naflexvit_base_patch16_gap", "naflexvit_base_patch16_siglip"])
+def test_patches_of_another_size_give_timms_logits_through_its_patch_interpolator(name, tmp_path):
+    """Random patch sizes: NaFlex batches cut in 8 px and 24 px patches (unflattened, (B, N, p, p, 3), timm's form)
+    through our 16 px model, whose kernel is resampled to them (FlexiViT's pseudo-inverse resize, bicubic or, for
+    SigLIP 2, bilinear), give the logits and gradients of timm's NaFlexVit with its patch interpolator."""
+    plain, ours = timm_and_ours(name, tmp_path / "weights.safetensors")
+    theirs = timm.create_model(name, pretrained=False, num_classes=7, enable_patch_interpolator=True, **SMALL)
+    theirs.load_state_dict(plain.state_dict())
+    theirs.eval()
+    shapes = {8: [(64, 64), (48, 112), (96, 32)], 24: [(96, 96), (48, 120), (24, 24)]}
+    for side, sizes in shapes.items():
+        batch = pack(images(sizes, seed=side), (side, side), flat=False)
+        assert batch["patches"].shape[2:] == (side, side, 3)
+        out, ref = ours(batch), theirs(dict(batch))
+        assert (out - ref).abs().max().item() <= 1e-5, side
+    ours.zero_grad()
+    theirs.zero_grad()
+    out.square().sum().backward()
+    ref.square().sum().backward()
+    their_grads = timm_keys_to_ours({k: p.grad for k, p in theirs.named_parameters()})
+    for key, param in ours.named_parameters():
+        reference = their_grads[key]
+        assert ((param.grad - reference).abs().max() / max(1.0, reference.abs().max())).item() <= 1e-5, key

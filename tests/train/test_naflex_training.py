@@ -24,7 +24,7 @@ def test_a_naflex_run_trains_on_the_budget_batches_and_resumes_exactly(tmp_path)
     straight = run(compose_config(runs), output_dir=tmp_path / "straight")
     # 256 images, a budget of 32 x 64 tokens: batches of 128 images at 16 tokens or 32 at 64, the same every epoch
     schedule = batch_schedule(256, (16, 64), 32 * 64, seed=0)
-    assert {size for _, size in schedule} == {128, 32}
+    assert {size for _, size, _ in schedule} == {128, 32}
     assert [r["step"] for r in straight["history"]] == [len(schedule), 2 * len(schedule)]
     assert straight["history"][-1]["val_top1"] is not None  # evaluated on whole images
     run(compose_config([*runs, "trainer.stop_after_epoch=1"]), output_dir=tmp_path / "resumed")
@@ -72,8 +72,29 @@ def test_a_folder_of_mixed_shapes_trains_at_their_shapes_resumes_and_evaluates(t
         (["data.augment.mixup_alpha=0.8"], "mixes no images"),
         (["trainer.progressive_resize.min_size=16"], "already trains at several sizes"),
         (["task=mae"], "not the mae task"),
+        (["data.naflex.patch_sizes=[0,4]"], r"data.naflex.patch_sizes=\[0, 4\]: 0 is not a patch side"),
     ],
 )
 def test_settings_naflex_cannot_run_with_name_the_key(overrides, needle):
     with pytest.raises(ConfigError, match=needle):
         validate(compose_config([*NAFLEX, *overrides]))
+
+
+@pytest.mark.parametrize("setting", ["data.naflex.max_seq_len=64", "data.naflex.patch_sizes=[2,4]"])
+def test_a_naflex_setting_without_naflex_batches_is_named_not_ignored(setting):
+    with pytest.raises(ConfigError, match="is a setting of NaFlex batches: add data.naflex.seq_lens"):
+        validate(compose_config([*BASE, setting]))
+
+
+def test_a_run_of_random_patch_sizes_trains_and_resumes_exactly(tmp_path):
+    """data.naflex.patch_sizes=[2,4] on the resident loader: batches of 2 px patches (the kernel resampled from 4
+    px) among 4 px ones; stopped after an epoch and resumed, the weights of the uninterrupted run."""
+    runs = [*NAFLEX, "data.naflex.patch_sizes=[2,4]", "trainer.epochs=2"]
+    run(compose_config(runs), output_dir=tmp_path / "straight")
+    run(compose_config([*runs, "trainer.stop_after_epoch=1"]), output_dir=tmp_path / "resumed")
+    run(compose_config([*runs, "trainer.resume=auto"]), output_dir=tmp_path / "resumed")
+    a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")["model"]
+    b = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["model"]
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+    assert {patch for _, _, patch in batch_schedule(256, (16, 64), 32 * 64, 0, (2, 4))} == {2, 4}  # both trained

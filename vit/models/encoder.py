@@ -315,7 +315,7 @@ class Encoder(nn.Module):
         embed = getattr(self.tokenizer, "embed_patches", None)
         if embed is None:
             raise ValueError(f"NaFlex batches need the standard patch embedding, not {type(self.tokenizer).__name__}")
-        tokens = embed(patches)  # (B, N, C)
+        tokens = embed(patches, self.config.pos_embed_interp)  # (B, N, C); a kernel resampled as timm's, by that mode
         prefix = self.prefix_tokens(tokens.shape[0])
         prefix = torch.cat(prefix, dim=1) if prefix else tokens[:, :0]  # (B, P, C)
         if self.has_position_table:

@@ -164,8 +164,10 @@ def read_naflex_tokens(model: nn.Module) -> dict[str, Any]:
         raise unsupported(name, f"a position table resampled {embeds.pos_embed_interp_mode}")
     if embeds.norm_input is not None or not isinstance(embeds.norm, nn.Identity):
         raise unsupported(name, "a norm in its patch embedding")
-    if embeds.patch_interpolator is not None or not embeds.channels_last or embeds.in_chans != 3:
-        raise unsupported(name, "patch-size interpolation, (channel, row, column) patches or other than 3 channels")
+    # patch-size interpolation (embeds.patch_interpolator) needs nothing here: ours resamples its kernel to any
+    # patches of another size it is given, as timm's interpolator does
+    if not embeds.channels_last or embeds.in_chans != 3:
+        raise unsupported(name, "(channel, row, column) patches or other than 3 channels")
     if getattr(model, "rope", None) is not None:
         raise unsupported(name, "rotary positions in a NaFlexVit")
     if not isinstance(model.norm_pre, nn.Identity) and not is_layer_norm(model.norm_pre):

@@ -108,17 +108,30 @@ class PatchEmbed(PatchGrid):
         x = self.proj(x)  # (B, embed_dim, H/p, W/p)
         return x.flatten(2).transpose(1, 2)  # (B, N, embed_dim), patches in row-major order
 
-    def embed_patches(self, patches: torch.Tensor) -> torch.Tensor:
+    def embed_patches(self, patches: torch.Tensor, interpolation: str = "bicubic") -> torch.Tensor:
         """Patches cut already (a NaFlex batch, vit/naflex.py), (B, N, p_h * p_w * C_in), each flattened
         as (row, column, channel) as timm's NaFlex loader cuts them -> (B, N, embed_dim). The same projection as
-        `forward`: the Conv2d's kernel (embed_dim, C_in, p_h, p_w) read as a Linear over that flattening."""
+        `forward`: the Conv2d's kernel (embed_dim, C_in, p_h, p_w) read as a Linear over that flattening.
+
+        Patches of another size come unflattened, (B, N, q_h, q_w, C_in) (random patch sizes): the kernel is
+        resampled to q_h x q_w first with timm's `resample_patch_embed` (FlexiViT's pseudo-inverse resize, through
+        `interpolation`), as timm's NaFlexVit does with its patch interpolator; gradients reach the kernel."""
         ph, pw = self.patch_size
-        if patches.ndim != 3 or patches.shape[-1] != ph * pw * self.in_chans:
+        weight = self.proj.weight  # (embed_dim, C_in, p_h, p_w)
+        if patches.ndim == 5 and patches.shape[-1] == self.in_chans:
+            size = (int(patches.shape[2]), int(patches.shape[3]))
+            if size != (ph, pw):
+                from timm.layers import resample_patch_embed
+
+                weight = resample_patch_embed(weight, list(size), interpolation=interpolation, antialias=True)
+            patches = patches.flatten(2)  # (B, N, q_h * q_w * C_in): row, column, channel
+        elif patches.ndim != 3 or patches.shape[-1] != ph * pw * self.in_chans:
             raise ValueError(
                 f"patches of shape {tuple(patches.shape)} do not match the model: expected (batch, tokens, "
-                f"{ph} * {pw} * {self.in_chans} = {ph * pw * self.in_chans})"
+                f"{ph} * {pw} * {self.in_chans} = {ph * pw * self.in_chans}), or (batch, tokens, rows, columns, "
+                f"{self.in_chans})"
             )
-        weight = self.proj.weight.permute(0, 2, 3, 1).flatten(1)  # (embed_dim, p_h * p_w * C_in): row, column, channel
+        weight = weight.permute(0, 2, 3, 1).flatten(1)  # (embed_dim, p_h * p_w * C_in): row, column, channel
         return F.linear(patches, weight, self.proj.bias)
 
 

@@ -37,21 +37,26 @@ class AugmentSettings(Settings):
     label_smoothing: float = knob(0.1, low=0.0, high=1.0, high_open=True)
 
 
-def parse_seq_lens(value) -> tuple[int, ...] | None:
-    """`data.naflex.seq_lens`: null, or a list of token counts (whole numbers >= 1), returned sorted without
-    repeats."""
-    if value is None:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = [value]
-    if not isinstance(value, (list, tuple)) or not value:
-        raise ConfigError(f"data.naflex.seq_lens={value!r} must be a list of token counts, e.g. [16,36,64], or null")
-    bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int) or v < 1]
-    if bad:
-        raise ConfigError(
-            f"data.naflex.seq_lens={list(value)!r}: {bad[0]!r} is not a token count (a whole number >= 1)"
-        )
-    return tuple(sorted(set(value)))
+def whole_numbers(key: str, what: str, example: str):
+    """The parser of a knob that is null or a list of whole numbers >= 1 (`what` each, as in `example`), returning
+    them sorted without repeats; anything else is a ConfigError naming the key."""
+
+    def parse(value) -> tuple[int, ...] | None:
+        if value is None:
+            return None
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = [value]
+        if not isinstance(value, (list, tuple)) or not value:
+            raise ConfigError(f"{key}={value!r} must be a list of {what}s, e.g. {example}, or null")
+        bad = [v for v in value if isinstance(v, bool) or not isinstance(v, int) or v < 1]
+        if bad:
+            raise ConfigError(f"{key}={list(value)!r}: {bad[0]!r} is not a {what} (a whole number >= 1)")
+        return tuple(sorted(set(value)))
+
+    return parse
+
+
+parse_seq_lens = whole_numbers("data.naflex.seq_lens", "token count", "[16,36,64]")
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,12 @@ class NaFlexSettings(Settings):
     seq_lens: tuple[int, ...] | None = knob(None, parse=parse_seq_lens)
     # the tokens of a batch: data.batch_size x max_seq_len (null: the largest of seq_lens)
     max_seq_len: int | None = knob(None, low=1)
+    # null: every batch in data.patch_size patches | the patch sides a training batch draws from, uniformly, e.g.
+    # [4,8] (FlexiViT's random patch sizes): the batch's images resized for seq_len patches of that side, the
+    # model's kernel resampled to it (timm's patch_size_choices)
+    patch_sizes: tuple[int, ...] | None = knob(
+        None, parse=whole_numbers("data.naflex.patch_sizes", "patch side", "[4,8]")
+    )
 
 
 IMAGENET_AUGMENT = AugmentSettings(crop="rrc", auto_augment="rand-m9-mstd0.5-inc1")  # the 224 px datasets' default

@@ -230,6 +230,11 @@ def check_naflex(cfg: DictConfig) -> None:
     that holds the longest sequence, and none of the settings that need square image batches."""
     naflex = cfg.data.get("naflex")
     if not naflex or naflex.get("seq_lens") is None:
+        for name in ("max_seq_len", "patch_sizes"):
+            value = (naflex or {}).get(name)
+            require(
+                value is None, f"data.naflex.{name}={value} is a setting of NaFlex batches: add data.naflex.seq_lens"
+            )
         return
     key = f"data.naflex.seq_lens={list(naflex.seq_lens)}"
     longest, budget = max(naflex.seq_lens), naflex.get("max_seq_len")

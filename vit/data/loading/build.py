@@ -190,6 +190,8 @@ def naflex_line(cfg: DataSettings, kind: str) -> str:
     """The one line saying what a data.naflex run's images are before their batches resize them."""
     naflex = cfg.naflex
     budget = f"{cfg.batch_size} x {naflex.max_seq_len or max(naflex.seq_lens)} tokens a batch"
+    if naflex.patch_sizes:
+        budget += f", patches of {' or '.join(map(str, naflex.patch_sizes))} px drawn for each batch"
     if kind == "resident":
         return (
             f"NaFlex batches of {list(naflex.seq_lens)} tokens, {budget}, from each image as decoded at "
@@ -212,7 +214,8 @@ def _naflex_file_loader(cfg, splits, spec, mean, std, *, device, seed, rank, wor
     images = ToSequence(splits.train, geometry)
     sampler = EpochSampler(images, world_size, rank, seed, repeats=cfg.repeated_aug or 1)
     tokens = batch_size * (naflex.max_seq_len or max(naflex.seq_lens))
-    batches = ScheduledBatches(sampler, NaFlexSchedule(sampler.num_samples, naflex.seq_lens, tokens, seed))
+    schedule = NaFlexSchedule(sampler.num_samples, naflex.seq_lens, tokens, seed, naflex.patch_sizes)
+    batches = ScheduledBatches(sampler, schedule)
     workers = num_workers(cfg)
     loader = DataLoader(
         images, batch_sampler=batches, collate_fn=as_lists, num_workers=workers, persistent_workers=workers > 0,
@@ -267,6 +270,7 @@ def _resident_loaders(cfg, splits, spec, mean, std, *, device, seed, rank, world
     if naflex.seq_lens is not None:  # data.naflex: batches of patch sequences, their sizes set by the token budget
         longest = naflex.max_seq_len or max(naflex.seq_lens)
         patches = dict(seq_lens=naflex.seq_lens, max_seq_len=longest, patch_size=cfg.patch_size)
+        patches.update(patch_sizes=naflex.patch_sizes)
         train_loader = NaFlexLoader(*arrays[0], train_aug, repeats=repeats, **patches, **common)
     else:
         train_loader = ResidentLoader(*arrays[0], train_aug, train=True, repeats=repeats, **common)

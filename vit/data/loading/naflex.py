@@ -7,6 +7,9 @@ The schedule of an epoch's batches (`NaFlexSchedule`):
 
     tokens per batch  = data.batch_size x data.naflex.max_seq_len        (per process)
     a batch           = (seq_len drawn from seq_lens, tokens per batch // seq_len images)   timm's batch-size rule
+                        and, with data.naflex.patch_sizes, a patch side drawn from them (FlexiViT's random patch
+                        sizes, timm's patch_size_choices): the images resized for seq_len patches of that side,
+                        the batch's patches unflattened (p, p, 3) so the model resamples its kernel to them
     the epoch         = such batches until the images run out (a last one that would not be full is dropped)
 
 The batches are drawn once from the run's seed, so every epoch has the same number of them (the step count a
@@ -39,10 +42,13 @@ from vit.data.loading.sampling import epoch_order
 from vit.naflex import pack, pack_batch
 
 
-def batch_schedule(images: int, seq_lens: tuple[int, ...], tokens: int, seed: int) -> list[tuple[int, int]]:
-    """One process's batches of an epoch over `images` images, as (seq_len, images in the batch), drawn from
-    `seed`: each batch's seq_len uniformly from `seq_lens`, its size `tokens // seq_len` (timm's
-    `calculate_naflex_batch_size`), until the next batch would not be full."""
+def batch_schedule(
+    images: int, seq_lens: tuple[int, ...], tokens: int, seed: int, patch_sizes: tuple[int, ...] | None = None
+) -> list[tuple[int, int, int | None]]:
+    """One process's batches of an epoch over `images` images, as (seq_len, images in the batch, patch side),
+    drawn from `seed`: each batch's seq_len uniformly from `seq_lens`, its size `tokens // seq_len` (timm's
+    `calculate_naflex_batch_size`), its patch side uniformly from `patch_sizes` (None without them: the run's own),
+    until the next batch would not be full."""
     generator = torch.Generator().manual_seed(seed)
     schedule, left = [], images
     while True:
@@ -50,29 +56,32 @@ def batch_schedule(images: int, seq_lens: tuple[int, ...], tokens: int, seed: in
         size = calculate_naflex_batch_size(tokens, seq_len)
         if size > left:
             return schedule
-        schedule.append((seq_len, size))
+        patch = patch_sizes[int(torch.randint(len(patch_sizes), (1,), generator=generator))] if patch_sizes else None
+        schedule.append((seq_len, size, patch))
         left -= size
 
 
 class NaFlexSchedule:
     """A process's batches over `images` images (`batch_schedule`) and the order each epoch trains them in."""
 
-    def __init__(self, images: int, seq_lens: tuple[int, ...], tokens: int, seed: int) -> None:
-        self.batches = batch_schedule(images, tuple(seq_lens), tokens, seed)
+    def __init__(
+        self, images: int, seq_lens: tuple[int, ...], tokens: int, seed: int, patch_sizes: tuple[int, ...] | None = None
+    ) -> None:
+        self.batches = batch_schedule(images, tuple(seq_lens), tokens, seed, patch_sizes)
         self.seed = seed
-        self.mean_batch_size = sum(size for _, size in self.batches) / max(1, len(self.batches))
+        self.mean_batch_size = sum(size for _, size, _ in self.batches) / max(1, len(self.batches))
 
     def __len__(self) -> int:
         return len(self.batches)
 
-    def of_epoch(self, epoch: int) -> list[tuple[int, int, int]]:
+    def of_epoch(self, epoch: int) -> list[tuple[int, int, int, int | None]]:
         """The batches of `epoch` in their order: (seq_len, images per process, the first of this process's places
-        in the epoch's order of its images)."""
+        in the epoch's order of its images, the patch side or None for the run's own)."""
         order = torch.randperm(len(self.batches), generator=torch.Generator().manual_seed(self.seed + epoch))
         batches, start = [], 0
         for index in order.tolist():
-            seq_len, size = self.batches[index]
-            batches.append((seq_len, size, start))
+            seq_len, size, patch = self.batches[index]
+            batches.append((seq_len, size, start, patch))
             start += size
         return batches
 
@@ -101,11 +110,14 @@ class NaFlexLoader(ResidentLoader):
     `len()` is the epoch's batch count, the same every epoch; `skip_batches` and `set_epoch` as the resident
     loader's."""
 
-    def __init__(self, images, targets, augment, *, seq_lens, max_seq_len: int, patch_size: int, **kwargs) -> None:
+    def __init__(
+        self, images, targets, augment, *, seq_lens, max_seq_len: int, patch_size: int, patch_sizes=None, **kwargs
+    ) -> None:
         super().__init__(images, targets, augment, train=True, **kwargs)
         self.patch_size = int(patch_size)
         per_rank = len(self.targets) // self.world_size
-        self.schedule = NaFlexSchedule(per_rank, seq_lens, self.batch_size * int(max_seq_len), self.seed)
+        tokens = self.batch_size * int(max_seq_len)
+        self.schedule = NaFlexSchedule(per_rank, seq_lens, tokens, self.seed, patch_sizes)
         self.mean_batch_size = self.schedule.mean_batch_size
 
     def _full_len(self) -> int:
@@ -118,15 +130,16 @@ class NaFlexLoader(ResidentLoader):
         order = order[self.rank :: self.world_size]
         skip, self.skip = self.skip, 0
         size_hw = tuple(self.images.shape[-2:])
-        for b, (seq_len, size, start) in enumerate(self.schedule.of_epoch(self.epoch)):
+        for b, (seq_len, size, start, patch) in enumerate(self.schedule.of_epoch(self.epoch)):
             if b < skip:
                 continue
             idx = order[start : start + size]  # (size,)
             generator = self.augment.generator(self.seed, self.epoch, self.rank, b)
             flip = self.alternating_flip(idx, self.epoch, self.device) if self.alternating_flip else None
             images = self.augment(self.images[idx], generator, flip)  # float (size, 3, H, W), normalised
-            images = resize_batch(images, grid_for(size_hw, self.patch_size, seq_len))  # (size, 3, h, w)
-            yield pack_batch(images, (self.patch_size, self.patch_size), seq_len), self.targets[idx]
+            side = patch or self.patch_size
+            images = resize_batch(images, grid_for(size_hw, side, seq_len))  # (size, 3, h, w)
+            yield pack_batch(images, (side, side), seq_len, flat=side == self.patch_size), self.targets[idx]
         self.epoch += 1
 
 
@@ -134,24 +147,25 @@ class NaFlexLoader(ResidentLoader):
 
 
 def own_shape_geometry(patch_size: int, crop: str, scale_min: float, interpolation: str) -> Callable:
-    """(PIL image, seq_len) -> uint8 (3, h, w): with crop=rrc a random-resized crop of the file (torchvision's
-    box: area in [scale_min, 1], aspect ratio in [3/4, 4/3]), else the whole image, resized with its aspect ratio
-    kept to at most seq_len patches, each side a whole number of them."""
+    """(PIL image, seq_len[, patch side]) -> uint8 (3, h, w): with crop=rrc a random-resized crop of the file
+    (torchvision's box: area in [scale_min, 1], aspect ratio in [3/4, 4/3]), else the whole image, resized with its
+    aspect ratio kept to at most seq_len patches (of `patch_size`, or the batch's own side), each side a whole
+    number of them."""
     mode = T.InterpolationMode(interpolation)
 
-    def apply(image, seq_len: int) -> torch.Tensor:
+    def apply(image, seq_len: int, patch: int | None = None) -> torch.Tensor:
         if crop == "rrc":
             top, left, height, width = T.RandomResizedCrop.get_params(image, (scale_min, 1.0), (3 / 4, 4 / 3))
             image = T.functional.crop(image, top, left, height, width)
-        size = grid_for((image.height, image.width), patch_size, seq_len)
+        size = grid_for((image.height, image.width), patch or patch_size, seq_len)
         return T.functional.pil_to_tensor(T.functional.resize(image, list(size), interpolation=mode, antialias=True))
 
     return apply
 
 
 class ToSequence(Dataset):
-    """A split whose items are asked for as (index, seq_len): (uint8 (3, h, w) at the shape that seq_len gives
-    this image, target, seq_len)."""
+    """A split whose items are asked for as (index, seq_len, patch side or None): (uint8 (3, h, w) at the shape
+    that seq_len patches of that side give this image, target, seq_len, patch side)."""
 
     def __init__(self, dataset: Dataset, geometry: Callable) -> None:
         self.dataset, self.geometry = dataset, geometry
@@ -159,20 +173,22 @@ class ToSequence(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, item: tuple[int, int]):
-        index, seq_len = item
+    def __getitem__(self, item: tuple[int, int, int | None]):
+        index, seq_len, patch = item
         image, target = self.dataset[index]
-        return self.geometry(image, seq_len), target, seq_len
+        return self.geometry(image, seq_len, patch), target, seq_len, patch
 
 
-def as_lists(samples) -> tuple[list[torch.Tensor], torch.Tensor, int]:
-    """collate_fn: the images as a list (their shapes differ), the targets int64 (B,), the batch's seq_len."""
-    images, targets, seq_lens = zip(*samples, strict=True)
-    return list(images), torch.as_tensor(targets, dtype=torch.long), seq_lens[0]
+def as_lists(samples) -> tuple[list[torch.Tensor], torch.Tensor, int, int | None]:
+    """collate_fn: the images as a list (their shapes differ), the targets int64 (B,), the batch's seq_len and
+    patch side (None: the run's own)."""
+    images, targets, seq_lens, patches = zip(*samples, strict=True)
+    return list(images), torch.as_tensor(targets, dtype=torch.long), seq_lens[0], patches[0]
 
 
 class ScheduledBatches(Sampler):
-    """The torch loader's batch_sampler: each batch of the schedule's epoch order as [(index, seq_len), ...], the
+    """The torch loader's batch_sampler: each batch of the schedule's epoch order as [(index, seq_len, patch side),
+    ...], the
     indices this rank's of the epoch (`EpochSampler.epoch_indices`), consecutively; `skip` batches of the next
     epoch already trained (a resume inside an epoch)."""
 
@@ -190,9 +206,9 @@ class ScheduledBatches(Sampler):
     def __iter__(self):
         indices = self.sampler.epoch_indices().tolist()
         skip, self.skip = self.skip, 0
-        for b, (seq_len, size, start) in enumerate(self.schedule.of_epoch(self.sampler.epoch)):
+        for b, (seq_len, size, start, patch) in enumerate(self.schedule.of_epoch(self.sampler.epoch)):
             if b >= skip:
-                yield [(index, seq_len) for index in indices[start : start + size]]
+                yield [(index, seq_len, patch) for index in indices[start : start + size]]
 
 
 class NaFlexFileBatches:
@@ -220,7 +236,7 @@ class NaFlexFileBatches:
 
     def __iter__(self) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
         start = len(self.batches.schedule) - len(self.batches)
-        for index, (images, targets, seq_len) in enumerate(self.loader, start):
+        for index, (images, targets, seq_len, side) in enumerate(self.loader, start):
             generator = self.augment.generator(self.seed, self.epoch, self.rank, index)
             by_shape: dict[tuple[int, ...], list[int]] = {}
             for i, image in enumerate(images):
@@ -230,7 +246,8 @@ class NaFlexFileBatches:
                 group = torch.stack([images[i] for i in members]).to(self.device, non_blocking=True)
                 for i, augmented in zip(members, self.augment(group, generator), strict=True):
                     out[i] = augmented
-            patch = (self.patch_size, self.patch_size)
-            yield pack(out, patch, seq_len), targets.to(self.device, non_blocking=True)
+            side = side or self.patch_size
+            packed = pack(out, (side, side), seq_len, flat=side == self.patch_size)
+            yield packed, targets.to(self.device, non_blocking=True)
         self.epoch += 1
         self.batches.set_epoch(self.epoch)
