@@ -5,6 +5,7 @@ process ends when its record says it did, the record names the model built, and 
 
 from __future__ import annotations
 
+import datetime
 import fcntl
 import json
 import os
@@ -22,7 +23,7 @@ import pytest
 from PIL import Image
 from trainer_utils import REPO, TINY_MODEL
 
-from vit.train.budget import tolerance
+from vit.train.budget import Budget, tolerance
 
 COLUMNS = 120
 BUDGET_S = 15.0  # a loaded CI machine may spend 8 s starting: the rest still holds a plan
@@ -143,7 +144,14 @@ def test_the_run_ends_within_its_budget_seen_from_outside(budgeted):
     # than the process's own (the fork and exec), and reads the terminal until it closes.
     assert 0.0 <= wall - metrics["wall_time_s"] < 1.0, (wall, metrics["wall_time_s"])
     assert wall <= BUDGET_S + tolerance(BUDGET_S), wall
-    assert sum(1 for line in screen(written) if "budget re-plan" in line) <= 10
+    # The plan's lines do not flood the console however the machine's speed swings (a loaded machine re-plans
+    # often): each comes at least ANNOUNCE_GAP of the budget after the one before (vit/train/budget.py), the rest
+    # of the re-plans go to metrics.json only.
+    told = [line for line in screen(written) if "][vit.train][INFO] - budget " in line and " steps of " in line]
+    times = [datetime.datetime.strptime(line[1:24], "%Y-%m-%d %H:%M:%S,%f") for line in told]
+    gaps = [(later - earlier).total_seconds() for earlier, later in zip(times[:-1], times[1:], strict=True)]
+    assert told and all(gap >= Budget.ANNOUNCE_GAP * BUDGET_S - 0.02 for gap in gaps), told
+    assert len(told) - 1 <= metrics["budget"]["replans"], told
 
 
 def test_a_refused_start_is_one_line_and_leaves_no_folder(tmp_path):
