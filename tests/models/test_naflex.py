@@ -56,6 +56,16 @@ def timm_and_ours(name: str, path) -> tuple[torch.nn.Module, torch.nn.Module]:
     return theirs.eval(), ours.eval()
 
 
+def assert_same_gradients(ours, out, theirs, ref) -> None:
+    """The gradients of sum(logits^2) through both models, every parameter within 1e-5 (relative past 1)."""
+    out.square().sum().backward()
+    ref.square().sum().backward()
+    their_grads = timm_keys_to_ours({k: p.grad for k, p in theirs.named_parameters()})
+    for key, param in ours.named_parameters():
+        reference = their_grads[key]
+        assert ((param.grad - reference).abs().max() / max(1.0, reference.abs().max())).item() <= 1e-5, key
+
+
 @pytest.mark.parametrize("name", FAMILIES)
 def test_our_naflex_forward_and_gradients_are_timms(name, tmp_path):
     theirs, ours = timm_and_ours(name, tmp_path / "weights.safetensors")
@@ -64,12 +74,7 @@ def test_our_naflex_forward_and_gradients_are_timms(name, tmp_path):
     out, ref = ours(batch), theirs(dict(batch))
     assert out.shape == ref.shape == (len(SHAPES), 7)
     assert (out - ref).abs().max().item() <= 1e-5
-    out.square().sum().backward()
-    ref.square().sum().backward()
-    their_grads = timm_keys_to_ours({k: p.grad for k, p in theirs.named_parameters()})
-    for key, param in ours.named_parameters():
-        reference = their_grads[key]
-        assert ((param.grad - reference).abs().max() / max(1.0, reference.abs().max())).item() <= 1e-5, key
+    assert_same_gradients(ours, out, theirs, ref)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -277,9 +282,4 @@ def test_patches_of_another_size_give_timms_logits_through_its_patch_interpolato
         assert (out - ref).abs().max().item() <= 1e-5, side
     ours.zero_grad()
     theirs.zero_grad()
-    out.square().sum().backward()
-    ref.square().sum().backward()
-    their_grads = timm_keys_to_ours({k: p.grad for k, p in theirs.named_parameters()})
-    for key, param in ours.named_parameters():
-        reference = their_grads[key]
-        assert ((param.grad - reference).abs().max() / max(1.0, reference.abs().max())).item() <= 1e-5, key
+    assert_same_gradients(ours, out, theirs, ref)

@@ -5,7 +5,7 @@ import json
 
 import pytest
 import torch
-from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config, mixed_shape_tree
+from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, assert_resumes_exactly, compose_config, mixed_shape_tree
 
 from vit.data.loading.naflex import batch_schedule
 from vit.engine.weights import load_checkpoint
@@ -89,12 +89,5 @@ def test_a_naflex_setting_without_naflex_batches_is_named_not_ignored(setting):
 def test_a_run_of_random_patch_sizes_trains_and_resumes_exactly(tmp_path):
     """data.naflex.patch_sizes=[2,4] on the resident loader: batches of 2 px patches (the kernel resampled from 4
     px) among 4 px ones; stopped after an epoch and resumed, the weights of the uninterrupted run."""
-    runs = [*NAFLEX, "data.naflex.patch_sizes=[2,4]", "trainer.epochs=2"]
-    run(compose_config(runs), output_dir=tmp_path / "straight")
-    run(compose_config([*runs, "trainer.stop_after_epoch=1"]), output_dir=tmp_path / "resumed")
-    run(compose_config([*runs, "trainer.resume=auto"]), output_dir=tmp_path / "resumed")
-    a = load_checkpoint(tmp_path / "straight" / "checkpoints" / "last.pt")["model"]
-    b = load_checkpoint(tmp_path / "resumed" / "checkpoints" / "last.pt")["model"]
-    for key in a:
-        assert torch.equal(a[key], b[key]), key
+    assert_resumes_exactly([*NAFLEX, "data.naflex.patch_sizes=[2,4]", "trainer.epochs=2"], tmp_path)
     assert {patch for _, _, patch in batch_schedule(256, (16, 64), 32 * 64, 0, (2, 4))} == {2, 4}  # both trained
