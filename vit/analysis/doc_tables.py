@@ -599,6 +599,34 @@ def naflex_table(folder: Path) -> str:
     return markdown_table(["positions", "NaFlex img/s", "image tensors img/s", "NaFlex / tensors"], rows)
 
 
+NAFLEX_SIZES = (16, 24, 32, 48, 64)  # the test-split sizes each run is evaluated at (vit-eval data.img_size=<px>)
+NAFLEX_VARIANTS = {"naflex": "mixed resolution (`data.naflex.seq_lens=[16,36,64]`)", "fixed": "fixed 32 px"}
+
+
+def naflex_sizes_table(folder: Path) -> str:
+    """Runs trained at mixed resolution and at a fixed 32 px (`<variant>/seed<N>/`: metrics.json and vit-eval's
+    `eval_<px>.json` at each of NAFLEX_SIZES): the epochs trained and the test top-1 at each size, mean over seeds
+    (± half the spread), the better of the two at each size in bold."""
+    means = {}
+    rows = []
+    for variant, label in NAFLEX_VARIANTS.items():
+        seeds = sorted((folder / variant).glob("seed*"), key=_seed_of)
+        epochs = [json.loads((seed / "metrics.json").read_text())["budget"]["planned_epochs"] for seed in seeds]
+        cells = [label, str(len(seeds)), f"{min(epochs):.1f}-{max(epochs):.1f}"]
+        for size in NAFLEX_SIZES:
+            top1 = [json.loads((seed / f"eval_{size}.json").read_text())["top1"] for seed in seeds]
+            means[variant, size] = mean_and_half_range(top1)
+        rows.append(cells)
+    for row, variant in zip(rows, NAFLEX_VARIANTS, strict=True):
+        for size in NAFLEX_SIZES:
+            mean, half = means[variant, size]
+            best = mean == max(means[v, size][0] for v in NAFLEX_VARIANTS)
+            text = f"{mean:.2f}% ± {half:.2f}"
+            row.append(f"**{text}**" if best else text)
+    header = ["training", "seeds", "epochs", *(f"top-1 at {size} px" for size in NAFLEX_SIZES)]
+    return markdown_table(header, rows)
+
+
 def augment_table(folder: Path) -> str:
     """benchmarks/bench_augment.py's records (`augment_threads<n>.json`, one per thread count): a row per policy and
     implementation, the median ms per batch at each thread count and the aten ops dispatched per batch (views and
@@ -710,6 +738,7 @@ TABLES: dict[str, DocTable] = {
         "cifar10_cpu_budget/avx2_progressive_resize", cpu_budget_table
     ),
     "cifar10_cpu_budget_avx512": DocTable("cifar10_cpu_budget/avx512", cpu_budget_table),
+    "cpu_naflex_sizes_avx512": DocTable("cpu_naflex_sizes_avx512", naflex_sizes_table),
     "gpu_budget_h200": DocTable("gpu_budget_h200", gpu_budget_table),
     "foundation_step_avx2": DocTable("foundation_step_avx2", model_step_table),
     "matmul_peak_h200": DocTable("gpu_budget_h200", matmul_peak_table),
