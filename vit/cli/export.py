@@ -63,7 +63,7 @@ from vit.deploy.export import (
     export_model,
     naflex_format_refusal,
 )
-from vit.deploy.preprocessing import naflex_patch_size
+from vit.deploy.preprocessing import check_seq_len, naflex_patch_size
 from vit.deploy.quantize import CALIBRATION, MAX_DROP, resolve_mode
 from vit.deploy.weights import resolve, with_ema_rule
 from vit.engine.weights import source_kind
@@ -187,9 +187,8 @@ def main(argv: list[str]) -> int:
     check_format(fmt)  # a known format with its packages installed, before any weights are read
     check_int8_options(options, fmt)
     seq_len = options.get("seq_len")
-    if seq_len is not None:
-        if not str(seq_len).isdigit() or int(seq_len) < 1:
-            raise UsageError(f"seq_len={seq_len!r} must be a whole number of tokens >= 1")
+    if seq_len is not None:  # before any weights are read
+        check_seq_len(seq_len)
         naflex_format_refusal(fmt, options.get("quantize"))
     batch_text = options.get("batch", "dynamic")
     batch = None if batch_text == "dynamic" else options.integer("batch")

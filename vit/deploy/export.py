@@ -364,7 +364,7 @@ def export_model(
     size = preprocessing.img_size
     exported = model
     if seq_len is not None:
-        patch = naflex_refusal(model, fmt, int8)
+        patch = naflex_refusal(model, fmt, int8, seq_len)
         batches = naflex_batches(list(images), batch, seq_len, patch)
         exported = NaFlexInputs(model)  # the three tensors in, the dict the model reads
     else:
@@ -416,16 +416,12 @@ def naflex_format_refusal(fmt: str, quantize: str | None) -> None:
         raise ExportError(f"seq_len= with quantize={quantize}: INT8 NaFlex files are not built; export the float file")
 
 
-def naflex_refusal(model: nn.Module, fmt: str, int8: Int8Request | None) -> int:
-    """The patch size of a model a NaFlex export (seq_len) can write, or ExportError naming what cannot be."""
+def naflex_refusal(model: nn.Module, fmt: str, int8: Int8Request | None, seq_len: int) -> int:
+    """The patch size of a model a NaFlex export (seq_len) can write, or a one-line error naming what cannot be."""
+    from vit.deploy.preprocessing import naflex_patch_size
+
     naflex_format_refusal(fmt, None if int8 is None else int8.mode)
-    tokenizer = getattr(model, "tokenizer", None)
-    if not hasattr(tokenizer, "embed_patches") or len(set(tokenizer.patch_size)) != 1:
-        raise ExportError(
-            "seq_len=: images at their own shapes need a ViT that cuts square patches (the standard patch "
-            f"embedding), not {type(tokenizer or model).__name__}"
-        )
-    return int(tokenizer.patch_size[0])
+    return naflex_patch_size(model, seq_len)
 
 
 def input_description(batch: int | None, size: int, seq_len: int | None, example: Inputs) -> dict:

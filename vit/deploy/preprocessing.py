@@ -106,14 +106,20 @@ def from_timm(name: str) -> Preprocessing:
     )
 
 
+def check_seq_len(seq_len) -> int:
+    """A tool's seq_len=<n> as a whole number of tokens >= 1, or a one-line UsageError naming it."""
+    if not str(seq_len).isdigit() or int(seq_len) < 1:
+        raise UsageError(f"seq_len={seq_len!r} must be a whole number of tokens >= 1")
+    return int(seq_len)
+
+
 def naflex_patch_size(model, seq_len: str | None) -> int | None:
     """The tools' seq_len=<n> (vit-eval, vit-predict): the side of the model's patches, which NaFlex batches are
     cut into (None without seq_len). A model that does not cut plain patches (a convolutional stem, T2T-ViT) or
     non-square ones is refused in one line, before any image is read."""
     if seq_len is None:
         return None
-    if not str(seq_len).isdigit() or int(seq_len) < 1:
-        raise UsageError(f"seq_len={seq_len!r} must be a whole number of tokens >= 1")
+    check_seq_len(seq_len)
     tokenizer = getattr(model, "tokenizer", None)
     if not hasattr(tokenizer, "embed_patches") or len(set(tokenizer.patch_size)) != 1:
         raise UsageError(

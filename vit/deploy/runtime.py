@@ -60,7 +60,11 @@ def preprocess(image: Image.Image, pre: dict) -> np.ndarray:
     if width < size or height < size:
         raise ValueError(f"an image of {width}x{height} after resizing cannot be centre-cropped to {size}")
     top, left = int(round((height - size) / 2.0)), int(round((width - size) / 2.0))
-    image = image.crop((left, top, left + size, top + size))
+    return normalised(image.crop((left, top, left + size, top + size)), pre)
+
+
+def normalised(image: Image.Image, pre: dict) -> np.ndarray:
+    """An RGB PIL image -> float32 (3, H, W): ToTensor's scaling, then the side JSON's mean and std."""
     array = np.asarray(image, dtype=np.float32).transpose(2, 0, 1) / np.float32(255)
     mean = np.asarray(pre["mean"], dtype=np.float32).reshape(3, 1, 1)
     std = np.asarray(pre["std"], dtype=np.float32).reshape(3, 1, 1)
@@ -92,10 +96,7 @@ def preprocess_naflex(image: Image.Image, pre: dict, patch: int, seq_len: int) -
     height, width = naflex_size((image.height, image.width), patch, seq_len)
     if (width, height) != image.size:
         image = image.resize((width, height), PIL_FILTERS[pre["interpolation"]])
-    array = np.asarray(image, dtype=np.float32).transpose(2, 0, 1) / np.float32(255)
-    mean = np.asarray(pre["mean"], dtype=np.float32).reshape(3, 1, 1)
-    std = np.asarray(pre["std"], dtype=np.float32).reshape(3, 1, 1)
-    return (array - mean) / std
+    return normalised(image, pre)
 
 
 def pack_naflex(images: list[np.ndarray], patch: int, seq_len: int) -> dict[str, np.ndarray]:
