@@ -33,8 +33,8 @@ test-gpu: $(STAMP)
 	$(PY) -m pytest -q -rs -m cuda tests/e2e/test_cuda.py
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check vit hydra_plugins scripts benchmarks tests train.py
-	$(VENV)/bin/ruff format --check vit hydra_plugins scripts benchmarks tests train.py
+	$(VENV)/bin/ruff check vit hydra_plugins scripts lab tests train.py
+	$(VENV)/bin/ruff format --check vit hydra_plugins scripts lab tests train.py
 
 # The first command a newcomer types finishes in a time they would wait for on the machine they have: on a GPU,
 # ViT-Tiny on CIFAR-10 for 100 epochs; without one (where that would take more than half a day), the 30-minute CPU

@@ -3,7 +3,7 @@
 `documented_commands()` reads every ```bash block and every 4-space-indented block of the Markdown files and
 returns the commands in them (backslash continuations joined, `python -c "..."` kept whole, comments dropped),
 each with its file, line and the block it belongs to: the commands of one block run in order in one folder, as a
-user runs them, so `train.py ... hydra.run.dir=runs/tiny` followed by `average_checkpoints.py run=runs/tiny` works.
+user runs them, so `train.py ... hydra.run.dir=runs/tiny` followed by `vit-average run=runs/tiny` works.
 
 `verdict(command)` is the table: a command is run, with the placeholders of the docs (`<cifar10>`,
 `/path/to/imagenet`, `outputs/<date>/<time>/...`) replaced by small local data and files and with tiny sizes
@@ -23,7 +23,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 ENV_PREFIX = r"([A-Z_]+=\S+ )*"  # OMP_NUM_THREADS=1 python ...
-COMMAND_START = re.compile(ENV_PREFIX + r"(\.venv/bin/)?(python|torchrun|make|tensorboard|optuna-dashboard|srun|pip)\b")
+COMMAND_START = re.compile(
+    ENV_PREFIX + r"(\.venv/bin/)?(python|torchrun|make|tensorboard|optuna-dashboard|srun|pip|vit-[a-z-]+)\b"
+)
 SHELL_LINE = re.compile(r"^([A-Z]+=|for |done\b|head=)")  # variables and loops the commands of a block use
 
 
@@ -182,26 +184,26 @@ SKIPPED += [(pattern, f"a measurement; {reason}") for pattern, reason in MEASURE
 # (pattern, arguments): a measurement script run as its doc says, with the arguments of every pattern it matches
 # appended so that it measures a tiny case in seconds (its flags and keys given last win).
 TINY_SCRIPT_ARGS = [
-    (r"benchmarks/bench_memory\.py", "model=vit_tiny img_size=32 batch_size=2 num_classes=10 repeats=1"),
-    (r"benchmarks/bench_fsdp\.py", "models=vit_tiny img_size=32 batch_size=2 steps=1 world_size=2"),
+    (r"lab/bench_memory\.py", "model=vit_tiny img_size=32 batch_size=2 num_classes=10 repeats=1"),
+    (r"lab/bench_fsdp\.py", "models=vit_tiny img_size=32 batch_size=2 steps=1 world_size=2"),
     # benchmark.py: the toy ViT (32 px, 2 blocks) against timm's, one round of one step or call, eager
-    (r"benchmarks/benchmark\.py (?!.*mode=(inference|e2e))", "models=toy batch=2 compile=off"),
-    (r"benchmarks/benchmark\.py mode=inference", "models=toy batches=1"),
-    (r"benchmarks/benchmark\.py mode=inference(?!.*runtimes=)", "runtimes=eager,onnxruntime"),  # compiled: minutes
-    (r"benchmarks/benchmark\.py (?!.*mode=e2e)", "rounds=1 warmup=0 min_round_s=0 threads=1"),
+    (r"lab/benchmark\.py (?!.*mode=(inference|e2e))", "models=toy batch=2 compile=off"),
+    (r"lab/benchmark\.py mode=inference", "models=toy batches=1"),
+    (r"lab/benchmark\.py mode=inference(?!.*runtimes=)", "runtimes=eager,onnxruntime"),  # compiled: minutes
+    (r"lab/benchmark\.py (?!.*mode=e2e)", "rounds=1 warmup=0 min_round_s=0 threads=1"),
     (
-        r"benchmarks/benchmark\.py mode=e2e",
+        r"lab/benchmark\.py mode=e2e",
         "epochs=4 data.synthetic.num_train=32 data.synthetic.num_val=16 data.batch_size=16 model.depth=1",
     ),  # fmt: skip
-    (r"benchmarks/bench_augment\.py", "policies=autoaug batch=8 size=16 repeats=1 warmup=0 count_batches=1"),
-    (r"benchmarks/bench_cpu_loader\.py", "images=4 repeats=1 batch=2"),
-    (r"benchmarks/bench_shards\.py", "images=64 batch=32 workers=0 repeats=1"),
-    (r"benchmarks/bench_cpu_bf16\.py", "cases=32x16x320x2 rounds=1 threads=1"),  # 2 steps a round
-    (r"benchmarks/bench_naflex\.py", "seq_lens=4,16 batch_size=4 width=16 depth=1 heads=2 rounds=1 threads=1"),
-    (r"benchmarks/bench_cpu_setup\.py", "rounds=1 batches=1 settings=memory-t1 warmup=false"),
+    (r"lab/bench_augment\.py", "policies=autoaug batch=8 size=16 repeats=1 warmup=0 count_batches=1"),
+    (r"lab/bench_cpu_loader\.py", "images=4 repeats=1 batch=2"),
+    (r"lab/bench_shards\.py", "images=64 batch=32 workers=0 repeats=1"),
+    (r"lab/bench_cpu_bf16\.py", "cases=32x16x320x2 rounds=1 threads=1"),  # 2 steps a round
+    (r"lab/bench_naflex\.py", "seq_lens=4,16 batch_size=4 width=16 depth=1 heads=2 rounds=1 threads=1"),
+    (r"lab/bench_cpu_setup\.py", "rounds=1 batches=1 settings=memory-t1 warmup=false"),
     (r"/bench_optimizer\.py", "model.embed_dim=32 model.depth=1 model.num_heads=2 rounds=1 steps=1 threads=1"),
     (
-        r"benchmarks/cifar10_cpu_reference\.py",
+        r"lab/cifar10_cpu_reference\.py",
         "budget_s=1 embed_dim=16 depth=1 num_heads=2 mlp_ratio=1 batch_size=64 workers=0 eval_every=2",
     ),  # fmt: skip
 ]
@@ -248,7 +250,7 @@ SUBSTITUTIONS = [
     (r"/path/to/resnet18\.safetensors", "{resnet18_file}"),
     (r"check_images=<n>", "check_images=8"),
     (r"max_drop=1\.0", "max_drop=100"),  # the tests' model is untrained: one of 8 images is 12.5 points
-    (r"^(.*scripts/export\.py .*quantize=(?!.*max_drop=).*)$", r"\1 max_drop=100"),  # as above, the default 1 point
+    (r"^(.*vit-export .*quantize=(?!.*max_drop=).*)$", r"\1 max_drop=100"),  # as above, the default 1 point
     (r"\[[^\] ]*=[^\] ]*<[^\]]*\]", ""),  # an optional key=<placeholder>: left out, the default taken
     (r"\[([^\] ]*=[^\] ]*)\]", r"\1"),  # an optional key=value: given
     (r"batch=dynamic\|<n>", "batch=dynamic"),
@@ -287,7 +289,8 @@ def runnable(text: str, variables: dict[str, str], files: dict[str, str]) -> str
     text = text[len(env) :]
     text = re.sub(r"^(\.venv/bin/)?python ", f"{files['python']} ", text)
     text = re.sub(r"^torchrun ", f"{files['python']} -m torch.distributed.run ", text)
-    text = re.sub(r"(^|\s)(train\.py|scripts/|benchmarks/)", rf"\1{files['repo']}/\2", text)
+    text = re.sub(r"^(\.venv/bin/)?(vit-[a-z-]+) ", rf"{files['bin']}/\2 ", text)  # the installed commands
+    text = re.sub(r"(^|\s)(train\.py|scripts/|lab/)", rf"\1{files['repo']}/\2", text)
     text = env + text
     text += "".join(f" {args}" for pattern, args in TINY_SCRIPT_ARGS if re.search(pattern, text))
     if re.search(r"\btrain\.py\b", text):

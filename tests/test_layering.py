@@ -2,8 +2,9 @@
 (vit/engine: weights, files, a model from its config, the config's composition, device and precision, the
 evaluation loop, figures) above them, then the trainer (vit/train) and, beside it and not importing it, the
 analysis and deploy tools (vit/analysis, vit/deploy); the search's sweeper (vit/sweeper.py) above the trainer, the
-command line (vit/cli/, train.py, scripts/) on top, imported by nothing in vit/. Every import of every module
-counts, those inside functions too."""
+command line (vit/cli/, train.py, scripts/) on top, imported by nothing in vit/. The project's measuring tools
+(lab/) import the package as any user does, and nothing in it imports them. Every import of every module counts,
+those inside functions too."""
 
 import ast
 from pathlib import Path
@@ -35,7 +36,7 @@ ABOVE = {
     "vit.engine": TOOLS,
     "vit.train": ("vit.analysis", "vit.deploy", "vit.sweeper", "vit.cli"),
     # Reading a checkpoint, building a model or evaluating is the engine's: the tools never import the trainer (the
-    # end-to-end benchmark, vit/analysis/e2e.py, measures a training run that its caller passes in).
+    # end-to-end benchmark, lab/e2e_timing.py, measures a training run that its caller passes in).
     "vit.analysis": ("vit.train", "vit.sweeper", "vit.cli"),
     "vit.deploy": ("vit.train", "vit.analysis", "vit.sweeper", "vit.cli"),
     # Hydra's Optuna sweeper: it launches the trainer's runs, as the command line does
@@ -108,6 +109,18 @@ def test_no_layer_below_the_command_line_may_import_it():
     below = [layer for layer in ABOVE if layer != "vit.cli"]
     assert set(below) >= {"vit.models", "vit.data", "vit.engine", "vit.train", "vit.deploy", "vit.analysis"}
     assert all("vit.cli" in ABOVE[layer] for layer in below)
+
+
+def test_the_package_imports_nothing_of_the_workshop():
+    # lab/'s modules are imported by their bare names (its scripts run from lab/, the tests put it on sys.path):
+    # none of those names may appear in an import of vit/, where it would work in the tests and fail in the wheel.
+    lab = {path.stem for path in (VIT.parent / "lab").glob("*.py")}
+    assert {"record_tables", "bench_cases", "recipes", "step_timing"} <= lab
+    wrong = {
+        module_name(path): sorted(name for name in imported(path) if name.partition(".")[0] in lab)
+        for path in sorted(VIT.rglob("*.py"))
+    }
+    assert not {module: names for module, names in wrong.items() if names}
 
 
 MAX_FUNCTION_LINES = 70  # a function a reader takes in at once; a longer one is split where its steps part

@@ -469,21 +469,26 @@ class VirtualClock:
 
 
 def load_script(name: str):
-    """scripts/<name>.py or benchmarks/<name>.py imported as a module, so a test can call its `main` and patch its
-    helpers; for a tool installed as a command (the script only runs vit/cli/<tool>.py's `console`), that vit/cli
-    module."""
+    """scripts/<name>.py or lab/<name>.py imported as a module, so a test can call its `main` and patch its
+    helpers; for an installed command (`vit-export`), its module vit/cli/<name>.py."""
+    import importlib
     import importlib.util
 
     path = REPO / "scripts" / f"{name}.py"
     if not path.is_file():
-        path = REPO / "benchmarks" / f"{name}.py"
+        path = REPO / "lab" / f"{name}.py"
+    if not path.is_file():
+        return importlib.import_module(f"vit.cli.{name}")
     spec = importlib.util.spec_from_file_location(f"script_{name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # a dataclass in the script looks its module up there
     spec.loader.exec_module(module)
-    if not hasattr(module, "main") and hasattr(module, "console"):
-        return sys.modules[module.console.__module__]
     return module
+
+
+def installed(command: str) -> str:
+    """The path of an installed command (`vit-predict`) in the environment running the tests."""
+    return str(Path(sys.executable).parent / command)
 
 
 def empty_image_tree(root: Path, classes) -> Path:

@@ -2,19 +2,15 @@
 follows a slowdown planted in one side."""
 
 import json
-import sys
-from pathlib import Path
 
+import benchmark
 import pytest
 import torch
+from bench_cases import CASES
+from step_timing import percentile
+from trainer_utils import VirtualClock, assert_measurement_record
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import benchmark  # noqa: E402
-from trainer_utils import VirtualClock, assert_measurement_record  # noqa: E402
-
-from vit.analysis.bench_cases import CASES  # noqa: E402
-from vit.analysis.benchmark import percentile  # noqa: E402
-from vit.cli.args import run_script  # noqa: E402
+from vit.cli.args import run_script
 
 
 def test_toy_benchmark_against_timm_writes_json_and_table(tmp_path, capsys):
@@ -25,7 +21,7 @@ def test_toy_benchmark_against_timm_writes_json_and_table(tmp_path, capsys):
     )
     assert code == 0
     record = json.loads(out_json.read_text())
-    assert_measurement_record(record, "benchmark", "benchmarks/benchmark.py models=toy vs_timm=true")
+    assert_measurement_record(record, "benchmark", "lab/benchmark.py models=toy vs_timm=true")
     (result,) = record["results"]
     assert result["case"] == "toy" and result["rounds"] == 2
     assert [s["side"] for s in result["sides"]] == ["ours", "peer"]
@@ -68,7 +64,7 @@ def test_every_case_builds_the_same_shape_as_its_peer():
 def test_a_case_by_timm_name_builds_timms_architecture_on_both_sides():
     """The foundation cases: ours has timm's parameter count for the name at the case's size, the peer is timm's
     own model of that name."""
-    from vit.analysis.bench_cases import build_side
+    from bench_cases import build_side
 
     for case in (CASES["deit3_small"], CASES["eva02_tiny"]):
         ours, peer = build_side(case, "ours"), build_side(case, "peer")
@@ -98,7 +94,7 @@ def test_percentile_interpolates(q, expected):
     ],
 )
 def test_kernel_families(name, family):
-    from vit.analysis.step_profile import kernel_family
+    from step_profile import kernel_family
 
     assert kernel_family(name) == family
 
@@ -119,7 +115,7 @@ def test_profile_writes_families_and_top_kernels(tmp_path):
 
 
 def test_alternating_loader_replays_the_first_real_batch_on_odd_passes():
-    from vit.analysis.e2e import AlternatingStaticLoader
+    from e2e_timing import AlternatingStaticLoader
 
     class Loader(list):
         epoch = None
@@ -140,7 +136,7 @@ def test_alternating_loader_replays_the_first_real_batch_on_odd_passes():
 
 
 def test_pairs_skip_the_warm_up_epochs():
-    from vit.analysis.e2e import pair_overheads
+    from e2e_timing import pair_overheads
 
     history = [{"train_img_per_s": v} for v in (10.0, 99.0, 100.0, 125.0, 110.0, 121.0, 5.0)]
     # Epoch 0 (compile) and 1 are not counted; (2, 3) and (4, 5) are pairs; 6 has no static partner.
@@ -186,7 +182,7 @@ def test_a_planted_slowdown_moves_the_ratio_by_its_size(side, ratio, monkeypatch
     """The reported ratio is ours over the peer's throughput: with the steps charged known costs on a virtual clock
     (ours 2 ms, the peer 3 ms; 3/2 unplanted), a 10 ms slowdown planted in one side's step grows that side's step
     time by 10 ms and moves the ratio to what those step times give."""
-    from vit.analysis import benchmark as bench
+    import step_timing as bench
 
     clock = VirtualClock()
     monkeypatch.setattr(bench, "time", clock)

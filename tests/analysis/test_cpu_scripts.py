@@ -15,7 +15,7 @@ from vit.cli.args import run_script
 
 
 def script(name: str, *args: str, timeout: int = 240) -> subprocess.CompletedProcess:
-    command = [sys.executable, str(REPO / "benchmarks" / name), *args]
+    command = [sys.executable, str(REPO / "lab" / name), *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
@@ -136,7 +136,7 @@ def test_matmul_peak_record_holds_every_round(tmp_path, capsys):
     assert load_script("bench_matmul").main(["n=8", "rounds=3", "dtype=fp32", "device=cpu", f"json={out}"]) == 0
     record = json.loads(out.read_text())
     assert record == json.loads(capsys.readouterr().out)  # printed as written
-    assert_measurement_record(record, "bench_matmul", "benchmarks/bench_matmul.py n=8 rounds=3")
+    assert_measurement_record(record, "bench_matmul", "lab/bench_matmul.py n=8 rounds=3")
     assert len(record["seconds_rounds"]) == len(record["tflops_rounds"]) == 3 and record["device"] == "cpu"
     flops = 2 * 8**3 * record["products_per_round"]
     assert record["tflops_rounds"] == [round(flops / s / 1e12, 3) for s in record["seconds_rounds"]]
@@ -187,7 +187,7 @@ def test_memory_script_refuses_a_bad_value_in_one_line_and_measures_in_a_child(c
         assert err.count("\n") == 1 and err.startswith(message), err
     assert run_script(module.main, ["--help"], usage=module.__doc__) == 0
     usage = capsys.readouterr().out
-    assert "usage: python benchmarks/bench_memory.py [model=vit_base]" in usage and "one=" not in usage
+    assert "usage: python lab/bench_memory.py [model=vit_base]" in usage and "one=" not in usage
     tiny = module.read_args(["model=vit_tiny", "img_size=32", "batch_size=2", "num_classes=10"])
     row = module.run_child(tiny, "checkpointed")
     assert row["setting"] == "checkpointed" and row["rss_after_mib"] >= row["rss_before_mib"] > 0

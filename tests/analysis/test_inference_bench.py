@@ -1,4 +1,4 @@
-"""benchmarks/benchmark.py mode=inference on the toy shape: every runtime asked for gets a row beside timm's, the ONNX
+"""lab/benchmark.py mode=inference on the toy shape: every runtime asked for gets a row beside timm's, the ONNX
 sessions compute the models' logits, bad arguments exit 2, a planted slowdown moves the ratio as predicted (no timing
 assertions: speed lives in the docs)."""
 
@@ -8,10 +8,10 @@ import sys
 import numpy as np
 import pytest
 import torch
+from bench_cases import CASES
+from inference_timing import build_variants
 from trainer_utils import VirtualClock, assert_measurement_record, load_script
 
-from vit.analysis.bench_cases import CASES
-from vit.analysis.inference import build_variants
 from vit.cli.args import run_script
 
 benchmark = load_script("benchmark")
@@ -84,7 +84,7 @@ def test_the_int8_sessions_are_quantized_files_close_to_the_model(tmp_path):
 def test_each_variant_runs_after_each_other_one(monkeypatch):
     """The timed order turns every round: no variant always follows the same one (a runtime's leftover threads
     would bill the next)."""
-    from vit.analysis import inference
+    import inference_timing as inference
 
     order = []
     monkeypatch.setattr(inference, "time_calls", lambda call, calls, device: order.append(call()) or 1e-3)
@@ -124,7 +124,7 @@ def test_a_planted_slowdown_in_the_peer_raises_the_ratio_by_its_size(monkeypatch
     """The ratio is ours over the peer's throughput, per round: with the calls charged known costs on a virtual
     clock (ours 2 ms, the peer 3 ms), the latencies are those costs, and a 10 ms slowdown planted in the peer's call
     raises the peer's latency by 10 ms and the ratio from 3/2 to 13/2."""
-    from vit.analysis import inference
+    import inference_timing as inference
 
     clock = VirtualClock()
     monkeypatch.setattr(inference, "time", clock)

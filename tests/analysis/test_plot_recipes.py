@@ -1,4 +1,4 @@
-"""benchmarks/plot_recipes.py and vit/analysis/recipes.py: the recipes table against the numbers in the runs'
+"""lab/plot_recipes.py and lab/recipes.py: the recipes table against the numbers in the runs'
 metrics.json, computed here independently; grouping by experiment and seed; the test-vs-val fallback; errors."""
 
 import json
@@ -8,12 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import recipes as recipes_module
 import yaml
 from PIL import Image
+from recipes import find_runs, group_recipes, parse_point
 from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, load_script, run_cli
 
-from vit.analysis import plots
-from vit.analysis.recipes import find_runs, group_recipes, parse_point
 from vit.cli.args import run_script
 
 
@@ -134,26 +134,25 @@ def test_the_best_epoch_is_never_read(sweep, tmp_path, capsys):
     assert all("best" not in r.metrics for r in find_runs(copy))
     assert plot_recipes([copy]) == 0
     assert "99.99" not in capsys.readouterr().out and "99.99" not in (copy / "recipes.md").read_text()
-    sources = [REPO / "benchmarks" / "plot_recipes.py", REPO / "vit" / "analysis" / "recipes.py"]
+    sources = [REPO / "lab" / "plot_recipes.py", REPO / "lab" / "recipes.py"]
     code = "\n".join(p.read_text() for p in sources)
-    code += re.search(r"def recipes_figure.*?return save", (REPO / "vit/analysis/plots.py").read_text(), re.S)[0]
     assert not re.search(r"""\[["']best["']\]|get\(["']best["']|best_top1""", code)
 
 
 def test_figure_one_colour_per_recipe_and_the_markers(sweep, tmp_path, monkeypatch):
     axes = []
-    real_subplots = plots.plt.subplots
+    real_subplots = recipes_module.plt.subplots
 
     def spy(*args, **kwargs):
         fig, ax = real_subplots(*args, **kwargs)
         axes.append(ax)
         return fig, ax
 
-    monkeypatch.setattr(plots.plt, "subplots", spy)
+    monkeypatch.setattr(recipes_module.plt, "subplots", spy)
     recipes = group_recipes(find_runs(sweep))
     anchors = [parse_point("326:81.4:plain pipeline (timm + torchvision)", "anchor")]
     goals = [parse_point("65:81.4", "goal"), parse_point("300:90", "goal")]
-    assert_png(plots.recipes_figure(recipes, anchors, goals, tmp_path / "r.png"))
+    assert_png(recipes_module.recipes_figure(recipes, anchors, goals, tmp_path / "r.png"))
     ax = axes[0]
     assert ax.get_xscale() == "log"
     curves = [line for line in ax.get_lines() if len(line.get_xdata()) == 2]  # 2 epochs: one line per run
@@ -280,7 +279,7 @@ def test_points_parse_with_labels_holding_colons():
         (["{tmp}/run", "goal=inf:80"], "goal='inf:80'"),
         (["{tmp}/run", "colour=red"], "unknown argument 'colour'"),
         (["{tmp}/run", "{tmp}/run"], "with 2 folders, say where to write: out=<folder>"),
-        (["out={tmp}"], "usage: python benchmarks/plot_recipes.py <run or multirun folder>"),
+        (["out={tmp}"], "usage: python lab/plot_recipes.py <run or multirun folder>"),
     ],
 )
 def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys, args, needle):
@@ -295,7 +294,8 @@ def test_bad_arguments_exit_2_with_one_line(tmp_path, capsys, args, needle):
 def test_a_budgeted_run_is_finished_by_its_plan_not_by_trainer_epochs():
     """trainer.budget: trainer.epochs is an upper bound, so 7 of 200 epochs is a finished run when the plan's
     steps were all trained, and a stopped one when they were not."""
-    from vit.analysis.recipes import recipe_run
+    from recipes import recipe_run
+
     from vit.analysis.runs import RunRecord
 
     def record(trained: int) -> RunRecord:

@@ -2,7 +2,8 @@
 file, a file of another kind and a pickle that carries code. Each is one line on stderr naming the path, exit code
 2, never a traceback, and the pickle's code never runs.
 
-The scripts run in this process through their `__main__` block (runpy), as `python scripts/<name>.py` runs them;
+The installed commands run in this process through their `console()`, the scripts through their `__main__` block
+(runpy), as `python scripts/<name>.py` runs them;
 train.py's Hydra task runs on the composed config, as Hydra hands it over (tests/cli/test_bad_input.py runs the real
 command line on a code-carrying checkpoint)."""
 
@@ -82,10 +83,15 @@ def files(tmp_path_factory):
 
 
 def script(name, argv, monkeypatch, capsys):
-    """(exit code, stderr) of `python scripts/<name>.py argv...`, run in this process."""
-    monkeypatch.setattr(sys, "argv", [str(REPO / "scripts" / f"{name}.py"), *argv])
+    """(exit code, stderr) of `python scripts/<name>.py argv...`, or of the installed command whose module is
+    vit/cli/<name>.py, run in this process."""
+    path = REPO / "scripts" / f"{name}.py"
+    monkeypatch.setattr(sys, "argv", [str(path) if path.is_file() else name, *argv])
     with pytest.raises(SystemExit) as exit_info:
-        runpy.run_path(str(REPO / "scripts" / f"{name}.py"), run_name="__main__")
+        if path.is_file():
+            runpy.run_path(str(path), run_name="__main__")
+        else:
+            importlib.import_module(f"vit.cli.{name}").console()
     return exit_info.value.code, capsys.readouterr().err
 
 
@@ -107,9 +113,9 @@ SCRIPT_SLOTS = [
     ("export", ["checkpoint={pt}", "format=torchscript", "output={root}/out.ts", "image={bad}"], ".jpg"),
     ("visualize_attention", ["checkpoint={bad}", "image={images}", "out={root}/att.png"], ".pt"),
     ("visualize_attention", ["checkpoint={pt}", "image={bad}", "out={root}/att.png"], ".jpg"),
-    ("average_checkpoints", ["checkpoints={bad},{pt}", "out={root}/avg.pt"], ".pt"),
-    ("make_shards", ["source={bad}", "out={root}/shards"], ".tar.gz"),
-    ("make_cifar_jpegs", ["root={bad}", "out={root}/jpegs"], ".tar.gz"),
+    ("average", ["checkpoints={bad},{pt}", "out={root}/avg.pt"], ".pt"),
+    ("shards", ["source={bad}", "out={root}/shards"], ".tar.gz"),
+    ("cifar_jpegs", ["root={bad}", "out={root}/jpegs"], ".tar.gz"),
 ]
 
 
@@ -125,7 +131,7 @@ def test_a_script_given_a_bad_file_says_one_line(files, name, args, suffix, kind
     bad = files["bad"][kind, suffix]
     fill = {"bad": bad, "pt": files["pt"], "images": files["images"], "root": files["root"]}
     argv = [a.format(**fill) for a in args]
-    if name == "make_cifar_jpegs" and kind in ("folder", "empty", "truncated", "other", "pickle"):
+    if name == "cifar_jpegs" and kind in ("folder", "empty", "truncated", "other", "pickle"):
         # root= is a folder holding cifar-10-batches-py/: the bad file is that folder's data
         target = files["root"] / f"cifar_{kind}"
         batches = target / "cifar-10-batches-py"

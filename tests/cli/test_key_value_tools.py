@@ -2,12 +2,13 @@
 form they once took, is one line naming the key=value form to write instead, exit code 2, before anything is read
 or written; the key=value forms do the work."""
 
+import importlib
 import json
 import sys
 
 import pytest
 import torch
-from trainer_utils import REPO, load_script, make_tree
+from trainer_utils import load_script, make_tree
 
 from vit.cli.args import run_script
 
@@ -41,14 +42,14 @@ def run_folder(tmp_path_factory):
 @pytest.mark.parametrize(
     ("script", "args", "write"),
     [
-        ("average_checkpoints", ["{run}", "last=2"], "write run={run}"),
+        ("average", ["{run}", "last=2"], "write run={run}"),
         (
-            "average_checkpoints",
+            "average",
             ["{run}/checkpoints/epoch_0001.pt", "{run}/checkpoints/epoch_0002.pt"],
             "write checkpoints={run}/checkpoints/epoch_0001.pt,{run}/checkpoints/epoch_0002.pt",
         ),  # fmt: skip
-        ("make_shards", ["{tree}", "{tmp}/shards", "samples_per_shard=5"], "write source={tree} out={tmp}/shards"),
-        ("make_shards", ["source={tree}", "{tmp}/shards"], "write out={tmp}/shards"),
+        ("shards", ["{tree}", "{tmp}/shards", "samples_per_shard=5"], "write source={tree} out={tmp}/shards"),
+        ("shards", ["source={tree}", "{tmp}/shards"], "write out={tmp}/shards"),
     ],
 )
 def test_a_bare_path_names_the_key_value_form_to_write(run_folder, tmp_path, capsys, script, args, write):
@@ -65,13 +66,13 @@ def test_vit_average_takes_a_run_folder_or_checkpoint_files_as_key_value(run_fol
     folder = run_folder / "checkpoints"
     a, b = (torch.load(folder / f"epoch_000{n}.pt", weights_only=True) for n in (1, 2))
     out = tmp_path / "run.pt"
-    assert run_script(tool("average_checkpoints").main, [f"run={run_folder}", f"out={out}"]) == 0
+    assert run_script(tool("average").main, [f"run={run_folder}", f"out={out}"]) == 0
     assert "averaged the ema weights of 2 checkpoints" in capsys.readouterr().out  # ema=auto: the EMA ones
     averaged = torch.load(out, weights_only=True)["model"]
     torch.testing.assert_close(averaged["head.weight"], (a["ema"]["head.weight"] + b["ema"]["head.weight"]) / 2)
     files = f"checkpoints={folder / 'epoch_0001.pt'},{folder / 'epoch_0002.pt'}"
     out = tmp_path / "files.pt"
-    assert run_script(tool("average_checkpoints").main, [files, "ema=false", f"out={out}"]) == 0
+    assert run_script(tool("average").main, [files, "ema=false", f"out={out}"]) == 0
     averaged = torch.load(out, weights_only=True)["model"]
     torch.testing.assert_close(averaged["head.weight"], (a["model"]["head.weight"] + b["model"]["head.weight"]) / 2)
     for argv, needle in (
@@ -80,7 +81,7 @@ def test_vit_average_takes_a_run_folder_or_checkpoint_files_as_key_value(run_fol
         ([f"run={tmp_path / 'none'}"], "run=" + str(tmp_path / "none") + ": no such folder"),
         ([f"run={run_folder}", "weights=raw"], "unknown argument 'weights'"),
     ):
-        assert run_script(tool("average_checkpoints").main, argv) == 2
+        assert run_script(tool("average").main, argv) == 2
         lines = capsys.readouterr().err.strip().splitlines()
         assert len(lines) == 1 and needle in lines[0], lines
 
@@ -88,20 +89,18 @@ def test_vit_average_takes_a_run_folder_or_checkpoint_files_as_key_value(run_fol
 def test_vit_shards_takes_source_and_out_as_key_value(tmp_path, capsys):
     tree = make_tree(tmp_path / "tree", per_class=4, size=16)
     out = tmp_path / "shards"
-    assert run_script(tool("make_shards").main, [f"source={tree}", f"out={out}", "samples_per_shard=5"]) == 0
+    assert run_script(tool("shards").main, [f"source={tree}", f"out={out}", "samples_per_shard=5"]) == 0
     info = json.loads((out / "_info.json").read_text())
     assert info["splits"]["train"]["num_samples"] == 12 and info["splits"]["val"]["num_samples"] == 6
-    assert run_script(tool("make_shards").main, [f"out={tmp_path / 'other'}"]) == 2
+    assert run_script(tool("shards").main, [f"out={tmp_path / 'other'}"]) == 2
     assert "source=<...> is required" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("script", ["average_checkpoints", "make_shards"])
-def test_the_help_shows_the_key_value_form_only(script, monkeypatch, capsys):
-    import runpy
-
-    monkeypatch.setattr(sys, "argv", [str(REPO / "scripts" / f"{script}.py"), "--help"])
+@pytest.mark.parametrize(("command", "module"), [("vit-average", "average"), ("vit-shards", "shards")])
+def test_the_help_shows_the_key_value_form_only(command, module, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", [command, "--help"])
     with pytest.raises(SystemExit):
-        runpy.run_path(str(REPO / "scripts" / f"{script}.py"), run_name="__main__")
+        importlib.import_module(f"vit.cli.{module}").console()
     usage = [line for line in capsys.readouterr().out.splitlines() if "vit-average " in line or "vit-shards " in line]
     after = [
         line.split(name, 1)[1].split()[0] for line in usage for name in ("vit-average ", "vit-shards ") if name in line

@@ -1,6 +1,7 @@
-"""Every script in scripts/ and benchmarks/ answers `--help` (and `-h`) with exit code 0 and a usage line naming
-itself, before it reads any data, and so does every installed command. The lists are the folders themselves and
-pyproject.toml's [project.scripts], so a new script or command without `--help` fails here."""
+"""Every script in scripts/ and lab/ answers `--help` (and `-h`) with exit code 0 and a usage line naming
+itself, before it reads any data, and so does every installed command. The lists are the folders themselves (in lab/,
+the files that run as a program; the others are the modules its scripts share) and pyproject.toml's
+[project.scripts], so a new script or command without `--help` fails here."""
 
 import importlib
 import runpy
@@ -11,7 +12,8 @@ import pytest
 import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPTS = sorted([*(REPO / "scripts").glob("*.py"), *(REPO / "benchmarks").glob("*.py")])
+LAB_SCRIPTS = [p for p in (REPO / "lab").glob("*.py") if 'if __name__ == "__main__":' in p.read_text()]
+SCRIPTS = sorted([*(REPO / "scripts").glob("*.py"), *LAB_SCRIPTS])
 COMMANDS = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
 
 

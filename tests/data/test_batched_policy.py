@@ -334,4 +334,4 @@ def test_bench_script_refuses_a_bad_value_in_one_line(capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith(message), err
     assert run_script(module.main, ["--help"], usage=module.__doc__) == 0
-    assert "usage: python benchmarks/bench_augment.py [policies=" in capsys.readouterr().out
+    assert "usage: python lab/bench_augment.py [policies=" in capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""scripts/make_cifar_jpegs.py on a tiny CIFAR-10 root written here (the python pickle batches torchvision reads,
+"""vit-cifar-jpegs on a tiny CIFAR-10 root written here (the python pickle batches torchvision reads,
 no network): the class-folder tree and its archive, each image where its label says, and data=imagefolder reads
 both."""
 
@@ -20,7 +20,7 @@ COLOURS = np.array([[25 * c, 255 - 25 * c, (80 * c) % 256] for c in range(10)], 
 
 
 def _script():
-    return load_script("make_cifar_jpegs")
+    return load_script("cifar_jpegs")
 
 
 def _batch(labels: list[int]) -> dict:

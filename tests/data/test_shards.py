@@ -1,4 +1,4 @@
-"""data=webdataset: shards written by scripts/make_shards.py, read back over ranks and loader workers (every
+"""data=webdataset: shards written by vit-shards, read back over ranks and loader workers (every
 sample once an epoch), resumed inside an epoch, trained on through train.py; bad shards stopped with one line."""
 
 import collections
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from trainer_utils import REPO, assert_measurement_record, load_script, run_cli
+from trainer_utils import REPO, assert_measurement_record, installed, load_script, run_cli
 from webdataset import TarWriter
 
 from vit.data import DataError, build_data
@@ -28,7 +28,7 @@ TINY += ["data.img_size=32", "data.patch_size=8", "trainer.device=cpu", "trainer
 
 
 def load_make_shards():
-    return load_script("make_shards")
+    return load_script("shards")
 
 
 def write_tree(root, per_class=(30, 10)):
@@ -277,7 +277,7 @@ def test_two_processes_train_one_epoch_on_shards(shards, tmp_path):
 
 
 def test_bench_shards_records_every_repeat(tmp_path, monkeypatch):
-    """benchmarks/bench_shards.py's record holds every repeat's images/s of each row and loader, beside the medians
+    """lab/bench_shards.py's record holds every repeat's images/s of each row and loader, beside the medians
     and ratios it prints (the passes answer from a table here; tests/e2e/test_docs_commands.py runs the documented
     command on the tests' small CIFAR-10 archive)."""
     script = load_script("bench_shards")
@@ -304,7 +304,7 @@ def test_bench_shards_refuses_a_bad_value_in_one_line(capsys, monkeypatch):
     """A bad key=value, or no archive, is one line on stderr naming the key, exit code 2 (vit/cli/args.py)."""
     from vit.cli.args import run_script
 
-    spec = importlib.util.spec_from_file_location("bench_shards", REPO / "benchmarks" / "bench_shards.py")
+    spec = importlib.util.spec_from_file_location("bench_shards", REPO / "lab" / "bench_shards.py")
     script = importlib.util.module_from_spec(spec)
     monkeypatch.delenv("VIT_CIFAR10_ARCHIVE", raising=False)
     spec.loader.exec_module(script)
@@ -331,8 +331,7 @@ ARCHIVE = os.environ.get("VIT_CIFAR10_ARCHIVE")
 def test_cifar10_archive_becomes_shards_with_one_command(tmp_path):
     out = tmp_path / "shards"
     args = [f"source={ARCHIVE}", f"out={out}", f"cache_dir={tmp_path / 'cache'}", "samples_per_shard=10000"]
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "make_shards.py"), *args], capture_output=True,
-                          text=True)  # fmt: skip
+    done = subprocess.run([installed("vit-shards"), *args], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     info = json.loads((out / "_info.json").read_text())
     assert info["splits"]["train"]["shard_lengths"] == [10000] * 5

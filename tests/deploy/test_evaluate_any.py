@@ -1,4 +1,4 @@
-"""scripts/evaluate.py on weights that are not a checkpoint of ours: a timm-layout file gives the top-1 and loss that
+"""vit-eval on weights that are not a checkpoint of ours: a timm-layout file gives the top-1 and loss that
 timm's own model gives on the same images with timm's preprocessing (computed here with timm), an official-layout
 T2T-ViT file those of our model loaded directly, 1000-class weights on a folder of a few synsets compare only those
 classes; and on our checkpoints the numbers of the trainer's own evaluation."""
@@ -330,7 +330,7 @@ TIMM_SCRIPTS = os.environ.get("VIT_TIMM_SCRIPTS")
 
 @pytest.mark.skipif(not TIMM_SCRIPTS, reason="VIT_TIMM_SCRIPTS (a folder holding timm's validate.py) is not set")
 def test_timms_validate_script_gives_our_top1_for_a_trained_checkpoint(tmp_path, capsys):
-    """An outside check of scripts/evaluate.py: a checkpoint the trainer wrote, evaluated by timm's own evaluation
+    """An outside check of vit-eval: a checkpoint the trainer wrote, evaluated by timm's own evaluation
     script (unmodified, run from its folder with the installed timm) with the same preprocessing."""
     from vit.train import run
 

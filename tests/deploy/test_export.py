@@ -1,4 +1,4 @@
-"""scripts/export.py and predict.py with an ONNX file: the exported files compute the PyTorch model's logits (checked
+"""vit-export and predict.py with an ONNX file: the exported files compute the PyTorch model's logits (checked
 here by onnxruntime / PyTorch on images the trainer's own validation transform makes), any batch size runs, the
 side JSON holds what a server needs, and bad input is one line with exit code 2."""
 

@@ -1,4 +1,4 @@
-"""INT8 export (scripts/export.py quantize=..., vit/deploy/quantize.py): a trained checkpoint becomes an INT8 ONNX
+"""INT8 export (vit-export quantize=..., vit/deploy/quantize.py): a trained checkpoint becomes an INT8 ONNX
 file through the command line, its accuracy against the float file is measured in the same command and recorded,
 the file is refused past max_drop, predict.py runs it, and bad options are one line with exit code 2."""
 

@@ -1,10 +1,10 @@
 """The GPU tier: the device paths behind the project's GPU figures, run wherever a CUDA device is (marked `cuda`;
-skipped with that reason elsewhere, see conftest.py). `benchmarks/gpu_check.sh` runs this file first on a GPU machine.
+skipped with that reason elsewhere, see conftest.py). `lab/gpu_check.sh` runs this file first on a GPU machine.
 
 Covered: a training run under bf16 (the GPU-resident loader, compiled blocks, fused AdamW) and under fp16 with the
 GradScaler; the batched augmentation drawing the same images on the GPU as on the CPU; fused AdamW equal to the
 per-tensor loop; a compiled block equal to the eager one; ONNX export of a model that lives on the GPU;
-scripts/evaluate.py on CUDA equal to the CPU; a one-process NCCL group."""
+vit-eval on CUDA equal to the CPU; a one-process NCCL group."""
 
 from __future__ import annotations
 

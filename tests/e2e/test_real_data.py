@@ -1,7 +1,7 @@
 """Real data: the CIFAR-10 JPEG archive read as image folders, and a small ViT trained on CPU on a few thousand of
 its images beating chance (10%) by far.
 
-Runs when VIT_CIFAR10_ARCHIVE names a CIFAR-10 archive in ImageNet-style folders (scripts/make_cifar_jpegs.py
+Runs when VIT_CIFAR10_ARCHIVE names a CIFAR-10 archive in ImageNet-style folders (vit-cifar-jpegs
 tar=<file> writes one; `.ci/run` sets the variable when the CI machine has such an archive). The tests that read
 the archive share one cache folder (conftest's `cifar10_cache`), so it is extracted once a session. The scan for
 unreadable images (every one of the 60,000 decoded: 20 s of one core of the 2-core AVX2 machine) runs in the slow

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from trainer_utils import REPO, TINY_MODEL
+from trainer_utils import REPO, TINY_MODEL, installed
 
 from vit.train.budget import Budget, tolerance
 
@@ -179,7 +179,7 @@ def test_fine_tuning_and_predict_read_as_a_person_expects(budgeted):
     picture = cwd / "picture.png"
     Image.new("RGB", (32, 32), (200, 30, 30)).save(picture)
     best = cwd / "ft" / "checkpoints" / "best.pt"
-    code, written, _ = run_in_terminal(python("scripts/predict.py", f"checkpoint={best}", f"image={picture}"), cwd)
+    code, written, _ = run_in_terminal([installed("vit-predict"), f"checkpoint={best}", f"image={picture}"], cwd)
     shown = [line for line in screen(written) if line.strip()]
     assert code == 0, shown
     assert any(line.startswith(str(picture)) or "picture.png" in line for line in shown), shown
@@ -187,9 +187,9 @@ def test_fine_tuning_and_predict_read_as_a_person_expects(budgeted):
 
 
 def test_budget_outside_records_a_budgeted_run_timed_from_outside(tmp_path):
-    """benchmarks/budget_outside.py, the measurement of docs/BENCHMARKS.md's section on it, small: one idle 15 s run."""
+    """lab/budget_outside.py, the measurement of docs/BENCHMARKS.md's section on it, small: one idle 15 s run."""
     record_file = tmp_path / "record.json"
-    args = python("benchmarks/budget_outside.py", "budget=15s", "loads=idle", f"json={record_file}", *TRAIN)
+    args = python("lab/budget_outside.py", "budget=15s", "loads=idle", f"json={record_file}", *TRAIN)
     done = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads(record_file.read_text())

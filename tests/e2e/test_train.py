@@ -93,7 +93,7 @@ def test_cli_checkpoint_contents(cli_run):
 
 
 def test_evaluate_reproduces_the_val_metrics(cli_run, tmp_path, capsys):
-    """`vit-eval` / scripts/evaluate.py (the same `main`, called in-process to spare a Python start-up)."""
+    """`vit-eval` (the same `main`, called in-process to spare a Python start-up)."""
     run_dir, _ = cli_run
     argv = [f"checkpoint={run_dir / 'checkpoints' / 'last.pt'}", f"confusion={tmp_path / 'cm.png'}", "device=cpu"]
     assert evaluate_main(argv) == 0

@@ -127,7 +127,7 @@ def test_each_family_exports_to_onnx_and_onnxruntime_gives_timms_logits(name, tm
 
 
 def test_the_export_script_takes_a_timm_name_and_its_file(tmp_path):
-    """`scripts/export.py model.pretrained=timm:<name> model.pretrained_file=<file>`: EVA-02-Ti at its 12 blocks,
+    """`vit-export model.pretrained=timm:<name> model.pretrained_file=<file>`: EVA-02-Ti at its 12 blocks,
     exported and checked by the script (on generated images: no data given), then run here against timm."""
     name = "eva02_tiny_patch14_224"
     theirs, path = timm_file(name, tmp_path / "eva02.safetensors")

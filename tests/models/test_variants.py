@@ -321,7 +321,7 @@ def test_evaluate_py_at_another_image_size_with_dynamic_img_size(tmp_path, capsy
 @pytest.mark.parametrize("variant", ["plain", "registers_gap", "rope"])
 def test_set_input_size_equals_the_dynamic_model_and_exports_at_another_size(tmp_path, variant):
     """A 32 px model run at 48 px: fixed with set_input_size (the table resampled once) it computes what the
-    dynamic model computes, and scripts/export.py writes that size, checked by onnxruntime."""
+    dynamic model computes, and vit-export writes that size, checked by onnxruntime."""
     overrides = {"plain": [], "registers_gap": VARIANTS["registers_gap"], "rope": ["model.pos_embed=rope"]}[variant]
     cfg = compose_config(["data=cifar10", *TINY_MODEL, *overrides])
     torch.manual_seed(0)

@@ -369,7 +369,7 @@ def test_the_command_line_says_it_in_one_line_with_exit_code_2(resnet_file, tmp_
 
 
 def test_the_experiment_script_records_every_seed_beside_its_provenance(tmp_path, monkeypatch):
-    """benchmarks/distill_experiment.py with its train.py runs answered from a table (the runs themselves: the tests
+    """lab/distill_experiment.py with its train.py runs answered from a table (the runs themselves: the tests
     above): results.json is its measurement record, each seed's run and the summary beside the provenance."""
     script = load_script("distill_experiment")
     empty_image_tree(tmp_path / "data", ("cat", "dog"))

@@ -482,7 +482,7 @@ def test_two_ranks_fine_tune_to_the_weights_of_one_process(tmp_path):
 
 
 def test_the_experiment_script_records_every_seed_beside_its_provenance(tmp_path, monkeypatch):
-    """benchmarks/transfer_experiment.py with its train.py runs answered from a table (the runs themselves: the tests
+    """lab/transfer_experiment.py with its train.py runs answered from a table (the runs themselves: the tests
     above): results.json is its measurement record, each seed's run and the summary beside the provenance."""
     script = load_script("transfer_experiment")
     empty_image_tree(tmp_path / "data", (*script.SOURCE_CLASSES, *script.TARGET_CLASSES))

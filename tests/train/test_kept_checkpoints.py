@@ -1,4 +1,4 @@
-"""trainer.keep_last keeps the newest epoch checkpoints; scripts/average_checkpoints.py averages them into a
+"""trainer.keep_last keeps the newest epoch checkpoints; vit-average averages them into a
 checkpoint that evaluation and fine-tuning read; trainer.grad_checkpointing trains exactly as without it."""
 
 import json
@@ -63,9 +63,9 @@ def test_the_script_writes_a_checkpoint_that_evaluation_and_finetuning_read(kept
     run_dir = kept_run[0]
     out = tmp_path / "averaged.pt"
     capsys.readouterr()
-    with pytest.raises(SystemExit) as done:  # scripts/average_checkpoints.py's entry point, in this process
-        monkeypatch.setattr(sys, "argv", ["average_checkpoints.py", f"run={run_dir}", f"out={out}"])
-        load_script("average_checkpoints").console()
+    with pytest.raises(SystemExit) as done:  # vit-average's entry point, in this process
+        monkeypatch.setattr(sys, "argv", ["vit-average", f"run={run_dir}", f"out={out}"])
+        load_script("average").console()
     assert done.value.code == 0
     assert "2 checkpoints (epoch_0003.pt, epoch_0004.pt)" in capsys.readouterr().out
     monkeypatch.chdir(tmp_path)

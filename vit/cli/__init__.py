@@ -1,7 +1,9 @@
 """The command line: the top layer, which nothing in vit/ imports.
 
 - `train.py`: `vit-train` and `python train.py`, the trainer as a Hydra app (its overrides checked first).
-- `evaluate.py`: `vit-eval` and `python scripts/evaluate.py`.
+- one module per installed tool: `evaluate.py` is `vit-eval`, `export.py` `vit-export`, `predict.py` `vit-predict`,
+  `average.py` `vit-average`, `consolidate.py` `vit-consolidate`, `shards.py` `vit-shards`, `cifar_jpegs.py`
+  `vit-cifar-jpegs` (pyproject.toml's [project.scripts]).
 - `args.py`: the one parser of the other tools' `key=value` arguments, and `run_script`, which runs a tool.
 
 Every entry point ends with one of three exit codes, and says why in one line on stderr (vit/errors.py):

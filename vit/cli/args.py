@@ -130,7 +130,7 @@ def refuse_positional(argv: list[str], form: Callable[[list[str]], str]) -> None
 
 def script_command(script: str, argv: list[str] | None) -> list[str]:
     """The command a script's measurement record names: the process's own command line where `main` was given it
-    (`argv` None, or sys.argv's arguments), else `<folder>/<name>.py` (benchmarks/benchmark.py) and the
+    (`argv` None, or sys.argv's arguments), else `<folder>/<name>.py` (lab/benchmark.py) and the
     arguments `main` was called with (a test calling `main` in its process)."""
     if argv is None or (Path(sys.argv[0]).name == Path(script).name and sys.argv[1:] == list(argv)):
         return list(sys.argv)

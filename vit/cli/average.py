@@ -2,12 +2,11 @@
 
 usage: vit-average run=<run folder> [last=<N>] [ema=auto|true|false] [out=<file>]
        vit-average checkpoints=<a.pt,b.pt,...> [last=<N>] [ema=auto|true|false] [out=<file>]
-(in a checkout, without installing: python scripts/average_checkpoints.py with the same arguments)
 
 `run=`: the run folder's kept epoch checkpoints (checkpoints/epoch_NNNN.pt, written with trainer.keep_last=N) are
 averaged; `checkpoints=`: the files listed, comma-separated, oldest first; `last=<N>`: only the newest N. The result
 (`out`; default: <run folder>/checkpoints/averaged.pt, else averaged.pt beside the first file) holds the mean of
-each tensor and the run's config and classes, so scripts/evaluate.py, scripts/export.py and
+each tensor and the run's config and classes, so vit-eval, vit-export and
 `model.pretrained=<file>` read it like any checkpoint of this trainer; it holds no optimizer state, so it does not
 resume.
 
@@ -18,7 +17,7 @@ Example:
 
     python train.py model=vit_tiny data=cifar10 trainer.epochs=30 trainer.keep_last=5 hydra.run.dir=runs/tiny
     vit-average run=runs/tiny last=5
-    python scripts/evaluate.py checkpoint=runs/tiny/checkpoints/averaged.pt
+    vit-eval checkpoint=runs/tiny/checkpoints/averaged.pt
 """
 
 from __future__ import annotations
@@ -85,5 +84,5 @@ def main(argv: list[str]) -> int:
 
 
 def console() -> None:
-    """`vit-average` (and `python scripts/average_checkpoints.py` in a checkout)."""
+    """`vit-average`."""
     sys.exit(run_script(main, usage=with_ema_rule(__doc__)))

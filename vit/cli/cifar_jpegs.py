@@ -3,7 +3,6 @@ reads, optionally packed into a .tar.gz (data.root takes the folder or the archi
 
 usage: vit-cifar-jpegs root=<torchvision root> out=<folder> [download=false] [tar=<file>]
     [quality=75]
-(in a checkout, without installing: python scripts/make_cifar_jpegs.py with the same arguments)
 
 Reads CIFAR-10 with torchvision.datasets.CIFAR10 from `root` (the folder holding cifar-10-batches-py/;
 `download=true` lets torchvision fetch it there first, 163 MB, checked against its md5 sums) and writes
@@ -103,5 +102,5 @@ def main(argv: list[str]) -> int:
 
 
 def console() -> None:
-    """`vit-cifar-jpegs` (and `python scripts/make_cifar_jpegs.py` in a checkout)."""
+    """`vit-cifar-jpegs`."""
     sys.exit(run_script(main, usage=__doc__))

@@ -4,14 +4,13 @@ usage: vit-eval checkpoint=<path> [data.<key>=...] [ema=auto|true|false] [flip=t
            [confusion=<png>] [json=<path>] [amp=auto|bf16|fp16|none] [seq_len=<tokens>]
        vit-eval model=<name> model.pretrained=<timm:name | file> [model.<key>=...]
            [data=<config>] [data.<key>=...] [preprocess=data|timm:<name>] [class_map=imagenet|<file>]
-(in a checkout, without installing: python scripts/evaluate.py with the same arguments)
 
 Examples:
 
-    python scripts/evaluate.py checkpoint=outputs/.../checkpoints/best.pt [data.root=...] [ema=false] [flip=true]
-    python scripts/evaluate.py model=vit_small model.pretrained=timm:vit_small_patch16_224.augreg_in1k \\
+    vit-eval checkpoint=outputs/.../checkpoints/best.pt [data.root=...] [ema=false] [flip=true]
+    vit-eval model=vit_small model.pretrained=timm:vit_small_patch16_224.augreg_in1k \\
         data=imagefolder data.root=/data/imagenet [class_map=imagenet]
-    python scripts/evaluate.py model=t2t_vit_14 model.pretrained=81.5_T2T_ViT_14.pth.tar model.qk_scale=0.05103 \\
+    vit-eval model=t2t_vit_14 model.pretrained=81.5_T2T_ViT_14.pth.tar model.qk_scale=0.05103 \\
         data=imagefolder data.root=/data/imagenet
 
 A checkpoint of ours is evaluated on its own data config (data.<key>=value overrides any key; a run trained with
@@ -299,7 +298,7 @@ def main(argv: list[str]) -> int:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    """`python scripts/evaluate.py ...` and `vit-eval ...`: exit code 0, or 2 with one line for a bad setting."""
+    """`vit-eval ...`: exit code 0, or 2 with one line for a bad setting."""
     return run_script(main, argv, usage=with_ema_rule(__doc__))
 
 

@@ -6,7 +6,6 @@ usage: vit-export checkpoint=<best.pt> [format=onnx|torchscript|exported-program
            [seq_len=<tokens>]
        vit-export model=<name> model.pretrained=<timm:name | file> [data=imagefolder]
            [preprocess=data|timm:<name>] output=<path> ...
-(in a checkout, without installing: python scripts/export.py with the same arguments)
 
 `output` defaults to a file beside the checkpoint (best.onnx, best.torchscript.pt, best.pt2); beside it goes
 `<output>.json` with the preprocessing (image size, resize, interpolation, mean, std), the class names, the
@@ -246,5 +245,5 @@ def main(argv: list[str]) -> int:
 
 
 def console() -> None:
-    """`vit-export` (and `python scripts/export.py` in a checkout)."""
+    """`vit-export`."""
     sys.exit(run_script(main, usage=with_ema_rule(__doc__)))

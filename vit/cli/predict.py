@@ -4,10 +4,9 @@ usage: vit-predict checkpoint=<path> image=<file, folder or a.jpg,b.png> [json=<
     [top=5 | features=true] [ema=auto|true|false] [amp=auto|bf16|fp16|none] [seq_len=<tokens>]
        vit-predict model=<name> model.pretrained=<timm:name | file> [model.pretrained_file=<file>]
     [model.<key>=...] [preprocess=timm:<name>|data] [data=<config>] [data.<key>=...] image=<...> ...
-(in a checkout, without installing: python scripts/predict.py with the same arguments)
 
 `checkpoint` is a checkpoint of the trainer (best.pt, last.pt) or an exported ONNX file (best.onnx, with the
-best.onnx.json that scripts/export.py writes beside it); an ONNX file runs through onnxruntime with the
+best.onnx.json that vit-export writes beside it); an ONNX file runs through onnxruntime with the
 preprocessing and class names of its side JSON, without the model code. Prints one line per image;
 `json=<path>` also writes them as JSON, `json=-` prints the JSON instead of the lines. A checkpoint's model runs
 in the precision `amp` gives it on this CPU (default: its run's trainer.amp; auto: bf16 where the CPU has it
@@ -233,5 +232,5 @@ def feature_records(paths, features: np.ndarray, names, which: str, top, json_ou
 
 
 def console() -> None:
-    """`vit-predict` (and `python scripts/predict.py` in a checkout)."""
+    """`vit-predict`."""
     sys.exit(run_script(main, usage=with_ema_rule(__doc__)))

@@ -2,9 +2,8 @@
 
 usage: vit-shards source=<folder or archive> out=<output folder> [samples_per_shard=5000] [seed=0]
        [val_split=<name>] [cache_dir=<folder>]
-(in a checkout, without installing: python scripts/make_shards.py with the same arguments)
 
-Example (the CIFAR-10 JPEGs that scripts/make_cifar_jpegs.py writes):
+Example (the CIFAR-10 JPEGs that vit-cifar-jpegs writes):
 
     vit-shards source=data/cifar10-jpeg.tar.gz out=data/cifar10-shards samples_per_shard=5000
 
@@ -162,5 +161,5 @@ def main(argv: list[str]) -> int:
 
 
 def console() -> None:
-    """`vit-shards` (and `python scripts/make_shards.py` in a checkout)."""
+    """`vit-shards`."""
     sys.exit(run_script(main, usage=__doc__))

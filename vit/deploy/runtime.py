@@ -41,7 +41,7 @@ def read_side_json(model_path: str | Path) -> dict:
         return json.loads(path.read_text())
     except FileNotFoundError:
         raise FileNotFoundError(
-            f"{str(path)!r} does not exist: an exported model needs its side JSON (written by scripts/export.py)"
+            f"{str(path)!r} does not exist: an exported model needs its side JSON (written by vit-export)"
         ) from None
     except (OSError, ValueError) as err:
         raise ValueError(f"cannot read {str(path)!r}: {err}") from err

@@ -1,5 +1,5 @@
 """Which number format a model computes in: `trainer.amp` = auto | bf16 | fp16 | none, decided by one rule for
-training, the evaluations during training, `scripts/evaluate.py`, `scripts/predict.py` and `benchmarks/benchmark.py`.
+training, the evaluations during training, `vit-eval`, `vit-predict` and `lab/benchmark.py`.
 
 `auto` (the default) takes bf16 autocast where the device runs it natively and it pays, fp32 everywhere else:
 - CUDA: bf16 when the GPU has native bf16 (Ampere and later), else fp32.

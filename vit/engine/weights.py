@@ -51,11 +51,11 @@ def load_checkpoint(path: str | Path) -> dict:
 def no_ema_message(state: dict, source: str | Path) -> str:
     """Why a checkpoint of this trainer has no EMA weights to evaluate with `ema=true`, in one line."""
     averaged = state.get("averaged_from")
-    if averaged:  # scripts/average_checkpoints.py: the average (of EMA or raw weights) is the model's weights
+    if averaged:  # vit-average: the average (of EMA or raw weights) is the model's weights
         return (
             f"checkpoint {str(source)!r} holds no separate EMA weights: it is the average of the "
             f"{averaged.get('weights', 'raw')} weights of {len(averaged.get('files', []))} checkpoints "
-            "(scripts/average_checkpoints.py), and those are its model weights; leave ema=true out"
+            "(vit-average), and those are its model weights; leave ema=true out"
         )
     trained = ((state.get("config") or {}).get("trainer") or {}).get("ema")
     why = "trained with trainer.ema=false" if not trained else "the file holds none"
@@ -154,7 +154,7 @@ def read_file(path: str, ema: bool | None, instead: str = "") -> Weights:
 
 
 def is_our_checkpoint(obj: object) -> bool:
-    """A checkpoint of this trainer (vit/train/checkpoints.py, scripts/average_checkpoints.py): its weights under
+    """A checkpoint of this trainer (vit/train/checkpoints.py, vit-average): its weights under
     "model", beside the config that built them."""
     return isinstance(obj, dict) and isinstance(obj.get("model"), dict) and isinstance(obj.get("config"), dict)
 

@@ -3,7 +3,7 @@
 of the loss; their mean often sits closer to it than any one of them (timm's avg_checkpoints.py, and the
 weight averaging of SWA, do the same).
 
-The result is a checkpoint of this trainer without optimizer state: scripts/evaluate.py, scripts/export.py and
+The result is a checkpoint of this trainer without optimizer state: vit-eval, vit-export and
 `model.pretrained=<file>` read it like any other; `trainer.resume` refuses it (nothing to continue)."""
 
 from __future__ import annotations

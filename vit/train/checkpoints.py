@@ -14,7 +14,7 @@ and every rank's RNG, so the resumed run goes on with the next batch); best.pt w
 improves (top-1; with task=mae, the reconstruction loss falls); with `trainer.keep_last=N` also epoch_0001.pt,
 epoch_0002.pt, ... of which the newest N are kept (an older one is removed only after the newer one and last.pt
 are written in full). Every file holds the same `training_state`, so any of them resumes a run, seeds a
-fine-tuning, or goes into scripts/average_checkpoints.py."""
+fine-tuning, or goes into vit-average."""
 
 from __future__ import annotations
 

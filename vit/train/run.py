@@ -63,7 +63,7 @@ def run(
     """Train as `cfg` says; write checkpoints, TensorBoard events and metrics.json into the run directory
     (`output_dir`, else Hydra's). Returns the metrics written to metrics.json.
     `train_loader_wrapper`: wraps the train loader (the end-to-end benchmark's real and static epochs,
-    vit/analysis/e2e.py)."""
+    lab/e2e_timing.py)."""
     # Wall time counts from the process start (imports, config composition) for the first run of a train.py process:
     # the recipes' time goals are "process start to final evaluation". Other runs count from here.
     startup_s = startup_seconds()

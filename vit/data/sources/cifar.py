@@ -24,7 +24,7 @@ def cifar_splits(cfg: DataSettings, seed: int = 0, *, torchvision_class: type[tv
         kind = "an archive" if is_archive(root) else "a file"
         raise DataError(
             f"data.root={str(root)!r} is {kind}: data={name} reads torchvision's {cls.base_folder} folder; for image "
-            "folders (or an archive of them, as scripts/make_cifar_jpegs.py writes) use data=imagefolder"
+            "folders (or an archive of them, as vit-cifar-jpegs writes) use data=imagefolder"
         )
     try:
         train = cls(str(root), train=True, download=cfg.download)

@@ -2,7 +2,7 @@
 and loader worker reads in an epoch.
 
 A shard is a plain tar file of samples, each sample the files of one key: `<key>.jpg` (or .jpeg/.png/.webp) and
-`<key>.cls` holding the class index as text. Beside the shards, scripts/make_shards.py writes `_info.json` (per
+`<key>.cls` holding the class index as text. Beside the shards, vit-shards writes `_info.json` (per
 split: shard file names and the samples in each, the layout timm's shard reader reads) and `classes.json` (class
 name -> index, the sorted order of the image folders).
 
