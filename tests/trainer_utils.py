@@ -88,7 +88,7 @@ def compose_config(overrides: list[str]):
 def _composed_groups(choices: tuple[str, ...]):
     """The config composed with these group choices, read only: the command line's own cache of them (train.py's
     key check composes the same sets), so a test that checks a command and composes it composes once."""
-    from vit.cli.train import composed_keys
+    from vit.cli.overrides import composed_keys
 
     return composed_keys(choices, "config")[0]
 

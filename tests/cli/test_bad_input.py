@@ -12,7 +12,7 @@ import torch
 from omegaconf import OmegaConf
 from trainer_utils import QUICK, QUICK_SYNTHETIC, REPO, compose_config, compose_onto_groups, run_cli
 
-from vit.cli.train import check_override_keys
+from vit.cli.overrides import check_override_keys
 from vit.engine.build import build_model_from_config
 from vit.engine.compose import compose
 from vit.engine.config_types import number_lists, numeric_keys

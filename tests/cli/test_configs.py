@@ -7,7 +7,8 @@ import torch
 from trainer_utils import TINY_MODEL, compose_config, run_cli
 
 import vit.train
-from vit.cli.train import check_group_choices, train_task
+from vit.cli.overrides import check_group_choices
+from vit.cli.train import train_task
 from vit.data import DataError
 from vit.engine.build import build_model_from_config
 from vit.engine.weights import CheckpointError

@@ -13,7 +13,7 @@ import torch
 from tensorboard.compat.tensorflow_stub.io.gfile import LocalFileSystem
 from trainer_utils import QUICK, TINY_MODEL, compose_config, run_cli
 
-from vit.cli.train import check_output_dir
+from vit.cli.overrides import check_output_dir
 from vit.engine.files import OutputError, atomic_write_text
 from vit.engine.weights import CheckpointError, load_checkpoint
 from vit.train import run

@@ -70,7 +70,7 @@ def _first_of_sweep(value: str) -> str:
 def test_every_training_command_composes():
     """The overrides of every train.py command of the docs, the skipped ones too, as train.py checks and composes
     them: an unknown key or group choice, or a value that does not parse, fails here."""
-    from vit.cli.train import check_group_choices, check_override_keys, without_null_groups
+    from vit.cli.overrides import check_group_choices, check_override_keys, without_null_groups
 
     accepted = []
     for commands in BLOCKS.values():
