@@ -1,10 +1,10 @@
-"""Imports point down the layers: the error base (vit/errors.py) below all, models and data at the bottom, the engine
-(vit/engine: weights, files, a model from its config, the config's composition, device and precision, the
-evaluation loop, figures) above them, then the trainer (vit/train) and, beside it and not importing it, the
-analysis and deploy tools (vit/analysis, vit/deploy); the search's sweeper (vit/sweeper.py) above the trainer, the
-command line (vit/cli/, train.py, scripts/) on top, imported by nothing in vit/. The project's measuring tools
-(lab/) import the package as any user does, and nothing in it imports them. Every import of every module counts,
-those inside functions too."""
+"""Imports point down the layers: the error base (vit/errors.py) below all, models and data at the bottom, reading
+and fitting weights (vit/weights) above the models, the engine (vit/engine: checkpoints, files, a model from its
+config, the config's composition, device and precision, the evaluation loop, figures) above them, then the trainer
+(vit/train) and, beside it and not importing it, the analysis and deploy tools (vit/analysis, vit/deploy); the
+search's sweeper (vit/sweeper.py) above the trainer, the command line (vit/cli/, train.py, scripts/) on top, imported
+by nothing in vit/. The project's measuring tools (lab/) import the package as any user does, and nothing in it
+imports them. Every import of every module counts, those inside functions too."""
 
 import ast
 from pathlib import Path
@@ -16,6 +16,7 @@ VIT = Path(__file__).resolve().parents[1] / "vit"
 # package -> the packages above it, which it must not import
 EVERY_PACKAGE = (
     "vit.models",
+    "vit.weights",
     "vit.data",
     "vit.engine",
     "vit.train",
@@ -31,8 +32,10 @@ ABOVE = {
     "vit.progress": EVERY_PACKAGE,  # progress bars and lines for long stretches of work
     "vit.settings": EVERY_PACKAGE,  # the config groups' typed declarations: defaults, types and ranges
     "vit.naflex": EVERY_PACKAGE,  # the NaFlex batch format: the data's loaders make it, the models read it
-    "vit.models": ("vit.data", "vit.engine", *TOOLS),
-    "vit.data": ("vit.models", "vit.engine", *TOOLS),
+    "vit.models": ("vit.weights", "vit.data", "vit.engine", *TOOLS),
+    # reading and fitting weights: above the models it fits them to, below the engine that builds models with them
+    "vit.weights": ("vit.data", "vit.engine", *TOOLS),
+    "vit.data": ("vit.models", "vit.weights", "vit.engine", *TOOLS),
     "vit.engine": TOOLS,
     "vit.train": ("vit.analysis", "vit.deploy", "vit.sweeper", "vit.cli"),
     # Reading a checkpoint, building a model or evaluating is the engine's: the tools never import the trainer (the

@@ -17,7 +17,7 @@ SAME_WORD_OTHER_MEANING = {
     ("vit.data.augment.batched_policy", "cifar10"): "AutoAugment's CIFAR-10 sub-policies (torchvision's name)",
     ("vit.data.augment.policies", "cifar10"): "the AutoAugment sub-policies chosen for small images",
     ("vit.settings.data", "autoaug"): "a default value (data.augment.auto_augment's), not a branch on the name",
-    ("vit.deploy.weights", "imagefolder"): "the data= config evaluation and export compose when none is given",
+    ("vit.deploy.loaded_model", "imagefolder"): "the data= config evaluation and export compose when none is given",
     ("vit.cli.cifar_jpegs", "cifar10"): "the folder the CIFAR-10 JPEGs are written into (<out>/cifar10/train/...)",
 }
 

@@ -382,8 +382,8 @@ def assert_resumes_exactly(overrides: list[str], tmp_path: Path) -> tuple[dict, 
     metrics, the straight run's model state dict)."""
     import torch
 
-    from vit.engine.weights import load_checkpoint
     from vit.train import run
+    from vit.weights.read import load_checkpoint
 
     straight = run(compose_config(overrides), output_dir=tmp_path / "straight")
     run(compose_config([*overrides, "trainer.stop_after_epoch=1"]), output_dir=tmp_path / "resumed")
@@ -407,7 +407,7 @@ def trainer_path_evaluation(
     from vit.data import build_data
     from vit.engine.build import build_model_from_config
     from vit.engine.evaluation import evaluate
-    from vit.engine.weights import load_checkpoint
+    from vit.weights.read import load_checkpoint
 
     state = load_checkpoint(checkpoint)
     config = OmegaConf.create(state["config"])

@@ -1,4 +1,4 @@
-"""The Hugging Face Hub without a network: timm's pretrained weights (vit/engine/weights.py) and Hugging Face
+"""The Hugging Face Hub without a network: timm's pretrained weights (vit/weights/read.py) and Hugging Face
 datasets (vit/data/sources/hf.py) come through it, and offline huggingface_hub retries each request for most of a
 minute, with a warning per try, before it falls back to the cache. These two helpers find out first and say so once."""
 

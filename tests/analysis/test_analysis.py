@@ -17,9 +17,9 @@ from vit.analysis.pos_embed import position_similarity
 from vit.analysis.runs import knob_value, markdown_table, read_runs, summary_rows, swept_keys
 from vit.engine import figures
 from vit.engine.figures import attention_views, cls_attention, rollout, upsample
-from vit.engine.weights import CheckpointError
 from vit.errors import UsageError
 from vit.models import Attention, create_model, sinusoid_table
+from vit.weights.read import CheckpointError
 
 MODEL_CFG = {
     "name": "vit_tiny",

@@ -18,11 +18,11 @@ from vit.engine.compose import compose
 from vit.engine.config_types import number_lists, numeric_keys
 from vit.engine.files import atomic_save
 from vit.engine.tasks import task_of
-from vit.engine.weights import CheckpointError, load_checkpoint
 from vit.errors import ConfigError
 from vit.train import run
 from vit.train.config import validate
 from vit.train.loop import NonFiniteLossError, weights_finite
+from vit.weights.read import CheckpointError, load_checkpoint
 
 setup_phase = importlib.import_module("vit.train.setup")  # where a run builds its model and data
 

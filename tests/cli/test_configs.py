@@ -11,10 +11,10 @@ from vit.cli.overrides import check_group_choices
 from vit.cli.train import train_task
 from vit.data import DataError
 from vit.engine.build import build_model_from_config
-from vit.engine.weights import CheckpointError
 from vit.errors import ConfigError
 from vit.models import Attention
 from vit.train.config import validate
+from vit.weights.read import CheckpointError
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 MODELS = sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml"))

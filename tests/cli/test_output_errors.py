@@ -15,9 +15,9 @@ from trainer_utils import QUICK, TINY_MODEL, compose_config, run_cli
 
 from vit.cli.overrides import check_output_dir
 from vit.engine.files import OutputError, atomic_write_text
-from vit.engine.weights import CheckpointError, load_checkpoint
 from vit.train import run
 from vit.train.report import TensorBoard
+from vit.weights.read import CheckpointError, load_checkpoint
 
 setup_phase = importlib.import_module("vit.train.setup")  # where a run builds its model and data
 NAMES = {f"class_{i}": i for i in range(10)}  # the synthetic data's classes, as the `trained` checkpoint holds them

@@ -14,7 +14,7 @@ from trainer_utils import run_cli
 from vit.data.errors import DataError
 from vit.data.loading.build import build_data
 from vit.data.sources.registry import build_splits
-from vit.engine.weights import load_checkpoint
+from vit.weights.read import load_checkpoint
 
 NAMES = ["cat", "dog", "frog"]
 

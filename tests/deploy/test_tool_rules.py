@@ -14,7 +14,7 @@ import torch
 from trainer_utils import REPO, make_tree, saved_timm_model
 
 from vit.cli import evaluate as evaluate_tool
-from vit.deploy.weights import EMA_RULE
+from vit.deploy.loaded_model import EMA_RULE
 
 # A 3-class, 2-block ViT-Ti/16 of timm (224 px): small enough to build and run in a moment on a CPU.
 TIMM_TINY = "vit_tiny_patch16_224"

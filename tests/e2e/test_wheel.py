@@ -49,7 +49,7 @@ def test_the_wheel_installs_trains_and_evaluates_outside_the_checkout(tmp_path):
     assert "hydra_plugins/vit_models/__init__.py" in names  # configs/model/*.yaml take their defaults from it
     assert "hydra_plugins/vit_settings/__init__.py" in names  # and the other groups' YAML from this one
     assert "vit/settings/trainer.py" in names
-    for module in ("vit/engine/weights.py", "vit/data/sources/registry.py", "vit/data/augment/policies.py",
+    for module in ("vit/weights/read.py", "vit/data/sources/registry.py", "vit/data/augment/policies.py",
                    "vit/data/loading/build.py"):  # fmt: skip
         assert module in names, module
     subprocess.run([*pip, "-q", "install", "--no-deps", "--target", str(site), str(wheel)], check=True,

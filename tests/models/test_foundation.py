@@ -29,10 +29,10 @@ from trainer_utils import (
 from vit.cli.args import run_script
 from vit.deploy.export import run_onnx, write_onnx
 from vit.engine.build import build_model_from_config
-from vit.engine.weights import load_pretrained, read_weights
 from vit.models.foundation import timm_architecture, timm_keys_to_ours
 from vit.models.vit import VisionTransformer, ViTConfig
 from vit.train.finetune import load_pretrained_weights, read_pretrained
+from vit.weights.read import load_pretrained, read_weights
 
 setup_phase = importlib.import_module("vit.train.setup")
 export_script = load_script("export")
@@ -234,10 +234,10 @@ def test_timms_preprocessing_goes_to_the_data_unless_set(caplog):
 def test_a_run_fine_tuned_from_a_timm_name_is_rebuilt_from_its_checkpoint(tmp_path):
     """One step of EVA-02-Ti from its timm name and a file, at 32 px with patch 4 (table and kernel resampled); its
     last.pt, whose config holds model.pretrained=timm:<name>, builds the same model again for evaluate.py and
-    export.py (vit/deploy/weights.py), every weight in place."""
-    from vit.deploy.weights import build_model
-    from vit.engine.weights import load_checkpoint
+    export.py (vit/deploy/loaded_model.py), every weight in place."""
+    from vit.deploy.loaded_model import build_model
     from vit.train import run
+    from vit.weights.read import load_checkpoint
 
     name = "eva02_tiny_patch14_224"
     _, path = timm_file(name, tmp_path / "eva02.safetensors")
@@ -348,8 +348,8 @@ def test_the_finetune_recipe_trains_each_family_from_a_name_and_a_file(name, tmp
     """The recipe end to end on generated folders: the family's model from its name and a file, at a 2x2 grid of
     its patches, for one step; the config its checkpoint saves holds timm's preprocessing for the name, and the
     model is timm's architecture at full depth with a head of the folders' 3 classes."""
-    from vit.engine.weights import load_checkpoint
     from vit.train import run
+    from vit.weights.read import load_checkpoint
 
     _, path = timm_file(name, tmp_path / "weights.safetensors")
     arch = timm_architecture(name).settings
@@ -377,9 +377,9 @@ def test_a_run_from_a_timm_name_records_the_model_it_built(tmp_path, caplog):
     for trainer.resume=auto."""
     import yaml
 
-    from vit.deploy.weights import build_model
-    from vit.engine.weights import load_checkpoint
+    from vit.deploy.loaded_model import build_model
     from vit.train import run
+    from vit.weights.read import load_checkpoint
 
     name = "eva02_tiny_patch14_224.mim_in22k"
     _, path = timm_file(name, tmp_path / "eva02.safetensors")
@@ -423,7 +423,7 @@ def test_a_file_of_another_model_under_a_timm_name_names_the_fixes_that_work(tmp
     which then loads; evaluate's pair says the same."""
     import re
 
-    from vit.deploy.weights import WeightsError, build_model, read_source
+    from vit.deploy.loaded_model import WeightsError, build_model, read_source
 
     name = "vit_small_patch14_dinov2.lvd142m"
     _, path = timm_file("eva02_tiny_patch14_224", tmp_path / "eva02.safetensors")
@@ -444,7 +444,7 @@ def test_a_file_of_another_model_under_a_timm_name_names_the_fixes_that_work(tmp
 def test_the_heads_said_of_a_file_under_a_timm_name_are_the_files_own(tmp_path):
     """A file whose qk-norm says its heads (384 wide in 12 heads of 32) under DeiT III-S's name (6 heads): the line
     gives the file its own 12 heads and the name its 6."""
-    from vit.models.fit import PretrainedError, fit_state_dict
+    from vit.weights.fit import PretrainedError, fit_state_dict
 
     name = "deit3_small_patch16_224"
     _, path = timm_file(name, tmp_path / "w.safetensors", qk_norm=True, num_heads=12)

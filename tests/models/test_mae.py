@@ -10,10 +10,10 @@ import torch
 from torch import nn
 from trainer_utils import reference_code
 
-from vit.engine.weights import load_pretrained
 from vit.models import create_model
 from vit.models.mae import MAEConfig, MaskedAutoencoder
 from vit.models.pos_embed import sincos_2d_table
+from vit.weights.read import load_pretrained
 
 SMALL = {
     "img_size": 32,

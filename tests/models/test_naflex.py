@@ -10,11 +10,11 @@ import torch
 from safetensors.torch import save_file
 
 from vit.deploy.export import NaFlexInputs
-from vit.engine.weights import load_pretrained, read_weights
 from vit.models import create_model
 from vit.models.foundation import timm_architecture, timm_keys_to_ours
 from vit.models.vit import VisionTransformer, ViTConfig
 from vit.naflex import naflex_inputs, pack, patchify
+from vit.weights.read import load_pretrained, read_weights
 
 # The five kinds of NaFlexVit head and position table: average pooling over the patches (4 registers), the same with
 # the table resampled aspect-preserving, the same with NaViT's factorized row and column tables, attention pooling
@@ -181,9 +181,9 @@ def test_a_naflex_family_fine_tunes_from_its_timm_name_through_the_trainer(tmp_p
     resampled), and the checkpoint builds the same model again for the tools."""
     from trainer_utils import QUICK_SYNTHETIC, compose_config
 
-    from vit.deploy.weights import build_model
-    from vit.engine.weights import load_checkpoint
+    from vit.deploy.loaded_model import build_model
     from vit.train import run
+    from vit.weights.read import load_checkpoint
 
     name = "naflexvit_base_patch16_siglip"
     torch.manual_seed(0)

@@ -7,9 +7,9 @@ import timm
 import torch
 from safetensors.torch import save_file
 
-import vit.engine.weights as pretrained
-from vit.engine.weights import load_pretrained
+import vit.weights.read as pretrained
 from vit.models import create_model
+from vit.weights.read import load_pretrained
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_truncated_file_is_refused(tmp_path, timm_tiny):
 def test_the_heads_a_file_implies_are_checked_and_named():
     """A bare state dict records no head count, but a qk-norm's (head_dim,) weight implies one: 3 heads of 64 in a
     model configured with 6 is named as the keys to set, before the shapes are compared."""
-    from vit.models.fit import PretrainedError
+    from vit.weights.fit import PretrainedError
 
     weights = create_model("vit_tiny", depth=2, qk_norm=True).state_dict()  # 192 wide, 3 heads
     with pytest.raises(PretrainedError) as error:

@@ -6,11 +6,11 @@ import pytest
 import torch
 from trainer_utils import reference_code
 
-from vit.engine.weights import load_pretrained
 from vit.models import T2TViT, capture_attention, complexity, create_model, list_models
 from vit.models.performer import TokenPerformer
 from vit.models.registry import official_qk_scale
 from vit.models.t2t import TokenTransformer
+from vit.weights.read import load_pretrained
 
 
 def _stage_shapes(model, x):

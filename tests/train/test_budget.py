@@ -13,13 +13,13 @@ import pytest
 import torch
 from trainer_utils import QUICK, compose_config
 
-from vit.engine.weights import load_checkpoint
 from vit.errors import ConfigError
 from vit.settings.trainer import parse_budget
 from vit.train import run
 from vit.train.budget import Budget, Forecast, RunShape, resumed_line
 from vit.train.config import validate
 from vit.train.run import budget_line
+from vit.weights.read import load_checkpoint
 
 MIN_LR = 1e-5  # not 0, so the final rate being the minimum says something
 BUDGETED = [*QUICK, "trainer.epochs=100", f"sched.min_lr={MIN_LR}", "sched.warmup_epochs=1", "trainer.ema=false"]

@@ -5,11 +5,11 @@ import torch
 from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config
 
 from vit.engine.compile import compile_blocks, eager
-from vit.engine.weights import load_checkpoint
 from vit.errors import ConfigError
 from vit.models import create_model
 from vit.train import run
 from vit.train.config import validate
+from vit.weights.read import load_checkpoint
 
 
 def test_every_block_is_compiled_in_place_and_the_state_dict_is_unchanged():

@@ -28,12 +28,12 @@ from trainer_utils import (
 )
 
 from vit.engine.build import build_model_from_config
-from vit.engine.weights import CheckpointError, load_checkpoint, load_pretrained
 from vit.errors import ConfigError
 from vit.models import create_model
 from vit.train import run
 from vit.train.config import validate
 from vit.train.distill import Distiller, TeacherView, load_teacher
+from vit.weights.read import CheckpointError, load_checkpoint, load_pretrained
 
 setup_phase = importlib.import_module("vit.train.setup")  # where a run builds its model and data
 CPU = ["trainer.device=cpu", "trainer.attn_maps_every_n_epochs=0", "trainer.ema=false"]
@@ -300,7 +300,7 @@ def test_a_timm_distilled_deit_file_is_a_teacher_computing_what_timm_computes(tm
 
 
 def test_a_timm_teacher_without_network_or_cache_is_one_line(monkeypatch, tmp_path):
-    monkeypatch.setattr("vit.engine.weights.host_reachable", lambda *a, **k: False)
+    monkeypatch.setattr("vit.weights.read.host_reachable", lambda *a, **k: False)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path))
     with pytest.raises(CheckpointError, match=r"distill.teacher='timm:resnet18.a1_in1k': cannot download") as err:

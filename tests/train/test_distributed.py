@@ -23,7 +23,7 @@ import pytest
 import torch
 from trainer_utils import REPO, TINY_MODEL, run_cli, run_ranks, stub_step_settings
 
-from vit.engine.weights import load_checkpoint
+from vit.weights.read import load_checkpoint
 
 # 256 training images = 8 global batches of 32 per epoch.
 COMMON = ["data=synthetic", "data.synthetic.num_train=256", "data.synthetic.num_val=60", *TINY_MODEL]

@@ -13,7 +13,7 @@ import pytest
 import torch
 from trainer_utils import TINY_MODEL, ForkedRun, run_cli
 
-from vit.engine.weights import CheckpointError, load_checkpoint
+from vit.weights.read import CheckpointError, load_checkpoint
 
 ARGS = ["data=synthetic", "data.synthetic.num_train=512", "data.synthetic.num_val=32", "data.batch_size=16"]
 ARGS += [*TINY_MODEL, "trainer.epochs=3", "trainer.device=cpu", "trainer.deterministic=true"]

@@ -28,13 +28,13 @@ from trainer_utils import (
 )
 
 from vit.engine.build import build_model_from_config
-from vit.engine.weights import load_checkpoint
 from vit.errors import ConfigError
 from vit.models import create_model, sinusoid_table
 from vit.train import run
 from vit.train.config import validate
 from vit.train.finetune import read_pretrained
 from vit.train.optimizer import build_optimizer, build_scheduler
+from vit.weights.read import load_checkpoint
 
 setup_phase = importlib.import_module("vit.train.setup")  # where a run builds its model and data
 optimisation_phase = importlib.import_module("vit.train.optimizer")
@@ -150,7 +150,7 @@ def test_a_checkpoint_of_ours_starts_the_run_with_its_ema_or_raw_weights(our_run
 )
 def test_tables_of_384_and_224_px_are_resampled_for_each_other(source_name, size, old, new, tmp_path):
     """timm's 384 px checkpoints hold 1 + 24 * 24 = 577 rows, its 224 px ones 1 + 14 * 14 = 197."""
-    from vit.engine.weights import load_pretrained
+    from vit.weights.read import load_pretrained
 
     source = timm.create_model(source_name, pretrained=False, depth=1).state_dict()
     assert source["pos_embed"].shape == (1, 1 + old * old, 192)
@@ -335,7 +335,7 @@ def test_cached_timm_weights_load_without_a_network(tmp_path, monkeypatch):
     at once, with the head count timm's model records."""
     from huggingface_hub import constants
 
-    from vit.engine.weights import read_weights
+    from vit.weights.read import read_weights
 
     source = timm.create_model("vit_tiny_patch16_224", pretrained=False)
     repo = tmp_path / "hub" / "models--timm--vit_tiny_patch16_224.augreg_in21k_ft_in1k"
@@ -351,8 +351,8 @@ def test_cached_timm_weights_load_without_a_network(tmp_path, monkeypatch):
 
 
 def test_a_checkpoint_trained_on_other_classes_gets_a_fresh_head_at_the_same_count():
-    from vit.models.fit import Weights
     from vit.train.finetune import load_pretrained_weights
+    from vit.weights.fit import Weights
 
     source = create_model("vit_tiny", depth=1, num_classes=2).state_dict()
     for classes, kept in ((["cat", "dog"], True), (["car", "ship"], False)):

@@ -14,8 +14,8 @@ import pytest
 import torch
 from trainer_utils import TINY_MODEL, run_cli, run_ranks
 
-from vit.engine.weights import CheckpointError, load_checkpoint
-from vit.models.weights_file import WeightsFileError, read_weights_file
+from vit.weights.files import WeightsFileError, read_weights_file
+from vit.weights.read import CheckpointError, load_checkpoint
 
 # 256 training images = 8 global batches of 32 per epoch.
 COMMON = ["data=synthetic", "data.synthetic.num_train=256", "data.synthetic.num_val=60", *TINY_MODEL]
@@ -396,7 +396,7 @@ def test_evaluate_and_export_read_the_folder_as_the_single_file(sharded, tmp_pat
     torch.testing.assert_close(programs[0](images), programs[1](images), atol=0, rtol=0)
     # vit-average and model.pretrained= (the one reader of weights) take the folder too
     from vit.cli.average import main as average
-    from vit.engine.weights import read_weights
+    from vit.weights.read import read_weights
 
     single_weights = load_checkpoint(whole)["model"]
     assert average([f"checkpoints={folder}", f"out={tmp_path / 'avg.pt'}", "ema=false"]) == 0

@@ -9,11 +9,11 @@ import torch
 from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config, load_script, run_cli
 
 from vit.engine.build import build_model_from_config
-from vit.engine.weights import CheckpointError, load_checkpoint
 from vit.errors import ConfigError
 from vit.train import run, validate
 from vit.train.averaging import average_checkpoints
 from vit.train.finetune import read_pretrained
+from vit.weights.read import CheckpointError, load_checkpoint
 
 BASE = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.device=cpu", "trainer.deterministic=true"]
 BASE += ["trainer.attn_maps_every_n_epochs=0", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1"]

@@ -25,11 +25,11 @@ from trainer_utils import (
 from vit.data.errors import DataError
 from vit.data.sources.registry import build_splits
 from vit.engine.build import build_mae_from_config
-from vit.engine.weights import load_checkpoint
 from vit.errors import ConfigError
 from vit.train import run
 from vit.train.config import validate
 from vit.train.report import reconstruction_image
+from vit.weights.read import load_checkpoint
 
 DECODER = ["mae.decoder_embed_dim=32", "mae.decoder_depth=1", "mae.decoder_num_heads=4"]
 # Two short epochs of pretraining of the tiny model on the CPU; MAE on the synthetic images (their labels unread).
@@ -182,8 +182,8 @@ def test_an_official_mae_file_continues_pretraining_strictly(tmp_path):
 def test_the_figure_script_draws_a_run_and_the_deploy_scripts_refuse_it(tmp_path):
 
     from vit.cli.args import run_script
-    from vit.deploy.weights import WeightsError, read_source
-    from vit.deploy.weights import build_model as build_deploy_model
+    from vit.deploy.loaded_model import WeightsError, read_source
+    from vit.deploy.loaded_model import build_model as build_deploy_model
 
     run(compose_config(MAE), output_dir=tmp_path / "mae")
     checkpoint = tmp_path / "mae" / "checkpoints" / "last.pt"

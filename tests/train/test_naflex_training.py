@@ -8,10 +8,10 @@ import torch
 from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, assert_resumes_exactly, compose_config, mixed_shape_tree
 
 from vit.data.loading.naflex import batch_schedule
-from vit.engine.weights import load_checkpoint
 from vit.errors import ConfigError
 from vit.train import run
 from vit.train.config import validate
+from vit.weights.read import load_checkpoint
 
 BASE = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.device=cpu", "trainer.deterministic=true", "trainer.seed=0"]
 BASE += ["data.img_size=32"]

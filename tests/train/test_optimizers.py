@@ -12,7 +12,6 @@ from trainer_utils import QUICK, QUICK_SYNTHETIC, TINY_MODEL, assert_resumes_exa
 from vit.cli.evaluate import cli as evaluate_main
 from vit.cli.train import train_task
 from vit.engine.build import build_model_from_config
-from vit.engine.weights import CheckpointError
 from vit.errors import ConfigError
 from vit.train import run
 from vit.train.config import validate
@@ -24,6 +23,7 @@ from vit.train.optimizer import (
     optimizer_kwargs,
     param_groups,
 )
+from vit.weights.read import CheckpointError
 
 CPU = torch.device("cpu")
 

@@ -5,7 +5,6 @@ import torch
 from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config, stub_step_settings
 
 from vit.data.augment.batch import resize_batch
-from vit.engine.weights import load_checkpoint
 from vit.errors import ConfigError
 from vit.models import create_model
 from vit.models.pos_embed import resample_pos_embed
@@ -13,6 +12,7 @@ from vit.train import run
 from vit.train.config import validate
 from vit.train.loop import StepState, train_one_epoch
 from vit.train.progressive import ResizeSchedule, allow_recompiles
+from vit.weights.read import load_checkpoint
 
 BASE = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.device=cpu", "trainer.deterministic=true", "data.img_size=32"]
 BASE += ["data.patch_size=4", "data.augment.crop=pad", "model.drop_path_rate=0.1"]

@@ -1,5 +1,5 @@
 """Each extension axis has one registry, and only it lists the axis's names: the kinds of weight source
-(vit/engine/weights.py's WEIGHT_SOURCES) and the export formats (vit/deploy/export.py's EXPORT_FORMATS). Every
+(vit/weights/read.py's WEIGHT_SOURCES) and the export formats (vit/deploy/export.py's EXPORT_FORMATS). Every
 other module asks the registry, so adding a source or a format is one entry."""
 
 import ast
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vit.deploy.export import EXPORT_FORMATS
-from vit.engine.weights import WEIGHT_SOURCES
+from vit.weights.read import WEIGHT_SOURCES
 
 VIT = Path(__file__).resolve().parents[2] / "vit"
 REGISTRY_OF_SOURCES = VIT / "engine" / "weights.py"
@@ -48,13 +48,13 @@ def test_a_second_listing_is_found(tmp_path):
 def test_a_new_source_is_one_entry(tmp_path, monkeypatch):
     """A source kind added to the registry is read by `read_weights` and found by `source_kind`, with no other
     change."""
-    from vit.engine.weights import WeightSource, read_weights, source_kind
-    from vit.models.fit import Weights
+    from vit.weights.fit import Weights
+    from vit.weights.read import WeightSource, read_weights, source_kind
 
     def read_hub(name, ema, instead):
         return Weights({"w": __import__("torch").zeros(1)}, f"hub:{name}")
 
     entries = {"hub": WeightSource("hub:", read_hub, "hub:<name>"), **WEIGHT_SOURCES}
-    monkeypatch.setattr("vit.engine.weights.WEIGHT_SOURCES", entries)
+    monkeypatch.setattr("vit.weights.read.WEIGHT_SOURCES", entries)
     assert source_kind("hub:tiny") == "hub" and source_kind("x.pt") == "file"
     assert read_weights("hub:tiny").where == "hub:tiny"

@@ -8,8 +8,8 @@ import torch
 from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config
 
 from vit.engine.files import atomic_save
-from vit.engine.weights import CheckpointError, load_checkpoint
 from vit.train import run
+from vit.weights.read import CheckpointError, load_checkpoint
 
 BASE = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.epochs=3", "trainer.device=cpu", "trainer.deterministic=true"]
 BASE += ["data.augment.crop=pad", "data.augment.hflip=true", "model.drop_path_rate=0.1", "model.drop_rate=0.1"]

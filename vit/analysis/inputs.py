@@ -18,8 +18,8 @@ def load_model(checkpoint: str | Path, use_ema: bool = False) -> tuple[nn.Module
     """Model (eval mode, fp32), resolved config and class map of a trainer checkpoint; of a task=mae run, its
     masked autoencoder (vit/models/mae.py). `use_ema`: its EMA weights, which it must hold."""
     from vit.engine.tasks import task_of
-    from vit.engine.weights import CheckpointError, read_weights
-    from vit.models.fit import PretrainedError
+    from vit.weights.fit import PretrainedError
+    from vit.weights.read import CheckpointError, read_weights
 
     try:
         weights = read_weights(checkpoint, ema=use_ema)

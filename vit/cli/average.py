@@ -26,12 +26,12 @@ import sys
 from pathlib import Path
 
 from vit.cli.args import parse_args, refuse_positional, run_script
-from vit.deploy.weights import ema_option, with_ema_rule
+from vit.deploy.loaded_model import ema_option, with_ema_rule
 from vit.engine.files import atomic_save
 from vit.errors import UsageError
-from vit.models.sharded_file import is_sharded_checkpoint
 from vit.train.averaging import average_checkpoints
 from vit.train.checkpoints import EPOCH_FILE
+from vit.weights.sharded import is_sharded_checkpoint
 
 
 def kept_epochs(run_dir: Path) -> list[Path]:

@@ -23,9 +23,9 @@ from pathlib import Path
 
 from vit.cli.args import parse_args, refuse_positional, run_script
 from vit.engine.files import atomic_save
-from vit.engine.weights import load_checkpoint
 from vit.errors import UsageError
-from vit.models.sharded_file import is_sharded_checkpoint
+from vit.weights.read import load_checkpoint
+from vit.weights.sharded import is_sharded_checkpoint
 
 
 def main(argv: list[str]) -> int:

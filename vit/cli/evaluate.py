@@ -65,7 +65,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from vit.cli.args import parse_args, run_script
-from vit.deploy.weights import resolve, with_ema_rule
+from vit.deploy.loaded_model import resolve, with_ema_rule
 from vit.errors import UsageError
 from vit.progress import progress
 

@@ -62,11 +62,11 @@ from vit.deploy.export import (
     export_model,
     naflex_format_refusal,
 )
+from vit.deploy.loaded_model import resolve, with_ema_rule
 from vit.deploy.preprocessing import check_seq_len, naflex_patch_size
 from vit.deploy.quantize import CALIBRATION, MAX_DROP, resolve_mode
-from vit.deploy.weights import resolve, with_ema_rule
-from vit.engine.weights import source_kind
 from vit.errors import UsageError
+from vit.weights.read import source_kind
 
 KNOWN = ("checkpoint", "model", "format", "output", "batch", "ema", "image", "data", "preprocess", "atol")
 KNOWN += ("quantize", "calibration", "check_images", "max_drop", "seq_len")

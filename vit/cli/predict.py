@@ -55,8 +55,8 @@ import torch
 
 from vit.analysis.inputs import image_paths
 from vit.cli.args import parse_args, run_script
+from vit.deploy.loaded_model import ema_option, with_ema_rule
 from vit.deploy.preprocessing import naflex_patch_size
-from vit.deploy.weights import ema_option, with_ema_rule
 from vit.engine.device import Precision, choose_precision
 from vit.errors import UsageError
 from vit.naflex import pack
@@ -106,10 +106,10 @@ def onnx_probabilities(checkpoint: str, spec: str, options) -> tuple[list[Path],
 
 @contextlib.contextmanager
 def head_said_here():
-    """vit/models/fit.py's own line about a classifier it initialised ("classifier: ... head initialised") left out
+    """vit/weights/fit.py's own line about a classifier it initialised ("classifier: ... head initialised") left out
     while the weights are read: this tool says it itself, in its refusal to name classes with that head (one line)
     or not at all with features=true, which does not use the head."""
-    fit_log = logging.getLogger("vit.models.fit")
+    fit_log = logging.getLogger("vit.weights.fit")
 
     def keep(record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith("classifier:")
@@ -124,12 +124,12 @@ def head_said_here():
 def model_outputs(options, spec: str, features: bool) -> tuple[list[Path], np.ndarray, list[str], str]:
     """(image paths, (B, classes) probabilities or with `features` the pooled (B, C) features, class names, the
     weights read) of a checkpoint of ours or foreign weights (model= with model.pretrained=), built, chosen
-    (EMA_RULE) and preprocessed as vit-eval and vit-export build them (vit/deploy/weights.py's `resolve`). The model
-    runs in the precision `amp` (default: its run's trainer.amp, auto for foreign weights) gives it on this CPU, by
-    the trainer's rule. Classes from a classifier the weights did not train are refused in one line, before any
+    (EMA_RULE) and preprocessed as vit-eval and vit-export build them (vit/deploy/loaded_model.py's `resolve`). The
+    model runs in the precision `amp` (default: its run's trainer.amp, auto for foreign weights) gives it on this CPU,
+    by the trainer's rule. Classes from a classifier the weights did not train are refused in one line, before any
     image is read."""
     from vit.data.images import read_rgb
-    from vit.deploy.weights import WeightsError, resolve
+    from vit.deploy.loaded_model import WeightsError, resolve
 
     amp = options.get("amp")
     if amp is not None and amp not in AMP_MODES:

@@ -384,7 +384,7 @@ def export_model(
         "file": path.name,
         "model": model_name,
         "source": source,
-        "weights": weights,  # which of the source's weights (vit/deploy/weights.py's EMA_RULE): ema, raw, ...
+        "weights": weights,  # which of the source's weights (vit/deploy/loaded_model.py's EMA_RULE): ema, raw, ...
         "input": input_description(batch, size, seq_len, batches[0]),
         "output": {"name": OUTPUT_NAME, "shape": ["batch" if batch is None else batch, len(names)]},
         "batch": "dynamic" if batch is None else batch,

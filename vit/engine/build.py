@@ -24,14 +24,14 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from vit.engine.config_types import check_types
-from vit.engine.weights import CheckpointError, check_timm_name, source_kind, source_name
 from vit.errors import ConfigError, require
 from vit.models import create_mae, create_model, list_models
-from vit.models.fit import PretrainedError
 from vit.models.foundation import TimmArchitecture, timm_architecture
 from vit.models.registry import model_defaults
 from vit.models.vit import VisionTransformer, ViTConfig
 from vit.settings import MaeSettings
+from vit.weights.fit import PretrainedError
+from vit.weights.read import CheckpointError, check_timm_name, source_kind, source_name
 
 log = logging.getLogger("vit.engine.build")
 
@@ -102,7 +102,7 @@ def build_model_from_config(
     try:
         if arch is not None:
             model = VisionTransformer(ViTConfig(**kwargs))
-            # The weights check names the timm model, not config keys, when a file does not fit (vit/models/fit.py).
+            # The weights check names the timm model, not config keys, when a file does not fit (vit/weights/fit.py).
             model.timm_name = arch.name
             return model
         return create_model(name, **kwargs)

@@ -13,9 +13,9 @@ from typing import IO, Any
 
 import torch
 
-from vit.engine.weights import CheckpointError
 from vit.errors import UserError
-from vit.models.weights_file import first_line
+from vit.weights.files import first_line
+from vit.weights.read import CheckpointError
 
 
 class OutputError(UserError):

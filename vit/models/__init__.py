@@ -1,5 +1,5 @@
 """Models: attention and the layers around it, the encoder ViT and T2T-ViT share, their registry, and fitting
-weights read by vit/engine/weights.py to a model (vit/models/fit.py)."""
+weights read by vit/weights/read.py to a model (vit/weights/fit.py)."""
 
 from vit.models.attention import Attention, LocalitySelfAttention, TokenAttention, capture_attention
 from vit.models.complexity import Complexity, attention_macs, complexity, mlp_macs

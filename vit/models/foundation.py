@@ -222,7 +222,7 @@ def read_attention(attn: nn.Module, embed_dim: int, name: str) -> dict[str, Any]
     if getattr(attn, "qkv", None) is not None:  # fused: the bias on the Linear, or EVA-02's q_bias and v_bias
         eva_bias = getattr(attn, "q_bias", None) is not None
         bias, k_bias = attn.qkv.bias is not None or eva_bias, not eva_bias
-    else:  # separate q_proj, k_proj, v_proj (read as one qkv, vit/engine/weights.py); EVA-02's k_proj has no bias
+    else:  # separate q_proj, k_proj, v_proj (read as one qkv, vit/weights/read.py); EVA-02's k_proj has no bias
         bias, k_bias = attn.q_proj.bias is not None, attn.k_proj.bias is not None
     qk_norm = not isinstance(attn.q_norm, nn.Identity)
     if qk_norm and not is_layer_norm(attn.q_norm):
@@ -358,7 +358,7 @@ def read_positions(model: nn.Module, kind: str, settings: dict[str, Any]) -> dic
 
 # The timm modules whose models this reads (TIMM_CLASSES): where `timm_names_fitting` looks for a file's model.
 TIMM_MODULES = ("vision_transformer", "deit", "eva", "naflexvit")
-# Keys that fit after adapting (vit/models/fit.py: the table resampled to the grid, the kernel to the patch size, the
+# Keys that fit after adapting (vit/weights/fit.py: the table resampled to the grid, the kernel to the patch size, the
 # classifier replaced): their shapes say nothing about the model a file is of.
 ADAPTED = ("pos_embed", "pos_embed_y", "pos_embed_x", "patch_embed.proj.weight")
 HEAD_KEYS = ("head.", "head_dist.")

@@ -394,7 +394,7 @@ class SwiGLU(nn.Module):
     as is): the gated width is half of it. Parameters ~ 1.5 * hidden_features * C against 2 * hidden * C for
     `Mlp`, so hidden_features = 4/3 x `Mlp`'s hidden matches its size (mlp_ratio 5.33 for 4: DINOv2's choice).
     `norm_eps` adds a LayerNorm over the gated width (EVA-02 B and L, timm's `SwiGLU` with `norm`); timm's split
-    layout of that MLP (`fc1_g`, `fc1_x`) is [gate | value] of this fc1 (vit/engine/weights.py converts it).
+    layout of that MLP (`fc1_g`, `fc1_x`) is [gate | value] of this fc1 (vit/weights/read.py converts it).
     """
 
     def __init__(

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from vit.engine.weights import CheckpointError, load_checkpoint
+from vit.weights.read import CheckpointError, load_checkpoint
 
 WEIGHT_CHOICES = ("auto", "ema", "raw")
 
@@ -29,7 +29,7 @@ def chosen_weights(state: dict, path: Path, which: str) -> dict[str, torch.Tenso
 
 def average_checkpoints(paths: Sequence[Path], which: str = "auto") -> dict:
     """The averaged checkpoint of `paths` (at least one), read one at a time. `which`: ema, raw, or auto (the EMA
-    weights when the first file holds them, else the raw ones: vit/deploy/weights.py's EMA_RULE, which vit-average
+    weights when the first file holds them, else the raw ones: vit/deploy/loaded_model.py's EMA_RULE, which vit-average
     gives as ema=true|false|auto). Every file must hold the same tensors (names,
     shapes, dtypes) and the same classes; tensors that are not floating point must be equal in all of them."""
     if which not in WEIGHT_CHOICES:

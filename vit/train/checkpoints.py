@@ -1,7 +1,7 @@
 """The run's checkpoints: what they hold, what is written when, and how a resumed run takes up where one stopped.
 
 A checkpoint is a dict of tensors and plain containers, written atomically (vit/engine/files.py) and read with
-`weights_only=True` (vit/engine/weights.py):
+`weights_only=True` (vit/weights/read.py):
     model, optimizer, scheduler, scaler, ema: state dicts (ema/scaler may be None)
     rng: torch/CUDA/numpy/python generator states
     epoch (finished epochs), step (optimizer steps), best_score (`Progress` below),
@@ -34,11 +34,11 @@ import torch
 
 from vit.engine.files import atomic_save
 from vit.engine.sharding import is_sharded
-from vit.engine.weights import CheckpointError, load_checkpoint
-from vit.models.sharded_file import TRAINING_FILE, is_sharded_checkpoint
-from vit.models.weights_file import WeightsFileError, first_line, read_weights_file
 from vit.train.loop import StepSettings, StepState
 from vit.train.sharded import remove_unnamed, resume_sharded, save_sharded
+from vit.weights.files import WeightsFileError, first_line, read_weights_file
+from vit.weights.read import CheckpointError, load_checkpoint
+from vit.weights.sharded import TRAINING_FILE, is_sharded_checkpoint
 
 
 def training_state(
@@ -133,7 +133,7 @@ def check_resumable(state: dict, weights: Mapping, model, path, class_to_idx, op
     checkpoint trained on other classes than the data's `class_to_idx` (other names, or the same names in another
     order) names the first index where they part, and one trained with another `optim.name` than the run's
     `optim_name` names both."""
-    from vit.models.fit import describe_mismatch
+    from vit.weights.fit import describe_mismatch
 
     missing = [key for key in ("optimizer", "scheduler") if not state.get(key)]
     if missing:

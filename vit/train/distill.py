@@ -27,12 +27,12 @@ from torch import nn
 from vit.engine.build import build_model_from_config
 from vit.engine.compile import eager
 from vit.engine.device import autocast_to
-from vit.engine.weights import CheckpointError, read_weights
 from vit.errors import ConfigError
-from vit.models.fit import PretrainedError, Weights, describe_mismatch
 from vit.models.vit import VisionTransformer, ViTConfig
 from vit.settings import DistillSettings
 from vit.train.checkpoints import class_difference
+from vit.weights.fit import PretrainedError, Weights, describe_mismatch
+from vit.weights.read import CheckpointError, read_weights
 
 log = logging.getLogger("vit.train")
 

@@ -17,8 +17,8 @@ from dataclasses import replace
 
 from torch import nn
 
-from vit.engine.weights import CheckpointError, read_weights, source_forms, source_kind, source_name
-from vit.models.fit import PretrainedError, Weights, fit_state_dict
+from vit.weights.fit import PretrainedError, Weights, fit_state_dict
+from vit.weights.read import CheckpointError, read_weights, source_forms, source_kind, source_name
 
 log = logging.getLogger("vit.train")
 
@@ -46,7 +46,7 @@ def read_pretrained(model_cfg: Mapping, model: nn.Module) -> Weights | None:
         # model.pretrained_ema=true: the EMA weights where the source holds them, else its raw ones
         ema = None if model_cfg.get("pretrained_ema", True) else False
         weights = read_weights(str(source), ema=ema, instead=instead, file=file or None)
-        with quiet(logging.getLogger("vit.models.fit")):  # what is adapted is said once, at the load
+        with quiet(logging.getLogger("vit.weights.fit")):  # what is adapted is said once, at the load
             fit_state_dict(weights, model)
     except FileNotFoundError:
         if file:

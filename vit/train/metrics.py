@@ -74,7 +74,7 @@ def val_score(result: dict) -> float:
 
 def chosen_weights(val: dict | None, val_ema: dict | None) -> dict | None:
     """The evaluation best.pt is chosen by: the EMA weights' where the run keeps an EMA, as the tools after training
-    read a checkpoint's EMA weights by default (vit/deploy/weights.py's EMA_RULE) and timm chooses its best
+    read a checkpoint's EMA weights by default (vit/deploy/loaded_model.py's EMA_RULE) and timm chooses its best
     checkpoint; else the raw weights'."""
     return val_ema if val_ema is not None else val
 

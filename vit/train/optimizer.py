@@ -25,10 +25,10 @@ from vit.engine.device import Precision, announce, choose_precision
 from vit.engine.distributed import Distributed
 from vit.engine.sharding import is_sharded, shard_model
 from vit.errors import ConfigError
-from vit.models.weights_file import first_line
 from vit.settings import OptimSettings, SchedSettings, TrainerSettings
 from vit.train.loop import StepSettings
 from vit.train.progressive import ResizeSchedule, allow_recompiles
+from vit.weights.files import first_line
 
 log = logging.getLogger("vit.train")
 

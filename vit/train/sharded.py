@@ -4,7 +4,7 @@ torch.distributed.checkpoint (DCP), and any number of processes reads them back 
 In the run's checkpoints/ folder, each checkpoint is a folder and the usual names point at it:
     sharded/step_<step>_<id>/    DCP's files for "model", "optimizer" and "ema", and training.pt (rank 0, written
                                  last: schedule, step, epoch, RNG, config, classes, history, budget, parameter
-                                 groups; layout in vit/models/sharded_file.py)
+                                 groups; layout in vit/weights/sharded.py)
     last.pt, best.pt, epoch_NNNN.pt   symbolic links to such folders (relative: the run folder can move)
 
 A new checkpoint is written into a new folder; only when training.pt is in place does last.pt switch to it, in one
@@ -12,7 +12,7 @@ rename of a link. A process killed at any moment leaves last.pt on a complete ch
 atomic write does. Folders no name points at any more are then removed.
 
 Every consumer of a checkpoint reads the folder through the one reader of weight files (a whole dict in one
-process, vit/models/sharded_file.py): evaluate, predict, export, average, `model.pretrained=<last.pt>`, and
+process, vit/weights/sharded.py): evaluate, predict, export, average, `model.pretrained=<last.pt>`, and
 `vit-consolidate`, which writes it as one file. A sharded run resumes from one with `resume_sharded` below.
 """
 
@@ -37,9 +37,9 @@ from torch.distributed.checkpoint.state_dict import (
 from vit.engine.distributed import Distributed
 from vit.engine.files import atomic_save
 from vit.engine.sharding import reshard
-from vit.engine.weights import CheckpointError
-from vit.models.sharded_file import TRAINING_FILE, SafeReader, dcp_reason, is_sharded_checkpoint
-from vit.models.weights_file import read_weights_file
+from vit.weights.files import read_weights_file
+from vit.weights.read import CheckpointError
+from vit.weights.sharded import TRAINING_FILE, SafeReader, dcp_reason, is_sharded_checkpoint
 
 SHARDED_DIR = "sharded"
 OPTIMIZER_KEYS = "names"  # training.pt's "optimizer_keys": its optimizer state is keyed by parameter name

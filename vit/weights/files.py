@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from vit.errors import UserError
-from vit.models.sharded_file import ShardedFileError, is_sharded_checkpoint, read_sharded_checkpoint
+from vit.weights.sharded import ShardedFileError, is_sharded_checkpoint, read_sharded_checkpoint
 
 _ZIP_MAGIC = b"PK"  # torch.save's format: a zip archive
 _PICKLE_PROTO = 0x80  # the first byte of a pickle of protocol 2 or newer (torch's legacy format)
@@ -57,7 +57,7 @@ def read_error_reason(err: Exception, head: bytes = b"") -> str:
 
 def read_weights_file(path: str | Path, what: str = "weights file") -> object:
     """What the file at `path` holds (a state dict, a trainer checkpoint's dict...), on the CPU; a sharded
-    checkpoint folder (vit/models/sharded_file.py) as the dict of its single-file form. `what` names the file in the
+    checkpoint folder (vit/weights/sharded.py) as the dict of its single-file form. `what` names the file in the
     messages ("checkpoint", "teacher file"). Raises WeightsFileError: missing, a folder, empty, truncated, not a
     weights file, or a pickle that would run code."""
     path = Path(path)

@@ -1,8 +1,8 @@
 """The one reader of weights. `read_weights(source, ema=...)` turns every source the project takes into `Weights`
-(vit/models/fit.py): a timm name, a checkpoint of this trainer, or a state-dict file. Fine-tuning
+(vit/weights/fit.py): a timm name, a checkpoint of this trainer, or a state-dict file. Fine-tuning
 (`model.pretrained`), the distillation teacher (`distill.teacher`), evaluation, export, predict and the analysis
 scripts only adapt what it returns; `load_pretrained` fits it to a model. Files are read by
-vit/models/weights_file.py (`torch.load(weights_only=True)` or safetensors: never arbitrary pickle).
+vit/weights/files.py (`torch.load(weights_only=True)` or safetensors: never arbitrary pickle).
 
 The kinds of source, in `WEIGHT_SOURCES` (the one place a kind is named):
     timm:<name>[.<tag>]                 timm's own download and cache (Hugging Face hub or timm's URL)
@@ -27,9 +27,9 @@ from torch import nn
 
 from vit.errors import UserError
 from vit.hub import host_reachable, hub_host, offline_hub
-from vit.models.fit import PretrainedError, StateDict, Weights, fit_state_dict
 from vit.models.foundation import timm_keys_to_ours
-from vit.models.weights_file import WeightsFileError, first_line, read_weights_file
+from vit.weights.files import WeightsFileError, first_line, read_weights_file
+from vit.weights.fit import PretrainedError, StateDict, Weights, fit_state_dict
 
 
 class CheckpointError(UserError):
@@ -231,7 +231,7 @@ def read_timm(name: str, ema: bool | None = None, instead: str = GIVE_A_FILE) ->
 def read_timm_file(name: str, path: str, ema: bool | None) -> Weights:
     """The weights of timm's `name` from a file (`model.pretrained_file`, as timm's
     `pretrained_cfg_overlay=dict(file=...)`): a state dict in timm's layout, read as any weights file. The number
-    of heads is the file's own where it records or implies one (vit/models/fit.py's `implied_heads`), never the
+    of heads is the file's own where it records or implies one (vit/weights/fit.py's `implied_heads`), never the
     name's: the file may hold another model, and a message would then give it the name's heads."""
     check_timm_name(name, need_weights=False)
     weights = read_file(path, ema)

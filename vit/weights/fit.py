@@ -1,6 +1,6 @@
 """Fitting weights read from a source to a model: the architecture checked, what may differ adapted, the rest exact.
 
-`vit/engine/weights.py` reads a source (a timm name, a weight file, a checkpoint of this trainer) into
+`vit/weights/read.py` reads a source (a timm name, a weight file, a checkpoint of this trainer) into
 `Weights`; this module checks that the weights are the model's architecture (width, depth, heads where the source
 records or implies them; for a model built from a timm name, that they are that name's), adapts the position
 table (resampled to the model's grid), the patch kernel (resampled to its patch size) and a classifier of another
@@ -20,7 +20,7 @@ from torch import nn
 from vit.errors import UserError
 from vit.models.pos_embed import resample_1d
 
-log = logging.getLogger("vit.models.fit")  # what is adapted; the trainer quiets it while checking, says it at the load
+log = logging.getLogger("vit.weights.fit")  # what is adapted; the trainer quiets it while checking, says it at the load
 
 StateDict = dict[str, torch.Tensor]
 
@@ -33,7 +33,7 @@ class PretrainedError(UserError):
 
 @dataclass
 class Weights:
-    """Weights as read from a source (vit/engine/weights.py's `read_weights`), before they are fitted to a model."""
+    """Weights as read from a source (vit/weights/read.py's `read_weights`), before they are fitted to a model."""
 
     state_dict: StateDict
     where: str  # the source as given, for messages

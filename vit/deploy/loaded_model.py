@@ -1,7 +1,7 @@
 """The model a finished run is evaluated, exported or served with: a checkpoint of this trainer (its config
 builds the model), or a model name with a source of foreign weights (`model=vit_small model.pretrained=<source>`).
 
-The weights come from vit/engine/weights.py's `read_weights`, the project's one reader (timm names, files of
+The weights come from vit/weights/read.py's `read_weights`, the project's one reader (timm names, files of
 ours, state-dict files); this module builds the model for them and says which preprocessing they prescribe.
 """
 
@@ -14,9 +14,9 @@ from torch import nn
 
 from vit import CONFIG_DIR
 from vit.deploy.preprocessing import Preprocessing, from_data_config, from_timm
-from vit.engine.weights import NoEmaError, read_weights, source_forms, source_kind, source_name
 from vit.errors import UsageError, UserError
-from vit.models.fit import PretrainedError, Weights
+from vit.weights.fit import PretrainedError, Weights
+from vit.weights.read import NoEmaError, read_weights, source_forms, source_kind, source_name
 
 
 class WeightsError(UserError):
@@ -123,8 +123,8 @@ def require_ema(found: Weights, given: str, file: str | None) -> None:
     """ema=true on weights that are not a checkpoint of ours (read_weights refuses one without EMA weights): a
     state-dict file must hold them under state_dict_ema or model_ema, said in one line where it does not. The file
     is read once more for this, only when ema=true is given."""
-    from vit.engine.weights import WRAPPER_KEYS
-    from vit.models.weights_file import WeightsFileError, read_weights_file
+    from vit.weights.files import WeightsFileError, read_weights_file
+    from vit.weights.read import WRAPPER_KEYS
 
     if found.config is not None:
         return
@@ -161,7 +161,7 @@ def model_from_config(config: dict, state_dict: dict, num_classes: int | None, o
 
 def untrained_head(found: Weights, model: nn.Module) -> str | None:
     """Why the model's classifier is not one the weights trained, in words; None where it is. Read off the result
-    (the model's head against the weights' `head.weight`), so every way vit/models/fit.py has of initialising a
+    (the model's head against the weights' `head.weight`), so every way vit/weights/fit.py has of initialising a
     classifier the weights do not fit (none in them, another class count, other classes) is caught alike."""
     import torch
 
@@ -208,8 +208,8 @@ def built_model(
 ) -> LoadedModel:
     """`build_model`'s model, by the kind of weights."""
     from vit.engine.tasks import task_of
-    from vit.engine.weights import load_pretrained
     from vit.models import create_model, list_models
+    from vit.weights.read import load_pretrained
 
     if found.config is not None and not task_of(found.config).classifier:
         task = task_of(found.config).name
@@ -261,8 +261,8 @@ def timm_named_model(
     kept overrides on top (an architecture setting given beside it is named in one line), the weights' class count,
     and `img_size` (else timm's); `model=<name>` is optional and only says which settings were given."""
     from vit.engine.build import build_model_from_config, model_label
-    from vit.engine.weights import load_pretrained
     from vit.models import list_models
+    from vit.weights.read import load_pretrained
 
     head = found.state_dict.get("head.weight")
     # Without model=<name>, any ViT of the registry: timm's architecture replaces its settings.
