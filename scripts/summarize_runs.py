@@ -38,9 +38,9 @@ from vit.analysis.runs import (
     summary_rows,
     swept_keys,
 )
-from vit.analysis.search import STUDY_FILE, load_studies, search_report, study_url
 from vit.cli.args import parse_args, run_script
 from vit.errors import UsageError
+from vit.search.report import STUDY_FILE, load_studies, search_report, study_url
 
 
 def main(argv: list[str]) -> int:

@@ -1,10 +1,10 @@
 """Imports point down the layers: the error base (vit/errors.py) below all, models and data at the bottom, reading
 and fitting weights (vit/weights) above the models, the engine (vit/engine: checkpoints, files, a model from its
-config, the config's composition, device and precision, the evaluation loop, figures) above them, then the trainer
-(vit/train) and, beside it and not importing it, the analysis and deploy tools (vit/analysis, vit/deploy); the
-search's sweeper (vit/sweeper.py) above the trainer, the command line (vit/cli/, train.py, scripts/) on top, imported
-by nothing in vit/. The project's measuring tools (lab/) import the package as any user does, and nothing in it
-imports them. Every import of every module counts, those inside functions too."""
+config, the config's composition, device and precision, the evaluation loop, figures) above them, the search
+(vit/search: the sweeper, a run as a trial, the study) above the engine, then the trainer (vit/train) and, beside
+it and not importing it, the analysis and deploy tools (vit/analysis, vit/deploy); the command line (vit/cli/,
+train.py, scripts/) on top, imported by nothing in vit/. The project's measuring tools (lab/) import the package as
+any user does, and nothing in it imports them. Every import of every module counts, those inside functions too."""
 
 import ast
 from pathlib import Path
@@ -19,31 +19,32 @@ EVERY_PACKAGE = (
     "vit.weights",
     "vit.data",
     "vit.engine",
+    "vit.search",
     "vit.train",
     "vit.analysis",
     "vit.deploy",
-    "vit.sweeper",
     "vit.cli",
 )
-TOOLS = ("vit.train", "vit.analysis", "vit.deploy", "vit.sweeper", "vit.cli")
+TOOLS = ("vit.train", "vit.analysis", "vit.deploy", "vit.cli")
 ABOVE = {
     "vit.errors": EVERY_PACKAGE,  # the one base of the errors a user can fix: below everything
     "vit.hub": EVERY_PACKAGE,  # the Hub's offline check, for the pretrained weights and the Hugging Face datasets
     "vit.progress": EVERY_PACKAGE,  # progress bars and lines for long stretches of work
     "vit.settings": EVERY_PACKAGE,  # the config groups' typed declarations: defaults, types and ranges
     "vit.naflex": EVERY_PACKAGE,  # the NaFlex batch format: the data's loaders make it, the models read it
-    "vit.models": ("vit.weights", "vit.data", "vit.engine", *TOOLS),
+    "vit.models": ("vit.weights", "vit.data", "vit.engine", "vit.search", *TOOLS),
     # reading and fitting weights: above the models it fits them to, below the engine that builds models with them
-    "vit.weights": ("vit.data", "vit.engine", *TOOLS),
-    "vit.data": ("vit.models", "vit.weights", "vit.engine", *TOOLS),
-    "vit.engine": TOOLS,
-    "vit.train": ("vit.analysis", "vit.deploy", "vit.sweeper", "vit.cli"),
+    "vit.weights": ("vit.data", "vit.engine", "vit.search", *TOOLS),
+    "vit.data": ("vit.models", "vit.weights", "vit.engine", "vit.search", *TOOLS),
+    "vit.engine": ("vit.search", *TOOLS),
+    # Optuna's search: the sweeper launches the trainer's runs through Hydra, as the command line does, and the runs
+    # report to it through vit/search/trial.py; neither imports the trainer
+    "vit.search": TOOLS,
+    "vit.train": ("vit.analysis", "vit.deploy", "vit.cli"),
     # Reading a checkpoint, building a model or evaluating is the engine's: the tools never import the trainer (the
     # end-to-end benchmark, lab/e2e_timing.py, measures a training run that its caller passes in).
-    "vit.analysis": ("vit.train", "vit.sweeper", "vit.cli"),
-    "vit.deploy": ("vit.train", "vit.analysis", "vit.sweeper", "vit.cli"),
-    # Hydra's Optuna sweeper: it launches the trainer's runs, as the command line does
-    "vit.sweeper": ("vit.analysis", "vit.deploy", "vit.cli"),
+    "vit.analysis": ("vit.train", "vit.cli"),
+    "vit.deploy": ("vit.train", "vit.analysis", "vit.search", "vit.cli"),
     "vit.cli": (),  # the command line: the top
 }
 # A module allowed to import a layer its table forbids, and why: none today.

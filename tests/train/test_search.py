@@ -1,4 +1,4 @@
-"""The Optuna search (vit/sweeper.py, vit/train/search.py): `train.py -m hparams_search=...` keeps its study in a
+"""The Optuna search (vit/search/sweeper.py, vit/search/trial.py): `train.py -m hparams_search=...` keeps its study in a
 database, returns the holdout score, prunes, continues a stopped search without re-running a trial, shares a study
 between processes, survives a diverged trial, and refuses bad settings in one line with exit code 2."""
 
@@ -18,8 +18,8 @@ from omegaconf import OmegaConf
 from trainer_utils import QUICK, REPO, compose_config, load_script, run_cli
 
 from vit.errors import ConfigError
-from vit.sweeper import Fidelity, search_space
-from vit.train.search import optimized_metric
+from vit.search.sweeper import Fidelity, search_space
+from vit.search.trial import optimized_metric
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -348,7 +348,7 @@ def test_summarize_runs_reads_a_search(three_trials, tmp_path):
 
 
 def test_importances_are_shown_with_their_trial_count_once_there_are_enough():
-    from vit.analysis.search import importance_lines
+    from vit.search.report import importance_lines
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))

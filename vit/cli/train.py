@@ -37,13 +37,13 @@ from vit.errors import ConfigError, UserError, exit_with
 def train_task(cfg) -> float | None:
     """The Hydra task: run one training and return `optimized_metric` (the value a sweeper optimises); bad
     settings exit with code 2 and one line on stderr, a diverged training with code 1 (vit/cli/__init__.py). In a
-    trial of an Optuna search (vit/sweeper.py) a diverged training returns NaN, which the study records as failed,
-    and a trial its pruner stopped raises optuna.TrialPruned: neither ends the search. A trial stopped by a signal
-    raises TrialInterrupted, which does."""
+    trial of an Optuna search (vit/search/sweeper.py) a diverged training returns NaN, which the study records as
+    failed, and a trial its pruner stopped raises optuna.TrialPruned: neither ends the search. A trial stopped by a
+    signal raises TrialInterrupted, which does."""
+    from vit.search.trial import TrialInterrupted, is_trial, optimized_metric
     from vit.train import run
     from vit.train.config import validate
     from vit.train.loop import NonFiniteLossError
-    from vit.train.search import TrialInterrupted, is_trial, optimized_metric
 
     logging.getLogger("vit").setLevel(logging.INFO)
     try:

@@ -32,6 +32,7 @@ from vit.engine.provenance import provenance
 from vit.engine.sharding import is_sharded
 from vit.engine.tasks import task_of
 from vit.errors import ConfigError
+from vit.search.trial import TrialReport, check_search, is_trial
 from vit.settings import TrainerSettings
 from vit.train.budget import attach_budget, duration
 from vit.train.checkpoints import Checkpointer, Progress, resume, rng_state, set_rng_state
@@ -48,7 +49,6 @@ from vit.train.metrics import (
 )
 from vit.train.optimizer import build_step_settings
 from vit.train.report import Reporter, flat_hparams
-from vit.train.search import TrialReport, check_search, is_trial
 from vit.train.setup import Run, build_model_and_data, epoch_seed, rank_seed, seed_everything, setup_torch
 from vit.train.signals import StopSignal, requeue, restart_count
 

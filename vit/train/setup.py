@@ -24,6 +24,7 @@ from vit.engine.files import atomic_write_text
 from vit.engine.tasks import Task, task_of
 from vit.errors import ConfigError
 from vit.models import Complexity, complexity
+from vit.search.trial import TrialReport
 from vit.settings import TrainerSettings
 from vit.train.checkpoints import Checkpointer, Progress, find_resume_checkpoint
 from vit.train.distill import build_distiller, check_teacher_classes, load_teacher
@@ -32,7 +33,6 @@ from vit.train.loop import StepSettings, StepState
 from vit.train.optimizer import batches_per_epoch
 from vit.train.progressive import ResizeSchedule, resize_schedule
 from vit.train.report import Reporter
-from vit.train.search import TrialReport
 from vit.train.signals import StopSignal, restart_count
 
 log = logging.getLogger("vit.train")
@@ -104,7 +104,7 @@ class Run:
     checkpoints: Checkpointer
     report: Reporter
     stop: StopSignal
-    trial: TrialReport | None  # a trial of an Optuna search (vit/sweeper.py): rank 0 reports to its study
+    trial: TrialReport | None  # a trial of an Optuna search (vit/search/sweeper.py): rank 0 reports to its study
     # The command, code, machine and versions this process started with (vit/engine/provenance.py): read when the
     # run is built, so a checkout that moves on during a long run does not put its later commit in the record.
     provenance: dict = field(default_factory=dict)

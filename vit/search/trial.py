@@ -2,7 +2,7 @@
 a trial early.
 
 The search itself (which settings each trial gets, how many trials, the study's database) is the sweeper's
-(vit/sweeper.py). The sweeper tells each run its study and trial through `search.storage`, `search.study` and
+(vit/search/sweeper.py). The sweeper tells each run its study and trial through `search.storage`, `search.study` and
 `search.trial`; the run reports its score after every evaluation through Optuna's storage API and asks the
 pruner (`search.pruner`) whether to go on. Reporting from inside the run, rather than from the sweeper, is what
 lets a trial stop after epoch k: Hydra's sweepers only see a job once it has returned.

@@ -1,4 +1,4 @@
-"""Reading an Optuna search (vit/sweeper.py): its study's trials, the best one, the parameters' importances and
+"""Reading an Optuna search (vit/search/sweeper.py): its study's trials, the best one, the parameters' importances and
 the compute its pruner saved, for scripts/summarize_runs.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from vit.engine.study import counted_trials
+from vit.search.study import counted_trials
 
 STUDY_FILE = "optuna.db"  # the search configs' default storage: sqlite:///<the search's folder>/optuna.db
 

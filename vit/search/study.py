@@ -1,4 +1,5 @@
-"""An Optuna search's study as both its sweeper (vit/sweeper.py) and its report (vit/analysis/search.py) count it."""
+"""An Optuna search's study as both its sweeper (vit/search/sweeper.py) and its report (vit/search/report.py) count
+it."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ What it adds:
 - `n_trials` is the study's total: finished trials (complete, pruned or failed) count once and are never re-run;
   a trial whose process died (its heartbeat stopped) is run again with the same parameters;
 - each trial's run knows its study and trial (`search.*`), so it reports its score after every evaluation and the
-  pruner can stop it early (vit/train/search.py);
+  pruner can stop it early (vit/search/trial.py);
 - a trial that diverges or fails is recorded as failed and the search goes on; a bad setting of the search
   itself (an unknown key, a storage that cannot be opened) is one line and exit code 2, before any trial runs;
 - `fidelity` makes it a successive-halving search across budgets (Jamieson & Talwalkar 2016; Hyperband's inner
@@ -38,9 +38,9 @@ from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from vit.engine.study import counted_trials
 from vit.errors import UserError, exit_with
-from vit.train.search import TrialInterrupted
+from vit.search.study import counted_trials
+from vit.search.trial import TrialInterrupted
 
 log = logging.getLogger("vit.search")
 
@@ -157,7 +157,7 @@ class OptunaSweeper(Sweeper):
 
     def check_metric(self) -> str:
         from vit.errors import ConfigError
-        from vit.train.search import metric_direction, optimized_metric
+        from vit.search.trial import metric_direction, optimized_metric
 
         if self.direction not in DIRECTIONS:
             raise SearchError(f"hydra.sweeper.direction={self.direction!r} must be one of {DIRECTIONS}")
@@ -562,5 +562,5 @@ def check_same_space(study, space: dict, name: str) -> None:
 
 
 def finished_count(study) -> int:
-    """The trials that count towards n_trials (vit/engine/study.py: counted_trials)."""
+    """The trials that count towards n_trials (vit/search/study.py: counted_trials)."""
     return len(counted_trials(study))
