@@ -523,13 +523,13 @@ def train_exit_line(overrides: list[str], tmp_path: Path, monkeypatch, capsys) -
 
 
 def stub_step_settings(model, **kwargs):
-    """The StepSettings a training step reads, around `model` with plain parts (SGD at lr 0.1, a 100-step cosine,
+    """The StepParts a training step reads, around `model` with plain parts (SGD at lr 0.1, a 100-step cosine,
     cross-entropy, fp32 on the CPU); `kwargs` replace any of them."""
     import torch
     from timm.scheduler import CosineLRScheduler
 
     from vit.engine.device import Precision
-    from vit.train.loop import StepSettings
+    from vit.train.loop import StepParts
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     defaults = dict(
@@ -542,7 +542,7 @@ def stub_step_settings(model, **kwargs):
         precision=Precision("fp32", "test"),
         scaler=None,
     )
-    return StepSettings(**{**defaults, **kwargs})
+    return StepParts(**{**defaults, **kwargs})
 
 
 def scales_by_name(model, groups: list[dict]) -> dict[str, tuple[float, float]]:

@@ -9,10 +9,10 @@ from torch import nn
 from trainer_utils import stub_step_settings
 
 from vit.train.checkpoints import restore_training_state, training_parts, training_state
-from vit.train.loop import StepSettings, StepState, optimizer_step, train_one_epoch
+from vit.train.loop import StepParts, StepState, optimizer_step, train_one_epoch
 
 
-def stub_settings(**kwargs) -> StepSettings:
+def stub_settings(**kwargs) -> StepParts:
     torch.manual_seed(0)
     return stub_step_settings(nn.Linear(4, 3), **{"log_every": 2, **kwargs})
 

@@ -46,7 +46,7 @@ log = logging.getLogger("vit.train")
 
 
 def clock() -> float:
-    """The clock every budget decision reads: the run's own (`Progress.elapsed`) is time.perf_counter too."""
+    """The clock every budget decision reads: the run's own (`RunProgress.elapsed`) is time.perf_counter too."""
     return time.perf_counter()
 
 
@@ -481,7 +481,7 @@ def attach_budget(run) -> Budget | None:
     """trainer.budget: the run's Budget (its plan resumed where the checkpoint had one), hooked into the step
     settings: the loop asks it after every optimizer step, and the schedule follows its planned progress.
     `run` is vit/train/setup.py's Run, with its checkpoint resumed."""
-    trainer, step, bundle = run.trainer, run.step_settings, run.bundle
+    trainer, step, bundle = run.trainer, run.step_parts, run.bundle
     saved = run.progress.budget_state
     steps_per_epoch = max(1, math.ceil(run.batches_per_epoch() / trainer.accum_steps))  # optimizer steps, a process
     # global; NaFlex batches (data.naflex) hold as many images as their token budget allows: their mean

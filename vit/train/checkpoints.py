@@ -4,7 +4,7 @@ A checkpoint is a dict of tensors and plain containers, written atomically (vit/
 `weights_only=True` (vit/weights/read.py):
     model, optimizer, scheduler, scaler, ema: state dicts (ema/scaler may be None)
     rng: torch/CUDA/numpy/python generator states
-    epoch (finished epochs), step (optimizer steps), best_score (`Progress` below),
+    epoch (finished epochs), step (optimizer steps), best_score (`RunProgress` below),
     class_to_idx, config (resolved, plain),
     history (one dict of metrics per finished epoch)
     budget: trainer.budget's plan and measured epoch-end costs (vit/train/budget.py), None without a budget
@@ -34,7 +34,7 @@ import torch
 
 from vit.engine.files import atomic_save
 from vit.engine.sharding import is_sharded
-from vit.train.loop import StepSettings, StepState
+from vit.train.loop import StepParts, StepState
 from vit.train.sharded import remove_unnamed, resume_sharded, save_sharded
 from vit.weights.files import WeightsFileError, first_line, read_weights_file
 from vit.weights.read import CheckpointError, load_checkpoint
@@ -245,7 +245,7 @@ EPOCH_FILE = re.compile(r"epoch_(\d+)\.pt")
 
 
 @dataclass
-class Progress:
+class RunProgress:
     """Where the run stands between epochs: what the epoch loop reads and changes, and checkpoints record."""
 
     wall_start: float  # time.perf_counter() reading the run's clock counts from (earlier processes' time included)
@@ -266,7 +266,7 @@ class Progress:
         return self.skip_batches if epoch == self.start_epoch else 0
 
 
-def training_parts(settings: StepSettings) -> dict:
+def training_parts(settings: StepParts) -> dict:
     """What a checkpoint saves and a resume loads, by `training_state`'s names."""
     return dict(
         model=settings.model,
@@ -282,7 +282,7 @@ class Checkpointer:
     every rank writing its shards (vit/train/sharded.py). `enabled=False` writes nothing."""
 
     def __init__(
-        self, folder: Path, *, enabled: bool, keep_last: int | None, settings: StepSettings, class_to_idx, config
+        self, folder: Path, *, enabled: bool, keep_last: int | None, settings: StepParts, class_to_idx, config
     ) -> None:
         self.folder, self.keep_last = folder, keep_last
         self.sharded = is_sharded(settings.model)
@@ -291,7 +291,7 @@ class Checkpointer:
         self.parts, self.settings = training_parts(settings), settings
         self.class_to_idx, self.config = class_to_idx, config
 
-    def state(self, epoch: int, step: int, progress: Progress) -> dict:
+    def state(self, epoch: int, step: int, progress: RunProgress) -> dict:
         """The checkpoint's dict; a sharded run's without the tensors of model, optimizer and EMA (DCP's part)."""
         if self.sharded:
             state = sharded_rest(self.parts["scheduler"], epoch, step, progress.best_score, self.class_to_idx)
@@ -311,7 +311,7 @@ class Checkpointer:
         state["budget"] = budget.state_dict() if budget is not None else None
         return state
 
-    def save_epoch(self, epochs_done: int, step: int, progress: Progress, is_best: bool) -> None:
+    def save_epoch(self, epochs_done: int, step: int, progress: RunProgress, is_best: bool) -> None:
         """After an epoch (`epochs_done` counted from 1): last.pt, best.pt if `is_best`, the kept epoch files."""
         if not self.enabled:
             return
@@ -331,7 +331,7 @@ class Checkpointer:
         if self.keep_last and self.main:
             self.remove_old_epochs()
 
-    def save_stop(self, epoch: int, step: int, progress: Progress, batches_done: int, rng_ranks: list) -> Path:
+    def save_stop(self, epoch: int, step: int, progress: RunProgress, batches_done: int, rng_ranks: list) -> Path:
         """A stop inside epoch `epoch` (from 0) after `batches_done` of its batches: last.pt says so."""
         last = self.folder / "last.pt"
         if self.enabled:
@@ -370,8 +370,8 @@ def link_or_save(source: Path, target: Path, state: dict) -> None:
 
 
 def resume(
-    path: Path, settings: StepSettings, state: StepState, class_to_idx, wall_start: float, optim_name: str
-) -> Progress:
+    path: Path, settings: StepParts, state: StepState, class_to_idx, wall_start: float, optim_name: str
+) -> RunProgress:
     """Load the checkpoint at `path` into the model, optimizer, schedule, scaler and EMA; return where the run
     stands. The time of the earlier processes counts too (not the pause between them): the run's clock goes on
     from the moment the checkpoint was written (inside an epoch too), else from the last finished epoch."""
@@ -390,7 +390,7 @@ def resume(
     elapsed = float(saved.get("elapsed_s") or (history[-1] if history else {}).get("elapsed_s") or 0.0)
     rng_ranks = saved.get("rng_ranks") or []
     dist = settings.dist
-    progress = Progress(
+    progress = RunProgress(
         wall_start=wall_start - elapsed,
         start_epoch=int(saved["epoch"]),
         best_score=float(saved.get("best_score", saved.get("best_top1", -math.inf))),  # older files: best_top1

@@ -1,7 +1,7 @@
 """One training epoch: its steps (forward and loss through the run's task, backward, optimizer step). The step
 never waits for the GPU: losses and gradient norms stay on the device and are read every `log_every_n_steps` steps.
 
-A step reads two objects: `StepSettings` (what to call, what to optimise, how; a budget's re-plan changes only
+A step reads two objects: `StepParts` (what to call, what to optimise, how; a budget's re-plan changes only
 its schedule), and `StepState`, what the steps change (the step count and the counters behind the divergence
 check)."""
 
@@ -27,7 +27,7 @@ from vit.naflex import batch_size_of, to_device
 
 
 @dataclass
-class StepSettings:
+class StepParts:
     """Everything a training step needs besides the batch: built once per run (only the schedule's plan moves, with
     trainer.budget)."""
 
@@ -101,11 +101,11 @@ class Window:
         self.optimizer_steps += 1
 
 
-def autocast(settings: StepSettings):
+def autocast(settings: StepParts):
     return settings.precision.autocast(settings.device)
 
 
-def sync_context(settings: StepSettings, last_micro_step: bool):
+def sync_context(settings: StepParts, last_micro_step: bool):
     """DDP all-reduces gradients in backward (a sharded model reduce-scatters them); while accumulating, only the
     last micro-batch needs to."""
     if is_sharded(settings.model):
@@ -116,7 +116,7 @@ def sync_context(settings: StepSettings, last_micro_step: bool):
     return settings.ddp.no_sync()
 
 
-def stop_agreed(settings: StepSettings) -> bool:
+def stop_agreed(settings: StepParts) -> bool:
     """Whether to stop now. Every rank must leave the loop at the same step (or the others would wait for it in
     the next all-reduce), so under torchrun the ranks' flags are combined; they are all asked at the same steps."""
     return settings.dist.any(settings.stop_requested(), settings.device)
@@ -131,7 +131,7 @@ def check_finite(state: StepState, loss: torch.Tensor) -> None:
     state.worst_bad_run = torch.maximum(state.worst_bad_run, state.bad_run)
 
 
-def raise_if_diverged(settings: StepSettings, state: StepState) -> None:
+def raise_if_diverged(settings: StepParts, state: StepState) -> None:
     """fp16: the GradScaler skips steps with inf/NaN gradients (counted, not fatal). Otherwise a non-finite loss
     has already poisoned the weights, so `max_bad_steps` in a row stop the run before a checkpoint stores them."""
     if state.worst_bad_run is None:
@@ -156,7 +156,7 @@ def weights_finite(model: nn.Module, dist: Distributed | None = None) -> bool:
 
 
 def train_one_epoch(
-    settings: StepSettings, state: StepState, loader: Iterable, *, limit_batches: int | None, reporter=None
+    settings: StepParts, state: StepState, loader: Iterable, *, limit_batches: int | None, reporter=None
 ) -> dict:
     """Train over `loader`; returns the epoch's mean loss, images/s, seconds, steps, whether a stop was
     requested (then the epoch is unfinished) and whether the budget's planned last step was trained.
@@ -214,7 +214,7 @@ def train_one_epoch(
 
 
 def forward_backward(
-    settings: StepSettings, state: StepState, images: torch.Tensor, targets: torch.Tensor, last_micro_step: bool
+    settings: StepParts, state: StepState, images: torch.Tensor, targets: torch.Tensor, last_micro_step: bool
 ) -> torch.Tensor:
     """One micro-batch: (resize,) mix, forward, loss, backward of loss / accum_steps. Returns the detached loss.
     `images`: (B, 3, H, W), or a NaFlex batch (vit/naflex.py), which is neither resized nor mixed (the config
@@ -235,7 +235,7 @@ def forward_backward(
     return loss
 
 
-def window_values(settings: StepSettings, state: StepState, window: Window) -> dict:
+def window_values(settings: StepParts, state: StepState, window: Window) -> dict:
     """The logged values of one window. The host syncs here, every log_every steps: the window's mean loss (over
     all ranks) and the images seen."""
     raise_if_diverged(settings, state)
@@ -253,7 +253,7 @@ def window_values(settings: StepSettings, state: StepState, window: Window) -> d
     return values
 
 
-def count_skipped_steps(settings: StepSettings, state: StepState) -> None:
+def count_skipped_steps(settings: StepParts, state: StepState) -> None:
     """fp16: every step the GradScaler skips (inf/NaN gradients) multiplies its scale by the backoff factor (0.5),
     so the skips since the last read are log_{1/backoff}(old / new). Reading the scale is a host sync, so it
     happens here, every `log_every` steps, not in the step. (A growth, every 2000 clean steps, landing in the
@@ -266,7 +266,7 @@ def count_skipped_steps(settings: StepSettings, state: StepState) -> None:
     state.last_scale = scale
 
 
-def optimizer_step(settings: StepSettings, state: StepState) -> torch.Tensor:
+def optimizer_step(settings: StepParts, state: StepState) -> torch.Tensor:
     """Unscale, clip, step, schedule, EMA. Returns the gradient norm (a device tensor)."""
     if settings.scaler is not None:
         settings.scaler.unscale_(settings.optimizer)

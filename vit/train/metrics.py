@@ -90,7 +90,7 @@ def final_test(run) -> dict:
     bundle = run.bundle
     result = run.evaluate(bundle.test_loader)
     test = {"split": bundle.test_name, "top1": result["top1"], "top5": result["top5"], "loss": result["loss"]}
-    if run.step_settings.ema is not None:
+    if run.step_parts.ema is not None:
         ema_result = run.evaluate(bundle.test_loader, ema=True)
         test.update(ema_top1=ema_result["top1"], ema_top5=ema_result["top5"], ema_loss=ema_result["loss"])
     return test
@@ -100,7 +100,7 @@ def run_metrics(run) -> dict:
     """metrics.json: the model built (its name, `timm:<name>` for one built from a timm name, and its
     architecture, from the config the checkpoints record), final and best epoch, mean throughput, model size, how
     it ran (loader, precision, compile, threads) with the reasons, and the whole history."""
-    cfg, cost, bundle, settings, history = run.cfg, run.built.cost, run.bundle, run.step_settings, run.progress.history
+    cfg, cost, bundle, settings, history = run.cfg, run.built.cost, run.bundle, run.step_parts, run.progress.history
     evaluated = [r for r in history if r.get("val_loss") is not None]
     best = max(evaluated, key=lambda r: val_score(chosen_result(r))) if evaluated else {}
     built = run.built.resolved["model"]  # the model built, not the model config composed (vit/train/setup.py)

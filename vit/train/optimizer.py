@@ -1,7 +1,7 @@
 """The optimisation of a run: the optimizer with decay/no-decay parameter groups (and layer-wise decay), its
 learning rate scaled to the global batch, the per-step schedule, the precision and the EMA
 (`build_optimisation`); the model as the step calls it, under DDP and torch.compile (`wrap_model`); and
-`build_step_settings`, which gathers both into the `StepSettings` every training step reads."""
+`build_step_parts`, which gathers both into the `StepParts` every training step reads."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from vit.engine.distributed import Distributed
 from vit.engine.sharding import is_sharded, shard_model
 from vit.errors import ConfigError
 from vit.settings import OptimSettings, SchedSettings, TrainerSettings
-from vit.train.loop import StepSettings
+from vit.train.loop import StepParts
 from vit.train.progressive import ResizeSchedule, allow_recompiles
 from vit.weights.files import first_line
 
@@ -393,15 +393,15 @@ def wrap_model(
     return train_model, ddp, use_compile
 
 
-def build_step_settings(
+def build_step_parts(
     cfg: DictConfig, trainer: TrainerSettings, built, device: torch.device, dist: Distributed
-) -> StepSettings:
+) -> StepParts:
     """What every step reads, from what the first phases built (`built`, vit/train/setup.py's ModelAndData)."""
     model, bundle = built.model, built.bundle
     opt = build_optimisation(cfg, trainer, model, bundle, device, dist)
     optimizer, scheduler, precision, ema = opt.optimizer, opt.scheduler, opt.precision, opt.ema
     train_model, ddp, use_compile = wrap_model(model, trainer, device, dist, built.resize)
-    return StepSettings(
+    return StepParts(
         train_model=train_model,
         model=model,
         optimizer=optimizer,

@@ -35,7 +35,7 @@ from vit.errors import ConfigError
 from vit.search.trial import TrialReport, check_search, is_trial
 from vit.settings import TrainerSettings
 from vit.train.budget import attach_budget, duration
-from vit.train.checkpoints import Checkpointer, Progress, resume, rng_state, set_rng_state
+from vit.train.checkpoints import Checkpointer, RunProgress, resume, rng_state, set_rng_state
 from vit.train.config import validate
 from vit.train.loop import NonFiniteLossError, StepState, train_one_epoch, weights_finite
 from vit.train.metrics import (
@@ -47,7 +47,7 @@ from vit.train.metrics import (
     run_metrics,
     val_score,
 )
-from vit.train.optimizer import build_step_settings
+from vit.train.optimizer import build_step_parts
 from vit.train.report import Reporter, flat_hparams
 from vit.train.setup import Run, build_model_and_data, epoch_seed, rank_seed, seed_everything, setup_torch
 from vit.train.signals import StopSignal, requeue, restart_count
@@ -135,17 +135,17 @@ def build_run(
     device = setup_torch(trainer, dist)
     built = build_model_and_data(cfg, trainer, run_dir, device, dist, loader_wrapper)
     run_dir = continued_run_dir(trainer.resume, built.resume_path, run_dir, dist.is_main)
-    step_settings, step_state = build_step_settings(cfg, trainer, built, device, dist), StepState()
-    progress = Progress(wall_start)
+    step_parts, step_state = build_step_parts(cfg, trainer, built, device, dist), StepState()
+    progress = RunProgress(wall_start)
     if built.resume_path is not None:
         args = (built.bundle.class_to_idx, wall_start, cfg.optim.name)
-        progress = resume(built.resume_path, step_settings, step_state, *args)
+        progress = resume(built.resume_path, step_parts, step_state, *args)
     progress.startup_s = startup_s
     checkpoints = Checkpointer(
         run_dir / "checkpoints",
         enabled=trainer.save_checkpoints,  # rank 0 writes (every rank its shards under fsdp)
         keep_last=trainer.keep_last,
-        settings=step_settings,
+        settings=step_parts,
         class_to_idx=built.bundle.class_to_idx,
         config=built.resolved,
     )
@@ -155,12 +155,12 @@ def build_run(
         enabled=dist.is_main,
         attn_every=trainer.attn_maps_every_n_epochs,  # 0 with task=mae (vit/train/config.py refuses any other)
         recon_every=trainer.recon_images_every_n_epochs if task_of(cfg).reconstructs else 0,
-        collective=is_sharded(step_settings.model),
+        collective=is_sharded(step_parts.model),
     )
     stop = StopSignal()
-    step_settings.stop_requested = stop.requested
+    step_parts.stop_requested = stop.requested
     trial = TrialReport.of(cfg, run_dir, trainer.epochs) if is_trial(cfg) and dist.is_main else None
-    run = Run(cfg, trainer, run_dir, built, step_settings, step_state, progress, checkpoints, report, stop, trial)
+    run = Run(cfg, trainer, run_dir, built, step_parts, step_state, progress, checkpoints, report, stop, trial)
     run.provenance = provenance()
     attach_budget(run)  # trainer.budget: plans the steps from the measured speed (vit/train/budget.py)
     return run
@@ -221,7 +221,7 @@ def train_epoch(run: Run, limit: int | None) -> dict:
     if run.budget is not None:
         run.budget.epoch_starts(run.step_state.train_img_size)
     trained = train_one_epoch(
-        run.step_settings, run.step_state, run.bundle.train_loader, limit_batches=limit, reporter=run.report
+        run.step_parts, run.step_state, run.bundle.train_loader, limit_batches=limit, reporter=run.report
     )
     if run.budget is not None:
         run.budget.epoch_trained()
@@ -316,7 +316,7 @@ def evaluate_epoch(run: Run, epoch: int, last: bool) -> tuple[dict | None, dict 
         return None, None
     val_loader = run.bundle.val_loader
     val = run.evaluate(val_loader)
-    return val, run.evaluate(val_loader, ema=True) if run.step_settings.ema is not None else None
+    return val, run.evaluate(val_loader, ema=True) if run.step_parts.ema is not None else None
 
 
 def record_epoch(run: Run, epoch: int, trained: dict, val: dict | None, val_ema: dict | None) -> None:
@@ -350,7 +350,7 @@ def draw_figures(run: Run, epoch: int | None = None, epochs: int | None = None) 
 
 def evaluation_settings(run: Run) -> tuple:
     """(device, amp dtype, batch limit, process group): how the teacher's passes evaluate, as `run.evaluate` does."""
-    return run.device, run.step_settings.amp_dtype, run.trainer.limit_val_batches, run.dist
+    return run.device, run.step_parts.amp_dtype, run.trainer.limit_val_batches, run.dist
 
 
 def check_weights(run: Run, epoch: int) -> None:
@@ -389,7 +389,7 @@ def finish(run: Run, teacher: dict | None) -> dict:
         test = final_test(run)
         metrics["test"] = test
         report.scalars({f"test/{k}": v for k, v in test.items() if k != "split"}, state.step)
-        ema_part = f" (EMA {test['ema_top1']:.2f}%)" if run.step_settings.ema is not None else ""
+        ema_part = f" (EMA {test['ema_top1']:.2f}%)" if run.step_parts.ema is not None else ""
         report.line(f"{bundle.test_name} split after training: top-1 {test['top1']:.2f}%{ema_part}")
     # Process start (or the first run's start, over resumes) to the end of the final evaluation.
     metrics["wall_time_s"] = run.progress.elapsed()
@@ -397,7 +397,7 @@ def finish(run: Run, teacher: dict | None) -> dict:
     # a multirun sweep's later runs do not; tables that compare runs subtract it (vit/analysis/runs.py).
     metrics["startup_s"] = run.progress.startup_s
     if run.budget is not None:
-        final_lr = run.step_settings.optimizer.param_groups[0]["lr"]
+        final_lr = run.step_parts.optimizer.param_groups[0]["lr"]
         metrics["budget"] = run.budget.record(state.step, metrics["wall_time_s"], final_lr)
         report.scalars({"budget/wall_s": metrics["wall_time_s"], "budget/trained_steps": state.step}, state.step)
         report.line(budget_line(metrics["budget"], stopped=run.stop.name is not None))
@@ -406,7 +406,7 @@ def finish(run: Run, teacher: dict | None) -> dict:
     metrics["world_size"] = run.dist.world_size
     # With torch.compile the first step holds the compilation (reported apart from the img/s of later steps).
     metrics["first_step_seconds"] = state.first_step_seconds
-    if run.step_settings.compiled and state.first_step_seconds is not None:
+    if run.step_parts.compiled and state.first_step_seconds is not None:
         log.info("first step (compilation included): %.1f s", state.first_step_seconds)
     if run.dist.is_main:
         atomic_write_text(json.dumps(metrics, indent=2), run.run_dir / "metrics.json")  # a failed write keeps the old

@@ -26,10 +26,10 @@ from vit.errors import ConfigError
 from vit.models import Complexity, complexity
 from vit.search.trial import TrialReport
 from vit.settings import TrainerSettings
-from vit.train.checkpoints import Checkpointer, Progress, find_resume_checkpoint
+from vit.train.checkpoints import Checkpointer, RunProgress, find_resume_checkpoint
 from vit.train.distill import build_distiller, check_teacher_classes, load_teacher
 from vit.train.finetune import freeze, load_pretrained_weights, read_pretrained
-from vit.train.loop import StepSettings, StepState
+from vit.train.loop import StepParts, StepState
 from vit.train.optimizer import batches_per_epoch
 from vit.train.progressive import ResizeSchedule, resize_schedule
 from vit.train.report import Reporter
@@ -90,7 +90,7 @@ class ModelAndData:
 class Run:
     """One training run, built once (vit/train/run.py's `build_run`) and handed to every phase: the typed trainer
     settings, what the first phases built (`built`: the model and the data, the teacher, the task), what each step
-    reads (`step_settings`: the optimizer, schedule, EMA and precision, with this run's model, device and process
+    reads (`step_parts`: the optimizer, schedule, EMA and precision, with this run's model, device and process
     group) and changes (`step_state`: the step count, the divergence counters), where the run stands
     (`progress`), and its writers."""
 
@@ -98,9 +98,9 @@ class Run:
     trainer: TrainerSettings
     run_dir: Path
     built: ModelAndData
-    step_settings: StepSettings  # the one holder of the model, the device and the process group; the properties read it
+    step_parts: StepParts  # the one holder of the model, the device and the process group; the properties read it
     step_state: StepState
-    progress: Progress
+    progress: RunProgress
     checkpoints: Checkpointer
     report: Reporter
     stop: StopSignal
@@ -111,15 +111,15 @@ class Run:
 
     @property
     def model(self) -> nn.Module:
-        return self.step_settings.model
+        return self.step_parts.model
 
     @property
     def device(self) -> torch.device:
-        return self.step_settings.device
+        return self.step_parts.device
 
     @property
     def dist(self) -> Distributed:
-        return self.step_settings.dist
+        return self.step_parts.dist
 
     @property
     def bundle(self) -> DataBundle:
@@ -127,12 +127,12 @@ class Run:
 
     @property
     def task(self) -> Task:
-        return self.step_settings.task
+        return self.step_parts.task
 
     @property
     def budget(self):
         """trainer.budget's plan (vit/train/budget.py), None without a budget."""
-        return self.step_settings.budget
+        return self.step_parts.budget
 
     def planned_epochs(self) -> int:
         """The epochs the run will train: trainer.epochs, or with a budget the epochs its plan reaches."""
@@ -154,8 +154,8 @@ class Run:
         top-5 and loss (with trainer.eval_flip and trainer.eval_shift, over each image's test-time views), or with
         task=mae the reconstruction loss on fixed masks; trainer.limit_val_batches caps the batches, torchrun's ranks
         share them."""
-        model = self.step_settings.ema.module if ema else self.model
-        args = (model, loader, self.device, self.step_settings.amp_dtype, self.trainer.limit_val_batches, self.dist)
+        model = self.step_parts.ema.module if ema else self.model
+        args = (model, loader, self.device, self.step_parts.amp_dtype, self.trainer.limit_val_batches, self.dist)
         return self.task.evaluate(*args, flip=self.trainer.eval_flip, shift=self.trainer.eval_shift)
 
 

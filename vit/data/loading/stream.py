@@ -223,7 +223,7 @@ class ShardStream(IterableDataset):
         return label
 
 
-def one_line(err: Exception) -> str:
+def worker_message(err: Exception) -> str:
     """A DataError's own message, also when a DataLoader worker raised it (the main process then gets it wrapped
     in a multi-line text ending with the original `...DataError: <message>` line)."""
     text = str(err)
@@ -256,7 +256,7 @@ class StreamLoader:
             shutdown = getattr(batches, "_shutdown_workers", None)
             if shutdown is not None:
                 shutdown()
-            raise DataError(one_line(err)) from None
+            raise DataError(worker_message(err)) from None
         if bad:
             split = "training" if self.dataset.train else "validation"
             log.warning(
