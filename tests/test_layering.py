@@ -83,7 +83,7 @@ def layer_of(module: str) -> str | None:
 
 def test_every_module_has_a_layer():
     modules = [module_name(p) for p in VIT.rglob("*.py")]
-    assert "vit.train.loop" in modules and "vit.cli.train" in modules
+    assert "vit.train.trainer" in modules and "vit.cli.train" in modules
     assert {m for m in modules if layer_of(m) is None} <= {"vit"}
 
 

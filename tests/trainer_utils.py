@@ -529,7 +529,7 @@ def stub_step_settings(model, **kwargs):
     from timm.scheduler import CosineLRScheduler
 
     from vit.engine.device import Precision
-    from vit.train.loop import StepParts
+    from vit.train.step_parts import StepParts
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     defaults = dict(

@@ -21,7 +21,7 @@ from vit.engine.tasks import task_of
 from vit.errors import ConfigError
 from vit.train import run
 from vit.train.config import validate
-from vit.train.loop import NonFiniteLossError, weights_finite
+from vit.train.step_parts import NonFiniteLossError, weights_finite
 from vit.weights.read import CheckpointError, load_checkpoint
 
 setup_phase = importlib.import_module("vit.train.setup")  # where a run builds its model and data

@@ -17,8 +17,8 @@ from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, compose_config, mak
 from vit.cli.evaluate import cli as evaluate_main
 from vit.engine.build import build_model_from_config
 from vit.train import run
-from vit.train.loop import count_skipped_steps
 from vit.train.optimizer import build_optimizer, build_scheduler, param_groups, scaled_lr
+from vit.train.step_parts import count_skipped_steps
 from vit.weights.read import load_checkpoint
 
 EXPECTED_TAGS = {

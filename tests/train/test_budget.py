@@ -16,9 +16,9 @@ from trainer_utils import QUICK, compose_config
 from vit.errors import ConfigError
 from vit.settings.trainer import parse_budget
 from vit.train import run
-from vit.train.budget import Budget, Forecast, RunShape, resumed_line
+from vit.train.budget import Budget, RunShape
+from vit.train.budget_hooks import Forecast, budget_line, resumed_line
 from vit.train.config import validate
-from vit.train.run import budget_line
 from vit.weights.read import load_checkpoint
 
 MIN_LR = 1e-5  # not 0, so the final rate being the minimum says something

@@ -139,7 +139,8 @@ def batches(count, poison=()):
 def test_no_sync_on_every_micro_batch_but_the_last_of_a_step():
     from contextlib import nullcontext
 
-    from vit.train.loop import StepState, train_one_epoch
+    from vit.train.step_parts import StepState
+    from vit.train.trainer import train_one_epoch
 
     class CountingDDP:
         calls = 0
@@ -156,7 +157,8 @@ def test_no_sync_on_every_micro_batch_but_the_last_of_a_step():
 
 
 def test_non_finite_losses_in_a_row_stop_with_the_step_named():
-    from vit.train.loop import NonFiniteLossError, StepState, train_one_epoch
+    from vit.train.step_parts import NonFiniteLossError, StepState
+    from vit.train.trainer import train_one_epoch
 
     ctx = step_context(torch.nn.Linear(8, 3), max_bad_steps=3, log_every=100)
     with pytest.raises(NonFiniteLossError, match=r"3 consecutive steps .*max_bad_steps=3.*step 4"):
@@ -165,7 +167,8 @@ def test_non_finite_losses_in_a_row_stop_with_the_step_named():
 
 
 def test_isolated_non_finite_losses_below_the_limit_do_not_stop():
-    from vit.train.loop import StepState, train_one_epoch, weights_finite
+    from vit.train.step_parts import StepState, weights_finite
+    from vit.train.trainer import train_one_epoch
 
     class NanAtCalls(torch.nn.CrossEntropyLoss):
         """Adds a detached NaN to the loss at some calls: the loss is NaN, the gradients stay finite."""
@@ -189,7 +192,7 @@ def test_isolated_non_finite_losses_below_the_limit_do_not_stop():
 
 
 def test_weights_finite_sees_one_bad_value():
-    from vit.train.loop import weights_finite
+    from vit.train.step_parts import weights_finite
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
     assert weights_finite(model)

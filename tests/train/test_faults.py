@@ -167,17 +167,17 @@ def test_a_signal_after_the_epochs_lets_the_final_evaluation_end(tmp_path, monke
     import importlib
     import json
 
-    run_module = importlib.import_module("vit.train.run")  # the module (vit.train.run is also the function)
-    finish = run_module.finish
+    trainer = importlib.import_module("vit.train.trainer")
+    finish = trainer.finish
 
-    def signalled_finish(run, teacher):
+    def signalled_finish(run):
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(0.05)  # the handler runs at the next bytecode boundary
-        return finish(run, teacher)
+        return finish(run)
 
     reached_outside = []  # where the run's handlers are not installed, the signal lands here, not in pytest's death
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: reached_outside.append(signum))
-    monkeypatch.setattr(run_module, "finish", signalled_finish)
+    monkeypatch.setattr(trainer, "finish", signalled_finish)
     try:
         done = run_cli([*ARGS, "trainer.epochs=1", "data.holdout=32", f"hydra.run.dir={tmp_path}"], tmp_path)
     finally:

@@ -9,7 +9,8 @@ from torch import nn
 from trainer_utils import stub_step_settings
 
 from vit.train.checkpoints import restore_training_state, training_parts, training_state
-from vit.train.loop import StepParts, StepState, optimizer_step, train_one_epoch
+from vit.train.step_parts import StepParts, StepState
+from vit.train.trainer import optimizer_step, train_one_epoch
 
 
 def stub_settings(**kwargs) -> StepParts:

@@ -10,8 +10,9 @@ from vit.models import create_model
 from vit.models.pos_embed import resample_pos_embed
 from vit.train import run
 from vit.train.config import validate
-from vit.train.loop import StepState, train_one_epoch
 from vit.train.progressive import ResizeSchedule, allow_recompiles
+from vit.train.step_parts import StepState
+from vit.train.trainer import train_one_epoch
 from vit.weights.read import load_checkpoint
 
 BASE = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.device=cpu", "trainer.deterministic=true", "data.img_size=32"]

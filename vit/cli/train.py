@@ -43,7 +43,7 @@ def train_task(cfg) -> float | None:
     from vit.search.trial import TrialInterrupted, is_trial, optimized_metric
     from vit.train import run
     from vit.train.config import validate
-    from vit.train.loop import NonFiniteLossError
+    from vit.train.step_parts import NonFiniteLossError
 
     logging.getLogger("vit").setLevel(logging.INFO)
     try:

@@ -97,9 +97,10 @@ class RunShape:
 
 
 class Budget:
-    """The plan of a budgeted run and the measurements behind it. `optimizer_step` (vit/train/loop.py) calls
-    `after_step` once per optimizer step, before the schedule is stepped; the epoch loop calls `epoch_starts`,
-    `epoch_trained` and `epoch_ended` around each epoch's training loop, evaluation and checkpoint."""
+    """The plan of a budgeted run and the measurements behind it. Through its callback (vit/train/budget_hooks.py's
+    `BudgetPlan`), the loop (vit/train/trainer.py) calls `after_step` once per optimizer step, before the schedule
+    is stepped, and `epoch_starts`, `epoch_trained` and `epoch_ended` around each epoch's training loop,
+    evaluation and checkpoint."""
 
     WARMUP_STEPS = 3  # timed steps before the first plan (after the untimed first step of each process)
     DISTRIBUTED_EVERY = 10  # under torchrun, the ranks agree on the plan every this many steps
@@ -406,145 +407,7 @@ class Budget:
 TOO_SMALL = -1  # a decision: the budget cannot hold the run
 
 
-class BudgetSchedule:
-    """The run's schedule (timm's scheduler, with the weight-decay cosine) stepped at the virtual step that the
-    budget's planned progress corresponds to in the schedule it was built for: warmup steps map onto its warmup,
-    the cosine's progress q onto warmup + q * (its cosine length)."""
-
-    def __init__(self, schedule, budget: Budget) -> None:
-        lr = getattr(schedule, "lr", schedule)  # vit/train/optimizer.py's Schedules, or the timm scheduler alone
-        self.schedule, self.budget = schedule, budget
-        self.built_warmup, self.built_cosine = int(lr.warmup_t), float(lr.t_initial)
-
-    def virtual_step(self, step: int) -> float:
-        plan = self.budget.plan
-        if plan is None:  # before the first plan: the schedule of the trainer.epochs bound, as built
-            return float(step)
-        if step < plan.warmup_steps:
-            return step * self.built_warmup / plan.warmup_steps
-        return self.built_warmup + self.budget.progress(step) * self.built_cosine
-
-    def step_update(self, num_updates: int) -> None:
-        self.schedule.step_update(num_updates=self.virtual_step(num_updates))
-
-    def state_dict(self) -> dict:
-        return self.schedule.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.schedule.load_state_dict(state)
-
-
-class Forecast:
-    """Without trainer.budget: after the first timed steps, how long the trainer.epochs of the run take at the
-    measured speed. A run whose steps alone would take more than LONG_RUN_S says so in one warning line, with the
-    setting that plans for a fixed time instead: a first command should not run for half a day without a word."""
-
-    LONG_RUN_S = 3 * 3600.0  # "a few hours": past this the line is printed
-    TIMED_STEPS = 10
-
-    def __init__(self, max_steps: int, images_per_step: int, untimed: int, speaks: bool) -> None:
-        self.max_steps, self.images_per_step, self.speaks = max_steps, images_per_step, speaks
-        self.untimed_left = untimed  # the first step (allocations, compilation) and each loader worker's start
-        self.first: tuple[int, float] | None = None  # (step, clock) where the timing starts
-        self.done = not speaks
-
-    def after_step(self, step: int) -> None:
-        if self.done:
-            return
-        if self.untimed_left or self.first is None:
-            self.untimed_left = max(0, self.untimed_left - 1)
-            self.first = (step, clock())
-            return
-        if step - self.first[0] < self.TIMED_STEPS:
-            return
-        self.done = True
-        step_s = (clock() - self.first[1]) / (step - self.first[0])
-        left_s = (self.max_steps - step) * step_s
-        if left_s > self.LONG_RUN_S:
-            log.warning(self.line(step, step_s, left_s))
-
-    def line(self, step: int, step_s: float, left_s: float) -> str:
-        return (
-            f"this run's {self.max_steps - step:,} steps left take about {left_s / 3600:.1f} h on this machine "
-            f"({self.images_per_step / step_s:,.0f} img/s measured, evaluations not counted); to train for a fixed "
-            "time instead, add trainer.budget=<time> (e.g. 30m or 2h): the run then plans as many steps as fit"
-        )
-
-
 def step_images(images: float) -> str:
     """A step's images as the plan line says them: 256, or a NaFlex run's mean (its batches follow a token budget),
     494 (mean)."""
     return f"{int(images)}" if float(images).is_integer() else f"{images:,.0f} (mean)"
-
-
-def attach_budget(run) -> Budget | None:
-    """trainer.budget: the run's Budget (its plan resumed where the checkpoint had one), hooked into the step
-    settings: the loop asks it after every optimizer step, and the schedule follows its planned progress.
-    `run` is vit/train/setup.py's Run, with its checkpoint resumed."""
-    trainer, step, bundle = run.trainer, run.step_parts, run.bundle
-    saved = run.progress.budget_state
-    steps_per_epoch = max(1, math.ceil(run.batches_per_epoch() / trainer.accum_steps))  # optimizer steps, a process
-    # global; NaFlex batches (data.naflex) hold as many images as their token budget allows: their mean
-    per_batch = getattr(bundle.train_loader, "mean_batch_size", run.cfg.data.batch_size)
-    images_per_step = per_batch * trainer.accum_steps * run.dist.world_size
-    loader_workers = int(bundle.train_workers or 0)
-    if trainer.budget is None:
-        max_steps = trainer.epochs * steps_per_epoch
-        step.forecast = Forecast(max_steps, images_per_step, 1 + loader_workers, speaks=run.dist.is_main)
-        if saved:
-            log.info(
-                "the checkpoint's run had trainer.budget=%s; this one has none and trains to trainer.epochs=%d",
-                duration(saved["budget_s"]),
-                trainer.epochs,
-            )
-        return None
-    if saved and saved["budget_s"] != trainer.budget:
-        log.info(
-            "trainer.budget=%s, the checkpoint's run had %s: the plan is fitted to the new budget",
-            duration(trainer.budget),
-            duration(saved["budget_s"]),
-        )
-    schedule = getattr(step.scheduler, "lr", step.scheduler)
-    val_loader, test_loader = bundle.val_loader, bundle.test_loader
-    limit = trainer.limit_val_batches
-    tests = test_loader is not None and run.trial is None and run.task.classifier
-    shape = RunShape(
-        budget_s=trainer.budget,
-        steps_per_epoch=steps_per_epoch,
-        max_epochs=trainer.epochs,
-        warmup_steps=int(schedule.warmup_t),
-        val_every=trainer.val_every_n_epochs,
-        val_batches=min(len(val_loader), limit) if limit else len(val_loader),
-        test_batches=(min(len(test_loader), limit) if limit else len(test_loader)) if tests else 0,
-        eval_passes=2 if step.ema is not None else 1,
-        views=(2 if trainer.eval_flip else 1) * (3 if trainer.eval_shift else 1) if run.task.classifier else 1,
-        images_per_step=images_per_step,
-        loader_workers=loader_workers,
-        figure_every=run.report.figure_every,
-    )
-    budget = Budget(shape, run.progress.elapsed(), dist=run.dist, state=saved)
-    budget.check_start()
-    step.budget, step.scheduler = budget, BudgetSchedule(step.scheduler, budget)
-    if budget.plan is None:
-        log.info(
-            "budget %s: %.0f s spent by the start; the plan follows %d timed steps after %d untimed",
-            duration(trainer.budget),
-            budget.elapsed(),
-            Budget.WARMUP_STEPS,
-            budget.untimed_left,
-        )
-    else:  # resumed: what is spent and left now, not only at the next re-plan
-        log.info(resumed_line(budget, run.step_state.step))
-    return budget
-
-
-def resumed_line(budget: Budget, step: int) -> str:
-    """A resumed budgeted run's first word on its budget: the time spent (start-ups included) and left, and where
-    the resumed plan stands; the speed is measured afresh and the plan re-fitted if it moved."""
-    shape, total = budget.shape, budget.total_steps()
-    spent = budget.elapsed()
-    return (
-        f"budget {duration(shape.budget_s)} resumed: {spent:.0f} s spent, {max(0.0, shape.budget_s - spent):.0f} s "
-        f"left; {step:,} of the plan's {total:,} steps trained ({total / shape.steps_per_epoch:.1f} epochs); the "
-        f"speed is measured again and the plan re-fitted to the time left"
-    )

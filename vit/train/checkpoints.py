@@ -34,8 +34,8 @@ import torch
 
 from vit.engine.files import atomic_save
 from vit.engine.sharding import is_sharded
-from vit.train.loop import StepParts, StepState
 from vit.train.sharded import remove_unnamed, resume_sharded, save_sharded
+from vit.train.step_parts import StepParts, StepState
 from vit.weights.files import WeightsFileError, first_line, read_weights_file
 from vit.weights.read import CheckpointError, load_checkpoint
 from vit.weights.sharded import TRAINING_FILE, is_sharded_checkpoint

@@ -26,8 +26,8 @@ from vit.engine.distributed import Distributed
 from vit.engine.sharding import is_sharded, shard_model
 from vit.errors import ConfigError
 from vit.settings import OptimSettings, SchedSettings, TrainerSettings
-from vit.train.loop import StepParts
 from vit.train.progressive import ResizeSchedule, allow_recompiles
+from vit.train.step_parts import StepParts
 from vit.weights.files import first_line
 
 log = logging.getLogger("vit.train")

@@ -26,14 +26,15 @@ from vit.errors import ConfigError
 from vit.models import Complexity, complexity
 from vit.search.trial import TrialReport
 from vit.settings import TrainerSettings
+from vit.train.callbacks import Callbacks
 from vit.train.checkpoints import Checkpointer, RunProgress, find_resume_checkpoint
 from vit.train.distill import build_distiller, check_teacher_classes, load_teacher
 from vit.train.finetune import freeze, load_pretrained_weights, read_pretrained
-from vit.train.loop import StepParts, StepState
 from vit.train.optimizer import batches_per_epoch
 from vit.train.progressive import ResizeSchedule, resize_schedule
 from vit.train.report import Reporter
 from vit.train.signals import StopSignal, restart_count
+from vit.train.step_parts import StepParts, StepState
 
 log = logging.getLogger("vit.train")
 
@@ -53,6 +54,25 @@ def epoch_seed(seed: int, epoch: int) -> int:
 def rank_seed(seed: int, rank: int) -> int:
     """Rank 0 draws what a single process would; other ranks draw other augmentations and drop-path masks."""
     return seed + 1_000_033 * rank
+
+
+def set_loader_epoch(loader, sampler, seed: int, epoch: int, rank: int = 0) -> None:
+    """The loader's order and its workers' seeds for `epoch`, from (seed, epoch) alone."""
+    if hasattr(loader, "set_epoch"):  # the GPU-resident loader
+        loader.set_epoch(epoch)
+    if sampler is not None:  # the shuffle order: (seed, epoch), the same on every rank
+        sampler.set_epoch(epoch)
+    generator = getattr(loader, "generator", None)
+    if generator is not None:  # torch DataLoader: its worker seeds come from here
+        generator.manual_seed(rank_seed(epoch_seed(seed, epoch), rank))
+
+
+def skip_train_batches(bundle, count: int) -> None:
+    """Make the next train epoch start after its first `count` batches (a resume inside an epoch)."""
+    if hasattr(bundle.train_loader, "skip_batches"):
+        bundle.train_loader.skip_batches(count)
+    else:  # a plain DataLoader: its sampler skips those batches' samples
+        bundle.train_sampler.skip = count * bundle.train_loader.batch_size
 
 
 def setup_torch(trainer: TrainerSettings, dist: Distributed) -> torch.device:
@@ -88,11 +108,11 @@ class ModelAndData:
 
 @dataclass
 class Run:
-    """One training run, built once (vit/train/run.py's `build_run`) and handed to every phase: the typed trainer
-    settings, what the first phases built (`built`: the model and the data, the teacher, the task), what each step
-    reads (`step_parts`: the optimizer, schedule, EMA and precision, with this run's model, device and process
-    group) and changes (`step_state`: the step count, the divergence counters), where the run stands
-    (`progress`), and its writers."""
+    """One training run, built once (vit/train/run.py's `build_run`) and handed to every phase of the loop
+    (vit/train/trainer.py): the typed trainer settings, what the first phases built (`built`: the model and the data,
+    the teacher, the task), what each step reads (`step_parts`: the optimizer, schedule, EMA and precision, with this
+    run's model, device and process group, and the callbacks) and changes (`step_state`: the step count, the
+    divergence counters), where the run stands (`progress`), and its writers."""
 
     cfg: DictConfig
     trainer: TrainerSettings
@@ -133,6 +153,15 @@ class Run:
     def budget(self):
         """trainer.budget's plan (vit/train/budget.py), None without a budget."""
         return self.step_parts.budget
+
+    @property
+    def callbacks(self) -> Callbacks:
+        """What hooks into the loop besides the step (vit/train/callbacks.py)."""
+        return self.step_parts.callbacks
+
+    def evaluation_settings(self) -> tuple:
+        """(device, amp dtype, batch limit, process group): how the teacher's passes evaluate, as `evaluate` does."""
+        return self.device, self.step_parts.amp_dtype, self.trainer.limit_val_batches, self.dist
 
     def planned_epochs(self) -> int:
         """The epochs the run will train: trainer.epochs, or with a budget the epochs its plan reaches."""

@@ -221,7 +221,7 @@ class NaFlexFileBatches:
         self.loader, self.batches, self.augment = loader, batches, augment
         self.device, self.seed, self.rank = torch.device(device), seed, rank
         self.epoch, self.patch_size = 0, int(patch_size)
-        self.generator = loader.generator  # seeds the workers each epoch (vit/train/run.py's set_loader_epoch)
+        self.generator = loader.generator  # seeds the workers each epoch (vit/train/setup.py's set_loader_epoch)
         self.mean_batch_size = batches.schedule.mean_batch_size
 
     def set_epoch(self, epoch: int) -> None:
