@@ -15,7 +15,7 @@ from trainer_utils import compose_config
 from vit.engine.build import build_model_from_config
 from vit.errors import ConfigError
 from vit.models import Attention, LocalitySelfAttention, capture_attention, complexity, create_model
-from vit.models.layers import PatchEmbed, ShiftedPatchEmbed
+from vit.models.patch_embed import PatchEmbed, ShiftedPatchEmbed
 from vit.models.vit import VisionTransformer, ViTConfig
 
 # ---------------------------------------------------------------- Shifted Patch Tokenization
@@ -282,7 +282,7 @@ def test_both_levers_overfit_a_fixed_batch():
 def test_overlapping_tokens_are_t2ts_unfold_windows_projected(patch):
     """Built the way the official T2T code builds its soft split: nn.Unfold(kernel, stride, padding), then a Linear
     on each column, then LayerNorm; the conv's weights reshaped into that Linear must give the same tokens."""
-    from vit.models.layers import OverlappingPatchEmbed
+    from vit.models.patch_embed import OverlappingPatchEmbed
 
     torch.manual_seed(0)
     size = 6 * patch  # a 6 x 6 grid of patches
@@ -298,7 +298,7 @@ def test_overlapping_tokens_are_t2ts_unfold_windows_projected(patch):
 
 
 def test_overlap_at_patch_4_is_t2ts_first_soft_split():
-    from vit.models.layers import OverlappingPatchEmbed
+    from vit.models.patch_embed import OverlappingPatchEmbed
 
     proj = OverlappingPatchEmbed(32, 4, 3, 64).proj
     assert (proj.kernel_size, proj.stride, proj.padding) == ((7, 7), (4, 4), (2, 2))  # T2T: Unfold(7, 4, 2)
@@ -332,7 +332,7 @@ def test_conv_stem_is_strided_convs_batchnorm_relu_then_a_1x1(patch, train):
     """log2(p) 3 x 3 stride-2 convolutions (no bias), each BatchNorm'ed and ReLU'd, channels doubling up to the width,
     then a 1 x 1 convolution with bias: rebuilt here from F.conv2d and F.batch_norm with the module's weights, in
     training mode (batch statistics) and evaluation mode (running statistics)."""
-    from vit.models.layers import ConvStemEmbed
+    from vit.models.patch_embed import ConvStemEmbed
 
     torch.manual_seed(0)
     width, size = 32, 4 * patch

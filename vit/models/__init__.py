@@ -4,8 +4,9 @@ weights read by vit/weights/read.py to a model (vit/weights/fit.py)."""
 from vit.models.attention import Attention, LocalitySelfAttention, TokenAttention, capture_attention
 from vit.models.complexity import Complexity, attention_macs, complexity, mlp_macs
 from vit.models.encoder import Encoder, EncoderConfig
-from vit.models.layers import Block, DropPath, LayerScale, Mlp, PatchEmbed, SwiGLU
+from vit.models.layers import Block, DropPath, LayerScale, Mlp, SwiGLU
 from vit.models.mae import MAEConfig, MaskedAutoencoder, create_mae
+from vit.models.patch_embed import PatchEmbed
 from vit.models.pos_embed import resample_pos_embed, sinusoid_table
 from vit.models.registry import create_model, list_models
 from vit.models.rope import MixedRope, apply_rope, axial_rope_table
