@@ -18,7 +18,8 @@ from omegaconf import OmegaConf
 from trainer_utils import QUICK, REPO, compose_config, load_script, run_cli
 
 from vit.errors import ConfigError
-from vit.search.sweeper import Fidelity, search_space
+from vit.search.space import search_space
+from vit.search.sweeper import Fidelity
 from vit.search.trial import optimized_metric
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

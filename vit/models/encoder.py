@@ -48,16 +48,14 @@ Parameter names are timm's (`cls_token`, `dist_token`, `reg_token`, `pos_embed`,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 from torch.nn.init import trunc_normal_
 
-from vit.models.layers import MLPS, AttentionPool, Block, check_rate, run_blocks, to_2tuple
+from vit.models.encoder_config import ROPE_KINDS, ROPE_TEMPERATURES, EncoderConfig, table_kind
+from vit.models.layers import AttentionPool, Block, run_blocks, to_2tuple
 from vit.models.naflex import grid_extent, key_mask, masked_mean, rows_per_image
 from vit.models.pos_embed import (
-    POS_EMBED_KINDS,
     factorized_rows_at,
     factorized_table,
     make_factorized,
@@ -67,82 +65,6 @@ from vit.models.pos_embed import (
 )
 from vit.models.rope import MixedRope, axial_rope_at, dinov3_rope_at, mixed_rope_at
 from vit.naflex import is_naflex, naflex_inputs
-
-GLOBAL_POOLS = ("token", "avg", "map", "seq")
-POS_EMBED_INTERPS = ("bicubic", "bilinear")  # how a position table is resampled to another grid
-# Rotary positions: axial (fixed frequencies), mixed (learned per head), DINOv3's (normalised centres, half
-# layout), and EVA-02's (axial beside a learned table).
-ROPE_KINDS = ("rope", "rope_mixed", "rope_dinov3", "learned_rope")
-# The frequency base of each kind: the RoPE ViT paper's (Heo et al. 2024), DINOv3's and EVA-02's, as timm's models.
-ROPE_TEMPERATURES = {"rope": 100.0, "rope_mixed": 10.0, "rope_dinov3": 100.0, "learned_rope": 10000.0}
-
-
-def table_kind(pos_embed: str) -> str | None:
-    """The kind of position table added to the tokens (vit/models/pos_embed.py), None for rotary positions only."""
-    if pos_embed == "learned_rope":
-        return "learned"
-    return None if pos_embed in ROPE_KINDS else pos_embed
-
-
-@dataclass(frozen=True)
-class EncoderConfig:
-    """The settings of the `Encoder`, each default declared here once (timm's, so the plain model is timm's ViT).
-    A model's config adds its tokenizer's settings (`ViTConfig`, `T2TConfig`); a config that exists is valid:
-    every check below raises a ValueError naming the setting and its value."""
-
-    num_classes: int = 1000  # classes of the head (0: no head, `forward` returns pooled features)
-    embed_dim: int = 768  # C, the width of every token
-    depth: int = 12  # number of blocks
-    num_heads: int = 12  # heads per block
-    mlp_ratio: float = 4.0  # MLP width / C
-    qkv_bias: bool = True  # see `Attention`
-    k_bias: bool = True  # with qkv_bias: the keys' bias too; False: EVA-02's `q_bias` and `v_bias`, keys without
-    qk_scale: float | None = None  # the attention scale; None: head_dim ** -0.5
-    drop_rate: float = 0.0  # dropout after the position embedding and inside every block (timm's classic ViT)
-    attn_drop_rate: float = 0.0  # dropout on the attention weights
-    drop_path_rate: float = 0.0  # stochastic depth of the last block; rates rise linearly from 0 at the first
-    # "learned" (trunc-normal init), "sinusoidal" (fixed, 1D) or "sincos2d" (fixed, 2D over the patch grid, MAE's),
-    # a table added to the tokens; "factorized" (NaViT's: a learned row table and column table, their sum added to
-    # the image's tokens; needs no_embed_class=true); "rope" (axial rotary positions), "rope_mixed" (rotary with
-    # learned 2D frequencies) or "rope_dinov3" (DINOv3's), in the attention; "learned_rope" (EVA-02's): a learned
-    # table and axial rotary positions.
-    pos_embed: str = "learned"
-    # "token" reads the cls token; "avg" averages the image's tokens (not the cls, dist or register tokens) and,
-    # as timm does, moves the final LayerNorm after the pooling (`fc_norm`); "map": a learned query attends over
-    # the image's tokens (SigLIP's attention-pool head, `attn_pool`); "seq": CCT's sequence pooling, a softmax over
-    # the image's tokens of one learned score each (`seq_pool`, a Linear C -> 1) weighs their average.
-    global_pool: str = "token"
-    init_values: float | None = None  # LayerScale init (None: off)
-    attn_backend: str = "auto"  # see `Attention`
-    lsa: bool = False  # Locality Self-Attention in every block (`LocalitySelfAttention`)
-    distill_token: bool = False  # DeiT's distillation token and second head; needs global_pool="token"
-    qk_norm: bool = False  # a LayerNorm on each head's q and k in every block (`Attention`)
-    mlp: str = "gelu"  # "gelu" (`Mlp`) or "swiglu" (`SwiGLU`; mlp_ratio sizes its fc1, gate and value together)
-    reg_tokens: int = 0  # register tokens after the cls (and dist) token, `reg_token` (1, R, C)
-    class_token: bool = True  # the cls token; False needs global_pool="avg" (timm's `class_token`)
-    no_embed_class: bool = False  # the position table has rows for the image's tokens only (timm's)
-    # The final LayerNorm after pooling (True) or before it (False); None: after it exactly when global_pool="avg"
-    # (timm's `fc_norm`).
-    fc_norm: bool | None = None
-    # The rotary frequencies' base; None: 100 for "rope" and "rope_dinov3", 10 for "rope_mixed", 10000 for
-    # "learned_rope".
-    rope_temperature: float | None = None
-    # pos_embed="learned_rope": the rotary positions rescaled as if the grid were this many patches a side (EVA-02's
-    # pretraining grid, 16 for its 224 px models); None: the patch indices as they are.
-    rope_ref_grid: int | None = None
-    norm_eps: float = 1e-6  # the epsilon of every LayerNorm: timm's ViTs' 1e-6; CLIP's and DINOv3's 1e-5
-    norm_pre: bool = False  # a LayerNorm on the tokens after the position table, before the blocks (CLIP's)
-    mlp_norm: bool = False  # a LayerNorm inside every MLP, over its hidden width before fc2 (EVA-02 B and L)
-    # How the position table is resampled to another grid (a dynamic image size, each image of a NaFlex batch):
-    # "bicubic" (timm's default) or "bilinear" (SigLIP 2's NaFlex models); antialiased either way.
-    pos_embed_interp: str = "bicubic"
-    # Resample the table to a square of the grid's longer side and cut the grid from it (timm's NaFlex
-    # `pos_embed_ar_preserving`), rather than stretching it to the grid's aspect ratio.
-    pos_embed_ar_preserving: bool = False
-
-    def __post_init__(self) -> None:
-        check_switches(self)
-        check_encoder_args(self)
 
 
 class Encoder(nn.Module):
@@ -484,80 +406,12 @@ def attention_pool(config: EncoderConfig) -> AttentionPool:
     return AttentionPool(config.embed_dim, config.num_heads, mlp_ratio, config.norm_eps, act)
 
 
-def check_encoder_args(config: EncoderConfig) -> None:
-    """The checks every encoder-stack model makes, each a ValueError naming the argument and value."""
-    depth, num_heads, embed_dim, num_classes = config.depth, config.num_heads, config.embed_dim, config.num_classes
-    if depth <= 0:
-        raise ValueError(f"depth={depth} must be positive")
-    if num_classes < 0:
-        raise ValueError(f"num_classes={num_classes} must be >= 0")
-    if embed_dim <= 0 or num_heads <= 0 or embed_dim % num_heads:
-        raise ValueError(f"num_heads={num_heads} must be a positive divisor of embed_dim={embed_dim}")
-    for name in ("drop_rate", "attn_drop_rate", "drop_path_rate"):
-        check_rate(name, getattr(config, name))
-
-
 def encoder_blocks(depth: int, dim: int, num_heads: int, drop_path_rate: float, **block_kwargs) -> nn.Sequential:
     """`depth` Blocks whose drop-path rates rise linearly: rate_i = drop_path_rate * i / (depth - 1), so deeper
     blocks are dropped more often (stochastic depth, Huang et al. 2016)."""
     # On the CPU whatever the default device (as timm): a model built under `torch.device("meta")` reads them too.
     rates = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()
     return nn.Sequential(*[Block(dim=dim, num_heads=num_heads, drop_path=rate, **block_kwargs) for rate in rates])
-
-
-def check_switches(config: EncoderConfig) -> None:
-    """The encoder's choices and the combinations that cannot work, each a ValueError naming the argument and its
-    value (the trainer turns it into one line naming `model.<argument>`)."""
-    c = config
-    if c.global_pool not in GLOBAL_POOLS:
-        raise ValueError(f"global_pool={c.global_pool!r} must be one of {GLOBAL_POOLS}")
-    if c.pos_embed not in POS_EMBED_KINDS + ROPE_KINDS:
-        raise ValueError(f"pos_embed={c.pos_embed!r} must be one of {POS_EMBED_KINDS + ROPE_KINDS}")
-    for name in ("lsa", "distill_token", "qk_norm", "class_token", "no_embed_class", "norm_pre", "mlp_norm", "k_bias"):
-        value = getattr(c, name)
-        if not isinstance(value, bool):
-            raise ValueError(f"{name}={value!r} must be true or false")
-    if c.fc_norm is not None and not isinstance(c.fc_norm, bool):
-        raise ValueError(f"fc_norm={c.fc_norm!r} must be true, false or null (null: after the pooling with avg)")
-    if c.pos_embed_interp not in POS_EMBED_INTERPS:
-        raise ValueError(f"pos_embed_interp={c.pos_embed_interp!r} must be one of {POS_EMBED_INTERPS}")
-    if not isinstance(c.pos_embed_ar_preserving, bool):
-        raise ValueError(f"pos_embed_ar_preserving={c.pos_embed_ar_preserving!r} must be true or false")
-    if c.mlp not in MLPS:
-        raise ValueError(f"mlp={c.mlp!r} must be one of {tuple(MLPS)}")
-    if isinstance(c.reg_tokens, bool) or not isinstance(c.reg_tokens, int) or c.reg_tokens < 0:
-        raise ValueError(f"reg_tokens={c.reg_tokens!r} must be an integer >= 0")
-    if c.distill_token and c.global_pool != "token":
-        raise ValueError(
-            f"distill_token=true needs global_pool=token (the heads read the two tokens), not {c.global_pool!r}"
-        )
-    if not c.class_token and c.global_pool == "token":
-        raise ValueError("class_token=false needs global_pool=avg, map or seq: global_pool=token reads the cls token")
-    if not c.class_token and c.distill_token:
-        raise ValueError("distill_token=true needs class_token=true: the two heads read the cls and dist tokens")
-    if table_kind(c.pos_embed) is None and c.no_embed_class:
-        raise ValueError(f"no_embed_class=true places a position table, and pos_embed={c.pos_embed!r} has none")
-    if c.pos_embed == "factorized" and not c.no_embed_class:
-        raise ValueError("pos_embed=factorized has rows for the image's tokens only: it needs no_embed_class=true")
-    if c.pos_embed == "factorized" and c.pos_embed_interp != "bicubic":
-        raise ValueError(
-            f"pos_embed_interp={c.pos_embed_interp!r} resamples a 2D table; pos_embed=factorized resamples its row"
-            " and column tables linearly (timm's NaFlexVit)"
-        )
-    if isinstance(c.norm_eps, bool) or not isinstance(c.norm_eps, (int, float)) or not 0 < c.norm_eps < 1:
-        raise ValueError(f"norm_eps={c.norm_eps!r} must be a number in (0, 1)")
-    if c.rope_ref_grid is not None:
-        if c.pos_embed != "learned_rope":
-            raise ValueError(f"rope_ref_grid={c.rope_ref_grid} is for pos_embed=learned_rope, not {c.pos_embed!r}")
-        if isinstance(c.rope_ref_grid, bool) or not isinstance(c.rope_ref_grid, int) or c.rope_ref_grid <= 0:
-            raise ValueError(f"rope_ref_grid={c.rope_ref_grid!r} must be a positive integer (patches a side)")
-    if c.rope_temperature is not None:
-        if c.pos_embed not in ROPE_KINDS:
-            raise ValueError(
-                f"rope_temperature={c.rope_temperature} is for pos_embed={'|'.join(ROPE_KINDS)}, not {c.pos_embed!r}"
-            )
-        if not c.rope_temperature > 0:
-            raise ValueError(f"rope_temperature={c.rope_temperature} must be > 0")
 
 
 def identity_prefix(table: torch.Tensor, num_prefix: int) -> torch.Tensor:

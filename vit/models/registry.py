@@ -13,7 +13,8 @@ from typing import Any
 
 from torch import nn
 
-from vit.models.encoder import Encoder, EncoderConfig
+from vit.models.encoder import Encoder
+from vit.models.encoder_config import EncoderConfig
 from vit.models.t2t import T2TConfig, T2TViT
 from vit.models.vit import VisionTransformer, ViTConfig
 

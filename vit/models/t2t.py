@@ -33,7 +33,8 @@ from torch import nn
 from torch.nn.init import trunc_normal_
 
 from vit.models.attention import TokenAttention
-from vit.models.encoder import Encoder, EncoderConfig, init_linear_trunc_normal
+from vit.models.encoder import Encoder, init_linear_trunc_normal
+from vit.models.encoder_config import EncoderConfig
 from vit.models.layers import Mlp, run_blocks
 from vit.models.performer import TokenPerformer
 

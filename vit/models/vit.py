@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from vit.models.encoder import Encoder, EncoderConfig
+from vit.models.encoder import Encoder
+from vit.models.encoder_config import EncoderConfig
 from vit.models.layers import to_2tuple
 from vit.models.patch_embed import ConvPoolEmbed, ConvStemEmbed, OverlappingPatchEmbed, PatchEmbed, ShiftedPatchEmbed
 from vit.models.pos_embed import resample_factorized

@@ -25,32 +25,32 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import ChoiceSweep, IntervalSweep, Override, RangeSweep
 from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from vit.errors import UserError, exit_with
-from vit.search.study import counted_trials
+from vit.errors import exit_with
+from vit.search.space import first_value, format_value, quote, search_space, suggest
+from vit.search.study import (
+    SearchError,
+    absolute_storage,
+    check_same_space,
+    counted_trials,
+    open_study,
+    requeue,
+    shown_url,
+    sqlite_path,
+)
 from vit.search.trial import TrialInterrupted
 
 log = logging.getLogger("vit.search")
 
 DIRECTIONS = ("maximize", "minimize")
-
-
-class SearchError(UserError):
-    """A setting of the search itself that cannot work: one line, exit code 2."""
-
-    kind = "config"
 
 
 @dataclass(frozen=True)
@@ -384,183 +384,3 @@ class Search:
 def rung_of(trial) -> int:
     """A trial's rung in a successive-halving search (0 for a trial that has none)."""
     return int(trial.user_attrs.get("rung", 0))
-
-
-# ---- the search space: Hydra's sweep grammar as Optuna distributions ----
-
-
-def search_space(params: dict, arguments: list[str]) -> tuple[dict, list[str]]:
-    """`params` of the sweeper config and the command line's overrides as ({key: distribution}, fixed overrides).
-    A sweep form (`choice`, `range`, `interval`, `a,b,c`) is searched; any other value is passed to every trial."""
-    parser = OverridesParser.create()
-    lines = [f"{key}={value}" for key, value in params.items()] + list(arguments)
-    space, fixed = {}, []
-    for line in lines:
-        try:
-            [override] = parser.parse_overrides([line])
-        except Exception as err:
-            reason = str(err).strip().splitlines()[0]
-            raise SearchError(f"cannot parse the search parameter {line!r}: {reason}") from None
-        if override.is_sweep_override():
-            space[override.get_key_element()] = distribution(override)
-        else:
-            fixed.append(line)
-    return space, fixed
-
-
-def distribution(override: Override):
-    import optuna.distributions as d
-
-    value, key = override.value(), override.get_key_element()
-    if isinstance(value, ChoiceSweep):
-        choices = list(value.list)
-        if any(isinstance(c, (dict, list)) for c in choices):
-            raise SearchError(f"{key}: choice() of dicts or lists cannot be searched; give names or numbers")
-        return d.CategoricalDistribution(choices)
-    if isinstance(value, RangeSweep):
-        start, stop, step = value.start, value.stop, value.step
-        if all(isinstance(x, int) for x in (start, stop, step)):
-            return d.IntDistribution(int(start), int(stop) - int(step), step=int(step))
-        values = list(override.sweep_iterator())
-        return d.FloatDistribution(float(start), float(values[-1]), step=float(step))
-    if isinstance(value, IntervalSweep):
-        log_scale = "log" in value.tags
-        if isinstance(value.start, int) and isinstance(value.end, int):
-            return d.IntDistribution(value.start, value.end, log=log_scale)
-        return d.FloatDistribution(float(value.start), float(value.end), log=log_scale)
-    raise SearchError(f"{key}: {override.input_line} is a sweep form the Optuna sweeper cannot search")
-
-
-def suggest(trial, key: str, dist):
-    import optuna.distributions as d
-
-    if isinstance(dist, d.CategoricalDistribution):
-        return trial.suggest_categorical(key, dist.choices)
-    if isinstance(dist, d.IntDistribution):
-        return trial.suggest_int(key, dist.low, dist.high, step=dist.step, log=dist.log)
-    return trial.suggest_float(key, dist.low, dist.high, step=dist.step, log=dist.log)
-
-
-def first_value(dist):
-    return dist.choices[0] if hasattr(dist, "choices") else dist.low
-
-
-def format_value(value) -> str:
-    """A parameter as a Hydra override value: null, true/false, numbers as Python writes them, plain names."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    text = str(value)
-    return text if text.replace("-", "").replace("_", "").replace(".", "").isalnum() else quote(text)
-
-
-def quote(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-# ---- the study ----
-
-
-def sqlite_path(url: str) -> Path | None:
-    """The file of a sqlite:/// URL (relative to the working folder, as SQLAlchemy reads it), else None."""
-    prefix = "sqlite:///"
-    return Path(url[len(prefix) :]) if url.startswith(prefix) and url != prefix + ":memory:" else None
-
-
-def absolute_storage(url: str) -> str:
-    """The URL with a relative SQLite path made absolute: the trials' runs open it too."""
-    path = sqlite_path(url)
-    return f"sqlite:///{path.resolve()}" if path is not None else url
-
-
-def shown_url(url: str) -> str:
-    """The URL for a message, its password hidden."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return url
-
-
-def open_study(url: str, name: str, direction: str, heartbeat_interval: int, grace_period: int):
-    """The study `name` in `url`, created or loaded; SearchError naming the URL if the database cannot be opened.
-    Heartbeats mark a trial whose process died as failed after `grace_period` s; the retry callback queues it again
-    with the same parameters, once."""
-
-    path = sqlite_path(url)
-    if path is not None:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as err:
-            raise SearchError(f"hydra.sweeper.storage={url}: cannot make {path.parent}: {err.strerror}") from None
-    for attempt in range(3):  # workers started together race to make the tables: the loser tries again
-        try:
-            study = _open_study(url, name, direction, heartbeat_interval, grace_period)
-            break
-        except SearchError:
-            if attempt == 2:
-                raise
-            time.sleep(1.0)
-    if study.direction.name.lower() != direction:
-        raise SearchError(
-            f"study {name!r} in {shown_url(url)} was made to {study.direction.name.lower()}, not to {direction}: "
-            "give hydra.sweeper.study_name a new name"
-        )
-    return study
-
-
-def _open_study(url: str, name: str, direction: str, heartbeat_interval: int, grace_period: int):
-    import optuna
-
-    try:
-        with warnings.catch_warnings():  # heartbeats are marked experimental in Optuna
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            storage = optuna.storages.RDBStorage(
-                absolute_storage(url),
-                heartbeat_interval=heartbeat_interval,
-                grace_period=grace_period,
-                heartbeat_stale_trial_callback=optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=1),
-            )
-        study = optuna.create_study(study_name=name, storage=storage, direction=direction, load_if_exists=True)
-    except Exception as err:  # SQLAlchemy's errors for a bad URL, a missing driver, an unreachable server
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise SearchError(f"hydra.sweeper.storage={shown_url(url)} cannot be opened: {reason}") from None
-    return study
-
-
-def requeue(study, number: int) -> None:
-    """Record an interrupted trial as failed and queue it again with its parameters (marked as its retry, so the
-    study's total counts it once)."""
-    import optuna
-
-    study.tell(number, state=optuna.trial.TrialState.FAIL)
-    [trial] = [t for t in study.get_trials(deepcopy=False) if t.number == number]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        optuna.storages.RetryHeartbeatStaleTrialCallback()(study, trial)
-
-
-def check_same_space(study, space: dict, name: str) -> None:
-    """A study continues with the search space it was made with: a parameter Optuna cannot compare with its
-    earlier trials' (another kind, other choices) would fail every new trial."""
-    from optuna.distributions import check_distribution_compatibility
-
-    for trial in study.get_trials(deepcopy=False):
-        for key, earlier in trial.distributions.items():
-            if key in space:
-                try:
-                    check_distribution_compatibility(earlier, space[key])
-                except ValueError as err:
-                    raise SearchError(
-                        f"{key}: the search space differs from study {name!r}'s ({err}); keep its space or give "
-                        "hydra.sweeper.study_name a new name"
-                    ) from None
-
-
-def finished_count(study) -> int:
-    """The trials that count towards n_trials (vit/search/study.py: counted_trials)."""
-    return len(counted_trials(study))
