@@ -29,10 +29,11 @@ from trainer_utils import (
 from vit.cli.args import run_script
 from vit.deploy.export import run_onnx, write_onnx
 from vit.engine.build import build_model_from_config
-from vit.models.foundation import timm_architecture, timm_keys_to_ours
+from vit.models.foundation import timm_architecture
 from vit.models.vit import VisionTransformer, ViTConfig
 from vit.train.finetune import load_pretrained_weights, read_pretrained
 from vit.weights.read import load_pretrained, read_weights
+from vit.weights.timm_names import timm_keys_to_ours
 
 setup_phase = importlib.import_module("vit.train.setup")
 export_script = load_script("export")

@@ -11,10 +11,11 @@ from safetensors.torch import save_file
 
 from vit.deploy.export import NaFlexInputs
 from vit.models import create_model
-from vit.models.foundation import timm_architecture, timm_keys_to_ours
+from vit.models.foundation import timm_architecture
 from vit.models.vit import VisionTransformer, ViTConfig
 from vit.naflex import naflex_inputs, pack, patchify
 from vit.weights.read import load_pretrained, read_weights
+from vit.weights.timm_names import timm_keys_to_ours
 
 # The five kinds of NaFlexVit head and position table: average pooling over the patches (4 registers), the same with
 # the table resampled aspect-preserving, the same with NaViT's factorized row and column tables, attention pooling

@@ -26,9 +26,9 @@ from vit.cli.args import run_script
 from vit.engine.build import build_model_from_config
 from vit.errors import ConfigError
 from vit.models import create_model
-from vit.models.foundation import timm_keys_to_ours
 from vit.train import run
 from vit.weights.read import load_checkpoint, load_pretrained
+from vit.weights.timm_names import timm_keys_to_ours
 
 SMALL = {"img_size": 64, "num_classes": 10}  # 4 x 4 patches of 16: every part of the model, at a test's cost
 

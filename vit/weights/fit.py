@@ -99,7 +99,7 @@ def check_architecture(weights: Weights, model: nn.Module) -> None:
 def not_the_timm_weights(weights: Weights, timm_name: str, held: str, ours: dict) -> str:
     """The message for weights of another shape than the model of `timm_name`: the name fixes the architecture, so
     no model.<key> can fit them; the fixes that can are the name's own weights or the weights' own name."""
-    from vit.models.foundation import timm_names_fitting
+    from vit.weights.timm_names import timm_names_fitting
 
     names = timm_names_fitting(weights.state_dict, like=timm_name)
     own = (

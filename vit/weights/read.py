@@ -27,9 +27,9 @@ from torch import nn
 
 from vit.errors import UserError
 from vit.hub import host_reachable, hub_host, offline_hub
-from vit.models.foundation import timm_keys_to_ours
 from vit.weights.files import WeightsFileError, first_line, read_weights_file
 from vit.weights.fit import PretrainedError, StateDict, Weights, fit_state_dict
+from vit.weights.timm_names import timm_keys_to_ours
 
 
 class CheckpointError(UserError):
