@@ -108,8 +108,8 @@ def test_unknown_group_choice_exits_2_naming_the_options(capsys):
 
 def test_help_lists_only_the_groups_a_command_chooses_from(tmp_path):
     """`--help`'s groups are the ones a command line chooses from; the groups inside them (the settings' declared
-    defaults stored by hydra_plugins/ as optim/schema, data/schema, model/registry, ...; configs/model/shared/) are
-    what those configs are built from."""
+    defaults stored by vit/engine/compose.py's register_configs as optim/schema, data/schema, model/registry, ...;
+    configs/model/shared/) are what those configs are built from."""
     done = run_cli(["--help"], cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
     groups = done.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]

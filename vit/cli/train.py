@@ -30,7 +30,7 @@ from vit.cli.overrides import (
     override_keys,
     without_null_groups,
 )
-from vit.engine.compose import CONFIG_DIR, compose
+from vit.engine.compose import CONFIG_DIR, compose, register_configs
 from vit.errors import ConfigError, UserError, exit_with
 
 
@@ -203,8 +203,9 @@ def user_config_groups() -> str:
     options, one line each as Hydra writes them: the groups a command line chooses from, the folders of configs/
     and their YAML files. Hydra's own list ($APP_CONFIG_GROUPS) also holds every group inside another, which no
     command chooses: the settings' declared defaults and the models' (optim/schema, data/schema, model/registry:
-    hydra_plugins/) and the pieces the model configs are built from (model/shared). Read from the folders, not
-    through Hydra's config loader, which copies every stored config once per group it is asked about (seconds)."""
+    vit/engine/compose.py's register_configs) and the pieces the model configs are built from (model/shared). Read
+    from the folders, not through Hydra's config loader, which copies every stored config once per group it is
+    asked about (seconds)."""
     groups = sorted(p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and p.name != "hydra")
     return "\n".join(f"{group}: {', '.join(group_options(group))}" for group in groups)
 
@@ -246,6 +247,7 @@ def main() -> None:
     count_from_process_start()  # this process exists for the run: its wall time counts from the process start
 
     OmegaConf.register_new_resolver("vit_config_groups", user_config_groups, replace=True)  # for --help
+    register_configs()  # the groups' defaults from the code, before Hydra composes anything
     _NEW_FOLDERS.clear()  # RunFolders notes this command's folders
     check_group_choices(sys.argv[1:])
     sys.argv[1:] = without_null_groups(sys.argv[1:])

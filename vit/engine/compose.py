@@ -1,5 +1,6 @@
 """The trainer's config (configs/config.yaml) with Hydra overrides, composed as train.py composes it: for the tools
-that rebuild a data config or check a command line before Hydra runs."""
+that rebuild a data config or check a command line before Hydra runs; and the config groups' defaults, from the
+code, in Hydra's ConfigStore (`register_configs`), which every composition reads."""
 
 from __future__ import annotations
 
@@ -7,6 +8,40 @@ from vit import CONFIG_DIR as PACKAGE_CONFIG_DIR
 from vit.errors import ConfigError
 
 CONFIG_DIR = str(PACKAGE_CONFIG_DIR)  # a str: Hydra takes the folder as text
+
+# Settings of the models that are not config keys: the data are RGB images.
+NOT_CONFIG_KEYS = ("in_chans",)
+_registered = False
+
+
+def register_configs() -> None:
+    """Store the defaults the config tree's YAML files start from, once per process, before anything is composed
+    (train.py's entry point does it before Hydra runs, `compose` before it composes):
+    - for each group of vit/settings (optim, sched, distill, mae, trainer), `<group>/schema/defaults`: every key of
+      the group with the default its settings class declares; for each dataset, `data/schema/<name>`;
+    - for each registered model, `model/registry/<name>`: every setting with the value `create_model(name)` uses
+      (the config dataclass's defaults, the registry's width, depth and heads).
+    A group's YAML file starts from these (`schema/defaults@_here_`, `registry/<name>@_here_` in its defaults
+    list) and lists only what it chooses, so a new knob is declared once, in its settings or config class, and is
+    a key the command line can set."""
+    global _registered
+    if _registered:
+        return
+    from hydra.core.config_store import ConfigStore
+
+    from vit.data.sources.registry import DATASETS, data_defaults
+    from vit.models.registry import list_models, model_defaults
+    from vit.settings import SETTINGS
+
+    store = ConfigStore.instance()
+    for group, settings in SETTINGS.items():
+        store.store(group=f"{group}/schema", name="defaults", node=settings.defaults(), provider="vit")
+    for name in DATASETS:
+        store.store(group="data/schema", name=name, node=data_defaults(name), provider="vit")
+    for name in list_models():
+        settings = {k: v for k, v in model_defaults(name).items() if k not in NOT_CONFIG_KEYS}
+        store.store(group="model/registry", name=name, node={"name": name, **settings}, provider="vit")
+    _registered = True
 
 
 def compose(overrides: list[str], config_name: str = "config", with_hydra: bool = False):
@@ -18,6 +53,7 @@ def compose(overrides: list[str], config_name: str = "config", with_hydra: bool 
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    register_configs()
     try:
         with initialize_config_dir(config_dir=CONFIG_DIR, version_base="1.3", job_name="compose"):
             return hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=with_hydra)
