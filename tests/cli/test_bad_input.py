@@ -198,6 +198,7 @@ RANGE_CASES = {
         "trainer.recon_images_every_n_epochs=-1 must be >= 0",
     ),
     "mae.mask_ratio": (["task=mae", "mae.mask_ratio=1.0"], "mae.mask_ratio=1.0 must be in (0, 1)"),
+    "search.trial": (["search.trial=-1"], "search.trial=-1 must be >= 0"),
     "mae.decoder_embed_dim": (["task=mae", "mae.decoder_embed_dim=0"], "mae.decoder_embed_dim=0 must be >= 1"),
     "mae.decoder_depth": (["task=mae", "mae.decoder_depth=0"], "mae.decoder_depth=0 must be >= 1"),
     "mae.decoder_num_heads": (

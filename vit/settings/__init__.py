@@ -7,6 +7,7 @@ from vit.settings.mae import MaeSettings
 from vit.settings.optim import OptimSettings
 from vit.settings.sched import SchedSettings
 from vit.settings.schema import Settings, knob
+from vit.settings.search import SearchSettings
 from vit.settings.trainer import ProgressiveResize, TrainerSettings
 
 SETTINGS: dict[str, type[Settings]] = {
@@ -15,6 +16,7 @@ SETTINGS: dict[str, type[Settings]] = {
     "distill": DistillSettings,
     "mae": MaeSettings,
     "trainer": TrainerSettings,
+    "search": SearchSettings,
 }
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "OptimSettings",
     "ProgressiveResize",
     "SchedSettings",
+    "SearchSettings",
     "Settings",
     "TrainerSettings",
     "knob",
