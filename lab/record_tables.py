@@ -738,6 +738,7 @@ TABLES: dict[str, DocTable] = {
         "cifar10_cpu_budget/avx2_progressive_resize", cpu_budget_table
     ),
     "cifar10_cpu_budget_avx512": DocTable("cifar10_cpu_budget/avx512", cpu_budget_table),
+    "cifar10_cpu_budget_2h_avx512": DocTable("cifar10_cpu_budget/avx512_2h", cpu_budget_table),
     "cpu_naflex_sizes_avx512": DocTable("cpu_naflex_sizes_avx512", naflex_sizes_table),
     "gpu_budget_h200": DocTable("gpu_budget_h200", gpu_budget_table),
     "foundation_step_avx2": DocTable("foundation_step_avx2", model_step_table),
