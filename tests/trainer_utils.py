@@ -522,7 +522,7 @@ def train_exit_line(overrides: list[str], tmp_path: Path, monkeypatch, capsys) -
     return line
 
 
-def stub_step_settings(model, **kwargs):
+def stub_step_parts(model, **kwargs):
     """The StepParts a training step reads, around `model` with plain parts (SGD at lr 0.1, a 100-step cosine,
     cross-entropy, fp32 on the CPU); `kwargs` replace any of them."""
     import torch

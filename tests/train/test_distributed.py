@@ -21,7 +21,7 @@ import time
 
 import pytest
 import torch
-from trainer_utils import REPO, TINY_MODEL, run_cli, run_ranks, stub_step_settings
+from trainer_utils import REPO, TINY_MODEL, run_cli, run_ranks, stub_step_parts
 
 from vit.weights.read import load_checkpoint
 
@@ -124,7 +124,7 @@ def test_sigterm_to_torchrun_stops_every_rank_with_a_good_checkpoint(tmp_path):
 
 
 def step_context(model, **kwargs):
-    return stub_step_settings(model, **{"log_every": 4, **kwargs})
+    return stub_step_parts(model, **{"log_every": 4, **kwargs})
 
 
 def batches(count, poison=()):

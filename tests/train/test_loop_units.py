@@ -6,7 +6,7 @@ import math
 
 import torch
 from torch import nn
-from trainer_utils import stub_step_settings
+from trainer_utils import stub_step_parts
 
 from vit.train.checkpoints import restore_training_state, training_parts, training_state
 from vit.train.step_parts import StepParts, StepState
@@ -15,7 +15,7 @@ from vit.train.trainer import optimizer_step, train_one_epoch
 
 def stub_settings(**kwargs) -> StepParts:
     torch.manual_seed(0)
-    return stub_step_settings(nn.Linear(4, 3), **{"log_every": 2, **kwargs})
+    return stub_step_parts(nn.Linear(4, 3), **{"log_every": 2, **kwargs})
 
 
 def batches(count: int, size: int = 2) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config, stub_step_settings
+from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config, stub_step_parts
 
 from vit.data.augment.batch import resize_batch
 from vit.errors import ConfigError
@@ -76,7 +76,7 @@ def test_the_training_step_sees_the_resized_batch():
     model = create_model("vit_tiny", img_size=32, patch_size=4, num_classes=10, embed_dim=32, depth=1, num_heads=2)
     model.patch_embed.dynamic_img_size = True
     recorder = ShapeRecorder(model)
-    settings = stub_step_settings(model, train_model=recorder)
+    settings = stub_step_parts(model, train_model=recorder)
     loader = [(torch.rand(4, 3, 32, 32), torch.randint(0, 10, (4,))) for _ in range(3)]
     train_one_epoch(settings, StepState(train_img_size=20), loader, limit_batches=None)
     assert recorder.shapes == [(4, 3, 20, 20)] * 3
