@@ -264,6 +264,7 @@ SUBSTITUTIONS = [
     (r" docs/results/", " {repo}/docs/results/"),  # the records a command reads: the repository's own
     (r"<runs>|<figures>", "runs"),
     (r"<lever>|<s>|<seed>", "0"),
+    (r"<px>", "16"),  # an evaluation at each image size: the first
     (r"hydra\.run\.dir=proxy/0/seed0", "hydra.run.dir=proxy/lever/seed0"),
     (r" &$", ""),  # two searches on one study, here one after the other
 ]
