@@ -135,8 +135,3 @@ def check_same_space(study, space: dict, name: str) -> None:
                         f"{key}: the search space differs from study {name!r}'s ({err}); keep its space or give "
                         "hydra.sweeper.study_name a new name"
                     ) from None
-
-
-def finished_count(study) -> int:
-    """The trials that count towards n_trials (vit/search/study.py: counted_trials)."""
-    return len(counted_trials(study))
