@@ -9,7 +9,7 @@ Each case builds `create_model("vit_tiny", embed_dim=<width>, depth=6, mlp_ratio
 (fp32, bf16, fp32, ...; about 640 images a round after 2 warm-up steps) and prints the median img/s of each and
 their ratio. json=<file> writes the measurement record: every case's img/s in every round of each precision, the
 medians and ratio, and the provenance (command, commit, machine, versions: vit/engine/provenance.py). The default
-cases are those behind trainer.amp=auto's width bar (vit/engine/device.py, `CPU_BF16_MIN_WIDTH`;
+cases are those behind trainer.amp=auto's width bar (vit/runtime/device.py, `CPU_BF16_MIN_WIDTH`;
 docs/BENCHMARKS.md, "bf16 on the CPU").
 """
 

@@ -7,7 +7,7 @@ usage: python lab/bench_fsdp.py [models=vit_base,vit_large] [strategies=ddp,fsdp
 Each (model, strategy) runs in a fresh process group of `world_size` processes (gloo on the CPU, nccl on CUDA), so
 each process's peak resident set size (`ru_maxrss`) or peak CUDA memory is that setting's alone. Every rank builds
 the model from the same seed (vit_large: ViT-L/16, the vit_base entry made 1024 wide, 24 deep, 16 heads), wraps
-it as the trainer does (DistributedDataParallel, or `shard_model` of vit/engine/sharding.py: each block, then the
+it as the trainer does (DistributedDataParallel, or `shard_model` of vit/runtime/sharding.py: each block, then the
 root; `fsdp` frees each block's gathered weights after its forward and gathers them again for its backward, ZeRO-3,
 `fsdp_zero2` keeps them from the forward to the backward, ZeRO-2: one all-gather a step fewer, more memory), and
 trains `steps` AdamW steps (fp32, cross-entropy against random labels, one untimed first step) on its own random
@@ -70,7 +70,7 @@ def read_args(argv: list[str]) -> SimpleNamespace:
 
 def tensor_mib(tensors) -> float:
     """The bytes this rank holds of `tensors` (a DTensor's local shard), in MiB."""
-    from vit.engine.sharding import local
+    from vit.runtime.sharding import local
 
     return sum(local(t).numel() * t.element_size() for t in tensors if t is not None) / MIB
 
@@ -96,7 +96,7 @@ def rank_main(rank: int, args: SimpleNamespace, model_name: str, strategy: str, 
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    from vit.engine.sharding import shard_model
+    from vit.runtime.sharding import shard_model
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     cuda = args.device == "cuda"

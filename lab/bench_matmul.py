@@ -18,9 +18,9 @@ import time
 import torch
 
 from vit.cli.args import parse_args, run_script, script_command
-from vit.engine.device import resolve_device
 from vit.engine.provenance import measurement_record, write_record
 from vit.errors import UsageError
+from vit.runtime.device import resolve_device
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 PRODUCTS_PER_ROUND = 10

@@ -88,7 +88,7 @@ def pair_overheads(history: list[dict]) -> tuple[list[float], list[float]]:
 def end_to_end(cfg, output_dir: Path, train: Callable[..., dict]) -> EndToEnd:
     """Train `cfg` (a composed trainer config; `trainer.epochs` >= 4) with alternating real and static epochs.
     `train` is the trainer's `vit.train.run`, given by the caller: the analysis layer does not import the trainer."""
-    from vit.engine.device import resolve_device
+    from vit.runtime.device import resolve_device
 
     device = resolve_device(cfg.trainer.device)
     epochs = int(cfg.trainer.epochs)

@@ -31,8 +31,8 @@ from bench_cases import BenchCase, build_side, peer_available
 from step_timing import percentile, synchronize
 from torch import nn
 
-from vit.engine.device import Precision, choose_precision
 from vit.engine.provenance import measurement_record
+from vit.runtime.device import Precision, choose_precision
 
 RUNTIMES = ("eager", "compiled", "onnxruntime", "onnxruntime-int8-dynamic", "onnxruntime-int8-static")
 ONNX_RUNTIMES = tuple(r for r in RUNTIMES if r.startswith("onnxruntime"))
@@ -108,7 +108,7 @@ def build_variants(
     amps: tuple[str, str] = ("auto", "same"),
 ) -> list[Variant]:
     """The timed calls; the PyTorch runtimes run in the precision trainer.amp=`amps[0]` gives our model on this
-    device (vit/engine/device.py), the peer's in `amps[1]` ("same": ours); onnxruntime in the file's fp32."""
+    device (vit/runtime/device.py), the peer's in `amps[1]` ("same": ours); onnxruntime in the file's fp32."""
     sides = ["ours"] + (["peer"] if vs_peer and peer_available(case) else [])
     x = torch.randn(batch, 3, case.img_size, case.img_size, device=device)
     threads = torch.get_num_threads()

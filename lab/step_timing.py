@@ -25,8 +25,8 @@ from bench_cases import H100_BF16_PEAK_FLOPS, BenchCase, build_side, num_classes
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from vit.engine.device import Precision, choose_precision
 from vit.engine.provenance import measurement_record
+from vit.runtime.device import Precision, choose_precision
 
 
 def make_train_step(
@@ -116,7 +116,7 @@ class CaseResult:
     compile_mode: str | None
     device: str
     sides: list[SideResult]
-    precision: str = "fp32"  # what ours ran in (`amp`, decided by vit/engine/device.py's rule)
+    precision: str = "fp32"  # what ours ran in (`amp`, decided by vit/runtime/device.py's rule)
     peer_precision: str | None = None
     ratio_median: float | None = None
     ratio_p10: float | None = None

@@ -1,6 +1,7 @@
 """Imports point down the layers: the error base (vit/errors.py) below all, models and data at the bottom, reading
-and fitting weights (vit/weights) above the models, the engine (vit/engine: checkpoints, files, a model from its
-config, the config's composition, device and precision, the evaluation loop, figures) above them, the search
+and fitting weights (vit/weights) and where the computation runs (vit/runtime: device, precision, the process group,
+sharding, compiling) above the models, the engine (vit/engine: files, a model from its config, the config's
+composition and types, the evaluation loop, figures, the tasks) above them, the search
 (vit/search: the sweeper, a run as a trial, the study) above the engine, then the trainer (vit/train) and, beside
 it and not importing it, the analysis and deploy tools (vit/analysis, vit/deploy); the command line (vit/cli/,
 train.py, scripts/) on top, imported by nothing in vit/. The project's measuring tools (lab/) import the package as
@@ -17,6 +18,7 @@ VIT = Path(__file__).resolve().parents[1] / "vit"
 EVERY_PACKAGE = (
     "vit.models",
     "vit.weights",
+    "vit.runtime",
     "vit.data",
     "vit.engine",
     "vit.search",
@@ -32,10 +34,12 @@ ABOVE = {
     "vit.progress": EVERY_PACKAGE,  # progress bars and lines for long stretches of work
     "vit.settings": EVERY_PACKAGE,  # the config groups' typed declarations: defaults, types and ranges
     "vit.naflex": EVERY_PACKAGE,  # the NaFlex batch format: the data's loaders make it, the models read it
-    "vit.models": ("vit.weights", "vit.data", "vit.engine", "vit.search", *TOOLS),
+    "vit.models": ("vit.weights", "vit.runtime", "vit.data", "vit.engine", "vit.search", *TOOLS),
     # reading and fitting weights: above the models it fits them to, below the engine that builds models with them
-    "vit.weights": ("vit.data", "vit.engine", "vit.search", *TOOLS),
-    "vit.data": ("vit.models", "vit.weights", "vit.engine", "vit.search", *TOOLS),
+    "vit.weights": ("vit.runtime", "vit.data", "vit.engine", "vit.search", *TOOLS),
+    # device, precision, the process group, sharding, compiling: above the models whose blocks they name
+    "vit.runtime": ("vit.weights", "vit.data", "vit.engine", "vit.search", *TOOLS),
+    "vit.data": ("vit.models", "vit.weights", "vit.runtime", "vit.engine", "vit.search", *TOOLS),
     "vit.engine": ("vit.search", *TOOLS),
     # Optuna's search: the sweeper launches the trainer's runs through Hydra, as the command line does, and the runs
     # report to it through vit/search/trial.py; neither imports the trainer

@@ -528,7 +528,7 @@ def stub_step_parts(model, **kwargs):
     import torch
     from timm.scheduler import CosineLRScheduler
 
-    from vit.engine.device import Precision
+    from vit.runtime.device import Precision
     from vit.train.step_parts import StepParts
 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

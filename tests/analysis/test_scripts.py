@@ -122,7 +122,7 @@ def test_predict_runs_in_the_precision_the_trainers_rule_gives(vit_checkpoint, i
     """The run's trainer.amp (auto) on this CPU: the 32-wide model stays in fp32, not said (the output is the
     predictions); amp=bf16 runs bf16 (close to, not equal to, fp32's probabilities); fp16 on a CPU without it says
     what runs instead."""
-    from vit.engine import device as precision
+    from vit.runtime import device as precision
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
     monkeypatch.setattr(precision, "cpu_has_native_fp16", lambda: False)

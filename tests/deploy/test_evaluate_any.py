@@ -125,7 +125,7 @@ def test_a_timm_file_gives_timms_top1_with_timms_preprocessing(folder, timm_file
 def test_the_precision_follows_the_trainers_rule_and_amp(folder, timm_file, monkeypatch, capsys):
     """Without amp=, foreign weights are evaluated as trainer.amp=auto decides for this device and model (bf16 on a
     CPU with native bf16 for a model 192 wide, simulated here); amp= overrides it; the JSON and summary say it."""
-    from vit.engine import device as precision
+    from vit.runtime import device as precision
 
     path, _ = timm_file
     argv = ["model=vit_tiny", "model.depth=2", f"model.pretrained={path}", "data=imagefolder", f"data.root={folder}"]

@@ -111,7 +111,7 @@ def test_predict_prints_the_classes_only_and_names_a_precision_it_could_not_run(
     assert "precision" not in err, err
     code, out, err = predict([*argv, "amp=none"], capsys)
     assert code == 0 and "precision" not in err, err
-    monkeypatch.setattr("vit.engine.device.cpu_has_native_fp16", lambda: False)
+    monkeypatch.setattr("vit.runtime.device.cpu_has_native_fp16", lambda: False)
     code, out, err = predict([*argv, "amp=fp16"], capsys)
     assert code == 0 and len(out.splitlines()) == 3
     (line,) = [line for line in err.splitlines() if "precision" in line]

@@ -164,7 +164,7 @@ def test_evaluate_on_cuda_gives_the_cpu_numbers(trained, tmp_path):
 def test_a_one_process_nccl_group_all_reduces(monkeypatch):
     import torch.distributed as dist
 
-    from vit.engine.distributed import Distributed, setup_distributed
+    from vit.runtime.distributed import Distributed, setup_distributed
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

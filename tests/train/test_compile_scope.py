@@ -4,9 +4,9 @@ import pytest
 import torch
 from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config
 
-from vit.engine.compile import compile_blocks, eager
 from vit.errors import ConfigError
 from vit.models import create_model
+from vit.runtime.compile import compile_blocks, eager
 from vit.train import run
 from vit.train.config import validate
 from vit.weights.read import load_checkpoint

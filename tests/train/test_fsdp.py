@@ -191,8 +191,8 @@ def test_a_single_file_does_not_resume_sharded_and_bad_settings_are_one_line(sin
 def test_fp16_where_it_runs_is_refused_under_fsdp():
     """fp16 runs where the device has it (a GPU; a CPU substitutes another precision, said in one line, and that
     one shards): its gradient scaler cannot unscale sharded gradients."""
-    from vit.engine.device import Precision
     from vit.errors import ConfigError
+    from vit.runtime.device import Precision
     from vit.settings import TrainerSettings
     from vit.train.optimizer import shard_run_model
 
@@ -442,8 +442,8 @@ def sharded_against_whole(names: list[str], out) -> None:
 
     import torch.distributed as dist
 
-    from vit.engine.sharding import full, shard_model
     from vit.models import create_model
+    from vit.runtime.sharding import full, shard_model
     from vit.train.optimizer import build_optimizer
 
     dist.init_process_group("gloo")

@@ -1,5 +1,5 @@
 """trainer.amp: the rule that picks bf16 or fp32 (auto), what an explicit setting the device cannot run natively
-does, and that a run really computes in what it says (vit/engine/device.py). The CPU's capabilities are
+does, and that a run really computes in what it says (vit/runtime/device.py). The CPU's capabilities are
 simulated, so each case runs on any machine."""
 
 import json
@@ -11,9 +11,9 @@ from torch import nn
 from trainer_utils import QUICK, TINY_MODEL, compose_config, make_tree
 
 from vit.data.resources import available_cpus
-from vit.engine import device as precision_module
-from vit.engine.device import CPU_BF16_MIN_TOKENS, CPU_BF16_MIN_WIDTH, choose_precision
 from vit.errors import ConfigError
+from vit.runtime import device as precision_module
+from vit.runtime.device import CPU_BF16_MIN_TOKENS, CPU_BF16_MIN_WIDTH, choose_precision
 from vit.train import run
 from vit.train.config import validate
 

@@ -43,7 +43,7 @@ and the loss are over the data's classes). The names come from the checkpoint (o
 chosen by default for 1000-class weights on folders named like synsets). Equal counts and no names: in order.
 
 Precision: `amp=` (default: the run's own trainer.amp, or auto for foreign weights), decided for this device by
-the trainer's rule (vit/engine/device.py: auto is bf16 where the device has it natively and the model is wide
+the trainer's rule (vit/runtime/device.py: auto is bf16 where the device has it natively and the model is wide
 enough to gain, else fp32); the JSON's "precision" names what ran.
 
 Output: JSON on stdout (top1, top5, loss, per-class top-1, images/s of the evaluation loop with decoding, the
@@ -199,8 +199,8 @@ def own_shapes(options, model: nn.Module, flip: bool, shift: int) -> tuple[int, 
 
 def evaluate_weights(argv: list[str]) -> dict:
     from vit.data.sources.registry import build_splits
-    from vit.engine.device import announce, choose_precision, resolve_device
     from vit.engine.evaluation import evaluate
+    from vit.runtime.device import announce, choose_precision, resolve_device
     from vit.settings.trainer import AMP_MODES
 
     options = parse_args(argv, KNOWN_KEYS, model_keys=True, data_keys=True)

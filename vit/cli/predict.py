@@ -10,7 +10,7 @@ best.onnx.json that vit-export writes beside it); an ONNX file runs through onnx
 preprocessing and class names of its side JSON, without the model code. Prints one line per image;
 `json=<path>` also writes them as JSON, `json=-` prints the JSON instead of the lines. A checkpoint's model runs
 in the precision `amp` gives it on this CPU (default: its run's trainer.amp; auto: bf16 where the CPU has it
-natively and the model is wide enough to gain, else fp32; vit/engine/device.py); it is said (a warning on
+natively and the model is wide enough to gain, else fp32; vit/runtime/device.py); it is said (a warning on
 stderr) only where an `amp` given on the command cannot run on this CPU and another precision runs instead.
 
 A classifier the weights did not train (weights without one, an encoder released for pretraining; a head of
@@ -57,9 +57,9 @@ from vit.analysis.inputs import image_paths
 from vit.cli.args import parse_args, run_script
 from vit.deploy.loaded_model import ema_option, with_ema_rule
 from vit.deploy.preprocessing import naflex_patch_size
-from vit.engine.device import Precision, choose_precision
 from vit.errors import UsageError
 from vit.naflex import pack
+from vit.runtime.device import Precision, choose_precision
 from vit.settings.trainer import AMP_MODES
 
 log = logging.getLogger("vit.cli.predict")

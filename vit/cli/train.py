@@ -185,7 +185,7 @@ def warn_kept_optimizer_settings(cfg) -> None:
     and its overrides (a sweep's or a search's values among them). Rank 0 alone speaks under torchrun."""
     from hydra.core.hydra_config import HydraConfig
 
-    from vit.engine.distributed import env_rank
+    from vit.runtime.distributed import env_rank
     from vit.train.optimizer import kept_settings_warning
 
     if env_rank() != 0 or not HydraConfig.initialized():
@@ -241,7 +241,7 @@ def main() -> None:
     import hydra
     from omegaconf import OmegaConf
 
-    from vit.engine.distributed import worker_hydra_overrides
+    from vit.runtime.distributed import worker_hydra_overrides
     from vit.train.run import count_from_process_start
 
     count_from_process_start()  # this process exists for the run: its wall time counts from the process start

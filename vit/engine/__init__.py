@@ -1,3 +1,3 @@
-"""What training, evaluation, export and analysis share, below all of them: checkpoints (their weights read by
-vit/weights/), writing files atomically, building a model from its config, choosing device and precision, the
-process group, compile scopes, the evaluation loop and the figures of attention and confusion."""
+"""What training, evaluation, export and analysis share, above the models, the data, the weights and the runtime:
+writing files atomically, a model from its config, the config's composition and value types, the evaluation loop,
+the figures of attention and confusion, where a measurement came from, and the tasks (what a run trains for)."""

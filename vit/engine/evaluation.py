@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit.engine.compile import eager
-from vit.engine.device import autocast_to
-from vit.engine.distributed import Distributed
-from vit.engine.sharding import is_sharded, reshard
 from vit.naflex import to_device
+from vit.runtime.compile import eager
+from vit.runtime.device import autocast_to
+from vit.runtime.distributed import Distributed
+from vit.runtime.sharding import is_sharded, reshard
 
 
 @torch.no_grad()
@@ -36,7 +36,7 @@ def evaluate(
     ctx = autocast_to(device, amp_dtype)
     with eager():  # blocks compiled in place for training (trainer.compile_scope=blocks) evaluate eagerly
         result = _evaluate(model, loader, device, ctx, limit_batches, num_classes, dist, flip, shift)
-    reshard(model)  # a sharded model's blocks gathered for the passes, freed (see vit/engine/sharding.py)
+    reshard(model)  # a sharded model's blocks gathered for the passes, freed (see vit/runtime/sharding.py)
     return result
 
 

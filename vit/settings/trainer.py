@@ -121,7 +121,7 @@ class TrainerSettings(Settings):
     # fsdp: free each block's gathered parameters after its forward and gather them again for the backward (ZeRO-3,
     # the least memory) | false: keep them to the backward (ZeRO-2: one all-gather a step fewer, more memory)
     reshard_after_forward: bool = knob(True)
-    # auto: bf16 where the device has it natively and it pays, else fp32 (vit/engine/device.py; an explicit
+    # auto: bf16 where the device has it natively and it pays, else fp32 (vit/runtime/device.py; an explicit
     # bf16/fp16 the device cannot run natively: one warning line, what runs instead)
     amp: AmpMode = knob("auto")
     threads: int | str = knob("auto", parse=parse_threads)  # torch's CPU threads: auto | <n>

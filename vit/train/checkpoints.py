@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from vit.engine.files import atomic_save
-from vit.engine.sharding import is_sharded
+from vit.runtime.sharding import is_sharded
 from vit.train.sharded import remove_unnamed, resume_sharded, save_sharded
 from vit.train.step_parts import StepParts, StepState
 from vit.weights.files import WeightsFileError, first_line, read_weights_file

@@ -13,9 +13,9 @@ from vit.data.sources.archive import is_archive
 from vit.data.sources.registry import DATASETS
 from vit.data.sources.splits import parse_holdout
 from vit.engine.config_types import check_types
-from vit.engine.device import resolve_device
 from vit.engine.tasks import CONFIG_TASKS, task_of
 from vit.errors import ConfigError, require
+from vit.runtime.device import resolve_device
 from vit.train.finetune import FREEZE_MODES
 from vit.weights.read import names_a_source, source_kind
 from vit.weights.sharded import is_sharded_checkpoint

@@ -25,10 +25,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from vit.engine.build import build_model_from_config
-from vit.engine.compile import eager
-from vit.engine.device import autocast_to
 from vit.errors import ConfigError
 from vit.models.vit import VisionTransformer, ViTConfig
+from vit.runtime.compile import eager
+from vit.runtime.device import autocast_to
 from vit.settings import DistillSettings
 from vit.train.checkpoints import class_difference
 from vit.weights.fit import PretrainedError, Weights, describe_mismatch

@@ -25,7 +25,7 @@ import timm.optim.muon as timm_muon
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from vit.engine.device import cpu_has_native_bf16, cuda_has_native_bf16
+from vit.runtime.device import cpu_has_native_bf16, cuda_has_native_bf16
 
 
 def native_ns_dtype(device: torch.device) -> torch.dtype:

@@ -20,11 +20,11 @@ from timm.scheduler.scheduler import Scheduler
 from timm.utils import ModelEmaV3
 from torch import nn
 
-from vit.engine.compile import compile_blocks
-from vit.engine.device import Precision, announce, choose_precision
-from vit.engine.distributed import Distributed
-from vit.engine.sharding import is_sharded, shard_model
 from vit.errors import ConfigError
+from vit.runtime.compile import compile_blocks
+from vit.runtime.device import Precision, announce, choose_precision
+from vit.runtime.distributed import Distributed
+from vit.runtime.sharding import is_sharded, shard_model
 from vit.settings import OptimSettings, SchedSettings, TrainerSettings
 from vit.train.progressive import ResizeSchedule, allow_recompiles
 from vit.train.step_parts import StepParts
@@ -335,7 +335,7 @@ def build_optimisation(
     cfg: DictConfig, trainer: TrainerSettings, model: nn.Module, bundle, device: torch.device, dist: Distributed
 ) -> Optimisation:
     """The optimizer (lr scaled to the global batch), the per-step schedule, the precision and the EMA. Under
-    trainer.strategy=fsdp the model and its EMA are sharded first (vit/engine/sharding.py), so that the optimizer
+    trainer.strategy=fsdp the model and its EMA are sharded first (vit/runtime/sharding.py), so that the optimizer
     holds the sharded parameters and its state is sharded alike."""
     global_batch = cfg.data.batch_size * trainer.accum_steps * dist.world_size  # data.batch_size: per process
     precision = choose_precision(trainer.amp, device, model)

@@ -22,10 +22,10 @@ import torch
 from PIL import Image
 from torch.utils.tensorboard import SummaryWriter
 
-from vit.engine.compile import eager
 from vit.engine.files import OutputError, free_space, write_error_reason
-from vit.engine.sharding import reshard
 from vit.progress import redirect_logging_to_tqdm
+from vit.runtime.compile import eager
+from vit.runtime.sharding import reshard
 
 log = logging.getLogger("vit.train")
 
@@ -93,7 +93,7 @@ class Reporter:
             if self.recon_every:
                 image = reconstruction_image(model, self.fixed_images, bundle.mean, bundle.std)
                 self.tb.image("mae/original_masked_reconstruction", image, step)
-        reshard(model)  # a sharded model's blocks, gathered for the figure's pass, freed (vit/engine/sharding.py)
+        reshard(model)  # a sharded model's blocks, gathered for the figure's pass, freed (vit/runtime/sharding.py)
         return True
 
     def hparams(self, hparams: dict, metrics: dict) -> None:

@@ -10,7 +10,7 @@ split and metrics.json.
 Run directory (Hydra's, or `output_dir`): .hydra/ (written by Hydra), tb/ (TensorBoard events),
 checkpoints/{last,best}.pt (and epoch_NNNN.pt with trainer.keep_last), metrics.json.
 
-Under `torchrun` (see vit/engine/distributed.py) every rank runs this same function on its shard of the data;
+Under `torchrun` (see vit/runtime/distributed.py) every rank runs this same function on its shard of the data;
 rank 0's run directory is the run's, and only rank 0 writes into it.
 """
 
@@ -25,13 +25,13 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from vit.engine.device import resolve_device
-from vit.engine.distributed import Distributed, setup_distributed
 from vit.engine.files import check_run_dir
 from vit.engine.provenance import provenance
-from vit.engine.sharding import is_sharded
 from vit.engine.tasks import task_of
 from vit.errors import ConfigError
+from vit.runtime.device import resolve_device
+from vit.runtime.distributed import Distributed, setup_distributed
+from vit.runtime.sharding import is_sharded
 from vit.search.trial import TrialReport, check_search, is_trial
 from vit.settings import TrainerSettings
 from vit.train.budget_hooks import attach_budget

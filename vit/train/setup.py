@@ -18,12 +18,12 @@ from torch import nn
 from vit.data import DataBundle, build_data
 from vit.data.resources import available_cpus
 from vit.engine.build import BUILT_MODEL_FILE, built_model_config, pretrained_architecture
-from vit.engine.device import resolve_device
-from vit.engine.distributed import Distributed
 from vit.engine.files import atomic_write_text
 from vit.engine.tasks import Task, task_of
 from vit.errors import ConfigError
 from vit.models import Complexity, complexity
+from vit.runtime.device import resolve_device
+from vit.runtime.distributed import Distributed
 from vit.search.trial import TrialReport
 from vit.settings import TrainerSettings
 from vit.train.callbacks import Callbacks

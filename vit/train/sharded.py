@@ -34,9 +34,9 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from vit.engine.distributed import Distributed
 from vit.engine.files import atomic_save
-from vit.engine.sharding import reshard
+from vit.runtime.distributed import Distributed
+from vit.runtime.sharding import reshard
 from vit.weights.files import read_weights_file
 from vit.weights.read import CheckpointError
 from vit.weights.sharded import TRAINING_FILE, SafeReader, dcp_reason, is_sharded_checkpoint

@@ -11,7 +11,7 @@ import signal
 import sys
 from collections.abc import Iterator
 
-from vit.engine.distributed import env_rank
+from vit.runtime.distributed import env_rank
 
 
 class StopSignal:

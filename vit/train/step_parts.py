@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from vit.engine.device import Precision
-from vit.engine.distributed import Distributed
-from vit.engine.sharding import is_sharded, local
 from vit.engine.tasks import Task
 from vit.engine.tasks.classify import Classify
 from vit.errors import CheckFailed
+from vit.runtime.device import Precision
+from vit.runtime.distributed import Distributed
+from vit.runtime.sharding import is_sharded, local
 from vit.train.callbacks import Callbacks
 
 
@@ -35,7 +35,7 @@ class StepParts:
     scheduler: object  # timm Scheduler, `step_update(num_updates)`
     criterion: nn.Module
     device: torch.device
-    precision: Precision  # the number format the forward passes run in (vit/engine/device.py)
+    precision: Precision  # the number format the forward passes run in (vit/runtime/device.py)
     scaler: torch.amp.GradScaler | None
     mixup_fn: Callable | None = None
     ema: object | None = None  # timm ModelEmaV3

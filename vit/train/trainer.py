@@ -24,8 +24,8 @@ import torch
 
 from vit.data.augment.batch import resize_batch
 from vit.engine.files import atomic_write_text
-from vit.engine.sharding import full
 from vit.naflex import batch_size_of, to_device
+from vit.runtime.sharding import full
 from vit.train.checkpoints import rng_state, set_rng_state
 from vit.train.metrics import (
     chosen_weights,

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 import torch
 from torch import nn
 
-from vit.engine.distributed import Distributed
+from vit.runtime.distributed import Distributed
 
 
 class Task:

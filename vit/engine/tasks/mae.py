@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterable, Mapping
 import torch
 from torch import nn
 
-from vit.engine.distributed import Distributed
 from vit.engine.tasks.base import Task
 from vit.errors import require
+from vit.runtime.distributed import Distributed
 from vit.settings import MaeSettings
 
 

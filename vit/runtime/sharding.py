@@ -9,7 +9,7 @@ backward pass, so each rank keeps only its shard. The units are the model's repe
     encoder blocks (and an MAE's decoder blocks)       vit.models.layers.Block
     T2T-ViT's token modules                            TokenTransformer, TokenPerformer
 
-Precision: under bf16 (`trainer.amp`, vit/engine/device.py) the gathered parameters are cast to bf16, halving the
+Precision: under bf16 (`trainer.amp`, vit/runtime/device.py) the gathered parameters are cast to bf16, halving the
 all-gathers, and the gradients are reduced in fp32 (`MixedPrecisionPolicy`); the autocast around the forward pass
 stays what it is without sharding. fp16 is refused: its gradient scaler does not take sharded gradients.
 """
