@@ -11,7 +11,7 @@ from vit.deploy.export import EXPORT_FORMATS
 from vit.weights.read import WEIGHT_SOURCES
 
 VIT = Path(__file__).resolve().parents[2] / "vit"
-REGISTRY_OF_SOURCES = VIT / "engine" / "weights.py"
+REGISTRY_OF_SOURCES = VIT / "weights" / "read.py"
 REGISTRY_OF_FORMATS = VIT / "deploy" / "export.py"
 
 
