@@ -244,7 +244,7 @@ SUBSTITUTIONS = [
     (r"<run>/", NEWEST_RUN),
     (r"<folder holding the nine runs>", "multirun"),
     (r"data\.root=(/path/to/\w+|/data/imagenet|\.\.\.|<[^>]*>|\.device/cifar10)", f"data.root={CIFAR_JPEG}"),
-    (r"image=(<file or folder>|<folder>)", "image=images"),
+    (r"image=(<file or folder>|<folder>|photos/)", "image=images"),
     (r"image=a\.jpg,b\.png", "image=images/a.jpg,images/b.png"),
     (r"/path/to/vit_small\.safetensors", "{vit_small_file}"),
     (r"/path/to/resnet18\.safetensors", "{resnet18_file}"),
