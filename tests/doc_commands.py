@@ -252,6 +252,7 @@ SUBSTITUTIONS = [
     (r"max_drop=1\.0", "max_drop=100"),  # the tests' model is untrained: one of 8 images is 12.5 points
     (r"^(.*vit-export .*quantize=(?!.*max_drop=).*)$", r"\1 max_drop=100"),  # as above, the default 1 point
     (r"\[[^\] ]*=[^\] ]*<[^\]]*\]", ""),  # an optional key=<placeholder>: left out, the default taken
+    (r"\[([\w.]+=[^\]|\s]+)\|[^\]]*\]", r"\1"),  # an optional key=a|b: given, the first value
     (r"\[([^\] ]*=[^\] ]*)\]", r"\1"),  # an optional key=value: given
     (r"batch=dynamic\|<n>", "batch=dynamic"),
     (r"/data/cifar10-shards", "data/cifar10-shards"),
