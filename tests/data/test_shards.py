@@ -16,11 +16,19 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from trainer_utils import REPO, assert_measurement_record, installed, load_script, run_cli
+from trainer_utils import (
+    REPO,
+    assert_measurement_record,
+    assert_resumes_exactly,
+    installed,
+    load_script,
+    run_cli,
+)
 from webdataset import TarWriter
 
 from vit.data import DataError, build_data
-from vit.data.loading.stream import ShardStream
+from vit.data.loading.naflex import grid_for
+from vit.data.loading.stream import NaFlexShardStream, ShardStream
 
 CLASSES = ("cat", "dog", "frog")
 TINY = ["model=vit_tiny", "model.depth=1", "model.embed_dim=32", "model.num_heads=2"]
@@ -162,6 +170,66 @@ def test_skip_batches_resumes_with_the_uninterrupted_epochs_batches(shards, crop
     assert len(rest) == 19
     for (images, targets), (images2, targets2) in zip(full[3:], rest, strict=True):
         assert torch.equal(images, images2) and torch.equal(targets, targets2)
+
+
+NAFLEX = dict(patch_size=4, naflex={"seq_lens": [4, 16], "max_seq_len": 16})
+
+
+class KeyedNaFlex(NaFlexShardStream):
+    """The real NaFlex stream (images decoded, cropped and resized to their batch's grid) with each sample's class
+    replaced by its key, to count which samples its batches hold."""
+
+    def _label(self, sample, url, key):
+        return int(key)
+
+
+def naflex_batches(shards, rank=0, world_size=1, skip=0, **extra):
+    """One pass of a NaFlex shard bundle's training batches (packed dict, keys) at epoch 2, after `skip` of them."""
+    bundle = build_data(cfg_for(shards, **NAFLEX, **extra), seed=5, rank=rank, world_size=world_size)
+    loader = bundle.train_loader
+    loader.loader.dataset.__class__ = KeyedNaFlex
+    loader.set_epoch(2)
+    loader.skip_batches(skip)
+    assert len(loader) == len(loader.batches.schedule) - skip
+    return list(loader), loader.batches.schedule
+
+
+def test_naflex_batches_from_shards_follow_the_token_budget_and_see_every_sample_once(shards):
+    """Two ranks of two workers: each rank's batches are its schedule's (seq_len, images) in the epoch's order, each
+    image (20 x 24 px) on its own grid for that seq_len, every sample once over both ranks."""
+    seen = collections.Counter()
+    for rank in range(2):
+        batches, schedule = naflex_batches(shards, rank, world_size=2)
+        # 45 samples a rank, a budget of 4 x 16 tokens: 16 images at 4 tokens or 4 at 16, batches until one is short
+        expected = [(seq_len, size) for seq_len, size, _, _ in schedule.of_epoch(2)]
+        assert [(batch["patches"].shape[1], len(keys)) for batch, keys in batches] == expected
+        assert {size for _, size in expected} == {16, 4} and sum(size for _, size in expected) <= 45
+        for batch, _ in batches:
+            rows, cols = (batch["patch_coord"].amax(dim=1) + 1).unbind(-1)  # each image's grid (rows, columns)
+            grids = {(int(r), int(c)) for r, c in zip(rows, cols, strict=True)}
+            height, width = grid_for((20, 24), 4, batch["patches"].shape[1])  # timm's rule for the image's grid
+            assert grids == {(height // 4, width // 4)}
+            assert torch.equal(batch["patch_valid"].sum(1), rows * cols)
+        seen.update(int(key) for _, keys in batches for key in keys)
+    assert set(seen.values()) == {1} and set(seen) <= set(range(90)) and len(seen) > 60
+
+
+@pytest.mark.parametrize("crop", ["rrc", "pad"])
+def test_naflex_batches_from_shards_resume_inside_an_epoch(shards, crop):
+    augment = {"crop": crop, "auto_augment": "autoaug"}
+    full, _ = naflex_batches(shards, augment=augment)
+    rest, _ = naflex_batches(shards, skip=3, augment=augment)
+    assert len(rest) == len(full) - 3 > 0
+    for (batch, keys), (batch2, keys2) in zip(full[3:], rest, strict=True):
+        assert torch.equal(keys, keys2) and all(torch.equal(batch[name], batch2[name]) for name in batch)
+
+
+def test_train_py_trains_naflex_batches_from_shards_and_resumes_exactly(shards, tmp_path):
+    urls = f"data.urls='{shards}/train-{{000000..000005}}.tar'"
+    runs = ["data=webdataset", urls, *TINY, "data.patch_size=4", "model.patch_size=4", "data.batch_size=4"]
+    runs += ["data.num_workers=0", "data.naflex.seq_lens=[4,16]", "trainer.epochs=2", "trainer.deterministic=true"]
+    straight, _, _ = assert_resumes_exactly(runs, tmp_path)
+    assert straight["loader"] == "webdataset" and straight["history"][-1]["val_top1"] is not None
 
 
 def write_bad_shard(folder, samples, classes=True):

@@ -46,9 +46,9 @@ class Preprocessing:
         """PIL image -> normalised float tensor (3, h, w): the whole image, no crop, resized with its aspect ratio
         kept to at most `seq_len` patches of `patch_size` px, each side a whole number of them (the geometry the
         torch loader's NaFlex batches train on, vit/data/loading/naflex.py), for vit/naflex.py's `pack`."""
-        from vit.data.loading.naflex import own_shape_geometry
+        from vit.data.loading.naflex import OwnShape
 
-        geometry = own_shape_geometry(patch_size, "none", 1.0, self.interpolation)
+        geometry = OwnShape(patch_size, "none", 1.0, self.interpolation)
         finish = T.Compose([T.ConvertImageDtype(torch.float32), T.Normalize(self.mean, self.std)])
         return lambda image: finish(geometry(image, seq_len))
 

@@ -32,10 +32,10 @@ from vit.data.loading.naflex import (
     NaFlexFileBatches,
     NaFlexLoader,
     NaFlexSchedule,
+    OwnShape,
     ScheduledBatches,
     ToSequence,
     as_lists,
-    own_shape_geometry,
 )
 from vit.data.loading.resident import ResidentLoader
 from vit.data.loading.stream import build_stream_data
@@ -133,7 +133,8 @@ def build_data(
     cfg = replace(cfg, loader=loader_choice(cfg))
     check_alternating_flip(cfg, spec)
     if dataset_source(cfg.name).streams:  # tar shards: no splits to hold in memory (stream.py)
-        refuse_naflex(cfg, "the tar shards stream (data=webdataset)")
+        if cfg.naflex.seq_lens is not None:
+            log.info(naflex_line(cfg, cfg.name))
         mean, std = mean_std(cfg)
         common = dict(device=device, seed=seed, rank=rank, world_size=world_size, batch_size=batch_size)
         return build_stream_data(cfg, spec, mean, std, **common)
@@ -176,16 +177,6 @@ def build_data(
     )
 
 
-def refuse_naflex(cfg: DataSettings, loader: str) -> None:
-    """NaFlex batches come from the resident and torch loaders (vit/data/loading/naflex.py): a run that would read
-    through another is refused, naming it."""
-    if cfg.naflex.seq_lens is not None:
-        raise DataError(
-            f"data.naflex.seq_lens={list(cfg.naflex.seq_lens)} needs data.loader=resident or torch; this run would "
-            f"read through {loader}"
-        )
-
-
 def naflex_line(cfg: DataSettings, kind: str) -> str:
     """The one line saying what a data.naflex run's images are before their batches resize them."""
     naflex = cfg.naflex
@@ -210,7 +201,7 @@ def _naflex_file_loader(cfg, splits, spec, mean, std, *, device, seed, rank, wor
             "loader has it); set data.augment.hflip_alternate=false or data.loader=resident"
         )
     naflex = cfg.naflex
-    geometry = own_shape_geometry(cfg.patch_size, spec.crop, float(spec.scale_min), resize_filter(cfg))
+    geometry = OwnShape(cfg.patch_size, spec.crop, float(spec.scale_min), resize_filter(cfg))
     images = ToSequence(splits.train, geometry)
     sampler = EpochSampler(images, world_size, rank, seed, repeats=cfg.repeated_aug or 1)
     tokens = batch_size * (naflex.max_seq_len or max(naflex.seq_lens))

@@ -17,18 +17,20 @@ budget plans and a resume skips) and each epoch trains them in an order of its o
 epoch's permutation (vit/data/loading/sampling.py). Under torchrun every rank follows the same schedule and takes
 every world_size-th image of each global batch.
 
-Two loaders make them, as for square batches:
+Three loaders make them, as for square batches:
 - `NaFlexLoader`, the resident loader's: the decoded split (at data.img_size) through the run's augmentation
   (`BatchAugment`: crop, flip, policy, normalisation, erasing), then each batch resized to its grid (the aspect
   ratio kept, the sides whole numbers of patches: timm's `get_image_size_for_seq`) and packed;
 - `NaFlexFileBatches`, the torch loader's: each image decoded in a worker and kept at its own shape (a
   random-resized crop of it with crop=rrc), resized to its own grid for the batch's seq_len, then on the device the
-  images of one shape augmented together (the crop already done) and all of them packed, each on its grid.
+  images of one shape augmented together (the crop already done) and all of them packed, each on its grid;
+- the same `NaFlexFileBatches` over tar shards (vit/data/loading/stream.py's `NaFlexShardStream`): the schedule's
+  batches read by the loader workers from their pieces of the shards, each batch resized in its worker.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import torch
 from timm.data.naflex_dataset import calculate_naflex_batch_size
@@ -146,28 +148,37 @@ class NaFlexLoader(ResidentLoader):
 # ---- the torch loader's: images decoded in workers at their own shapes ----
 
 
-def own_shape_geometry(patch_size: int, crop: str, scale_min: float, interpolation: str) -> Callable:
+class OwnShape:
     """(PIL image, seq_len[, patch side]) -> uint8 (3, h, w): with crop=rrc a random-resized crop of the file
     (torchvision's box: area in [scale_min, 1], aspect ratio in [3/4, 4/3]), else the whole image, resized with its
     aspect ratio kept to at most seq_len patches (of `patch_size`, or the batch's own side), each side a whole
-    number of them."""
-    mode = T.InterpolationMode(interpolation)
+    number of them. The two halves apart (`crop`, `fit`) for a loader that crops an image before it knows the
+    seq_len of its batch (the shard stream's)."""
 
-    def apply(image, seq_len: int, patch: int | None = None) -> torch.Tensor:
-        if crop == "rrc":
-            top, left, height, width = T.RandomResizedCrop.get_params(image, (scale_min, 1.0), (3 / 4, 4 / 3))
-            image = T.functional.crop(image, top, left, height, width)
-        size = grid_for((image.height, image.width), patch or patch_size, seq_len)
-        return T.functional.pil_to_tensor(T.functional.resize(image, list(size), interpolation=mode, antialias=True))
+    def __init__(self, patch_size: int, crop: str, scale_min: float, interpolation: str) -> None:
+        self.patch_size, self.random_crop, self.scale_min = int(patch_size), crop == "rrc", float(scale_min)
+        self.mode = T.InterpolationMode(interpolation)
 
-    return apply
+    def crop(self, image):
+        if not self.random_crop:
+            return image
+        top, left, height, width = T.RandomResizedCrop.get_params(image, (self.scale_min, 1.0), (3 / 4, 4 / 3))
+        return T.functional.crop(image, top, left, height, width)
+
+    def fit(self, image, seq_len: int, patch: int | None = None) -> torch.Tensor:
+        size = grid_for((image.height, image.width), patch or self.patch_size, seq_len)
+        resized = T.functional.resize(image, list(size), interpolation=self.mode, antialias=True)
+        return T.functional.pil_to_tensor(resized)
+
+    def __call__(self, image, seq_len: int, patch: int | None = None) -> torch.Tensor:
+        return self.fit(self.crop(image), seq_len, patch)
 
 
 class ToSequence(Dataset):
     """A split whose items are asked for as (index, seq_len, patch side or None): (uint8 (3, h, w) at the shape
     that seq_len patches of that side give this image, target, seq_len, patch side)."""
 
-    def __init__(self, dataset: Dataset, geometry: Callable) -> None:
+    def __init__(self, dataset: Dataset, geometry: OwnShape) -> None:
         self.dataset, self.geometry = dataset, geometry
 
     def __len__(self) -> int:

@@ -17,6 +17,7 @@ worker count.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 from collections.abc import Iterator
@@ -25,10 +26,11 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from vit.data.augment.batch import BatchAugment
-from vit.data.augment.transforms import mixup_and_criterion, train_geometry, val_geometry
+from vit.data.augment.transforms import mixup_and_criterion, resize_filter, train_geometry, val_geometry
 from vit.data.errors import DataError
 from vit.data.images import decode, problem_of, to_rgb
 from vit.data.loading.bundle import DataBundle
+from vit.data.loading.naflex import NaFlexFileBatches, NaFlexSchedule, OwnShape
 from vit.data.loading.torch_loader import DeviceBatches, init_worker
 from vit.data.resources import num_workers
 from vit.data.sources.shards import (
@@ -38,7 +40,6 @@ from vit.data.sources.shards import (
     cyclic_plan,
     expand_shards,
     known_lengths,
-    stream_batches,
     train_plan,
     val_plan,
     val_shards,
@@ -80,17 +81,25 @@ class ShardStream(IterableDataset):
         total = sum(self.lengths)
         return min(total, int(self.limit)) if self.limit else total
 
+    def batch_sizes(self) -> list[int]:
+        """The samples of each of this rank's training batches in a whole pass, in their order."""
+        return [self.batch_size] * (self.num_samples() // self.world_size // self.batch_size)
+
     def batches(self) -> list[int]:
         """Batches of each stream in a whole pass of this rank."""
         if self.train:
-            return stream_batches(self.num_samples() // self.world_size // self.batch_size, self.streams)
+            return [len(self.batch_sizes()[stream :: self.streams]) for stream in range(self.streams)]
         return [-(-size // self.batch_size) for size in self._val_sizes()]
 
     def _val_sizes(self) -> list[int]:
         return [sum(stop - first for _, first, stop in pieces) for pieces in self.plan()]
 
+    def batches_done(self) -> int:
+        """The batches of this pass already trained (a resume inside an epoch): `skip` counts samples."""
+        return self.skip // self.batch_size
+
     def batches_left(self) -> int:
-        return sum(self.batches()) - self.skip // self.batch_size
+        return sum(self.batches()) - self.batches_done()
 
     def __len__(self) -> int:  # samples still to come on this rank (the DataLoader counts its batches from it)
         if self.train:
@@ -104,19 +113,27 @@ class ShardStream(IterableDataset):
         if self.epoch_samples:
             return cyclic_plan(len(self.urls), seed=self.seed, epoch=self.epoch, **where)
         return train_plan(
-            self.lengths, seed=self.seed, epoch=self.epoch, batch_size=self.batch_size, limit=self.limit, **where
+            self.lengths, seed=self.seed, epoch=self.epoch, batch_sizes=self.batch_sizes(), limit=self.limit, **where
         )
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, int, int]]:
+        yield from self._items(*self._where())
+
+    def _where(self) -> tuple[int, int]:
+        """The stream this worker reads in this pass, and how many of that stream's batches a resume skips."""
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if workers != self.streams:
             raise RuntimeError(f"a ShardStream of {self.streams} streams read by {workers} workers")
-        done = self.skip // self.batch_size  # batches of this pass already trained (a resume)
+        done = self.batches_done()
         stream = (worker + done) % self.streams
-        skipped = max(0, -(-(done - stream) // self.streams))  # this stream's batches among the first `done`
-        quota = self.batches()[stream] * self.batch_size if self.train else None
-        raw = self._raw(self.plan()[stream], quota)
+        return stream, max(0, -(-(done - stream) // self.streams))  # this stream's batches among the first `done`
+
+    def _items(self, stream: int, skipped: int) -> Iterator[tuple[object, int, int]]:
+        """The stream's decoded samples (image, class index, unreadable ones left out before it) after its first
+        `skipped` batches."""
+        sizes = self.batch_sizes()[stream :: self.streams] if self.train else []
+        raw = self._raw(self.plan()[stream], sum(sizes) if self.train else None)
         if self.train and self.shuffle_buffer > 1:
             # webdataset is an optional dependency (pip install .[data]), imported where shards are read, so that
             # vit/data loads and trains the other datasets without it.
@@ -124,7 +141,7 @@ class ShardStream(IterableDataset):
 
             rng = random.Random(_mix(self.seed, self.epoch, self.rank, stream))
             raw = _shuffle(raw, self.shuffle_buffer, self.shuffle_buffer, rng=rng)
-        yield from self._decoded(raw, skipped * self.batch_size, stream)
+        return self._decoded(raw, sum(sizes[:skipped]), stream)
 
     def _raw(self, pieces, quota: int | None) -> Iterator[dict]:
         """The raw samples of `pieces` in order; with a quota exactly that many (data.epoch_samples: reading the
@@ -223,6 +240,46 @@ class ShardStream(IterableDataset):
         return label
 
 
+class NaFlexShardStream(ShardStream):
+    """data.naflex over tar shards: one rank's training samples as the token budget's batches (vit/data/loading/
+    naflex.py's `NaFlexSchedule`, the same for every epoch, each epoch in its own order). Batch b of a pass comes
+    from stream b % K as above, each stream reading one contiguous piece of the rank's range; a worker crops each
+    image as it decodes it (crop=rrc, seeded by its place, so a resume crops alike), then resizes the images of a
+    batch, each with its aspect ratio kept, to its grid for the batch's seq_len. Yields whole batches: (uint8
+    (3, h_i, w_i) list, int64 (b,) targets, seq_len, patch side or None for the run's own, unreadable images left
+    out). `skip` counts batches, as `NaFlexFileBatches` sets it; `len()` is the batches still to come."""
+
+    def __init__(self, *args, seq_lens, tokens: int, patch_sizes, own_shape: OwnShape, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        images = self.num_samples() // self.world_size
+        self.schedule = NaFlexSchedule(images, seq_lens, tokens, self.seed, patch_sizes)
+        self.mean_batch_size = self.schedule.mean_batch_size
+        self.own_shape = own_shape
+
+    def batch_sizes(self) -> list[int]:
+        return [size for _, size, _, _ in self.schedule.of_epoch(self.epoch)]
+
+    def batches_done(self) -> int:
+        return self.skip
+
+    def __len__(self) -> int:
+        return self.batches_left()
+
+    def __iter__(self) -> Iterator[tuple[list[torch.Tensor], torch.Tensor, int, int | None, int]]:
+        stream, skipped = self._where()
+        items = self._items(stream, skipped)
+        for seq_len, size, _, patch in self.schedule.of_epoch(self.epoch)[stream :: self.streams][skipped:]:
+            batch = list(itertools.islice(items, size))  # _raw has raised if the stream held fewer
+            images = [self.own_shape.fit(image, seq_len, patch) for image, _, _ in batch]
+            targets = torch.tensor([target for _, target, _ in batch], dtype=torch.long)
+            yield images, targets, seq_len, patch, sum(bad for _, _, bad in batch)
+
+
+def as_batch(batch):
+    """collate_fn of a stream that yields whole batches (DataLoader batch_size=None): the batch as it is."""
+    return batch
+
+
 def worker_message(err: Exception) -> str:
     """A DataError's own message, also when a DataLoader worker raised it (the main process then gets it wrapped
     in a multi-line text ending with the original `...DataError: <message>` line)."""
@@ -234,7 +291,8 @@ def worker_message(err: Exception) -> str:
 
 
 class StreamLoader:
-    """A DataLoader over a `ShardStream` as `DeviceBatches` drives it: uint8 (B, 3, H, W) and int64 (B,) batches,
+    """A DataLoader over a `ShardStream` as `DeviceBatches` drives it: uint8 (B, 3, H, W) and int64 (B,) batches
+    (a `NaFlexShardStream`'s for `NaFlexFileBatches`: images of their own shapes, targets, seq_len, patch side),
     `len()` the batches still to come, errors from workers as one line, unreadable images counted per pass."""
 
     def __init__(self, dataset: ShardStream, loader: torch.utils.data.DataLoader) -> None:
@@ -248,9 +306,9 @@ class StreamLoader:
         bad = 0
         batches = iter(self.loader)
         try:
-            for images, targets, skipped in batches:
-                bad += int(skipped.sum())
-                yield images, targets
+            for *batch, skipped in batches:  # (images, targets[, seq_len, patch side]) and unreadable ones left out
+                bad += int(torch.as_tensor(skipped).sum())
+                yield tuple(batch)
         except DataError as err:
             # Stop the workers now, not when the error's traceback (which keeps this iterator alive) is dropped.
             shutdown = getattr(batches, "_shutdown_workers", None)
@@ -301,26 +359,35 @@ def build_stream_data(
     workers = num_workers(cfg)
     common = dict(seed=seed, rank=rank, world_size=world_size, streams=max(1, workers), batch_size=batch_size)
     common.update(num_classes=num_classes, on_bad=on_bad)
-    train_ds = ShardStream(
-        train_urls, known_lengths(train_urls, "urls", epoch_samples), train_geometry(cfg, spec), train=True,
-        shuffle_buffer=buffer, limit=cfg.limit_train_samples, epoch_samples=epoch_samples,
-        random_crop=spec.crop == "rrc", **common,
-    )  # fmt: skip
+    train_lengths = known_lengths(train_urls, "urls", epoch_samples)
+    train_common = dict(train=True, shuffle_buffer=buffer, limit=cfg.limit_train_samples, epoch_samples=epoch_samples,
+                        random_crop=spec.crop == "rrc", **common)  # fmt: skip
     val_ds = ShardStream(
         val_urls, known_lengths(val_urls, "val_urls", None), val_geometry(cfg), train=False,
         limit=cfg.limit_val_samples, **common,
     )  # fmt: skip
-    img_size = cfg.img_size
     wrap = dict(device=device, seed=seed, rank=rank)
     pin = cfg.pin_memory and torch.device(device).type == "cuda"
-    loaders = []
-    for dataset, augment in ((train_ds, BatchAugment(spec, mean, std, img_size, train=True, crop_done=True)),
-                             (val_ds, BatchAugment(spec, mean, std, img_size, train=False))):  # fmt: skip
-        # Not persistent: each pass copies the dataset (its epoch and skip) into fresh workers.
-        loader = DataLoader(dataset, batch_size=batch_size, num_workers=workers, pin_memory=pin,
-                            worker_init_fn=init_worker, generator=torch.Generator().manual_seed(seed))  # fmt: skip
-        loaders.append(DeviceBatches(StreamLoader(dataset, loader), dataset, augment, **wrap))
-    if len(loaders[0]) == 0:
+    # Not persistent: each pass copies the dataset (its epoch and skip) into fresh workers.
+    over = dict(num_workers=workers, pin_memory=pin, worker_init_fn=init_worker)
+    over.update(generator=torch.Generator().manual_seed(seed))
+    train_aug = BatchAugment(spec, mean, std, cfg.img_size, train=True, crop_done=True)
+    naflex = cfg.naflex
+    if naflex.seq_lens is not None:  # the images at their own shapes, as the token budget's batches
+        own_shape = OwnShape(cfg.patch_size, spec.crop, float(spec.scale_min), resize_filter(cfg))
+        tokens = batch_size * (naflex.max_seq_len or max(naflex.seq_lens))
+        budget = dict(seq_lens=naflex.seq_lens, tokens=tokens, patch_sizes=naflex.patch_sizes, own_shape=own_shape)
+        train_ds = NaFlexShardStream(train_urls, train_lengths, own_shape.crop, **budget, **train_common)
+        loader = StreamLoader(train_ds, DataLoader(train_ds, batch_size=None, collate_fn=as_batch, **over))
+        train = NaFlexFileBatches(loader, train_ds, train_aug, cfg.patch_size, **wrap)
+    else:
+        train_ds = ShardStream(train_urls, train_lengths, train_geometry(cfg, spec), **train_common)
+        loader = StreamLoader(train_ds, DataLoader(train_ds, batch_size=batch_size, **over))
+        train = DeviceBatches(loader, train_ds, train_aug, **wrap)
+    over["generator"] = torch.Generator().manual_seed(seed)  # its own: evaluating must not move the training loader's
+    val_loader = StreamLoader(val_ds, DataLoader(val_ds, batch_size=batch_size, **over))
+    val = DeviceBatches(val_loader, val_ds, BatchAugment(spec, mean, std, cfg.img_size, train=False), **wrap)
+    if len(train) == 0:
         raise DataError(
             f"data.batch_size={batch_size} is larger than the {train_ds.num_samples() // world_size} training "
             f"samples of each of the {world_size} processes: no full batch"
@@ -330,6 +397,6 @@ def build_stream_data(
     mixup_fn, criterion = mixup_and_criterion(spec, num_classes)
     kind = cfg.name  # the loader is the stream of this dataset's shards, reported by the dataset's name
     return DataBundle(
-        loaders[0], loaders[1], num_classes, class_to_idx, mixup_fn, criterion, mean, std, img_size,
+        train, val, num_classes, class_to_idx, mixup_fn, criterion, mean, std, cfg.img_size,
         train_ds.num_samples(), val_ds.num_samples(), None, kind, reason, val_name, train_workers=workers,
     )  # fmt: skip

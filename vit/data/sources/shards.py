@@ -10,11 +10,12 @@ An epoch's plan. With the shard lengths known (the info file, or counted in loca
 global order: the shards in a permutation of (seed, epoch), shared by all ranks, their samples concatenated.
 Rank r takes the contiguous range [r * M, (r + 1) * M) with M = total // world_size, so every rank gets the same
 number of samples (the last total % world_size of the order sit out this epoch, as DistributedSampler's
-drop_last). Its M // batch_size full batches are dealt to its `streams` (one per DataLoader worker) in turn:
-stream v holds batches v, v + K, v + 2K, ... and reads them as one contiguous piece of the rank's range, so a
-stream opens only the shards under its piece, starting inside the first at a sample offset. Example: 10 shards
-of 1,000 samples, 2 ranks, 2 workers, batch 128: M = 5,000, 39 batches per rank (the last 8 samples sit out),
-stream 0 reads 20 batches (2,560 samples), stream 1 19 (2,432).
+drop_last). Its batches (M // batch_size full ones; with data.naflex the token budget's schedule, batches of
+several sizes) are dealt to its `streams` (one per DataLoader worker) in turn: stream v holds batches v, v + K,
+v + 2K, ... and reads them as one contiguous piece of the rank's range, so a stream opens only the shards under
+its piece, starting inside the first at a sample offset. Example: 10 shards of 1,000 samples, 2 ranks, 2 workers,
+batch 128: M = 5,000, 39 batches per rank (the last 8 samples sit out), stream 0 reads 20 batches (2,560
+samples), stream 1 19 (2,432).
 
 With `epoch_samples` declared instead (shards of unknown length, e.g. remote ones without an info file), the
 shards are dealt round-robin to the world_size * K streams, each stream reading its shards in turn, again and
@@ -169,22 +170,18 @@ def segments(lengths: list[int], order: list[int], start: int, stop: int) -> lis
     return pieces
 
 
-def stream_batches(batches: int, streams: int) -> list[int]:
-    """Batches of each stream when batch i goes to stream i % streams."""
-    return [batches // streams + (v < batches % streams) for v in range(streams)]
-
-
-def train_plan(lengths, *, seed, epoch, rank, world_size, streams, batch_size, limit=None) -> list[list[Segment]]:
-    """Each stream's pieces of the epoch (the module docstring's worked example); limit: only the first `limit`
-    samples of the epoch's order."""
+def train_plan(lengths, *, seed, epoch, rank, world_size, streams, batch_sizes, limit=None) -> list[list[Segment]]:
+    """Each stream's pieces of the epoch (the module docstring's worked example), `batch_sizes` the samples of
+    each of the rank's batches in the epoch's order (batch i read by stream i % streams); limit: only the first
+    `limit` samples of the epoch's order."""
     total = min(sum(lengths), limit) if limit else sum(lengths)
-    per_rank = total // world_size
-    start = rank * per_rank
+    start = rank * (total // world_size)
     order = shard_order(len(lengths), seed, epoch)
     plan = []
-    for count in stream_batches(per_rank // batch_size, streams):
-        plan.append(segments(lengths, order, start, start + count * batch_size))
-        start += count * batch_size
+    for stream in range(streams):
+        count = sum(batch_sizes[stream::streams])
+        plan.append(segments(lengths, order, start, start + count))
+        start += count
     return plan
 
 
