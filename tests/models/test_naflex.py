@@ -39,19 +39,20 @@ def images(shapes=SHAPES, seed=2) -> list[torch.Tensor]:
     return [torch.randn(3, h, w, generator=generator) for h, w in shapes]
 
 
-def timm_and_ours(name: str, path) -> tuple[torch.nn.Module, torch.nn.Module]:
+def timm_and_ours(name: str, path, **timm_kwargs) -> tuple[torch.nn.Module, torch.nn.Module]:
     """timm's model, every parameter moved off its init, saved to a file; ours built from the name and read from it.
     The position table is moved as far as the tokens are wide (std 1, not timm's 0.02): at its init, how it is
-    resampled to each image's grid (bicubic or bilinear, aspect-preserving or not) hardly shows in the logits."""
+    resampled to each image's grid (bicubic or bilinear, aspect-preserving or not) hardly shows in the logits; the
+    attention's projections too (std 0.3), so that its rotary positions show."""
     torch.manual_seed(0)
-    theirs = timm.create_model(name, pretrained=False, num_classes=7, **SMALL)
+    theirs = timm.create_model(name, pretrained=False, num_classes=7, **SMALL, **timm_kwargs)
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for key, param in theirs.named_parameters():
-            scale = 1.0 if key.startswith("embeds.pos_embed") else 0.02
+            scale = 1.0 if key.startswith("embeds.pos_embed") else 0.3 if ".attn.qkv." in key else 0.02
             param.add_(scale * torch.randn(param.shape, generator=generator))
     save_file({k: v.contiguous() for k, v in theirs.state_dict().items()}, str(path))
-    arch = timm_architecture(name, **SMALL)
+    arch = timm_architecture(name, **SMALL, **timm_kwargs)
     ours = VisionTransformer(ViTConfig(**arch.settings, num_classes=7))
     load_pretrained(ours, read_weights(f"timm:{name}", file=str(path)))  # strict, after the reader's layout
     return theirs.eval(), ours.eval()
@@ -75,6 +76,24 @@ def test_our_naflex_forward_and_gradients_are_timms(name, tmp_path):
     out, ref = ours(batch), theirs(dict(batch))
     assert out.shape == ref.shape == (len(SHAPES), 7)
     assert (out - ref).abs().max().item() <= 1e-5
+    assert_same_gradients(ours, out, theirs, ref)
+
+
+# timm's RoPE ViTs built as a NaFlexVit (`use_naflex=True`, the Eva models' NaFlex form): axial, mixed and DINOv3
+# rotary positions, each image's rotation that of its own grid.
+ROTARY = ["vit_small_patch16_rope_224", "vit_small_patch16_rope_mixed_224", "vit_small_patch16_dinov3"]
+
+
+@pytest.mark.parametrize("name", ROTARY)
+def test_naflex_rotary_positions_are_timms(name, tmp_path):
+    theirs, ours = timm_and_ours(name, tmp_path / "weights.safetensors", use_naflex=True)
+    assert type(theirs).__name__ == "NaFlexVit" and theirs.rope is not None
+    batch = pack(images(), (16, 16))
+    out, ref = ours(batch), theirs(dict(batch))
+    assert (out - ref).abs().max().item() <= 1e-5
+    with torch.no_grad():  # the positions show: each grid read transposed gives other logits
+        transposed = ours({**batch, "patch_coord": batch["patch_coord"].flip(-1)})
+    assert (transposed - ref)[1:3].abs().max().item() > 1e-3  # the wide and the tall image
     assert_same_gradients(ours, out, theirs, ref)
 
 

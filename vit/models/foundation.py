@@ -153,7 +153,8 @@ def read_naflex_tokens(model: nn.Module) -> dict[str, Any]:
     name = model.default_cfg.get("architecture", type(model).__name__)
     embeds = model.embeds
     factorized = embeds.pos_embed_type == "factorized"  # resampled linearly along each axis, whatever the mode
-    if embeds.pos_embed_type not in ("learned", "factorized"):
+    rope = getattr(model, "rope", None)  # rotary positions (timm's Eva ViTs built as a NaFlexVit): read_positions
+    if embeds.pos_embed_type not in ("learned", "factorized") and not (embeds.pos_embed_type == "none" and rope):
         raise unsupported(name, f"a {embeds.pos_embed_type!r} position embedding")
     if embeds.pos_embed_use_grid_sample:
         raise unsupported(name, "a position table resampled by grid_sample")
@@ -167,14 +168,13 @@ def read_naflex_tokens(model: nn.Module) -> dict[str, Any]:
     # patches of another size it is given, as timm's interpolator does
     if not embeds.channels_last or embeds.in_chans != 3:
         raise unsupported(name, "(channel, row, column) patches or other than 3 channels")
-    if getattr(model, "rope", None) is not None:
-        raise unsupported(name, "rotary positions in a NaFlexVit")
     if not isinstance(model.norm_pre, nn.Identity) and not is_layer_norm(model.norm_pre):
         raise unsupported(name, f"a {type(model.norm_pre).__name__} before the blocks")
     patch = square(embeds.patch_size, "patch size", name)
-    table_grid = (
-        (embeds.pos_embed_y.shape[1], embeds.pos_embed_x.shape[1]) if factorized else embeds.pos_embed.shape[1:3]
-    )
+    if factorized:
+        table_grid = (embeds.pos_embed_y.shape[1], embeds.pos_embed_x.shape[1])
+    else:  # the table's, or without one the grid of the default image size
+        table_grid = embeds.pos_embed.shape[1:3] if embeds.pos_embed is not None else embeds.pos_embed_grid_size
     grid = square(tuple(table_grid), "position grid", name)
     reg = embeds.reg_token
     return dict(
@@ -316,12 +316,19 @@ def check_attention_pool(model: nn.Module, kind: str, name: str) -> None:
 def read_positions(model: nn.Module, kind: str, settings: dict[str, Any]) -> dict[str, Any]:
     """The position table and rotary positions: our `pos_embed` kind and its rotary settings."""
     name = model.default_cfg.get("architecture", type(model).__name__)
-    if kind == "NaFlexVit":  # a table over the patches only (read_naflex_tokens refuses the rest)
-        pos_embed = "factorized" if model.embeds.pos_embed_type == "factorized" else "learned"
-        return dict(no_embed_class=True, rope_temperature=None, rope_ref_grid=None, pos_embed=pos_embed)
-    table = getattr(model, "pos_embed", None) is not None
-    rope = getattr(model, "rope", None) if kind == "Eva" else None
-    out: dict[str, Any] = dict(no_embed_class=bool(model.no_embed_class), rope_temperature=None, rope_ref_grid=None)
+    if kind == "NaFlexVit":  # a table over the patches only (read_naflex_tokens refuses the rest), or none
+        table_kind, rope, no_embed_class = model.embeds.pos_embed_type, model.rope, True
+        if rope is None:
+            pos_embed = "factorized" if table_kind == "factorized" else "learned"
+            return dict(no_embed_class=True, rope_temperature=None, rope_ref_grid=None, pos_embed=pos_embed)
+        if table_kind == "factorized":
+            raise unsupported(name, "rotary positions beside a factorized table")
+        table = table_kind == "learned"
+    else:
+        table = getattr(model, "pos_embed", None) is not None
+        rope = getattr(model, "rope", None) if kind == "Eva" else None
+        no_embed_class = bool(model.no_embed_class)
+    out: dict[str, Any] = dict(no_embed_class=no_embed_class, rope_temperature=None, rope_ref_grid=None)
     if rope is None:
         if not table:
             raise unsupported(name, "no position information (neither a table nor rotary positions)")
