@@ -191,3 +191,44 @@ def test_memory_script_refuses_a_bad_value_in_one_line_and_measures_in_a_child(c
     tiny = module.read_args(["model=vit_tiny", "img_size=32", "batch_size=2", "num_classes=10"])
     row = module.run_child(tiny, "checkpointed")
     assert row["setting"] == "checkpointed" and row["rss_after_mib"] >= row["rss_before_mib"] > 0
+
+
+def test_accuracy_map_counts_each_epochs_images_at_their_size(tmp_path):
+    """A 2-epoch run with a holdout and progressive resizing (16 px, then 32 px): the map's point holds its holdout
+    and test top-1, the images it trained on and its FLOPs, each epoch's images at that epoch's size; the anchor's
+    FLOPs are ConvMixer-256/8's (kernel 5, patch 2) by its layers' arithmetic; a run without a holdout is refused."""
+    from omegaconf import OmegaConf
+    from trainer_utils import QUICK, compose_config
+
+    from vit.engine.build import build_model_from_config
+    from vit.errors import UsageError
+    from vit.models.complexity import complexity
+    from vit.train import run
+
+    accuracy_map = load_script("accuracy_map")
+    runs = tmp_path / "runs"
+    cfg = compose_config([*QUICK, "data.holdout=32", "trainer.epochs=2", "trainer.progressive_resize.min_size=16"])
+    folder = runs / "w32_e2" / "seed0"
+    metrics = run(cfg, output_dir=folder)
+    (folder / ".hydra").mkdir()
+    OmegaConf.save(cfg, folder / ".hydra" / "config.yaml")  # as train.py writes it
+    assert [e["train_img_size"] for e in metrics["history"]] == [16, 32]
+    assert accuracy_map.main([f"runs={runs}", f"out={tmp_path / 'map.png'}", f"json={tmp_path / 'map.json'}"]) == 0
+    record = json.loads((tmp_path / "map.json").read_text())
+    assert_measurement_record(record, "accuracy_map")
+    (point,) = record["points"]
+    steps = [metrics["history"][0]["step"], metrics["history"][1]["step"] - metrics["history"][0]["step"]]
+    assert point["images"] == sum(steps) * 32 == 2 * (256 - 32) // 32 * 32  # 224 training images, batches of 32
+    macs_16 = complexity(build_model_from_config(cfg.model, num_classes=10, dynamic_img_size=True), 16).macs
+    assert macs_16 < metrics["macs"]  # 16 tokens, not 64
+    assert point["train_flops"] == 6 * 32 * (steps[0] * macs_16 + steps[1] * metrics["macs"])
+    assert (point["holdout_top1"], point["test_top1"]) == (metrics["final"]["val_top1"], metrics["test"]["top1"])
+    # ConvMixer-256/8: the patch convolution, 8 x (a 5 x 5 depthwise and a pointwise convolution) on 16 x 16
+    # positions, the head; 2 FLOPs a multiply-add
+    assert record["convmixer_forward_flops"] == 2 * (12 * 256 * 256 + 8 * (25 + 256) * 256 * 256 + 256 * 10)
+    assert (tmp_path / "map.png").stat().st_size > 0
+    OmegaConf.save(
+        OmegaConf.merge(cfg, {"data": {"holdout": None}}), runs / "w32_e2" / "seed0" / ".hydra" / "config.yaml"
+    )
+    with pytest.raises(UsageError, match="not a run with data.holdout"):
+        accuracy_map.main([f"runs={runs}"])
