@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
+from record_tables import map_table
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -142,25 +143,6 @@ def draw(points: list[dict], anchor_flops: int, path: Path) -> None:
     plt.close(fig)
 
 
-def table(points: list[dict]) -> str:
-    """The map as Markdown: one row per width and epochs, the holdout and test top-1 over seeds."""
-    groups = defaultdict(list)
-    for point in points:
-        groups[(point["width"], point["epochs"])].append(point)
-    lines = ["| width | epochs | seeds | training PFLOPs | holdout top-1 | test top-1 |", "|---|---|---|---|---|---|"]
-    for (width, epochs), group in sorted(groups.items()):
-        holdout = [p["holdout_top1"] for p in group]
-        test = [p["test_top1"] for p in group]
-        pflops = statistics.fmean(p["train_flops"] for p in group) / 1e15
-        lines.append(f"| {width} | {epochs} | {len(group)} | {pflops:.3f} | {spread(holdout)} | {spread(test)} |")
-    return "\n".join(lines)
-
-
-def spread(values: list[float]) -> str:
-    mean = statistics.fmean(values)
-    return f"{mean:.2f}%" if len(values) == 1 else f"{mean:.2f}% ± {(max(values) - min(values)) / 2:.2f}"
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv, {"runs": None, "out": None, "json": None}, ("runs",))
     runs = Path(args["runs"])
@@ -174,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         anchors = [dict(label=label, epochs=epochs, test_top1=top1) for label, epochs, top1 in ANCHORS]
         values = dict(points=points, anchors=anchors, convmixer_forward_flops=anchor_flops)
         write_record(measurement_record("accuracy_map", values, script_command(__file__, argv)), args["json"])
-    print(table(points))
+    print(map_table(points))
     return 0
 
 

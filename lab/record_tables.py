@@ -627,6 +627,52 @@ def naflex_sizes_table(folder: Path) -> str:
     return markdown_table(header, rows)
 
 
+def map_table(points: list[dict]) -> str:
+    """lab/accuracy_map.py's points: a row per width and epochs, the training PFLOPs and the holdout and test top-1
+    (mean ± half the spread over seeds)."""
+    groups: dict[tuple[int, int], list[dict]] = {}
+    for point in points:
+        groups.setdefault((point["width"], point["epochs"]), []).append(point)
+    rows = []
+    for (width, epochs), group in sorted(groups.items()):
+        holdout, test = ([p[key] for p in group] for key in ("holdout_top1", "test_top1"))
+        pflops = statistics.fmean(p["train_flops"] for p in group) / 1e15
+        params = group[0]["params"] / 1e6
+        rows.append([f"{width} wide ({params:.2f} M)", str(epochs), str(len(group)), f"{pflops:.3f}",
+                     seed_spread(holdout), seed_spread(test)])  # fmt: skip
+    return markdown_table(["model", "epochs", "seeds", "training PFLOPs", "holdout top-1", "test top-1"], rows)
+
+
+def seed_spread(values: list[float]) -> str:
+    mean, half = mean_and_half_range(values)
+    return f"{mean:.2f}%" if len(values) == 1 else f"{mean:.2f}% ± {half:.2f}"
+
+
+def accuracy_map_table(folder: Path) -> str:
+    """The map's record (`map.json`, lab/accuracy_map.py) as `map_table`."""
+    return map_table(json.loads((folder / "map.json").read_text())["points"])
+
+
+PHOTO_TRAININGS = {"native": "at their own shapes (`data.naflex.seq_lens=[64]`)", "square": "square crops"}
+
+
+def photo_shapes_table(folder: Path) -> str:
+    """lab/photo_shapes_experiment.py's record (results.json): each training's test top-1 evaluated at the crops'
+    own shapes and square, mean ± half the spread over seeds, the better training of each evaluation in bold."""
+    record = json.loads((folder / "results.json").read_text())
+    summary, views = record["summary"], ("own_shapes", "square")
+    best = {view: max(summary[f"{method}/{view}"]["mean"] for method in PHOTO_TRAININGS) for view in views}
+    rows = []
+    for method, label in PHOTO_TRAININGS.items():
+        cells = [label, str(len(summary[f"{method}/square"]["test_top1"])), str(record["settings"]["epochs"])]
+        for view in views:
+            text = seed_spread(summary[f"{method}/{view}"]["test_top1"])
+            cells.append(f"**{text}**" if summary[f"{method}/{view}"]["mean"] == best[view] else text)
+        rows.append(cells)
+    header = ["training", "seeds", "epochs", "test top-1, each crop whole at its shape", "test top-1, square crop"]
+    return markdown_table(header, rows)
+
+
 def augment_table(folder: Path) -> str:
     """lab/bench_augment.py's records (`augment_threads<n>.json`, one per thread count): a row per policy and
     implementation, the median ms per batch at each thread count and the aten ops dispatched per batch (views and
@@ -740,6 +786,8 @@ TABLES: dict[str, DocTable] = {
     "cifar10_cpu_budget_avx512": DocTable("cifar10_cpu_budget/avx512", cpu_budget_table),
     "cifar10_cpu_budget_2h_avx512": DocTable("cifar10_cpu_budget/avx512_2h", cpu_budget_table),
     "cpu_naflex_sizes_avx512": DocTable("cpu_naflex_sizes_avx512", naflex_sizes_table),
+    "cpu_photo_shapes_avx512": DocTable("cpu_photo_shapes_avx512", photo_shapes_table),
+    "cifar10_accuracy_map_avx512": DocTable("cifar10_accuracy_map_avx512", accuracy_map_table),
     "gpu_budget_h200": DocTable("gpu_budget_h200", gpu_budget_table),
     "foundation_step_avx2": DocTable("foundation_step_avx2", model_step_table),
     "matmul_peak_h200": DocTable("gpu_budget_h200", matmul_peak_table),
