@@ -13,7 +13,7 @@ curve, and the test crops read once at the end. Each final model is then evaluat
 whole at their own shapes (`vit-eval seq_len=64`) and square (vit-eval's resize and centre crop).
 
 usage: python lab/photo_shapes_experiment.py photos=<folder of photographs> work=<folder> [seeds=0,1]
-    [train_per_class=200] [test_per_class=60] [epochs=30] [plot_only=false]
+    [train_per_class=200] [test_per_class=60] [epochs=30] [batch_size=64] [plot_only=false]
 
 Example (the 10 photographs scikit-image ships in skimage/data/, taken from its wheel without installing it):
 
@@ -47,11 +47,11 @@ TRAIN_SHARE = 0.7  # the left part of each photograph's width that training crop
 MODEL = ["model=vit_tiny", "model.embed_dim=96", "model.depth=6", "model.num_heads=3", "model.mlp_ratio=2.0"]
 MODEL += ["model.drop_path_rate=0.0", "model.patch_size=8"]
 DATA = ["data=imagefolder", "data.img_size=64", "data.patch_size=8", "data.loader=torch", "data.num_workers=1"]
-DATA += ["data.batch_size=64", "data.holdout=0.1", "data.augment.crop=rrc", "data.augment.hflip=true"]
+DATA += ["data.holdout=0.1", "data.augment.crop=rrc", "data.augment.hflip=true"]
 DATA += ["data.augment.auto_augment=null", "data.augment.label_smoothing=0.1"]
 METHODS = {"native": ["data.naflex.seq_lens=[64]"], "square": []}
 DEFAULTS = {"photos": None, "work": None, "seeds": "0,1", "train_per_class": "200", "test_per_class": "60"}
-DEFAULTS |= {"epochs": "30", "plot_only": "false"}
+DEFAULTS |= {"epochs": "30", "batch_size": "64", "plot_only": "false"}
 
 
 def parse_settings(argv: list[str]) -> SimpleNamespace:
@@ -66,6 +66,7 @@ def parse_settings(argv: list[str]) -> SimpleNamespace:
         train_per_class=args.integer("train_per_class"),
         test_per_class=args.integer("test_per_class"),
         epochs=args.integer("epochs"),
+        batch_size=args.integer("batch_size"),
         plot_only=args.flag("plot_only"),
     )
 
@@ -122,7 +123,8 @@ def run_all(args) -> dict:
         for seed in args.seeds:
             name = f"{method}-{seed}"
             overrides = [*MODEL, *DATA, *CPU_TRAINER, *extra, f"data.root={root}", f"trainer.epochs={args.epochs}"]
-            overrides += [f"trainer.seed={seed}", "optim.lr=1e-3", "sched.warmup_epochs=2"]
+            overrides += [f"trainer.seed={seed}", f"data.batch_size={args.batch_size}", "optim.lr=1e-3"]
+            overrides += ["sched.warmup_epochs=2"]
             runs[name] = train(name, overrides, args.work)
             run_dir = args.work / "runs" / name
             evaluations[name] = {

@@ -161,6 +161,12 @@ MEASURED_BY_TESTS = [
         "tests/analysis/test_benchmark.py runs it small (eager: compile= takes minutes here)",
     ),
     (r"bench_augment\.py", "tests/data/test_batched_policy.py runs it small"),
+    (r"accuracy_map\.py", "tests/analysis/test_cpu_scripts.py runs it on a small run"),
+    (
+        r"photo_shapes_experiment\.py",
+        "four train.py runs and eight evaluations (20 minutes); tests/analysis/test_cpu_scripts.py cuts a folder "
+        "and runs the script small (slow tier)",
+    ),
     (r"bench_cpu_loader\.py", "tests/data/test_augment.py runs it small"),
     (
         r"bench_cpu_bf16\.py|bench_optimizer\.py|cifar10_cpu_reference\.py",

@@ -232,3 +232,50 @@ def test_accuracy_map_counts_each_epochs_images_at_their_size(tmp_path):
     )
     with pytest.raises(UsageError, match="not a run with data.holdout"):
         accuracy_map.main([f"runs={runs}"])
+
+
+def photographs(folder, sizes=((90, 140), (120, 80))):
+    """Two 'photographs' (height, width): the left 70% of each black, the right 30% white, so a crop's colour says
+    which part of it the crop came from."""
+    from PIL import Image
+
+    folder.mkdir(parents=True)
+    for index, (height, width) in enumerate(sizes):
+        image = Image.new("RGB", (width, height), "white")
+        image.paste((0, 0, 0), (0, 0, int(width * 0.7), height))
+        image.save(folder / f"photo{index}.png")
+    return folder
+
+
+def test_photo_shapes_cuts_training_and_test_crops_of_mixed_shapes_from_apart(tmp_path):
+    from types import SimpleNamespace
+
+    import numpy as np
+    from PIL import Image
+
+    experiment = load_script("photo_shapes_experiment")
+    args = SimpleNamespace(photos=photographs(tmp_path / "photos"), work=tmp_path, train_per_class=12, test_per_class=4)
+    root = experiment.make_folder(args)
+    ratios = []
+    for split, count, colour in (("train", 12, 0), ("test", 4, 255)):
+        for photo in ("photo0", "photo1"):
+            crops = sorted((root / split / photo).glob("*.jpg"))
+            assert len(crops) == count
+            for crop in crops:
+                pixels = np.asarray(Image.open(crop).convert("L"), dtype=float)
+                assert abs(pixels.mean() - colour) < 40, (crop, pixels.mean())  # from its own side of the cut
+                ratios.append(pixels.shape[1] / pixels.shape[0])
+    assert min(ratios) < 0.8 and max(ratios) > 1.25 and all(1 / 3.2 < r < 3.2 for r in ratios)  # mixed shapes
+
+
+@pytest.mark.slow  # about a minute: two train.py runs and four vit-eval runs
+def test_photo_shapes_experiment_trains_both_ways_and_evaluates_each_both_ways(tmp_path):
+    photos = photographs(tmp_path / "photos")
+    args = [f"photos={photos}", f"work={tmp_path / 'work'}", "seeds=0", "train_per_class=10", "test_per_class=4"]
+    done = script("photo_shapes_experiment.py", *args, "epochs=1", "batch_size=4", timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((tmp_path / "work" / "results.json").read_text())
+    assert_measurement_record(record, "photo_shapes")
+    assert set(record["summary"]) == {f"{m}/{v}" for m in ("native", "square") for v in ("own_shapes", "square")}
+    for name in ("native-0", "square-0"):
+        assert {e["count"] for e in record["evaluations"][name].values()} == {8}  # every test crop, each way
