@@ -1,6 +1,6 @@
 """The accuracy-against-images map: how much the recipe family learns per image and per FLOP, whatever the machine.
 
-usage: python lab/accuracy_map.py runs=<folder> [out=<figure.png>] [json=<record>]
+usage: python lab/accuracy_map.py runs=<folder> [budget=<folder>[,<folder>...]] [out=<figure.png>] [json=<record>]
 
 `runs` holds train.py run folders (metrics.json beside .hydra/config.yaml) of runs for a fixed number of epochs
 with a holdout (`data.holdout=5000`), for example
@@ -14,6 +14,9 @@ is made on it), the test top-1 (read once, after the last epoch), the images it 
 for every epoch its images times three forward passes at that epoch's image size (`vit.models.complexity`, the
 backward pass counted as two forwards, the usual convention), so progressive resizing's cheap 16 px epochs count as
 what they cost. A machine's measured step speed turns the epochs of a point into seconds.
+
+`budget=` adds runs of the recipe as a time budget (`trainer.budget=30m`, no holdout) for comparison: each at its
+planned epochs (of all 50,000 training images) with its test top-1, read once at its end.
 
 The figure: holdout top-1 against epochs and against training PFLOPs, one colour per width (each seed a dot, the
 mean a line), beside the anchors' published test accuracies after a number of epochs (ConvMixer-256/8, kernel 5,
@@ -67,11 +70,12 @@ def convmixer_flops(width: int = 256, depth: int = 8, kernel: int = 5, patch: in
     return int(counter.get_total_flops())
 
 
-def run_point(folder: Path, macs_at: dict) -> dict:
-    """One run folder as a point of the map (the module docstring)."""
+def run_point(folder: Path, macs_at: dict, budgeted: bool = False) -> dict:
+    """One run folder as a point of the map (the module docstring); `budgeted`: a run of the recipe as a time
+    budget (no holdout: its top-1 the test split's, read once at its end)."""
     metrics = json.loads((folder / "metrics.json").read_text())
     cfg = OmegaConf.load(folder / ".hydra" / "config.yaml")
-    if cfg.data.get("holdout") is None or "test" not in metrics:
+    if not budgeted and (cfg.data.get("holdout") is None or "test" not in metrics):
         raise UsageError(f"{folder}: not a run with data.holdout (its choices would have read the test split)")
     model_key = json.dumps(OmegaConf.to_container(cfg.model, resolve=True), sort_keys=True)
     sizes = {int(epoch.get("train_img_size") or cfg.data.img_size) for epoch in metrics["history"]}
@@ -86,24 +90,43 @@ def run_point(folder: Path, macs_at: dict) -> dict:
         flops += seen * 3 * 2 * macs_at[model_key][int(epoch.get("train_img_size") or cfg.data.img_size)]
     arch = metrics["architecture"]
     curve = [(e["epoch"], e["val_top1"]) for e in metrics["history"] if e["val_top1"] is not None]
-    return dict(run=folder.name, width=arch["embed_dim"], depth=arch["depth"], heads=arch["num_heads"],
-                params=metrics["params"], epochs=metrics["epochs_done"], seed=int(cfg.trainer.seed),
-                holdout_top1=metrics["final"]["val_top1"], test_top1=metrics["test"]["top1"], images=images,
-                train_flops=flops, precision=metrics["precision"], curve=curve)  # fmt: skip
+    point = dict(run=folder.name, width=arch["embed_dim"], depth=arch["depth"], heads=arch["num_heads"],
+                 params=metrics["params"], epochs=metrics["epochs_done"], seed=int(cfg.trainer.seed), images=images,
+                 train_flops=flops, precision=metrics["precision"], curve=curve)  # fmt: skip
+    if budgeted:  # the budget's planned epochs (the last one partial), the test split's top-1
+        budget = metrics["budget"]
+        return point | dict(epochs=budget["planned_epochs"], budget_s=budget["budget_s"],
+                            test_top1=metrics["final"]["val_top1"])  # fmt: skip
+    return point | dict(holdout_top1=metrics["final"]["val_top1"], test_top1=metrics["test"]["top1"])
 
 
-def map_points(runs: Path) -> list[dict]:
+def budget_points(folders: list[Path], macs_at: dict) -> list[dict]:
+    """The budgeted runs under `folders` (each run's metrics.json beside .hydra/), as points."""
+    runs = sorted(path.parent for folder in folders for path in folder.rglob("metrics.json"))
+    missing = [folder for folder in folders if not folder.is_dir()]
+    if missing or not runs:
+        raise UsageError(f"budget={missing[0] if missing else folders[0]} holds no finished run")
+    return [run_point(run, macs_at, budgeted=True) for run in runs]
+
+
+def map_points(runs: Path, macs_at: dict) -> list[dict]:
     folders = sorted(path.parent for path in runs.rglob("metrics.json"))
     if not folders:
         raise UsageError(f"runs={runs} holds no finished run (a metrics.json beside .hydra/)")
-    macs_at: dict = {}
     points = [run_point(folder, macs_at) for folder in folders]
     for point, folder in zip(points, folders, strict=True):
         point["run"] = folder.relative_to(runs).as_posix()
     return sorted(points, key=lambda p: (p["width"], p["epochs"], p["seed"]))
 
 
-def draw(points: list[dict], anchor_flops: int, path: Path) -> None:
+def group_by(points: list[dict], keys: tuple[str, ...]) -> dict[tuple, list[dict]]:
+    groups = defaultdict(list)
+    for point in points:
+        groups[tuple(point[key] for key in keys)].append(point)
+    return groups
+
+
+def draw(points: list[dict], budgeted: list[dict], anchor_flops: int, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -126,6 +149,12 @@ def draw(points: list[dict], anchor_flops: int, path: Path) -> None:
             ax.plot(xs, ys, "-o", color=color, label=label)
             for p in mine:
                 ax.plot(p[x] / unit, p["holdout_top1"], ".", color=color, alpha=0.5)
+    budget_groups = sorted(group_by(budgeted, ("width", "budget_s")).items())
+    for ((width, budget_s), mine), marker in zip(budget_groups, "DPX*", strict=False):  # at most four drawn
+        label = f"the recipe ({width} wide) as a {budget_s / 60:.0f}-minute budget, test"
+        for ax, x, unit in ((axes[0], "epochs", 1), (axes[1], "train_flops", 1e15)):
+            xs, ys = [p[x] / unit for p in mine], [p["test_top1"] for p in mine]
+            ax.plot(xs, ys, marker, color="black", mfc="none", label=label)
     for label, marker in ((CONVMIXER, "s"), (ANCHORS[-1][0], "^")):
         mine = [(epochs, top1) for name, epochs, top1 in ANCHORS if name == label]
         axes[0].plot(*zip(*mine, strict=True), marker, color="gray", label=label + ", test")
@@ -144,17 +173,20 @@ def draw(points: list[dict], anchor_flops: int, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(sys.argv[1:] if argv is None else argv, {"runs": None, "out": None, "json": None}, ("runs",))
+    known = {"runs": None, "budget": None, "out": None, "json": None}
+    args = parse_args(sys.argv[1:] if argv is None else argv, known, ("runs",))
     runs = Path(args["runs"])
     if not runs.is_dir():
         raise UsageError(f"runs={runs} is not a folder")
-    points = map_points(runs)
+    macs_at: dict = {}
+    points = map_points(runs, macs_at)
+    budgeted = budget_points([Path(f) for f in args["budget"].split(",")], macs_at) if args["budget"] else []
     anchor_flops = convmixer_flops()
     if args["out"]:
-        draw(points, anchor_flops, Path(args["out"]))
+        draw(points, budgeted, anchor_flops, Path(args["out"]))
     if args["json"]:
         anchors = [dict(label=label, epochs=epochs, test_top1=top1) for label, epochs, top1 in ANCHORS]
-        values = dict(points=points, anchors=anchors, convmixer_forward_flops=anchor_flops)
+        values = dict(points=points, budget_runs=budgeted, anchors=anchors, convmixer_forward_flops=anchor_flops)
         write_record(measurement_record("accuracy_map", values, script_command(__file__, argv)), args["json"])
     print(map_table(points))
     return 0

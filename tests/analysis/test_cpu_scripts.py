@@ -213,7 +213,9 @@ def test_accuracy_map_counts_each_epochs_images_at_their_size(tmp_path):
     (folder / ".hydra").mkdir()
     OmegaConf.save(cfg, folder / ".hydra" / "config.yaml")  # as train.py writes it
     assert [e["train_img_size"] for e in metrics["history"]] == [16, 32]
-    assert accuracy_map.main([f"runs={runs}", f"out={tmp_path / 'map.png'}", f"json={tmp_path / 'map.json'}"]) == 0
+    budget_run = REPO / "docs" / "results" / "cifar10_cpu_budget" / "avx512_2h"  # a committed 2-hour budget run
+    out = [f"out={tmp_path / 'map.png'}", f"json={tmp_path / 'map.json'}", f"budget={budget_run}"]
+    assert accuracy_map.main([f"runs={runs}", *out]) == 0
     record = json.loads((tmp_path / "map.json").read_text())
     assert_measurement_record(record, "accuracy_map")
     (point,) = record["points"]
@@ -227,6 +229,14 @@ def test_accuracy_map_counts_each_epochs_images_at_their_size(tmp_path):
     # positions, the head; 2 FLOPs a multiply-add
     assert record["convmixer_forward_flops"] == 2 * (12 * 256 * 256 + 8 * (25 + 256) * 256 * 256 + 256 * 10)
     assert (tmp_path / "map.png").stat().st_size > 0
+    (budgeted,) = record["budget_runs"]  # its planned epochs and test top-1; each epoch's images at its size
+    budget_metrics = json.loads(next(budget_run.rglob("metrics.json")).read_text())
+    assert (budgeted["epochs"], budgeted["test_top1"]) == (
+        budget_metrics["budget"]["planned_epochs"],
+        budget_metrics["final"]["val_top1"],
+    )
+    assert budgeted["images"] == budget_metrics["final"]["step"] * 256
+    assert budgeted["train_flops"] < 6 * budgeted["images"] * budget_metrics["macs"]  # the 16 px epochs cost less
     OmegaConf.save(
         OmegaConf.merge(cfg, {"data": {"holdout": None}}), runs / "w32_e2" / "seed0" / ".hydra" / "config.yaml"
     )
