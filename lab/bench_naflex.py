@@ -2,7 +2,7 @@
 against the same images as square image tensors, batch by batch, on the CPU.
 
 usage: python lab/bench_naflex.py [seq_lens=16,36,64] [batch_size=256] [width=96] [depth=6] [heads=2]
-    [pos_embed=learned] [threads=2] [rounds=5] [json=<file>]
+    [pos_embed=learned] [shapes=square|mixed] [threads=2] [rounds=5] [json=<file>]
 
 The batches are those of a data.naflex run's token budget (vit/data/loading/naflex.py): for each of `seq_lens` one
 batch of batch_size x max(seq_lens) // seq_len random images of 32 px CIFAR resized to that many 4 px patches (16
@@ -13,13 +13,21 @@ copy each, with AdamW; the rounds alternate the two, after one untimed round. It
 over the rounds and their ratio (NaFlex / tensors; the goal: >= 0.9). json=<file> writes the measurement record
 (every round, the medians, the provenance: vit/engine/provenance.py).
 
+`shapes=mixed`: each NaFlex batch holds images of mixed shapes instead, as from a folder of photographs: each
+image's aspect ratio drawn log-uniform in [1/3, 3] and its grid the largest of at most seq_len patches with that
+ratio (timm's `get_image_size_for_seq`), padded to seq_len and masked; the tensors stay square images of seq_len
+tokens, so both paths run the same tokens a step and the NaFlex path pays for its padding and for one position
+table (or rotary table) per grid.
+
     python lab/bench_naflex.py                     # the CIFAR recipe's width at its batch, 16 to 32 px
     python lab/bench_naflex.py pos_embed=rope_mixed
+    python lab/bench_naflex.py shapes=mixed          # batches of mixed shapes, padded
 """
 
 from __future__ import annotations
 
 import copy
+import math
 import statistics
 import sys
 import time
@@ -28,14 +36,15 @@ import torch
 import torch.nn.functional as F
 
 from vit.cli.args import parse_args, run_script, script_command
+from vit.data.loading.naflex import grid_for
 from vit.engine.provenance import measurement_record, write_record
 from vit.errors import UsageError
 from vit.models import create_model
-from vit.naflex import pack_batch
+from vit.naflex import pack, pack_batch
 
 PATCH = 4
 KNOWN = {"seq_lens": "16,36,64", "batch_size": "256", "width": "96", "depth": "6", "heads": "2"}
-KNOWN |= {"pos_embed": "learned", "threads": "2", "rounds": "5", "json": None}
+KNOWN |= {"pos_embed": "learned", "shapes": "square", "threads": "2", "rounds": "5", "json": None}
 
 
 def read_seq_lens(text: str) -> list[int]:
@@ -49,16 +58,29 @@ def read_seq_lens(text: str) -> list[int]:
     return seq_lens
 
 
-def batches(seq_lens: list[int], batch_size: int) -> list[tuple[torch.Tensor, dict, torch.Tensor]]:
-    """One batch a seq_len: (images (b, 3, s, s), the same as a NaFlex batch, targets (b,)), b by the budget."""
+def batches(seq_lens: list[int], batch_size: int, mixed: bool = False) -> list[tuple[torch.Tensor, dict, torch.Tensor]]:
+    """One batch a seq_len: (images (b, 3, s, s), the same as a NaFlex batch, targets (b,)), b by the budget;
+    `mixed`: the NaFlex batch's images of mixed shapes (the module docstring), padded to seq_len."""
     generator = torch.Generator().manual_seed(0)
     out = []
     for seq_len in seq_lens:
         size, side = batch_size * max(seq_lens) // seq_len, int(seq_len**0.5) * PATCH
         images = torch.randn(size, 3, side, side, generator=generator)
         targets = torch.randint(0, 10, (size,), generator=generator)
-        out.append((images, pack_batch(images, (PATCH, PATCH), seq_len), targets))
+        if not mixed:
+            out.append((images, pack_batch(images, (PATCH, PATCH), seq_len), targets))
+            continue
+        ratios = torch.exp(torch.empty(size).uniform_(-math.log(3), math.log(3), generator=generator))
+        shapes = [grid_for((1000, int(1000 * float(ratio))), PATCH, seq_len) for ratio in ratios]
+        pictures = [torch.randn(3, h, w, generator=generator) for h, w in shapes]
+        out.append((images, pack(pictures, (PATCH, PATCH), seq_len), targets))
     return out
+
+
+def valid_share(data) -> float:
+    """The share of the NaFlex batches' tokens that are image patches, not padding."""
+    valid = sum(int(naflex["patch_valid"].sum()) for _, naflex, _ in data)
+    return valid / sum(naflex["patch_valid"].numel() for _, naflex, _ in data)
 
 
 def make_step(model: torch.nn.Module):
@@ -87,7 +109,9 @@ def main(argv: list[str]) -> int:
         **shape,
     )  # fmt: skip
     steps = {"naflex": make_step(model), "tensors": make_step(copy.deepcopy(model))}
-    data = batches(seq_lens, numbers["batch_size"])
+    if args["shapes"] not in ("square", "mixed"):
+        raise UsageError(f"shapes={args['shapes']!r} must be square or mixed")
+    data = batches(seq_lens, numbers["batch_size"], mixed=args["shapes"] == "mixed")
     images_a_round = sum(len(targets) for _, _, targets in data)
     speed: dict[str, list[float]] = {"naflex": [], "tensors": []}
     for round_index in range(numbers["rounds"] + 1):  # round 0: warm-up, not timed
@@ -101,9 +125,11 @@ def main(argv: list[str]) -> int:
     ratio = medians["naflex"] / medians["tensors"]
     print(f"{torch.get_num_threads()} threads; batches (images x tokens): "
           + ", ".join(f"{len(t)} x {n}" for (_, _, t), n in zip(data, seq_lens, strict=True)))  # fmt: skip
+    print(f"valid tokens in the NaFlex batches: {valid_share(data):.1%}")
     print(f"NaFlex batches {medians['naflex']:.0f} img/s, image tensors {medians['tensors']:.0f} img/s: {ratio:.2f}x")
     if args["json"]:
-        values = {"seq_lens": seq_lens, **numbers, "pos_embed": args["pos_embed"], "images_a_round": images_a_round}
+        values = {"seq_lens": seq_lens, **numbers, "pos_embed": args["pos_embed"], "shapes": args["shapes"]}
+        values |= {"images_a_round": images_a_round, "valid_token_share": valid_share(data)}
         values |= {"img_per_s_rounds": speed, "img_per_s": medians, "naflex_over_tensors": ratio}
         write_record(measurement_record("bench_naflex", values, script_command(__file__, argv)), args["json"])
     return 0
