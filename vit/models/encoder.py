@@ -54,7 +54,7 @@ from torch.nn.init import trunc_normal_
 
 from vit.models.encoder_config import ROPE_KINDS, ROPE_TEMPERATURES, EncoderConfig, table_kind
 from vit.models.layers import AttentionPool, Block, run_blocks, to_2tuple
-from vit.models.naflex import grid_extent, key_mask, masked_mean, rows_per_image
+from vit.models.naflex import grid_extent, key_mask, masked_mean, one_full_grid, rows_per_image
 from vit.models.pos_embed import (
     factorized_rows_at,
     factorized_table,
@@ -338,10 +338,13 @@ class Encoder(nn.Module):
         table per block, (B, 1, P + N, 2 * head_dim), or per head (B, heads, P + N, 2 * head_dim) when mixed."""
         if self.pos_embed_kind not in ROPE_KINDS:
             return None
-        if torch.jit.is_tracing():  # the grids as tensors, so the trace holds for images of every shape
+        grid = None if torch.jit.is_tracing() else one_full_grid(coord, valid)
+        if grid is not None:  # one grid, unpadded: its table broadcast over the batch, (1, N, 2D) or (1, depth, ..)
+            rows = self.grid_rotary_table(grid).unsqueeze(0)
+        else:  # each token's rows from its coordinate, (B, N, 2D) or (B, depth, heads, N, 2D): under a trace the
+            # grids are tensors, so it holds for images of every shape; eagerly it is cheaper than gathering rows
+            # from a table per grid (mixed RoPE: 12% of a step of mixed shapes, lab/bench_naflex.py shapes=mixed)
             rows = self.rotary_rows_at(coord, valid)
-        else:
-            rows = rows_per_image(self.grid_rotary_table, coord, valid)  # (B, N, 2D) or (B, depth, heads, N, 2D)
         if self.rope is None:
             return [identity_prefix(rows.unsqueeze(1), self.num_prefix_tokens)] * len(self.blocks)
         return list(identity_prefix(rows, self.num_prefix_tokens).unbind(1))

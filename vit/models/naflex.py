@@ -33,6 +33,19 @@ def grid_extent(coord: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return coord.masked_fill(~valid[..., None], 0).amax(dim=1) + 1
 
 
+def one_full_grid(coord: torch.Tensor, valid: torch.Tensor) -> Grid | None:
+    """The batch's grid (h, w) when every image fills that one grid in row-major order, unpadded (square images
+    resized alike, the common case), else None."""
+    grids = set(grid_sizes(coord, valid))
+    if len(grids) != 1:
+        return None
+    ((h, w),) = grids
+    length = valid.shape[1]
+    places = coord[..., 0] * w + coord[..., 1]  # (B, N)
+    full = h * w == length and bool(valid.all())
+    return (h, w) if full and bool((places == torch.arange(length, device=coord.device)).all()) else None
+
+
 def rows_per_image(table_of: Callable[[Grid], torch.Tensor], coord: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Each token's row of its own image's table: `table_of(grid)` is a table (..., h * w, D) laid out in
     row-major order over that grid (a resampled position table, a rotary table); the result is (B, ..., N, D),
@@ -43,14 +56,12 @@ def rows_per_image(table_of: Callable[[Grid], torch.Tensor], coord: torch.Tensor
     copy per image (for mixed rotary tables one per block and head, (B, depth, heads, N, D) would be most of the
     step's memory traffic)."""
     batch, length = valid.shape
+    grid = one_full_grid(coord, valid)
+    if grid is not None:
+        return table_of(grid).unsqueeze(0)  # (1, ..., N, D)
     by_grid: dict[Grid, list[int]] = {}
     for i, grid in enumerate(grid_sizes(coord, valid)):
         by_grid.setdefault(grid, []).append(i)
-    if len(by_grid) == 1:
-        ((h, w),) = by_grid
-        places = coord[..., 0] * w + coord[..., 1]  # (B, N)
-        if h * w == length and bool(valid.all()) and bool((places == torch.arange(length, device=coord.device)).all()):
-            return table_of((h, w)).unsqueeze(0)  # (1, ..., N, D)
     out = None
     for (h, w), members in by_grid.items():
         table = table_of((h, w))  # (..., h * w, D)
