@@ -588,15 +588,19 @@ def naflex_table(folder: Path) -> str:
     on NaFlex batches and on the same images as tensors, and their ratio."""
     names = {"learned": "learned table (`model.pos_embed=learned`)"}
     names["rope_mixed"] = "mixed RoPE (`model.pos_embed=rope_mixed`)"
-    rows = []
+    rows, shapes = [], False
     for path in sorted(folder.glob("naflex_*.json")):
         record = json.loads(path.read_text())
         speed = record["img_per_s"]
         label = names.get(record["pos_embed"], f"`model.pos_embed={record['pos_embed']}`")
-        rows.append(
-            [label, f"{speed['naflex']:.0f}", f"{speed['tensors']:.0f}", f"**{record['naflex_over_tensors']:.2f}x**"]
-        )
-    return markdown_table(["positions", "NaFlex img/s", "image tensors img/s", "NaFlex / tensors"], rows)
+        row = [label, f"{speed['naflex']:.0f}", f"{speed['tensors']:.0f}", f"**{record['naflex_over_tensors']:.2f}x**"]
+        if "shapes" in record:  # the NaFlex batches' images square, or of mixed shapes padded (`shapes=mixed`)
+            shapes = True
+            share = f", {record['valid_token_share']:.0%} of tokens valid" if record["shapes"] == "mixed" else ""
+            row.insert(1, f"{record['shapes']}{share}")
+        rows.append(row)
+    header = ["positions", "NaFlex img/s", "image tensors img/s", "NaFlex / tensors"]
+    return markdown_table(header[:1] + ["NaFlex images"] * shapes + header[1:], rows)
 
 
 NAFLEX_SIZES = (16, 24, 32, 48, 64)  # the test-split sizes each run is evaluated at (vit-eval data.img_size=<px>)
@@ -811,6 +815,7 @@ TABLES: dict[str, DocTable] = {
     "cpu_grad_checkpointing_avx2": DocTable("cpu_grad_checkpointing_avx2", memory_table),
     "cpu_fsdp_avx2": DocTable("cpu_fsdp_avx2", fsdp_table),
     "cpu_naflex_avx2": DocTable("cpu_naflex_avx2", naflex_table),
+    "cpu_naflex_mixed_avx512": DocTable("cpu_naflex_mixed_avx512", naflex_table),
     "cpu_augment_avx2": DocTable("cpu_augment_avx2", augment_table),
     "cpu_loader_imagenet_avx2": DocTable("cpu_loader_imagenet_avx2", cpu_loader_table),
     "distill_cpu_avx2": DocTable("distill_cpu_avx2", distill_table),
