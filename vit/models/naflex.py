@@ -48,13 +48,12 @@ def one_full_grid(coord: torch.Tensor, valid: torch.Tensor) -> Grid | None:
 
 def rows_per_image(table_of: Callable[[Grid], torch.Tensor], coord: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Each token's row of its own image's table: `table_of(grid)` is a table (..., h * w, D) laid out in
-    row-major order over that grid (a resampled position table, a rotary table); the result is (B, ..., N, D),
+    row-major order over that grid (a resampled position table); the result is (B, ..., N, D),
     the row at the token's coordinate, zeros for padding. One table per distinct grid in the batch.
 
-    A batch of one grid whose every image fills it in row-major order, unpadded (square images resized alike, the
-    common case), gets the table itself as (1, ..., N, D), broadcast over the batch: the same values without a
-    copy per image (for mixed rotary tables one per block and head, (B, depth, heads, N, D) would be most of the
-    step's memory traffic)."""
+    A batch of one grid whose every image fills it in row-major order, unpadded (`one_full_grid`: square images
+    resized alike, the common case), gets the table itself as (1, ..., N, D), broadcast over the batch: the same
+    values without a copy per image."""
     batch, length = valid.shape
     grid = one_full_grid(coord, valid)
     if grid is not None:

@@ -88,7 +88,8 @@ class ShardStream(IterableDataset):
     def batches(self) -> list[int]:
         """Batches of each stream in a whole pass of this rank."""
         if self.train:
-            return [len(self.batch_sizes()[stream :: self.streams]) for stream in range(self.streams)]
+            sizes = self.batch_sizes()
+            return [len(sizes[stream :: self.streams]) for stream in range(self.streams)]
         return [-(-size // self.batch_size) for size in self._val_sizes()]
 
     def _val_sizes(self) -> list[int]:
@@ -261,6 +262,9 @@ class NaFlexShardStream(ShardStream):
 
     def batches_done(self) -> int:
         return self.skip
+
+    def batches_left(self) -> int:
+        return len(self.schedule) - self.skip
 
     def __len__(self) -> int:
         return self.batches_left()
