@@ -188,6 +188,14 @@ RANGE_CASES = {
         ["trainer.progressive_resize.min_size=16", "trainer.progressive_resize.end=1.1"],
         "trainer.progressive_resize.end=1.1",
     ),
+    "trainer.width_by_budget.min_epochs": (
+        ["trainer.width_by_budget.min_epochs=-1"],
+        "trainer.width_by_budget.min_epochs=-1 must be >= 0",
+    ),
+    "trainer.width_by_budget.widths": (
+        ["trainer.width_by_budget.widths=[32,0]"],
+        "trainer.width_by_budget.widths=[32, 0]: 0 is not a width (a whole number >= 1)",
+    ),
     "distill.alpha": (["distill.alpha=-0.1"], "distill.alpha=-0.1 must be in [0, 1]"),
     "distill.tau": (["distill.tau=0"], "distill.tau=0 must be > 0"),
     "distill.teacher_img_size": (["distill.teacher_img_size=0"], "distill.teacher_img_size=0 must be positive"),

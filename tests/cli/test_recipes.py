@@ -70,8 +70,15 @@ def test_recipe_trains_a_few_steps_on_cpu(name, cifar_like_tree, tmp_path):
     metrics = run(compose_config(overrides), output_dir=tmp_path / "run")
     assert metrics["epochs_done"] == 2 and metrics["val_split"] == "test"
     assert metrics["final"]["train_loss"] > 0 and 0 < metrics["wall_time_s"]
-    # The recipe's model is what trained: the parameter count of the same model built directly from its YAML.
+    # The recipe's model is what trained: the parameter count of the same model built directly from its YAML, at
+    # the width it picked where it picks one (trainer.width_by_budget: on these few images, the widest).
     model_keys = recipe_model_keys(name)
+    picked = metrics["width_by_budget"]
+    widths = recipe_yaml(name).get("trainer", {}).get("width_by_budget", {}).get("widths")
+    assert (picked["width"] if picked else None) == (max(widths) if widths else None)
+    if picked:
+        heads = model_keys["num_heads"] * picked["width"] // model_keys["embed_dim"]
+        model_keys = {**model_keys, "embed_dim": picked["width"], "num_heads": heads}
     expected = create_model("vit_tiny", img_size=32, patch_size=4, num_classes=10, **model_keys)
     assert metrics["params"] == complexity(expected).params
     resize = recipe_yaml(name).get("trainer", {}).get("progressive_resize")

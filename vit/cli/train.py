@@ -52,6 +52,7 @@ def train_task(cfg) -> float | None:
         # start, and a refused one says only why.
         validate(cfg)
         warn_kept_optimizer_settings(cfg)
+        keep_given_width(cfg)
         metrics = run(cfg)
     except UserError as err:  # a setting, the data, a checkpoint, the run folder: "<kind> error: ..." and exit 2
         forget_refused_run(err)
@@ -196,6 +197,35 @@ def warn_kept_optimizer_settings(cfg) -> None:
     )
     if line:
         logging.getLogger("vit.train").warning(line)
+
+
+def keep_given_width(cfg) -> None:
+    """A width the command line gives (model.embed_dim or model.num_heads) is trained as given: the recipe's choice
+    among widths (trainer.width_by_budget.widths) is turned off, one line saying so; both given is refused."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from vit.runtime.distributed import env_rank
+
+    widths = (cfg.trainer.get("width_by_budget") or {}).get("widths")
+    if widths is None or not HydraConfig.initialized():
+        return
+    given = override_keys(HydraConfig.get().overrides.task)
+    fixed = sorted(key for key in ("model.embed_dim", "model.num_heads") if key in given)
+    if not fixed:
+        return
+    if {"trainer.width_by_budget.widths", "trainer.width_by_budget"} & given:
+        raise ConfigError(
+            f"{fixed[0]}={OmegaConf.select(cfg, fixed[0])} fixes the width and trainer.width_by_budget.widths="
+            f"{list(widths)} picks it: give one of them"
+        )
+    cfg.trainer.width_by_budget.widths = None
+    if env_rank() == 0:
+        logging.getLogger("vit.train").info(
+            "trainer.width_by_budget: off, the command line gives %s; the recipe would pick among %s wide",
+            " ".join(f"{key}={OmegaConf.select(cfg, key)}" for key in fixed),
+            ", ".join(map(str, widths)),
+        )
 
 
 def user_config_groups() -> str:

@@ -8,7 +8,7 @@ from vit.settings.optim import OptimSettings
 from vit.settings.sched import SchedSettings
 from vit.settings.schema import Settings, knob
 from vit.settings.search import SearchSettings
-from vit.settings.trainer import ProgressiveResize, TrainerSettings
+from vit.settings.trainer import ProgressiveResize, TrainerSettings, WidthByBudget
 
 SETTINGS: dict[str, type[Settings]] = {
     "optim": OptimSettings,
@@ -29,5 +29,6 @@ __all__ = [
     "SearchSettings",
     "Settings",
     "TrainerSettings",
+    "WidthByBudget",
     "knob",
 ]

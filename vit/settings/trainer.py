@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from vit.errors import ConfigError
+from vit.settings.data import whole_numbers
 from vit.settings.schema import Settings, knob
 
 UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -104,6 +105,24 @@ class ProgressiveResize(Settings):
     end: float = knob(0.5, low=0.0, high=1.0)  # fraction of trainer.epochs at which it reaches data.img_size
 
 
+parse_widths = whole_numbers("trainer.width_by_budget.widths", "width", "[96,144]")
+
+
+@dataclass(frozen=True)
+class WidthByBudget(Settings):
+    """With trainer.budget, the model's width picked from how fast this machine trains each of `widths`: the
+    widest whose estimated epochs in the budget reach `min_epochs`, else the narrowest (vit/train/width_choice.py).
+    The heads keep the configured model's head width."""
+
+    group: ClassVar[str] = "trainer.width_by_budget"
+
+    # null: off (the model as configured) | model.embed_dim values to pick from, e.g. [96, 144], each a multiple of
+    # the configured model's head width (model.embed_dim / model.num_heads)
+    widths: tuple[int, ...] | None = knob(None, parse=parse_widths)
+    # the epochs the budget must buy a width (estimated from its timed steps) for it to be picked over a narrower one
+    min_epochs: float = knob(16.0, low=0.0)
+
+
 @dataclass(frozen=True)
 class TrainerSettings(Settings):
     group: ClassVar[str] = "trainer"
@@ -158,6 +177,7 @@ class TrainerSettings(Settings):
     # the training pad-crop fills), half the weight on the image as it is and a quarter on each shift
     eval_shift: int = knob(0, low=0)
     progressive_resize: ProgressiveResize = knob(ProgressiveResize())
+    width_by_budget: WidthByBudget = knob(WidthByBudget())
 
     def use_compile(self, device_type: str) -> bool:
         """trainer.compile=auto compiles on CUDA only (on a CPU the compile time outweighs the gain)."""

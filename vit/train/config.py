@@ -38,6 +38,7 @@ def validate(cfg: DictConfig) -> None:
     check_trainer(cfg.trainer)
     check_strategy(cfg)
     check_progressive_resize(cfg)
+    check_width_by_budget(cfg)
     check_naflex(cfg)
     resolve_device(cfg.trainer.device)
 
@@ -222,6 +223,30 @@ def check_progressive_resize(cfg: DictConfig) -> None:
     require(
         0.0 <= start <= end <= 1.0,
         f"{key}.start={start} and {key}.end={end} must satisfy 0 <= start <= end <= 1 (fractions of trainer.epochs)",
+    )
+
+
+def check_width_by_budget(cfg: DictConfig) -> None:
+    """`trainer.width_by_budget.widths`: a model of ours with a width and heads, each width a whole number of the
+    configured model's heads (the head width is kept), no pretrained weights (they fix the width)."""
+    widths = (cfg.trainer.get("width_by_budget") or {}).get("widths")
+    if widths is None:
+        return
+    key, model = f"trainer.width_by_budget.widths={list(widths)}", cfg.model
+    width, heads = model.get("embed_dim"), model.get("num_heads")
+    require(
+        isinstance(width, int) and isinstance(heads, int) and source_kind(str(model.get("name", ""))) != "timm",
+        f"{key} needs a model of this project with model.embed_dim and model.num_heads, not "
+        f"model.name={model.get('name')!r}",
+    )
+    pretrained = model.get("pretrained")
+    require(not pretrained, f"{key}: model.pretrained={pretrained!r} fixes the width; drop one of them")
+    head_width = width // heads
+    odd = [w for w in widths if w % head_width]
+    require(
+        not odd,
+        f"{key}: {odd[0] if odd else 0} is not a whole number of heads {head_width} wide (model.embed_dim={width} / "
+        f"model.num_heads={heads})",
     )
 
 

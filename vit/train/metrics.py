@@ -131,6 +131,7 @@ def run_metrics(run) -> dict:
         "device": str(settings.device),
         "threads": run.built.threads,
         "threads_reason": run.built.threads_reason,
+        "width_by_budget": run.built.width_choice,
         "history": history,
         "val_split": bundle.val_name,
     }

@@ -126,7 +126,8 @@ def build_run(
     resumed, and the writers. Only rank 0 writes: events, checkpoints, console lines, metrics.json."""
     trainer = TrainerSettings.of(cfg.trainer)
     device = setup_torch(trainer, dist)
-    built = build_model_and_data(cfg, trainer, run_dir, device, dist, loader_wrapper)
+    budget_left = (lambda: trainer.budget - (time.perf_counter() - wall_start)) if trainer.budget else None
+    built = build_model_and_data(cfg, trainer, run_dir, device, dist, loader_wrapper, budget_left)
     run_dir = continued_run_dir(trainer.resume, built.resume_path, run_dir, dist.is_main)
     step_parts, step_state = build_step_parts(cfg, trainer, built, device, dist), StepState()
     progress = RunProgress(wall_start)

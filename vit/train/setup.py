@@ -4,6 +4,7 @@ fails before any image is read."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import random
 from collections.abc import Callable, Iterable
@@ -27,7 +28,7 @@ from vit.runtime.distributed import Distributed
 from vit.search.trial import TrialReport
 from vit.settings import TrainerSettings
 from vit.train.callbacks import Callbacks
-from vit.train.checkpoints import Checkpointer, RunProgress, find_resume_checkpoint
+from vit.train.checkpoints import Checkpointer, RunProgress, checkpoint_config, find_resume_checkpoint
 from vit.train.distill import build_distiller, check_teacher_classes, load_teacher
 from vit.train.finetune import freeze, load_pretrained_weights, read_pretrained
 from vit.train.optimizer import batches_per_epoch
@@ -35,6 +36,8 @@ from vit.train.progressive import ResizeSchedule, resize_schedule
 from vit.train.report import Reporter
 from vit.train.signals import StopSignal, restart_count
 from vit.train.step_parts import StepParts, StepState
+from vit.train.width_choice import WidthChoice, pick_width, set_width
+from vit.weights.read import CheckpointError
 
 log = logging.getLogger("vit.train")
 
@@ -104,6 +107,7 @@ class ModelAndData:
     resize: ResizeSchedule | None  # trainer.progressive_resize
     threads: int  # torch's intra-op threads (trainer.threads)
     threads_reason: str
+    width_choice: dict | None = None  # trainer.width_by_budget: the width picked, why, and what was timed
 
 
 @dataclass
@@ -195,9 +199,13 @@ def build_model_and_data(
     device: torch.device,
     dist: Distributed,
     loader_wrapper: Callable[[Iterable], Iterable] | None = None,
+    budget_left: Callable[[], float] | None = None,
 ) -> ModelAndData:
+    """`budget_left()`: the seconds left of trainer.budget (trainer.width_by_budget times the widths against it)."""
     seed = trainer.seed
     use_timm_preprocessing(cfg)
+    composed = OmegaConf.to_container(cfg.model, resolve=True)  # before trainer.width_by_budget sets the width
+    width_choice = keep_resumed_width(cfg, trainer, run_dir, dist)
     # With `num_classes: null` the data decides, and the model is rebuilt with its class count (same seed, so the
     # same initial weights).
     num_classes_cfg = cfg.model.get("num_classes")
@@ -208,7 +216,7 @@ def build_model_and_data(
     model = task.build_model(cfg, num_classes=num_classes_cfg or 1000, dynamic_img_size=dynamic)
     # model.pretrained: read and checked against this model before any data is read. A resumed run continues from
     # its own checkpoint and does not read them again.
-    resolved, composed = recorded_config(cfg), OmegaConf.to_container(cfg.model, resolve=True)
+    resolved = recorded_config(cfg)
     if dist.is_main:
         write_built_model(run_dir, resolved["model"], composed)
     resume_path = resume_checkpoint_path(trainer.resume, run_dir, resolved, composed) if dist.is_main else None
@@ -224,10 +232,19 @@ def build_model_and_data(
     log.info("threads: %d (%s)", *threads)
     if loader_wrapper is not None:
         bundle.train_loader = loader_wrapper(bundle.train_loader)
-    rebuild = num_classes_cfg is None and getattr(model, "num_classes", None) != bundle.num_classes
-    if rebuild and task.classifier:
+    configured_width = cfg.model.get("embed_dim")
+    if width_choice is None:
+        width_choice = choose_width(cfg, trainer, task, bundle, device, dist, resize, budget_left)
+    widened = cfg.model.get("embed_dim") != configured_width
+    rebuild = num_classes_cfg is None and getattr(model, "num_classes", None) != bundle.num_classes and task.classifier
+    if rebuild or widened:  # the same seed, so the initial weights of a run configured with this model
         seed_everything(seed)
-        model = task.build_model(cfg, num_classes=bundle.num_classes, dynamic_img_size=dynamic, announce=False)
+        classes = bundle.num_classes if rebuild else num_classes_cfg or 1000
+        model = task.build_model(cfg, num_classes=classes, dynamic_img_size=dynamic, announce=False)
+    if widened:
+        resolved = recorded_config(cfg)
+        if dist.is_main:
+            write_built_model(run_dir, resolved["model"], composed)
     if pretrained is not None:
         load_pretrained_weights(model, pretrained, bundle.class_to_idx)
     freeze(model, cfg.model.get("freeze"))  # frozen parameters get no optimizer state and no weight decay
@@ -240,7 +257,8 @@ def build_model_and_data(
     # The model built: `timm:<name>` for one built from a timm name, not the model config it was composed with.
     label = resolved["model"]["name"]
     log.info("%s: %.2f M params, %.3f GMACs per image", label, cost.params / 1e6, cost.macs / 1e9)
-    return ModelAndData(resolved, model, bundle, distiller, task, cost, resume_path, resize, *threads)
+    record = width_choice.record() if width_choice is not None else None
+    return ModelAndData(resolved, model, bundle, distiller, task, cost, resume_path, resize, *threads, record)
 
 
 def recorded_config(cfg: DictConfig) -> dict:
@@ -256,13 +274,19 @@ def recorded_config(cfg: DictConfig) -> dict:
 
 
 def write_built_model(run_dir: Path, built: dict, composed: dict) -> None:
-    """Where the model `built` is not the `composed` model config (model.pretrained=timm:<name>), the run folder
-    says which it is: BUILT_MODEL_FILE, the model part of `recorded_config`."""
+    """Where the model `built` is not the `composed` model config (model.pretrained=timm:<name>, or a width
+    trainer.width_by_budget picked), the run folder says which it is: BUILT_MODEL_FILE, the model part of
+    `recorded_config`."""
     if built == composed:
         return
+    why = (
+        f"model.pretrained={built.get('pretrained')} fixes the architecture"
+        if built.get("pretrained")
+        else f"trainer.width_by_budget picked model.embed_dim={built.get('embed_dim')}"
+    )
     header = (
-        f"# The model this run built: model.pretrained={built.get('pretrained')} fixes the architecture, so "
-        "config.yaml's model keys are not what was trained. Checkpoints hold this as config.model.\n"
+        f"# The model this run built: {why}, so config.yaml's model keys are not what was trained. Checkpoints hold "
+        "this as config.model.\n"
     )
     path = run_dir / BUILT_MODEL_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -336,13 +360,80 @@ def resume_checkpoint_path(setting, run_dir: Path, resolved: dict, composed_mode
         return None
     if setting != "auto":
         return Path(str(setting))
-    runs_root = run_dir.parent.parent if run_dir.parent.parent.name == "outputs" else None
-    match = {"model": resolved["model"], "data": resolved["data"]}
-    if (resolved.get("distill") or {}).get("teacher"):  # a distillation run continues the one with its teacher
-        match["distill"] = resolved["distill"]
-    path = find_resume_checkpoint(run_dir, runs_root, match)
+    match = resume_match(resolved)
+    path = find_resume_checkpoint(run_dir, runs_root_of(run_dir), match)
     if path is None and composed_model is not None and composed_model != match["model"]:
-        path = find_resume_checkpoint(run_dir, runs_root, {**match, "model": composed_model})
+        path = find_resume_checkpoint(run_dir, runs_root_of(run_dir), {**match, "model": composed_model})
     if path is None:
         log.info("trainer.resume=auto: no checkpoint of this run found, starting fresh")
     return path
+
+
+def runs_root_of(run_dir: Path) -> Path | None:
+    """Where trainer.resume=auto looks for earlier runs of the same command: Hydra's outputs/ in its
+    outputs/<date>/<time> layout; None for a run folder chosen by hand."""
+    return run_dir.parent.parent if run_dir.parent.parent.name == "outputs" else None
+
+
+def resume_match(resolved: dict) -> dict:
+    """What an earlier run's checkpoint must record to be continued by trainer.resume=auto: the model and data
+    config, and a distillation run's teacher."""
+    match = {"model": resolved["model"], "data": resolved["data"]}
+    if (resolved.get("distill") or {}).get("teacher"):  # a distillation run continues the one with its teacher
+        match["distill"] = resolved["distill"]
+    return match
+
+
+def keep_resumed_width(
+    cfg: DictConfig, trainer: TrainerSettings, run_dir: Path, dist: Distributed
+) -> WidthChoice | None:
+    """trainer.width_by_budget on a resumed run: the width of the checkpoint it continues (trainer.resume's file,
+    or the one trainer.resume=auto finds at one of the widths), written into the config with one line; no timing."""
+    widths = trainer.width_by_budget.widths
+    setting = trainer.resume or ("auto" if restart_count() is not None else None)
+    if widths is None or not setting:
+        return None
+    found = resumed_width(cfg, str(setting), run_dir, widths) if dist.is_main else None
+    found = dist.broadcast(found)
+    if found is None:
+        return None
+    set_width(cfg, found[0])
+    log.info("trainer.width_by_budget: %d wide, the width of %s, which this run continues", *found)
+    return WidthChoice(found[0], f"the width of {found[1]}, which this run continues")
+
+
+def resumed_width(cfg: DictConfig, setting: str, run_dir: Path, widths: tuple[int, ...]) -> tuple[int, str] | None:
+    """(width, checkpoint) of the checkpoint trainer.resume=`setting` continues, where its width is one of
+    `widths`; None where there is none yet (or it cannot be read: resuming it says why)."""
+    path = run_dir / "checkpoints" / "last.pt" if setting == "auto" else Path(setting)
+    if path.exists():
+        try:
+            width = (checkpoint_config(path).get("model") or {}).get("embed_dim")
+        except CheckpointError:
+            return None
+        return (width, str(path)) if width in widths else None
+    if setting != "auto":
+        return None
+    for width in sorted(widths, reverse=True):
+        trial = copy.deepcopy(cfg)
+        set_width(trial, width)
+        path = find_resume_checkpoint(run_dir, runs_root_of(run_dir), resume_match(recorded_config(trial)))
+        if path is not None:
+            return width, str(path)
+    return None
+
+
+def choose_width(cfg: DictConfig, trainer: TrainerSettings, task: Task, bundle, device, dist, resize,
+                 budget_left: Callable[[], float] | None) -> WidthChoice | None:  # fmt: skip
+    """trainer.width_by_budget: the width timed and picked on rank 0 (vit/train/width_choice.py), written into the
+    config on every rank (the choice's record: rank 0's). Without trainer.budget, off with one line."""
+    if trainer.width_by_budget.widths is None:
+        return None
+    if budget_left is None:
+        width = cfg.model.embed_dim
+        log.info("trainer.width_by_budget: off without trainer.budget; the model is %d wide as configured", width)
+        return None
+    batches = batches_per_epoch(bundle, trainer)
+    choice = pick_width(cfg, trainer, task, bundle, device, batches, resize, budget_left) if dist.is_main else None
+    set_width(cfg, dist.broadcast(choice.width if choice is not None else None))
+    return choice

@@ -1,0 +1,165 @@
+"""trainer.width_by_budget: a budgeted run times its widths on this machine and trains the widest that the budget
+buys `min_epochs` of; a slowed machine picks the narrower one, and the first lines say so; the picked run trains
+what a run configured with that width trains; a resumed run keeps its checkpoint's width; bad settings are one
+line."""
+
+import json
+import logging
+import time
+
+import pytest
+import torch
+from trainer_utils import QUICK, compose_config, make_tree, run_cli
+
+from vit.engine.build import BUILT_MODEL_FILE
+from vit.errors import ConfigError
+from vit.train import run, width_choice
+from vit.train.config import validate
+from vit.train.progressive import ResizeSchedule
+from vit.weights.read import load_checkpoint
+
+# 256 synthetic images in batches of 32: 8 batches an epoch. In 60 s the tiny model's batch of a few milliseconds
+# buys hundreds of epochs; a batch 0.5 s slower buys 60 / (8 x 0.5) = 15, under min_epochs.
+WIDTHS = ["trainer.width_by_budget.widths=[32,64]", "trainer.width_by_budget.min_epochs=20", "trainer.threads=1"]
+PICKING = [*QUICK, *WIDTHS, "trainer.budget=60s", "trainer.epochs=1", "trainer.ema=false"]
+SLOW_S = 0.5
+
+
+def slowed_machine(monkeypatch) -> None:
+    """Every timed batch of every width 0.5 s slower: a sleep before each forward pass of the timed model."""
+    real = width_choice.batch_seconds
+
+    def slowed(model, *args):
+        model.register_forward_pre_hook(lambda *_: time.sleep(SLOW_S))
+        return real(model, *args)
+
+    monkeypatch.setattr(width_choice, "batch_seconds", slowed)
+
+
+def said(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("trainer.width_by_budget")]
+
+
+@pytest.fixture(scope="module")
+def picked(tmp_path_factory):
+    """The budgeted run on this machine, with the lines it said."""
+    folder = tmp_path_factory.mktemp("picked")
+    handler, logger = ListHandler(), logging.getLogger("vit.train")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        metrics = run(compose_config(PICKING), output_dir=folder)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return folder, metrics, handler.lines
+
+
+class ListHandler(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_a_fast_machine_trains_the_wider_model_and_says_why(picked):
+    folder, _, lines = picked
+    chosen = [line for line in lines if line.startswith("trainer.width_by_budget")]
+    assert len(chosen) == 2, chosen
+    assert "32 wide (2 heads, fp32): " in chosen[0] and "64 wide (4 heads, fp32): " in chosen[0]
+    assert chosen[1].startswith("trainer.width_by_budget: 64 wide picked (model.embed_dim=64 model.num_heads=4): ")
+    assert "the widest whose epochs reach min_epochs=20" in chosen[1]
+    assert lines.index(chosen[1]) < min(i for i, line in enumerate(lines) if line.startswith("budget 1m: "))
+    saved = load_checkpoint(folder / "checkpoints" / "last.pt")
+    assert saved["config"]["model"]["embed_dim"] == 64 and saved["model"]["cls_token"].shape[-1] == 64
+    assert "trainer.width_by_budget picked model.embed_dim=64" in (folder / BUILT_MODEL_FILE).read_text()
+
+
+def test_a_slowed_machine_picks_the_narrower_model_and_says_so(tmp_path, monkeypatch, caplog):
+    slowed_machine(monkeypatch)
+    with caplog.at_level(logging.INFO, logger="vit.train"):
+        run(compose_config(PICKING), output_dir=tmp_path)
+    timed, chosen = said(caplog)
+    assert "32 wide (2 heads, fp32): " in timed and "64 wide" not in timed  # the wider one is slower still
+    assert chosen.startswith("trainer.width_by_budget: 32 wide picked (model.embed_dim=32 model.num_heads=2): ")
+    assert "none reaches min_epochs=20, so the narrowest; 64 wide not timed" in chosen
+    epochs = float(timed.split(" img/s, ")[1].split(" epochs")[0])
+    assert 5 < epochs < 20  # 60 s less the start over 8 batches of at least 0.5 s
+    assert load_checkpoint(tmp_path / "checkpoints" / "last.pt")["config"]["model"]["embed_dim"] == 32
+    assert not (tmp_path / BUILT_MODEL_FILE).exists()  # the width configured: nothing to say
+
+
+def test_the_picked_width_trains_what_that_width_configured_trains(picked, tmp_path, caplog):
+    """Without a budget the choice is off (one line), and a run configured 64 wide ends on the picked run's weights:
+    the timing leaves no trace in the random state."""
+    configured = [*QUICK, *WIDTHS, "trainer.epochs=1", "trainer.ema=false", "model.embed_dim=64", "model.num_heads=4"]
+    with caplog.at_level(logging.INFO, logger="vit.train"):
+        run(compose_config(configured), output_dir=tmp_path)
+    assert said(caplog) == ["trainer.width_by_budget: off without trainer.budget; the model is 64 wide as configured"]
+    a = load_checkpoint(picked[0] / "checkpoints" / "last.pt")["model"]
+    b = load_checkpoint(tmp_path / "checkpoints" / "last.pt")["model"]
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_a_resumed_run_keeps_its_checkpoints_width(tmp_path, monkeypatch, caplog):
+    two = [*PICKING, "trainer.epochs=2", "trainer.stop_after_epoch=1"]
+    run(compose_config(two), output_dir=tmp_path)  # this machine: 64 wide
+    slowed_machine(monkeypatch)  # would pick 32 wide now
+    with caplog.at_level(logging.INFO, logger="vit.train"):
+        run(compose_config([*two, "trainer.resume=auto"]), output_dir=tmp_path)
+    (line,) = said(caplog)
+    assert line == (
+        f"trainer.width_by_budget: 64 wide, the width of {tmp_path / 'checkpoints' / 'last.pt'}, which this run "
+        "continues"
+    )
+    saved = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
+    assert saved["epoch"] == 2 and saved["config"]["model"]["embed_dim"] == 64
+
+
+@pytest.mark.parametrize(
+    ("overrides", "needle"),
+    [
+        (["trainer.width_by_budget.widths=[32,40]"], "trainer.width_by_budget.widths=[32, 40]: 40 is not a whole "),
+        (["trainer.width_by_budget.widths=[32]", "model.pretrained=timm:vit_tiny_patch16_224"], "fixes the width"),
+    ],
+)
+def test_bad_widths_are_one_line(overrides, needle):
+    with pytest.raises(ConfigError) as err:
+        validate(compose_config([*QUICK, *overrides]))
+    assert needle in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_epoch_under_progressive_resizing_costs_its_sizes_tokens():
+    assert width_choice.epoch_cost(None) == 1.0
+    assert width_choice.epoch_cost(ResizeSchedule(32, 32, 0.0, 0.5, multiple=4)) == 1.0
+    half = width_choice.epoch_cost(ResizeSchedule(16, 32, 0.0, 0.5, multiple=4))
+    whole = width_choice.epoch_cost(ResizeSchedule(16, 32, 0.0, 1.0, multiple=4))
+    # 16 px costs a quarter of 32 px; a ramp over half the run costs more than one over all of it
+    assert 0.25 < whole < half < 1.0
+    assert width_choice.epoch_cost(ResizeSchedule(16, 32, 1.0, 1.0, multiple=4)) == pytest.approx(0.25 * 0.99 + 0.01)
+
+
+def test_a_width_given_on_the_command_line_is_trained_as_given(tmp_path):
+    """The recipe picks among its widths; a command line that gives model.embed_dim gets that width, one line
+    saying the choice is off; giving the widths too is refused in one line."""
+    tree = make_tree(tmp_path / "data", classes=("a", "b"), per_class=4, val="test", size=32)
+    small = ["model.depth=1", "data.batch_size=4", "trainer.epochs=1", "trainer.eval_flip=false"]
+    given = ["experiment=cifar10_cpu", f"data.root={tree}", f"data.cache_dir={tmp_path / 'cache'}", *small]
+    given += ["model.embed_dim=48", "model.num_heads=1"]
+    done = run_cli([*given, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    log = (tmp_path / "run" / "train.log").read_text()
+    line = "trainer.width_by_budget: off, the command line gives model.embed_dim=48 model.num_heads=1; the recipe "
+    assert line + "would pick among 96, 144 wide" in log
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["architecture"]["embed_dim"] == 48
+    both = run_cli([*given, "trainer.width_by_budget.widths=[48,96]", f"hydra.run.dir={tmp_path / 'b'}"], cwd=tmp_path)
+    assert both.returncode == 2
+    assert both.stderr.strip() == (
+        "config error: model.embed_dim=48 fixes the width and trainer.width_by_budget.widths=[48, 96] picks it: "
+        "give one of them"
+    )

@@ -1,0 +1,164 @@
+"""`trainer.width_by_budget`: a budgeted run picks its model's width from how fast this machine trains each width.
+
+The accuracy-against-images map (docs/RESULTS.md) says how much each width learns from a number of epochs: a wider
+model learns more per epoch, a narrower one more per second, and the wider one wins once the budget buys it enough
+epochs. How many epochs a budget buys depends on the machine (the same 30 minutes hold twice the epochs on a CPU
+with AVX512 as on one with AVX2 only), so the choice cannot be written into a recipe as a width: the recipe lists
+its widths (`widths`) and the epochs a width needs before it is worth its cost (`min_epochs`, read off the map), and
+the run measures the rest:
+
+- each width, narrowest first, is built and trains a few batches of random images at the data's size and batch
+  (one untimed step for the allocations, then `TIMED_STEPS` timed: forward, loss, backward and the optimizer's
+  step, in the precision trainer.amp gives that width), as the run's steps would;
+- the budget left, over an epoch's time at that speed, is the epochs the width would train (an estimate: under
+  progressive resizing an epoch costs the mean of its sizes' token counts against the full size, and evaluations
+  are left out; the budget itself plans the steps exactly once the run trains);
+- the widest width whose estimate reaches `min_epochs` is picked, the narrowest when none does; a wider width is
+  timed only while the narrower ones reach `min_epochs` (it is slower still).
+
+The log says what each width measured and which was picked, and why. The heads keep the configured model's head
+width (96 wide with 2 heads makes 144 wide with 3). vit/train/setup.py writes the pick into the config before the
+model is built and resets the random state, so a run that picks a width trains what a run configured with that width
+trains, and a resumed run keeps the width of the checkpoint it continues.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig
+
+from vit.runtime.device import choose_precision
+from vit.settings import OptimSettings, TrainerSettings
+from vit.train.optimizer import build_optimizer, scaled_lr
+from vit.train.progressive import ResizeSchedule
+
+log = logging.getLogger("vit.train")
+
+TIMED_STEPS = 3  # timed batches per width, after one untimed
+
+
+@dataclass(frozen=True)
+class WidthTiming:
+    """One width as measured on this machine."""
+
+    width: int
+    heads: int
+    precision: str  # the precision trainer.amp gives this width: fp32, bf16, fp16
+    batch_s: float  # seconds per training batch, measured
+    epochs: float  # the epochs the budget left buys at that speed (estimated)
+
+    def describe(self, batch_size: int) -> str:
+        speed = batch_size / self.batch_s
+        return f"{self.width} wide ({self.heads} heads, {self.precision}): {speed:,.0f} img/s, {self.epochs:.1f} epochs"
+
+
+@dataclass(frozen=True)
+class WidthChoice:
+    """What the run picked and why, as metrics.json records it (`width_by_budget`)."""
+
+    width: int
+    why: str
+    timed: tuple[WidthTiming, ...] = ()  # empty when nothing was timed (a resumed run keeps its checkpoint's width)
+
+    def record(self) -> dict:
+        return {"width": self.width, "why": self.why, "timed": [dataclasses.asdict(t) for t in self.timed]}
+
+
+def heads_for(model: DictConfig, width: int) -> int:
+    """The heads of `width` at the configured model's head width (model.embed_dim / model.num_heads)."""
+    return width // (int(model.embed_dim) // int(model.num_heads))
+
+
+def set_width(cfg: DictConfig, width: int) -> None:
+    """Write `width` and its heads into the run's config (model.embed_dim, model.num_heads)."""
+    heads = heads_for(cfg.model, width)
+    cfg.model.embed_dim, cfg.model.num_heads = width, heads
+
+
+def epoch_cost(resize: ResizeSchedule | None) -> float:
+    """An epoch's mean cost against a full-size epoch, counted by tokens: under progressive resizing an epoch at
+    s px costs (s / full)^2 of one at full size (measured on the 96-wide recipe: a 16 px step runs about 3.5x as
+    many images a second as a 32 px one, against the 4x of this count); 1 without."""
+    if resize is None:
+        return 1.0
+    sizes = resize.sizes(100)  # the schedule is in fractions of the run: 100 epochs sample it finely
+    return sum((size / resize.full_size) ** 2 for size in sizes) / len(sizes)
+
+
+def batch_seconds(model, task, criterion, optimizer, precision, device, images, targets) -> float:
+    """Seconds one training batch takes `model` here: forward and loss under `precision`, backward, the optimizer's
+    step; one untimed batch first (allocations, first-call costs), then the mean of `TIMED_STEPS`."""
+    model.train()
+    times = []
+    for _ in range(1 + TIMED_STEPS):
+        start = time.perf_counter()
+        with precision.autocast(device):
+            loss = task.loss(model, images, targets, criterion)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return sum(times[1:]) / TIMED_STEPS
+
+
+def time_width(cfg: DictConfig, trainer: TrainerSettings, width: int, task, bundle, device) -> tuple[float, str]:
+    """(seconds per training batch, precision) of the configured model at `width`, measured on random images of
+    the data's batch and size."""
+    trial = copy.deepcopy(cfg)
+    set_width(trial, width)
+    # The run's random state is left as it was: a run whose width is the configured one trains as without the timing.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        model = task.build_model(trial, num_classes=bundle.num_classes, announce=False).to(device)
+        precision = choose_precision(trainer.amp, device, model)
+        optim = OptimSettings.of(cfg.optim)
+        optimizer = build_optimizer(model, optim, scaled_lr(optim, global_batch=cfg.data.batch_size), device)
+        size, batch = int(cfg.data.img_size), int(cfg.data.batch_size)
+        images = torch.randn(batch, int(cfg.model.get("in_chans") or 3), size, size, device=device)  # (B, 3, H, W)
+        targets = torch.randint(0, bundle.num_classes, (batch,), device=device)  # (B,)
+        seconds = batch_seconds(model, task, bundle.train_criterion, optimizer, precision, device, images, targets)
+    return seconds, precision.name
+
+
+def pick_width(
+    cfg: DictConfig, trainer: TrainerSettings, task, bundle, device, batches: int, resize, budget_left: Callable
+) -> WidthChoice:
+    """Time the widths narrowest first and return the one to train (see the module's docstring); `batches`:
+    training batches per epoch and process; `budget_left()`: the budget's seconds left now."""
+    setting = trainer.width_by_budget
+    cost = epoch_cost(resize)
+    timed: list[WidthTiming] = []
+    for width in setting.widths:
+        batch_s, precision = time_width(cfg, trainer, width, task, bundle, device)
+        epochs = budget_left() / (batches * batch_s * cost)  # the timing so far spent
+        timed.append(WidthTiming(width, heads_for(cfg.model, width), precision, batch_s, epochs))
+        if epochs < setting.min_epochs:
+            break
+    reaching = [t for t in timed if t.epochs >= setting.min_epochs]
+    picked = reaching[-1] if reaching else timed[0]
+    batch = int(cfg.data.batch_size)
+    log.info(
+        "trainer.width_by_budget: %s (timed on %d batches of %d random images each)",
+        "; ".join(t.describe(batch) for t in timed),
+        TIMED_STEPS,
+        batch,
+    )
+    why = (
+        f"the widest whose epochs reach min_epochs={setting.min_epochs:g}"
+        if reaching
+        else f"none reaches min_epochs={setting.min_epochs:g}, so the narrowest"
+    )
+    untimed = [w for w in setting.widths if w > timed[-1].width]
+    if untimed:
+        why += f"; {', '.join(map(str, untimed))} wide not timed (slower still)"
+    log.info("trainer.width_by_budget: %d wide picked (model.embed_dim=%d model.num_heads=%d): %s",
+             picked.width, picked.width, picked.heads, why)  # fmt: skip
+    return WidthChoice(picked.width, why, tuple(timed))
