@@ -18,15 +18,15 @@ from vit.train.config import validate
 from vit.train.progressive import ResizeSchedule
 from vit.weights.read import load_checkpoint
 
-# 256 synthetic images in batches of 32: 8 batches an epoch. In 60 s the tiny model's batch of a few milliseconds
-# buys hundreds of epochs; a batch 0.5 s slower buys 60 / (8 x 0.5) = 15, under min_epochs.
+# 256 synthetic images in batches of 32: 8 batches an epoch. In 30 s the tiny model's batch of a few milliseconds
+# buys a hundred epochs and more; a batch 0.25 s slower buys at most 30 / (8 x 0.25) = 15, under min_epochs.
 WIDTHS = ["trainer.width_by_budget.widths=[32,64]", "trainer.width_by_budget.min_epochs=20", "trainer.threads=1"]
-PICKING = [*QUICK, *WIDTHS, "trainer.budget=60s", "trainer.epochs=1", "trainer.ema=false"]
-SLOW_S = 0.5
+PICKING = [*QUICK, *WIDTHS, "trainer.budget=30s", "trainer.epochs=1", "trainer.ema=false"]
+SLOW_S = 0.25
 
 
 def slowed_machine(monkeypatch) -> None:
-    """Every timed batch of every width 0.5 s slower: a sleep before each forward pass of the timed model."""
+    """Every timed batch of every width 0.25 s slower: a sleep before each forward pass of the timed model."""
     real = width_choice.batch_seconds
 
     def slowed(model, *args):
@@ -72,7 +72,7 @@ def test_a_fast_machine_trains_the_wider_model_and_says_why(picked):
     assert "32 wide (2 heads, fp32): " in chosen[0] and "64 wide (4 heads, fp32): " in chosen[0]
     assert chosen[1].startswith("trainer.width_by_budget: 64 wide picked (model.embed_dim=64 model.num_heads=4): ")
     assert "the widest whose epochs reach min_epochs=20" in chosen[1]
-    assert lines.index(chosen[1]) < min(i for i, line in enumerate(lines) if line.startswith("budget 1m: "))
+    assert lines.index(chosen[1]) < min(i for i, line in enumerate(lines) if line.startswith("budget 30s: "))
     saved = load_checkpoint(folder / "checkpoints" / "last.pt")
     assert saved["config"]["model"]["embed_dim"] == 64 and saved["model"]["cls_token"].shape[-1] == 64
     assert "trainer.width_by_budget picked model.embed_dim=64" in (folder / BUILT_MODEL_FILE).read_text()
@@ -87,7 +87,7 @@ def test_a_slowed_machine_picks_the_narrower_model_and_says_so(tmp_path, monkeyp
     assert chosen.startswith("trainer.width_by_budget: 32 wide picked (model.embed_dim=32 model.num_heads=2): ")
     assert "none reaches min_epochs=20, so the narrowest; 64 wide not timed" in chosen
     epochs = float(timed.split(" img/s, ")[1].split(" epochs")[0])
-    assert 5 < epochs < 20  # 60 s less the start over 8 batches of at least 0.5 s
+    assert 5 < epochs < 16  # 30 s less the start over 8 batches of at least 0.25 s
     assert load_checkpoint(tmp_path / "checkpoints" / "last.pt")["config"]["model"]["embed_dim"] == 32
     assert not (tmp_path / BUILT_MODEL_FILE).exists()  # the width configured: nothing to say
 
