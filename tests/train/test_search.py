@@ -382,6 +382,9 @@ def test_every_setting_of_the_budgeted_cpu_search_builds(tmp_path):
     assert fixed == [] and len(space) == 8
     (tmp_path / "train" / "a").mkdir(parents=True)
     recipe = compose_config(["experiment=cifar10_cpu", f"data.root={tmp_path}", "data.holdout=5000"])
+    # the search chooses the width itself: the recipe's width by the budget is off in it
+    assert raw["trainer"]["width_by_budget"] == {"widths": None}
+    OmegaConf.update(recipe, "trainer.width_by_budget.widths", None)
     choices = {k: v.choices for k, v in space.items() if isinstance(v, optuna.distributions.CategoricalDistribution)}
     singles = [{key: value} for key, values in choices.items() for value in values if key != "model.embed_dim"]
     pairs = itertools.product(choices["model.embed_dim"], choices["model.num_heads"])

@@ -110,6 +110,7 @@ def test_a_resumed_run_keeps_its_checkpoints_width(tmp_path, monkeypatch, caplog
     two = [*PICKING, "trainer.epochs=2", "trainer.stop_after_epoch=1"]
     run(compose_config(two), output_dir=tmp_path)  # this machine: 64 wide
     slowed_machine(monkeypatch)  # would pick 32 wide now
+    caplog.clear()
     with caplog.at_level(logging.INFO, logger="vit.train"):
         run(compose_config([*two, "trainer.resume=auto"]), output_dir=tmp_path)
     (line,) = said(caplog)
@@ -150,16 +151,16 @@ def test_a_width_given_on_the_command_line_is_trained_as_given(tmp_path):
     tree = make_tree(tmp_path / "data", classes=("a", "b"), per_class=4, val="test", size=32)
     small = ["model.depth=1", "data.batch_size=4", "trainer.epochs=1", "trainer.eval_flip=false"]
     given = ["experiment=cifar10_cpu", f"data.root={tree}", f"data.cache_dir={tmp_path / 'cache'}", *small]
-    given += ["model.embed_dim=48", "model.num_heads=1"]
+    given += ["model.embed_dim=64", "model.num_heads=1"]  # 64-wide heads: the recipe's 96 and 144 do not fit them
     done = run_cli([*given, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     log = (tmp_path / "run" / "train.log").read_text()
-    line = "trainer.width_by_budget: off, the command line gives model.embed_dim=48 model.num_heads=1; the recipe "
+    line = "trainer.width_by_budget: off, the command line gives model.embed_dim=64 model.num_heads=1; the recipe "
     assert line + "would pick among 96, 144 wide" in log
-    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["architecture"]["embed_dim"] == 48
-    both = run_cli([*given, "trainer.width_by_budget.widths=[48,96]", f"hydra.run.dir={tmp_path / 'b'}"], cwd=tmp_path)
+    assert json.loads((tmp_path / "run" / "metrics.json").read_text())["architecture"]["embed_dim"] == 64
+    both = run_cli([*given, "trainer.width_by_budget.widths=[64,128]", f"hydra.run.dir={tmp_path / 'b'}"], cwd=tmp_path)
     assert both.returncode == 2
     assert both.stderr.strip() == (
-        "config error: model.embed_dim=48 fixes the width and trainer.width_by_budget.widths=[48, 96] picks it: "
+        "config error: model.embed_dim=64 fixes the width and trainer.width_by_budget.widths=[64, 128] picks it: "
         "give one of them"
     )

@@ -50,9 +50,9 @@ def train_task(cfg) -> float | None:
         metric = optimized_metric(cfg)
         # The settings first (run() checks them again, in milliseconds): the warnings below speak of a run that can
         # start, and a refused one says only why.
+        keep_given_width(cfg)  # before the checks: the recipe's widths need not fit a width the command line gives
         validate(cfg)
         warn_kept_optimizer_settings(cfg)
-        keep_given_width(cfg)
         metrics = run(cfg)
     except UserError as err:  # a setting, the data, a checkpoint, the run folder: "<kind> error: ..." and exit 2
         forget_refused_run(err)
