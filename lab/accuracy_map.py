@@ -174,13 +174,13 @@ def draw(points: list[dict], budgeted: list[dict], anchor_flops: int, path: Path
 
 def main(argv: list[str] | None = None) -> int:
     known = {"runs": None, "budget": None, "out": None, "json": None}
-    args = parse_args(sys.argv[1:] if argv is None else argv, known, ("runs",))
+    args = parse_args(sys.argv[1:] if argv is None else argv, known, ("runs",), lists=("budget",))
     runs = Path(args["runs"])
     if not runs.is_dir():
         raise UsageError(f"runs={runs} is not a folder")
     macs_at: dict = {}
     points = map_points(runs, macs_at)
-    budgeted = budget_points([Path(f) for f in args["budget"].split(",")], macs_at) if args["budget"] else []
+    budgeted = budget_points([Path(f) for f in args["budget"]], macs_at) if args["budget"] else []
     anchor_flops = convmixer_flops()
     if args["out"]:
         draw(points, budgeted, anchor_flops, Path(args["out"]))

@@ -105,7 +105,7 @@ def sync(device: torch.device) -> None:
 def main(argv: list[str]) -> int:
     known = {"policies": "autoaug,trivial,rand-m9-mstd0.5-inc1", "batch": "512", "size": "32", "repeats": "15"}
     known |= {"warmup": "3", "count_batches": "10", "device": "cpu", "threads": None, "json": None}
-    args = parse_args(argv, known)
+    args = parse_args(argv, known, lists=("policies",))
     batch_size, size, repeats = args.integer("batch"), args.integer("size"), args.integer("repeats")
     warmup, count_batches = args.integer("warmup", minimum=0), args.integer("count_batches")
     threads = args.integer("threads")
@@ -119,9 +119,7 @@ def main(argv: list[str]) -> int:
     images = rng.integers(0, 256, (batch_size, size, size, 3), dtype=np.uint8)
     torch.manual_seed(0)
 
-    cases = [
-        (p, *impl) for p in ["none", *args["policies"].split(",")] for impl in (IMPLS if p != "none" else IMPLS[:1])
-    ]
+    cases = [(p, *impl) for p in ["none", *args["policies"]] for impl in (IMPLS if p != "none" else IMPLS[:1])]
     augments = {
         (p, label): make_augment(None if p == "none" else p, impl, whole, size) for p, label, impl, whole in cases
     }

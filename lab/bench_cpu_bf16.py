@@ -76,10 +76,10 @@ def parse_case(text: str) -> tuple[int, int, int, int]:
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv, {"threads": "2", "rounds": "5", "cases": DEFAULT_CASES, "json": None})
+    args = parse_args(argv, {"threads": "2", "rounds": "5", "cases": DEFAULT_CASES, "json": None}, lists=("cases",))
     rounds = args.integer("rounds")
     torch.set_num_threads(args.integer("threads"))
-    cases = [parse_case(c) for c in args["cases"].split(",") if c]
+    cases = [parse_case(c) for c in args["cases"]]
     rows = []
     print(f"{torch.get_num_threads()} threads, torch {torch.__version__}")
     print("| width | heads | tokens | batch | fp32 img/s | bf16 img/s | bf16 / fp32 |\n|---|---|---|---|---|---|---|")

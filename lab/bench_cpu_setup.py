@@ -69,9 +69,9 @@ def train_img_per_s(experiment: str, root: str, batches: int, overrides: list[st
 
 def main(argv: list[str]) -> int:
     known = {"data.root": None, "rounds": "3", "batches": "60", "settings": None, "experiment": "cifar10_cpu"}
-    args = parse_args(argv, {**known, "warmup": "true", "json": None}, ("data.root",))
+    args = parse_args(argv, {**known, "warmup": "true", "json": None}, ("data.root",), lists=("settings",))
     settings = all_settings(available_cpus())
-    names = args["settings"].split(",") if args["settings"] else list(settings)
+    names = args["settings"] or list(settings)
     unknown = [n for n in names if n not in settings]
     if unknown:
         raise UsageError(f"settings: {unknown[0]!r} is not one of {', '.join(settings)}")

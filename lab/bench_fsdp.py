@@ -49,19 +49,19 @@ MIB = 2**20
 
 
 def read_args(argv: list[str]) -> SimpleNamespace:
-    args = parse_args(argv, KNOWN)
+    args = parse_args(argv, KNOWN, lists=("models", "strategies"))
     numbers = {key: args.integer(key) for key in NUMBERS}
     if min(numbers.values()) < 1:
         raise UsageError(f"{', '.join(NUMBERS)} must be whole numbers >= 1")
     if args["device"] not in ("cpu", "cuda"):
         raise UsageError(f"device={args['device']!r} must be cpu or cuda")
-    models = [name for name in str(args["models"]).split(",") if name]
+    models = args["models"]
     from vit.models import list_models
 
     unknown = [name for name in models if name not in SHAPES and name not in list_models()]
     if unknown or not models:
         raise UsageError(f"models={args['models']!r}: {unknown[0] if unknown else 'none'} is not a model name")
-    strategies = [name for name in str(args["strategies"]).split(",") if name]
+    strategies = args["strategies"]
     bad = [name for name in strategies if name not in STRATEGIES]
     if bad or not strategies:
         raise UsageError(f"strategies={args['strategies']!r}: each of {', '.join(STRATEGIES)}")

@@ -47,11 +47,12 @@ KNOWN = {"seq_lens": "16,36,64", "batch_size": "256", "width": "96", "depth": "6
 KNOWN |= {"pos_embed": "learned", "shapes": "square", "threads": "2", "rounds": "5", "json": None}
 
 
-def read_seq_lens(text: str) -> list[int]:
+def read_seq_lens(parts: list[str]) -> list[int]:
+    text = ",".join(parts)
     try:
-        seq_lens = [int(part) for part in text.split(",") if part]
+        seq_lens = [int(part) for part in parts]
     except ValueError:
-        raise UsageError(f"seq_lens={text!r} must be whole numbers separated by commas") from None
+        raise UsageError(f"seq_lens={text!r} must be whole numbers (seq_lens=[16,36,64])") from None
     squares = [n for n in seq_lens if n < 1 or int(n**0.5) ** 2 != n]
     if not seq_lens or squares:
         raise UsageError(f"seq_lens={text!r}: each must be a square token count (16, 36, 64: a square grid)")
@@ -96,7 +97,7 @@ def make_step(model: torch.nn.Module):
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv, KNOWN)
+    args = parse_args(argv, KNOWN, lists=("seq_lens",))
     seq_lens = read_seq_lens(args["seq_lens"])
     numbers = {key: args.integer(key) for key in ("batch_size", "width", "depth", "heads", "threads", "rounds")}
     if min(numbers.values()) < 1 or numbers["width"] % numbers["heads"]:

@@ -82,13 +82,14 @@ def main(argv: list[str]) -> int:
             "json": None,
         },
         model_keys=True,
+        lists=("optimizers",),
     )
     rounds, steps = args.integer("rounds"), args.integer("steps")
     if args.get("threads"):
         torch.set_num_threads(args.integer("threads"))
     device = torch.device(args["device"])
-    specs = [s for s in args["optimizers"].split(",") if s]
-    model_overrides = [f"model.{key}={value}" for key, value in args.model.items()]
+    specs = args["optimizers"]
+    model_overrides = [edit.text for edit in args.model_edits]
     configs = {spec: optimizer_config(args["experiment"], spec, model_overrides) for spec in specs}
     first = next(iter(configs.values()))
     torch.manual_seed(0)

@@ -97,7 +97,7 @@ class Options:
 
     mode: str
     models: list[str]
-    batch: str | None
+    batch: list[str] | None
     compile: str
     compile_mode: str
     peer_compile_mode: str
@@ -110,8 +110,8 @@ class Options:
     threads: int | None
     amp: str
     peer_amp: str
-    batches: str | None
-    runtimes: str
+    batches: list[str] | None
+    runtimes: list[str]
     profile_steps: int
     epochs: int
     e2e_dir: Path | None
@@ -133,14 +133,14 @@ def read_options(argv: list[str]) -> Options:
     trainer override, kept for mode=e2e."""
     ours = [a for a in argv if a.partition("=")[0] in KNOWN or "=" not in a]
     overrides = [a for a in argv if a not in ours]
-    args = parse_args(ours, KNOWN)
+    args = parse_args(ours, KNOWN, lists=("models", "batch", "batches", "runtimes"))
     min_round_s = args.number("min_round_s", minimum=0)
     mode = choice(args, "mode", MODES)
     if overrides and mode != "e2e":
         raise UsageError(f"{overrides[0]!r}: config overrides only go with mode=e2e (known keys: {', '.join(KNOWN)})")
     options = Options(
         mode=mode,
-        models=[n for n in args["models"].split(",") if n],
+        models=args["models"],
         batch=args["batch"],
         compile=choice(args, "compile", COMPILE),
         compile_mode=args["compile_mode"],
@@ -206,7 +206,7 @@ def run_e2e(args: Options) -> int:
 def run_inference(args: Options, names: list[str], device: torch.device) -> int:
     from inference_timing import ONNX_RUNTIMES, RUNTIMES, bench_inference, inference_markdown, inference_record
 
-    runtimes = tuple(r for r in args.runtimes.split(",") if r)
+    runtimes = tuple(args.runtimes)
     unknown = [r for r in runtimes if r not in RUNTIMES]
     if unknown:
         raise UsageError(f"runtimes={unknown[0]!r} is not a runtime; choose from {', '.join(RUNTIMES)}")
@@ -219,11 +219,11 @@ def run_inference(args: Options, names: list[str], device: torch.device) -> int:
         except ExportError as err:
             raise UsageError(f"runtimes={onnx[0]}: {str(err).replace('format=onnx ', '')}") from None
     try:
-        batches = [int(b) for b in (args.batches or ("1,64" if device.type == "cpu" else "1,256")).split(",")]
+        batches = [int(b) for b in (args.batches or (["1", "64"] if device.type == "cpu" else ["1", "256"]))]
     except ValueError:
         batches = [0]
     if min(batches) < 1:
-        raise UsageError(f"batches={args.batches!r} must be a comma list of positive integers")
+        raise UsageError(f"batches={','.join(args.batches)!r} must be positive integers (batches=[1,64])")
     results = []
     for name in names:
         for batch in batches:
@@ -271,13 +271,13 @@ def run(args: Options) -> int:
         what = repr(unknown[0]) if unknown else "''"
         raise UsageError(f"models={what} is not a benchmark case; choose from {', '.join(CASES)}")
     try:
-        batches = [int(b) for b in args.batch.split(",")] if args.batch else [None] * len(names)
+        batches = [int(b) for b in args.batch] if args.batch else [None] * len(names)
     except ValueError:
-        raise UsageError(f"batch={args.batch!r} must be an integer or a comma list of them") from None
+        raise UsageError(f"batch={','.join(args.batch)!r} must be an integer or a list of them") from None
     if len(batches) == 1 and len(names) > 1:
         batches *= len(names)
     if len(batches) != len(names):
-        raise UsageError(f"batch={args.batch} has {len(batches)} values for {len(names)} models")
+        raise UsageError(f"batch={','.join(args.batch)} has {len(batches)} values for {len(names)} models")
     if args.device == "auto":
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:

@@ -75,7 +75,7 @@ DEFAULTS = {
 
 def parse_settings(argv: list[str]) -> SimpleNamespace:
     """The `key=value` arguments as the experiment's settings: paths, numbers and the flag, typed."""
-    args = parse_args(argv, DEFAULTS, ("data", "work"))
+    args = parse_args(argv, DEFAULTS, ("data", "work"), lists=("seeds",))
     return SimpleNamespace(
         data=Path(args["data"]),
         work=Path(args["work"]),

@@ -55,7 +55,7 @@ DEFAULTS |= {"epochs": "30", "batch_size": "64", "plot_only": "false"}
 
 
 def parse_settings(argv: list[str]) -> SimpleNamespace:
-    args = parse_args(argv, DEFAULTS, ("photos", "work"))
+    args = parse_args(argv, DEFAULTS, ("photos", "work"), lists=("seeds",))
     photos = Path(args["photos"])
     if not photos.is_dir():
         raise UsageError(f"photos={photos} is not a folder")

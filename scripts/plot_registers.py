@@ -55,9 +55,9 @@ def token_norms(model, images: torch.Tensor) -> torch.Tensor:
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv, ARGS, required=("checkpoints", "image"))
-    checkpoints = [c for c in args["checkpoints"].split(",") if c]
-    names = [n for n in args["names"].split(",") if n] or [f"model {i + 1}" for i in range(len(checkpoints))]
+    args = parse_args(argv, ARGS, required=("checkpoints", "image"), lists=("checkpoints", "names"))
+    checkpoints = args["checkpoints"]
+    names = args["names"] or [f"model {i + 1}" for i in range(len(checkpoints))]
     if len(names) != len(checkpoints):
         raise UsageError(f"names={args['names']!r} gives {len(names)} names for {len(checkpoints)} checkpoints")
     try:

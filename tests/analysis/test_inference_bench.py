@@ -104,7 +104,7 @@ def test_each_variant_runs_after_each_other_one(monkeypatch):
     ("args", "needle"),
     [
         (["runtimes=tensorrt"], "usage error: runtimes='tensorrt' is not a runtime"),
-        (["batches=0"], "usage error: batches='0' must be a comma list of positive integers"),
+        (["batches=0"], "usage error: batches='0' must be positive integers (batches=[1,64])"),
     ],
 )
 def test_bad_arguments_exit_2(capsys, args, needle):

@@ -147,7 +147,7 @@ def test_predict_runs_in_the_precision_the_trainers_rule_gives(vit_checkpoint, i
     [
         ("predict", ["checkpoint={tmp}/none.pt", "image={images}"], "none.pt' does not exist"),
         ("predict", ["checkpoint={ckpt}", "image={tmp}/no.png"], "no.png' does not exist"),
-        ("predict", ["checkpoint={ckpt}", "image={images}", "top=0"], "top='0' must be a positive integer"),
+        ("predict", ["checkpoint={ckpt}", "image={images}", "top=0"], "top='0' must be an integer >= 1"),
         ("predict", ["image={images}"], "checkpoint=<...> is required"),
         ("plot_pos_embed", ["checkpoint={tmp}/none.pt"], "none.pt' does not exist"),
         ("plot_pos_embed", ["checkpoint={ckpt}", "layer=1"], "unknown argument 'layer'"),

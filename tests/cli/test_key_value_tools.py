@@ -34,7 +34,7 @@ def run_folder(tmp_path_factory):
         torch.manual_seed(epoch)
         raw = build_model_from_config(cfg.model, num_classes=10).state_dict()
         ema = {k: v + 1.0 if v.is_floating_point() else v for k, v in raw.items()}
-        state = {"model": raw, "ema": ema, "config": config, "class_to_idx": {f"c{i}": i for i in range(10)}}
+        state = {"model": raw, "ema": ema, "config": config, "class_to_idx": {f"class_{i}": i for i in range(10)}}
         torch.save({**state, "epoch": epoch, "step": epoch}, folder / "checkpoints" / f"epoch_{epoch:04d}.pt")
     return folder
 

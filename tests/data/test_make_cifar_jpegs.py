@@ -103,7 +103,7 @@ def test_a_download_without_network_says_so_not_a_write_failure(tmp_path, monkey
 @pytest.mark.parametrize(
     ("args", "named"),
     [
-        (["quality=96"], "quality='96' must be a whole number in 1..95"),
+        (["quality=96"], "quality='96' must be an integer in 1..95"),
         (["download=sure"], "download='sure' must be true or false"),
         (["--tar", "x.tar.gz"], "argument '--tar' must look like key=value"),
         (["tarball=x.tar.gz"], "unknown argument 'tarball'"),

@@ -358,7 +358,7 @@ def test_predict_at_the_images_own_shapes_packs_them_whole(ours, tmp_path, capsy
     pre = Preprocessing(32, 32, "bilinear", (0.5,) * 3, (0.25,) * 3, origin="test")
     x = pre.naflex_transform(64, 4)(read_rgb(images / "b_wide.png"))
     assert tuple(x.shape) == (3, 20, 40) and Image.open(images / "b_wide.png").size == (64, 32)  # 5 x 10 patches
-    for extra, needle in ((["seq_len=0"], "seq_len='0' must be a whole number of tokens >= 1"),):
+    for extra, needle in ((["seq_len=0"], "seq_len='0' must be an integer >= 1"),):
         code, out, err = predict([*base, f"image={images}", "seq_len=64", *extra], capsys)
         lines = err.strip().splitlines()
         assert code == 2 and len(lines) == 1 and needle in lines[0], lines
@@ -439,7 +439,7 @@ def test_export_at_the_images_own_shapes_takes_naflex_batches(ours, tmp_path, ca
     for extra, needle in (
         (["format=exported-program", f"output={tmp_path / 'x.pt2'}"], "it needs format=onnx|torchscript"),
         (["quantize=int8", f"output={tmp_path / 'x.onnx'}"], "seq_len= with quantize=int8"),
-        (["seq_len=x", f"output={tmp_path / 'x.onnx'}"], "seq_len='x' must be a whole number"),
+        (["seq_len=x", f"output={tmp_path / 'x.onnx'}"], "seq_len='x' must be an integer >= 1"),
     ):
         assert run_script(export_tool.main, [*base, *extra], usage=export_tool.__doc__) == 2
         lines = capsys.readouterr().err.strip().splitlines()

@@ -25,7 +25,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from vit.cli.args import parse_args, refuse_positional, run_script
+from vit.cli.args import Key, keys_help, parse_args, refuse_positional, run_script
 from vit.deploy.loaded_model import ema_option, with_ema_rule
 from vit.engine.files import atomic_save
 from vit.errors import UsageError
@@ -42,6 +42,15 @@ def kept_epochs(run_dir: Path) -> list[Path]:
     return [path for _, path in numbered]
 
 
+KEYS = {
+    "run": Key("a run folder: its kept epoch checkpoints (checkpoints/epoch_NNNN.pt)", kind="path"),
+    "checkpoints": Key("checkpoint files, oldest first", several=True),
+    "last": Key("only the newest n", kind="int", low=1),
+    "ema": Key("which weights (see Weights above; default: auto)"),
+    "out": Key("the averaged checkpoint (default: <run>/checkpoints/averaged.pt)", kind="path"),
+}
+
+
 def positional_form(paths: list[str]) -> str:
     """The key=value form of paths given without a key: a run folder, or checkpoint files."""
     if len(paths) == 1 and Path(paths[0]).is_dir():
@@ -51,7 +60,7 @@ def positional_form(paths: list[str]) -> str:
 
 def main(argv: list[str]) -> int:
     refuse_positional(argv, positional_form)
-    options = parse_args(argv, {"run": None, "checkpoints": None, "last": None, "ema": None, "out": None})
+    options = parse_args(argv, KEYS)
     which = {None: "auto", True: "ema", False: "raw"}[ema_option(options["ema"])]  # averaging's names, EMA_RULE
     run, files = options["run"], options["checkpoints"]
     if bool(run) == bool(files):
@@ -64,14 +73,12 @@ def main(argv: list[str]) -> int:
         paths = kept_epochs(Path(run))
         default_out = paths[0].parent / "averaged.pt"
     else:
-        paths = [Path(path) for path in files.split(",") if path]
+        paths = [Path(path) for path in files if path]
         missing = [str(p) for p in paths if not (p.is_file() or is_sharded_checkpoint(p))]
         if missing:
             raise UsageError(f"checkpoints=: no such checkpoint file: {missing[0]!r}")
         default_out = paths[0].parent / "averaged.pt"
     if options["last"] is not None:
-        if not str(options["last"]).isdigit() or int(options["last"]) < 1:
-            raise UsageError(f"last={options['last']!r} must be a whole number >= 1")
         paths = paths[-int(options["last"]) :]
     out = Path(options["out"]) if options["out"] else default_out
     if out.resolve() in {p.resolve() for p in paths}:
@@ -85,4 +92,4 @@ def main(argv: list[str]) -> int:
 
 def console() -> None:
     """`vit-average`."""
-    sys.exit(run_script(main, usage=with_ema_rule(__doc__)))
+    sys.exit(run_script(main, usage=with_ema_rule(__doc__), keys=keys_help(KEYS)))

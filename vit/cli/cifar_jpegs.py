@@ -33,19 +33,19 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from vit.cli.args import parse_args, run_script
+from vit.cli.args import Key, keys_help, parse_args, run_script
 from vit.errors import UsageError
 
 SPLITS = (("train", True), ("test", False))
 
 
-DEFAULTS = {"root": None, "out": None, "download": "false", "tar": None, "quality": "75"}
-
-
-def jpeg_quality(value: str) -> int:
-    if not (value.isdigit() and 1 <= int(value) <= 95):
-        raise UsageError(f"quality={value!r} must be a whole number in 1..95")
-    return int(value)
+KEYS = {
+    "root": Key("torchvision's CIFAR-10 root (the folder holding cifar-10-batches-py/)", kind="path"),
+    "out": Key("the folder <out>/cifar10/{train,test}/<class>/ is written in", kind="path"),
+    "download": Key("let torchvision fetch CIFAR-10 into root first (163 MB)", "false", kind="flag"),
+    "tar": Key("also pack <out>/cifar10 into this .tar.gz", kind="path"),
+    "quality": Key("the JPEG quality", "75", kind="int", low=1, high=95),
+}
 
 
 def read_split(root: Path, train: bool, download: bool) -> tuple[np.ndarray, list[int], list[str]]:
@@ -80,10 +80,10 @@ def write_split(images: np.ndarray, labels: list[int], classes: list[str], folde
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv, DEFAULTS, ("root", "out"))
+    args = parse_args(argv, KEYS, ("root", "out"))
     root, out, download = Path(args["root"]), Path(args["out"]), args.flag("download")
     tar = Path(args["tar"]) if args["tar"] else None
-    quality = jpeg_quality(args["quality"])
+    quality = int(args["quality"])
     tree = out / "cifar10"
     try:
         for split, train in SPLITS:
@@ -103,4 +103,4 @@ def main(argv: list[str]) -> int:
 
 def console() -> None:
     """`vit-cifar-jpegs`."""
-    sys.exit(run_script(main, usage=__doc__))
+    sys.exit(run_script(main, usage=__doc__, keys=keys_help(KEYS)))

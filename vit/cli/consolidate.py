@@ -21,16 +21,21 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from vit.cli.args import parse_args, refuse_positional, run_script
+from vit.cli.args import Key, keys_help, parse_args, refuse_positional, run_script
 from vit.engine.files import atomic_save
 from vit.errors import UsageError
 from vit.weights.read import load_checkpoint
 from vit.weights.sharded import is_sharded_checkpoint
 
+KEYS = {
+    "checkpoint": Key("a sharded checkpoint folder, or its last.pt/best.pt/epoch_NNNN.pt link", kind="path"),
+    "out": Key("the file (default: <name>.consolidated.pt beside it)", kind="path"),
+}
+
 
 def main(argv: list[str]) -> int:
     refuse_positional(argv, lambda paths: f"checkpoint={paths[0]}")
-    options = parse_args(argv, {"checkpoint": None, "out": None}, required=("checkpoint",))
+    options = parse_args(argv, KEYS, required=("checkpoint",))
     source = Path(options["checkpoint"])
     if not is_sharded_checkpoint(source):
         what = "a single file already" if source.is_file() else "not a sharded checkpoint folder"
@@ -47,4 +52,4 @@ def main(argv: list[str]) -> int:
 
 def console() -> None:
     """`vit-consolidate`."""
-    sys.exit(run_script(main, usage=__doc__))
+    sys.exit(run_script(main, usage=__doc__, keys=keys_help(KEYS)))

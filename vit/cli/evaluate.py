@@ -64,28 +64,29 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from vit.cli.args import parse_args, run_script
-from vit.deploy.loaded_model import resolve, with_ema_rule
+from vit.cli.args import Key, keys_help, parse_args, run_script
+from vit.deploy.loaded_model import EMA_CHOICES, resolve, with_ema_rule
 from vit.errors import UsageError
 from vit.progress import progress
+from vit.settings.trainer import AMP_MODES
 
-KNOWN_KEYS = (
-    "checkpoint",
-    "seq_len",
-    "model",
-    "data",
-    "ema",
-    "flip",
-    "shift",
-    "class_map",
-    "preprocess",
-    "batch_size",
-    "device",
-    "limit_batches",
-    "confusion",
-    "json",
-    "amp",
-)
+KEYS = {
+    "checkpoint": Key("a checkpoint of this trainer (best.pt, last.pt, averaged.pt, a sharded folder)", kind="path"),
+    "model": Key("the registry's model for foreign weights (with model.pretrained=<timm:name | file>)"),
+    "data": Key("the data config for foreign weights (configs/data/<name>.yaml; default: imagefolder)"),
+    "ema": Key("which weights of a checkpoint (see Weights above; default: auto)", choices=EMA_CHOICES),
+    "flip": Key("average each image's class probabilities with its mirror's", "false", kind="flag"),
+    "shift": Key("also weigh in the image moved n pixels down-right and up-left", "0", kind="int", low=0),
+    "seq_len": Key("each image whole, at most this many patches, in NaFlex batches", kind="int", low=1),
+    "class_map": Key("the weights' class names: imagenet, or a file of one name a line"),
+    "preprocess": Key("data (the data config's transform) or timm:<name> (timm's config of those weights)"),
+    "batch_size": Key("images a batch (default: the data config's, else 256)", kind="int", low=1),
+    "device": Key("auto, cpu, cuda or cuda:<i>", "auto"),
+    "limit_batches": Key("evaluate only the first n batches (drawn across every class)", kind="int", low=1),
+    "confusion": Key("write the confusion matrix as this PNG", kind="path"),
+    "json": Key("also write the JSON result to this file", kind="path"),
+    "amp": Key("the precision (default: the run's trainer.amp, else auto)", choices=AMP_MODES),
+}
 SYNSET = re.compile(r"^n\d{8}$")
 
 
@@ -146,14 +147,14 @@ def class_indices(names: list[str] | None, outputs: int, data_classes: list[str]
     return None if indices == list(range(outputs)) else indices
 
 
-def for_this_machine(data_cfg, given: list[str]) -> None:
+def for_this_machine(data_cfg, given) -> None:
     """A checkpoint's data config, as this evaluation runs it: this machine's worker count, and every image of
     the split (the run's data.limit_val_samples served its per-epoch evaluations; said in one line), unless this
     command sets them."""
-    if not any(o.startswith("num_workers=") for o in given):
+    if not any(edit.key == "num_workers" for edit in given):
         data_cfg.num_workers = None
     carried_limit = data_cfg.get("limit_val_samples")
-    if carried_limit is not None and not any(o.startswith("limit_val_samples=") for o in given):
+    if carried_limit is not None and not any(edit.key == "limit_val_samples" for edit in given):
         data_cfg.limit_val_samples = None
         print(
             f"data.limit_val_samples={carried_limit} of the checkpoint's training config is not applied: every "
@@ -201,11 +202,8 @@ def evaluate_weights(argv: list[str]) -> dict:
     from vit.data.sources.registry import build_splits
     from vit.engine.evaluation import evaluate
     from vit.runtime.device import announce, choose_precision, resolve_device
-    from vit.settings.trainer import AMP_MODES
 
-    options = parse_args(argv, KNOWN_KEYS, model_keys=True, data_keys=True)
-    if options.get("amp", "auto") not in AMP_MODES:
-        raise UsageError(f"amp={options.get('amp')!r} must be one of {AMP_MODES}")
+    options = parse_args(argv, KEYS, model_keys=True, data_keys=True)
     weights, pre, data_cfg = resolve(options)
     if weights.untrained_head:  # the figures below are then a random classifier's: said, not hidden in chance
         print(f"warning: {weights.source}: {weights.untrained_head}: this evaluates a random classifier",
@@ -282,7 +280,7 @@ def summary_line(result: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    out = parse_args(argv, KNOWN_KEYS, model_keys=True, data_keys=True).get("json")
+    out = parse_args(argv, KEYS, model_keys=True, data_keys=True).get("json")
     if out and not Path(out).resolve().parent.is_dir():
         raise UsageError(f"json={out}: the folder {str(Path(out).resolve().parent)!r} does not exist")
     result = evaluate_weights(argv)
@@ -299,7 +297,7 @@ def main(argv: list[str]) -> int:
 
 def cli(argv: list[str] | None = None) -> int:
     """`vit-eval ...`: exit code 0, or 2 with one line for a bad setting."""
-    return run_script(main, argv, usage=with_ema_rule(__doc__))
+    return run_script(main, argv, usage=with_ema_rule(__doc__), keys=keys_help(KEYS, model_keys=True, data_keys=True))
 
 
 def console() -> None:

@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vit.cli.args import parse_args, run_script
+from vit.cli.args import Key, keys_help, parse_args, run_script
 from vit.deploy.export import (
     ATOL,
     DEFAULT_FORMAT,
@@ -68,12 +68,27 @@ from vit.deploy.quantize import CALIBRATION, MAX_DROP, resolve_mode
 from vit.errors import UsageError
 from vit.weights.read import source_kind
 
-KNOWN = ("checkpoint", "model", "format", "output", "batch", "ema", "image", "data", "preprocess", "atol")
-KNOWN += ("quantize", "calibration", "check_images", "max_drop", "seq_len")
+KEYS = {
+    "checkpoint": Key("a checkpoint of this trainer to export", kind="path"),
+    "model": Key("the registry's model for foreign weights (with model.pretrained=<timm:name | file>)"),
+    "format": Key("onnx, torchscript or exported-program (default: onnx)"),
+    "output": Key("the exported file (default: beside the checkpoint, best.onnx ...)", kind="path"),
+    "batch": Key("dynamic (any batch size) or a fixed batch size (default: dynamic)"),
+    "ema": Key("which weights of a checkpoint (see Weights above; default: auto)"),
+    "image": Key("images to check the export on: files, folders (default: the validation split's)", several=True),
+    "data": Key("the data config for foreign weights (default: imagefolder)"),
+    "preprocess": Key("data (the data config's transform) or timm:<name> (timm's config of those weights)"),
+    "atol": Key(f"the largest |difference| of a logit against PyTorch's (default: {ATOL:g})", kind="number", low=0),
+    "quantize": Key("int8, int8-dynamic or int8-static: an INT8 ONNX file instead"),
+    "calibration": Key("training images that calibrate int8-static (default: 256)", kind="int", low=1),
+    "check_images": Key("validation images the INT8 file is checked on (default: all)", kind="int", low=1),
+    "max_drop": Key("the most top-1 points the INT8 file may lose (default: 1.0)"),
+    "seq_len": Key("a file that takes NaFlex batches of this many tokens", kind="int", low=1),
+}
 CHECK_IMAGES = 8
 
 
-def check_images(image: str | None, pre, data_cfg, naflex: tuple[int, int] | None = None) -> tuple[object, str]:
+def check_images(image: list[str] | None, pre, data_cfg, naflex: tuple[int, int] | None = None) -> tuple[object, str]:
     """A batch of images to compare the export with PyTorch on, and what they are; with `naflex` (seq_len, patch
     size) a list of images at their own shapes, each at most seq_len patches."""
     from vit.analysis.inputs import image_paths
@@ -84,7 +99,7 @@ def check_images(image: str | None, pre, data_cfg, naflex: tuple[int, int] | Non
     transform = pre.transform() if naflex is None else pre.naflex_transform(*naflex)
     batch = torch.stack if naflex is None else list
     if image:
-        paths = [p for spec in image.split(",") for p in image_paths(spec)][:CHECK_IMAGES]
+        paths = [p for spec in image for p in image_paths(spec)][:CHECK_IMAGES]
         return batch([transform(read_rgb(p)) for p in paths]), f"{len(paths)} images from image={image}"
     try:
         cfg = dict(data_cfg)
@@ -181,7 +196,7 @@ def check_int8_options(options, fmt: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    options = parse_args(argv, KNOWN, model_keys=True, data_keys=True)
+    options = parse_args(argv, KEYS, model_keys=True, data_keys=True)
     fmt = options.get("format", DEFAULT_FORMAT)
     check_format(fmt)  # a known format with its packages installed, before any weights are read
     check_int8_options(options, fmt)
@@ -246,4 +261,4 @@ def main(argv: list[str]) -> int:
 
 def console() -> None:
     """`vit-export`."""
-    sys.exit(run_script(main, usage=with_ema_rule(__doc__)))
+    sys.exit(run_script(main, usage=with_ema_rule(__doc__), keys=keys_help(KEYS, model_keys=True, data_keys=True)))

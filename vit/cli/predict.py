@@ -54,7 +54,7 @@ import numpy as np
 import torch
 
 from vit.analysis.inputs import image_paths
-from vit.cli.args import parse_args, run_script
+from vit.cli.args import Key, keys_help, parse_args, run_script
 from vit.deploy.loaded_model import ema_option, with_ema_rule
 from vit.deploy.preprocessing import naflex_patch_size
 from vit.errors import UsageError
@@ -77,7 +77,7 @@ def cpu_precision(amp: str | None, default: str, model) -> Precision:
     return precision
 
 
-def onnx_probabilities(checkpoint: str, spec: str, options) -> tuple[list[Path], np.ndarray, list[str], str]:
+def onnx_probabilities(checkpoint: str, spec: list[str], options) -> tuple[list[Path], np.ndarray, list[str], str]:
     """(image paths, (B, classes) probabilities, class names, the weights it was exported from) of an exported ONNX
     file, through onnxruntime with its side JSON's preprocessing."""
     # The file holds one set of weights in one precision, chosen when it was exported (its side JSON names the
@@ -93,7 +93,7 @@ def onnx_probabilities(checkpoint: str, spec: str, options) -> tuple[list[Path],
         require_export_extra()
     except ExportError as err:
         raise UsageError(str(err).replace("format=onnx", f"checkpoint={checkpoint}")) from None
-    paths = [p for part in spec.split(",") for p in image_paths(part)]
+    paths = [p for part in spec for p in image_paths(part)]
     classifier = OnnxClassifier(checkpoint)
     seq_len = options.get("seq_len")
     if seq_len is not None and str(seq_len) != str(classifier.seq_len):
@@ -121,7 +121,7 @@ def head_said_here():
         fit_log.removeFilter(keep)
 
 
-def model_outputs(options, spec: str, features: bool) -> tuple[list[Path], np.ndarray, list[str], str]:
+def model_outputs(options, spec: list[str], features: bool) -> tuple[list[Path], np.ndarray, list[str], str]:
     """(image paths, (B, classes) probabilities or with `features` the pooled (B, C) features, class names, the
     weights read) of a checkpoint of ours or foreign weights (model= with model.pretrained=), built, chosen
     (EMA_RULE) and preprocessed as vit-eval and vit-export build them (vit/deploy/loaded_model.py's `resolve`). The
@@ -147,7 +147,7 @@ def model_outputs(options, spec: str, features: bool) -> tuple[list[Path], np.nd
     patch = naflex_patch_size(model, options.get("seq_len"))
     transform = pre.transform() if patch is None else pre.naflex_transform(int(options["seq_len"]), patch)
     names = weights.classes or [str(i) for i in range(int(model.num_classes))]
-    paths = [p for part in spec.split(",") for p in image_paths(part)]
+    paths = [p for part in spec for p in image_paths(part)]
     images = [transform(read_rgb(path)) for path in paths]  # (3, H, W) each; with seq_len, each its own H, W
     trained_with = (weights.config.get("trainer") or {}).get("amp") if weights.config is not None else None
     precision = cpu_precision(amp, trained_with or "auto", model)
@@ -167,26 +167,35 @@ def model_outputs(options, spec: str, features: bool) -> tuple[list[Path], np.nd
     return paths, torch.cat(chunks).numpy(), names, f"{weights.which} ({weights.source})"
 
 
-KNOWN = {"checkpoint": None, "image": None, "json": None, "top": None, "ema": None, "amp": None, "features": None}
-KNOWN |= {"seq_len": None}
-FOREIGN = {"model": None, "preprocess": None, "data": None}  # with model.pretrained=: as evaluate.py takes them
+KEYS = {
+    "checkpoint": Key("a checkpoint of this trainer, or an ONNX file vit-export wrote", kind="path"),
+    "image": Key("the images: files or folders", several=True),
+    "json": Key("also write the predictions as JSON to this file; - prints the JSON instead of the lines"),
+    "top": Key("classes a line (default: 5)", kind="int", low=1),
+    "features": Key("print each image's pooled features instead of classes", kind="flag"),
+    "ema": Key("which weights of a checkpoint (see Weights above; default: auto)"),
+    "amp": Key("the precision (default: the run's trainer.amp, else auto)"),
+    "seq_len": Key("each image whole, at most this many patches, in NaFlex batches", kind="int", low=1),
+    # with model.pretrained=: as vit-eval takes them
+    "model": Key("the registry's model for foreign weights (with model.pretrained=<timm:name | file>)"),
+    "preprocess": Key("timm:<name> (timm's config of those weights) or data (the data config's transform)"),
+    "data": Key("the data config for foreign weights (configs/data/<name>.yaml)"),
+}
 TOP = 5  # classes a line, unless top= says
 
 
 def main(argv: list[str]) -> int:
-    args = parse_args(argv, {**KNOWN, **FOREIGN}, ("image",), model_keys=True, data_keys=True)
+    args = parse_args(argv, KEYS, ("image",), model_keys=True, data_keys=True)
     features = args.flag("features")
     if features and args["top"] is not None:
         raise UsageError(f"top={args['top']} ranks classes, and features=true prints features: leave one out")
-    top = str(TOP if args["top"] is None else args["top"])
-    if not top.isdigit() or int(top) < 1:
-        raise UsageError(f"top={top!r} must be a positive integer")
+    top = TOP if args["top"] is None else int(args["top"])
     ema_option(args["ema"])  # a bad value named before any file is read
     checkpoint = args.get("checkpoint")
     if args.source is None:
         if not checkpoint:
             raise UsageError("checkpoint=<...> is required (or model=<name> model.pretrained=<timm:name | file>)")
-        if args["model"] or args.model or args.data or args["preprocess"] or args["data"]:
+        if args["model"] or args.model_edits or args.data or args["preprocess"] or args["data"]:
             raise UsageError("model=, model.<key>=, data and preprocess= go with model.pretrained=, not checkpoint=")
     if args.source is None and checkpoint.endswith(".onnx"):
         if features:
@@ -198,7 +207,7 @@ def main(argv: list[str]) -> int:
         paths, outputs, names, which = model_outputs(args, args["image"], features)
     # Which weights answered (EMA_RULE), once on stderr: stdout holds the predictions alone.
     print(f"weights: {which}", file=sys.stderr)
-    results = (feature_records if features else class_records)(paths, outputs, names, which, int(top), args["json"])
+    results = (feature_records if features else class_records)(paths, outputs, names, which, top, args["json"])
     if args["json"] == "-":
         print(json.dumps(results, indent=2))
     elif args["json"]:
@@ -233,4 +242,4 @@ def feature_records(paths, features: np.ndarray, names, which: str, top, json_ou
 
 def console() -> None:
     """`vit-predict`."""
-    sys.exit(run_script(main, usage=with_ema_rule(__doc__)))
+    sys.exit(run_script(main, usage=with_ema_rule(__doc__), keys=keys_help(KEYS, model_keys=True, data_keys=True)))

@@ -36,7 +36,7 @@ from PIL import Image
 from torchvision.datasets import ImageFolder
 from webdataset import TarWriter
 
-from vit.cli.args import Arguments, parse_args, refuse_positional, run_script
+from vit.cli.args import Arguments, Key, keys_help, parse_args, refuse_positional, run_script
 from vit.data.errors import DataError
 from vit.data.sources.archive import ArchiveError, extract_archive, is_archive
 from vit.data.sources.folders import VAL_SPLIT_NAMES, find_tree_root
@@ -45,7 +45,14 @@ from vit.data.sources.shards import CLASSES_NAME, IMAGE_EXTENSIONS, INFO_NAME
 SHARD_MTIME = 0  # every member's time stamp: the same tree and seed give byte-identical shards
 
 
-DEFAULTS = {"source": None, "out": None, "samples_per_shard": "5000", "seed": "0", "val_split": None, "cache_dir": None}
+KEYS = {
+    "source": Key("an image-folder tree, or a .tar/.tar.gz/.zip of one", kind="path"),
+    "out": Key("the output folder (must not hold shards already)", kind="path"),
+    "samples_per_shard": Key("images a shard", "5000", kind="int", low=1),
+    "seed": Key("the order the images are written in", "0", kind="int", low=0),
+    "val_split": Key("the validation folder (default: the first of val, validation, test)"),
+    "cache_dir": Key("where an archive is extracted (default: beside it)", kind="path"),
+}
 
 
 def positional_form(paths: list[str], argv: list[str]) -> str:
@@ -59,7 +66,7 @@ def positional_form(paths: list[str], argv: list[str]) -> str:
 def parse_command(argv: list[str]) -> tuple[str, str, Arguments]:
     """(source, output folder, the `key=value` options)."""
     refuse_positional(argv, lambda paths: positional_form(paths, argv))
-    args = parse_args(argv, DEFAULTS, ("source", "out"))
+    args = parse_args(argv, KEYS, ("source", "out"))
     return args["source"], args["out"], args
 
 
@@ -162,4 +169,4 @@ def main(argv: list[str]) -> int:
 
 def console() -> None:
     """`vit-shards`."""
-    sys.exit(run_script(main, usage=__doc__))
+    sys.exit(run_script(main, usage=__doc__, keys=keys_help(KEYS)))

@@ -7,13 +7,14 @@ ours, state-dict files); this module builds the model for them and says which pr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from torch import nn
 
 from vit import CONFIG_DIR
 from vit.deploy.preprocessing import Preprocessing, from_data_config, from_timm
+from vit.engine.compose import Edit, apply_edits, as_kwargs
 from vit.errors import UsageError, UserError
 from vit.weights.fit import PretrainedError, Weights
 from vit.weights.read import NoEmaError, read_weights, source_forms, source_kind, source_name
@@ -142,20 +143,23 @@ def require_ema(found: Weights, given: str, file: str | None) -> None:
         )
 
 
-def model_from_config(config: dict, state_dict: dict, num_classes: int | None, overrides: Mapping) -> nn.Module:
-    """The model a checkpoint of ours was trained as; `overrides` change keys that keep the weights
-    (model.attn_backend=math, model.img_size for another resolution)."""
+def model_from_config(config: dict, state_dict: dict, num_classes: int | None, edits: Sequence[Edit]) -> nn.Module:
+    """The model a checkpoint of ours was trained as; `edits` (model.<key>= arguments, Hydra's meaning) change keys
+    that keep the weights (model.attn_backend=math, model.img_size for another resolution)."""
     from omegaconf import OmegaConf
 
     from vit.engine.build import build_model_from_config
 
-    model_cfg = OmegaConf.merge(OmegaConf.create(config["model"]), OmegaConf.create(dict(overrides)))
+    model_cfg = OmegaConf.create(config["model"])
+    OmegaConf.set_struct(model_cfg, True)
+    apply_edits(model_cfg, list(edits), "model", "the checkpoint's model config")
     model = build_model_from_config(model_cfg, num_classes=num_classes)
     try:
         model.load_state_dict({k: v.float() for k, v in state_dict.items()})
     except RuntimeError as err:  # an override that changes a weight's shape
+        given = " ".join(edit.text for edit in edits)
         detail = " ".join(str(err).split())[:300]
-        raise WeightsError(f"the checkpoint's weights do not fit model overrides {dict(overrides)}: {detail}") from err
+        raise WeightsError(f"the checkpoint's weights do not fit model overrides {given}: {detail}") from err
     return model
 
 
@@ -183,16 +187,16 @@ def build_model(
     found: Weights,
     given: str,
     model_name: str | None = None,
-    overrides: Mapping | None = None,
+    edits: Sequence[Edit] = (),
     img_size: int | None = None,
     use_ema: bool | None = None,
     file: str | None = None,
 ) -> LoadedModel:
     """The model for the weights read from `given`: a checkpoint of ours builds the model its config describes;
-    other weights need `model_name`, built with the registry's defaults, `overrides`, the weights' class count and
+    other weights need `model_name`, built with the registry's defaults, `edits`, the weights' class count and
     `img_size` (else the preprocessing's), then loaded through the model.pretrained source checks. Its
     `untrained_head` says whether the classifier is the weights' own."""
-    loaded = built_model(found, given, model_name, overrides, img_size, use_ema, file)
+    loaded = built_model(found, given, model_name, edits, img_size, use_ema, file)
     loaded.untrained_head = untrained_head(found, loaded.model)
     return loaded
 
@@ -201,7 +205,7 @@ def built_model(
     found: Weights,
     given: str,
     model_name: str | None,
-    overrides: Mapping | None,
+    edits: Sequence[Edit],
     img_size: int | None,
     use_ema: bool | None,
     file: str | None,
@@ -223,10 +227,10 @@ def built_model(
         if model_name and model_name != name:
             raise WeightsError(f"model={model_name} but checkpoint {given!r} holds a {name}")
         classes, which = class_names(found), which_weights(found, use_ema, file)
-        model = model_from_config(found.config, found.state_dict, len(classes or []) or None, overrides or {})
+        model = model_from_config(found.config, found.state_dict, len(classes or []) or None, edits)
         return LoadedModel(model.eval(), name, classes, prescribed_preprocessing(found), given, found.config, which)
     if found.timm_model is not None:  # timm:<name>: timm's architecture for it (vit/models/foundation.py)
-        loaded = timm_named_model(found, given, model_name, overrides or {}, img_size, file)
+        loaded = timm_named_model(found, given, model_name, as_kwargs(edits), img_size, file)
         loaded.which = which_weights(found, use_ema, file)
         return loaded
     if not model_name:
@@ -236,7 +240,7 @@ def built_model(
         )
     if model_name not in list_models():
         raise WeightsError(f"model={model_name} is not a known model; known models: {', '.join(list_models())}")
-    kwargs = dict(overrides or {})
+    kwargs = as_kwargs(edits)
     head = found.state_dict.get("head.weight")
     if "num_classes" not in kwargs and head is not None:
         kwargs["num_classes"] = int(head.shape[0])
@@ -287,8 +291,8 @@ def timm_named_model(
 DATA_CONFIGS_DIR = CONFIG_DIR / "data"
 
 
-def compose_data_config(name: str, overrides: list[str]):
-    """configs/data/<name>.yaml with `key=value` overrides (the `data.` prefix already removed)."""
+def compose_data_config(name: str, edits: Sequence[Edit]):
+    """configs/data/<name>.yaml composed with the `data.<key>` arguments, by Hydra."""
     from vit.engine.compose import compose
     from vit.errors import ConfigError
 
@@ -296,9 +300,9 @@ def compose_data_config(name: str, overrides: list[str]):
     if name not in known:
         raise WeightsError(f"data={name} is not a known data config; known: {', '.join(known)}")
     try:
-        return compose([f"data={name}", *(f"data.{o}" for o in overrides)]).data
+        return compose([f"data={name}", *(edit.text for edit in edits)]).data
     except ConfigError as err:  # an unknown key, a value that does not parse
-        raise WeightsError(f"data overrides {' '.join(overrides)}: {err}") from None
+        raise WeightsError(f"data overrides {' '.join(edit.text for edit in edits)}: {err}") from None
 
 
 def preprocessing_option(value: str | None, data_cfg) -> Preprocessing | None:
@@ -331,8 +335,8 @@ def resolve(options, default_data: str = "imagefolder") -> tuple[LoadedModel, Pr
         raise WeightsError("checkpoint=<path> or model=<name> model.pretrained=<source> is required")
     key = "checkpoint" if checkpoint else "model.pretrained"
     use_ema = ema_choice(options)
-    options.model.pop("freeze", None)  # a training setting, not the model's
-    file = options.model.pop("pretrained_file", None)  # the weights of a timm:<name> source, offline
+    options.take_model("freeze")  # a training setting, not the model's
+    file = options.take_model("pretrained_file")  # the weights of a timm:<name> source, offline
     if file is not None and checkpoint:
         raise WeightsError(
             "model.pretrained_file gives the weights of model.pretrained=timm:<name>, not of a checkpoint"
@@ -342,14 +346,16 @@ def resolve(options, default_data: str = "imagefolder") -> tuple[LoadedModel, Pr
     if use_ema is True:
         require_ema(found, given, file)
     if found.config is not None and "data" in found.config and not options.get("data"):
-        data_cfg = OmegaConf.merge(OmegaConf.create(found.config["data"]), OmegaConf.from_dotlist(options.data))
+        data_cfg = OmegaConf.create(found.config["data"])
+        OmegaConf.set_struct(data_cfg, True)
+        apply_edits(data_cfg, options.data, "data", "the checkpoint's data config")
     else:
         data_cfg = compose_data_config(options.get("data") or default_data, options.data)
     explicit = preprocessing_option(options.get("preprocess"), data_cfg)
     img_size = explicit.img_size if explicit else None
     if img_size is None and found.config is None and found.timm_model is None:
         img_size = int(data_cfg.img_size)
-    weights = build_model(found, given, options.get("model"), options.model, img_size, use_ema, file=file)
+    weights = build_model(found, given, options.get("model"), options.model_edits, img_size, use_ema, file=file)
     if explicit is not None:
         pre = explicit
     elif weights.preprocessing is not None and found.config is None:
@@ -364,7 +370,7 @@ def ema_choice(options) -> bool | None:
     """`ema=` of a tool's options by EMA_RULE (None: auto), or the trainer's name for the same choice,
     `model.pretrained_ema=`, beside model.pretrained=; both given and disagreeing is one line."""
     given = ema_option(options.get("ema"))
-    trainer_name = options.model.pop("pretrained_ema", None)
+    trainer_name = options.take_model("pretrained_ema")
     if trainer_name is None:
         return given
     as_trainer = ema_option(trainer_name, "model.pretrained_ema")

@@ -1,17 +1,21 @@
 """The trainer's config (configs/config.yaml) with Hydra overrides, composed as train.py composes it: for the tools
-that rebuild a data config or check a command line before Hydra runs; and the config groups' defaults, from the
-code, in Hydra's ConfigStore (`register_configs`), which every composition reads."""
+that rebuild a data config or check a command line before Hydra runs; the config groups' defaults, from the code, in
+Hydra's ConfigStore (`register_configs`), which every composition reads; and a tool's `model.<key>`/`data.<key>`
+arguments applied to a config it did not compose (a checkpoint's), with the meaning Hydra gives them (`apply_edits`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from vit import CONFIG_DIR as PACKAGE_CONFIG_DIR
-from vit.errors import ConfigError
+from vit.errors import ConfigError, UsageError
 
 CONFIG_DIR = str(PACKAGE_CONFIG_DIR)  # a str: Hydra takes the folder as text
 
 # Settings of the models that are not config keys: the data are RGB images.
 NOT_CONFIG_KEYS = ("in_chans",)
 _registered = False
+_ABSENT = object()
 
 
 def register_configs() -> None:
@@ -59,3 +63,51 @@ def compose(overrides: list[str], config_name: str = "config", with_hydra: bool 
             return hydra_compose(config_name=config_name, overrides=list(overrides), return_hydra_config=with_hydra)
     except (HydraException, OmegaConfBaseException, ValueError) as err:  # ValueError: a null group choice
         raise ConfigError(str(err).strip().splitlines()[0]) from None
+
+
+@dataclass(frozen=True)
+class Edit:
+    """One override of a key of the model's or the data's config, as Hydra reads it."""
+
+    kind: str  # "set" (key=value), "add" (+key=value), "force" (++key=value), "delete" (~key)
+    key: str  # the path below the group: depth, augment.re_prob
+    value: object  # as Hydra types it (int, float, bool, str, list, dict, None)
+    text: str  # the argument as given: model.depth=4
+
+
+def as_kwargs(edits: list[Edit]) -> dict:
+    """The edits as a model's constructor arguments (no config to apply them to: a model named by the registry); a
+    deleted key is left out, so the constructor's default holds."""
+    from omegaconf import OmegaConf
+
+    kwargs = OmegaConf.create({})
+    for edit in edits:
+        if edit.kind != "delete":
+            OmegaConf.update(kwargs, edit.key, edit.value, merge=True, force_add=True)
+        elif OmegaConf.select(kwargs, edit.key, default=_ABSENT) is not _ABSENT:
+            parent, _, leaf = edit.key.rpartition(".")
+            del (OmegaConf.select(kwargs, parent) if parent else kwargs)[leaf]
+    return OmegaConf.to_container(kwargs)
+
+
+def apply_edits(node, edits: list[Edit], group: str, what: str) -> None:
+    """`edits` onto `node` (a config, changed in place) as Hydra applies overrides: `key=value` sets a key the
+    config has, `+key=value` adds one it lacks, `++key=value` sets or adds, `~key` deletes one it has; anything
+    else is a UsageError naming the argument and `what` the config is (the checkpoint's model config)."""
+    from omegaconf import OmegaConf, open_dict
+
+    for edit in edits:
+        present = OmegaConf.select(node, edit.key, default=_ABSENT) is not _ABSENT
+        if edit.kind == "delete" and not present:
+            raise UsageError(f"argument {edit.text!r}: {what} has no {group}.{edit.key} to delete")
+        if edit.kind == "add" and present:
+            raise UsageError(f"argument {edit.text!r}: {what} has {group}.{edit.key} already; set it with "
+                             f"{edit.text.lstrip('+')}")  # fmt: skip
+        if edit.kind == "set" and not present:
+            raise UsageError(f"argument {edit.text!r}: {what} has no {group}.{edit.key}; add it with +{edit.text}")
+        with open_dict(node):
+            if edit.kind == "delete":
+                parent, _, leaf = edit.key.rpartition(".")
+                del (OmegaConf.select(node, parent) if parent else node)[leaf]
+            else:
+                OmegaConf.update(node, edit.key, edit.value, merge=True, force_add=True)
