@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from vit.cli.args import run_script, script_command
+from vit.cli.args import parse_args, run_script, script_command
 from vit.engine.provenance import measurement_record, write_record
 from vit.errors import UsageError
 from vit.settings.trainer import parse_budget
@@ -69,19 +69,20 @@ def timed_run(budget: str, overrides: list[str], load: str, folder: Path) -> dic
 
 
 def main(argv: list[str]) -> int:
-    own = dict(arg.split("=", 1) for arg in argv if arg.split("=", 1)[0] in OWN_KEYS)
     overrides = [arg for arg in argv if arg.split("=", 1)[0] not in OWN_KEYS]
-    budget = own.get("budget", "60s")
+    own = parse_args([arg for arg in argv if arg not in overrides], {"budget": "60s", "loads": ",".join(LOADS),
+                                                                     "json": None}, lists=("loads",))  # fmt: skip
+    budget = own["budget"]
     parse_budget(budget)  # a bad one: one line naming it
-    loads = own.get("loads", ",".join(LOADS)).split(",")
+    loads = own["loads"]
     unknown = [load for load in loads if load not in LOADS]
     if unknown:
-        raise UsageError(f"loads={own['loads']!r}: {', '.join(unknown)} not among {', '.join(LOADS)}")
+        raise UsageError(f"loads={','.join(loads)!r}: {', '.join(unknown)} not among {', '.join(LOADS)}")
     with tempfile.TemporaryDirectory() as scratch:
         runs = [timed_run(budget, overrides, load, Path(scratch) / load) for load in loads]
     values = {"budget": budget, "budget_s": parse_budget(budget), "overrides": overrides, "runs": runs}
     record = measurement_record("budget_outside", values, script_command(__file__, argv))
-    if own.get("json"):
+    if own["json"]:
         write_record(record, own["json"])
     print(json.dumps(record, indent=2))
     return 0
