@@ -21,17 +21,20 @@ from vit.weights.read import load_checkpoint
 # 256 synthetic images in batches of 32: 8 batches an epoch. In 30 s the tiny model's batch of a few milliseconds
 # buys a hundred epochs and more; a batch 0.25 s slower buys at most 30 / (8 x 0.25) = 15, under min_epochs.
 WIDTHS = ["trainer.width_by_budget.widths=[32,64]", "trainer.width_by_budget.min_epochs=20", "trainer.threads=1"]
+WIDTHS.append("trainer.amp=none")  # one precision timed on every CPU (trainer.amp=auto's timing of two: below)
 PICKING = [*QUICK, *WIDTHS, "trainer.budget=30s", "trainer.epochs=1", "trainer.ema=false"]
 SLOW_S = 0.25
 
 
-def slowed_machine(monkeypatch) -> None:
-    """Every timed batch of every width 0.25 s slower: a sleep before each forward pass of the timed model."""
+def slowed_machine(monkeypatch, precision: str | None = None) -> None:
+    """Every timed batch of every width (in `precision`, where given) 0.25 s slower: a sleep in the timed batch."""
     real = width_choice.batch_seconds
 
-    def slowed(model, *args):
-        model.register_forward_pre_hook(lambda *_: time.sleep(SLOW_S))
-        return real(model, *args)
+    def slowed(*args):
+        start = time.perf_counter()
+        if precision in (None, args[4].name):  # args: model, task, criterion, optimizer, precision, ...
+            time.sleep(SLOW_S)
+        return real(*args) + time.perf_counter() - start
 
     monkeypatch.setattr(width_choice, "batch_seconds", slowed)
 
@@ -164,3 +167,43 @@ def test_a_width_given_on_the_command_line_is_trained_as_given(tmp_path):
         "config error: model.embed_dim=64 fixes the width and trainer.width_by_budget.widths=[64, 128] picks it: "
         "give one of them"
     )
+
+
+@pytest.mark.parametrize(("slow", "kept"), [("fp32", "bf16"), ("bf16", "fp32")])
+def test_auto_precision_trains_in_the_precision_timed_the_faster(slow, kept, tmp_path, monkeypatch, caplog):
+    """trainer.amp=auto on a CPU with native bf16: each width timed in fp32 and bf16, the run trains in the faster
+    one at the picked width, and says so; a resumed run times its kept width's precision on its own machine."""
+    monkeypatch.setattr(width_choice, "cpu_has_native_bf16", lambda: True)  # as torch reports an AVX512-BF16 CPU
+    slowed_machine(monkeypatch, slow)
+    widths = ["trainer.width_by_budget.widths=[32]", "trainer.amp=auto", "trainer.threads=1"]
+    two = [*QUICK, *widths, "trainer.budget=30s", "trainer.epochs=2", "trainer.ema=false", "trainer.stop_after_epoch=1"]
+    with caplog.at_level(logging.INFO, logger="vit.train"):
+        metrics = run(compose_config(two), output_dir=tmp_path)
+    timed = said(caplog)[0]
+    assert f"32 wide (2 heads, {kept}): " in timed and f"({slow}: " in timed, timed
+    assert metrics["precision"] == kept
+    assert f"{kept} at 32 wide, timed on this CPU (" in metrics["precision_reason"]
+    rule = "at least 5% faster" if kept == "bf16" else "the rule's (bf16 not 5% faster)"  # the rule: fp32 32 wide
+    assert metrics["precision_reason"].endswith(rule), metrics["precision_reason"]
+    assert metrics["width_by_budget"]["precision"] == kept
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="vit.train"):
+        resumed = run(compose_config([*two, "trainer.resume=auto"]), output_dir=tmp_path)
+    kept_line, timed_line = said(caplog)
+    assert "32 wide, the width of" in kept_line and f"32 wide (2 heads, {kept}): " in timed_line
+    assert resumed["precision"] == kept
+
+
+@pytest.mark.parametrize(
+    ("seconds", "kept", "rule"),
+    [
+        ({"fp32": 1.0, "bf16": 0.94}, "bf16", "at least 5% faster"),
+        ({"fp32": 1.0, "bf16": 0.97}, "fp32", "the rule's (bf16 not 5% faster)"),
+        ({"fp32": 0.9, "bf16": 1.0}, "fp32", "the rule's (bf16 not 5% faster)"),
+    ],
+)
+def test_the_other_precision_than_the_rules_needs_the_margin(seconds, kept, rule):
+    timing = width_choice.width_timing(96, 2, (seconds, "fp32"), lambda s: 10 / s)
+    assert (timing.precision, timing.batch_s, timing.rule) == (kept, seconds[kept], rule)
+    assert timing.other == ({"fp32", "bf16"} - {kept}).pop() and timing.epochs == 10 / seconds[kept]
+    assert width_choice.width_timing(96, 2, ({"fp32": 1.0}, "fp32"), lambda s: 10 / s).other is None

@@ -11,6 +11,9 @@ training, the evaluations during training, `vit-eval`, `vit-predict` and `lab/be
   192 wide over 64 tokens it gained on both (1.50x and 1.07-1.18x).
 - Anything else: fp32.
 
+A budgeted run that picks its width (trainer.width_by_budget, vit/train/width_choice.py) times fp32 against bf16
+on such a CPU instead, and keeps the other precision than this rule's where it ran at least 5% faster.
+
 An explicit setting the device cannot run natively is never dropped in silence: one warning line says what runs
 instead (`Precision.substituted`), and the run goes on. bf16 on a CPU without native bf16 still runs (oneDNN or
 torch's reference kernels), only slower, so it runs as asked, with that said; fp16 on a CPU runs only where the CPU

@@ -332,13 +332,20 @@ class Optimisation:
 
 
 def build_optimisation(
-    cfg: DictConfig, trainer: TrainerSettings, model: nn.Module, bundle, device: torch.device, dist: Distributed
+    cfg: DictConfig,
+    trainer: TrainerSettings,
+    model: nn.Module,
+    bundle,
+    device: torch.device,
+    dist: Distributed,
+    timed: Precision | None = None,
 ) -> Optimisation:
-    """The optimizer (lr scaled to the global batch), the per-step schedule, the precision and the EMA. Under
-    trainer.strategy=fsdp the model and its EMA are sharded first (vit/runtime/sharding.py), so that the optimizer
-    holds the sharded parameters and its state is sharded alike."""
+    """The optimizer (lr scaled to the global batch), the per-step schedule, the precision (`timed`, where
+    trainer.width_by_budget timed it, else trainer.amp's rule) and the EMA. Under trainer.strategy=fsdp the model and
+    its EMA are sharded first (vit/runtime/sharding.py), so that the optimizer holds the sharded parameters and its
+    state is sharded alike."""
     global_batch = cfg.data.batch_size * trainer.accum_steps * dist.world_size  # data.batch_size: per process
-    precision = choose_precision(trainer.amp, device, model)
+    precision = timed or choose_precision(trainer.amp, device, model)
     announce(precision)
     # EMA warmup (timm): the decay ramps up over the first steps, so short runs get a useful average too.
     ema = ModelEmaV3(model, decay=trainer.ema_decay, use_warmup=trainer.ema_warmup) if trainer.ema else None
@@ -398,7 +405,7 @@ def build_step_parts(
 ) -> StepParts:
     """What every step reads, from what the first phases built (`built`, vit/train/setup.py's ModelAndData)."""
     model, bundle = built.model, built.bundle
-    opt = build_optimisation(cfg, trainer, model, bundle, device, dist)
+    opt = build_optimisation(cfg, trainer, model, bundle, device, dist, built.precision)
     optimizer, scheduler, precision, ema = opt.optimizer, opt.scheduler, opt.precision, opt.ema
     train_model, ddp, use_compile = wrap_model(model, trainer, device, dist, built.resize)
     return StepParts(

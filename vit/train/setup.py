@@ -23,7 +23,7 @@ from vit.engine.files import atomic_write_text
 from vit.engine.tasks import Task, task_of
 from vit.errors import ConfigError
 from vit.models import Complexity, complexity
-from vit.runtime.device import resolve_device
+from vit.runtime.device import Precision, resolve_device
 from vit.runtime.distributed import Distributed
 from vit.search.trial import TrialReport
 from vit.settings import TrainerSettings
@@ -36,7 +36,7 @@ from vit.train.progressive import ResizeSchedule, resize_schedule
 from vit.train.report import Reporter
 from vit.train.signals import StopSignal, restart_count
 from vit.train.step_parts import StepParts, StepState
-from vit.train.width_choice import WidthChoice, pick_width, set_width
+from vit.train.width_choice import WidthChoice, pick_width, set_width, time_resumed_width
 from vit.weights.read import CheckpointError
 
 log = logging.getLogger("vit.train")
@@ -108,6 +108,7 @@ class ModelAndData:
     threads: int  # torch's intra-op threads (trainer.threads)
     threads_reason: str
     width_choice: dict | None = None  # trainer.width_by_budget: the width picked, why, and what was timed
+    precision: Precision | None = None  # the precision trainer.width_by_budget timed the faster, where it timed two
 
 
 @dataclass
@@ -233,8 +234,8 @@ def build_model_and_data(
     if loader_wrapper is not None:
         bundle.train_loader = loader_wrapper(bundle.train_loader)
     configured_width = cfg.model.get("embed_dim")
-    if width_choice is None:
-        width_choice = choose_width(cfg, trainer, task, bundle, device, dist, resize, budget_left)
+    width_choice, precision = width_and_precision(cfg, trainer, width_choice, task, bundle, device, dist, resize,
+                                                  budget_left)  # fmt: skip
     widened = cfg.model.get("embed_dim") != configured_width
     rebuild = num_classes_cfg is None and getattr(model, "num_classes", None) != bundle.num_classes and task.classifier
     if rebuild or widened:  # the same seed, so the initial weights of a run configured with this model
@@ -258,7 +259,9 @@ def build_model_and_data(
     label = resolved["model"]["name"]
     log.info("%s: %.2f M params, %.3f GMACs per image", label, cost.params / 1e6, cost.macs / 1e9)
     record = width_choice.record() if width_choice is not None else None
-    return ModelAndData(resolved, model, bundle, distiller, task, cost, resume_path, resize, *threads, record)
+    return ModelAndData(
+        resolved, model, bundle, distiller, task, cost, resume_path, resize, *threads, record, precision
+    )
 
 
 def recorded_config(cfg: DictConfig) -> dict:
@@ -421,6 +424,19 @@ def resumed_width(cfg: DictConfig, setting: str, run_dir: Path, widths: tuple[in
         if path is not None:
             return width, str(path)
     return None
+
+
+def width_and_precision(cfg: DictConfig, trainer: TrainerSettings, kept: WidthChoice | None, task: Task, bundle,
+                        device, dist, resize, budget_left) -> tuple[WidthChoice | None, Precision | None]:  # fmt: skip
+    """trainer.width_by_budget: the width (`kept`, a resumed run's, else chosen by `choose_width`) and the precision
+    timed the faster at it where two were timed (vit/train/width_choice.py), rank 0's on every rank."""
+    if kept is None:
+        kept = choose_width(cfg, trainer, task, bundle, device, dist, resize, budget_left)
+    elif dist.is_main:
+        kept = time_resumed_width(cfg, trainer, kept, task, bundle, device)
+    timed = kept.precision if kept is not None else None
+    timed = dist.broadcast((timed.name, timed.reason) if timed is not None else None)
+    return kept, Precision(*timed) if timed is not None else None
 
 
 def choose_width(cfg: DictConfig, trainer: TrainerSettings, task: Task, bundle, device, dist, resize,
