@@ -207,3 +207,14 @@ def test_the_other_precision_than_the_rules_needs_the_margin(seconds, kept, rule
     assert (timing.precision, timing.batch_s, timing.rule) == (kept, seconds[kept], rule)
     assert timing.other == ({"fp32", "bf16"} - {kept}).pop() and timing.epochs == 10 / seconds[kept]
     assert width_choice.width_timing(96, 2, ({"fp32": 1.0}, "fp32"), lambda s: 10 / s).other is None
+
+
+def test_min_epochs_without_widths_is_named_unused(tmp_path, caplog):
+    quick = [*QUICK, "trainer.epochs=1", "trainer.width_by_budget.min_epochs=8"]
+    with caplog.at_level(logging.INFO, logger="vit.train"):
+        run(compose_config(quick), output_dir=tmp_path)
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "min_epochs" in r.getMessage()]
+    assert lines == [
+        "trainer.width_by_budget.min_epochs=8 is unused: it weighs the widths of trainer.width_by_budget.widths, "
+        f"which is null (the model is {compose_config(quick).model.embed_dim} wide as configured)"
+    ]

@@ -26,7 +26,7 @@ from vit.models import Complexity, complexity
 from vit.runtime.device import Precision, resolve_device
 from vit.runtime.distributed import Distributed
 from vit.search.trial import TrialReport
-from vit.settings import TrainerSettings
+from vit.settings import TrainerSettings, WidthByBudget
 from vit.train.callbacks import Callbacks
 from vit.train.checkpoints import Checkpointer, RunProgress, checkpoint_config, find_resume_checkpoint
 from vit.train.distill import build_distiller, check_teacher_classes, load_teacher
@@ -444,6 +444,10 @@ def choose_width(cfg: DictConfig, trainer: TrainerSettings, task: Task, bundle, 
     """trainer.width_by_budget: the width timed and picked on rank 0 (vit/train/width_choice.py), written into the
     config on every rank (the choice's record: rank 0's). Without trainer.budget, off with one line."""
     if trainer.width_by_budget.widths is None:
+        if trainer.width_by_budget.min_epochs != WidthByBudget().min_epochs:  # set, and weighing nothing
+            log.warning("trainer.width_by_budget.min_epochs=%g is unused: it weighs the widths of "
+                        "trainer.width_by_budget.widths, which is null (the model is %d wide as configured)",
+                        trainer.width_by_budget.min_epochs, cfg.model.embed_dim)  # fmt: skip
         return None
     if budget_left is None:
         width = cfg.model.embed_dim
