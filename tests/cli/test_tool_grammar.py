@@ -108,3 +108,20 @@ def test_a_declared_number_is_checked_as_it_is_read(tmp_path, capsys):
     argv = [f"source={tmp_path}", f"out={tmp_path / 'shards'}", "samples_per_shard=many"]
     assert run_script(tool("shards").main, argv) == 2
     assert capsys.readouterr().err.strip() == "usage error: samples_per_shard='many' must be an integer >= 1"
+
+
+def test_a_checkpoint_config_older_than_a_key_still_evaluates(run_folder, tmp_path, capsys):  # noqa: F811
+    """The struct mode checks the command's edits only: a checkpoint written before data.num_workers existed still
+    evaluates (this machine's workers set on its config), and the key is refused as an edit, with the + form."""
+    import torch
+
+    state = torch.load(run_folder / "checkpoints" / "epoch_0002.pt", weights_only=True)
+    del state["config"]["data"]["num_workers"]
+    old = tmp_path / "old.pt"
+    torch.save(state, old)
+    base = [f"checkpoint={old}", "ema=false", "device=cpu", "data.limit_val_samples=20"]
+    assert run_script(tool("evaluate").main, base) == 0
+    assert json.loads(capsys.readouterr().out)["count"] == 20
+    assert run_script(tool("evaluate").main, [*base, "data.num_workers=0"]) == 2
+    assert "add it with +data.num_workers=0" in capsys.readouterr().err
+    assert run_script(tool("evaluate").main, [*base, "+data.num_workers=0"]) == 0

@@ -153,6 +153,7 @@ def model_from_config(config: dict, state_dict: dict, num_classes: int | None, e
     model_cfg = OmegaConf.create(config["model"])
     OmegaConf.set_struct(model_cfg, True)
     apply_edits(model_cfg, list(edits), "model", "the checkpoint's model config")
+    OmegaConf.set_struct(model_cfg, False)
     model = build_model_from_config(model_cfg, num_classes=num_classes)
     try:
         model.load_state_dict({k: v.float() for k, v in state_dict.items()})
@@ -349,6 +350,7 @@ def resolve(options, default_data: str = "imagefolder") -> tuple[LoadedModel, Pr
         data_cfg = OmegaConf.create(found.config["data"])
         OmegaConf.set_struct(data_cfg, True)
         apply_edits(data_cfg, options.data, "data", "the checkpoint's data config")
+        OmegaConf.set_struct(data_cfg, False)  # the struct mode was for the edits (a set key must exist)
     else:
         data_cfg = compose_data_config(options.get("data") or default_data, options.data)
     explicit = preprocessing_option(options.get("preprocess"), data_cfg)
