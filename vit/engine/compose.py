@@ -85,9 +85,16 @@ def as_kwargs(edits: list[Edit]) -> dict:
         if edit.kind != "delete":
             OmegaConf.update(kwargs, edit.key, edit.value, merge=True, force_add=True)
         elif OmegaConf.select(kwargs, edit.key, default=_ABSENT) is not _ABSENT:
-            parent, _, leaf = edit.key.rpartition(".")
-            del (OmegaConf.select(kwargs, parent) if parent else kwargs)[leaf]
+            _delete(kwargs, edit.key)
     return OmegaConf.to_container(kwargs)
+
+
+def _delete(node, key: str) -> None:
+    """Delete the dotted `key` (augment.re_prob) from the config `node`."""
+    from omegaconf import OmegaConf
+
+    parent, _, leaf = key.rpartition(".")
+    del (OmegaConf.select(node, parent) if parent else node)[leaf]
 
 
 def apply_edits(node, edits: list[Edit], group: str, what: str) -> None:
@@ -107,7 +114,6 @@ def apply_edits(node, edits: list[Edit], group: str, what: str) -> None:
             raise UsageError(f"argument {edit.text!r}: {what} has no {group}.{edit.key}; add it with +{edit.text}")
         with open_dict(node):
             if edit.kind == "delete":
-                parent, _, leaf = edit.key.rpartition(".")
-                del (OmegaConf.select(node, parent) if parent else node)[leaf]
+                _delete(node, edit.key)
             else:
                 OmegaConf.update(node, edit.key, edit.value, merge=True, force_add=True)

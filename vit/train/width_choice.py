@@ -65,12 +65,12 @@ class WidthTiming:
     other_batch_s: float | None = None
     rule: str = ""  # why the kept precision: the faster by the margin, or the rule's within it
 
-    def describe(self, batch_size: int) -> str:
+    def describe(self, batch_size: int, epochs: bool = True) -> str:
         speed = batch_size / self.batch_s
         text = f"{self.width} wide ({self.heads} heads, {self.precision}): {speed:,.0f} img/s"
         if self.other is not None:
             text += f" ({self.other}: {batch_size / self.other_batch_s:,.0f} img/s)"
-        return f"{text}, {self.epochs:.1f} epochs"
+        return f"{text}, {self.epochs:.1f} epochs" if epochs else text
 
     def timed_precision(self, batch_size: int) -> Precision | None:
         """The precision the width trains in where it was timed against the other, with the speeds as its reason."""
@@ -232,5 +232,5 @@ def time_resumed_width(
     measured = time_width(cfg, trainer, kept.width, task, bundle, device)
     timing = width_timing(kept.width, heads_for(cfg.model, kept.width), measured, lambda s: float("nan"))
     batch = int(cfg.data.batch_size)
-    log.info("trainer.width_by_budget: %s", timing.describe(batch).rpartition(",")[0])
+    log.info("trainer.width_by_budget: %s", timing.describe(batch, epochs=False))  # a resumed run's: no estimate
     return dataclasses.replace(kept, timed=(timing,), precision=timing.timed_precision(batch))
