@@ -36,6 +36,7 @@ from vit.weights.read import load_pretrained, read_weights
 from vit.weights.timm_names import timm_keys_to_ours
 
 setup_phase = importlib.import_module("vit.train.setup")
+resume_phase = importlib.import_module("vit.train.resume")
 export_script = load_script("export")
 
 # The smallest of each family (and the parts only a larger size has: EVA-02-B's inner MLP norm and separate q, k, v
@@ -411,7 +412,7 @@ def test_a_run_from_a_timm_name_records_the_model_it_built(tmp_path, caplog):
     for source, found in ((name, checkpoint), ("eva02_small_patch14_224", None)):
         again = compose_config([*overrides, f"model.pretrained=timm:{source}", "trainer.resume=auto"])
         setup_phase.use_timm_preprocessing(again)  # as build_model_and_data does first
-        assert setup_phase.resume_checkpoint_path("auto", second, setup_phase.recorded_config(again)) == found
+        assert resume_phase.resume_checkpoint_path("auto", second, resume_phase.recorded_config(again)) == found
 
 
 # --- a file that is not the weights of the timm name ---------------------------------------------------------------
@@ -469,8 +470,8 @@ def test_resume_auto_still_finds_a_timm_named_run_recorded_with_its_composed_mod
     old = tmp_path / "outputs" / "2026-01-01" / "09-00-00" / "checkpoints" / "last.pt"
     old.parent.mkdir(parents=True)
     torch.save({"model": {}, "config": composed}, old)
-    recorded = setup_phase.recorded_config(cfg)
+    recorded = resume_phase.recorded_config(cfg)
     assert recorded["model"] != composed["model"]
     second = tmp_path / "outputs" / "2026-01-01" / "10-00-00"
-    assert setup_phase.resume_checkpoint_path("auto", second, recorded) is None
-    assert setup_phase.resume_checkpoint_path("auto", second, recorded, composed["model"]) == old
+    assert resume_phase.resume_checkpoint_path("auto", second, recorded) is None
+    assert resume_phase.resume_checkpoint_path("auto", second, recorded, composed["model"]) == old

@@ -4,7 +4,6 @@ fails before any image is read."""
 
 from __future__ import annotations
 
-import copy
 import logging
 import random
 from collections.abc import Callable, Iterable
@@ -18,7 +17,7 @@ from torch import nn
 
 from vit.data import DataBundle, build_data
 from vit.data.resources import available_cpus
-from vit.engine.build import BUILT_MODEL_FILE, built_model_config, pretrained_architecture
+from vit.engine.build import BUILT_MODEL_FILE, pretrained_architecture
 from vit.engine.files import atomic_write_text
 from vit.engine.tasks import Task, task_of
 from vit.errors import ConfigError
@@ -28,16 +27,16 @@ from vit.runtime.distributed import Distributed
 from vit.search.trial import TrialReport
 from vit.settings import TrainerSettings, WidthByBudget
 from vit.train.callbacks import Callbacks
-from vit.train.checkpoints import Checkpointer, RunProgress, checkpoint_config, find_resume_checkpoint
+from vit.train.checkpoints import Checkpointer, RunProgress
 from vit.train.distill import build_distiller, check_teacher_classes, load_teacher
 from vit.train.finetune import freeze, load_pretrained_weights, read_pretrained
 from vit.train.optimizer import batches_per_epoch
 from vit.train.progressive import ResizeSchedule, resize_schedule
 from vit.train.report import Reporter
-from vit.train.signals import StopSignal, restart_count
+from vit.train.resume import keep_resumed_width, recorded_config, resume_checkpoint_path
+from vit.train.signals import StopSignal
 from vit.train.step_parts import StepParts, StepState
 from vit.train.width_choice import WidthChoice, pick_width, set_width, time_resumed_width
-from vit.weights.read import CheckpointError
 
 log = logging.getLogger("vit.train")
 
@@ -264,18 +263,6 @@ def build_model_and_data(
     )
 
 
-def recorded_config(cfg: DictConfig) -> dict:
-    """The run's config as its checkpoints store it and trainer.resume=auto compares it: resolved, its model the one
-    built. With model.pretrained=timm:<name> that is timm's architecture under `model.name=timm:<name>`
-    (vit/engine/build.py's `built_model_config`), not the model config it was composed with, so evaluation, export,
-    predict, a resume and a fine-tuning from the checkpoint rebuild and name the model trained. The same command
-    gives the same record, so resume=auto still finds its run."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    if task_of(cfg).classifier:  # task=mae builds its encoder from the config's own keys (build_mae_from_config)
-        resolved["model"] = built_model_config(resolved["model"])
-    return resolved
-
-
 def write_built_model(run_dir: Path, built: dict, composed: dict) -> None:
     """Where the model `built` is not the `composed` model config (model.pretrained=timm:<name>, or a width
     trainer.width_by_budget picked), the run folder says which it is: BUILT_MODEL_FILE, the model part of
@@ -346,84 +333,6 @@ def use_grad_checkpointing(model: nn.Module, enabled: bool) -> None:
         raise ConfigError(f"trainer.grad_checkpointing=true: {type(model).__name__} cannot recompute its blocks")
     model.set_grad_checkpointing(True)
     log.info("gradient checkpointing: the encoder blocks are recomputed in the backward pass")
-
-
-def resume_checkpoint_path(setting, run_dir: Path, resolved: dict, composed_model: dict | None = None) -> Path | None:
-    """`trainer.resume`: null -> None; a path -> that file; auto -> this run's last.pt, else (in Hydra's
-    outputs/<date>/<time> layout only) the newest last.pt of an earlier run with the same model and data config,
-    so rerunning the same command continues it. A run folder chosen by hand resumes from its own files only.
-    `resolved` is the config as checkpoints record it (`recorded_config`); `composed_model`, the model config as
-    composed, is what the checkpoints of a model.pretrained=timm:<name> run written before the model built was
-    recorded hold: such a run is still found."""
-    restarted = restart_count()
-    if not setting and restarted is not None:  # torchrun's elastic restart or SLURM's requeue: continue unasked
-        log.info("%s=%d: this launch is a restart, so it resumes as trainer.resume=auto would", *restarted)
-        setting = "auto"
-    if not setting:
-        return None
-    if setting != "auto":
-        return Path(str(setting))
-    match = resume_match(resolved)
-    path = find_resume_checkpoint(run_dir, runs_root_of(run_dir), match)
-    if path is None and composed_model is not None and composed_model != match["model"]:
-        path = find_resume_checkpoint(run_dir, runs_root_of(run_dir), {**match, "model": composed_model})
-    if path is None:
-        log.info("trainer.resume=auto: no checkpoint of this run found, starting fresh")
-    return path
-
-
-def runs_root_of(run_dir: Path) -> Path | None:
-    """Where trainer.resume=auto looks for earlier runs of the same command: Hydra's outputs/ in its
-    outputs/<date>/<time> layout; None for a run folder chosen by hand."""
-    return run_dir.parent.parent if run_dir.parent.parent.name == "outputs" else None
-
-
-def resume_match(resolved: dict) -> dict:
-    """What an earlier run's checkpoint must record to be continued by trainer.resume=auto: the model and data
-    config, and a distillation run's teacher."""
-    match = {"model": resolved["model"], "data": resolved["data"]}
-    if (resolved.get("distill") or {}).get("teacher"):  # a distillation run continues the one with its teacher
-        match["distill"] = resolved["distill"]
-    return match
-
-
-def keep_resumed_width(
-    cfg: DictConfig, trainer: TrainerSettings, run_dir: Path, dist: Distributed
-) -> WidthChoice | None:
-    """trainer.width_by_budget on a resumed run: the width of the checkpoint it continues (trainer.resume's file,
-    or the one trainer.resume=auto finds at one of the widths), written into the config with one line; no timing."""
-    widths = trainer.width_by_budget.widths
-    setting = trainer.resume or ("auto" if restart_count() is not None else None)
-    if widths is None or not setting:
-        return None
-    found = resumed_width(cfg, str(setting), run_dir, widths) if dist.is_main else None
-    found = dist.broadcast(found)
-    if found is None:
-        return None
-    set_width(cfg, found[0])
-    log.info("trainer.width_by_budget: %d wide, the width of %s, which this run continues", *found)
-    return WidthChoice(found[0], f"the width of {found[1]}, which this run continues")
-
-
-def resumed_width(cfg: DictConfig, setting: str, run_dir: Path, widths: tuple[int, ...]) -> tuple[int, str] | None:
-    """(width, checkpoint) of the checkpoint trainer.resume=`setting` continues, where its width is one of
-    `widths`; None where there is none yet (or it cannot be read: resuming it says why)."""
-    path = run_dir / "checkpoints" / "last.pt" if setting == "auto" else Path(setting)
-    if path.exists():
-        try:
-            width = (checkpoint_config(path).get("model") or {}).get("embed_dim")
-        except CheckpointError:
-            return None
-        return (width, str(path)) if width in widths else None
-    if setting != "auto":
-        return None
-    for width in sorted(widths, reverse=True):
-        trial = copy.deepcopy(cfg)
-        set_width(trial, width)
-        path = find_resume_checkpoint(run_dir, runs_root_of(run_dir), resume_match(recorded_config(trial)))
-        if path is not None:
-            return width, str(path)
-    return None
 
 
 def width_and_precision(cfg: DictConfig, trainer: TrainerSettings, kept: WidthChoice | None, task: Task, bundle,
