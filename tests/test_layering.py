@@ -143,3 +143,15 @@ def test_no_function_is_longer_than_its_limit():
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(VIT)}:{node.lineno} {node.name} ({lines} lines)")
     assert not long, long
+
+
+MAX_MODULE_LINES = 450  # a module a reader takes in at one sitting; a longer one holds two jobs, split where they part
+
+
+def test_no_module_is_longer_than_its_limit():
+    long = [
+        f"{path.relative_to(VIT)} ({count} lines)"
+        for path in sorted(VIT.rglob("*.py"))
+        if (count := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    ]
+    assert not long, long
