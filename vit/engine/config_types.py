@@ -11,7 +11,7 @@ from dataclasses import fields
 
 from omegaconf import DictConfig, OmegaConf
 
-from vit.data.sources.registry import DATASETS, data_settings
+from vit.data.sources.registry import data_settings
 from vit.errors import require
 from vit.models.registry import MODELS
 from vit.settings import SETTINGS
@@ -51,44 +51,3 @@ def check_types(cfg: DictConfig) -> None:
         for key in MODEL_START_SWITCHES:
             value = model.get(key)
             require(value is None or isinstance(value, bool), f"model.{key}={value!r} must be true or false")
-
-
-def numeric_keys() -> dict[str, dict[str, tuple[str, ...]]]:
-    """Every numeric key, by group and kind ("int" or "float"): the model families' config fields, the settings
-    classes' fields, and data's over every dataset's class."""
-    keys: dict[str, dict[str, tuple[str, ...]]] = {"model": {"int": (), "float": ()}}
-    for name in MODELS:
-        for key, kind in model_kinds(name).items():
-            kind_name = {int: "int", float: "float"}.get(kind.base)
-            if kind_name and key not in keys["model"][kind_name]:
-                keys["model"][kind_name] += (key,)
-    for group, settings in _group_classes():
-        for kind, base in (("int", int), ("float", float)):
-            keys.setdefault(group, {}).setdefault(kind, ())
-            keys[group][kind] += tuple(k for k in _fields_of(settings, base) if k not in keys[group][kind])
-    return keys
-
-
-def _group_classes():
-    yield from SETTINGS.items()
-    for source in DATASETS.values():
-        yield "data", source.settings
-
-
-def _fields_of(settings, base: type, prefix: str = ""):
-    """The dotted names of a settings class's fields of type `base` (sub-groups' included), parsed ones left out:
-    they have a syntax of their own (trainer.budget's durations)."""
-    for name, (kind, meta) in settings.kinds().items():
-        if kind.nested:
-            yield from _fields_of(kind.base, base, f"{prefix}{name}.")
-        elif kind.base is base and not kind.choices and not meta.get("parse"):
-            yield f"{prefix}{name}"
-
-
-def number_lists() -> dict[str, tuple[tuple[str, int], ...]]:
-    """Every list-of-numbers key with its length: the settings classes' tuple fields."""
-    lists: dict[str, tuple[tuple[str, int], ...]] = {}
-    for group, settings in _group_classes():
-        found = tuple((name, k.length) for name, (k, _) in settings.kinds().items() if k.base is tuple)
-        lists[group] = tuple(dict.fromkeys(lists.get(group, ()) + found))
-    return lists
