@@ -70,6 +70,29 @@ def _cpu_lever_cases() -> list[BenchCase]:
     ]  # fmt: skip
 
 
+def _cpu_recipe_cases() -> list[BenchCase]:
+    """experiment=cifar10_cpu's model at its two widths (conv stem, qk-norm, mixed rotary positions, sequence
+    pooling, no cls token), against timm's ViT of the same width, depth, heads, MLP ratio and qk-norm (timm builds
+    neither that stem nor mixed rotary positions, so the peer computes a little less)."""
+    recipe = {
+        "patch_embed": "conv",
+        "qk_norm": True,
+        "pos_embed": "rope_mixed",
+        "global_pool": "seq",
+        "class_token": False,
+        "mlp_ratio": 2.0,
+        "depth": 6,
+        "img_size": 32,
+        "patch_size": 4,
+        "num_classes": 10,
+    }
+    return [
+        BenchCase(f"vit_cpu_recipe_{width}", "vit_tiny", dict(recipe, embed_dim=width, num_heads=width // 48), 32, 256,
+                  "timm", dict(_vit_peer(width, 6, width // 48, 32, 4, classes=10, mlp_ratio=2.0), qk_norm=True))
+        for width in (96, 144)
+    ]  # fmt: skip
+
+
 CASES: dict[str, BenchCase] = {
     c.name: c
     for c in [
@@ -104,6 +127,8 @@ CASES: dict[str, BenchCase] = {
         # (docs/BENCHMARKS.md, "What each model lever costs on the CPU"); timm is the peer where its
         # VisionTransformer builds the same thing (qk-norm; SwiGLU as its packed fc1 = [gate | value]).
         *_cpu_lever_cases(),
+        # The CPU recipe's model as it trains, at the two widths trainer.width_by_budget picks from.
+        *_cpu_recipe_cases(),
         # A toy shape so the whole protocol runs in seconds on a CPU (tests, smoke checks).
         BenchCase(
             "toy",
