@@ -174,6 +174,19 @@ def test_attention_backends_and_capture_do_not_break_export(tmp_path, backend):
         assert np.abs(session.run(None, {"images": x.numpy()})[0] - model(x).numpy()).max() <= 1e-4
 
 
+def test_rotary_positions_export(tmp_path):
+    # Eager rotary attention turns q and k by complex multiplies (vit/models/rope.py), which ONNX has no type for:
+    # the export traces the real form, and the file computes what the eager model does.
+    overrides = ["model=vit_tiny", "data=cifar10", SHALLOW, "model.pos_embed=rope_mixed", "model.qk_norm=true"]
+    checkpoint = make_checkpoint(tmp_path / "best.pt", overrides)
+    model, _, _ = load_model(checkpoint)
+    assert export([f"checkpoint={checkpoint}"]) == 0
+    session = ort.InferenceSession(str(tmp_path / "best.onnx"), providers=["CPUExecutionProvider"])
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        assert np.abs(session.run(None, {"images": x.numpy()})[0] - model(x).numpy()).max() <= 1e-4
+
+
 def test_predict_with_the_onnx_file_gives_the_checkpoints_top1(checkpoints, tmp_path):
     checkpoint, images = checkpoints["vit_tiny_224"]
     onnx_path = tmp_path / "model.onnx"

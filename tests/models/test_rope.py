@@ -8,6 +8,7 @@ import timm
 import torch
 from timm.layers.pos_embed_sincos import RotaryEmbeddingMixed, apply_rot_embed_cat, init_random_2d_freqs
 
+from vit.models import rope
 from vit.models.rope import MixedRope, apply_rope, axial_rope_table, mixed_rope_freqs, mixed_rope_table
 
 GRIDS = [(14, 14), (8, 8), (6, 10)]
@@ -113,6 +114,32 @@ def test_apply_rope_equals_timm(dtype):
         out = apply_rope(x, table)
         assert out.dtype == dtype and out.shape == x.shape
         torch.testing.assert_close(out, apply_rot_embed_cat(x, table), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_complex_multiply_computes_the_real_form(monkeypatch, dtype):
+    # Eager apply_rope turns each pair by one complex multiply; traced and compiled models take the real form.
+    # Both give the same output and the same gradients, for q and k as attention slices them out of one qkv.
+    grid, heads, head_dim = (4, 6), 3, 16
+    qkv = torch.randn(2, grid[0] * grid[1], 3 * heads * head_dim).to(dtype).requires_grad_()
+    freqs = mixed_rope_freqs(head_dim, 1, heads).requires_grad_()
+    upstream = torch.randn(2, heads, grid[0] * grid[1], head_dim)
+
+    def run(complex_ok: bool):
+        monkeypatch.setattr(rope, "_complex_multiply_ok", lambda pairs: complex_ok and pairs.dtype == torch.float32)
+        qkv.grad = freqs.grad = None
+        q, k, _ = qkv.reshape(2, -1, 3, heads, head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # strided views
+        table = mixed_rope_table(freqs, grid)[0]
+        out = apply_rope(q, table) * 2 + apply_rope(k, table)
+        (out.float() * upstream).sum().backward()
+        return out.detach(), qkv.grad, freqs.grad
+
+    calls = []
+    monkeypatch.setattr(torch, "view_as_complex", lambda x, f=torch.view_as_complex: calls.append(1) or f(x))
+    fast, real = run(True), run(False)
+    assert len(calls) == 2  # q and k took the complex multiply in the first run only
+    assert torch.equal(fast[0], real[0]) and torch.equal(fast[1], real[1])
+    torch.testing.assert_close(fast[2], real[2], atol=1e-5, rtol=1e-5)  # the table's gradient, summed in another order
 
 
 def test_apply_rope_preserves_the_norm_of_each_pair():

@@ -180,10 +180,28 @@ def apply_rope(x: torch.Tensor, table: torch.Tensor, half: bool = False) -> torc
         x0, x1 = x.chunk(2, dim=-1)  # (B, heads, N, D / 2): first and second channel of each pair
         return torch.cat([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1).to(x.dtype)  # (B, heads, N, D)
     sin, cos = sin[..., 0::2], cos[..., 0::2]  # (..., N, D / 2): one value per pair
-    x0, x1 = x[..., 0::2], x[..., 1::2]  # (B, heads, N, D / 2): first and second channel of each pair
     # Math in the promoted dtype (float32 for a bf16 x and a float32 table), cast once at the end, as timm does.
+    dtype = torch.promote_types(x.dtype, table.dtype)
+    pairs = x.to(dtype).unflatten(-1, (-1, 2))  # (B, heads, N, D / 2, 2): a view of x in its dtype
+    if _complex_multiply_ok(pairs):
+        # A pair (x0, x1) read as x0 + i x1 and turned by cos + i sin: (x0 cos - x1 sin) + i (x1 cos + x0 sin), the
+        # products and sums of the real form below, in one complex multiply over x in place (a quarter of the real
+        # form's time, forward and backward, on a CPU: that form passes over strided halves of x and stacks them).
+        turned = torch.view_as_complex(pairs) * torch.complex(cos.to(dtype), sin.to(dtype))  # (B, heads, N, D / 2)
+        return torch.view_as_real(turned).flatten(-2).to(x.dtype)  # (B, heads, N, D)
+    x0, x1 = pairs.unbind(-1)  # (B, heads, N, D / 2): first and second channel of each pair
     out = torch.stack([x0 * cos - x1 * sin, x1 * cos + x0 * sin], dim=-1)  # (B, heads, N, D / 2, 2)
     return out.flatten(-2).to(x.dtype)  # (B, heads, N, D)
+
+
+def _complex_multiply_ok(pairs: torch.Tensor) -> bool:
+    """Whether `apply_rope` may turn `pairs` by a complex multiply: in eager PyTorch (the ONNX export has no complex
+    tensors, the compilers handle them through fallbacks), in float32 or float64 (there is no bf16 complex type), on
+    a view torch can read as complex numbers (each pair adjacent in memory, every other stride even)."""
+    if torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export():
+        return False
+    even = pairs.storage_offset() % 2 == 0 and all(stride % 2 == 0 for stride in pairs.stride()[:-1])
+    return pairs.dtype in (torch.float32, torch.float64) and pairs.stride(-1) == 1 and even
 
 
 class MixedRope(nn.Module):
