@@ -194,7 +194,7 @@ def test_fp16_where_it_runs_is_refused_under_fsdp():
     from vit.errors import ConfigError
     from vit.runtime.device import Precision
     from vit.settings import TrainerSettings
-    from vit.train.optimizer import shard_run_model
+    from vit.train.assemble import shard_run_model
 
     trainer = TrainerSettings(strategy="fsdp")
     with pytest.raises(ConfigError, match="trainer.amp=fp16 cannot run under trainer.strategy=fsdp"):

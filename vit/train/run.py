@@ -1,7 +1,7 @@
 """`run(cfg)`: one training run from a composed config, start (or resume) to `metrics.json`.
 
 `build_run` builds the one `Run` object every phase takes (vit/train/setup.py): the trainer's typed settings
-(vit/settings/trainer.py), torch set up, the model and the data, the optimisation (vit/train/optimizer.py), the
+(vit/settings/trainer.py), torch set up, the model and the data, the optimisation (vit/train/assemble.py), the
 checkpoints resumed (vit/train/checkpoints.py), the writers (vit/train/report.py) and the callbacks (the budget,
 a search trial's pruner, the teacher's check: vit/train/callbacks.py). `train` (vit/train/trainer.py) is the
 loop, read top to bottom: for each epoch its steps, the evaluation, the record and the checkpoint; finally the test
@@ -34,11 +34,11 @@ from vit.runtime.distributed import Distributed, setup_distributed
 from vit.runtime.sharding import is_sharded
 from vit.search.trial import TrialReport, check_search, is_trial
 from vit.settings import TrainerSettings
+from vit.train.assemble import build_step_parts
 from vit.train.budget_hooks import attach_budget
 from vit.train.callbacks import TeacherCheck, TrialPruning
 from vit.train.checkpoints import Checkpointer, RunProgress, resume
 from vit.train.config import validate
-from vit.train.optimizer import build_step_parts
 from vit.train.report import Reporter
 from vit.train.setup import Run, build_model_and_data, setup_torch
 from vit.train.signals import StopSignal, restart_count
