@@ -37,7 +37,7 @@ from vit.train.optimizer import build_optimizer, build_scheduler
 from vit.weights.read import load_checkpoint
 
 setup_phase = importlib.import_module("vit.train.setup")  # where a run builds its model and data
-optimisation_phase = importlib.import_module("vit.train.optimizer")
+optimisation_phase = importlib.import_module("vit.train.assemble")  # where the optimizer is built on the model
 CPU = ["trainer.device=cpu", "trainer.attn_maps_every_n_epochs=0", "trainer.ema=false"]
 # 5 classes at 32 px (patch 4: an 8 x 8 grid), a few steps.
 TARGET = ["data=synthetic", "data.synthetic.num_train=32", "data.synthetic.num_val=16", "data.batch_size=16"]
