@@ -292,15 +292,39 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_ranks(args: list[str], cwd: Path, nproc: int = 2, timeout: int = 240) -> subprocess.CompletedProcess:
+class SpawnedRun(subprocess.Popen):
+    """`python train.py <args>` in a new interpreter, with ForkedRun's `output`: for a run that must not inherit this
+    process's threads and locks (a fork copies any lock a thread of this process held at that moment)."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str]) -> None:
+        import tempfile
+
+        Path(cwd).mkdir(parents=True, exist_ok=True)
+        self._out = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - read back after the run ends
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **env}
+        cmd = [sys.executable, str(REPO / "train.py"), *args]
+        super().__init__(cmd, cwd=cwd, env=env, stdout=self._out, stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        self._out.seek(0)
+        return self._out.read()
+
+
+def run_ranks(
+    args: list[str], cwd: Path, nproc: int = 2, timeout: int = 240, fork: bool = True
+) -> subprocess.CompletedProcess:
     """`train.py <args>` as `nproc` data-parallel ranks, each a ForkedRun with the environment torchrun gives its
     workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, ...): the same process group, sharding and rank-0
     writing as under torchrun, minus a launcher and a new interpreter per rank. stdout holds every rank's output,
     rank by rank; the exit code is the first non-zero one. (The launch by torchrun itself is tested too, in
-    tests/train/test_distributed.py.)"""
+    tests/train/test_distributed.py.) `fork=False` starts each rank in a new interpreter instead."""
     common = {"WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1"}
     common |= {"MASTER_PORT": str(free_port()), "GROUP_RANK": "0"}
-    ranks = [ForkedRun.train(args, cwd, {**common, "RANK": str(r), "LOCAL_RANK": str(r)}, cpu=r) for r in range(nproc)]
+    envs = [{**common, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(nproc)]
+    if fork:
+        ranks = [ForkedRun.train(args, cwd, env, cpu=r) for r, env in enumerate(envs)]
+    else:  # new interpreters: seconds more, nothing inherited from this process
+        ranks = [SpawnedRun(args, cwd, env) for env in envs]
     deadline = time.monotonic() + timeout
     try:  # until every rank is done, or one failed (the others would wait for it) and the rest had 10 s to end
         while None in (codes := [rank.poll() for rank in ranks]) and time.monotonic() < deadline:
