@@ -185,7 +185,7 @@ def apply_rope(x: torch.Tensor, table: torch.Tensor, half: bool = False) -> torc
     pairs = x.to(dtype).unflatten(-1, (-1, 2))  # (B, heads, N, D / 2, 2): a view of x in its dtype
     if _complex_multiply_ok(pairs):
         # A pair (x0, x1) read as x0 + i x1 and turned by cos + i sin: (x0 cos - x1 sin) + i (x1 cos + x0 sin), the
-        # products and sums of the real form below, in one complex multiply over x in place (a quarter of the real
+        # products and sums of the real form below, in one complex multiply over a view of x (a quarter of the real
         # form's time, forward and backward, on a CPU: that form passes over strided halves of x and stacks them).
         turned = torch.view_as_complex(pairs) * torch.complex(cos.to(dtype), sin.to(dtype))  # (B, heads, N, D / 2)
         return torch.view_as_real(turned).flatten(-2).to(x.dtype)  # (B, heads, N, D)
