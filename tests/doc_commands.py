@@ -206,6 +206,7 @@ TINY_SCRIPT_ARGS = [
     (r"lab/bench_shards\.py", "images=64 batch=32 workers=0 repeats=1"),
     (r"lab/bench_cpu_bf16\.py", "cases=32x16x320x2 rounds=1 threads=1"),  # 2 steps a round
     (r"lab/bench_matmul\.py", "n=64 rounds=1"),
+    (r"lab/bench_attention\.py", "cases=16x8x2x4 rounds=1 threads=1"),
     (r"lab/bench_naflex\.py", "seq_lens=4,16 batch_size=4 width=16 depth=1 heads=2 rounds=1 threads=1"),
     (r"lab/bench_cpu_setup\.py", "rounds=1 batches=1 settings=memory-t1 warmup=false"),
     (r"/bench_optimizer\.py", "model.embed_dim=32 model.depth=1 model.num_heads=2 rounds=1 steps=1 threads=1"),

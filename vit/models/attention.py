@@ -44,6 +44,14 @@ from torch import nn
 from vit.models.rope import apply_rope
 
 ATTN_BACKENDS = ("auto", "math", "sdpa")
+# attn_backend=auto on a CPU: the written-out scores up to these token counts, the fused kernel above them. On the
+# 2-core AVX512-BF16 EPYC, a training step's attention (forward and backward) ran 2.4-7.5x faster written out than in
+# PyTorch's CPU flash kernel in bf16 at every count measured (16-576 tokens), and in fp32 2.9x faster at 16 tokens,
+# 1.1-1.2x at 64-128 and slower from 145 (lab/bench_attention.py; docs/BENCHMARKS.md, "Attention on the CPU"). In
+# bf16 the bound is memory's: the written-out form keeps the (B, heads, N, N) weights for backward, 0.2 GB a layer at
+# 256 tokens, 6 heads and batch 256, and grows with N^2 past what the speed is worth on long sequences.
+CPU_MATH_MAX_TOKENS = 256
+CPU_MATH_MAX_TOKENS_FP32 = 128
 
 
 class Attention(nn.Module):
@@ -59,7 +67,8 @@ class Attention(nn.Module):
         dim_out: width of the output tokens (and of Q, K, V); ``None`` means ``dim``.
         attn_backend: ``"math"`` writes out softmax(Q Kᵀ · scale) V step by step (readable, and the only path
             that can hand out the attention weights); ``"sdpa"`` calls ``F.scaled_dot_product_attention``
-            (fused, flash where available, no (N, N) matrix kept); ``"auto"`` is sdpa unless maps are captured.
+            (fused, flash where available, no (N, N) matrix kept); ``"auto"`` is sdpa, except while maps are
+            captured and on a CPU at the token counts where math measured faster (`fused`).
         qk_norm: a LayerNorm over each head's q and each head's k (`q_norm`, `k_norm`, timm's names), after the
             split and before the scores: |q·k| stays bounded however large the activations grow, which keeps the
             softmax out of saturation and the logits in range under fp16/bf16 (Dehghani et al. 2023, ViT-22B).
@@ -169,6 +178,18 @@ class Attention(nn.Module):
             return q, k
         return apply_rope(q, rope, self.rope_half), apply_rope(k, rope, self.rope_half)
 
+    def fused(self, q: torch.Tensor) -> bool:
+        """Whether the scores run in `F.scaled_dot_product_attention`'s one kernel rather than written out: sdpa
+        does, math and a capture of the maps do not; auto does except on a CPU where the written-out form measured
+        faster: in bf16 or fp16 up to `CPU_MATH_MAX_TOKENS` tokens, in fp32 up to `CPU_MATH_MAX_TOKENS_FP32`
+        (docs/BENCHMARKS.md, "Attention on the CPU"). q: (B, heads, N, head_dim), in the dtype the scores take."""
+        if self.attn_backend == "math" or self.attention_sink is not None:
+            return False
+        if self.attn_backend == "sdpa" or q.device.type != "cpu":
+            return True
+        bound = CPU_MATH_MAX_TOKENS_FP32 if q.dtype in (torch.float32, torch.float64) else CPU_MATH_MAX_TOKENS
+        return q.shape[-2] > bound
+
     def attend(
         self,
         q: torch.Tensor,
@@ -183,7 +204,7 @@ class Attention(nn.Module):
         if attn_mask is not None and is_causal:
             raise ValueError("pass either attn_mask or is_causal=True, not both")
         scale = self.scale if scale is None else scale
-        if self.attn_backend != "math" and self.attention_sink is None:  # fused: the same formula in one kernel
+        if self.fused(q):  # the same formula in one kernel
             dropout_p = self.attn_drop.p if self.training else 0.0
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale
