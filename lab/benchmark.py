@@ -29,7 +29,8 @@ Keys (default):
     warmup (5), min_round_s (0.5)   untimed calls first; a round lasts at least this long
     device (auto)           auto | cpu | cuda
     threads                 torch (and onnxruntime) CPU threads
-    amp (auto), peer_amp (same)     precision of ours, as trainer.amp (auto | bf16 | fp16 | none), and of the peer
+    amp (auto), peer_amp (same)     precision of ours, as trainer.amp (auto | bf16 | fp16 | none; steps and
+                            profile), and of the peer
     batches                 inference: comma list of batch sizes (1,64 on a CPU, 1,256 on CUDA)
     runtimes (eager,compiled,onnxruntime)   inference: comma list of eager, compiled, onnxruntime (the ONNX
                             export; CPU only), onnxruntime-int8-dynamic, onnxruntime-int8-static
@@ -299,7 +300,7 @@ def run_profile(args: Options, names: list[str], batches: list, modes: list, dev
     sections = []
     for name, batch in zip(names, batches, strict=True):
         for mode in modes:
-            summary = profile_case(CASES[name], device, batch, mode, args.profile_steps, args.warmup)
+            summary = profile_case(CASES[name], device, batch, mode, args.profile_steps, args.warmup, amp=args.amp)
             sections.append(profile_markdown(summary))
             print(sections[-1] + "\n", flush=True)
     args.md.write_text("\n\n".join(sections) + "\n")

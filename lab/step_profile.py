@@ -10,6 +10,8 @@ import torch
 from bench_cases import BenchCase, build_side
 from step_timing import make_train_step, synchronize
 
+from vit.runtime.device import choose_precision
+
 KERNEL_FAMILIES = (
     ("attention", ("flash", "fmha", "attention", "sdpa", "efficient_attention")),
     ("patch embed (conv)", ("convolution", "conv2d", "cudnn", "implicit_gemm")),
@@ -38,6 +40,7 @@ class ProfileSummary:
     batch: int
     compile_mode: str | None
     device: str
+    precision: str  # what the forward passes ran in: fp32, bf16, fp16
     time_kind: str  # "CUDA" (kernel time on the GPU) or "CPU" (self time of the ops on the host)
     steps: int
     step_ms: float  # wall time per step while profiled
@@ -54,13 +57,17 @@ def profile_case(
     steps: int = 10,
     warmup: int = 5,
     top: int = 15,
+    amp: str = "auto",
 ) -> ProfileSummary:
     """Where a training step of our model spends its time: torch.profiler over `steps` steps after warm-up,
-    the kernels (CUDA) or ops (CPU) with the most self time, and the share of each kernel family."""
+    the kernels (CUDA) or ops (CPU) with the most self time, and the share of each kernel family. `amp`: the
+    precision, as trainer.amp."""
     from torch.profiler import ProfilerActivity, profile
 
     batch = batch or case.batch
-    step = make_train_step(build_side(case, "ours"), batch, case.img_size, device, compile_mode)
+    model = build_side(case, "ours")
+    precision = choose_precision(amp, device, model)
+    step = make_train_step(model, batch, case.img_size, device, compile_mode, precision)
     for _ in range(warmup):
         step()
     synchronize(device)
@@ -89,6 +96,7 @@ def profile_case(
         batch=batch,
         compile_mode=compile_mode,
         device=str(device),
+        precision=precision.name,
         time_kind="CUDA" if on_gpu else "CPU",
         steps=steps,
         step_ms=1000.0 * wall / steps,
@@ -104,7 +112,7 @@ def profile_markdown(summary: ProfileSummary) -> str:
     busy = 100.0 * summary.total_ms / max(summary.step_ms, 1e-9)
     idle = " The GPU idles the rest of the step: launch- or host-bound." if summary.time_kind == "CUDA" else ""
     lines = [
-        f"### {summary.case}, batch {summary.batch}, {mode}, {summary.device}",
+        f"### {summary.case}, batch {summary.batch}, {mode}, {summary.precision}, {summary.device}",
         "",
         f"{summary.step_ms:.2f} ms per step (profiled); {summary.time_kind} self time {summary.total_ms:.2f} ms "
         f"per step, {busy:.0f}% of it.{idle if busy < 90 else ''}",

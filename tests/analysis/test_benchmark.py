@@ -101,12 +101,14 @@ def test_kernel_families(name, family):
 
 def test_profile_writes_families_and_top_kernels(tmp_path):
     out = tmp_path / "profile.md"
-    args = ["mode=profile", "models=toy", "device=cpu", f"md={out}", "profile_steps=2", "warmup=1"]
+    args = ["mode=profile", "models=toy", "device=cpu", f"md={out}", "profile_steps=2", "warmup=1", "amp=bf16"]
     assert benchmark.main(args) == 0
     text = out.read_text()
+    assert text.startswith("### toy, batch ") and ", eager, bf16, cpu" in text.splitlines()[0]
     shares = [float(line.split("|")[2].strip().rstrip("%")) for line in text.splitlines() if line.endswith("% |")]
     assert sum(shares) == pytest.approx(100.0, abs=0.5)
-    assert "| matmul |" in text and "| attention |" in text  # the linear layers and SDPA of the toy ViT
+    # The toy ViT's linear layers, and its attention written out on a CPU (attn_backend=auto): products, softmax.
+    assert "| matmul |" in text and "| softmax / loss |" in text
     times = [float(line.split("|")[2]) for line in text.splitlines() if line.startswith("| `")]
     assert len(times) == 15 and times == sorted(times, reverse=True)
 
