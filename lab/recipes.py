@@ -23,7 +23,7 @@ import matplotlib.pyplot as plt
 import yaml
 from matplotlib.lines import Line2D
 
-from vit.analysis.runs import RunRecord, markdown_table
+from vit.analysis.runs import RunRecord, markdown_table, run_config
 from vit.engine.figures import save
 from vit.errors import UsageError
 
@@ -120,7 +120,7 @@ def find_runs(path: str | Path) -> list[RunRecord]:
                 path=run_dir,
                 name=run_dir.as_posix(),
                 overrides=dict(item.split("=", 1) for item in items or [] if "=" in item),
-                config=yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text()) or {},
+                config=run_config(run_dir),  # the model built, where the run picked its width
                 metrics=metrics,
             )
         )
