@@ -182,7 +182,8 @@ class Attention(nn.Module):
         """Whether the scores run in `F.scaled_dot_product_attention`'s one kernel rather than written out: sdpa
         does, math and a capture of the maps do not; auto does except on a CPU where the written-out form measured
         faster: in bf16 (and fp16, not measured) up to `CPU_MATH_MAX_TOKENS` tokens, in fp32 up to
-        `CPU_MATH_MAX_TOKENS_FP32` (docs/BENCHMARKS.md, "Attention on the CPU"). q: (B, heads, N, head_dim), in the dtype the scores take."""
+        `CPU_MATH_MAX_TOKENS_FP32` (docs/BENCHMARKS.md, "Attention on the CPU"). q: (B, heads, N, head_dim), in the
+        dtype the scores take."""
         if self.attn_backend == "math" or self.attention_sink is not None:
             return False
         if self.attn_backend == "sdpa" or q.device.type != "cpu":
