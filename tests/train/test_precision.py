@@ -13,7 +13,12 @@ from trainer_utils import QUICK, TINY_MODEL, compose_config, make_tree
 from vit.data.resources import available_cpus
 from vit.errors import ConfigError
 from vit.runtime import device as precision_module
-from vit.runtime.device import CPU_BF16_MIN_TOKENS, CPU_BF16_MIN_WIDTH, choose_precision
+from vit.runtime.device import (
+    CPU_BF16_FEW_TOKENS,
+    CPU_BF16_MIN_WIDTH,
+    CPU_BF16_MIN_WIDTH_MANY_TOKENS,
+    choose_precision,
+)
 from vit.train import run
 from vit.train.config import validate
 
@@ -42,20 +47,25 @@ def cpu_bf16(monkeypatch):
     return simulate
 
 
-def test_auto_is_bf16_on_a_bf16_cpu_only_for_a_model_wide_enough(cpu_bf16):
+def test_auto_on_a_bf16_cpu_is_bf16_only_where_the_models_width_and_tokens_paid(cpu_bf16):
     cpu_bf16(True)
-    wide = choose_precision("auto", CPU, Wide(192))
-    assert (wide.name, wide.dtype, wide.substituted) == ("bf16", torch.bfloat16, False)
-    assert "192 wide" in wide.reason
-    at_bar = choose_precision("auto", CPU, Wide(CPU_BF16_MIN_WIDTH))
-    assert at_bar.name == "bf16"
-    narrow = choose_precision("auto", CPU, Wide(CPU_BF16_MIN_WIDTH - 1))
+    few, many = CPU_BF16_FEW_TOKENS, CPU_BF16_FEW_TOKENS + 1
+    # Over few tokens (a CIFAR ViT/4's 64, a ViT/8's 16): bf16 from CPU_BF16_MIN_WIDTH.
+    at_bar = choose_precision("auto", CPU, Wide(CPU_BF16_MIN_WIDTH, tokens=few))
+    assert (at_bar.name, at_bar.dtype, at_bar.substituted) == ("bf16", torch.bfloat16, False)
+    assert f"is {CPU_BF16_MIN_WIDTH} wide over {few} tokens, at least the {CPU_BF16_MIN_WIDTH} wide" in at_bar.reason
+    assert choose_precision("auto", CPU, Wide(CPU_BF16_MIN_WIDTH, tokens=few // 4)).name == "bf16"
+    narrow = choose_precision("auto", CPU, Wide(CPU_BF16_MIN_WIDTH - 1, tokens=few))
     assert (narrow.name, narrow.dtype) == ("fp32", None)
-    assert f"{CPU_BF16_MIN_WIDTH - 1} wide, under the {CPU_BF16_MIN_WIDTH}" in narrow.reason
-    # Wide enough but over too few tokens (a ViT/8 at 32 px): fp32, and the tokens are named as the reason.
-    few = choose_precision("auto", CPU, Wide(192, tokens=CPU_BF16_MIN_TOKENS // 4))
-    assert few.name == "fp32" and f"sees {CPU_BF16_MIN_TOKENS // 4} tokens, under the" in few.reason
-    assert choose_precision("auto", CPU, Wide(CPU_BF16_MIN_WIDTH, tokens=CPU_BF16_MIN_TOKENS)).name == "bf16"
+    assert f"is {CPU_BF16_MIN_WIDTH - 1} wide over {few} tokens, under the {CPU_BF16_MIN_WIDTH} wide" in narrow.reason
+    # Over more tokens the bar is wider: a model at the few-token bar trains fp32 there, and the tokens say why.
+    more = choose_precision("auto", CPU, Wide(CPU_BF16_MIN_WIDTH_MANY_TOKENS - 1, tokens=many))
+    assert more.name == "fp32" and f"over more than {few} tokens where bf16 pays" in more.reason
+    assert choose_precision("auto", CPU, Wide(CPU_BF16_MIN_WIDTH_MANY_TOKENS, tokens=many)).name == "bf16"
+    # Tokens unknown: the wider bar.
+    unknown = choose_precision("auto", CPU, Wide(CPU_BF16_MIN_WIDTH_MANY_TOKENS - 1))
+    assert unknown.name == "fp32" and f"more than {few} tokens or unknown" in unknown.reason
+    assert choose_precision("auto", CPU, Wide(CPU_BF16_MIN_WIDTH_MANY_TOKENS)).name == "bf16"
     # Without an embed_dim the widest Linear decides.
     assert choose_precision("auto", CPU, nn.Sequential(nn.Linear(256, 8), nn.Linear(8, 2))).name == "bf16"
     assert choose_precision("auto", CPU, nn.Sequential(nn.Linear(16, 8))).name == "fp32"
@@ -115,7 +125,8 @@ def linear_output_dtypes(overrides: list[str], tmp_path, name: str) -> tuple[dic
 
 def test_a_cpu_run_under_auto_trains_in_bf16_when_wide_and_says_so(cpu_bf16, tmp_path, caplog):
     cpu_bf16(True)
-    # One epoch of 2 batches: bf16 is emulated, and slow, on a CPU without AVX512-BF16 (where the test runs as well)
+    # One epoch of 2 batches: bf16 is emulated, and slow, on a CPU without AVX512-BF16 (where the test runs as well).
+    # QUICK's images are 32 px in patches of 4: 64 tokens.
     wide = [f"model.embed_dim={CPU_BF16_MIN_WIDTH}", "model.num_heads=2", "model.depth=1", "trainer.epochs=1"]
     wide += ["trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.attn_maps_every_n_epochs=0"]
     with caplog.at_level(logging.INFO, logger="vit.train"):
@@ -129,7 +140,7 @@ def test_a_cpu_run_under_auto_trains_in_bf16_when_wide_and_says_so(cpu_bf16, tmp
 
     metrics, dtypes = linear_output_dtypes([], tmp_path, "narrow")  # QUICK's model is 32 wide
     assert dtypes == {torch.float32}
-    assert metrics["precision"] == "fp32" and "32 wide, under the" in metrics["precision_reason"]
+    assert metrics["precision"] == "fp32" and "32 wide over 64 tokens, under the" in metrics["precision_reason"]
 
 
 def test_an_explicit_fp16_on_a_cpu_without_it_warns_once_and_runs_bf16(cpu_bf16, tmp_path, caplog):

@@ -3,12 +3,13 @@ training, the evaluations during training, `vit-eval`, `vit-predict` and `lab/be
 
 `auto` (the default) takes bf16 autocast where the device runs it natively and it pays, fp32 everywhere else:
 - CUDA: bf16 when the GPU has native bf16 (Ampere and later), else fp32.
-- CPU: bf16 when torch reports native bf16 matmuls (AVX512-BF16 or AMX) *and* the model is at least
-  `CPU_BF16_MIN_WIDTH` wide *and* sees at least `CPU_BF16_MIN_TOKENS` patch tokens. Below either, the casts around
-  every matmul cost more than the smaller matmuls save. Measured on two 2-core AMD EPYCs with AVX512-BF16
-  (docs/BENCHMARKS.md, "bf16 on the CPU"): a ViT training step ran at 0.59-0.63x fp32's speed 32 wide; 128 wide
-  over 64 tokens it gained 1.16x on one and was even (1.01x, batch 128) or lost (0.86x, batch 32) on the other;
-  192 wide over 64 tokens it gained on both (1.50x and 1.07-1.18x).
+- CPU: bf16 when torch reports native bf16 matmuls (AVX512-BF16 or AMX) and the model's shape is one where it
+  trained faster: at least `CPU_BF16_MIN_WIDTH` wide over at most `CPU_BF16_FEW_TOKENS` patch tokens, or at least
+  `CPU_BF16_MIN_WIDTH_MANY_TOKENS` wide over more. Elsewhere the casts around every matmul cost about what the
+  smaller matmuls save, or more. Measured (docs/BENCHMARKS.md, "bf16 on the CPU"): with the attention written out
+  on a CPU (vit/models/attention.py), a 2-core AMD EPYC with AVX512-BF16 trained 1.25-2.20x faster in bf16 at 16
+  and 64 tokens at every width from 32 to 192, and 0.90-1.04x at 256 tokens from 64 to 128 wide; before, with
+  PyTorch's flash kernel for the attention, two such CPUs gained only from 192 wide over 64 tokens on both.
 - Anything else: fp32.
 
 A budgeted run that picks its width (trainer.width_by_budget, vit/train/width_choice.py) times fp32 against bf16
@@ -35,12 +36,14 @@ from vit.errors import ConfigError
 log = logging.getLogger("vit.train")
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
-# Where bf16 trained faster than fp32 on every CPU and batch measured: encoders (embed_dim) at least 192 wide over at
-# least 64 patch tokens. 128 wide over 64 tokens gained on one CPU (1.16x) and lost on the other at batch 32 (0.86x);
-# 96 wide: 0.64x to 1.11x. Conservative: it keeps cases that gained on one CPU in fp32 rather than pick bf16 where
-# it loses on another.
-CPU_BF16_MIN_WIDTH = 192
-CPU_BF16_MIN_TOKENS = 64
+# Where bf16 trained faster than fp32 on the 2-core AVX512-BF16 EPYC (Zen 4) with the attention written out: at 16
+# and 64 tokens at every width from 32 up (1.25-2.20x; 64 wide 1.27-1.55x), at 256 tokens not below 128 wide
+# (0.90-1.04x). The bar over few tokens is 64, not 32: the other CPU kind (a Zen 5 EPYC) was measured only with the
+# flash kernel, where 32 and 48 wide ran at 0.63x fp32's speed, the cases furthest from paying, and it gained from
+# 128 wide. Over more than 64 tokens the rule keeps the bar both CPUs met then (192 wide, 1.07-1.50x).
+CPU_BF16_MIN_WIDTH = 64
+CPU_BF16_FEW_TOKENS = 64
+CPU_BF16_MIN_WIDTH_MANY_TOKENS = 192
 
 
 @dataclass(frozen=True)
@@ -142,16 +145,14 @@ def _auto(device: torch.device, model: nn.Module | None) -> Precision:
     if not cpu_has_native_bf16():
         return Precision("fp32", "trainer.amp=auto: this CPU has no native bf16 (AVX512-BF16 or AMX)")
     width, tokens = model_width(model), model_tokens(model)
-    bar = f"{CPU_BF16_MIN_WIDTH} wide and {CPU_BF16_MIN_TOKENS} tokens"
-    if width is None or width < CPU_BF16_MIN_WIDTH:
-        why = f"the model is {width} wide, under the {bar} where bf16 pays on a CPU"
-        return Precision("fp32", f"trainer.amp=auto: this CPU has native bf16, but {why}")
-    if tokens is not None and tokens < CPU_BF16_MIN_TOKENS:
-        why = f"the model sees {tokens} tokens, under the {bar} where bf16 pays on a CPU"
-        return Precision("fp32", f"trainer.amp=auto: this CPU has native bf16, but {why}")
+    few = tokens is not None and tokens <= CPU_BF16_FEW_TOKENS
+    bar = CPU_BF16_MIN_WIDTH if few else CPU_BF16_MIN_WIDTH_MANY_TOKENS
+    over = f"{'at most' if few else 'more than'} {CPU_BF16_FEW_TOKENS} tokens" + ("" if tokens else " or unknown")
     seen = f"{width} wide" + (f" over {tokens} tokens" if tokens is not None else "")
-    why = f"the model is {seen}, at least the {bar} where bf16 pays on a CPU"
-    return Precision("bf16", f"trainer.amp=auto: this CPU has native bf16 and {why}")
+    where = f"the {bar} wide over {over} where bf16 pays on a CPU"
+    if width is None or width < bar:
+        return Precision("fp32", f"trainer.amp=auto: this CPU has native bf16, but the model is {seen}, under {where}")
+    return Precision("bf16", f"trainer.amp=auto: this CPU has native bf16 and the model is {seen}, at least {where}")
 
 
 def announce(precision: Precision) -> None:
