@@ -22,7 +22,13 @@ from vit.weights.read import load_checkpoint
 # buys a hundred epochs and more; a batch 0.25 s slower buys at most 30 / (8 x 0.25) = 15, under min_epochs.
 WIDTHS = ["trainer.width_by_budget.widths=[32,64]", "trainer.width_by_budget.min_epochs=20", "trainer.threads=1"]
 WIDTHS.append("trainer.amp=none")  # one precision timed on every CPU (trainer.amp=auto's timing of two: below)
-PICKING = [*QUICK, *WIDTHS, "trainer.budget=30s", "trainer.epochs=1", "trainer.ema=false"]
+# A long run (the picked width's epochs reach long_epochs) also trains with a model key and a data key set.
+LONG_SET = ["model.drop_path_rate=0.2", "data.augment.re_prob=0.5"]
+LONG = [
+    "trainer.width_by_budget.long_epochs=20",
+    f"trainer.width_by_budget.long_overrides=[{','.join(repr(o) for o in LONG_SET)}]",
+]
+PICKING = [*QUICK, *WIDTHS, *LONG, "trainer.budget=30s", "trainer.epochs=1", "trainer.ema=false"]
 SLOW_S = 0.25
 
 
@@ -69,38 +75,49 @@ class ListHandler(logging.Handler):
 
 
 def test_a_fast_machine_trains_the_wider_model_and_says_why(picked):
-    folder, _, lines = picked
+    folder, metrics, lines = picked
     chosen = [line for line in lines if line.startswith("trainer.width_by_budget")]
-    assert len(chosen) == 2, chosen
+    assert len(chosen) == 3, chosen
     assert "32 wide (2 heads, fp32): " in chosen[0] and "64 wide (4 heads, fp32): " in chosen[0]
     assert chosen[1].startswith("trainer.width_by_budget: 64 wide picked (model.embed_dim=64 model.num_heads=4): ")
     assert "the widest whose epochs reach min_epochs=20" in chosen[1]
-    assert lines.index(chosen[1]) < min(i for i, line in enumerate(lines) if line.startswith("budget 30s: "))
+    # and a long run: the overrides it trains with too
+    assert chosen[2].startswith("trainer.width_by_budget: 64 wide buys ")
+    assert chosen[2].endswith(" epochs, at least long_epochs=20: also " + " ".join(LONG_SET))
+    assert lines.index(chosen[2]) < min(i for i, line in enumerate(lines) if line.startswith("budget 30s: "))
     saved = load_checkpoint(folder / "checkpoints" / "last.pt")
     assert saved["config"]["model"]["embed_dim"] == 64 and saved["model"]["cls_token"].shape[-1] == 64
+    assert saved["config"]["model"]["drop_path_rate"] == 0.2 and saved["config"]["data"]["augment"]["re_prob"] == 0.5
     assert "trainer.width_by_budget picked model.embed_dim=64" in (folder / BUILT_MODEL_FILE).read_text()
+    assert metrics["width_by_budget"]["long"] is True
 
 
 def test_a_slowed_machine_picks_the_narrower_model_and_says_so(tmp_path, monkeypatch, caplog):
     slowed_machine(monkeypatch)
     with caplog.at_level(logging.INFO, logger="vit.train"):
         run(compose_config(PICKING), output_dir=tmp_path)
-    timed, chosen = said(caplog)
+    timed, chosen, short = said(caplog)
     assert "32 wide (2 heads, fp32): " in timed and "64 wide" not in timed  # the wider one is slower still
     assert chosen.startswith("trainer.width_by_budget: 32 wide picked (model.embed_dim=32 model.num_heads=2): ")
     assert "none reaches min_epochs=20, so the narrowest; 64 wide not timed" in chosen
     epochs = float(timed.split(" img/s, ")[1].split(" epochs")[0])
     assert 5 < epochs < 16  # 30 s less the start over 8 batches of at least 0.25 s
-    assert load_checkpoint(tmp_path / "checkpoints" / "last.pt")["config"]["model"]["embed_dim"] == 32
+    assert short.endswith(" epochs, under long_epochs=20: without " + " ".join(LONG_SET))
+    config = load_checkpoint(tmp_path / "checkpoints" / "last.pt")["config"]
+    assert config["model"]["embed_dim"] == 32
+    composed = compose_config(PICKING)  # as configured
+    assert config["model"]["drop_path_rate"] == composed.model.drop_path_rate != 0.2
+    assert config["data"]["augment"]["re_prob"] == composed.data.augment.re_prob != 0.5
     assert not (tmp_path / BUILT_MODEL_FILE).exists()  # the width configured: nothing to say
 
 
 def test_the_picked_width_trains_what_that_width_configured_trains(picked, tmp_path, caplog):
-    """Without a budget the choice is off (one line), and a run configured 64 wide ends on the picked run's weights:
-    the timing leaves no trace in the random state."""
+    """Without a budget the choice is off (one line), and a run configured 64 wide, with the long run's overrides
+    given, ends on the picked run's weights: the timing leaves no trace in the random state, and the data and the
+    model built again are what that run builds."""
     configured = [*QUICK, *WIDTHS, "trainer.epochs=1", "trainer.ema=false", "model.embed_dim=64", "model.num_heads=4"]
     with caplog.at_level(logging.INFO, logger="vit.train"):
-        run(compose_config(configured), output_dir=tmp_path)
+        run(compose_config([*configured, *LONG_SET]), output_dir=tmp_path)
     assert said(caplog) == ["trainer.width_by_budget: off without trainer.budget; the model is 64 wide as configured"]
     a = load_checkpoint(picked[0] / "checkpoints" / "last.pt")["model"]
     b = load_checkpoint(tmp_path / "checkpoints" / "last.pt")["model"]
@@ -119,10 +136,11 @@ def test_a_resumed_run_keeps_its_checkpoints_width(tmp_path, monkeypatch, caplog
     (line,) = said(caplog)
     assert line == (
         f"trainer.width_by_budget: 64 wide, the width of {tmp_path / 'checkpoints' / 'last.pt'}, which this run "
-        "continues"
+        f"continues; with its long_overrides, as that run trained ({' '.join(LONG_SET)})"
     )
     saved = load_checkpoint(tmp_path / "checkpoints" / "last.pt")
     assert saved["epoch"] == 2 and saved["config"]["model"]["embed_dim"] == 64
+    assert saved["config"]["model"]["drop_path_rate"] == 0.2 and saved["config"]["data"]["augment"]["re_prob"] == 0.5
 
 
 @pytest.mark.parametrize(
@@ -130,6 +148,19 @@ def test_a_resumed_run_keeps_its_checkpoints_width(tmp_path, monkeypatch, caplog
     [
         (["trainer.width_by_budget.widths=[32,40]"], "trainer.width_by_budget.widths=[32, 40]: 40 is not a whole "),
         (["trainer.width_by_budget.widths=[32]", "model.pretrained=timm:vit_tiny_patch16_224"], "fixes the width"),
+        (["trainer.width_by_budget.long_epochs=40"], "long_overrides is empty: nothing to apply"),
+        (
+            ["trainer.width_by_budget.long_overrides=['trainer.epochs=3']"],
+            "'trainer.epochs=3' sets trainer.epochs; a long run's overrides set keys of data.*, model.*, optim.*",
+        ),
+        (
+            ["trainer.width_by_budget.long_overrides=['data.augment.re_prob=2']"],
+            "long_overrides=['data.augment.re_prob=2']: with them applied, data.augment.re_prob=2 must be in [0, 1)",
+        ),
+        (
+            ["trainer.width_by_budget.long_overrides=['model.nope=0.1']"],
+            "the run's config has no model.nope; add it with +model.nope=0.1",
+        ),
     ],
 )
 def test_bad_widths_are_one_line(overrides, needle):
@@ -209,12 +240,16 @@ def test_the_other_precision_than_the_rules_needs_the_margin(seconds, kept, rule
     assert width_choice.width_timing(96, 2, ({"fp32": 1.0}, "fp32"), lambda s: 10 / s).other is None
 
 
-def test_min_epochs_without_widths_is_named_unused(tmp_path, caplog):
-    quick = [*QUICK, "trainer.epochs=1", "trainer.width_by_budget.min_epochs=8"]
+def test_min_epochs_and_long_epochs_without_widths_are_named_unused(tmp_path, caplog):
+    quick = [*QUICK, "trainer.epochs=1", "trainer.width_by_budget.min_epochs=8", *LONG]
     with caplog.at_level(logging.INFO, logger="vit.train"):
         run(compose_config(quick), output_dir=tmp_path)
-    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "min_epochs" in r.getMessage()]
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and "_epochs" in r.getMessage()]
+    unused = "is unused: it weighs the widths of trainer.width_by_budget.widths, which is null (the model is "
+    width = compose_config(quick).model.embed_dim
     assert lines == [
-        "trainer.width_by_budget.min_epochs=8 is unused: it weighs the widths of trainer.width_by_budget.widths, "
-        f"which is null (the model is {compose_config(quick).model.embed_dim} wide as configured)"
+        f"trainer.width_by_budget.min_epochs=8 {unused}{width} wide as configured)",
+        f"trainer.width_by_budget.long_epochs=20 {unused}{width} wide as configured)",
     ]
+    saved = load_checkpoint(tmp_path / "checkpoints" / "last.pt")["config"]
+    assert saved["model"]["drop_path_rate"] != 0.2  # the long run's overrides: not applied

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from vit.engine.compose import Edit, as_kwargs
+from vit.engine.compose import Edit, as_kwargs, edit_of
 from vit.errors import CheckFailed, UsageError, UserError, one_line
 
 HELP_FLAGS = ("-h", "--help")
@@ -218,18 +218,6 @@ def _values(override, arg: str, several: bool) -> object:
     return [_text(value)] if several and value is not None else _text(value)
 
 
-EDIT_KINDS = {"CHANGE": "set", "ADD": "add", "FORCE_ADD": "force", "DEL": "delete"}
-
-
-def _edit(override, arg: str, group: str) -> Edit:
-    if override.is_sweep_override():
-        raise UsageError(f"argument {arg!r}: a comma-separated value is a sweep in Hydra's grammar (this command "
-                         f"runs once); write a list as [a,b], or quote text holding a comma")  # fmt: skip
-    kind = EDIT_KINDS[override.type.name]
-    value = None if kind == "delete" else override.value()
-    return Edit(kind, override.key_or_group[len(group) + 1 :], value, arg)
-
-
 def parse_args(
     argv: list[str],
     known: dict[str, object] | tuple[str, ...],
@@ -259,9 +247,9 @@ def parse_args(
         if model_keys and key == "model.pretrained" and not override.is_delete():
             args.source = _values(override, arg, False)
         elif model_keys and key.startswith("model."):
-            args.model_edits.append(_edit(override, arg, "model"))
+            args.model_edits.append(edit_of(override, arg, "model"))
         elif data_keys and key.startswith("data."):
-            args.data.append(_edit(override, arg, "data"))
+            args.data.append(edit_of(override, arg, "data"))
         elif key in known:
             if override.is_add():
                 raise UsageError(f"argument {arg!r}: {key} is a key of this command already; write {arg[1:]}")

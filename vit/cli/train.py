@@ -219,12 +219,17 @@ def keep_given_width(cfg) -> None:
             f"{fixed[0]}={OmegaConf.select(cfg, fixed[0])} fixes the width and trainer.width_by_budget.widths="
             f"{list(widths)} picks it: give one of them"
         )
-    cfg.trainer.width_by_budget.widths = None
+    setting = cfg.trainer.width_by_budget
+    long = setting.get("long_epochs")
+    also = f", and train with {list(setting.long_overrides)} from {long:g} epochs" if long is not None else ""
+    # the long run's overrides come with the width's timing: off with it
+    setting.widths, setting.long_epochs, setting.long_overrides = None, None, []
     if env_rank() == 0:
         logging.getLogger("vit.train").info(
-            "trainer.width_by_budget: off, the command line gives %s; the recipe would pick among %s wide",
+            "trainer.width_by_budget: off, the command line gives %s; the recipe would pick among %s wide%s",
             " ".join(f"{key}={OmegaConf.select(cfg, key)}" for key in fixed),
             ", ".join(map(str, widths)),
+            also,
         )
 
 

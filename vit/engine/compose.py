@@ -75,6 +75,20 @@ class Edit:
     text: str  # the argument as given: model.depth=4
 
 
+EDIT_KINDS = {"CHANGE": "set", "ADD": "add", "FORCE_ADD": "force", "DEL": "delete"}  # Hydra's override types
+
+
+def edit_of(override, arg: str, group: str) -> Edit:
+    """One override parsed by Hydra's OverridesParser (`override`, from the text `arg`) of a key under `group`, as an
+    Edit of that group's config; a sweep (a comma-separated value) is a UsageError naming it."""
+    if override.is_sweep_override():
+        raise UsageError(f"argument {arg!r}: a comma-separated value is a sweep in Hydra's grammar (this command "
+                         f"runs once); write a list as [a,b], or quote text holding a comma")  # fmt: skip
+    kind = EDIT_KINDS[override.type.name]
+    value = None if kind == "delete" else override.value()
+    return Edit(kind, override.key_or_group[len(group) + 1 :], value, arg)
+
+
 def as_kwargs(edits: list[Edit]) -> dict:
     """The edits as a model's constructor arguments (no config to apply them to: a model named by the registry); a
     deleted key is left out, so the constructor's default holds."""

@@ -12,7 +12,7 @@ from typing import ClassVar, Literal
 
 from vit.errors import ConfigError
 from vit.settings.data import whole_numbers
-from vit.settings.schema import Settings, knob
+from vit.settings.schema import Settings, as_given, knob
 
 UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 SMALLER_UNIT = {"d": "h", "h": "m", "m": "s"}  # what a bare number after a unit most likely meant: 1h30 -> 1h30m
@@ -108,6 +108,20 @@ class ProgressiveResize(Settings):
 parse_widths = whole_numbers("trainer.width_by_budget.widths", "width", "[96,144]")
 
 
+def parse_long_overrides(value) -> tuple[str, ...]:
+    """trainer.width_by_budget.long_overrides: a list of texts (each one override, checked with the config), or
+    null for none."""
+    value = as_given(value)
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(
+            f"trainer.width_by_budget.long_overrides={value!r} must be a list of overrides, e.g. "
+            "'[data.augment.auto_augment=autoaug]'"
+        )
+    return tuple(value)
+
+
 @dataclass(frozen=True)
 class WidthByBudget(Settings):
     """With trainer.budget, the model's width picked from how fast this machine trains each of `widths`: the
@@ -121,6 +135,12 @@ class WidthByBudget(Settings):
     widths: tuple[int, ...] | None = knob(None, parse=parse_widths)
     # the epochs the budget must buy a width (estimated from its timed steps) for it to be picked over a narrower one
     min_epochs: float = knob(16.0, low=0.0)
+    # null: off | the epochs the budget must buy the picked width for the run to train with `long_overrides` too:
+    # what pays only in a long run (a stronger augmentation, where a short run is under-fitted)
+    long_epochs: float | None = knob(None, low=0.0)
+    # overrides of data.*, model.*, optim.* or sched.* keys in Hydra's grammar, e.g.
+    # ["data.augment.auto_augment=autoaug", "model.drop_path_rate=0.1"]; checked with the config as if given
+    long_overrides: tuple[str, ...] = knob((), parse=parse_long_overrides)
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -17,6 +18,7 @@ from vit.engine.tasks import CONFIG_TASKS, task_of
 from vit.errors import ConfigError, require
 from vit.runtime.device import resolve_device
 from vit.train.finetune import FREEZE_MODES
+from vit.train.long_overrides import LONG_KEY, apply_long_overrides
 from vit.weights.read import names_a_source, source_kind
 from vit.weights.sharded import is_sharded_checkpoint
 
@@ -228,8 +230,11 @@ def check_progressive_resize(cfg: DictConfig) -> None:
 
 def check_width_by_budget(cfg: DictConfig) -> None:
     """`trainer.width_by_budget.widths`: a model of ours with a width and heads, each width a whole number of the
-    configured model's heads (the head width is kept), no pretrained weights (they fix the width)."""
-    widths = (cfg.trainer.get("width_by_budget") or {}).get("widths")
+    configured model's heads (the head width is kept), no pretrained weights (they fix the width);
+    `long_overrides`: the config they make passes these checks too."""
+    setting = cfg.trainer.get("width_by_budget") or {}
+    check_long_overrides(cfg, setting)
+    widths = setting.get("widths")
     if widths is None:
         return
     key, model = f"trainer.width_by_budget.widths={list(widths)}", cfg.model
@@ -248,6 +253,28 @@ def check_width_by_budget(cfg: DictConfig) -> None:
         f"{key}: {odd[0] if odd else 0} is not a whole number of heads {head_width} wide (model.embed_dim={width} / "
         f"model.num_heads={heads})",
     )
+
+
+def check_long_overrides(cfg: DictConfig, setting) -> None:
+    """`trainer.width_by_budget.long_overrides`: overrides in Hydra's grammar of data, model, optim and sched keys,
+    each key one the config has, and the config with all of them applied valid; `long_epochs` with nothing to
+    apply is refused."""
+    overrides = tuple(setting.get("long_overrides") or ())
+    epochs = setting.get("long_epochs")
+    require(
+        epochs is None or bool(overrides),
+        f"trainer.width_by_budget.long_epochs={epochs} sets when a run is long, and {LONG_KEY} is empty: nothing "
+        f"to apply; set {LONG_KEY}=[<key>=<value>,...] or long_epochs=null",
+    )
+    if not overrides:
+        return
+    trial = copy.deepcopy(cfg)
+    apply_long_overrides(trial, overrides)
+    trial.trainer.width_by_budget.long_overrides, trial.trainer.width_by_budget.long_epochs = [], None
+    try:
+        validate(trial)
+    except ConfigError as err:
+        raise ConfigError(f"{LONG_KEY}={list(overrides)}: with them applied, {err}") from err
 
 
 def check_naflex(cfg: DictConfig) -> None:

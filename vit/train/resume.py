@@ -15,6 +15,7 @@ from vit.engine.tasks import task_of
 from vit.runtime.distributed import Distributed
 from vit.settings import TrainerSettings
 from vit.train.checkpoints import checkpoint_config, find_resume_checkpoint
+from vit.train.long_overrides import apply_long_overrides, long_edits
 from vit.train.signals import restart_count
 from vit.train.width_choice import WidthChoice, set_width
 from vit.weights.read import CheckpointError
@@ -77,36 +78,63 @@ def keep_resumed_width(
     cfg: DictConfig, trainer: TrainerSettings, run_dir: Path, dist: Distributed
 ) -> WidthChoice | None:
     """trainer.width_by_budget on a resumed run: the width of the checkpoint it continues (trainer.resume's file,
-    or the one trainer.resume=auto finds at one of the widths), written into the config with one line; no timing."""
+    or the one trainer.resume=auto finds at one of the widths), and its long_overrides where that checkpoint's run
+    trained with them, written into the config with one line; no timing."""
     widths = trainer.width_by_budget.widths
     setting = trainer.resume or ("auto" if restart_count() is not None else None)
     if widths is None or not setting:
         return None
-    found = resumed_width(cfg, str(setting), run_dir, widths) if dist.is_main else None
+    overrides = trainer.width_by_budget.long_overrides if trainer.width_by_budget.long_epochs is not None else ()
+    found = resumed_width(cfg, str(setting), run_dir, widths, overrides) if dist.is_main else None
     found = dist.broadcast(found)
     if found is None:
         return None
-    set_width(cfg, found[0])
-    log.info("trainer.width_by_budget: %d wide, the width of %s, which this run continues", *found)
-    return WidthChoice(found[0], f"the width of {found[1]}, which this run continues")
+    width, path, long = found
+    set_width(cfg, width)
+    if long:
+        apply_long_overrides(cfg, overrides)
+    also = f"; with its long_overrides, as that run trained ({' '.join(overrides)})" if long else ""
+    log.info("trainer.width_by_budget: %d wide, the width of %s, which this run continues%s", width, path, also)
+    return WidthChoice(width, f"the width of {path}, which this run continues", long=long if overrides else None)
 
 
-def resumed_width(cfg: DictConfig, setting: str, run_dir: Path, widths: tuple[int, ...]) -> tuple[int, str] | None:
-    """(width, checkpoint) of the checkpoint trainer.resume=`setting` continues, where its width is one of
-    `widths`; None where there is none yet (or it cannot be read: resuming it says why)."""
+def resumed_width(
+    cfg: DictConfig, setting: str, run_dir: Path, widths: tuple[int, ...], overrides: tuple[str, ...]
+) -> tuple[int, str, bool] | None:
+    """(width, checkpoint, whether its run trained with `overrides`) of the checkpoint trainer.resume=`setting`
+    continues, where its width is one of `widths`; None where there is none yet (or it cannot be read: resuming
+    it says why)."""
     path = run_dir / "checkpoints" / "last.pt" if setting == "auto" else Path(setting)
     if path.exists():
         try:
-            width = (checkpoint_config(path).get("model") or {}).get("embed_dim")
+            saved = checkpoint_config(path)
         except CheckpointError:
             return None
-        return (width, str(path)) if width in widths else None
+        width = (saved.get("model") or {}).get("embed_dim")
+        if width not in widths:
+            return None
+        return width, str(path), bool(overrides) and holds_overrides(cfg, saved, overrides)
     if setting != "auto":
         return None
     for width in sorted(widths, reverse=True):
-        trial = copy.deepcopy(cfg)
-        set_width(trial, width)
-        path = find_resume_checkpoint(run_dir, runs_root_of(run_dir), resume_match(recorded_config(trial)))
-        if path is not None:
-            return width, str(path)
+        for long in (True, False) if overrides else (False,):
+            trial = copy.deepcopy(cfg)
+            set_width(trial, width)
+            if long:
+                apply_long_overrides(trial, overrides)
+            path = find_resume_checkpoint(run_dir, runs_root_of(run_dir), resume_match(recorded_config(trial)))
+            if path is not None:
+                return width, str(path), long
     return None
+
+
+def holds_overrides(cfg: DictConfig, saved: dict, overrides: tuple[str, ...]) -> bool:
+    """Whether the checkpoint's config `saved` has every key `overrides` set at the value they give it."""
+    trial = copy.deepcopy(cfg)
+    apply_long_overrides(trial, overrides)
+    saved_cfg = OmegaConf.create(saved)
+    for group, edit in long_edits(overrides):
+        key = f"{group}.{edit.key}"
+        if OmegaConf.select(trial, key, default=None) != OmegaConf.select(saved_cfg, key, default=None):
+            return False
+    return True

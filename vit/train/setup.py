@@ -30,6 +30,7 @@ from vit.train.callbacks import Callbacks
 from vit.train.checkpoints import Checkpointer, RunProgress
 from vit.train.distill import build_distiller, check_teacher_classes, load_teacher
 from vit.train.finetune import freeze, load_pretrained_weights, read_pretrained
+from vit.train.long_overrides import apply_long_overrides
 from vit.train.optimizer import batches_per_epoch
 from vit.train.progressive import ResizeSchedule, resize_schedule
 from vit.train.report import Reporter
@@ -232,18 +233,23 @@ def build_model_and_data(
     log.info("threads: %d (%s)", *threads)
     if loader_wrapper is not None:
         bundle.train_loader = loader_wrapper(bundle.train_loader)
-    configured_width = cfg.model.get("embed_dim")
+    configured = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in ("model", "data")}
     width_choice, precision = width_and_precision(cfg, trainer, width_choice, task, bundle, device, dist, resize,
                                                   budget_left)  # fmt: skip
-    widened = cfg.model.get("embed_dim") != configured_width
+    # what trainer.width_by_budget changed: the width, and for a long run its long_overrides
+    changed = {g for g, before in configured.items() if OmegaConf.to_container(cfg[g], resolve=True) != before}
+    if "data" in changed:  # its long_overrides set data keys: the loaders as a run configured with them builds them
+        bundle = build_data(cfg.data, device=device, seed=seed, rank=dist.rank, world_size=dist.world_size)
+        if loader_wrapper is not None:
+            bundle.train_loader = loader_wrapper(bundle.train_loader)
     rebuild = num_classes_cfg is None and getattr(model, "num_classes", None) != bundle.num_classes and task.classifier
-    if rebuild or widened:  # the same seed, so the initial weights of a run configured with this model
+    if rebuild or "model" in changed:  # the same seed, so the initial weights of a run configured with this model
         seed_everything(seed)
         classes = bundle.num_classes if rebuild else num_classes_cfg or 1000
         model = task.build_model(cfg, num_classes=classes, dynamic_img_size=dynamic, announce=False)
-    if widened:
+    if changed:
         resolved = recorded_config(cfg)
-        if dist.is_main:
+        if dist.is_main and "model" in changed:
             write_built_model(run_dir, resolved["model"], composed)
     if pretrained is not None:
         load_pretrained_weights(model, pretrained, bundle.class_to_idx)
@@ -273,6 +279,8 @@ def write_built_model(run_dir: Path, built: dict, composed: dict) -> None:
         f"model.pretrained={built.get('pretrained')} fixes the architecture"
         if built.get("pretrained")
         else f"trainer.width_by_budget picked model.embed_dim={built.get('embed_dim')}"
+        if built.get("embed_dim") != composed.get("embed_dim")
+        else "trainer.width_by_budget.long_overrides set it"
     )
     header = (
         f"# The model this run built: {why}, so config.yaml's model keys are not what was trained. Checkpoints hold "
@@ -352,17 +360,27 @@ def choose_width(cfg: DictConfig, trainer: TrainerSettings, task: Task, bundle, 
                  budget_left: Callable[[], float] | None) -> WidthChoice | None:  # fmt: skip
     """trainer.width_by_budget: the width timed and picked on rank 0 (vit/train/width_choice.py), written into the
     config on every rank (the choice's record: rank 0's). Without trainer.budget, off with one line."""
-    if trainer.width_by_budget.widths is None:
-        if trainer.width_by_budget.min_epochs != WidthByBudget().min_epochs:  # set, and weighing nothing
-            log.warning("trainer.width_by_budget.min_epochs=%g is unused: it weighs the widths of "
-                        "trainer.width_by_budget.widths, which is null (the model is %d wide as configured)",
-                        trainer.width_by_budget.min_epochs, cfg.model.embed_dim)  # fmt: skip
+    setting = trainer.width_by_budget
+    if setting.long_overrides and setting.long_epochs is None:
+        log.warning("trainer.width_by_budget.long_overrides=%s is unused: trainer.width_by_budget.long_epochs is null",
+                    list(setting.long_overrides))  # fmt: skip
+    if setting.widths is None:
+        for key in ("min_epochs", "long_epochs"):
+            if getattr(setting, key) != getattr(WidthByBudget(), key):  # set, and weighing nothing
+                log.warning("trainer.width_by_budget.%s=%g is unused: it weighs the widths of "
+                            "trainer.width_by_budget.widths, which is null (the model is %d wide as configured)",
+                            key, getattr(setting, key), cfg.model.embed_dim)  # fmt: skip
         return None
     if budget_left is None:
         width = cfg.model.embed_dim
-        log.info("trainer.width_by_budget: off without trainer.budget; the model is %d wide as configured", width)
+        without = ", without its long_overrides" if setting.long_epochs is not None else ""
+        log.info("trainer.width_by_budget: off without trainer.budget; the model is %d wide as configured%s", width,
+                 without)  # fmt: skip
         return None
     batches = batches_per_epoch(bundle, trainer)
     choice = pick_width(cfg, trainer, task, bundle, device, batches, resize, budget_left) if dist.is_main else None
-    set_width(cfg, dist.broadcast(choice.width if choice is not None else None))
+    width, long = dist.broadcast((choice.width, choice.long) if choice is not None else None)
+    set_width(cfg, width)
+    if long:
+        apply_long_overrides(cfg, setting.long_overrides)
     return choice

@@ -12,13 +12,19 @@ the run measures the rest:
   optimizer's step, in the precision trainer.amp gives that width), as the run's steps would. Under
   trainer.amp=auto on a CPU with native bf16 (AVX512-BF16, AMX) each width is timed in fp32 and in bf16
   (interleaved), and trains in the other precision than trainer.amp's rule gives it (vit/runtime/device.py: bf16
-  from 64 wide over few tokens) where that one timed at least `PRECISION_MARGIN` faster: whether bf16 pays at a width differs
-  between such CPUs, and within the margin three timed batches cannot tell them apart;
+  from 64 wide over few tokens) where that one timed at least `PRECISION_MARGIN` faster: whether bf16 pays at a
+  width differs between such CPUs, and within the margin three timed batches cannot tell them apart;
 - the budget left, over an epoch's time at that speed, is the epochs the width would train (an estimate: under
   progressive resizing an epoch costs the mean of its sizes' token counts against the full size, and evaluations
   are left out; the budget itself plans the steps exactly once the run trains);
 - the widest width whose estimate reaches `min_epochs` is picked, the narrowest when none does; a wider width is
   timed only while the narrower ones reach `min_epochs` (it is slower still).
+
+With `long_epochs` set, the run also trains with `long_overrides` (data.*, model.*, optim.*, sched.* keys in Hydra's
+grammar) where the picked width's estimate reaches it: what pays only when a run is long, such as an augmentation
+that a short run, still under-fitted, pays for in accuracy. The overrides are written into the config with the
+width, before the data's loaders and the model are built again, so such a run trains what a run configured with
+them trains.
 
 The log says what each width measured and which was picked, and why. The heads keep the configured model's head
 width (96 wide with 2 heads makes 144 wide with 3). vit/train/setup.py writes the pick into the config before the
@@ -89,10 +95,12 @@ class WidthChoice:
     why: str
     timed: tuple[WidthTiming, ...] = ()  # empty when no width was timed (a resumed run keeps its checkpoint's width)
     precision: Precision | None = None  # the precision timed the faster at that width, where both were timed
+    long: bool | None = None  # whether long_overrides apply; None where long_epochs is null
 
     def record(self) -> dict:
         return {"width": self.width, "why": self.why, "timed": [dataclasses.asdict(t) for t in self.timed],
-                "precision": self.precision.name if self.precision is not None else None}  # fmt: skip
+                "precision": self.precision.name if self.precision is not None else None,
+                "long": self.long}  # fmt: skip
 
 
 def heads_for(model: DictConfig, width: int) -> int:
@@ -104,6 +112,19 @@ def set_width(cfg: DictConfig, width: int) -> None:
     """Write `width` and its heads into the run's config (model.embed_dim, model.num_heads)."""
     heads = heads_for(cfg.model, width)
     cfg.model.embed_dim, cfg.model.num_heads = width, heads
+
+
+def long_choice(setting, picked: WidthTiming) -> bool | None:
+    """Whether the run trains with `long_overrides`: the picked width's estimated epochs reach `long_epochs`;
+    None where long_epochs is null. One line says which, and why."""
+    if setting.long_epochs is None:
+        return None
+    long = picked.epochs >= setting.long_epochs
+    overrides = " ".join(setting.long_overrides)
+    log.info("trainer.width_by_budget: %d wide buys %.1f epochs, %s long_epochs=%g: %s", picked.width, picked.epochs,
+             "at least" if long else "under", setting.long_epochs,
+             f"also {overrides}" if long else f"without {overrides}")  # fmt: skip
+    return long
 
 
 def epoch_cost(resize: ResizeSchedule | None) -> float:
@@ -219,7 +240,7 @@ def pick_width(
         why += f"; {', '.join(map(str, untimed))} wide not timed (slower still)"
     log.info("trainer.width_by_budget: %d wide picked (model.embed_dim=%d model.num_heads=%d): %s",
              picked.width, picked.width, picked.heads, why)  # fmt: skip
-    return WidthChoice(picked.width, why, tuple(timed), picked.timed_precision(batch))
+    return WidthChoice(picked.width, why, tuple(timed), picked.timed_precision(batch), long_choice(setting, picked))
 
 
 def time_resumed_width(
