@@ -11,7 +11,7 @@ import pytest
 import torch
 from trainer_utils import QUICK, compose_config, make_tree, run_cli
 
-from vit.engine.build import BUILT_MODEL_FILE
+from vit.engine.build import BUILT_MODEL_FILE, built_config_file
 from vit.errors import ConfigError
 from vit.train import run, width_choice
 from vit.train.config import validate
@@ -89,6 +89,8 @@ def test_a_fast_machine_trains_the_wider_model_and_says_why(picked):
     assert saved["config"]["model"]["embed_dim"] == 64 and saved["model"]["cls_token"].shape[-1] == 64
     assert saved["config"]["model"]["drop_path_rate"] == 0.2 and saved["config"]["data"]["augment"]["re_prob"] == 0.5
     assert "trainer.width_by_budget picked model.embed_dim=64" in (folder / BUILT_MODEL_FILE).read_text()
+    data = (folder / built_config_file("data")).read_text()  # beside Hydra's composed config: what was trained
+    assert "trainer.width_by_budget.long_overrides set it" in data and "re_prob: 0.5" in data
     assert metrics["width_by_budget"]["long"] is True
 
 

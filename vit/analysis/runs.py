@@ -102,14 +102,16 @@ def _tb_curve(run_dir: Path) -> list[tuple[int, float]]:
 
 
 def run_config(run_dir: Path) -> dict:
-    """The run's resolved config, its model the one built: a run from model.pretrained=timm:<name> wrote timm's
-    architecture beside Hydra's composed config (BUILT_MODEL_FILE), which keeps the model config it started from."""
-    from vit.engine.build import BUILT_MODEL_FILE
+    """The run's resolved config as it trained: a group the run changed after Hydra composed it (the model of
+    model.pretrained=timm:<name> or of a picked width, the groups a long run's overrides set) was written beside
+    Hydra's composed config (`built_config_file`), which keeps the config it started from."""
+    from vit.engine.build import built_config_file
 
     config = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
-    built = run_dir / BUILT_MODEL_FILE
-    if built.is_file():
-        config["model"] = yaml.safe_load(built.read_text())
+    for group in list(config):
+        built = run_dir / built_config_file(group)
+        if built.is_file():
+            config[group] = yaml.safe_load(built.read_text())
     return config
 
 

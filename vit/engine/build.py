@@ -55,9 +55,15 @@ KEPT_OVER_TIMM = (
 NOT_ARCHITECTURE = ("name", "num_classes", "drop_rate", "attn_drop_rate", "drop_path_rate", "attn_backend")
 
 
-# In a run folder, beside Hydra's .hydra/config.yaml (the model config the command composed): the model the run built
-# where the two differ (model.pretrained=timm:<name>), written by vit/train/setup.py, read by vit/analysis/runs.py.
-BUILT_MODEL_FILE = Path(".hydra") / "model_built.yaml"
+def built_config_file(group: str) -> Path:
+    """In a run folder, beside Hydra's .hydra/config.yaml (the config the command composed): the `group` config the
+    run trained with where the two differ (the model of model.pretrained=timm:<name> or of a width
+    trainer.width_by_budget picked; any group its long_overrides set), written by vit/train/setup.py, read by
+    vit/analysis/runs.py."""
+    return Path(".hydra") / f"{group}_built.yaml"
+
+
+BUILT_MODEL_FILE = built_config_file("model")
 
 
 def model_kwargs(model_cfg: Mapping, num_classes: int | None = None) -> dict:

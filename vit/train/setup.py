@@ -17,7 +17,7 @@ from torch import nn
 
 from vit.data import DataBundle, build_data
 from vit.data.resources import available_cpus
-from vit.engine.build import BUILT_MODEL_FILE, pretrained_architecture
+from vit.engine.build import built_config_file, pretrained_architecture
 from vit.engine.files import atomic_write_text
 from vit.engine.tasks import Task, task_of
 from vit.errors import ConfigError
@@ -30,7 +30,7 @@ from vit.train.callbacks import Callbacks
 from vit.train.checkpoints import Checkpointer, RunProgress
 from vit.train.distill import build_distiller, check_teacher_classes, load_teacher
 from vit.train.finetune import freeze, load_pretrained_weights, read_pretrained
-from vit.train.long_overrides import apply_long_overrides
+from vit.train.long_overrides import LONG_GROUPS, apply_long_overrides
 from vit.train.optimizer import batches_per_epoch
 from vit.train.progressive import ResizeSchedule, resize_schedule
 from vit.train.report import Reporter
@@ -219,7 +219,7 @@ def build_model_and_data(
     # its own checkpoint and does not read them again.
     resolved = recorded_config(cfg)
     if dist.is_main:
-        write_built_model(run_dir, resolved["model"], composed)
+        write_built_config(run_dir, "model", resolved["model"], composed)
     resume_path = resume_checkpoint_path(trainer.resume, run_dir, resolved, composed) if dist.is_main else None
     resume_path = dist.broadcast(resume_path)
     pretrained = read_pretrained(cfg.model, model) if resume_path is None else None
@@ -233,7 +233,7 @@ def build_model_and_data(
     log.info("threads: %d (%s)", *threads)
     if loader_wrapper is not None:
         bundle.train_loader = loader_wrapper(bundle.train_loader)
-    configured = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in ("model", "data")}
+    configured = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in LONG_GROUPS}
     width_choice, precision = width_and_precision(cfg, trainer, width_choice, task, bundle, device, dist, resize,
                                                   budget_left)  # fmt: skip
     # what trainer.width_by_budget changed: the width, and for a long run its long_overrides
@@ -249,8 +249,9 @@ def build_model_and_data(
         model = task.build_model(cfg, num_classes=classes, dynamic_img_size=dynamic, announce=False)
     if changed:
         resolved = recorded_config(cfg)
-        if dist.is_main and "model" in changed:
-            write_built_model(run_dir, resolved["model"], composed)
+        if dist.is_main:
+            for group in sorted(changed):
+                write_built_config(run_dir, group, resolved[group], composed if group == "model" else configured[group])
     if pretrained is not None:
         load_pretrained_weights(model, pretrained, bundle.class_to_idx)
     freeze(model, cfg.model.get("freeze"))  # frozen parameters get no optimizer state and no weight decay
@@ -269,24 +270,23 @@ def build_model_and_data(
     )
 
 
-def write_built_model(run_dir: Path, built: dict, composed: dict) -> None:
-    """Where the model `built` is not the `composed` model config (model.pretrained=timm:<name>, or a width
-    trainer.width_by_budget picked), the run folder says which it is: BUILT_MODEL_FILE, the model part of
-    `recorded_config`."""
+def write_built_config(run_dir: Path, group: str, built: dict, composed: dict) -> None:
+    """Where the `group` config the run trains with, `built`, is not the `composed` one (the model of
+    model.pretrained=timm:<name> or of a width trainer.width_by_budget picked, a group its long_overrides set), the
+    run folder says which it is: `built_config_file(group)`, that part of `recorded_config`."""
     if built == composed:
         return
-    why = (
-        f"model.pretrained={built.get('pretrained')} fixes the architecture"
-        if built.get("pretrained")
-        else f"trainer.width_by_budget picked model.embed_dim={built.get('embed_dim')}"
-        if built.get("embed_dim") != composed.get("embed_dim")
-        else "trainer.width_by_budget.long_overrides set it"
-    )
+    if group == "model" and built.get("pretrained"):
+        why = f"model.pretrained={built.get('pretrained')} fixes the architecture"
+    elif group == "model" and built.get("embed_dim") != composed.get("embed_dim"):
+        why = f"trainer.width_by_budget picked model.embed_dim={built.get('embed_dim')}"
+    else:
+        why = "trainer.width_by_budget.long_overrides set it"
     header = (
-        f"# The model this run built: {why}, so config.yaml's model keys are not what was trained. Checkpoints hold "
-        "this as config.model.\n"
+        f"# The {group} config this run trained with: {why}, so config.yaml's {group} keys are not what was trained. "
+        f"Checkpoints hold this as config.{group}.\n"
     )
-    path = run_dir / BUILT_MODEL_FILE
+    path = run_dir / built_config_file(group)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(header + OmegaConf.to_yaml(OmegaConf.create(built)), path)
 
