@@ -255,3 +255,18 @@ def test_min_epochs_and_long_epochs_without_widths_are_named_unused(tmp_path, ca
     ]
     saved = load_checkpoint(tmp_path / "checkpoints" / "last.pt")["config"]
     assert saved["model"]["drop_path_rate"] != 0.2  # the long run's overrides: not applied
+
+
+def test_a_checkpoint_holds_the_long_overrides_only_with_every_value_they_set():
+    from vit.train.long_overrides import apply_long_overrides
+    from vit.train.resume import holds_overrides, recorded_config
+
+    cfg = compose_config(PICKING)
+    overrides = tuple(cfg.trainer.width_by_budget.long_overrides)
+    long = compose_config([*PICKING, *LONG_SET])
+    assert holds_overrides(cfg, recorded_config(long), overrides)
+    assert not holds_overrides(cfg, recorded_config(cfg), overrides)
+    half = compose_config([*PICKING, LONG_SET[0]])  # drop path set, random erasing not
+    assert not holds_overrides(cfg, recorded_config(half), overrides)
+    apply_long_overrides(cfg, overrides)  # as a run applies them: the config then holds them
+    assert cfg.model.drop_path_rate == 0.2 and cfg.data.augment.re_prob == 0.5
