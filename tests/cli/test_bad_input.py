@@ -239,6 +239,14 @@ RANGE_CASES = {
         ["trainer.width_by_budget.min_epochs=-1"],
         "trainer.width_by_budget.min_epochs=-1 must be >= 0",
     ),
+    "trainer.width_by_budget.long_epochs": (
+        ["trainer.width_by_budget.long_epochs=-1"],
+        "trainer.width_by_budget.long_epochs=-1 must be >= 0",
+    ),
+    "trainer.width_by_budget.long_overrides": (
+        ["trainer.width_by_budget.long_overrides=3"],
+        "trainer.width_by_budget.long_overrides=3 must be a list of overrides, e.g. ",
+    ),
     "trainer.width_by_budget.widths": (
         ["trainer.width_by_budget.widths=[32,0]"],
         "trainer.width_by_budget.widths=[32, 0]: 0 is not a width (a whole number >= 1)",

@@ -219,7 +219,7 @@ def build_model_and_data(
     # its own checkpoint and does not read them again.
     resolved = recorded_config(cfg)
     if dist.is_main:
-        write_built_config(run_dir, "model", resolved["model"], composed)
+        write_built_configs(run_dir, resolved, {"model": composed}, {"model"})
     resume_path = resume_checkpoint_path(trainer.resume, run_dir, resolved, composed) if dist.is_main else None
     resume_path = dist.broadcast(resume_path)
     pretrained = read_pretrained(cfg.model, model) if resume_path is None else None
@@ -227,21 +227,17 @@ def build_model_and_data(
     teacher = load_teacher(cfg.get("distill"))
     if teacher is not None:
         check_teacher_classes(teacher, cfg.data.get("num_classes"))
-    bundle = build_data(cfg.data, device=device, seed=seed, rank=dist.rank, world_size=dist.world_size)
+    bundle = build_train_data(cfg, seed, dist, loader_wrapper, device)
     threads = choose_threads(trainer.threads, device, dist)
     torch.set_num_threads(threads[0])
     log.info("threads: %d (%s)", *threads)
-    if loader_wrapper is not None:
-        bundle.train_loader = loader_wrapper(bundle.train_loader)
     configured = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in LONG_GROUPS}
     width_choice, precision = width_and_precision(cfg, trainer, width_choice, task, bundle, device, dist, resize,
                                                   budget_left)  # fmt: skip
     # what trainer.width_by_budget changed: the width, and for a long run its long_overrides
     changed = {g for g, before in configured.items() if OmegaConf.to_container(cfg[g], resolve=True) != before}
     if "data" in changed:  # its long_overrides set data keys: the loaders as a run configured with them builds them
-        bundle = build_data(cfg.data, device=device, seed=seed, rank=dist.rank, world_size=dist.world_size)
-        if loader_wrapper is not None:
-            bundle.train_loader = loader_wrapper(bundle.train_loader)
+        bundle = build_train_data(cfg, seed, dist, loader_wrapper, device)
     rebuild = num_classes_cfg is None and getattr(model, "num_classes", None) != bundle.num_classes and task.classifier
     if rebuild or "model" in changed:  # the same seed, so the initial weights of a run configured with this model
         seed_everything(seed)
@@ -250,8 +246,7 @@ def build_model_and_data(
     if changed:
         resolved = recorded_config(cfg)
         if dist.is_main:
-            for group in sorted(changed):
-                write_built_config(run_dir, group, resolved[group], composed if group == "model" else configured[group])
+            write_built_configs(run_dir, resolved, {**configured, "model": composed}, changed)
     if pretrained is not None:
         load_pretrained_weights(model, pretrained, bundle.class_to_idx)
     freeze(model, cfg.model.get("freeze"))  # frozen parameters get no optimizer state and no weight decay
@@ -270,25 +265,35 @@ def build_model_and_data(
     )
 
 
-def write_built_config(run_dir: Path, group: str, built: dict, composed: dict) -> None:
-    """Where the `group` config the run trains with, `built`, is not the `composed` one (the model of
-    model.pretrained=timm:<name> or of a width trainer.width_by_budget picked, a group its long_overrides set), the
-    run folder says which it is: `built_config_file(group)`, that part of `recorded_config`."""
-    if built == composed:
-        return
-    if group == "model" and built.get("pretrained"):
-        why = f"model.pretrained={built.get('pretrained')} fixes the architecture"
-    elif group == "model" and built.get("embed_dim") != composed.get("embed_dim"):
-        why = f"trainer.width_by_budget picked model.embed_dim={built.get('embed_dim')}"
-    else:
-        why = "trainer.width_by_budget.long_overrides set it"
-    header = (
-        f"# The {group} config this run trained with: {why}, so config.yaml's {group} keys are not what was trained. "
-        f"Checkpoints hold this as config.{group}.\n"
-    )
-    path = run_dir / built_config_file(group)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(header + OmegaConf.to_yaml(OmegaConf.create(built)), path)
+def build_train_data(cfg: DictConfig, seed: int, dist: Distributed, loader_wrapper, device: torch.device):
+    """The data as cfg.data says, this rank's share, its training loader wrapped by `loader_wrapper` where given."""
+    bundle = build_data(cfg.data, device=device, seed=seed, rank=dist.rank, world_size=dist.world_size)
+    if loader_wrapper is not None:
+        bundle.train_loader = loader_wrapper(bundle.train_loader)
+    return bundle
+
+
+def write_built_configs(run_dir: Path, resolved: dict, composed: dict, groups: set[str]) -> None:
+    """Where a group's config the run trains with (of `resolved`, the run's `recorded_config`) is not the one
+    `composed` holds for it (the model of model.pretrained=timm:<name> or of a width trainer.width_by_budget picked,
+    a group its long_overrides set), the run folder says which it is: `built_config_file(group)`."""
+    for group in sorted(groups):
+        built = resolved[group]
+        if built == composed[group]:
+            continue
+        if group == "model" and built.get("pretrained"):
+            why = f"model.pretrained={built.get('pretrained')} fixes the architecture"
+        elif group == "model" and built.get("embed_dim") != composed[group].get("embed_dim"):
+            why = f"trainer.width_by_budget picked model.embed_dim={built.get('embed_dim')}"
+        else:
+            why = "trainer.width_by_budget.long_overrides set it"
+        header = (
+            f"# The {group} config this run trained with: {why}, so config.yaml's {group} keys are not what was "
+            f"trained. Checkpoints hold this as config.{group}.\n"
+        )
+        path = run_dir / built_config_file(group)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(header + OmegaConf.to_yaml(OmegaConf.create(built)), path)
 
 
 def use_timm_preprocessing(cfg: DictConfig) -> None:
