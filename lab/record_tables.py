@@ -792,6 +792,7 @@ TABLES: dict[str, DocTable] = {
     "cifar10_cpu_budget_2h_w144_avx512": DocTable("cifar10_cpu_budget/avx512_2h_w144", cpu_budget_table),
     "cifar10_cpu_budget_2h_bf16_avx512": DocTable("cifar10_cpu_budget/avx512_2h_bf16", cpu_budget_table),
     "cifar10_2h_levers_avx512": DocTable("cifar10_2h_levers_avx512", budget_comparison_table),
+    "cifar10_cpu_budget_30m_bf16_avx512": DocTable("cifar10_cpu_budget/avx512_30m_bf16", cpu_budget_table),
     "cpu_naflex_sizes_avx512": DocTable("cpu_naflex_sizes_avx512", naflex_sizes_table),
     "cpu_photo_shapes_avx512": DocTable("cpu_photo_shapes_avx512", photo_shapes_table),
     "cifar10_accuracy_map_avx512": DocTable("cifar10_accuracy_map_avx512", accuracy_map_table),
