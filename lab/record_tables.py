@@ -110,6 +110,8 @@ def cpu_budget_table(folder: Path) -> str:
                 resize = (config.get("trainer") or {}).get("progressive_resize") or {}
                 if resize.get("min_size"):  # progressive resizing: the first size and where the ramp ends
                     model += f"; {resize['min_size']} px first, full size by {resize['end']:g} of the epochs"
+                policy = (config["data"].get("augment") or {}).get("auto_augment")
+                model += f"; `auto_augment={policy}`" if policy else ""  # (the budget's long_overrides may add it)
                 trained = f"{budget['trained_steps']:,} steps ({budget['planned_epochs']:.2f} epochs, planned)"
                 seen = budget["trained_steps"] * config["data"]["batch_size"]
                 img_s = f"{metrics['train_img_per_s']:.0f}"
@@ -793,6 +795,7 @@ TABLES: dict[str, DocTable] = {
     "cifar10_cpu_budget_2h_bf16_avx512": DocTable("cifar10_cpu_budget/avx512_2h_bf16", cpu_budget_table),
     "cifar10_2h_levers_avx512": DocTable("cifar10_2h_levers_avx512", budget_comparison_table),
     "cifar10_cpu_budget_30m_bf16_avx512": DocTable("cifar10_cpu_budget/avx512_30m_bf16", cpu_budget_table),
+    "cifar10_cpu_budget_2h_autoaug_avx512": DocTable("cifar10_cpu_budget/avx512_2h_autoaug", cpu_budget_table),
     "cpu_naflex_sizes_avx512": DocTable("cpu_naflex_sizes_avx512", naflex_sizes_table),
     "cpu_photo_shapes_avx512": DocTable("cpu_photo_shapes_avx512", photo_shapes_table),
     "cifar10_accuracy_map_avx512": DocTable("cifar10_accuracy_map_avx512", accuracy_map_table),
