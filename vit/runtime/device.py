@@ -38,9 +38,10 @@ log = logging.getLogger("vit.train")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
 # Where bf16 trained faster than fp32 on the 2-core AVX512-BF16 EPYC (Zen 4) with the attention written out: at 16
 # and 64 tokens at every width from 32 up (1.25-2.20x; 64 wide 1.27-1.55x), at 256 tokens not below 128 wide
-# (0.90-1.04x). The bar over few tokens is 64, not 32: the other CPU kind (a Zen 5 EPYC) was measured only with the
-# flash kernel, where 32 and 48 wide ran at 0.63x fp32's speed, the cases furthest from paying, and it gained from
-# 128 wide. Over more than 64 tokens the rule keeps the bar both CPUs met then (192 wide, 1.07-1.50x).
+# (0.90-1.04x). The Zen 5 EPYC gained at every width from 32 too (1.46-2.88x; docs/BENCHMARKS.md, "bf16 on the
+# CPU"), so the measurements would put the bar over few tokens at 32; it stays at 64 until the test suite, whose
+# tiny model is 32 wide, compares fp32 runs on every CPU. Over more than 64 tokens the rule keeps the bar both CPUs
+# met with the flash kernel (192 wide, 1.07-1.50x).
 CPU_BF16_MIN_WIDTH = 64
 CPU_BF16_FEW_TOKENS = 64
 CPU_BF16_MIN_WIDTH_MANY_TOKENS = 192
