@@ -47,6 +47,10 @@ FOUNDATION_FAMILIES = [
 ]
 # The tiny model on the synthetic data, on the CPU, without attention figures: a run of a few seconds.
 QUICK = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.device=cpu", "trainer.attn_maps_every_n_epochs=0"]
+# For runs a test holds equal to another run (ranks against one process, compiled against eager, accumulated against
+# one large batch): fp32 on every CPU. Under trainer.amp=auto a CPU with native bf16 trains TINY_MODEL in bf16, whose
+# rounding of each product's output turns a difference in summation order into one of a bf16 unit.
+FP32 = ["trainer.amp=none"]
 
 
 def head_commit() -> str:
@@ -417,6 +421,17 @@ def assert_resumes_exactly(overrides: list[str], tmp_path: Path) -> tuple[dict, 
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert [r["train_loss"] for r in straight["history"]] == [r["train_loss"] for r in resumed["history"]]
     return straight, resumed, a
+
+
+def assert_evaluates_as_the_run(result: dict, metrics: dict, prefix: str) -> None:
+    """vit-eval's `result` against the run's own last evaluation of the same weights (`final[prefix_top1]` and
+    `_loss` in its metrics.json), in the run's precision: equal in fp32; in bf16, where this CPU trained the tiny model
+    in it, within one image's top-1 and 1e-4 of the loss (the products' outputs, rounded to 8 bits, differ by a unit
+    where vit-eval's batches sum in another order)."""
+    final, fp32 = metrics["final"], metrics["precision"] == "fp32"
+    one_image = 100 / result["count"]  # top-1 in percent
+    assert result["top1"] == pytest.approx(final[f"{prefix}_top1"], abs=1e-6 if fp32 else one_image + 1e-6)
+    assert result["loss"] == pytest.approx(final[f"{prefix}_loss"], rel=1e-6 if fp32 else 1e-4)
 
 
 def trainer_path_evaluation(

@@ -48,8 +48,10 @@ def test_toy_inference_against_timm_writes_json_and_table(tmp_path, capsys):
 
 
 def test_the_timed_onnx_sessions_compute_the_models_logits(tmp_path):
-    """What is timed is the model: each ONNX variant's output equals the eager variant's of the same side."""
-    variants = build_variants(CASES["toy"], 3, torch.device("cpu"), ("eager", "onnxruntime"), True, tmp_path)
+    """What is timed is the model: each ONNX variant's output equals the eager variant's of the same side (both in
+    fp32: the file's precision, whatever trainer.amp's rule gives the eager model on this CPU)."""
+    runtimes = ("eager", "onnxruntime")
+    variants = build_variants(CASES["toy"], 3, torch.device("cpu"), runtimes, True, tmp_path, amps=("none", "same"))
     assert [(v.side, v.runtime) for v in variants] == [
         ("ours", "eager"),
         ("peer", "eager"),
@@ -69,7 +71,7 @@ def test_the_int8_sessions_are_quantized_files_close_to_the_model(tmp_path):
     import onnx
 
     runtimes = ("eager", "onnxruntime-int8-dynamic", "onnxruntime-int8-static")
-    variants = build_variants(CASES["toy"], 3, torch.device("cpu"), runtimes, False, tmp_path)
+    variants = build_variants(CASES["toy"], 3, torch.device("cpu"), runtimes, False, tmp_path, amps=("none", "same"))
     outputs = {v.runtime: v.call() for v in variants}
     eager = outputs["eager"].numpy()
     for runtime in runtimes[1:]:

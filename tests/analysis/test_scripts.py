@@ -119,9 +119,9 @@ def test_predict_top5_json(vit_checkpoint, images, tmp_path, capsys):
 
 
 def test_predict_runs_in_the_precision_the_trainers_rule_gives(vit_checkpoint, images, monkeypatch, capsys):
-    """The run's trainer.amp (auto) on this CPU: the 32-wide model stays in fp32, not said (the output is the
-    predictions); amp=bf16 runs bf16 (close to, not equal to, fp32's probabilities); fp16 on a CPU without it says
-    what runs instead."""
+    """The run's trainer.amp (auto) on a CPU with native bf16: the rule's precision for the 32-wide model, not said
+    (the output is the predictions); amp=bf16 runs bf16 (close to, not equal to, amp=none's fp32 probabilities);
+    fp16 on a CPU without it says what runs instead."""
     from vit.runtime import device as precision
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: True)
@@ -129,14 +129,15 @@ def test_predict_runs_in_the_precision_the_trainers_rule_gives(vit_checkpoint, i
     predict = load_script("predict").main
     args = [f"checkpoint={vit_checkpoint}", f"image={images}", "json=-"]
     outputs = {}
-    for amp in ("auto", "bf16", "fp16"):
+    for amp in ("auto", "none", "bf16", "fp16"):
         assert run_script(predict, [*args, f"amp={amp}"]) == 0
         captured = capsys.readouterr()
         outputs[amp] = [p["prob"] for r in json.loads(captured.out) for p in r["top"]]
         # the precision's lines (the other one names the weights read: tests/deploy/test_tool_rules.py)
         outputs[amp + " stderr"] = [line for line in captured.err.strip().splitlines() if "precision" in line]
-    assert outputs["auto stderr"] == outputs["bf16 stderr"] == []
-    assert outputs["bf16"] == pytest.approx(outputs["auto"], abs=0.02) and outputs["bf16"] != outputs["auto"]
+    assert outputs["auto stderr"] == outputs["none stderr"] == outputs["bf16 stderr"] == []
+    assert outputs["bf16"] == pytest.approx(outputs["none"], abs=0.02) and outputs["bf16"] != outputs["none"]
+    assert outputs["auto"] == outputs["bf16" if precision.CPU_BF16_MIN_WIDTH <= 32 else "none"]
     assert outputs["fp16 stderr"][0].startswith("warning: precision: bf16 (trainer.amp=fp16 but this CPU has no")
     assert run_script(predict, [*args, "amp=fp8"]) == 2
     assert "amp='fp8' must be one of" in capsys.readouterr().err

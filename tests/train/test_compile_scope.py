@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config
+from trainer_utils import FP32, QUICK_SYNTHETIC, TINY_MODEL, compose_config
 
 from vit.errors import ConfigError
 from vit.models import create_model
@@ -39,7 +39,7 @@ def test_eager_runs_compiled_blocks_without_compiling():
 
 
 def test_a_run_with_compiled_blocks_trains_like_the_eager_one(tmp_path):
-    base = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.device=cpu", "trainer.epochs=1", "trainer.ema=false"]
+    base = [*QUICK_SYNTHETIC, *TINY_MODEL, *FP32, "trainer.device=cpu", "trainer.epochs=1", "trainer.ema=false"]
     eager_run = run(compose_config(base), output_dir=tmp_path / "eager")
     compiled_run = run(
         compose_config([*base, "trainer.compile=true", "trainer.compile_scope=blocks"]), output_dir=tmp_path / "blocks"

@@ -21,12 +21,12 @@ import time
 
 import pytest
 import torch
-from trainer_utils import REPO, TINY_MODEL, run_cli, run_ranks, stub_step_parts
+from trainer_utils import FP32, REPO, TINY_MODEL, run_cli, run_ranks, stub_step_parts
 
 from vit.weights.read import load_checkpoint
 
 # 256 training images = 8 global batches of 32 per epoch.
-COMMON = ["data=synthetic", "data.synthetic.num_train=256", "data.synthetic.num_val=60", *TINY_MODEL]
+COMMON = ["data=synthetic", "data.synthetic.num_train=256", "data.synthetic.num_val=60", *TINY_MODEL, *FP32]
 COMMON += ["model.drop_path_rate=0.0", "trainer.epochs=2", "trainer.device=cpu", "trainer.ema=true"]
 COMMON += ["trainer.log_every_n_steps=4", "trainer.attn_maps_every_n_epochs=0", "trainer.progress=log"]
 

@@ -12,13 +12,13 @@ import pickle
 
 import pytest
 import torch
-from trainer_utils import TINY_MODEL, run_cli, run_ranks
+from trainer_utils import FP32, TINY_MODEL, run_cli, run_ranks
 
 from vit.weights.files import WeightsFileError, read_weights_file
 from vit.weights.read import CheckpointError, load_checkpoint
 
 # 256 training images = 8 global batches of 32 per epoch.
-COMMON = ["data=synthetic", "data.synthetic.num_train=256", "data.synthetic.num_val=60", *TINY_MODEL]
+COMMON = ["data=synthetic", "data.synthetic.num_train=256", "data.synthetic.num_val=60", *TINY_MODEL, *FP32]
 COMMON += ["model.drop_path_rate=0.0", "trainer.epochs=2", "trainer.device=cpu", "trainer.ema=true"]
 COMMON += ["trainer.log_every_n_steps=4", "trainer.attn_maps_every_n_epochs=0", "trainer.progress=log"]
 # 2 ranks x 8 images x 2 micro-batches: the global batch of 32.

@@ -7,7 +7,15 @@ import json
 import pytest
 import torch
 from timm.optim import Muon, list_optimizers
-from trainer_utils import QUICK, QUICK_SYNTHETIC, TINY_MODEL, assert_resumes_exactly, compose_config, run_cli
+from trainer_utils import (
+    QUICK,
+    QUICK_SYNTHETIC,
+    TINY_MODEL,
+    assert_evaluates_as_the_run,
+    assert_resumes_exactly,
+    compose_config,
+    run_cli,
+)
 
 from vit.cli.evaluate import cli as evaluate_main
 from vit.cli.train import train_task
@@ -214,11 +222,8 @@ def test_a_muon_checkpoint_resumes_only_as_muon(muon_run, tmp_path):
 def test_a_muon_checkpoint_evaluates(muon_run, capsys):
     assert evaluate_main([f"checkpoint={muon_run / 'checkpoints' / 'last.pt'}", "device=cpu"]) == 0
     result = json.loads(capsys.readouterr().out)
-    final = json.loads((muon_run / "metrics.json").read_text())["final"]
     val = "val_ema" if result["weights"] == "ema" else "val"  # ema=auto: the EMA weights where the run kept them
-    assert result["top1"] == pytest.approx(final[f"{val}_top1"]) and result["loss"] == pytest.approx(
-        final[f"{val}_loss"]
-    )
+    assert_evaluates_as_the_run(result, json.loads((muon_run / "metrics.json").read_text()), val)
 
 
 # --- optim.name beside another group's rate and weight decay ------------------------------------------------------

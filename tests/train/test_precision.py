@@ -138,9 +138,10 @@ def test_a_cpu_run_under_auto_trains_in_bf16_when_wide_and_says_so(cpu_bf16, tmp
     written = json.loads((tmp_path / "wide" / "metrics.json").read_text())
     assert written["precision"] == "bf16"
 
-    metrics, dtypes = linear_output_dtypes([], tmp_path, "narrow")  # QUICK's model is 32 wide
+    narrow = CPU_BF16_MIN_WIDTH // 2
+    metrics, dtypes = linear_output_dtypes([f"model.embed_dim={narrow}", *wide[1:]], tmp_path, "narrow")
     assert dtypes == {torch.float32}
-    assert metrics["precision"] == "fp32" and "32 wide over 64 tokens, under the" in metrics["precision_reason"]
+    assert metrics["precision"] == "fp32" and f"{narrow} wide over 64 tokens, under the" in metrics["precision_reason"]
 
 
 def test_an_explicit_fp16_on_a_cpu_without_it_warns_once_and_runs_bf16(cpu_bf16, tmp_path, caplog):

@@ -5,7 +5,7 @@ import logging
 
 import pytest
 import torch
-from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config
+from trainer_utils import FP32, QUICK_SYNTHETIC, TINY_MODEL, compose_config
 
 from vit.engine.files import atomic_save
 from vit.train import run
@@ -75,7 +75,7 @@ def test_resume_auto_finds_the_newest_matching_run_and_continues_in_its_folder(t
 
 def test_gradient_accumulation_matches_the_large_batch(tmp_path):
     """2 x 16 images with accumulation take the same steps as batches of 32 (same order, same lr)."""
-    common = [*QUICK_SYNTHETIC[:3], *TINY_MODEL, "trainer.epochs=1", "trainer.device=cpu", "trainer.ema=false"]
+    common = [*QUICK_SYNTHETIC[:3], *TINY_MODEL, *FP32, "trainer.epochs=1", "trainer.device=cpu", "trainer.ema=false"]
     common += ["trainer.deterministic=true", "model.drop_path_rate=0.0", "trainer.grad_clip=null"]
     big = run(compose_config([*common, "data.batch_size=32"]), output_dir=tmp_path / "big")
     accum = run(compose_config([*common, "data.batch_size=16", "trainer.accum_steps=2"]), output_dir=tmp_path / "acc")
