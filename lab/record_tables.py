@@ -659,6 +659,54 @@ def accuracy_map_table(folder: Path) -> str:
     return map_table(json.loads((folder / "map.json").read_text())["points"])
 
 
+MAP_RECORD = "cifar10_accuracy_map_avx512"
+# The levers the recipe took since commit 4971314, added one at a time after 4 epochs (seed 0): each label and the
+# record, relative to the equal-epochs record's folder, of the run (metrics.json) or evaluation (vit-eval's JSON).
+EQUAL_EPOCH_LEVERS = (
+    ("the recipe of commit 4971314: AdamW, a cls token, 32 px throughout, the flip at evaluation", "runs/e4/seed0"),
+    ("+ shifted crops at evaluation: six views (vit-eval on the same weights)", "tta/e4_seed0_flip_true_shift_1.json"),
+    ("+ Muon for the encoder's matrices (today's code)", "levers_e4/muon/seed0"),
+    ("+ sequence pooling in place of the cls token", "levers_e4/muon_seqpool/seed0"),
+    ("+ progressive resizing from 16 px: the family at 96 wide (the map's run)", f"../{MAP_RECORD}/runs/w96_e4/seed0"),
+    ("at 144 wide (the map's run)", f"../{MAP_RECORD}/runs/w144_e4/seed0"),
+)
+
+
+def _holdout_top1(path: Path) -> float:
+    """The holdout top-1 of a run's folder (its metrics.json's last evaluation) or of vit-eval's JSON."""
+    if path.is_dir():
+        return json.loads((path / "metrics.json").read_text())["final"]["val_top1"]
+    return json.loads(path.read_text())["top1"]
+
+
+def equal_epochs_table(folder: Path) -> str:
+    """The recipe of commit 4971314 at set epochs on the holdout (`runs/e<E>/seed<S>/`) beside the recipe family's
+    runs of the map at 96 and 144 wide (its record's `runs/w<W>_e<E>/seed<S>/`): mean ± half the spread (seeds),
+    and how far 144 wide leads the earlier recipe."""
+    family = folder.parent / MAP_RECORD / "runs"
+    rows = []
+    for run in sorted((folder / "runs").iterdir(), key=lambda path: int(path.name.removeprefix("e"))):
+        epochs = int(run.name.removeprefix("e"))
+        earlier = [_holdout_top1(path) for path in sorted(run.glob("seed*"))]
+        wide = {
+            w: [_holdout_top1(path) for path in sorted((family / f"w{w}_e{epochs}").glob("seed*"))] for w in (96, 144)
+        }
+        cells = [f"{seed_spread(values)} ({len(values)})" for values in (earlier, wide[96], wide[144])]
+        rows.append([str(epochs), *cells, f"{statistics.fmean(wide[144]) - statistics.fmean(earlier):+.2f}"])
+    header = ["epochs", "recipe of 4971314 (seeds)", "family, 96 wide (seeds)", "family, 144 wide (seeds)"]
+    return markdown_table([*header, "144 wide's lead, points"], rows)
+
+
+def equal_epochs_levers_table(folder: Path) -> str:
+    """`EQUAL_EPOCH_LEVERS`: each step's holdout top-1 after 4 epochs and what it added to the step before."""
+    rows, before = [], None
+    for label, relative in EQUAL_EPOCH_LEVERS:
+        top1 = _holdout_top1(folder / relative)
+        rows.append([label, f"{top1:.2f}%", "" if before is None else f"{top1 - before:+.2f}"])
+        before = top1
+    return markdown_table(["after 4 epochs, seed 0", "holdout top-1", "points added"], rows)
+
+
 PHOTO_TRAININGS = {"native": "at their own shapes (`data.naflex.seq_lens=[64]`)", "square": "square crops"}
 
 
@@ -800,6 +848,8 @@ TABLES: dict[str, DocTable] = {
     "cpu_naflex_sizes_avx512": DocTable("cpu_naflex_sizes_avx512", naflex_sizes_table),
     "cpu_photo_shapes_avx512": DocTable("cpu_photo_shapes_avx512", photo_shapes_table),
     "cifar10_accuracy_map_avx512": DocTable("cifar10_accuracy_map_avx512", accuracy_map_table),
+    "cifar10_equal_epochs_zen5": DocTable("cifar10_equal_epochs_zen5", equal_epochs_table),
+    "cifar10_equal_epochs_levers_zen5": DocTable("cifar10_equal_epochs_zen5", equal_epochs_levers_table),
     "gpu_budget_h200": DocTable("gpu_budget_h200", gpu_budget_table),
     "foundation_step_avx2": DocTable("foundation_step_avx2", model_step_table),
     "matmul_peak_h200": DocTable("gpu_budget_h200", matmul_peak_table),
