@@ -138,7 +138,7 @@ def run_cli(args: list[str], cwd: Path, timeout: int = 240, *, process: bool = F
     command line's own `main` (vit/cli/train.py: the checks, Hydra, the run) with sys.argv set, its output captured,
     and Hydra's global state, the logging and the working folder put back afterwards; a new Python process costs
     more to start (importing torch, torchvision and timm) than most of these runs take. `process=True` runs it in a
-    process of its own forked from this one (ForkedRun, with `timeout`; stdout and stderr both in stdout), for what
+    process of its own (ForkedRun, with `timeout`; stdout and stderr both in stdout), for what
     only a process shows: its wall time counted from the process's start, a run's start-up charged to it."""
     if process:
         forked = ForkedRun.train(args, cwd)
@@ -187,78 +187,58 @@ def _run_cli_here(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
 
 class ForkedRun:
-    """`main()` with sys.argv = `argv` in a child forked from this process, with a subset of subprocess.Popen's
-    interface (poll, send_signal, kill, wait, communicate, returncode). A process of its own, so signals and kill -9
-    reach it alone, without the seconds a new interpreter spends importing torch, torchvision and timm: the child
-    starts with this process's modules loaded. It leaves with os._exit and `main`'s exit code (the interpreter's own
-    exit is what the tests that start `python train.py` are for). stdout and stderr go to one log unless `merge` is
-    false; `session`: the child leads a new session and process group. `train` builds the one for `python train.py
-    <args>`.
+    """`main()` with sys.argv = `argv` in a process of its own, with a subset of subprocess.Popen's interface (poll,
+    send_signal, kill, wait, communicate, returncode): so signals and kill -9 reach it alone. Forked, without the
+    seconds a new interpreter spends importing torch, torchvision and timm, but not from this process: from
+    multiprocessing's fork server, a clean interpreter started once per test process that has imported them and
+    never computed. A child forked from this process would copy whatever its other threads held at that moment
+    (gloo's event loop and run-loop threads, which torch keeps alive after a sharded run in this process, a lock,
+    GNU OpenMP's thread pool), and ranks forked that way hung now and then in a full suite, never alone.
 
-    The child runs on one CPU, `cpu` (by default the first this process may use), so its `trainer.threads=auto` is
-    1: GNU OpenMP's thread pool does not survive a fork, and a child computing on more threads than one after this
-    process did hangs."""
+    `main` must be picklable (a module-level function, or a functools.partial of one). The child starts in `cwd`
+    with this process's environment plus `env`, on one CPU, `cpu` (by default the first this process may use), so
+    its `trainer.threads=auto` is 1; it leaves with os._exit and `main`'s exit code (the interpreter's own exit is
+    what the tests that start `python train.py` are for). stdout and stderr go to one log unless `merge` is false;
+    `session`: the child leads a new session and process group; after `stacks_after` seconds it writes every
+    thread's Python stack to its stderr, so a run that hangs says where. `train` builds the one for
+    `python train.py <args>`."""
 
     def __init__(
-        self, main, argv: list[str], cwd: Path, env: dict[str, str] | None = None, cpu=0, merge=True, session=False
+        self,
+        main,
+        argv: list[str],
+        cwd: Path,
+        env: dict[str, str] | None = None,
+        cpu=0,
+        merge=True,
+        session=False,
+        stacks_after: float | None = None,
     ):
+        import multiprocessing
         import tempfile
-
-        import torch
 
         self.argv, self.returncode = argv, None
         Path(cwd).mkdir(parents=True, exist_ok=True)  # the child starts in it
-        self._out = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - read back after the child ends
-        self._err = self._out if merge else tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
-        sys.stdout.flush(), sys.stderr.flush()
-        self.pid = os.fork()
-        if self.pid:
-            return
-        code = 1
-        try:  # the child: its own session if asked (a process group, as a terminal gives), its output to the files,
-            # one CPU, then `main`
-            if session:
-                os.setsid()
-            os.dup2(self._out.fileno(), 1), os.dup2(self._err.fileno(), 2)
-            sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
-            sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
-            cpus = sorted(os.sched_getaffinity(0))
-            os.sched_setaffinity(0, {cpus[cpu % len(cpus)]})
-            torch.set_num_threads(1)
-            os.environ.update({"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})})
-            os.chdir(cwd)
-            sys.argv = list(argv)
-            try:
-                main()
-                code = 0
-            except SystemExit as exit:
-                code = exit_status(exit)
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush(), sys.stderr.flush()
-            os._exit(code)
+        self._out = tempfile.NamedTemporaryFile(mode="w+")  # noqa: SIM115 - read back after the child ends
+        self._err = self._out if merge else tempfile.NamedTemporaryFile(mode="w+")  # noqa: SIM115
+        cpus = sorted(os.sched_getaffinity(0))
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+        files = (self._out.name, self._err.name)
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(["vit.cli.train", "vit.train", "trainer_utils"])  # what every child would import
+        args = (main, list(argv), str(cwd), files, env, cpus[cpu % len(cpus)], session, stacks_after)
+        self._process = context.Process(target=_forked_child, args=args)
+        self._process.start()
+        self.pid = self._process.pid
 
     @classmethod
-    def train(cls, args: list[str], cwd: Path, env: dict[str, str] | None = None, cpu=0, session=False) -> ForkedRun:
-        """`python train.py <args>` from `cwd`: the command line's own main, Hydra's global state cleared first."""
-        from hydra.core.global_hydra import GlobalHydra
-
-        import vit.cli.train as cli
-
-        def main():
-            GlobalHydra.instance().clear()
-            cli.main()
-
-        return cls(main, [str(REPO / "train.py"), *args], cwd, env, cpu, session=session)
+    def train(cls, args: list[str], cwd: Path, env: dict[str, str] | None = None, cpu=0, session=False, **kwargs):
+        """`python train.py <args>` from `cwd`: the command line's own main."""
+        return cls(_train_main, [str(REPO / "train.py"), *args], cwd, env, cpu, session=session, **kwargs)
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-            if pid:
-                self.returncode = os.waitstatus_to_exitcode(status)
+        if self.returncode is None and not self._process.is_alive():
+            self.returncode = self._process.exitcode  # -N for a signal N, as Popen says
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
@@ -287,6 +267,49 @@ class ForkedRun:
         return self.output(), None if self._err is self._out else self.output("stderr")
 
 
+def _forked_child(main, argv, cwd, files, env, cpu, session, stacks_after) -> None:
+    """ForkedRun's child: its own session if asked (a process group, as a terminal gives), its output to the files,
+    one CPU, the environment, then `main`."""
+    code = 1
+    try:
+        if session:
+            os.setsid()
+        for fd, name in zip((1, 2), files, strict=True):
+            os.dup2(os.open(name, os.O_WRONLY | os.O_APPEND), fd)
+        sys.stdout = sys.__stdout__ = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = sys.__stderr__ = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        if stacks_after:
+            import faulthandler
+
+            faulthandler.dump_traceback_later(stacks_after)
+        os.sched_setaffinity(0, {cpu})
+        import torch
+
+        torch.set_num_threads(1)
+        os.environ.clear()
+        os.environ.update(env)
+        os.chdir(cwd)
+        sys.argv = argv
+        try:
+            main()
+            code = 0
+        except SystemExit as exit:
+            code = exit_status(exit)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(code)
+
+
+def _train_main() -> None:
+    import vit.cli.train as cli
+
+    cli.main()
+
+
 def free_port() -> int:
     """A TCP port free on this machine now, for a process group's rendezvous."""
     import socket
@@ -296,41 +319,18 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-class SpawnedRun(subprocess.Popen):
-    """`python train.py <args>` in a new interpreter, with ForkedRun's `output`: for a run that must not inherit this
-    process's threads and locks (a fork copies any lock a thread of this process held at that moment)."""
-
-    def __init__(self, args: list[str], cwd: Path, env: dict[str, str]) -> None:
-        import tempfile
-
-        Path(cwd).mkdir(parents=True, exist_ok=True)
-        self._out = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - read back after the run ends
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **env}
-        cmd = [sys.executable, str(REPO / "train.py"), *args]
-        super().__init__(cmd, cwd=cwd, env=env, stdout=self._out, stderr=subprocess.STDOUT)
-
-    def output(self) -> str:
-        self._out.seek(0)
-        return self._out.read()
-
-
-def run_ranks(
-    args: list[str], cwd: Path, nproc: int = 2, timeout: int = 240, fork: bool = True
-) -> subprocess.CompletedProcess:
-    """`train.py <args>` as `nproc` data-parallel ranks, each a ForkedRun with the environment torchrun gives its
-    workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, ...): the same process group, sharding and rank-0
-    writing as under torchrun, minus a launcher and a new interpreter per rank. stdout holds every rank's output,
-    rank by rank; the exit code is the first non-zero one. (The launch by torchrun itself is tested too, in
-    tests/train/test_distributed.py.) `fork=False` starts each rank in a new interpreter instead."""
+def rank_envs(nproc: int) -> list[dict[str, str]]:
+    """The environment torchrun gives each of `nproc` workers (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT, ...)."""
     common = {"WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1"}
     common |= {"MASTER_PORT": str(free_port()), "GROUP_RANK": "0"}
-    envs = [{**common, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(nproc)]
-    if fork:
-        ranks = [ForkedRun.train(args, cwd, env, cpu=r) for r, env in enumerate(envs)]
-    else:  # new interpreters: seconds more, nothing inherited from this process
-        ranks = [SpawnedRun(args, cwd, env) for env in envs]
+    return [{**common, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(nproc)]
+
+
+def wait_for_ranks(ranks: list, timeout: float) -> int:
+    """Wait until every rank is done, or one failed (the others would wait for it) and the rest had 10 s to end, or
+    `timeout` passed; kill what is left. The first non-zero exit code, else 0."""
     deadline = time.monotonic() + timeout
-    try:  # until every rank is done, or one failed (the others would wait for it) and the rest had 10 s to end
+    try:
         while None in (codes := [rank.poll() for rank in ranks]) and time.monotonic() < deadline:
             if any(codes):
                 deadline = min(deadline, time.monotonic() + 10)
@@ -338,7 +338,18 @@ def run_ranks(
     finally:
         for rank in ranks:
             rank.kill()
-    code = next((c for c in (rank.wait() for rank in ranks) if c), 0)
+    return next((c for c in (rank.wait() for rank in ranks) if c), 0)
+
+
+def run_ranks(args: list[str], cwd: Path, nproc: int = 2, timeout: int = 240) -> subprocess.CompletedProcess:
+    """`train.py <args>` as `nproc` data-parallel ranks, each a ForkedRun with the environment torchrun gives its
+    workers: the same process group, sharding and rank-0 writing as under torchrun, minus a launcher and a new
+    interpreter per rank. stdout holds every rank's output, rank by rank (with every thread's stack where a rank
+    was still running 10 s before `timeout`); the exit code is the first non-zero one. (The launch by torchrun
+    itself is tested too, in tests/train/test_distributed.py.)"""
+    envs = rank_envs(nproc)
+    ranks = [ForkedRun.train(args, cwd, env, cpu=r, stacks_after=timeout - 10) for r, env in enumerate(envs)]
+    code = wait_for_ranks(ranks, timeout)
     return subprocess.CompletedProcess(["train.py", *args], code, "".join(r.output() for r in ranks), "")
 
 

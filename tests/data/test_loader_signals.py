@@ -16,7 +16,7 @@ def test_sigterm_to_the_process_group_stops_cleanly_with_loader_workers(tmp_path
     args = [*QUICK_SYNTHETIC, *TINY_MODEL, "data.loader=torch", "data.num_workers=2", "data.synthetic.num_train=2048"]
     args += ["data.batch_size=16", "trainer.device=cpu", "trainer.epochs=50", "trainer.log_every_n_steps=1"]
     args += ["trainer.attn_maps_every_n_epochs=0", f"hydra.run.dir={run_dir}"]
-    # In its own process group, as a terminal or `timeout` would start it; forked from this process (ForkedRun).
+    # In its own process group, as a terminal or `timeout` would start it; forked (ForkedRun).
     proc = ForkedRun.train(args, tmp_path, session=True)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:  # until the loader's workers are feeding steps

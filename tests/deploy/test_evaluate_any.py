@@ -3,6 +3,7 @@ timm's own model gives on the same images with timm's preprocessing (computed he
 T2T-ViT file those of our model loaded directly, 1000-class weights on a folder of a few synsets compare only those
 classes; and on our checkpoints the numbers of the trainer's own evaluation."""
 
+import functools
 import json
 import os
 import runpy
@@ -347,10 +348,11 @@ def test_timms_validate_script_gives_our_top1_for_a_trained_checkpoint(tmp_path,
     command += ["--model-kwargs", "embed_dim=32", "depth=2", "num_heads=2", "patch_size=4", "img_size=32"]
     command += ["--interpolation", pre["interpolation"], "--mean", *map(str, pre["mean"]), "--std"]
     command += [*map(str, pre["std"]), "--checkpoint", str(checkpoint), "--device", "cpu", "-j", "0", "-b", "8"]
-    # `python validate.py <args>` in a child forked from this process, whose torch and timm are already loaded (run
-    # as a script, the file itself is compiled in memory: nothing is written beside it).
+    # `python validate.py <args>` in a forked child whose torch and timm are already loaded (run as a script, the
+    # file itself is compiled in memory: nothing is written beside it).
     script = Path(TIMM_SCRIPTS).resolve() / "validate.py"
-    done = ForkedRun(lambda: runpy.run_path(str(script), run_name="__main__"), command[1:], tmp_path, merge=False)
+    main = functools.partial(runpy.run_path, str(script), run_name="__main__")
+    done = ForkedRun(main, command[1:], tmp_path, merge=False)
     out, err = done.communicate(timeout=240)
     assert done.returncode == 0, err[-3000:]
     theirs = json.loads(out.split("--result", 1)[1])

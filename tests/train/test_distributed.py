@@ -3,7 +3,7 @@ single-process run (fp32 tolerance), with and without gradient accumulation (`no
 run resumes to the weights of the uninterrupted one. The two-rank run recomputes its blocks in the backward pass
 (trainer.grad_checkpointing), which must change nothing: its gradients are the plain ones.
 
-torchrun itself launches the SIGTERM test's run; the others' ranks are forked from the test process with the
+torchrun itself launches the SIGTERM test's run; the others' ranks are forked (trainer_utils.ForkedRun) with the
 environment torchrun gives its workers (trainer_utils.run_ranks), which spares a launcher and two interpreters
 importing torch per run.
 

@@ -23,8 +23,8 @@ ARGS += ["trainer.threads=1"]
 
 
 def start(run_dir, extra=()) -> ForkedRun:
-    """The run in a process of its own for the signals to stop or kill, forked from this one (no imports to wait
-    for): what a signal does to it is what it does to `python train.py`, whose handlers are the same code."""
+    """The run in a process of its own for the signals to stop or kill, forked (no imports to wait for,
+    ForkedRun): what a signal does to it is what it does to `python train.py`, whose handlers are the same code."""
     return ForkedRun.train([*ARGS, *extra, f"hydra.run.dir={run_dir}"], run_dir)
 
 

@@ -284,15 +284,13 @@ def test_t2t_vit_trains_sharded_to_the_ddp_weights(tmp_path):
 def start_ranks(args: list[str], run_dir, nproc: int = 2, env: dict | None = None) -> list:
     """The ranks of `train.py <args>`, started as torchrun starts its workers (plus `env`), left running
     (trainer_utils' run_ranks waits for them)."""
-    from trainer_utils import ForkedRun, free_port
+    from trainer_utils import ForkedRun, rank_envs
 
-    common = {"WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1"}
-    common |= {"MASTER_PORT": str(free_port()), "GROUP_RANK": "0"}
-    ranks = []
-    for rank in range(nproc):
-        rank_env = {**common, **(env or {}), "RANK": str(rank), "LOCAL_RANK": str(rank)}
-        ranks.append(ForkedRun.train([*args, f"hydra.run.dir={run_dir}"], run_dir, rank_env, cpu=rank))
-    return ranks
+    args = [*args, f"hydra.run.dir={run_dir}"]
+    return [
+        ForkedRun.train(args, run_dir, {**rank_env, **(env or {})}, cpu=r)
+        for r, rank_env in enumerate(rank_envs(nproc))
+    ]
 
 
 def epochs_in(run_dir) -> int:
@@ -425,9 +423,7 @@ def test_a_frozen_fine_tuning_distilled_from_a_sharded_checkpoint_trains_sharded
     args += ["data.loader=torch", "data.num_workers=0"]
     args += [f"model.pretrained={folder}", "model.pretrained_ema=false", "model.freeze=backbone"]
     args += ["optim.layer_decay=0.75", f"distill.teacher={folder}", "distill.type=hard"]
-    # New interpreters: twice in the full suite the forked ranks of this run hung until the timeout (a lock a
-    # thread of the pytest worker held at the fork, copied into them), never when the file ran alone.
-    proc = run_ranks([*args, f"hydra.run.dir={tmp_path}"], tmp_path, nproc=2, fork=False)
+    proc = run_ranks([*args, f"hydra.run.dir={tmp_path}"], tmp_path, nproc=2)
     state = finished(tmp_path, proc)
     assert "teacher top-1 on the" in proc.stdout + proc.stderr
     for name, tensor in state["model"].items():
@@ -480,17 +476,14 @@ def sharded_against_whole(names: list[str], out) -> None:
 
 
 def optimizer_gaps(names: list[str], tmp_path) -> dict:
+    import functools
     import json
 
-    from trainer_utils import ForkedRun, free_port
+    from trainer_utils import ForkedRun, rank_envs, wait_for_ranks
 
-    out = tmp_path / "gaps.json"
-    common = {"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    ranks = [
-        ForkedRun(lambda: sharded_against_whole(names, out), ["gaps"], tmp_path, {**common, "RANK": str(r)}, cpu=r)
-        for r in range(2)
-    ]
-    assert [rank.wait(timeout=600) for rank in ranks] == [0, 0], ranks[0].output()[-3000:]
+    out, work = tmp_path / "gaps.json", functools.partial(sharded_against_whole, names, tmp_path / "gaps.json")
+    ranks = [ForkedRun(work, ["gaps"], tmp_path, env, cpu=r, stacks_after=110) for r, env in enumerate(rank_envs(2))]
+    assert wait_for_ranks(ranks, timeout=120) == 0, "".join(rank.output()[-3000:] for rank in ranks)
     return json.loads(out.read_text())
 
 
@@ -516,6 +509,33 @@ def test_every_optimizer_steps_sharded_as_unsharded(names, tmp_path):
     apart = {name: gap for name, gap in gaps.items() if not isinstance(gap, str) and gap > 1e-5}
     assert not failed and not apart, (failed, apart)
     assert all(isinstance(gaps[name], float) for name in REPRESENTATIVE), gaps
+
+
+def print_distributed_state() -> None:
+    import glob
+
+    import torch.distributed as dist
+
+    threads = sorted(open(f"{task}/comm").read().strip() for task in glob.glob("/proc/self/task/*"))
+    print(f"initialized={dist.is_initialized()} threads={threads}")
+
+
+def test_forked_ranks_start_without_this_processs_process_group(tmp_path):
+    """ForkedRun's children come from a clean interpreter, not from this one: a process group (and gloo's threads,
+    which torch keeps after a sharded run here) live in this process are not in the child's memory."""
+    import glob
+
+    import torch.distributed as dist
+    from trainer_utils import ForkedRun
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert any("gloo" in open(f"{task}/comm").read() for task in glob.glob("/proc/self/task/*"))
+        child = ForkedRun(print_distributed_state, ["state"], tmp_path)
+        out, _ = child.communicate(timeout=60)
+    finally:
+        dist.destroy_process_group()
+    assert child.returncode == 0 and "initialized=False" in out and "gloo" not in out, out
 
 
 @pytest.mark.slow
