@@ -12,7 +12,7 @@ the run measures the rest:
   optimizer's step, in the precision trainer.amp gives that width), as the run's steps would. Under
   trainer.amp=auto on a CPU with native bf16 (AVX512-BF16, AMX) each width is timed in fp32 and in bf16
   (interleaved), and trains in the other precision than trainer.amp's rule gives it (vit/runtime/device.py: bf16
-  from 64 wide over few tokens) where that one timed at least `PRECISION_MARGIN` faster: whether bf16 pays at a
+  from 32 wide over few tokens) where that one timed at least `PRECISION_MARGIN` faster: whether bf16 pays at a
   width differs between such CPUs, and within the margin three timed batches cannot tell them apart;
 - the budget left, over an epoch's time at that speed, is the epochs the width would train (an estimate: under
   progressive resizing an epoch costs the mean of its sizes' token counts against the full size, and evaluations
