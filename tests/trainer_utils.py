@@ -341,14 +341,19 @@ def wait_for_ranks(ranks: list, timeout: float) -> int:
     return next((c for c in (rank.wait() for rank in ranks) if c), 0)
 
 
+def start_ranks(args: list[str], cwd: Path, nproc: int = 2, env: dict | None = None, **kwargs) -> list[ForkedRun]:
+    """The ranks of `train.py <args>`, started as torchrun starts its workers (plus `env`), left running."""
+    envs = [{**rank_env, **(env or {})} for rank_env in rank_envs(nproc)]
+    return [ForkedRun.train(args, cwd, rank_env, cpu=r, **kwargs) for r, rank_env in enumerate(envs)]
+
+
 def run_ranks(args: list[str], cwd: Path, nproc: int = 2, timeout: int = 240) -> subprocess.CompletedProcess:
     """`train.py <args>` as `nproc` data-parallel ranks, each a ForkedRun with the environment torchrun gives its
     workers: the same process group, sharding and rank-0 writing as under torchrun, minus a launcher and a new
     interpreter per rank. stdout holds every rank's output, rank by rank (with every thread's stack where a rank
     was still running 10 s before `timeout`); the exit code is the first non-zero one. (The launch by torchrun
     itself is tested too, in tests/train/test_distributed.py.)"""
-    envs = rank_envs(nproc)
-    ranks = [ForkedRun.train(args, cwd, env, cpu=r, stacks_after=timeout - 10) for r, env in enumerate(envs)]
+    ranks = start_ranks(args, cwd, nproc, stacks_after=timeout - 10)
     code = wait_for_ranks(ranks, timeout)
     return subprocess.CompletedProcess(["train.py", *args], code, "".join(r.output() for r in ranks), "")
 

@@ -12,7 +12,7 @@ import pickle
 
 import pytest
 import torch
-from trainer_utils import FP32, TINY_MODEL, run_cli, run_ranks
+from trainer_utils import FP32, TINY_MODEL, run_cli, run_ranks, start_ranks
 
 from vit.weights.files import WeightsFileError, read_weights_file
 from vit.weights.read import CheckpointError, load_checkpoint
@@ -214,7 +214,7 @@ def test_a_restarted_worker_group_resumes_unasked(sharded, tmp_path):
     shutil.copytree(run_dir / "checkpoints", tmp_path / "checkpoints", symlinks=True)
     point(tmp_path / "checkpoints" / "last.pt", (tmp_path / "checkpoints" / "epoch_0001.pt").resolve())
     args = [*COMMON, *SHARDED, "trainer.log_every_n_steps=8", "trainer.keep_last=2"]
-    ranks = start_ranks(args, tmp_path, env={"TORCHELASTIC_RESTART_COUNT": "1"})
+    ranks = start_ranks([*args, f"hydra.run.dir={tmp_path}"], tmp_path, env={"TORCHELASTIC_RESTART_COUNT": "1"})
     outputs = [rank.communicate(timeout=240)[0] for rank in ranks]
     assert [rank.returncode for rank in ranks] == [0, 0], outputs[0][-3000:]
     assert "TORCHELASTIC_RESTART_COUNT=1: this launch is a restart" in outputs[0] and "resumed from" in outputs[0]
@@ -281,18 +281,6 @@ def test_t2t_vit_trains_sharded_to_the_ddp_weights(tmp_path):
     assert_close_weights(ends["fsdp"], ends["ddp"])
 
 
-def start_ranks(args: list[str], run_dir, nproc: int = 2, env: dict | None = None) -> list:
-    """The ranks of `train.py <args>`, started as torchrun starts its workers (plus `env`), left running
-    (trainer_utils' run_ranks waits for them)."""
-    from trainer_utils import ForkedRun, rank_envs
-
-    args = [*args, f"hydra.run.dir={run_dir}"]
-    return [
-        ForkedRun.train(args, run_dir, {**rank_env, **(env or {})}, cpu=r)
-        for r, rank_env in enumerate(rank_envs(nproc))
-    ]
-
-
 def epochs_in(run_dir) -> int:
     last = run_dir / "checkpoints" / "last.pt"
     return int(load_checkpoint(last)["epoch"]) if last.exists() else 0
@@ -310,7 +298,7 @@ def test_sigterm_stops_both_ranks_and_two_ranks_resume_to_the_same_weights(shard
 
     _, _, uninterrupted = sharded
     args = [*COMMON, *SHARDED, "trainer.log_every_n_steps=1"]
-    ranks = start_ranks(args, tmp_path)
+    ranks = start_ranks([*args, f"hydra.run.dir={tmp_path}"], tmp_path)
     deadline = time.time() + 120
     while not (tmp_path / "checkpoints" / "last.pt").exists() and time.time() < deadline:  # named: epoch 1 saved
         assert all(rank.poll() is None for rank in ranks)
@@ -348,7 +336,7 @@ def test_kill_9_of_one_rank_at_random_moments_loses_nothing(sharded, tmp_path):
     rng = random.Random(3)
     args = [*COMMON, *SHARDED, "trainer.resume=auto"]
     for target in (1, 2):
-        ranks = start_ranks(args, tmp_path)
+        ranks = start_ranks([*args, f"hydra.run.dir={tmp_path}"], tmp_path)
         deadline = time.time() + 120
         while epochs_in(tmp_path) < target and time.time() < deadline and ranks[1].poll() is None:
             time.sleep(0.02)
@@ -511,26 +499,27 @@ def test_every_optimizer_steps_sharded_as_unsharded(names, tmp_path):
     assert all(isinstance(gaps[name], float) for name in REPRESENTATIVE), gaps
 
 
-def print_distributed_state() -> None:
+def thread_names() -> list[str]:
     import glob
 
+    return sorted(open(f"{task}/comm").read().strip() for task in glob.glob("/proc/self/task/*"))
+
+
+def print_distributed_state() -> None:
     import torch.distributed as dist
 
-    threads = sorted(open(f"{task}/comm").read().strip() for task in glob.glob("/proc/self/task/*"))
-    print(f"initialized={dist.is_initialized()} threads={threads}")
+    print(f"initialized={dist.is_initialized()} threads={thread_names()}")
 
 
 def test_forked_ranks_start_without_this_processs_process_group(tmp_path):
     """ForkedRun's children come from a clean interpreter, not from this one: a process group (and gloo's threads,
     which torch keeps after a sharded run here) live in this process are not in the child's memory."""
-    import glob
-
     import torch.distributed as dist
     from trainer_utils import ForkedRun
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        assert any("gloo" in open(f"{task}/comm").read() for task in glob.glob("/proc/self/task/*"))
+        assert any("gloo" in name for name in thread_names())
         child = ForkedRun(print_distributed_state, ["state"], tmp_path)
         out, _ = child.communicate(timeout=60)
     finally:
