@@ -1,5 +1,6 @@
 """vit/settings: one declaration per config group gives Hydra's defaults, the checks and the typed object."""
 
+import typing
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -8,8 +9,12 @@ from omegaconf import OmegaConf
 from trainer_utils import compose_config
 
 from vit.data.sources.registry import DATASETS, data_defaults
+from vit.engine.config_types import check_types
+from vit.engine.tasks import TASKS, task_of
 from vit.errors import ConfigError
-from vit.settings import SETTINGS, TrainerSettings
+from vit.search.trial import METRICS, optimized_metric
+from vit.settings import SETTINGS, RunSettings, TrainerSettings
+from vit.settings.run import Metric
 from vit.settings.schema import Settings, knob
 
 
@@ -75,3 +80,36 @@ def test_every_group_composes_exactly_its_declared_defaults():
     for name in DATASETS:
         composed = OmegaConf.to_container(compose_config([f"data={name}"]).data, resolve=True)
         assert composed == data_defaults(name), name
+
+
+def test_the_roots_keys_are_declared_once_and_checked_with_the_types():
+    """`task` and `optimized_metric` come from RunSettings (stored as schema/run): the composed root holds its
+    defaults, a value outside the choices is one line naming the key, and the choices are what the tasks and the
+    metrics' table know."""
+    cfg = compose_config([])
+    assert (
+        {key: cfg[key] for key in RunSettings.defaults()}
+        == RunSettings.defaults()
+        == {
+            "task": "classify",
+            "optimized_metric": None,
+        }
+    )
+    assert RunSettings.of(compose_config(["task=mae", "optimized_metric=val_loss"])) == RunSettings("mae", "val_loss")
+    assert RunSettings.of({}) == RunSettings()  # a checkpoint's config from before a key: its default
+    unknown_task = compose_config([])
+    unknown_task.task = "segment"  # as a config file or a checkpoint may hold it (`task=` is the group's choice)
+    for cfg, message in [
+        (unknown_task, "task='segment' must be one of ('classify', 'mae')"),
+        (compose_config(["optimized_metric=val_top7"]), "optimized_metric='val_top7' must be one of ('val_top1', "),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            check_types(cfg)
+        assert str(err.value).startswith(message) and "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="task='segment' must be one of"):
+        task_of({"task": "segment"})
+    assert set(typing.get_args(typing.get_type_hints(RunSettings)["task"])) <= set(TASKS)
+    for name in typing.get_args(Metric):  # every choice is a score a run returns
+        assert optimized_metric(compose_config([f"optimized_metric={name}", "trainer.ema=true"])) == name
+    assert METRICS["val_ema_loss"] == ("val_ema", "loss", "minimize")
+    assert METRICS["val_top5"] == ("val", "top5", "maximize")

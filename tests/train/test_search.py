@@ -255,7 +255,7 @@ def test_two_processes_share_one_study(tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["optimized_metric=val_top7"], "optimized_metric='val_top7' is not a score a run measures; known: val_top1"),
+        (["optimized_metric=val_top7"], "optimized_metric='val_top7' must be one of ('val_top1', 'val_top5', "),
         (["optimized_metric=val_loss"], "optimized_metric=val_loss is to minimize but hydra.sweeper.direction=max"),
         (["hydra.sweeper.storage=nosuchdb://x/y"], "hydra.sweeper.storage=nosuchdb://x/y cannot be opened: "),
         (["hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0 must be at least 1"),

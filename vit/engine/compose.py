@@ -21,8 +21,9 @@ _ABSENT = object()
 def register_configs() -> None:
     """Store the defaults the config tree's YAML files start from, once per process, before anything is composed
     (train.py's entry point does it before Hydra runs, `compose` before it composes):
-    - for each group of vit/settings (optim, sched, distill, mae, trainer), `<group>/schema/defaults`: every key of
-      the group with the default its settings class declares; for each dataset, `data/schema/<name>`;
+    - for each group of vit/settings (optim, sched, distill, mae, trainer, search), `<group>/schema/defaults`: every
+      key of the group with the default its settings class declares; for each dataset, `data/schema/<name>`; the
+      root's own keys (task, optimized_metric), `schema/run`;
     - for each registered model, `model/registry/<name>`: every setting with the value `create_model(name)` uses
       (the config dataclass's defaults, the registry's width, depth and heads).
     A group's YAML file starts from these (`schema/defaults@_here_`, `registry/<name>@_here_` in its defaults
@@ -35,9 +36,10 @@ def register_configs() -> None:
 
     from vit.data.sources.registry import DATASETS, data_defaults
     from vit.models.registry import list_models, model_defaults
-    from vit.settings import SETTINGS
+    from vit.settings import SETTINGS, RunSettings
 
     store = ConfigStore.instance()
+    store.store(group="schema", name="run", node=RunSettings.defaults(), provider="vit")
     for group, settings in SETTINGS.items():
         store.store(group=f"{group}/schema", name="defaults", node=settings.defaults(), provider="vit")
     for name in DATASETS:

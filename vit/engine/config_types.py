@@ -1,8 +1,8 @@
 """The value types of the composed config's keys: a value that is not a number, a flag or a list of the right
 length is named with its key before any range check or constructor sees it. Every group with a settings class
-(vit/settings: trainer, data, optim, sched, distill, mae) is checked by it, types and ranges, from its one
-declaration (data's class is its dataset's, named in DATASETS); the model's numbers and switches are typed by its
-family's config class (vit/models)."""
+(vit/settings: trainer, data, optim, sched, distill, mae, search; the root's task and optimized_metric) is checked
+by it, types and ranges, from its one declaration (data's class is its dataset's, named in DATASETS); the model's
+numbers and switches are typed by its family's config class (vit/models)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from vit.data.sources.registry import data_settings
 from vit.errors import require
 from vit.models.registry import MODELS
-from vit.settings import SETTINGS
+from vit.settings import SETTINGS, RunSettings
 from vit.settings.schema import Kind
 
 # The model group's keys are its family's config dataclass (vit/models: EncoderConfig, ViTConfig, T2TConfig), whose
@@ -37,6 +37,7 @@ def model_kinds(name) -> dict[str, Kind]:
 def check_types(cfg: DictConfig) -> None:
     """Every numeric knob holds a number (or null): `config error: model.img_size='abc' must be an integer`;
     switches hold true/false, and number lists hold that many numbers."""
+    RunSettings.check(cfg)  # the root's own keys: task, optimized_metric
     for group, settings in SETTINGS.items():
         if cfg.get(group) is not None:
             settings.check(cfg.get(group))

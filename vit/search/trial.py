@@ -12,35 +12,37 @@ from __future__ import annotations
 
 import logging
 import math
+import typing
 
 from omegaconf import DictConfig
 
 from vit.engine.tasks import task_of
 from vit.errors import ConfigError
+from vit.settings import RunSettings
+from vit.settings.run import Metric
 
 log = logging.getLogger("vit.train")
 
-# The scores a run can return to a sweeper: every one is measured on the validation split (the holdout that
-# data.holdout sets aside), none on the test split, which a search must never see. name -> (result, key, direction)
-METRICS = {
-    "val_top1": ("val", "top1", "maximize"),
-    "val_top5": ("val", "top5", "maximize"),
-    "val_loss": ("val", "loss", "minimize"),
-    "val_ema_top1": ("val_ema", "top1", "maximize"),
-    "val_ema_top5": ("val_ema", "top5", "maximize"),
-    "val_ema_loss": ("val_ema", "loss", "minimize"),
-}
+
+def _metric_parts(name: str) -> tuple[str, str, str]:
+    """`val_ema_top1` -> ("val_ema", "top1", "maximize"): the result it is read from, its key there, and whether a
+    search maximises or minimises it."""
+    result, key = name.rsplit("_", 1)
+    return result, key, "minimize" if key == "loss" else "maximize"
+
+
+# The scores a run can return to a sweeper (RunSettings.optimized_metric's choices, vit/settings/run.py), each
+# measured on the validation split: name -> (result, key, direction).
+METRICS = {name: _metric_parts(name) for name in typing.get_args(Metric)}
 
 
 def optimized_metric(cfg: DictConfig) -> str:
-    """`optimized_metric`, checked: null is the task's score (val_top1; val_loss with task=mae, which has no
-    top-1)."""
-    name = cfg.get("optimized_metric")
+    """`optimized_metric`, checked (its choices with the types): null is the task's score (val_top1; val_loss with
+    task=mae, which has no top-1)."""
+    name = RunSettings.of(cfg).optimized_metric
     task = task_of(cfg)
     if name is None:
         return task.score
-    if name not in METRICS:
-        raise ConfigError(f"optimized_metric={name!r} is not a score a run measures; known: {', '.join(METRICS)}")
     result, key, _ = METRICS[name]
     if not task.classifier and key != "loss":
         raise ConfigError(f"optimized_metric={name} needs labels; task={task.name} measures only the loss (val_loss)")
@@ -50,9 +52,7 @@ def optimized_metric(cfg: DictConfig) -> str:
 
 
 def metric_direction(name: str) -> str:
-    """'maximize' or 'minimize' for a name of METRICS (ConfigError for another)."""
-    if name not in METRICS:
-        raise ConfigError(f"optimized_metric={name!r} is not a score a run measures; known: {', '.join(METRICS)}")
+    """'maximize' or 'minimize' for a name of METRICS (what `optimized_metric` returns)."""
     return METRICS[name][2]
 
 

@@ -198,21 +198,21 @@ class Settings:
     def check(cls, node: DictConfig | Mapping | None, where: str | None = None) -> None:
         """ConfigError for the first key of the group whose value has the wrong type or lies outside its range;
         keys the class does not declare are left to Hydra's struct mode (a misspelt key is refused there).
-        `where`: the group's dotted name (a sub-group's is its parent's and its own)."""
-        node, where = (node if node is not None else {}), where or cls.group
+        `where`: the group's dotted name (a sub-group's is its parent's and its own; the root's keys have none)."""
+        node, where = (node if node is not None else {}), cls.group if where is None else where
         for name, (kind, meta) in cls.kinds().items():
             if name not in node:
                 continue
-            value = _plain(node[name])
+            value, key = _plain(node[name]), f"{where}.{name}" if where else name
             if meta.get("parse"):
                 meta["parse"](value)  # raises ConfigError naming the key
                 continue
             if kind.nested and isinstance(value, Mapping):
-                kind.base.check(value, f"{where}.{name}")
+                kind.base.check(value, key)
                 continue
             problem = kind.problem(value) or _range_problem(meta, value, kind.optional)
             if problem:
-                raise ConfigError(f"{where}.{name}={value!r} {problem}")
+                raise ConfigError(f"{key}={value!r} {problem}")
 
     @classmethod
     def of(cls, node: DictConfig | Mapping | None):

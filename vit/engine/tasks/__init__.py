@@ -9,7 +9,8 @@ task; none of them asks which task it is.
 - `mae`: `task=mae`. The masked autoencoder around the encoder; the loss is the reconstruction of the hidden
   patches; the score val_loss (no labels are read).
 
-Adding a task: one module here with a `Task` subclass, and one row in TASKS (and its config in configs/task/).
+Adding a task: one module here with a `Task` subclass, one row in TASKS, its name among `task`'s choices
+(vit/settings/run.py) and its config in configs/task/.
 """
 
 from __future__ import annotations
@@ -19,18 +20,19 @@ from collections.abc import Mapping
 from vit.engine.tasks.base import Task
 from vit.engine.tasks.classify import Classify, Distill
 from vit.engine.tasks.mae import MaskedAutoencoder
+from vit.settings import RunSettings
 
+# The config's `task` choices (RunSettings), and distill: classify with a teacher or a distillation token.
 TASKS: dict[str, type[Task]] = {"classify": Classify, "distill": Distill, "mae": MaskedAutoencoder}
-CONFIG_TASKS = ("classify", "mae")  # the config's `task` choices (distill: classify with a teacher or token)
 
 
 def task_of(cfg: Mapping) -> Task:
     """The task a run's config (a DictConfig or the dict a checkpoint holds) trains for."""
-    name = cfg.get("task", "classify")
+    name = RunSettings.of(cfg).task
     teacher = ((cfg.get("distill") or {}).get("type") or "none") != "none"
     if name == "classify" and (teacher or (cfg.get("model") or {}).get("distill_token")):
         name = "distill"
     return TASKS[name]()
 
 
-__all__ = ["CONFIG_TASKS", "TASKS", "Task", "task_of"]
+__all__ = ["TASKS", "Task", "task_of"]
