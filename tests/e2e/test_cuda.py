@@ -1,10 +1,10 @@
 """The GPU tier: the device paths behind the project's GPU figures, run wherever a CUDA device is (marked `cuda`;
 skipped with that reason elsewhere, see conftest.py). `lab/gpu_check.sh` runs this file first on a GPU machine.
 
-Covered: a training run under bf16 (the GPU-resident loader, compiled blocks, fused AdamW) and under fp16 with the
-GradScaler; the batched augmentation drawing the same images on the GPU as on the CPU; fused AdamW equal to the
-per-tensor loop; a compiled block equal to the eager one; ONNX export of a model that lives on the GPU;
-vit-eval on CUDA equal to the CPU; a one-process NCCL group."""
+Covered: a training run under bf16 (the GPU-resident loader, compiled blocks, fused AdamW), one under CUDA graphs
+(compile_mode=reduce-overhead) and one under fp16 with the GradScaler; the batched augmentation drawing the same
+images on the GPU as on the CPU; fused AdamW equal to the per-tensor loop; a compiled block equal to the eager one;
+ONNX export of a model that lives on the GPU; vit-eval on CUDA equal to the CPU; a one-process NCCL group."""
 
 from __future__ import annotations
 
@@ -46,6 +46,16 @@ def test_a_bf16_run_with_the_gpu_loader_compiled_blocks_and_fused_adamw(tmp_path
     assert metrics["precision"] == "bf16" and metrics["loader"] == "resident" and metrics["compiled"]
     assert state["scaler"] is None  # bf16 needs no loss scaling
     assert all(group["fused"] for group in state["optimizer"]["param_groups"])
+
+
+def test_a_run_under_cuda_graphs_trains_and_evaluates(tmp_path):
+    """`trainer.compile_mode=reduce-overhead` (CUDA graphs, against the launch cost of the GPU recipes' small steps):
+    the whole model compiled, each step replays its recorded graphs, and nothing the loop keeps of a step (the loss
+    it logs, the EMA, the evaluation's logits) is read after the next step has overwritten the graph's outputs."""
+    overrides = ["trainer.amp=bf16", "data.loader=resident", "trainer.compile=true", "trainer.compile_scope=model"]
+    metrics, _ = gpu_run(tmp_path, "graphs", [*overrides, "trainer.compile_mode=reduce-overhead", "trainer.ema=true"])
+    check_trained(metrics)
+    assert metrics["compiled"] and metrics["final"]["val_ema_top1"] is not None
 
 
 def test_an_fp16_run_scales_its_loss(tmp_path):

@@ -7,6 +7,7 @@ import numpy as np
 import torch
 
 from vit.engine.build import architecture
+from vit.settings import RunSettings
 
 
 def epoch_record(epoch: int, step: int, train: dict, val: dict | None, val_ema: dict | None, elapsed_s: float) -> dict:
@@ -120,7 +121,7 @@ def run_metrics(run) -> dict:
             "epoch": best.get("epoch"),
             "chosen_by": ("val_ema" if best.get("val_ema_loss") is not None else "val") if best else None,
         },
-        "task": str(cfg.get("task", "classify")),
+        "task": RunSettings.of(cfg).task,
         "train_img_per_s": float(np.mean([r["train_img_per_s"] for r in history])) if history else None,
         "loader": bundle.loader_kind,
         "loader_reason": bundle.loader_reason,
