@@ -845,6 +845,7 @@ TABLES: dict[str, DocTable] = {
     "cifar10_cpu_budget_30m_bf16_avx512": DocTable("cifar10_cpu_budget/avx512_30m_bf16", cpu_budget_table),
     "cifar10_cpu_budget_2h_autoaug_avx512": DocTable("cifar10_cpu_budget/avx512_2h_autoaug", cpu_budget_table),
     "cifar10_cpu_budget_30m_zen5": DocTable("cifar10_cpu_budget/avx512_zen5_30m", cpu_budget_table),
+    "cifar10_cpu_budget_30m_autoaug_zen4": DocTable("cifar10_cpu_budget/avx512_zen4_30m_autoaug", cpu_budget_table),
     "cifar10_autoaug_30m_zen5": DocTable("cifar10_autoaug_zen5/30m", budget_comparison_table),
     "cifar10_autoaug_e16_zen5": DocTable("cifar10_autoaug_zen5/e16", budget_comparison_table),
     "cpu_naflex_sizes_avx512": DocTable("cpu_naflex_sizes_avx512", naflex_sizes_table),
