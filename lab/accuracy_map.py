@@ -36,14 +36,14 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 from record_tables import map_table
+from records import measurement_record, script_command, write_record
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from vit.cli.args import parse_args, run_script, script_command
-from vit.engine.build import build_model_from_config
-from vit.engine.provenance import measurement_record, write_record
+from vit.cli.args import parse_args, run_script
 from vit.errors import UsageError
 from vit.models.complexity import complexity
+from vit.tasks.build import build_model_from_config
 
 # (label, epochs, published test top-1, FLOPs a training image: None where not counted here)
 CONVMIXER = "ConvMixer-256/8 (published, one 25-epoch run)"

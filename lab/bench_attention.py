@@ -10,7 +10,7 @@ fixed random q, k, v of shape (batch, heads, tokens, head_dim): forward and back
 there), and the forward alone under no_grad as inference runs it. Rounds are interleaved (sdpa, math, sdpa, ...;
 at least 0.2 s of calls a round after one untimed call) and each figure is the median's milliseconds per call.
 json=<file> writes the record: every round of each, the medians and ratios, the provenance
-(vit/engine/provenance.py). The default cases are the CPU recipe's attention at its image sizes (16, 24 and 32 px:
+(vit/records/provenance.py). The default cases are the CPU recipe's attention at its image sizes (16, 24 and 32 px:
 16, 36 and 64 tokens, 48 wide heads), ViT-Ti/4 on CIFAR (65 tokens), ViT-S/16 at 224 px (197) and longer
 sequences, behind `Attention`'s choice for attn_backend=auto on a CPU (`CPU_MATH_MAX_TOKENS`).
 """
@@ -23,9 +23,9 @@ import time
 from contextlib import nullcontext
 
 import torch
+from records import measurement_record, script_command, write_record
 
-from vit.cli.args import parse_args, run_script, script_command
-from vit.engine.provenance import measurement_record, write_record
+from vit.cli.args import parse_args, run_script
 from vit.errors import UsageError
 from vit.models import Attention
 

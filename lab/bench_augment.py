@@ -14,7 +14,7 @@ RandAugment strings, so those rows have no torchvision line. `policies` is a com
 `repeats` batches of each row are timed (after `warmup` untimed ones), the op counts are a mean over `count_batches`
 batches; `threads` sets torch's CPU threads (default: torch's). Prints a markdown table; json=<file> writes the
 measurement record: every timed batch's milliseconds of every row, the medians and op counts, and the provenance
-(command, commit, machine, versions: vit/engine/provenance.py).
+(command, commit, machine, versions: vit/records/provenance.py).
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ from collections import Counter
 
 import numpy as np
 import torch
+from records import measurement_record, script_command, write_record
 from torch.utils._python_dispatch import TorchDispatchMode
 from torchvision.transforms import v2
 
-from vit.cli.args import parse_args, run_script, script_command
+from vit.cli.args import parse_args, run_script
 from vit.data.augment.batch import BatchAugment
 from vit.data.augment.policies import is_small
 from vit.data.augment.spec import augment_settings
 from vit.data.sources.registry import DATASETS
-from vit.engine.provenance import measurement_record, write_record
 from vit.errors import UsageError
 
 # (label, implementation, force the whole-batch path)

@@ -8,7 +8,7 @@ Each case builds `create_model("vit_tiny", embed_dim=<width>, depth=6, mlp_ratio
 (64 tokens), 8 (16 tokens) or 2 (256 tokens), times fp32 and bf16 steps on fixed random data in interleaved rounds
 (fp32, bf16, fp32, ...; about 640 images a round after 2 warm-up steps) and prints the median img/s of each and
 their ratio. json=<file> writes the measurement record: every case's img/s in every round of each precision, the
-medians and ratio, and the provenance (command, commit, machine, versions: vit/engine/provenance.py). The default
+medians and ratio, and the provenance (command, commit, machine, versions: vit/records/provenance.py). The default
 cases are those behind trainer.amp=auto's width bar (vit/runtime/device.py, `CPU_BF16_MIN_WIDTH`;
 docs/BENCHMARKS.md, "bf16 on the CPU").
 """
@@ -22,9 +22,9 @@ from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
+from records import measurement_record, script_command, write_record
 
-from vit.cli.args import parse_args, run_script, script_command
-from vit.engine.provenance import measurement_record, write_record
+from vit.cli.args import parse_args, run_script
 from vit.errors import UsageError
 from vit.models import create_model
 

@@ -17,7 +17,7 @@ first alternates too), batch by batch, and the ratio is the median over the batc
                             RandAugment in the worker (only ToTensor/Normalize move to the GPU).
 With no folder=, `images` JPEGs are generated (varied sizes around 500 x 375, quality 90, smooth shapes plus noise).
 json=<file> writes the measurement record: every batch's seconds on each side and their ratio, row by row, the
-img/s and median ratios, and the provenance (command, commit, machine, versions: vit/engine/provenance.py).
+img/s and median ratios, and the provenance (command, commit, machine, versions: vit/records/provenance.py).
 
 timm's PosterizeIncreasing asks Pillow for 0 bits at magnitude >= 10, which Pillow 13 refuses with ValueError; for
 timm's side to run at all, its posterize is patched here to return a black image for 0 bits, as Pillow < 13 did.
@@ -34,16 +34,16 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+from records import measurement_record, script_command, write_record
 from timm.data import auto_augment as timm_aa
 from timm.data import create_transform
 
-from vit.cli.args import parse_args, run_script, script_command
+from vit.cli.args import parse_args, run_script
 from vit.data.augment.batch import BatchAugment
 from vit.data.augment.spec import augment_settings
 from vit.data.augment.transforms import train_geometry
 from vit.data.images import read_rgb
 from vit.data.sources.registry import IMAGENET_MEAN_STD
-from vit.engine.provenance import measurement_record, write_record
 from vit.errors import UsageError
 from vit.settings.data import DataSettings
 

@@ -12,7 +12,7 @@ for T in 1..CPUs and W in 0..CPUs. Default: all of them. Each run trains `batche
 image scan are warm (a first, untimed run of 2 batches fills them; warmup=false leaves it out). Prints a markdown
 table of the median img/s per setting and its ratio to the fastest; json=<path> writes the measurement record:
 every round's img/s of every setting, the medians, the settings' overrides, and the provenance (command, commit,
-machine, versions: vit/engine/provenance.py). docs/BENCHMARKS.md ("The CPU loader and thread defaults") has the
+machine, versions: vit/records/provenance.py). docs/BENCHMARKS.md ("The CPU loader and thread defaults") has the
 results behind `data.loader=auto` and `trainer.threads=auto`.
 """
 
@@ -25,9 +25,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from vit.cli.args import parse_args, run_script, script_command
+from records import measurement_record, script_command, write_record
+
+from vit.cli.args import parse_args, run_script
 from vit.data.resources import available_cpus
-from vit.engine.provenance import measurement_record, write_record
 from vit.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]

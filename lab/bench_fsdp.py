@@ -35,7 +35,9 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vit.cli.args import parse_args, run_script, script_command  # noqa: E402  (this checkout's vit)
+from records import script_command  # noqa: E402
+
+from vit.cli.args import parse_args, run_script  # noqa: E402  (this checkout's vit)
 from vit.errors import UsageError  # noqa: E402
 
 # strategy -> shard_model's reshard_after_forward (None: not sharded, DistributedDataParallel)
@@ -183,7 +185,7 @@ def main(argv: list[str]) -> int:
                 print(summary(rows[-args.world_size :]).splitlines()[-1], flush=True)
     print(summary(rows))
     if args.json:
-        from vit.engine.provenance import measurement_record, write_record
+        from records import measurement_record, write_record
 
         settings = {"models": args.models, "strategies": args.strategies, "device": args.device}
         settings |= {key: getattr(args, key) for key in NUMBERS}

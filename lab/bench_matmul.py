@@ -5,7 +5,7 @@ usage: python lab/bench_matmul.py [n=8192] [dtype=bf16] [rounds=10] [device=auto
 MFU figures (docs/BENCHMARKS.md) divide a step's FLOPs per second by a peak; this is the measured one. Each round
 times 10 products on random inputs after 3 warm-up products (CUDA: between two synchronisations). Prints one JSON
 record, and with json=<file> writes it there: the device's name, n, dtype, every round's seconds and TFLOP/s (2 n^3
-FLOPs a product), their median, and the provenance (command, commit, machine, versions: vit/engine/provenance.py).
+FLOPs a product), their median, and the provenance (command, commit, machine, versions: vit/records/provenance.py).
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import sys
 import time
 
 import torch
+from records import measurement_record, script_command, write_record
 
-from vit.cli.args import parse_args, run_script, script_command
-from vit.engine.provenance import measurement_record, write_record
+from vit.cli.args import parse_args, run_script
 from vit.errors import UsageError
 from vit.runtime.device import resolve_device
 

@@ -9,7 +9,7 @@ backward pass (cross-entropy against random labels, fp32, train mode), and reads
 The step's own share is after - before. The two settings alternate, one process at a time, `repeats` times.
 `model` is a registered model name, `num_classes` its classifier's size. json=<file> writes the measurement
 record: every process's peak RSS before and after and its step time, the medians per setting,
-and the provenance (command, commit, machine, versions: vit/engine/provenance.py).
+and the provenance (command, commit, machine, versions: vit/records/provenance.py).
 
     python lab/bench_memory.py                       # ViT-B/16, 224 px, 1000 classes, batch 32, 3 repeats
     python lab/bench_memory.py model=vit_tiny batch_size=8 repeats=1 json=memory.json
@@ -28,7 +28,9 @@ from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vit.cli.args import parse_args, run_script, script_command  # noqa: E402  (this checkout's vit, in the child processes too)
+from records import script_command  # noqa: E402
+
+from vit.cli.args import parse_args, run_script  # noqa: E402  (this checkout's vit, in the child processes too)
 from vit.errors import UsageError  # noqa: E402
 
 SETTINGS = ("plain", "checkpointed")
@@ -117,7 +119,7 @@ def main(argv: list[str]) -> int:
             print(f"repeat {repeat + 1}: {json.dumps(rows[-1])}", flush=True)
     print(summary(rows))
     if args.json:
-        from vit.engine.provenance import measurement_record, write_record
+        from records import measurement_record, write_record
 
         settings = {key: getattr(args, key) for key in ("model", *NUMBERS)}
         values = {"settings": settings, "rows": rows, "medians": medians(rows)}

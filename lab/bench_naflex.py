@@ -11,7 +11,7 @@ tensors of the same sizes (the model's `dynamic_img_size`, the same tokens); bot
 (`create_model("vit_tiny", ...)` at the given width, depth, heads and `model.pos_embed`, MLP ratio 2), its own
 copy each, with AdamW; the rounds alternate the two, after one untimed round. It prints each path's median img/s
 over the rounds and their ratio (NaFlex / tensors; the goal: >= 0.9). json=<file> writes the measurement record
-(every round, the medians, the provenance: vit/engine/provenance.py).
+(every round, the medians, the provenance: vit/records/provenance.py).
 
 `shapes=mixed`: each NaFlex batch holds images of mixed shapes instead, as from a folder of photographs: each
 image's aspect ratio drawn log-uniform in [1/3, 3] and its grid the largest of at most seq_len patches with that
@@ -34,10 +34,10 @@ import time
 
 import torch
 import torch.nn.functional as F
+from records import measurement_record, script_command, write_record
 
-from vit.cli.args import parse_args, run_script, script_command
+from vit.cli.args import parse_args, run_script
 from vit.data.loading.naflex import grid_for
-from vit.engine.provenance import measurement_record, write_record
 from vit.errors import UsageError
 from vit.models import create_model
 from vit.naflex import pack, pack_batch

@@ -15,7 +15,7 @@ Every parameter gets a fixed random gradient; after two warm-up steps each round
 optimizer in turn. Prints the median milliseconds per
 step of each, and its ratio to the first; json=<file> writes the measurement record: every round's milliseconds
 per step of every optimizer, the medians and ratios, and the provenance (command, commit, machine, versions:
-vit/engine/provenance.py). The trainer's whole step, for scale: lab/benchmark.py.
+vit/records/provenance.py). The trainer's whole step, for scale: lab/benchmark.py.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ import sys
 import time
 
 import torch
+from records import measurement_record, script_command, write_record
 
 from vit import CONFIG_DIR
-from vit.cli.args import parse_args, run_script, script_command
-from vit.engine.build import build_model_from_config
-from vit.engine.compose import compose
-from vit.engine.provenance import measurement_record, write_record
+from vit.cli.args import parse_args, run_script
+from vit.config.compose import compose
 from vit.errors import UsageError
+from vit.tasks.build import build_model_from_config
 from vit.train.optimizer import build_optimizer, scaled_lr
 
 VARIANTS = {"loop": {"foreach": False, "fused": False}, "foreach": {"foreach": True, "fused": False}}

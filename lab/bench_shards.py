@@ -22,7 +22,7 @@ first. Rows:
 The two loaders alternate within every repeat (which goes first alternates too); the table gives the median
 images/s over `repeats` and the median of the per-repeat ratios shards / folders. json=<file> writes the
 measurement record: every repeat's images/s of every row and loader, the medians and ratios, and the provenance
-(command, commit, machine, versions: vit/engine/provenance.py).
+(command, commit, machine, versions: vit/records/provenance.py).
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from records import measurement_record, script_command, write_record
 
-from vit.cli.args import parse_args, run_script, script_command
+from vit.cli.args import parse_args, run_script
 from vit.data import build_data
 from vit.data.sources.archive import extract_archive
 from vit.data.sources.folders import find_tree_root
-from vit.engine.provenance import measurement_record, write_record
 from vit.errors import UsageError
 
 REPO = Path(__file__).resolve().parents[1]

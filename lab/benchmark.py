@@ -41,7 +41,7 @@ Any other key=value (`model=`, `data.root=`, `trainer.<key>=`, ...) is a trainer
 goes with mode=e2e only.
 
 Prints a markdown table last; json=<path> writes the measurement record: the command, commit, machine and versions
-(vit/engine/provenance.py) beside every case's per-round values (seconds and img/s of each timed round; inference:
+(vit/records/provenance.py) beside every case's per-round values (seconds and img/s of each timed round; inference:
 each round's mean call time; e2e: each counted real/static epoch pair) and their medians. See
 lab/step_timing.py (training steps; the models timed are lab/bench_cases.py's),
 lab/step_profile.py (profile), lab/e2e_timing.py (e2e) and lab/inference_timing.py (inference) for
@@ -56,11 +56,11 @@ from pathlib import Path
 
 import torch
 from bench_cases import CASES
+from records import measurement_record, script_command, write_record
 from step_profile import profile_case, profile_markdown
 from step_timing import bench_case, measure_peak_memory, to_markdown, to_record
 
-from vit.cli.args import parse_args, run_script, script_command
-from vit.engine.provenance import measurement_record, write_record
+from vit.cli.args import parse_args, run_script
 from vit.errors import UsageError
 
 MODES = ("steps", "inference", "e2e", "profile")
@@ -175,10 +175,10 @@ def run_e2e(args: Options) -> int:
     from e2e_timing import e2e_markdown, end_to_end
 
     from vit.cli.train import check_group_choices, check_override_keys
+    from vit.config.compose import compose
     from vit.data import DataError
-    from vit.engine.compose import compose
-    from vit.engine.files import OutputError
     from vit.errors import ConfigError
+    from vit.records.files import OutputError
     from vit.train import run
 
     if args.epochs < 4:

@@ -6,7 +6,7 @@ Runs `python train.py trainer.budget=<budget> <overrides>` once per load: `idle`
 that keeps one core busy (a Python loop) for the whole run. Each run's wall time is taken from outside (from
 before the fork to the exit), beside what its metrics.json records (`wall_time_s`, and `budget`: the planned and
 trained steps, the overrun, whether it is within the tolerance of 2% or 5 s) and the exit code. Prints one JSON
-record, and with json=<file> writes it there with the provenance (vit/engine/provenance.py). Any other `key=value`
+record, and with json=<file> writes it there with the provenance (vit/records/provenance.py). Any other `key=value`
 argument is an override of train.py's (e.g. `experiment=cifar10_cpu data.root=<archive>`).
 """
 
@@ -19,8 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from vit.cli.args import parse_args, run_script, script_command
-from vit.engine.provenance import measurement_record, write_record
+from records import measurement_record, script_command, write_record
+
+from vit.cli.args import parse_args, run_script
 from vit.errors import UsageError
 from vit.settings.trainer import parse_budget
 from vit.train.budget import tolerance

@@ -21,7 +21,7 @@ the recipe's clock is.
 Writes `<out>/metrics.json`: params, epochs, images seen, wall time, final test top-1, and the history of test
 top-1 against elapsed seconds (the test split is evaluated every `eval_every` epochs for that curve; nothing is
 chosen by it) in the trainer's metrics.json layout, with its `provenance` (command, commit, machine, versions:
-vit/engine/provenance.py) as the trainer's, and its settings and command-line keys in a run folder's
+vit/records/provenance.py) as the trainer's, and its settings and command-line keys in a run folder's
 `.hydra/config.yaml` and `.hydra/overrides.yaml` (as `experiment=timm_torchvision_reference`), so
 lab/plot_recipes.py tables and draws it beside the recipe's runs.
 """
@@ -38,14 +38,15 @@ import timm
 import torch
 import torch.nn.functional as F
 import yaml
+from records import script_command
 from torch.utils.data import DataLoader
 from torchvision import datasets, transforms
 
-from vit.cli.args import parse_args, run_script, script_command
+from vit.cli.args import parse_args, run_script
 from vit.data.sources.archive import extract_archive, is_archive
 from vit.data.sources.folders import find_tree_root
-from vit.engine.provenance import provenance
 from vit.errors import UsageError
+from vit.records.provenance import provenance
 from vit.train.run import startup_seconds
 
 DEFAULTS = {

@@ -1,6 +1,6 @@
 """What the CPU-sized experiment scripts (lab/transfer_experiment.py, lab/distill_experiment.py) share:
 the small ViT/4 and data settings of their runs, one `train.py` process per run, the per-method seed table, and
-their results.json: a measurement record (vit/engine/provenance.py) holding every run's metrics."""
+their results.json: a measurement record (vit/records/provenance.py) holding every run's metrics."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from vit.engine.provenance import measurement_record, write_record
+from records import measurement_record, write_record
 
 REPO = Path(__file__).resolve().parents[1]
 

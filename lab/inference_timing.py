@@ -28,10 +28,10 @@ from pathlib import Path
 
 import torch
 from bench_cases import BenchCase, build_side, peer_available
+from records import measurement_record
 from step_timing import percentile, synchronize
 from torch import nn
 
-from vit.engine.provenance import measurement_record
 from vit.runtime.device import Precision, choose_precision
 
 RUNTIMES = ("eager", "compiled", "onnxruntime", "onnxruntime-int8-dynamic", "onnxruntime-int8-static")
@@ -215,6 +215,6 @@ def inference_markdown(results: list[InferenceResult]) -> str:
 
 
 def inference_record(results: list[InferenceResult], argv: list[str] | None = None) -> dict:
-    """The measurement record of the cases (vit/engine/provenance.py: the command, code and machine beside the
+    """The measurement record of the cases (vit/records/provenance.py: the command, code and machine beside the
     values): each case and runtime with every round's mean call time per side, beside their medians and ratios."""
     return measurement_record("benchmark_inference", {"results": [asdict(r) for r in results]}, argv)

@@ -38,8 +38,9 @@ from types import SimpleNamespace
 
 from experiments import CPU_TRAINER, run_or_load, train
 from PIL import Image
+from records import script_command
 
-from vit.cli.args import parse_args, run_script, script_command
+from vit.cli.args import parse_args, run_script
 from vit.errors import UsageError
 
 PHOTO_SUFFIXES = (".png", ".jpg", ".jpeg")

@@ -24,8 +24,8 @@ import yaml
 from matplotlib.lines import Line2D
 
 from vit.analysis.runs import RunRecord, markdown_table, run_config
-from vit.engine.figures import save
 from vit.errors import UsageError
+from vit.tasks.figures import save
 
 SEED_KEY = "trainer.seed"
 EXPERIMENT_KEYS = ("experiment", "+experiment", "++experiment")

@@ -22,10 +22,10 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 from bench_cases import H100_BF16_PEAK_FLOPS, BenchCase, build_side, num_classes_of, peer_available
+from records import measurement_record
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from vit.engine.provenance import measurement_record
 from vit.runtime.device import Precision, choose_precision
 
 
@@ -231,7 +231,7 @@ def to_markdown(results: list[CaseResult]) -> str:
 
 
 def to_record(results: list[CaseResult], argv: list[str] | None = None) -> dict:
-    """The measurement record of the cases (vit/engine/provenance.py: the command, code and machine beside the
+    """The measurement record of the cases (vit/records/provenance.py: the command, code and machine beside the
     values): each case with every timed round's seconds and img/s per side, beside their medians and ratios."""
     return measurement_record("benchmark", {"results": [asdict(r) for r in results]}, argv)
 

@@ -25,7 +25,7 @@ made of hard links under `work`, and every run is a `train.py` process with one 
 `pretrain_epochs` the epochs over the source classes, `epochs` those of every target run; `out` is the figure of
 holdout top-1 against steps; `plot_only=true` redraws it from `<work>/results.json` without training.
 `<work>/results.json` is the measurement record: the provenance (command, commit, machine, versions:
-vit/engine/provenance.py) beside every run's metrics (each seed's curve and test top-1), the commands, settings and
+vit/records/provenance.py) beside every run's metrics (each seed's curve and test top-1), the commands, settings and
 summary.
 """
 
@@ -47,8 +47,9 @@ from experiments import (
     seed_table,
     train,
 )
+from records import script_command
 
-from vit.cli.args import parse_args, run_script, script_command
+from vit.cli.args import parse_args, run_script
 
 SOURCE_CLASSES = ("airplane", "automobile", "bird", "cat", "deer")
 TARGET_CLASSES = ("dog", "frog", "horse", "ship", "truck")

@@ -25,11 +25,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vit.analysis.plots import macs_vs_size_figure
 from vit.cli.args import run_script
-from vit.engine.build import build_model_from_config
-from vit.engine.compose import compose
+from vit.config.compose import compose
 from vit.errors import UsageError
 from vit.models import Attention, complexity
 from vit.models.complexity import _component  # the grouping of the formula table, reused for params
+from vit.tasks.build import build_model_from_config
 
 
 def image_shape(model) -> tuple[int, int]:

@@ -24,8 +24,8 @@ import torch
 from vit.analysis.inputs import load_images, load_model
 from vit.cli.args import parse_args, run_script
 from vit.data.sources.registry import mean_std
-from vit.engine.figures import reconstruction_views
 from vit.errors import UsageError
+from vit.tasks.figures import reconstruction_views
 
 ARGS = {"checkpoint": None, "image": None, "max_images": "6", "mask_ratio": "", "seed": "0", "out": "mae.png"}
 

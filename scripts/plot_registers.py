@@ -27,8 +27,8 @@ import torch
 from vit.analysis.inputs import denormalise, load_images, load_model
 from vit.analysis.plots import registers_figure
 from vit.cli.args import parse_args, run_script
-from vit.engine.figures import attention_views
 from vit.errors import UsageError
+from vit.tasks.figures import attention_views
 
 ARGS = {
     "checkpoints": None,

@@ -22,8 +22,8 @@ import sys
 
 from vit.analysis.inputs import denormalise, load_images, load_model
 from vit.cli.args import parse_args, run_script
-from vit.engine.figures import attention_grid_figure, attention_views, register_note
 from vit.errors import UsageError
+from vit.tasks.figures import attention_grid_figure, attention_views, register_note
 
 ARGS = {"checkpoint": None, "image": None, "layer": "-1", "out": "attention.png", "max_images": "4", "ema": "false"}
 

@@ -1,8 +1,10 @@
 """Imports point down the layers: the error base (vit/errors.py) below all, models and data at the bottom, reading
 and fitting weights (vit/weights) and where the computation runs (vit/runtime: device, precision, the process group,
-sharding, compiling) above the models, the engine (vit/engine: files, a model from its config, the config's
-composition and types, the evaluation loop, figures, the tasks) above them, the search
-(vit/search: the sweeper, a run as a trial, the study) above the engine, then the trainer (vit/train) and, beside
+sharding, compiling) above the models; the composed config (vit/config: composition, the groups' defaults, the
+value types) above the models and the data whose registries it reads; what a run writes down (vit/records: atomic
+files, provenance) above the weights; the tasks (vit/tasks: what a run trains for, a model from its config, the
+evaluation loop, figures) above all of them, the search (vit/search: the sweeper, a run as a trial, the study)
+above the tasks, then the trainer (vit/train) and, beside
 it and not importing it, the analysis and deploy tools (vit/analysis, vit/deploy); the command line (vit/cli/,
 train.py, scripts/) on top, imported by nothing in vit/. The project's measuring tools (lab/) import the package as
 any user does, and nothing in it imports them. Every import of every module counts, those inside functions too."""
@@ -20,7 +22,9 @@ EVERY_PACKAGE = (
     "vit.weights",
     "vit.runtime",
     "vit.data",
-    "vit.engine",
+    "vit.config",
+    "vit.records",
+    "vit.tasks",
     "vit.search",
     "vit.train",
     "vit.analysis",
@@ -34,18 +38,41 @@ ABOVE = {
     "vit.progress": EVERY_PACKAGE,  # progress bars and lines for long stretches of work
     "vit.settings": EVERY_PACKAGE,  # the config groups' typed declarations: defaults, types and ranges
     "vit.naflex": EVERY_PACKAGE,  # the NaFlex batch format: the data's loaders make it, the models read it
-    "vit.models": ("vit.weights", "vit.runtime", "vit.data", "vit.engine", "vit.search", *TOOLS),
-    # reading and fitting weights: above the models it fits them to, below the engine that builds models with them
-    "vit.weights": ("vit.runtime", "vit.data", "vit.engine", "vit.search", *TOOLS),
+    "vit.models": (
+        "vit.weights",
+        "vit.runtime",
+        "vit.data",
+        "vit.config",
+        "vit.records",
+        "vit.tasks",
+        "vit.search",
+        *TOOLS,
+    ),
+    # reading and fitting weights: above the models it fits them to, below the tasks that build models with them
+    "vit.weights": ("vit.runtime", "vit.data", "vit.config", "vit.records", "vit.tasks", "vit.search", *TOOLS),
     # device, precision, the process group, sharding, compiling: above the models whose blocks they name
-    "vit.runtime": ("vit.weights", "vit.data", "vit.engine", "vit.search", *TOOLS),
-    "vit.data": ("vit.models", "vit.weights", "vit.runtime", "vit.engine", "vit.search", *TOOLS),
-    "vit.engine": ("vit.search", *TOOLS),
+    "vit.runtime": ("vit.weights", "vit.data", "vit.config", "vit.records", "vit.tasks", "vit.search", *TOOLS),
+    "vit.data": (
+        "vit.models",
+        "vit.weights",
+        "vit.runtime",
+        "vit.config",
+        "vit.records",
+        "vit.tasks",
+        "vit.search",
+        *TOOLS,
+    ),
+    # the composed config: the registries of models and datasets declare its groups; nothing it does runs a model
+    "vit.config": ("vit.weights", "vit.runtime", "vit.records", "vit.tasks", "vit.search", *TOOLS),
+    # atomic files and provenance: a checkpoint that cannot be written raises the weights' error
+    "vit.records": ("vit.runtime", "vit.data", "vit.config", "vit.tasks", "vit.search", *TOOLS),
+    # what a run trains for, the model from its config, the evaluation pass, the figures
+    "vit.tasks": ("vit.search", *TOOLS),
     # Optuna's search: the sweeper launches the trainer's runs through Hydra, as the command line does, and the runs
     # report to it through vit/search/trial.py; neither imports the trainer
     "vit.search": TOOLS,
     "vit.train": ("vit.analysis", "vit.deploy", "vit.cli"),
-    # Reading a checkpoint, building a model or evaluating is the engine's: the tools never import the trainer (the
+    # Reading a checkpoint, building a model or evaluating is the tasks': the tools never import the trainer (the
     # end-to-end benchmark, lab/e2e_timing.py, measures a training run that its caller passes in).
     "vit.analysis": ("vit.train", "vit.cli"),
     "vit.deploy": ("vit.train", "vit.analysis", "vit.search", "vit.cli"),
@@ -115,7 +142,7 @@ def test_the_check_sees_imports_inside_functions(tmp_path):
 
 def test_no_layer_below_the_command_line_may_import_it():
     below = [layer for layer in ABOVE if layer != "vit.cli"]
-    assert set(below) >= {"vit.models", "vit.data", "vit.engine", "vit.train", "vit.deploy", "vit.analysis"}
+    assert set(below) >= {"vit.models", "vit.data", "vit.tasks", "vit.train", "vit.deploy", "vit.analysis"}
     assert all("vit.cli" in ABOVE[layer] for layer in below)
 
 

@@ -21,7 +21,7 @@ import yaml
 from omegaconf import OmegaConf
 from PIL import Image
 
-from vit.engine.compose import compose
+from vit.config.compose import compose
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = str(REPO / "configs")
@@ -60,7 +60,7 @@ def head_commit() -> str:
 
 
 def assert_provenance(source: dict, *command_words: str) -> None:
-    """A result's `provenance` (vit/engine/provenance.py): this checkout's commit, a command holding
+    """A result's `provenance` (vit/records/provenance.py): this checkout's commit, a command holding
     `command_words`, this machine's cores, the versions."""
     assert source["commit"] == head_commit() and isinstance(source["dirty"], bool)
     assert all(word in source["command"] for word in command_words), (source["command"], command_words)
@@ -74,7 +74,7 @@ def assert_measurement_record(record: dict, measurement: str, *command_words: st
 
 
 def compose_config(overrides: list[str]):
-    """The trainer's config with these overrides, as train.py composes it (vit/engine/compose.py's `compose`).
+    """The trainer's config with these overrides, as train.py composes it (vit/config/compose.py's `compose`).
 
     Through compose_onto_groups, a twentieth of Hydra's cost, where it applies; through Hydra where it does not or
     where a setting is refused, so a refusal is always Hydra's own (ConfigError with Hydra's first line)."""
@@ -454,14 +454,14 @@ def trainer_path_evaluation(
     checkpoint, *data_overrides: str, ema: bool = False, flip: bool = False, shift: int = 0
 ) -> dict:
     """The reference the evaluation tool is checked against: a checkpoint's weights through the trainer's own data
-    path (`vit.data.build_data` on the checkpoint's data config) and the engine's evaluation pass, with the split's
+    path (`vit.data.build_data` on the checkpoint's data config) and the tasks' evaluation pass, with the split's
     name and the per-class top-1 of the classes evaluated."""
     import torch
     from omegaconf import OmegaConf
 
     from vit.data import build_data
-    from vit.engine.build import build_model_from_config
-    from vit.engine.evaluation import evaluate
+    from vit.tasks.build import build_model_from_config
+    from vit.tasks.evaluation import evaluate
     from vit.weights.read import load_checkpoint
 
     state = load_checkpoint(checkpoint)

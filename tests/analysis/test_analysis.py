@@ -15,10 +15,10 @@ from vit.analysis import plots
 from vit.analysis.inputs import denormalise, image_paths, load_images, load_model
 from vit.analysis.pos_embed import position_similarity
 from vit.analysis.runs import knob_value, markdown_table, read_runs, summary_rows, swept_keys
-from vit.engine import figures
-from vit.engine.figures import attention_views, cls_attention, rollout, upsample
 from vit.errors import UsageError
 from vit.models import Attention, create_model, sinusoid_table
+from vit.tasks import figures
+from vit.tasks.figures import attention_views, cls_attention, rollout, upsample
 from vit.weights.read import CheckpointError
 
 MODEL_CFG = {
@@ -193,7 +193,7 @@ def test_sweep_figure_orders_numeric_knobs(split_sweep, tmp_path, monkeypatch):
 def test_a_run_built_from_a_timm_name_is_read_with_the_model_it_built(tmp_path):
     """Hydra's config.yaml keeps the model config a run was composed with (vit_tiny, 3 heads); a run from
     model.pretrained=timm:<name> wrote the model it built beside it, and that is what the run reads as."""
-    from vit.engine.build import BUILT_MODEL_FILE
+    from vit.tasks.build import BUILT_MODEL_FILE
 
     fake_run(tmp_path / "0", ["model.pretrained=timm:x"], {"name": "vit_tiny", "embed_dim": 192, "num_heads": 3}, {})
     built = {"name": "timm:vit_small_patch14_dinov2", "embed_dim": 384, "num_heads": 6}
@@ -312,7 +312,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_ablation_experiments_sweep_one_knob_on_a_short_cifar10_schedule(experiment, knob, values):
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from vit.engine.build import build_model_from_config
+    from vit.tasks.build import build_model_from_config
     from vit.train.config import validate
 
     raw = yaml.safe_load((REPO / "configs" / "experiment" / f"{experiment}.yaml").read_text())

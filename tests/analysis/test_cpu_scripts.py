@@ -1,7 +1,7 @@
 """The CPU measurement scripts run as documented on tiny inputs: the plain timm + torchvision reference loop (its
 budget, its run folder, plot_recipes reading it), the bf16 crossover table, the loader/thread settings, the
 optimizer step, the matmul peak and the memory of a step; each writes its measurement record (provenance and every
-round's values, vit/engine/provenance.py)."""
+round's values, vit/records/provenance.py)."""
 
 import json
 import statistics
@@ -200,9 +200,9 @@ def test_accuracy_map_counts_each_epochs_images_at_their_size(tmp_path):
     from omegaconf import OmegaConf
     from trainer_utils import QUICK, compose_config
 
-    from vit.engine.build import build_model_from_config
     from vit.errors import UsageError
     from vit.models.complexity import complexity
+    from vit.tasks.build import build_model_from_config
     from vit.train import run
 
     accuracy_map = load_script("accuracy_map")

@@ -1,11 +1,12 @@
-"""A measurement's record names its code, machine and versions (vit/engine/provenance.py)."""
+"""A measurement's record names its code, machine and versions (vit/records/provenance.py)."""
 
 import json
 import subprocess
 
 import pytest
+from records import measurement_record, write_record
 
-from vit.engine.provenance import cpu_facts, git_state, measurement_record, write_record
+from vit.records.provenance import cpu_facts, git_state
 
 CPUINFO = """processor\t: 0
 model name\t: AMD EPYC 9B14

@@ -11,7 +11,7 @@ from PIL import Image
 from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config, fake_run, load_script, run_cli
 
 from vit.cli.args import run_script
-from vit.engine.figures import rollout
+from vit.tasks.figures import rollout
 from vit.train import run
 
 
@@ -34,7 +34,7 @@ def t2t_checkpoint(tmp_path_factory):
     )
     from omegaconf import OmegaConf
 
-    from vit.engine.build import build_model_from_config
+    from vit.tasks.build import build_model_from_config
 
     model = build_model_from_config(cfg.model)
     path = tmp_path_factory.mktemp("t2t") / "t2t.pt"

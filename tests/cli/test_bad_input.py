@@ -13,15 +13,15 @@ from omegaconf import OmegaConf
 from trainer_utils import QUICK, QUICK_SYNTHETIC, REPO, compose_config, compose_onto_groups, run_cli
 
 from vit.cli.overrides import check_override_keys
+from vit.config.compose import compose
+from vit.config.value_types import model_kinds
 from vit.data.sources.registry import DATASETS
-from vit.engine.build import build_model_from_config
-from vit.engine.compose import compose
-from vit.engine.config_types import model_kinds
-from vit.engine.files import atomic_save
-from vit.engine.tasks import task_of
 from vit.errors import ConfigError
 from vit.models.registry import MODELS
+from vit.records.files import atomic_save
 from vit.settings import SETTINGS
+from vit.tasks import task_of
+from vit.tasks.build import build_model_from_config
 from vit.train import run
 from vit.train.config import validate
 from vit.train.step_parts import NonFiniteLossError, weights_finite
@@ -547,7 +547,7 @@ def test_a_full_disk_during_a_checkpoint_write_keeps_the_previous_one(tmp_path, 
         handle.write(b"PK\x03\x04 half a checkpoint")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr("vit.engine.files.torch.save", save_until_full)
+    monkeypatch.setattr("vit.records.files.torch.save", save_until_full)
     with pytest.raises(CheckpointError) as err:
         run(compose_config([*QUICK, "trainer.epochs=3"]), output_dir=tmp_path)
     message = str(err.value)
@@ -607,9 +607,9 @@ def test_every_os_error_while_saving_names_path_and_reason_and_keeps_the_old_fil
         raise failure
 
     monkeypatch.setattr("builtins.open", failing_open)
-    monkeypatch.setattr("vit.engine.files.torch.save", failing_save)
+    monkeypatch.setattr("vit.records.files.torch.save", failing_save)
     if where == "rename":
-        monkeypatch.setattr("vit.engine.files.os.replace", failing_replace)
+        monkeypatch.setattr("vit.records.files.os.replace", failing_replace)
     with pytest.raises(CheckpointError) as err:
         atomic_save({"model": {"w": torch.zeros(2)}, "epoch": 2}, path)
     monkeypatch.undo()

@@ -10,9 +10,9 @@ import vit.train
 from vit.cli.overrides import check_group_choices
 from vit.cli.train import train_task
 from vit.data import DataError
-from vit.engine.build import build_model_from_config
 from vit.errors import ConfigError
 from vit.models import Attention
+from vit.tasks.build import build_model_from_config
 from vit.train.config import validate
 from vit.weights.read import CheckpointError
 
@@ -108,7 +108,7 @@ def test_unknown_group_choice_exits_2_naming_the_options(capsys):
 
 def test_help_lists_only_the_groups_a_command_chooses_from(tmp_path):
     """`--help`'s groups are the ones a command line chooses from; the groups inside them (the settings' declared
-    defaults stored by vit/engine/compose.py's register_configs as optim/schema, data/schema, model/registry, ...;
+    defaults stored by vit/config/compose.py's register_configs as optim/schema, data/schema, model/registry, ...;
     configs/model/shared/) are what those configs are built from."""
     done = run_cli(["--help"], cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr

@@ -23,7 +23,7 @@ from PIL import Image
 from trainer_utils import QUICK_SYNTHETIC, REPO, TINY_MODEL, compose_config, make_tree
 
 from vit.cli.train import train_task
-from vit.engine.build import build_model_from_config
+from vit.tasks.build import build_model_from_config
 
 run_module = importlib.import_module("vit.train.run")
 

@@ -24,7 +24,7 @@ def run_folder(tmp_path_factory):
     from omegaconf import OmegaConf
     from trainer_utils import compose_config
 
-    from vit.engine.build import build_model_from_config
+    from vit.tasks.build import build_model_from_config
 
     cfg = compose_config(["data=synthetic", "model.embed_dim=32", "model.depth=2", "model.num_heads=2"])
     config = OmegaConf.to_container(cfg, resolve=True)

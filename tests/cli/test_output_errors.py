@@ -14,7 +14,7 @@ from tensorboard.compat.tensorflow_stub.io.gfile import LocalFileSystem
 from trainer_utils import QUICK, TINY_MODEL, compose_config, run_cli
 
 from vit.cli.overrides import check_output_dir
-from vit.engine.files import OutputError, atomic_write_text
+from vit.records.files import OutputError, atomic_write_text
 from vit.train import run
 from vit.train.report import TensorBoard
 from vit.weights.read import CheckpointError, load_checkpoint
@@ -265,7 +265,7 @@ def test_an_unwritable_run_directory_is_named(tmp_path, monkeypatch, capsys, cod
     def refused(*args, **kwargs):
         raise OSError(code, os.strerror(code))
 
-    monkeypatch.setattr("vit.engine.files.tempfile.TemporaryFile", refused)
+    monkeypatch.setattr("vit.records.files.tempfile.TemporaryFile", refused)
     with pytest.raises(SystemExit) as exit_info:
         check_output_dir([f"hydra.run.dir={tmp_path / 'new' / 'run'}"])
     assert exit_info.value.code == 2

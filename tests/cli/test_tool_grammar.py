@@ -1,6 +1,6 @@
 """Every tool reads its arguments in the grammar train.py reads its overrides (Hydra's override grammar,
 vit/cli/args.py): quoted values, null, lists, `~key`; `model.<key>`/`data.<key>` at any depth with `+`, `++` and `~`
-meaning what they mean in train.py (vit/engine/compose.py's apply_edits on a checkpoint's own config); a
+meaning what they mean in train.py (vit/config/compose.py's apply_edits on a checkpoint's own config); a
 comma-separated value is a list only for a key that takes several, as a sweep is each of its values. Every refusal
 is one line naming the argument, exit code 2."""
 
@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from test_key_value_tools import run_folder, tool  # noqa: F401 (the shared fixture)
 
 from vit.cli.args import parse_args, run_script
-from vit.engine.compose import apply_edits, as_kwargs
+from vit.config.compose import apply_edits, as_kwargs
 
 KNOWN = {"out": None, "flip": "false", "json": "x.json", "shift": "2", "checkpoints": None}
 

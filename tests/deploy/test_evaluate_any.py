@@ -30,9 +30,9 @@ from trainer_utils import (
 from vit.cli.evaluate import cli
 from vit.data.augment.transforms import val_transform
 from vit.data.images import read_rgb
-from vit.engine.build import build_model_from_config
 from vit.models import create_model
 from vit.models.registry import official_qk_scale
+from vit.tasks.build import build_model_from_config
 
 TIMM_NAME = "vit_tiny_patch16_224.augreg_in21k_ft_in1k"  # bicubic, crop_pct 0.9, mean = std = 0.5
 ARCHIVE = os.environ.get("VIT_CIFAR10_ARCHIVE")

@@ -22,8 +22,8 @@ from vit.data.images import read_rgb
 from vit.data.sources.registry import mean_std
 from vit.deploy.preprocessing import from_data_config
 from vit.deploy.runtime import OnnxClassifier, preprocess
-from vit.engine.build import build_model_from_config
 from vit.models import capture_attention
+from vit.tasks.build import build_model_from_config
 
 export_script = load_script("export")
 predict_script = load_script("predict")

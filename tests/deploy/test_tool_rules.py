@@ -71,7 +71,7 @@ def ours(tmp_path_factory):
     from PIL import Image
     from trainer_utils import compose_config, noise_image
 
-    from vit.engine.build import build_model_from_config
+    from vit.tasks.build import build_model_from_config
 
     cfg = compose_config(["data=synthetic", "model.embed_dim=32", "model.depth=2", "model.num_heads=2"])
     cfg.data.synthetic.num_val = 24
@@ -125,7 +125,7 @@ def model_of(checkpoint, key: str):
     """The checkpoint's model with its `key` weights ("model": raw, "ema"), fp32, eval mode."""
     from omegaconf import OmegaConf
 
-    from vit.engine.build import build_model_from_config
+    from vit.tasks.build import build_model_from_config
 
     state = torch.load(checkpoint, weights_only=True)
     model = build_model_from_config(OmegaConf.create(state["config"]["model"]), num_classes=10)

@@ -24,7 +24,7 @@ from trainer_utils import (
 )
 
 from vit.cli.evaluate import cli as evaluate_main
-from vit.engine.build import build_model_from_config
+from vit.tasks.build import build_model_from_config
 from vit.train import run
 from vit.train.optimizer import build_optimizer, build_scheduler, param_groups, scaled_lr
 from vit.train.step_parts import count_skipped_steps
@@ -72,7 +72,7 @@ def test_cli_run_directory_layout(cli_run):
     assert load_checkpoint(run_dir / "checkpoints" / "best.pt")["epoch"] == best["epoch"]
     assert "epoch 2/2" in done.stdout  # plain log lines when not on a terminal
     assert f"run folder: {run_dir.resolve()}" in done.stdout.splitlines()[0]  # the first line says where it writes
-    # Where the run came from: this checkout's commit, the command, this machine (vit/engine/provenance.py).
+    # Where the run came from: this checkout's commit, the command, this machine (vit/records/provenance.py).
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     source = metrics["provenance"]
     assert source["commit"] == head and source["command"].split()[0].endswith("train.py")
@@ -224,7 +224,7 @@ def test_lr_per_512_images_scaled_warmup_then_cosine_per_step():
 
 
 def test_flip_evaluation_averages_the_probabilities_of_image_and_mirror():
-    from vit.engine.evaluation import evaluate
+    from vit.tasks.evaluation import evaluate
 
     gen = torch.Generator().manual_seed(0)
     images, targets = torch.randn(32, 3, 4, 4, generator=gen), torch.randint(0, 5, (32,), generator=gen)
@@ -242,7 +242,7 @@ def test_flip_evaluation_averages_the_probabilities_of_image_and_mirror():
 def test_shifted_crop_evaluation_weighs_the_image_and_its_two_shifts_and_their_mirrors():
     """trainer.eval_shift=2 with eval_flip: 1/4 on the image and on its mirror, 1/8 on each of the image moved 2 px
     down-right and up-left (zero-filled) and on their mirrors; the shifts built here by slicing a padded copy."""
-    from vit.engine.evaluation import evaluate, tta_views
+    from vit.tasks.evaluation import evaluate, tta_views
 
     gen = torch.Generator().manual_seed(0)
     images, targets = torch.randn(32, 3, 6, 6, generator=gen), torch.randint(0, 5, (32,), generator=gen)

@@ -15,7 +15,7 @@ from trainer_utils import REPO
 
 def test_the_wheel_lists_every_package_of_the_checkout():
     """pyproject.toml names the packages the wheel carries; a package missing there installs nothing of it, and only
-    the slow wheel test below would notice (it did: vit.engine.tasks)."""
+    the slow wheel test below would notice (it did: vit.tasks)."""
     listed = set(tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {
         ".".join(init.parent.relative_to(REPO).parts)
@@ -46,7 +46,7 @@ def test_the_wheel_installs_trains_and_evaluates_outside_the_checkout(tmp_path):
     configs = {f"vit/configs/{p.relative_to(REPO / 'configs').as_posix()}" for p in (REPO / "configs").rglob("*.yaml")}
     assert sorted(configs - set(names)) == []
     assert "vit/__init__.py" in names and "hydra_plugins/vit_sweeper/__init__.py" in names
-    # the groups' defaults are stored by vit/engine/compose.py's register_configs; the plugin folder holds the sweeper
+    # the groups' defaults are stored by vit/config/compose.py's register_configs; the plugin folder holds the sweeper
     assert {n.split("/")[1] for n in names if n.startswith("hydra_plugins/")} == {"vit_sweeper"}
     assert "vit/settings/trainer.py" in names
     for module in ("vit/weights/read.py", "vit/data/sources/registry.py", "vit/data/augment/policies.py",

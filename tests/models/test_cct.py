@@ -9,10 +9,10 @@ import torch
 from torch import nn
 from trainer_utils import compose_config
 
-from vit.engine.build import build_model_from_config
 from vit.errors import ConfigError
 from vit.models import create_model
 from vit.models.patch_embed import ConvPoolEmbed
+from vit.tasks.build import build_model_from_config
 from vit.train.optimizer import build_optimizer
 
 

@@ -28,9 +28,9 @@ from trainer_utils import (
 
 from vit.cli.args import run_script
 from vit.deploy.export import run_onnx, write_onnx
-from vit.engine.build import build_model_from_config
 from vit.models.foundation import timm_architecture
 from vit.models.vit import VisionTransformer, ViTConfig
+from vit.tasks.build import build_model_from_config
 from vit.train.finetune import load_pretrained_weights, read_pretrained
 from vit.weights.read import load_pretrained, read_weights
 from vit.weights.timm_names import timm_keys_to_ours
@@ -177,7 +177,7 @@ def test_full_depth_through_the_config_path_with_a_kept_override(tmp_path):
 
 def test_an_architecture_setting_given_on_top_is_named_in_one_line(caplog):
     cfg = compose_config(["model=vit_small", "model.embed_dim=192", "model.pretrained=timm:deit3_small_patch16_224"])
-    with caplog.at_level(logging.INFO, logger="vit.engine.build"):
+    with caplog.at_level(logging.INFO, logger="vit.tasks.build"):
         model = build_model_from_config(cfg.model, num_classes=3)
     assert model.embed_dim == 384 and model.no_embed_class  # timm's architecture
     ignored = [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()]
@@ -186,7 +186,7 @@ def test_an_architecture_setting_given_on_top_is_named_in_one_line(caplog):
         "(timm's: 384)"
     ]
     caplog.clear()  # the registry's own values (vit_tiny's 192 wide, 3 heads) are no choice: nothing to say
-    with caplog.at_level(logging.INFO, logger="vit.engine.build"):
+    with caplog.at_level(logging.INFO, logger="vit.tasks.build"):
         build_model_from_config(compose_config(["model.pretrained=timm:deit3_small_patch16_224"]).model, 3)
     assert not [r for r in caplog.records if "ignored" in r.getMessage()]
 

@@ -12,11 +12,11 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from trainer_utils import compose_config
 
-from vit.engine.build import build_model_from_config
 from vit.errors import ConfigError
 from vit.models import Attention, LocalitySelfAttention, capture_attention, complexity, create_model
 from vit.models.patch_embed import PatchEmbed, ShiftedPatchEmbed
 from vit.models.vit import VisionTransformer, ViTConfig
+from vit.tasks.build import build_model_from_config
 
 # ---------------------------------------------------------------- Shifted Patch Tokenization
 

@@ -23,9 +23,9 @@ from trainer_utils import (
 )
 
 from vit.cli.args import run_script
-from vit.engine.build import build_model_from_config
 from vit.errors import ConfigError
 from vit.models import create_model
+from vit.tasks.build import build_model_from_config
 from vit.train import run
 from vit.weights.read import load_checkpoint, load_pretrained
 from vit.weights.timm_names import timm_keys_to_ours
@@ -402,8 +402,8 @@ def test_attention_figures_hide_the_registers_and_say_their_share(tmp_path, caps
     is the cls row's attention on them, a model without a cls token reads the image tokens' mean row."""
     from PIL import Image
 
-    from vit.engine.figures import attention_views
     from vit.models import capture_attention
+    from vit.tasks.figures import attention_views
 
     script = load_script("plot_registers")
     paths = []

@@ -8,14 +8,14 @@ import pytest
 from omegaconf import OmegaConf
 from trainer_utils import compose_config
 
+from vit.config.value_types import check_types
 from vit.data.sources.registry import DATASETS, data_defaults
-from vit.engine.config_types import check_types
-from vit.engine.tasks import TASKS, task_of
 from vit.errors import ConfigError
 from vit.search.trial import METRICS, optimized_metric
 from vit.settings import SETTINGS, RunSettings, TrainerSettings
 from vit.settings.run import Metric
 from vit.settings.schema import Settings, knob
+from vit.tasks import TASKS, task_of
 
 
 @dataclass(frozen=True)

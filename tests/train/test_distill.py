@@ -27,9 +27,9 @@ from trainer_utils import (
     run_cli,
 )
 
-from vit.engine.build import build_model_from_config
 from vit.errors import ConfigError
 from vit.models import create_model
+from vit.tasks.build import build_model_from_config
 from vit.train import run
 from vit.train.config import validate
 from vit.train.distill import Distiller, TeacherView, load_teacher

@@ -27,9 +27,9 @@ from trainer_utils import (
     train_exit_line,
 )
 
-from vit.engine.build import build_model_from_config
 from vit.errors import ConfigError
 from vit.models import create_model, sinusoid_table
+from vit.tasks.build import build_model_from_config
 from vit.train import run
 from vit.train.config import validate
 from vit.train.finetune import read_pretrained

@@ -233,8 +233,8 @@ def test_muon_recomputed_blocks_figures_and_uneven_evaluation_under_fsdp(tmp_pat
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from vit.data.loading.build import build_data
-    from vit.engine.build import build_model_from_config
-    from vit.engine.evaluation import evaluate
+    from vit.tasks.build import build_model_from_config
+    from vit.tasks.evaluation import evaluate
 
     args = [*COMMON, "trainer.strategy=fsdp", "optim=muon", "trainer.grad_checkpointing=true", "trainer.epochs=1"]
     args += ["data.synthetic.num_val=61", "data.batch_size=10", "trainer.eval_flip=true"]

@@ -8,8 +8,8 @@ import pytest
 import torch
 from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, compose_config, load_script, run_cli
 
-from vit.engine.build import build_model_from_config
 from vit.errors import ConfigError
+from vit.tasks.build import build_model_from_config
 from vit.train import run, validate
 from vit.train.averaging import average_checkpoints
 from vit.train.finetune import read_pretrained

@@ -24,8 +24,8 @@ from trainer_utils import (
 
 from vit.data.errors import DataError
 from vit.data.sources.registry import build_splits
-from vit.engine.build import build_mae_from_config
 from vit.errors import ConfigError
+from vit.tasks.build import build_mae_from_config
 from vit.train import run
 from vit.train.config import validate
 from vit.train.report import reconstruction_image
@@ -64,7 +64,7 @@ def test_the_hydra_task_returns_the_runs_score(task, expected, monkeypatch):
 def test_the_validation_loss_uses_the_same_masks_every_time(tmp_path):
     """Evaluating the same weights twice gives the same loss: the masks are fixed, not drawn anew."""
     from vit.data import build_data
-    from vit.engine.evaluation import evaluate_reconstruction
+    from vit.tasks.evaluation import evaluate_reconstruction
 
     cfg = compose_config(MAE)
     model = build_mae_from_config(cfg.model, cfg.mae)

@@ -9,7 +9,7 @@ import torch
 from timm.optim import Muon
 from trainer_utils import compose_config
 
-from vit.engine.build import build_model_from_config
+from vit.tasks.build import build_model_from_config
 from vit.train.muon import BatchedMuon, native_ns_dtype
 from vit.train.optimizer import build_optimizer
 

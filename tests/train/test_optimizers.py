@@ -19,8 +19,8 @@ from trainer_utils import (
 
 from vit.cli.evaluate import cli as evaluate_main
 from vit.cli.train import train_task
-from vit.engine.build import build_model_from_config
 from vit.errors import ConfigError
+from vit.tasks.build import build_model_from_config
 from vit.train import run
 from vit.train.config import validate
 from vit.train.optimizer import (

@@ -7,7 +7,7 @@ import pytest
 import torch
 from trainer_utils import FP32, QUICK_SYNTHETIC, TINY_MODEL, compose_config
 
-from vit.engine.files import atomic_save
+from vit.records.files import atomic_save
 from vit.train import run
 from vit.weights.read import CheckpointError, load_checkpoint
 

@@ -370,7 +370,7 @@ def test_every_setting_of_the_budgeted_cpu_search_builds(tmp_path):
 
     import yaml
 
-    from vit.engine.build import build_model_from_config
+    from vit.tasks.build import build_model_from_config
     from vit.train.config import validate
 
     raw = yaml.safe_load((REPO / "configs" / "hparams_search" / "cifar10_cpu_budget.yaml").read_text())

@@ -1,4 +1,4 @@
-"""The tasks (vit/engine/tasks/): the config picks one, each owns its loss, evaluation and score, and nothing
+"""The tasks (vit/tasks/): the config picks one, each owns its loss, evaluation and score, and nothing
 outside the task modules asks which task a run is."""
 
 import re
@@ -9,8 +9,8 @@ import torch
 from torch import nn
 from trainer_utils import compose_config
 
-from vit.engine.tasks import TASKS, task_of
-from vit.engine.tasks.classify import Distill
+from vit.tasks import TASKS, task_of
+from vit.tasks.classify import Distill
 
 VIT = Path(__file__).resolve().parents[2] / "vit"
 

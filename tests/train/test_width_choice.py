@@ -11,9 +11,9 @@ import pytest
 import torch
 from trainer_utils import QUICK, compose_config, make_tree, run_cli
 
-from vit.engine.build import BUILT_MODEL_FILE, built_config_file
 from vit.errors import ConfigError
 from vit.runtime import device
+from vit.tasks.build import BUILT_MODEL_FILE, built_config_file
 from vit.train import run, width_choice
 from vit.train.config import validate
 from vit.train.progressive import ResizeSchedule

@@ -17,7 +17,7 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".ti
 def load_model(checkpoint: str | Path, use_ema: bool = False) -> tuple[nn.Module, dict, dict[str, int]]:
     """Model (eval mode, fp32), resolved config and class map of a trainer checkpoint; of a task=mae run, its
     masked autoencoder (vit/models/mae.py). `use_ema`: its EMA weights, which it must hold."""
-    from vit.engine.tasks import task_of
+    from vit.tasks import task_of
     from vit.weights.fit import PretrainedError
     from vit.weights.read import CheckpointError, read_weights
 

@@ -1,5 +1,5 @@
 """Figures of the analysis scripts, written as small PNGs (matplotlib, Agg backend). The trainer's own figures
-(attention grid, confusion matrix) and `save` are in vit/engine/figures.py."""
+(attention grid, confusion matrix) and `save` are in vit/tasks/figures.py."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from vit.engine.figures import save  # noqa: E402
+from vit.tasks.figures import save  # noqa: E402
 
 
 def sweep_figure(records, knobs: list[str], path: Path) -> Path:

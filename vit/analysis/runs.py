@@ -57,7 +57,7 @@ class RunRecord:
     @property
     def final_recon_loss(self) -> float | None:
         """A pretraining run (task=mae) has no top-1: its validation reconstruction loss (its task's score)."""
-        from vit.engine.tasks import TASKS
+        from vit.tasks import TASKS
 
         task = TASKS.get(self.metrics.get("task") or "classify")
         return None if task is None or task.classifier else (self.metrics.get("final") or {}).get(task.score)
@@ -105,7 +105,7 @@ def run_config(run_dir: Path) -> dict:
     """The run's resolved config as it trained: a group the run changed after Hydra composed it (the model of
     model.pretrained=timm:<name> or of a picked width, the groups a long run's overrides set) was written beside
     Hydra's composed config (`built_config_file`), which keeps the config it started from."""
-    from vit.engine.build import built_config_file
+    from vit.tasks.build import built_config_file
 
     config = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
     for group in list(config):

@@ -12,7 +12,7 @@
   it takes several; `keys_help` lists a command's keys for its --help.
 - `run_script`: `--help`/`-h` prints the tool's usage (its module docstring, then its keys) and exits 0; bad input
   is one line on stderr and exit code 2, a failed check one line and exit code 1 (vit/cli/__init__.py).
-- `script_command`: the command line a measurement's record names (vit/engine/provenance.py).
+- `script_command`: the command line a measurement's record names (vit/records/provenance.py).
 
 A command is then a docstring with a `usage:` line and an example, a `KEYS` table, a `main(argv)` and
 `sys.exit(run_script(main, usage=__doc__, keys=keys_help(KEYS)))`; a script in lab/ or scripts/ may pass a plain
@@ -24,9 +24,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
-from vit.engine.compose import Edit, as_kwargs, edit_of
+from vit.config.compose import Edit, as_kwargs, edit_of
 from vit.errors import CheckFailed, UsageError, UserError, one_line
 
 HELP_FLAGS = ("-h", "--help")
@@ -272,15 +271,6 @@ def refuse_positional(argv: list[str], form: Callable[[list[str]], str]) -> None
     if bare and not bare[0].startswith("-"):  # an option (--samples-per-shard) is parse_args' to name
         paths = [arg for arg in bare if not arg.startswith("-")]
         raise UsageError(f"argument {paths[0]!r} must look like key=value: write {form(paths)}")
-
-
-def script_command(script: str, argv: list[str] | None) -> list[str]:
-    """The command a script's measurement record names: the process's own command line where `main` was given it
-    (`argv` None, or sys.argv's arguments), else `<folder>/<name>.py` (lab/benchmark.py) and the
-    arguments `main` was called with (a test calling `main` in its process)."""
-    if argv is None or (Path(sys.argv[0]).name == Path(script).name and sys.argv[1:] == list(argv)):
-        return list(sys.argv)
-    return [f"{Path(script).resolve().parent.name}/{Path(script).name}", *argv]
 
 
 def wants_help(argv: list[str]) -> bool:

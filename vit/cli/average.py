@@ -27,8 +27,8 @@ from pathlib import Path
 
 from vit.cli.args import Key, keys_help, parse_args, refuse_positional, run_script
 from vit.deploy.loaded_model import ema_option, with_ema_rule
-from vit.engine.files import atomic_save
 from vit.errors import UsageError
+from vit.records.files import atomic_save
 from vit.train.averaging import average_checkpoints
 from vit.train.checkpoints import EPOCH_FILE
 from vit.weights.sharded import is_sharded_checkpoint

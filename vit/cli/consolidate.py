@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 
 from vit.cli.args import Key, keys_help, parse_args, refuse_positional, run_script
-from vit.engine.files import atomic_save
 from vit.errors import UsageError
+from vit.records.files import atomic_save
 from vit.weights.read import load_checkpoint
 from vit.weights.sharded import is_sharded_checkpoint
 

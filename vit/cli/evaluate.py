@@ -200,8 +200,8 @@ def own_shapes(options, model: nn.Module, flip: bool, shift: int) -> tuple[int, 
 
 def evaluate_weights(argv: list[str]) -> dict:
     from vit.data.sources.registry import build_splits
-    from vit.engine.evaluation import evaluate
     from vit.runtime.device import announce, choose_precision, resolve_device
+    from vit.tasks.evaluation import evaluate
 
     options = parse_args(argv, KEYS, model_keys=True, data_keys=True)
     weights, pre, data_cfg = resolve(options)
@@ -258,7 +258,7 @@ def evaluate_weights(argv: list[str]) -> dict:
     if weights.config is not None:
         result["checkpoint"] = weights.source
     if options.get("confusion"):
-        from vit.engine.figures import confusion_matrix_figure
+        from vit.tasks.figures import confusion_matrix_figure
 
         confusion_matrix_figure(confusion.numpy(), data_classes, Path(options.get("confusion")))
         result["confusion_png"] = options.get("confusion")

@@ -2,7 +2,7 @@
 group choices, the keys (with the nearest existing one for a misspelt key) and the output folder. Every bad setting
 is one line on stderr and exit code 2, as the trainer's own errors are (vit/cli/train.py says why Hydra cannot do
 this itself). The overrides are read with Hydra's public override grammar (OverridesParser) and the config composed
-with its compose API (vit/engine/compose.py)."""
+with its compose API (vit/config/compose.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import NoReturn
 
-from vit.engine.compose import CONFIG_DIR, compose
+from vit.config.compose import CONFIG_DIR, compose
 from vit.errors import ConfigError, UserError, exit_with
 
 
@@ -264,7 +264,7 @@ def check_output_dir(args: list[str]) -> None:
     to its first `${`. Nothing is created (`--cfg` prints the config and writes nothing)."""
     from omegaconf import OmegaConf
 
-    from vit.engine.files import OutputError, check_run_dir
+    from vit.records.files import OutputError, check_run_dir
 
     command_line = parse_command_line(args)
     if command_line is None or command_line[0].cfg:

@@ -30,7 +30,7 @@ from vit.cli.overrides import (
     override_keys,
     without_null_groups,
 )
-from vit.engine.compose import CONFIG_DIR, compose, register_configs
+from vit.config.compose import CONFIG_DIR, compose, register_configs
 from vit.errors import ConfigError, UserError, exit_with
 
 
@@ -238,7 +238,7 @@ def user_config_groups() -> str:
     options, one line each as Hydra writes them: the groups a command line chooses from, the folders of configs/
     and their YAML files. Hydra's own list ($APP_CONFIG_GROUPS) also holds every group inside another, which no
     command chooses: the settings' declared defaults and the models' (optim/schema, data/schema, model/registry:
-    vit/engine/compose.py's register_configs) and the pieces the model configs are built from (model/shared). Read
+    vit/config/compose.py's register_configs) and the pieces the model configs are built from (model/shared). Read
     from the folders, not through Hydra's config loader, which copies every stored config once per group it is
     asked about (seconds)."""
     groups = sorted(p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and p.name != "hydra")

@@ -94,7 +94,7 @@ def default_output(weights_path: str | Path, fmt: str) -> Path:
 
 def check_writable(path: Path) -> None:
     """The folder of `path` exists (or can be made) and takes a file; else ExportError naming the path."""
-    from vit.engine.files import write_error_reason
+    from vit.records.files import write_error_reason
 
     folder = path.parent
     try:
@@ -309,7 +309,7 @@ def write_checked(
             )
         os.replace(tmp, path)
     except OSError as err:
-        from vit.engine.files import write_error_reason
+        from vit.records.files import write_error_reason
 
         raise ExportError(f"cannot write the export to {str(path)!r}: {write_error_reason(err, path.parent)}") from err
     finally:

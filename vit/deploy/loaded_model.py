@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from torch import nn
 
 from vit import CONFIG_DIR
+from vit.config.compose import Edit, apply_edits, as_kwargs
 from vit.deploy.preprocessing import Preprocessing, from_data_config, from_timm
-from vit.engine.compose import Edit, apply_edits, as_kwargs
 from vit.errors import UsageError, UserError
 from vit.weights.fit import PretrainedError, Weights
 from vit.weights.read import NoEmaError, read_weights, source_forms, source_kind, source_name
@@ -148,7 +148,7 @@ def model_from_config(config: dict, state_dict: dict, num_classes: int | None, e
     that keep the weights (model.attn_backend=math, model.img_size for another resolution)."""
     from omegaconf import OmegaConf
 
-    from vit.engine.build import build_model_from_config
+    from vit.tasks.build import build_model_from_config
 
     model_cfg = OmegaConf.create(config["model"])
     OmegaConf.set_struct(model_cfg, True)
@@ -212,8 +212,8 @@ def built_model(
     file: str | None,
 ) -> LoadedModel:
     """`build_model`'s model, by the kind of weights."""
-    from vit.engine.tasks import task_of
     from vit.models import create_model, list_models
+    from vit.tasks import task_of
     from vit.weights.read import load_pretrained
 
     if found.config is not None and not task_of(found.config).classifier:
@@ -265,8 +265,8 @@ def timm_named_model(
     """The model of `model.pretrained=timm:<name>` as training builds it: timm's architecture for `<name>` with the
     kept overrides on top (an architecture setting given beside it is named in one line), the weights' class count,
     and `img_size` (else timm's); `model=<name>` is optional and only says which settings were given."""
-    from vit.engine.build import build_model_from_config, model_label
     from vit.models import list_models
+    from vit.tasks.build import build_model_from_config, model_label
     from vit.weights.read import load_pretrained
 
     head = found.state_dict.get("head.weight")
@@ -294,7 +294,7 @@ DATA_CONFIGS_DIR = CONFIG_DIR / "data"
 
 def compose_data_config(name: str, edits: Sequence[Edit]):
     """configs/data/<name>.yaml composed with the `data.<key>` arguments, by Hydra."""
-    from vit.engine.compose import compose
+    from vit.config.compose import compose
     from vit.errors import ConfigError
 
     known = sorted(p.stem for p in DATA_CONFIGS_DIR.glob("*.yaml"))

@@ -1,3 +1,3 @@
 """Where and how the computation runs: the device and the precision (`device.py`), the torchrun process group
 (`distributed.py`), FSDP2's sharded units (`sharding.py`) and the compiled blocks (`compile.py`). Above the models
-(it names their blocks), below the engine, the trainer and the tools that run them."""
+(it names their blocks), below the tasks, the trainer and the tools that run them."""

@@ -16,10 +16,10 @@ import typing
 
 from omegaconf import DictConfig
 
-from vit.engine.tasks import task_of
 from vit.errors import ConfigError
 from vit.settings import RunSettings
 from vit.settings.run import Metric
+from vit.tasks import task_of
 
 log = logging.getLogger("vit.train")
 

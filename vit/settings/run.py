@@ -20,7 +20,7 @@ class RunSettings(Settings):
     group: ClassVar[str] = ""  # the root of the config
 
     # classify (the data's labels; a teacher or a distillation token makes it distillation) | mae (masked-autoencoder
-    # pretraining, no labels: docs/MAE.md); vit/engine/tasks/ holds one Task per kind
+    # pretraining, no labels: docs/MAE.md); vit/tasks/ holds one Task per kind
     task: Literal["classify", "mae"] = knob("classify")
     # null: the task's own score (val_top1; val_loss with task=mae, which has no top-1). A search maximises or
     # minimises it as its name says.

@@ -10,7 +10,7 @@ A group's settings are a frozen dataclass whose fields are declared with `knob`:
 
 From that one declaration come
 - the defaults Hydra composes (`Settings.defaults()`, stored as `<group>/schema/defaults`, and a dataset's as
-  `data/schema/<name>`, by vit/engine/compose.py's register_configs; the group's YAML files start from it and list
+  `data/schema/<name>`, by vit/config/compose.py's register_configs; the group's YAML files start from it and list
   only what they choose);
 - the type and range checks of the composed config (`Settings.check(node)`): one line naming the key and value,
   `config error: sched.warmup_epochs=-1 must be >= 0`, before any data is read;

@@ -1,6 +1,6 @@
 """The run's checkpoints: what they hold, what is written when, and how a resumed run takes up where one stopped.
 
-A checkpoint is a dict of tensors and plain containers, written atomically (vit/engine/files.py) and read with
+A checkpoint is a dict of tensors and plain containers, written atomically (vit/records/files.py) and read with
 `weights_only=True` (vit/weights/read.py):
     model, optimizer, scheduler, scaler, ema: state dicts (ema/scaler may be None)
     rng: torch/CUDA/numpy/python generator states
@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vit.engine.files import atomic_save
+from vit.records.files import atomic_save
 from vit.runtime.sharding import is_sharded
 from vit.train.sharded import remove_unnamed, resume_sharded, save_sharded
 from vit.train.step_parts import StepParts, StepState

@@ -7,16 +7,16 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from vit.config.value_types import check_types
 from vit.data.augment.spec import augment_settings
 from vit.data.errors import DataError
 from vit.data.loading.build import LOADERS, RENAMED_LOADERS
 from vit.data.sources.archive import is_archive
 from vit.data.sources.registry import DATASETS
 from vit.data.sources.splits import parse_holdout
-from vit.engine.config_types import check_types
-from vit.engine.tasks import task_of
 from vit.errors import ConfigError, require
 from vit.runtime.device import resolve_device
+from vit.tasks import task_of
 from vit.train.finetune import FREEZE_MODES
 from vit.train.long_overrides import LONG_KEY, apply_long_overrides
 from vit.weights.read import names_a_source, source_kind
@@ -84,7 +84,7 @@ def check_data(cfg: DictConfig) -> None:
 
 
 def check_task(cfg: DictConfig) -> None:
-    """The task's own checks (vit/engine/tasks/; `task`'s choices are checked with the types): settings that act on
+    """The task's own checks (vit/tasks/; `task`'s choices are checked with the types): settings that act on
     labels or a head are refused by name with task=mae rather than ignored, mae.* settings without it."""
     task_of(cfg).check(cfg)
 
@@ -124,7 +124,7 @@ def check_optim(optim: DictConfig) -> None:
             key not in FACTORY_KEYS,
             f"optim.kwargs.{key} is timm's parameter grouping, which the trainer does itself (vit/train/optimizer.py)",
         )
-    # The shared keys' types and ranges: vit/settings/optim.py (checked with the types, vit/engine/config_types.py).
+    # The shared keys' types and ranges: vit/settings/optim.py (checked with the types, vit/config/value_types.py).
 
 
 def check_sched(sched: DictConfig, optim: DictConfig) -> None:

@@ -24,12 +24,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vit.engine.build import build_model_from_config
 from vit.errors import ConfigError
 from vit.models.vit import VisionTransformer, ViTConfig
 from vit.runtime.compile import eager
 from vit.runtime.device import autocast_to
 from vit.settings import DistillSettings
+from vit.tasks.build import build_model_from_config
 from vit.train.checkpoints import class_difference
 from vit.weights.fit import PretrainedError, Weights, describe_mismatch
 from vit.weights.read import CheckpointError, read_weights

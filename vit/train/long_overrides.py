@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from vit.engine.compose import Edit, apply_edits, edit_of
+from vit.config.compose import Edit, apply_edits, edit_of
 from vit.errors import ConfigError, UsageError
 
 LONG_KEY = "trainer.width_by_budget.long_overrides"

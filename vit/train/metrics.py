@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from vit.engine.build import architecture
 from vit.settings import RunSettings
+from vit.tasks.build import architecture
 
 
 def epoch_record(epoch: int, step: int, train: dict, val: dict | None, val_ema: dict | None, elapsed_s: float) -> dict:

@@ -22,8 +22,8 @@ import torch
 from PIL import Image
 from torch.utils.tensorboard import SummaryWriter
 
-from vit.engine.files import OutputError, free_space, write_error_reason
 from vit.progress import redirect_logging_to_tqdm
+from vit.records.files import OutputError, free_space, write_error_reason
 from vit.runtime.compile import eager
 from vit.runtime.sharding import reshard
 
@@ -303,10 +303,10 @@ def reconstruction_image(
     model: torch.nn.Module, images: torch.Tensor, mean: Sequence[float], std: Sequence[float]
 ) -> torch.Tensor:
     """task=mae: one row per image of original | masked | reconstruction, as a (3, height, width) uint8 tensor
-    for `add_image` (vit/engine/figures.py's `reconstruction_views`, the same masks every epoch)."""
+    for `add_image` (vit/tasks/figures.py's `reconstruction_views`, the same masks every epoch)."""
     from torchvision.utils import make_grid
 
-    from vit.engine.figures import reconstruction_views
+    from vit.tasks.figures import reconstruction_views
 
     original, masked, recon = reconstruction_views(model, images, mean, std)
     rows = torch.stack([original, masked, recon], dim=1).flatten(0, 1)  # (3B, 3, H, W): image by image
@@ -319,7 +319,7 @@ def attention_image(
 ) -> torch.Tensor:
     """The figure of scripts/visualize_attention.py (per-head cls maps and rollout) for `images` (B, 3, H, W),
     normalised as the loader gives them, rendered to a (3, height, width) uint8 tensor for `add_image`."""
-    from vit.engine.figures import attention_grid_figure, attention_views, register_note
+    from vit.tasks.figures import attention_grid_figure, attention_views, register_note
 
     device = next(model.parameters()).device
     views = attention_views(model, images.to(device))

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from vit.engine.build import built_model_config
-from vit.engine.tasks import task_of
 from vit.runtime.distributed import Distributed
 from vit.settings import TrainerSettings
+from vit.tasks import task_of
+from vit.tasks.build import built_model_config
 from vit.train.checkpoints import checkpoint_config, find_resume_checkpoint
 from vit.train.long_overrides import apply_long_overrides, long_edits
 from vit.train.signals import restart_count
@@ -26,7 +26,7 @@ log = logging.getLogger("vit.train")
 def recorded_config(cfg: DictConfig) -> dict:
     """The run's config as its checkpoints store it and trainer.resume=auto compares it: resolved, its model the one
     built. With model.pretrained=timm:<name> that is timm's architecture under `model.name=timm:<name>`
-    (vit/engine/build.py's `built_model_config`), not the model config it was composed with, so evaluation, export,
+    (vit/tasks/build.py's `built_model_config`), not the model config it was composed with, so evaluation, export,
     predict, a resume and a fine-tuning from the checkpoint rebuild and name the model trained. The same command
     gives the same record, so resume=auto still finds its run."""
     resolved = OmegaConf.to_container(cfg, resolve=True)

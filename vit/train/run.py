@@ -25,15 +25,15 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from vit.engine.files import check_run_dir
-from vit.engine.provenance import provenance
-from vit.engine.tasks import task_of
 from vit.errors import ConfigError
+from vit.records.files import check_run_dir
+from vit.records.provenance import provenance
 from vit.runtime.device import resolve_device
 from vit.runtime.distributed import Distributed, setup_distributed
 from vit.runtime.sharding import is_sharded
 from vit.search.trial import TrialReport, check_search, is_trial
 from vit.settings import TrainerSettings
+from vit.tasks import task_of
 from vit.train.assemble import build_step_parts
 from vit.train.budget_hooks import attach_budget
 from vit.train.callbacks import TeacherCheck, TrialPruning

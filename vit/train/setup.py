@@ -17,15 +17,15 @@ from torch import nn
 
 from vit.data import DataBundle, build_data
 from vit.data.resources import available_cpus
-from vit.engine.build import built_config_file, pretrained_architecture
-from vit.engine.files import atomic_write_text
-from vit.engine.tasks import Task, task_of
 from vit.errors import ConfigError
 from vit.models import Complexity, complexity
+from vit.records.files import atomic_write_text
 from vit.runtime.device import Precision, resolve_device
 from vit.runtime.distributed import Distributed
 from vit.search.trial import TrialReport
 from vit.settings import TrainerSettings, WidthByBudget
+from vit.tasks import Task, task_of
+from vit.tasks.build import built_config_file, pretrained_architecture
 from vit.train.callbacks import Callbacks
 from vit.train.checkpoints import Checkpointer, RunProgress
 from vit.train.distill import build_distiller, check_teacher_classes, load_teacher
@@ -101,7 +101,7 @@ class ModelAndData:
     model: nn.Module  # on the device; the module whose weights the checkpoints hold
     bundle: DataBundle
     distiller: object | None  # vit/train/distill.py's Distiller, with or without a teacher
-    task: Task  # what the run trains for (vit/engine/tasks/): its model, loss, evaluation and score
+    task: Task  # what the run trains for (vit/tasks/): its model, loss, evaluation and score
     cost: Complexity
     resume_path: Path | None
     resize: ResizeSchedule | None  # trainer.progressive_resize
@@ -130,7 +130,7 @@ class Run:
     report: Reporter
     stop: StopSignal
     trial: TrialReport | None  # a trial of an Optuna search (vit/search/sweeper.py): rank 0 reports to its study
-    # The command, code, machine and versions this process started with (vit/engine/provenance.py): read when the
+    # The command, code, machine and versions this process started with (vit/records/provenance.py): read when the
     # run is built, so a checkout that moves on during a long run does not put its later commit in the record.
     provenance: dict = field(default_factory=dict)
 

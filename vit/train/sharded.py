@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from vit.engine.files import atomic_save
+from vit.records.files import atomic_save
 from vit.runtime.distributed import Distributed
 from vit.runtime.sharding import reshard
 from vit.weights.files import read_weights_file

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from vit.engine.tasks import Task
-from vit.engine.tasks.classify import Classify
 from vit.errors import CheckFailed
 from vit.runtime.device import Precision
 from vit.runtime.distributed import Distributed
 from vit.runtime.sharding import is_sharded, local
+from vit.tasks import Task
+from vit.tasks.classify import Classify
 from vit.train.callbacks import Callbacks
 
 
@@ -47,7 +47,7 @@ class StepParts:
     ddp: nn.Module | None = None  # the DistributedDataParallel wrapper, for `no_sync` while accumulating
     stop_requested: Callable[[], bool] = field(default=lambda: False)
     compiled: bool = False  # whether torch.compile is on (reported in metrics.json)
-    task: Task = field(default_factory=Classify)  # what the run trains for: its loss (vit/engine/tasks/)
+    task: Task = field(default_factory=Classify)  # what the run trains for: its loss (vit/tasks/)
     budget: object | None = None  # trainer.budget's Budget (vit/train/budget.py): the plan the schedule follows
     callbacks: Callbacks = field(default_factory=Callbacks)  # what hooks into the loop (vit/train/callbacks.py)
 

@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable
 import torch
 
 from vit.data.augment.batch import resize_batch
-from vit.engine.files import atomic_write_text
 from vit.naflex import batch_size_of, to_device
+from vit.records.files import atomic_write_text
 from vit.runtime.sharding import full
 from vit.train.checkpoints import rng_state, set_rng_state
 from vit.train.metrics import (

@@ -68,7 +68,7 @@ def implied_heads(state_dict: StateDict, width: int) -> int | None:
 
 def check_architecture(weights: Weights, model: nn.Module) -> None:
     """Width, depth and heads of the weights are the model's: a disagreement names the config keys, or for a model
-    whose architecture comes from a timm name (`model.timm_name`, vit/engine/build.py) says the weights are not
+    whose architecture comes from a timm name (`model.timm_name`, vit/tasks/build.py) says the weights are not
     that name's, before any tensor is compared."""
     shape = encoder_shape(weights.state_dict)
     if shape is None:

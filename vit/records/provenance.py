@@ -1,17 +1,13 @@
 """Where a measurement came from: the command, the code (git commit, and whether the tree had uncommitted changes),
 the machine (CPU model and the flags that decide its speed, cores, GPU) and the library versions, written beside
 every result (`metrics.json`, each measurement script's JSON) so that a published figure can be traced to the code
-and the machine that produced it.
-
-    record = measurement_record("bench_matmul", {"rounds": [...], "median_tflops": 694.1})
-    write_record(record, "matmul.json")
+and the machine that produced it. The measurement scripts of lab/ write theirs with lab/records.py.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import importlib.metadata
-import json
 import os
 import platform
 import shlex
@@ -20,8 +16,6 @@ import sys
 from pathlib import Path
 
 import torch
-
-from vit.engine.files import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[2]
 # The CPU features a figure's speed depends on: AVX2 (every machine here), AVX-512, native bf16, AMX tiles.
@@ -93,17 +87,3 @@ def provenance(argv: list[str] | None = None) -> dict:
         "torch_threads": torch.get_num_threads(),
         "versions": package_versions(),
     }
-
-
-def measurement_record(measurement: str, values: dict, argv: list[str] | None = None) -> dict:
-    """One record: what was measured (the tool's name), where it came from, and every value (per round, per seed,
-    not only the summary) as the tool computed them."""
-    return {"measurement": measurement, "provenance": provenance(argv), **values}
-
-
-def write_record(record: dict, path: str | Path) -> Path:
-    """`record` as indented JSON at `path` (folders made; written atomically)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(json.dumps(record, indent=2) + "\n", path)
-    return path

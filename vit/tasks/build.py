@@ -23,7 +23,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from torch import nn
 
-from vit.engine.config_types import check_types
+from vit.config.value_types import check_types
 from vit.errors import ConfigError, require
 from vit.models import create_mae, create_model, list_models
 from vit.models.foundation import TimmArchitecture, timm_architecture
@@ -33,7 +33,7 @@ from vit.settings import MaeSettings
 from vit.weights.fit import PretrainedError
 from vit.weights.read import CheckpointError, check_timm_name, source_kind, source_name
 
-log = logging.getLogger("vit.engine.build")
+log = logging.getLogger("vit.tasks.build")
 
 # Model keys that say how a run starts (vit/train/finetune.py), not how the model is built.
 FINETUNE_MODEL_KEYS = ("pretrained", "pretrained_file", "pretrained_ema", "freeze")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from vit.engine.tasks.base import Task
+from vit.tasks.base import Task
 
 
 class Classify(Task):

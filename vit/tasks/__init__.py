@@ -9,6 +9,11 @@ task; none of them asks which task it is.
 - `mae`: `task=mae`. The masked autoencoder around the encoder; the loss is the reconstruction of the hidden
   patches; the score val_loss (no labels are read).
 
+Beside them, what every task's run shares and the trainer, the evaluation tool, export and the analysis read:
+the model built from the config's `model` group (build.py), the evaluation pass (evaluation.py) and the figures a
+run draws (figures.py). Above the models, the data, the weights, the runtime and the composed config (vit/config),
+below the search, the trainer (vit/train, which runs the tasks) and the tools.
+
 Adding a task: one module here with a `Task` subclass, one row in TASKS, its name among `task`'s choices
 (vit/settings/run.py) and its config in configs/task/.
 """
@@ -17,10 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from vit.engine.tasks.base import Task
-from vit.engine.tasks.classify import Classify, Distill
-from vit.engine.tasks.mae import MaskedAutoencoder
 from vit.settings import RunSettings
+from vit.tasks.base import Task
+from vit.tasks.classify import Classify, Distill
+from vit.tasks.mae import MaskedAutoencoder
 
 # The config's `task` choices (RunSettings), and distill: classify with a teacher or a distillation token.
 TASKS: dict[str, type[Task]] = {"classify": Classify, "distill": Distill, "mae": MaskedAutoencoder}

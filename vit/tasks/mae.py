@@ -8,10 +8,10 @@ from collections.abc import Callable, Iterable, Mapping
 import torch
 from torch import nn
 
-from vit.engine.tasks.base import Task
 from vit.errors import require
 from vit.runtime.distributed import Distributed
 from vit.settings import MaeSettings
+from vit.tasks.base import Task
 
 
 class MaskedAutoencoder(Task):
@@ -74,7 +74,7 @@ class MaskedAutoencoder(Task):
 
     def build_model(self, cfg: Mapping, num_classes: int | None, **kwargs) -> nn.Module:
         """The masked autoencoder around the encoder cfg.model describes; no head, so no class count."""
-        from vit.engine.build import build_mae_from_config
+        from vit.tasks.build import build_mae_from_config
 
         return build_mae_from_config(cfg["model"], cfg["mae"])
 
@@ -93,6 +93,6 @@ class MaskedAutoencoder(Task):
         shift: int = 0,
     ) -> dict:
         """The reconstruction loss on fixed masks (the same hidden patches every evaluation)."""
-        from vit.engine.evaluation import evaluate_reconstruction
+        from vit.tasks.evaluation import evaluate_reconstruction
 
         return evaluate_reconstruction(model, loader, device, amp_dtype, limit_batches, dist=dist)

@@ -1,4 +1,4 @@
-"""The base of the tasks (vit/engine/tasks/__init__.py): a classifier's behaviour, which the others override."""
+"""The base of the tasks (vit/tasks/__init__.py): a classifier's behaviour, which the others override."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ class Task:
 
     def build_model(self, cfg: Mapping, num_classes: int | None, **kwargs) -> nn.Module:
         """The model `cfg` (the whole run config) describes for this task; `kwargs`: build_model_from_config's."""
-        from vit.engine.build import build_model_from_config
+        from vit.tasks.build import build_model_from_config
 
         return build_model_from_config(cfg["model"], num_classes=num_classes, **kwargs)
 
@@ -47,7 +47,7 @@ class Task:
         shift: int = 0,
     ) -> dict:
         """The evaluation every epoch and the final test run: top-1, top-5 and loss (flip, shift: over each image's
-        test-time views, vit/engine/evaluation.py's `tta_views`)."""
-        from vit.engine.evaluation import evaluate
+        test-time views, vit/tasks/evaluation.py's `tta_views`)."""
+        from vit.tasks.evaluation import evaluate
 
         return evaluate(model, loader, device, amp_dtype, limit_batches, dist=dist, flip=flip, shift=shift)
