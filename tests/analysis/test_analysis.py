@@ -193,11 +193,11 @@ def test_sweep_figure_orders_numeric_knobs(split_sweep, tmp_path, monkeypatch):
 def test_a_run_built_from_a_timm_name_is_read_with_the_model_it_built(tmp_path):
     """Hydra's config.yaml keeps the model config a run was composed with (vit_tiny, 3 heads); a run from
     model.pretrained=timm:<name> wrote the model it built beside it, and that is what the run reads as."""
-    from vit.tasks.build import BUILT_MODEL_FILE
+    from vit.tasks.build import built_config_file
 
     fake_run(tmp_path / "0", ["model.pretrained=timm:x"], {"name": "vit_tiny", "embed_dim": 192, "num_heads": 3}, {})
     built = {"name": "timm:vit_small_patch14_dinov2", "embed_dim": 384, "num_heads": 6}
-    (tmp_path / "0" / BUILT_MODEL_FILE).write_text(yaml.safe_dump(built))
+    (tmp_path / "0" / built_config_file("model")).write_text(yaml.safe_dump(built))
     (record,) = read_runs(tmp_path)
     assert record.config["model"] == built
 

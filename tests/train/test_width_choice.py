@@ -13,7 +13,7 @@ from trainer_utils import QUICK, compose_config, make_tree, run_cli
 
 from vit.errors import ConfigError
 from vit.runtime import device
-from vit.tasks.build import BUILT_MODEL_FILE, built_config_file
+from vit.tasks.build import built_config_file
 from vit.train import run, width_choice
 from vit.train.config import validate
 from vit.train.progressive import ResizeSchedule
@@ -89,7 +89,7 @@ def test_a_fast_machine_trains_the_wider_model_and_says_why(picked):
     saved = load_checkpoint(folder / "checkpoints" / "last.pt")
     assert saved["config"]["model"]["embed_dim"] == 64 and saved["model"]["cls_token"].shape[-1] == 64
     assert saved["config"]["model"]["drop_path_rate"] == 0.2 and saved["config"]["data"]["augment"]["re_prob"] == 0.5
-    assert "trainer.width_by_budget picked model.embed_dim=64" in (folder / BUILT_MODEL_FILE).read_text()
+    assert "trainer.width_by_budget picked model.embed_dim=64" in (folder / built_config_file("model")).read_text()
     data = (folder / built_config_file("data")).read_text()  # beside Hydra's composed config: what was trained
     assert "trainer.width_by_budget.long_overrides set it" in data and "re_prob: 0.5" in data
     assert metrics["width_by_budget"]["long"] is True
@@ -111,7 +111,7 @@ def test_a_slowed_machine_picks_the_narrower_model_and_says_so(tmp_path, monkeyp
     composed = compose_config(PICKING)  # as configured
     assert config["model"]["drop_path_rate"] == composed.model.drop_path_rate != 0.2
     assert config["data"]["augment"]["re_prob"] == composed.data.augment.re_prob != 0.5
-    assert not (tmp_path / BUILT_MODEL_FILE).exists()  # the width configured: nothing to say
+    assert not (tmp_path / built_config_file("model")).exists()  # the width configured: nothing to say
 
 
 def test_the_picked_width_trains_what_that_width_configured_trains(picked, tmp_path, caplog):

@@ -17,9 +17,6 @@ from PIL import Image, UnidentifiedImageError
 from vit.errors import UserError
 
 _REASON_CHARS = 120
-# data.on_bad_image: what training does with an image it cannot read (image folders, tar shards): stop naming it, or
-# leave it out with a warning.
-BAD_IMAGE_MODES = ("error", "skip")
 
 
 class ImageReadError(UserError):

@@ -63,9 +63,6 @@ def built_config_file(group: str) -> Path:
     return Path(".hydra") / f"{group}_built.yaml"
 
 
-BUILT_MODEL_FILE = built_config_file("model")
-
-
 def model_kwargs(model_cfg: Mapping, num_classes: int | None = None) -> dict:
     kwargs = {k: v for k, v in dict(model_cfg).items() if k != "name" and k not in FINETUNE_MODEL_KEYS}
     if kwargs.get("num_classes") is None and num_classes is not None:

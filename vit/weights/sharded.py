@@ -27,7 +27,6 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 
 METADATA = ".metadata"
 TRAINING_FILE = "training.pt"
-TENSOR_PARTS = ("model", "optimizer", "ema")  # the entries whose tensors live in the DCP files
 
 # What DCP's index may build when unpickled: its metadata classes and the few torch and pathlib names they hold.
 _ALLOWED = {

@@ -360,17 +360,3 @@ def apply_ops(
                 x, member(group, x.device)[ops], apply_blends, (x, ops, magnitude, kinds & set(group)), subsets
             )
     return x
-
-
-def _as_op(name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """The op `name` alone, (uint8 (n, C, H, W), float64 (n,)) -> uint8 (n, C, H, W)."""
-
-    def op(x: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
-        ops = torch.full(magnitude.shape, OP_INDEX[name], device=magnitude.device)
-        return apply_ops(x, ops, magnitude, kinds=(name,), subsets=False)
-
-    op.__name__ = op.__qualname__ = name
-    return op
-
-
-OP_FUNCTIONS = {name: _as_op(name) for name in OPS[1:]}
