@@ -6,6 +6,7 @@ here: lab/ keeps its own helpers (lab/records.py), and dead code leaves the pack
 
 import ast
 import re
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -24,14 +25,9 @@ def public_names(path: Path) -> list[str]:
     return [name for name in names if not name.startswith("_")]
 
 
-def word_counts(paths: list[Path]) -> dict[Path, dict[str, int]]:
-    counts = {}
-    for path in paths:
-        seen: dict[str, int] = {}
-        for word in WORD.findall(path.read_text()):
-            seen[word] = seen.get(word, 0) + 1
-        counts[path] = seen
-    return counts
+def word_counts(paths: list[Path]) -> Counter[str]:
+    """How often each word occurs in all of `paths` together."""
+    return Counter(word for path in paths for word in WORD.findall(path.read_text()))
 
 
 def users_files() -> list[Path]:
@@ -54,8 +50,7 @@ def test_every_public_name_of_the_package_has_a_user():
     for module in sorted((REPO / "vit").rglob("*.py")):
         for name in public_names(module):
             # its own definition is one occurrence in its module: a use is any other, there or elsewhere
-            uses = sum(words.get(name, 0) for words in counts.values()) - 1
-            if uses < 1:
+            if counts[name] - 1 < 1:
                 unused.append(f"{module.relative_to(REPO)}: {name}")
     assert not unused, "defined in vit/ and used by no user of the package (lab/ and tests/ do not count): " + (
         ", ".join(unused)
@@ -71,4 +66,4 @@ def test_a_name_only_lab_uses_is_found(tmp_path):
     counts = word_counts([module])  # the package's side only: the lab script is not a user
     names = public_names(module)
     assert names == ["record_row", "used", "CALLS"]
-    assert [n for n in names if sum(c.get(n, 0) for c in counts.values()) - 1 < 1] == ["record_row", "CALLS"]
+    assert [n for n in names if counts[n] - 1 < 1] == ["record_row", "CALLS"]
