@@ -66,7 +66,7 @@ from torch.utils.data import DataLoader
 
 from vit.cli.args import Key, keys_help, parse_args, run_script
 from vit.deploy.loaded_model import EMA_CHOICES, resolve, with_ema_rule
-from vit.errors import UsageError
+from vit.errors import ConfigError, UsageError
 from vit.progress import progress
 from vit.settings.trainer import AMP_MODES
 
@@ -82,6 +82,7 @@ KEYS = {
     "preprocess": Key("data (the data config's transform) or timm:<name> (timm's config of those weights)"),
     "batch_size": Key("images a batch (default: the data config's, else 256)", kind="int", low=1),
     "device": Key("auto, cpu, cuda or cuda:<i>", "auto"),
+    "threads": Key("torch's CPU threads: auto (the CPUs other processes leave free) or a count", "auto"),
     "limit_batches": Key("evaluate only the first n batches (drawn across every class)", kind="int", low=1),
     "confusion": Key("write the confusion matrix as this PNG", kind="path"),
     "json": Key("also write the JSON result to this file", kind="path"),
@@ -198,6 +199,21 @@ def own_shapes(options, model: nn.Module, flip: bool, shift: int) -> tuple[int, 
     return int(options.get("seq_len")), patch
 
 
+def eval_threads(setting: str, device: torch.device) -> int:
+    """threads=: the trainer's rule (vit/train/thread_fit.py), set for this process and said on stderr."""
+    from vit.settings.trainer import parse_threads
+    from vit.train.thread_fit import choose_threads
+
+    try:
+        parsed = parse_threads(int(setting) if setting.isdigit() else setting)
+    except ConfigError as err:
+        raise UsageError(str(err).replace("trainer.threads", "threads")) from None
+    threads, why = choose_threads(parsed, device)
+    torch.set_num_threads(threads)
+    print(f"threads: {threads} ({why.replace('trainer.threads', 'threads')})", file=sys.stderr)
+    return threads
+
+
 def evaluate_weights(argv: list[str]) -> dict:
     from vit.data.sources.registry import build_splits
     from vit.runtime.device import announce, choose_precision, resolve_device
@@ -212,6 +228,7 @@ def evaluate_weights(argv: list[str]) -> dict:
         for_this_machine(data_cfg, options.data)
     batch_size = options.integer("batch_size", int(data_cfg.get("batch_size") or 256))
     device = resolve_device(options.get("device", "auto"))
+    threads = eval_threads(options.get("threads", "auto"), device)
     flip = options.flag("flip")
     shift = options.integer("shift", 0, minimum=0)
     naflex = own_shapes(options, weights.model, flip, shift)
@@ -244,6 +261,7 @@ def evaluate_weights(argv: list[str]) -> dict:
     }
     result["images_per_s"] = round(result["count"] / seconds, 1)
     result["precision"] = precision.name
+    result["threads"] = threads
     result["precision_reason"] = precision.reason
     result["seconds"] = round(seconds, 2)
     result.update(split=splits.val_name, data=str(data_cfg.get("name")), model=weights.name, source=weights.source)

@@ -63,7 +63,8 @@ def parse_budget(value) -> float | None:
 
 
 def parse_threads(value) -> int | str:
-    """`trainer.threads`: auto (on a CPU every CPU of this process, shared among torchrun's) or a count."""
+    """`trainer.threads`: auto (on a CPU the CPUs of this process that other processes leave free, re-decided as the
+    load changes; vit/train/thread_fit.py) or a count."""
     ok = value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
     if not ok:
         raise ConfigError(f"trainer.threads={value!r} must be auto or a whole number >= 1")

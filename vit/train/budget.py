@@ -118,6 +118,9 @@ class Budget:
         self.eval_end_s: float | None = state.get("eval_end_s")  # measured: an epoch end with an evaluation
         self.plain_end_s: float | None = state.get("plain_end_s")  # ... and one without (figures left out of both)
         self.figure_s: float | None = state.get("figure_s")  # measured: drawing the figures once
+        # (image size, seconds per step) measured when eval_end_s was: a slower step at that size since (another
+        # process took CPU time) slows the evaluations still to come alike
+        self.eval_step: tuple[int | None, float] | None = tuple(state["eval_step"]) if state.get("eval_step") else None
         self.figure_in_epoch_s = 0.0  # figures drawn in the epoch end being timed, left out of its cost
         self.step_s: float | None = None  # measured seconds per optimizer step in this process
         self.sample_steps: list[int] = []  # optimizer steps timed in this process, ascending ...
@@ -174,6 +177,7 @@ class Budget:
         self.figure_in_epoch_s = 0.0
         if evaluated:
             self.eval_end_s = seconds
+            self.eval_step = (self.img_size, self.step_s) if self.step_s is not None else None
         else:
             self.plain_end_s = seconds
         self.loop_ended = None
@@ -247,17 +251,27 @@ class Budget:
 
     def eval_batch_seconds(self) -> float:
         """Seconds per batch of an evaluation, all its passes (the EMA's) and mirrors (flip) together: measured by
-        the latest epoch end with an evaluation (its record and checkpoint included), else estimated from the step:
-        a forward pass costs about a third of a training step's forward and backward."""
+        the latest epoch end with an evaluation (its record and checkpoint included) and scaled by the step's
+        slowdown since, else estimated from the step: a forward pass costs about a third of a training step's
+        forward and backward."""
         shape = self.shape
         if self.eval_end_s is not None and shape.val_batches:
-            return self.eval_end_s / shape.val_batches
+            return self.eval_end_s * self.load_change() / shape.val_batches
         return self.step_s / 3 * shape.eval_passes * shape.views
+
+    def load_change(self) -> float:
+        """How much slower a step at the image size of the latest measured evaluation runs now than it ran then:
+        the machine's load changed (1.0 when the size differs, or nothing was measured)."""
+        if self.eval_step is None or self.step_s is None or self.eval_step[0] != self.img_size:
+            return 1.0
+        return self.step_s / self.eval_step[1]
 
     def end_cost(self, evaluated: bool) -> float:
         if not evaluated:
             return self.plain_end_s or 0.0
-        return self.eval_end_s if self.eval_end_s is not None else self.eval_batch_seconds() * self.shape.val_batches
+        if self.eval_end_s is not None:
+            return self.eval_end_s * self.load_change()
+        return self.eval_batch_seconds() * self.shape.val_batches
 
     def current_epoch(self, step: int) -> int:
         """The epoch (from 0) of optimizer step `step`: its end is still to come."""
@@ -385,6 +399,7 @@ class Budget:
             "eval_end_s": self.eval_end_s,
             "plain_end_s": self.plain_end_s,
             "figure_s": self.figure_s,
+            "eval_step": None if self.eval_step is None else list(self.eval_step),
         }
 
     def record(self, step: int, wall_s: float, final_lr: float) -> dict:

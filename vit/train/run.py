@@ -28,6 +28,7 @@ from omegaconf import DictConfig
 from vit.errors import ConfigError
 from vit.records.files import check_run_dir
 from vit.records.provenance import provenance
+from vit.runtime.cpu_load import process_cpus
 from vit.runtime.device import resolve_device
 from vit.runtime.distributed import Distributed, setup_distributed
 from vit.runtime.sharding import is_sharded
@@ -43,6 +44,7 @@ from vit.train.report import Reporter
 from vit.train.setup import Run, build_model_and_data, setup_torch
 from vit.train.signals import StopSignal, restart_count
 from vit.train.step_parts import StepState
+from vit.train.thread_fit import ThreadFit, fits_while_training
 from vit.train.trainer import train
 
 log = logging.getLogger("vit.train")
@@ -160,6 +162,9 @@ def build_run(
         run.callbacks.append(TeacherCheck(built.distiller, str(cfg.distill.teacher)))
     if is_trial(cfg):
         run.callbacks.append(TrialPruning(trial))  # every rank: all of them stop together
+    if fits_while_training(trainer.threads, device, dist):  # re-decided as the machine's load changes
+        images = cfg.data.batch_size * trainer.accum_steps
+        run.callbacks.append(ThreadFit(len(process_cpus()), built.threads, images, speaks=dist.is_main))
     attach_budget(run)  # trainer.budget: plans the steps from the measured speed (vit/train/budget_hooks.py)
     return run
 

@@ -16,7 +16,6 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from vit.data import DataBundle, build_data
-from vit.data.resources import available_cpus
 from vit.errors import ConfigError
 from vit.models import Complexity, complexity
 from vit.records.files import atomic_write_text
@@ -37,6 +36,7 @@ from vit.train.report import Reporter
 from vit.train.resume import keep_resumed_width, recorded_config, resume_checkpoint_path
 from vit.train.signals import StopSignal
 from vit.train.step_parts import StepParts, StepState
+from vit.train.thread_fit import choose_threads
 from vit.train.width_choice import WidthChoice, pick_width, set_width, time_resumed_width
 
 log = logging.getLogger("vit.train")
@@ -228,7 +228,7 @@ def build_model_and_data(
     if teacher is not None:
         check_teacher_classes(teacher, cfg.data.get("num_classes"))
     bundle = build_train_data(cfg, seed, dist, loader_wrapper, device)
-    threads = choose_threads(trainer.threads, device, dist)
+    threads = choose_threads(trainer.threads, device, dist.world_size, resumed=resume_path is not None)
     torch.set_num_threads(threads[0])
     log.info("threads: %d (%s)", *threads)
     configured = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in LONG_GROUPS}
@@ -319,22 +319,6 @@ def use_timm_preprocessing(cfg: DictConfig) -> None:
         given.append("data.mean/data.std")
     kept = f"; as the config sets: {', '.join(given)}" if given else ""
     log.info("%s: timm's preprocessing of %s%s", " ".join(taken) or "nothing taken", arch.name, kept)
-
-
-def choose_threads(setting, device: torch.device, dist: Distributed) -> tuple[int, str]:
-    """(torch's intra-op threads for this process, why). trainer.threads=<n> as asked; auto: on a CPU, every CPU
-    this process may use, shared out among the processes of a torchrun launch. Measured on 2 cores
-    (docs/BENCHMARKS.md, "The CPU loader and thread defaults"): the step runs 1.45x faster on two threads than on
-    one, and the torch loader's workers cost less (0.93x with 2 workers) than taking a thread from the step would
-    (0.64x with 1 worker and 1 thread), so the workers do not reduce the count. On CUDA, torch's own default: the
-    step runs on the GPU."""
-    if str(setting) != "auto":
-        return int(setting), f"trainer.threads={setting}"
-    if device.type != "cpu":
-        return torch.get_num_threads(), f"trainer.threads=auto: torch's default, the step runs on {device.type}"
-    cpus = max(1, available_cpus() // dist.world_size)
-    shared = f", {dist.world_size} processes sharing them" if dist.world_size > 1 else ""
-    return cpus, f"trainer.threads=auto: the {cpus} CPUs of this process{shared}"
 
 
 def use_grad_checkpointing(model: nn.Module, enabled: bool) -> None:
