@@ -28,7 +28,7 @@ Keys (default):
     rounds                  timed rounds (steps: 5, inference: 15)
     warmup (5), min_round_s (0.5)   untimed calls first; a round lasts at least this long
     device (auto)           auto | cpu | cuda
-    threads                 torch (and onnxruntime) CPU threads
+    threads                 torch (and onnxruntime) CPU threads: a count, or auto (trainer.threads=auto's rule)
     amp (auto), peer_amp (same)     precision of ours, as trainer.amp (auto | bf16 | fp16 | none; steps and
                             profile), and of the peer
     batches                 inference: comma list of batch sizes (1,64 on a CPU, 1,256 on CUDA)
@@ -62,6 +62,7 @@ from step_timing import bench_case, measure_peak_memory, to_markdown, to_record
 
 from vit.cli.args import parse_args, run_script
 from vit.errors import UsageError
+from vit.train.thread_fit import choose_threads
 
 MODES = ("steps", "inference", "e2e", "profile")
 COMPILE = ("off", "on", "both")
@@ -108,7 +109,7 @@ class Options:
     warmup: int
     min_round_s: float
     device: str
-    threads: int | None
+    threads: int | str | None
     amp: str
     peer_amp: str
     batches: list[str] | None
@@ -152,7 +153,7 @@ def read_options(argv: list[str]) -> Options:
         warmup=args.integer("warmup", minimum=0),
         min_round_s=min_round_s,
         device=choice(args, "device", ("auto", "cpu", "cuda")),
-        threads=args.integer("threads"),
+        threads="auto" if args.get("threads") == "auto" else args.integer("threads"),
         amp=choice(args, "amp", AMPS),
         peer_amp=choice(args, "peer_amp", ("same", *AMPS)),
         batches=args["batches"],
@@ -255,7 +256,11 @@ def main(argv: list[str]) -> int:
     args = read_options(argv)
     args.command = script_command(__file__, argv)  # what the JSON record names
     threads = torch.get_num_threads()
-    if args.threads:
+    if args.threads == "auto":  # trainer.threads=auto's start rule: the CPUs other processes leave free
+        count, why = choose_threads("auto", torch.device("cpu"))
+        print(f"threads: {count} ({why})")
+        torch.set_num_threads(count)
+    elif args.threads:
         torch.set_num_threads(args.threads)
     try:
         return run(args)

@@ -828,6 +828,79 @@ def transfer_table(folder: Path) -> str:
     return markdown_table(["start", "test top-1, each seed", "mean", "sample std", "wall time per run"], rows)
 
 
+BUSY_CASES = {"vit_cpu_recipe_96 amp=none": "96 wide, fp32", "vit_cpu_recipe_96 amp=bf16": "96 wide, bf16",
+              "vit_cpu_recipe_144 amp=none": "144 wide, fp32", "vit_cpu_recipe_144 amp=bf16": "144 wide, bf16"}  # fmt: skip
+
+
+def _img_s(text: str) -> list[float]:
+    return [float(part.replace(",", "")) for part in text.split("+")]
+
+
+def busy_step_table(folder: Path) -> str:
+    """lab/busy_cpu.sh's printed lines (step.log: `case | setting | condition | img/s`), a row per pass of each
+    case (a case measured twice gets a row a pass); each condition's ratio to the pass's idle 2-thread speed."""
+    passes: list[tuple[str, dict]] = []
+    for line in (folder / "step.log").read_text().splitlines():
+        cells = [cell.strip() for cell in line.split("|")]
+        if len(cells) != 4 or cells[0] not in BUSY_CASES:
+            continue
+        if not passes or passes[-1][0] != cells[0] or (cells[1], cells[2]) in passes[-1][1]:
+            passes.append((cells[0], {}))
+        passes[-1][1][(cells[1], cells[2])] = _img_s(cells[3])
+    rows = []
+    for case, got in passes:
+        idle = got[("threads=2", "alone")][0]
+
+        def cell(key, got=got, idle=idle) -> str:
+            values = got[key]
+            return f"{' + '.join(rate(v) for v in values)} ({sum(values) / idle:.2f}x)"
+
+        rows.append([BUSY_CASES[case], rate(idle), rate(got[("threads=auto", "alone")][0]),
+                     cell(("threads=2", "beside a busy core")), cell(("threads=auto", "beside a busy core")),
+                     cell(("threads=2 each", "beside a second run")), cell(("threads=1 each", "beside a second run"))])  # fmt: skip
+    header = ["case", "alone, 2 threads img/s", "alone, auto", "busy core, before", "busy core, after",
+              "second run, before (sum)", "second run, after (sum)"]  # fmt: skip
+    return markdown_table(header, rows)
+
+
+def wait_policy_table(folder: Path) -> str:
+    """The alternating passes with and without OMP_WAIT_POLICY=PASSIVE (wait_policy_alone.log: `pass | case |
+    setting | img/s`): a row per case, each pass's img/s under the default and under PASSIVE."""
+    got: dict[str, dict[str, list[str]]] = {}
+    for line in (folder / "wait_policy_alone.log").read_text().splitlines():
+        cells = [cell.strip() for cell in line.split("|")]
+        if len(cells) == 4 and cells[3]:
+            side = "passive" if "PASSIVE" in cells[2] else "default"
+            got.setdefault(cells[1], {"default": [], "passive": []})[side].append(cells[3])
+    rows = [[f"`{case}`", ", ".join(sides["default"]), ", ".join(sides["passive"])] for case, sides in got.items()]
+    return markdown_table(["case (lab/bench_cases.py)", "default img/s", "PASSIVE img/s"], rows)
+
+
+TWO_TRAININGS = [("alone", "one alone"), ("before", "two started together, trainer.threads=2 each"),
+                 ("after", "two started together, auto each"), ("late", "the second 30 s after the first, auto each")]  # fmt: skip
+
+
+def two_trainings_table(folder: Path) -> str:
+    """Recipe trainings side by side (a folder a run: metrics.json, train.log; wall.log: each group's wall time):
+    a row per group, its runs' epoch img/s, their sum against the lone run's, the threads lines, the wall time."""
+    walls = [float(line.rsplit(":", 1)[1].split()[0]) for line in (folder / "wall.log").read_text().splitlines()]
+    alone = None
+    rows = []
+    for (prefix, label), wall in zip(TWO_TRAININGS, walls, strict=True):
+        runs = sorted(p for p in folder.iterdir() if p.is_dir() and p.name.split("_")[0] == prefix)
+        speeds = [json.loads((run / "metrics.json").read_text())["history"][0]["train_img_per_s"] for run in runs]
+        alone = alone or speeds[0]
+        lines = [
+            re.sub(r"^.* - threads: ", "", line).split(" (")[0].split(": other")[0]
+            for run in runs
+            for line in (run / "train.log").read_text().splitlines()
+            if " - threads: " in line
+        ]
+        rows.append([label, " + ".join(rate(v) for v in speeds) + f" ({sum(speeds) / alone:.2f}x)",
+                     "; ".join(f"`{line}`" for line in lines), f"{wall:.1f} s"])  # fmt: skip
+    return markdown_table(["runs", "epoch img/s (sum vs one alone)", "threads lines", "wall time of the group"], rows)
+
+
 TABLES: dict[str, DocTable] = {
     "cifar10_cpu_budget_avx2": DocTable("cifar10_cpu_budget/avx2", cpu_budget_table),
     "cifar10_cpu_budget_2h_loaded_avx2": DocTable("cifar10_cpu_budget/avx2_2h_loaded", cpu_budget_table),
@@ -871,6 +944,9 @@ TABLES: dict[str, DocTable] = {
     "optimizer_step_avx2": DocTable("cpu_step_avx2", optimizer_step_table),
     "cpu_bf16_avx512": DocTable("cpu_bf16_avx512", cpu_bf16_table),
     "cpu_bf16_zen5": DocTable("cpu_step_zen5", cpu_bf16_table),
+    "busy_cpu_step_zen5": DocTable("busy_cpu_zen5", busy_step_table),
+    "busy_cpu_wait_policy_zen5": DocTable("busy_cpu_zen5", wait_policy_table),
+    "busy_cpu_two_trainings_zen5": DocTable("busy_cpu_zen5/two_trainings", two_trainings_table),
     "cifar10_proxy_base": DocTable("cifar10_proxy_base", proxy_base_table),
     "cpu_profile_avx2": DocTable("cpu_step_avx2", cpu_profile_table),
     "cpu_inference_avx2": DocTable("cpu_inference_avx2", inference_table),

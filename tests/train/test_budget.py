@@ -392,3 +392,21 @@ def test_the_plan_keeps_time_for_the_figures_its_epochs_draw(monkeypatch):
     budget.epoch_ended(evaluated=True)
     assert budget.eval_end_s == pytest.approx(3.0) and budget.figure_s == 2.0
     assert budget.state_dict()["figure_s"] == 2.0  # a resumed run keeps it
+
+
+def test_the_evaluations_still_to_come_slow_down_with_the_step_when_the_machine_gets_busy(monkeypatch):
+    """An evaluation measured on an idle machine is re-estimated from the step's speed since, at that image size."""
+    budget, now = scripted_budget(monkeypatch, budget_s=20.0)  # the speed's window: the latest few seconds
+    budget.epoch_starts(32)
+    train_steps(budget, now, 1, 50, 0.01)
+    budget.epoch_trained()
+    now[0] += 2.0  # the evaluation and checkpoint at the epoch's end
+    budget.epoch_ended(evaluated=True)
+    assert budget.end_cost(True) == pytest.approx(2.0)
+    budget.epoch_starts(32)
+    train_steps(budget, now, 51, 200, 0.03)  # another process took two thirds of the CPU: the step is 3x slower
+    assert budget.end_cost(True) == pytest.approx(6.0, rel=0.1)
+    assert budget.eval_batch_seconds() == pytest.approx(6.0 / budget.shape.val_batches, rel=0.1)
+    budget.epoch_starts(16)  # another image size: its step's cost says nothing of the load
+    assert budget.end_cost(True) == pytest.approx(2.0)
+    assert Budget(budget.shape, 0.0, state=budget.state_dict()).eval_step == (32, pytest.approx(0.01))
