@@ -828,8 +828,12 @@ def transfer_table(folder: Path) -> str:
     return markdown_table(["start", "test top-1, each seed", "mean", "sample std", "wall time per run"], rows)
 
 
-BUSY_CASES = {"vit_cpu_recipe_96 amp=none": "96 wide, fp32", "vit_cpu_recipe_96 amp=bf16": "96 wide, bf16",
-              "vit_cpu_recipe_144 amp=none": "144 wide, fp32", "vit_cpu_recipe_144 amp=bf16": "144 wide, bf16"}  # fmt: skip
+BUSY_CASES = {
+    "vit_cpu_recipe_96 amp=none": "96 wide, fp32",
+    "vit_cpu_recipe_96 amp=bf16": "96 wide, bf16",
+    "vit_cpu_recipe_144 amp=none": "144 wide, fp32",
+    "vit_cpu_recipe_144 amp=bf16": "144 wide, bf16",
+}
 
 
 def _img_s(text: str) -> list[float]:
@@ -855,11 +859,26 @@ def busy_step_table(folder: Path) -> str:
             values = got[key]
             return f"{' + '.join(rate(v) for v in values)} ({sum(values) / idle:.2f}x)"
 
-        rows.append([BUSY_CASES[case], rate(idle), rate(got[("threads=auto", "alone")][0]),
-                     cell(("threads=2", "beside a busy core")), cell(("threads=auto", "beside a busy core")),
-                     cell(("threads=2 each", "beside a second run")), cell(("threads=1 each", "beside a second run"))])  # fmt: skip
-    header = ["case", "alone, 2 threads img/s", "alone, auto", "busy core, before", "busy core, after",
-              "second run, before (sum)", "second run, after (sum)"]  # fmt: skip
+        rows.append(
+            [
+                BUSY_CASES[case],
+                rate(idle),
+                rate(got[("threads=auto", "alone")][0]),
+                cell(("threads=2", "beside a busy core")),
+                cell(("threads=auto", "beside a busy core")),
+                cell(("threads=2 each", "beside a second run")),
+                cell(("threads=1 each", "beside a second run")),
+            ]
+        )
+    header = [
+        "case",
+        "alone, 2 threads img/s",
+        "alone, auto",
+        "busy core, before",
+        "busy core, after",
+        "second run, before (sum)",
+        "second run, after (sum)",
+    ]
     return markdown_table(header, rows)
 
 
@@ -876,8 +895,12 @@ def wait_policy_table(folder: Path) -> str:
     return markdown_table(["case (lab/bench_cases.py)", "default img/s", "PASSIVE img/s"], rows)
 
 
-TWO_TRAININGS = [("alone", "one alone"), ("before", "two started together, trainer.threads=2 each"),
-                 ("after", "two started together, auto each"), ("late", "the second 30 s after the first, auto each")]  # fmt: skip
+TWO_TRAININGS = [
+    ("alone", "one alone"),
+    ("before", "two started together, trainer.threads=2 each"),
+    ("after", "two started together, auto each"),
+    ("late", "the second 30 s after the first, auto each"),
+]
 
 
 def two_trainings_table(folder: Path) -> str:
@@ -896,8 +919,14 @@ def two_trainings_table(folder: Path) -> str:
             for line in (run / "train.log").read_text().splitlines()
             if " - threads: " in line
         ]
-        rows.append([label, " + ".join(rate(v) for v in speeds) + f" ({sum(speeds) / alone:.2f}x)",
-                     "; ".join(f"`{line}`" for line in lines), f"{wall:.1f} s"])  # fmt: skip
+        rows.append(
+            [
+                label,
+                " + ".join(rate(v) for v in speeds) + f" ({sum(speeds) / alone:.2f}x)",
+                "; ".join(f"`{line}`" for line in lines),
+                f"{wall:.1f} s",
+            ]
+        )
     return markdown_table(["runs", "epoch img/s (sum vs one alone)", "threads lines", "wall time of the group"], rows)
 
 
