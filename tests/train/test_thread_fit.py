@@ -190,4 +190,4 @@ def test_a_resumed_run_decides_its_threads_again(tmp_path, caplog):
     with caplog.at_level(logging.INFO):
         run(compose_config([*QUICK, "trainer.epochs=2", "trainer.resume=auto"]), output_dir=tmp_path)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("threads: ")]
-    assert lines and lines[0].endswith("; decided again on resume)"), lines
+    assert lines and lines[-1].endswith("; decided again on resume)"), lines

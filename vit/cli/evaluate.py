@@ -199,8 +199,9 @@ def own_shapes(options, model: nn.Module, flip: bool, shift: int) -> tuple[int, 
     return int(options.get("seq_len")), patch
 
 
-def eval_threads(setting: str, device: torch.device) -> int:
-    """threads=: the trainer's rule (vit/train/thread_fit.py), set for this process and said on stderr."""
+def eval_threads(setting: str, device: torch.device) -> tuple[int, str]:
+    """threads=: the trainer's rule (vit/train/thread_fit.py), set for this process: (the count, why). The summary
+    line names the count, the JSON both."""
     from vit.settings.trainer import parse_threads
     from vit.train.thread_fit import choose_threads
 
@@ -210,8 +211,7 @@ def eval_threads(setting: str, device: torch.device) -> int:
         raise UsageError(str(err).replace("trainer.threads", "threads")) from None
     threads, why = choose_threads(parsed, device)
     torch.set_num_threads(threads)
-    print(f"threads: {threads} ({why.replace('trainer.threads', 'threads')})", file=sys.stderr)
-    return threads
+    return threads, why.replace("trainer.threads", "threads")
 
 
 def evaluate_weights(argv: list[str]) -> dict:
@@ -261,7 +261,7 @@ def evaluate_weights(argv: list[str]) -> dict:
     }
     result["images_per_s"] = round(result["count"] / seconds, 1)
     result["precision"] = precision.name
-    result["threads"] = threads
+    result["threads"], result["threads_reason"] = threads
     result["precision_reason"] = precision.reason
     result["seconds"] = round(seconds, 2)
     result.update(split=splits.val_name, data=str(data_cfg.get("name")), model=weights.name, source=weights.source)
@@ -291,7 +291,8 @@ def summary_line(result: dict) -> str:
         f"{result['model']} ({result['source']}, weights: {result['weights']}) on {result['data']} "
         f"{result['split']}, {result['count']:,} images: "
         f"top-1 {result['top1']:.2f}%, top-5 {result['top5']:.2f}%, loss {result['loss']:.4f}, "
-        f"{result['images_per_s']:,.0f} img/s in {result['precision']}{views}; "
+        f"{result['images_per_s']:,.0f} img/s in {result['precision']} on {result['threads']} "
+        f"thread{'s' * (result['threads'] != 1)}{views}; "
         f"preprocessing: {pre['origin']} "
         f"(resize {pre['resize']} {pre['interpolation']}, crop {pre['img_size']})"
     )
