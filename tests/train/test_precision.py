@@ -173,7 +173,7 @@ def test_the_cpu_loader_and_threads_are_chosen_logged_and_recorded(tmp_path, cap
         metrics = run(compose_config(overrides), output_dir=tmp_path / "auto")
     # Decoded once into memory, on the CPU too: no workers decode again each epoch, every CPU goes to the step.
     assert metrics["loader"] == "resident" and "the device is cpu" in metrics["loader_reason"]
-    assert metrics["threads"] == available_cpus() and "CPUs of this process" in metrics["threads_reason"]
+    assert 1 <= metrics["threads"] <= available_cpus() and "of this process" in metrics["threads_reason"]
     messages = [r.getMessage() for r in caplog.records]
     assert f"threads: {metrics['threads']} ({metrics['threads_reason']})" in messages
 
@@ -183,6 +183,7 @@ def test_the_cpu_loader_and_threads_are_chosen_logged_and_recorded(tmp_path, cap
             output_dir=tmp_path / "torch",
         )
     # The loader's workers leave the step its threads (measured faster than giving them a core each).
-    assert metrics["loader"] == "torch" and metrics["threads"] == available_cpus() and metrics["loader_workers"] == 1
+    assert metrics["loader"] == "torch" and 1 <= metrics["threads"] <= available_cpus()  # as many as are free
+    assert metrics["loader_workers"] == 1
     metrics = run(compose_config([*overrides, "trainer.threads=1"]), output_dir=tmp_path / "one")
     assert metrics["threads"] == 1 and metrics["threads_reason"].startswith("trainer.threads=1, as given; ")

@@ -47,16 +47,19 @@ def choose_threads(setting, device: torch.device, processes: int = 1, resumed: b
     cpus = max(1, len(process_cpus()) // processes)
     if processes > 1:
         return cpus, f"trainer.threads=auto: {cpus} of the CPUs, {processes} processes sharing them; {policy}"
+    again = "; decided again on resume" if resumed else ""
+    if cpus == 1:  # one thread whatever the load: nothing to read (a pinned process, each test worker)
+        return 1, f"trainer.threads=auto: the one CPU of this process; {policy}{again}"
     others = busy_now(0.5)
     threads = fitting_threads(cpus, others)
-    again = "; decided again on resume" if resumed else ""
     return threads, f"trainer.threads=auto: {load_words(cpus, others, threads)}; {policy}{again}"
 
 
 def fits_while_training(setting, device: torch.device, dist: Distributed) -> bool:
-    """Whether the run re-decides its threads as it trains (ThreadFit): auto on a CPU, one process, no count given
-    by OMP_NUM_THREADS."""
-    return str(setting) == "auto" and device.type == "cpu" and dist.world_size == 1 and user_thread_count() is None
+    """Whether the run re-decides its threads as it trains (ThreadFit): auto on a CPU, one process on more than one
+    CPU, no count given by OMP_NUM_THREADS."""
+    alone = dist.world_size == 1 and len(process_cpus()) > 1  # one CPU: one thread, nothing to re-decide
+    return str(setting) == "auto" and device.type == "cpu" and alone and user_thread_count() is None
 
 
 def load_words(cpus: int, others: float | None, threads: int) -> str:
