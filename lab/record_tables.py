@@ -840,13 +840,29 @@ def _img_s(text: str) -> list[float]:
     return [float(part.replace(",", "")) for part in text.split("+")]
 
 
+BUSY_EVAL_CASES = {
+    "eval 96 amp=none": "vit-eval, 96 wide, fp32",
+    "eval 144 amp=bf16": "vit-eval, 144 wide, bf16",
+}
+
+
 def busy_step_table(folder: Path) -> str:
-    """lab/busy_cpu.sh's printed lines (step.log: `case | setting | condition | img/s`), a row per pass of each
-    case (a case measured twice gets a row a pass); each condition's ratio to the pass's idle 2-thread speed."""
+    """lab/busy_cpu.sh's printed lines for the training step (step.log)."""
+    return _busy_table(folder / "step.log", BUSY_CASES)
+
+
+def busy_eval_table(folder: Path) -> str:
+    """lab/busy_cpu.sh eval's printed lines for vit-eval's whole pass over the test split (eval.log)."""
+    return _busy_table(folder / "eval.log", BUSY_EVAL_CASES)
+
+
+def _busy_table(log: Path, cases: dict[str, str]) -> str:
+    """lab/busy_cpu.sh's printed lines (`case | setting | condition | img/s`), a row per pass of each case (a case
+    measured twice gets a row a pass); each condition's ratio to the pass's idle 2-thread speed."""
     passes: list[tuple[str, dict]] = []
-    for line in (folder / "step.log").read_text().splitlines():
+    for line in log.read_text().splitlines():
         cells = [cell.strip() for cell in line.split("|")]
-        if len(cells) != 4 or cells[0] not in BUSY_CASES:
+        if len(cells) != 4 or cells[0] not in cases:
             continue
         if not passes or passes[-1][0] != cells[0] or (cells[1], cells[2]) in passes[-1][1]:
             passes.append((cells[0], {}))
@@ -861,7 +877,7 @@ def busy_step_table(folder: Path) -> str:
 
         rows.append(
             [
-                BUSY_CASES[case],
+                cases[case],
                 rate(idle),
                 rate(got[("threads=auto", "alone")][0]),
                 cell(("threads=2", "beside a busy core")),
@@ -893,6 +909,21 @@ def wait_policy_table(folder: Path) -> str:
             got.setdefault(cells[1], {"default": [], "passive": []})[side].append(cells[3])
     rows = [[f"`{case}`", ", ".join(sides["default"]), ", ".join(sides["passive"])] for case, sides in got.items()]
     return markdown_table(["case (lab/bench_cases.py)", "default img/s", "PASSIVE img/s"], rows)
+
+
+def alone_interleaved_table(folder: Path) -> str:
+    """The step alone with 2 threads and with auto, alternating (alone_interleaved.log: `case | pass | setting |
+    img/s`): a row per case, each setting's passes."""
+    got: dict[str, dict[str, list[str]]] = {}
+    for line in (folder / "alone_interleaved.log").read_text().splitlines():
+        cells = [cell.strip() for cell in line.split("|")]
+        if len(cells) == 4 and cells[3]:
+            got.setdefault(cells[0], {}).setdefault(cells[2], []).append(cells[3])
+    rows = [
+        [BUSY_CASES.get(case, case), ", ".join(by["threads=2"]), ", ".join(by["threads=auto"])]
+        for case, by in got.items()
+    ]
+    return markdown_table(["case", "alone, 2 threads img/s", "alone, auto img/s"], rows)
 
 
 TWO_TRAININGS = [
@@ -975,6 +1006,8 @@ TABLES: dict[str, DocTable] = {
     "cpu_bf16_zen5": DocTable("cpu_step_zen5", cpu_bf16_table),
     "busy_cpu_step_zen5": DocTable("busy_cpu_zen5", busy_step_table),
     "busy_cpu_wait_policy_zen5": DocTable("busy_cpu_zen5", wait_policy_table),
+    "busy_cpu_eval_zen5": DocTable("busy_cpu_zen5", busy_eval_table),
+    "busy_cpu_alone_zen5": DocTable("busy_cpu_zen5", alone_interleaved_table),
     "busy_cpu_two_trainings_zen5": DocTable("busy_cpu_zen5/two_trainings", two_trainings_table),
     "cifar10_proxy_base": DocTable("cifar10_proxy_base", proxy_base_table),
     "cpu_profile_avx2": DocTable("cpu_step_avx2", cpu_profile_table),
