@@ -2,13 +2,15 @@
 
 usage: python scripts/summarize_runs.py <multirun folder> [out=<folder>] [storage=<database URL>]
 
-Writes summary.md (one row per run: swept knobs, params, FLOPs, img/s, final/best val top-1, the EMA's and the
+Writes summary.md (one row per run: swept knobs, params, FLOPs, img/s, the steps, images and epochs it trained and
+its precision (a line above the table when the runs trained different amounts), final/best val top-1, the EMA's and the
 test split's top-1 where runs have them, the run's own seconds (`run s`: its wall time less the process start-up
 it was charged, which the first run of a multirun process pays alone; that start-up gets a column of its own);
 when `trainer.seed` is swept too, each setting's mean and
-min-max over the seeds; a screen of more than three unrelated knobs gets one "overrides" column) and summary.png
-(val top-1 against the swept knob; for a screen, each setting's seeds in a row) into the multirun folder (or
-`out=`), and prints the table.
+min-max over the seeds; a screen of more than three unrelated knobs gets one "overrides" column; the jobs that
+failed below it, with the line each ended with) and summary.png (val top-1 against the swept knob, the seeds'
+mean and range where there are several, from chance or 0; for a screen, each setting's seeds in a row) into the
+multirun folder (or `out=`), and prints the table.
 
 An Optuna search's folder (python train.py -m hparams_search=...) holds its study in optuna.db: summary.md then
 starts with the study (trials complete/pruned/failed, the trial-epochs pruning saved, the best trial, Optuna's
@@ -30,6 +32,7 @@ from pathlib import Path
 from vit.analysis.plots import screen_figure, sweep_figure
 from vit.analysis.runs import (
     SEED_KEY,
+    failure_lines,
     markdown_table,
     read_runs,
     screen_settings,
@@ -37,6 +40,7 @@ from vit.analysis.runs import (
     split_label,
     summary_rows,
     swept_keys,
+    unequal_training,
 )
 from vit.cli.args import parse_args, run_script
 from vit.errors import UsageError
@@ -79,9 +83,14 @@ def read_studies(sweep_dir: Path, storage: str | None) -> list:
 
 
 def runs_summary(records: list, out: Path) -> str:
-    """The table of runs (and over seeds), and summary.png."""
+    """The table of runs (and over seeds) with a line above it when they trained different amounts and the failed
+    jobs below it, and summary.png."""
     header, rows = summary_rows(records)
-    table = markdown_table(header, rows)
+    note = unequal_training(records)
+    table = (f"{note}\n\n" if note else "") + markdown_table(header, rows)
+    failures = failure_lines(records)
+    if failures:
+        table += "\n\nFailed jobs:\n\n" + "\n".join(failures)
     seeds = seed_rows(records)
     if seeds is not None:  # a sweep over seeds too: each setting's mean and range
         table += "\n\nOver seeds:\n\n" + markdown_table(*seeds)

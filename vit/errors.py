@@ -3,9 +3,9 @@
 - `UserError`: bad input a user can fix, a setting, file or path: `<kind> error: <message>`, exit code 2. Each
   layer subclasses it for its own kind of input (DataError, ConfigError, CheckpointError, UsageError...), naming
   the kind the line starts with.
-- `CheckFailed`: the input was good but what it asked for did not hold (a training whose loss stopped being
-  finite, an export that does not compute what the PyTorch model computes): `<what>: <message>` (`training
-  stopped: ...`, `export check failed: ...`), exit code 1.
+- `CheckFailed`: the input was good but what it asked for did not hold (an export that does not compute what the
+  PyTorch model computes; a training that diverged, which has exit code 3 of its own): `<what>: <message>`
+  (`export check failed: ...`, `training stopped: ...`), exit code 1.
 
 Anything else is a bug and keeps its traceback. This module sits below every layer and imports nothing of the
 project."""

@@ -1,6 +1,7 @@
 """The analysis library without the scripts: attention maps and rollout, position-embedding similarity, run
 folders, figures, and reading checkpoints and images."""
 
+import json
 from functools import partial
 from pathlib import Path
 
@@ -14,7 +15,15 @@ from trainer_utils import DATA_CFG, compose_config, fake_run
 from vit.analysis import plots
 from vit.analysis.inputs import denormalise, image_paths, load_images, load_model
 from vit.analysis.pos_embed import position_similarity
-from vit.analysis.runs import knob_value, markdown_table, read_runs, summary_rows, swept_keys
+from vit.analysis.runs import (
+    failure_lines,
+    knob_value,
+    markdown_table,
+    read_runs,
+    summary_rows,
+    swept_keys,
+    unequal_training,
+)
 from vit.errors import UsageError
 from vit.models import Attention, create_model, sinusoid_table
 from vit.tasks import figures
@@ -164,14 +173,52 @@ def test_summary_rows_hold_knobs_cost_and_accuracy(split_sweep):
         "params (M)",
         "GMACs",
         "img/s",
+        "steps",
+        "images",
+        "epochs",
+        "precision",
         "final top-1",
         "best top-1",
         "run s",
     ]
-    assert rows[0] == ["a/0", "null", "5.36", "0.365", "4,321", "62.50", "63.00", "99.4"]
-    assert rows[2] == ["b/0", "0.0625", "-", "-", "-", "60.00", "61.00", "-"]
+    assert rows[0] == ["a/0", "null", "5.36", "0.365", "4,321", "-", "-", "-", "-", "62.50", "63.00", "99.4"]
+    assert rows[2] == ["b/0", "0.0625", "-", "-", "-", "-", "-", "-", "-", "60.00", "61.00", "-"]
     table = markdown_table(header, rows).splitlines()
     assert len(table) == 2 + 3 and table[2].startswith("| a/0 | null | 5.36 |")
+
+
+def test_a_sweep_that_trained_unequal_amounts_says_so_and_lists_its_failed_job(tmp_path):
+    """Two budgeted jobs, one of them on a busy machine, and one refused: the steps and images of each, one line
+    above the table naming the difference and why, and the failed job below it with its line."""
+    model = {"name": "vit_tiny", "embed_dim": 192, "num_heads": 3}
+    for n, (bias, steps) in enumerate([("true", 49), ("false", 10)]):
+        metrics = {"steps_trained": steps, "images_trained": steps * 256, "epochs_done": 1, "precision": "bf16"}
+        metrics.update(final={"val_top1": 19.2 - n}, best={"val_top1": 19.2 - n}, wall_time_s=40.0)
+        fake_run(tmp_path / str(n), [f"model.qkv_bias={bias}", "trainer.budget=40s"], model, metrics)
+    fake_run(tmp_path / "2", ["model.qkv_bias=true", "trainer.budget=20s"], model, None)
+    failure = {"job": 2, "exit_code": 2, "line": "budget error: trainer.budget=20s is too small for this run: ...",
+               "overrides": ["model.qkv_bias=true", "trainer.budget=20s"]}  # fmt: skip
+    (tmp_path / "2" / "failed.json").write_text(json.dumps(failure))
+    for n in range(3):  # the trainer's config of a budgeted run
+        config = yaml.safe_load((tmp_path / str(n) / ".hydra" / "config.yaml").read_text())
+        config["trainer"] = {"budget": 40.0}
+        (tmp_path / str(n) / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    records = read_runs(tmp_path)
+    assert unequal_training(records) == (
+        "note: these runs trained different amounts (10 to 49 steps, 2,560 to 12,544 images): a time budget per "
+        "job ends each run when its time is up, so a slower or busier job trains less; the top-1 below compares "
+        "the training as well as the knobs (give every job the same trainer.epochs, or trainer.max_steps, to "
+        "compare like with like)"
+    )
+    header, rows = summary_rows(records)
+    assert [row[header.index("steps")] for row in rows] == ["49", "10", "-"]
+    assert [row[header.index("precision")] for row in rows] == ["bf16", "bf16", "failed"]
+    assert failure_lines(records) == [
+        "- 2 (model.qkv_bias=true trainer.budget=20s): exit 2, budget error: trainer.budget=20s is too small for "
+        "this run: ..."
+    ]
+    equal = [r for r in records if r.name != "1"]
+    assert unequal_training(equal) is None  # one run trained, one failed: nothing to compare
 
 
 def test_sweep_figure_orders_numeric_knobs(split_sweep, tmp_path, monkeypatch):

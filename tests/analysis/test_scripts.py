@@ -220,8 +220,10 @@ def test_summarize_runs_on_a_real_multirun(tmp_path):
     summarize = load_script("summarize_runs")
     assert run_script(summarize.main, [str(sweep)]) == 0
     table = (sweep / "summary.md").read_text()
-    header = "| run | model.qkv_bias | params (M) | GMACs | img/s | final top-1 | best top-1 | run s | start-up s |"
-    assert header in table
+    header = "| run | model.qkv_bias | params (M) | GMACs | img/s | steps | images | epochs | precision | final top-1 "
+    assert header + "| best top-1 | run s | start-up s |" in table
+    assert "note: these runs trained different amounts" not in table  # both trained 5 steps of 32: 160 images
+    assert all(row.split(" | ")[5:8] == ["5", "160", "1"] for row in table.splitlines() if row[:4] in ("| 0 ", "| 1 "))
     rows = [line for line in table.splitlines() if line.startswith("| 0 |") or line.startswith("| 1 |")]
     assert rows[0].startswith("| 0 | True |") and rows[1].startswith("| 1 | False |") and len(rows) == 2
     assert all("-" not in cell for row in rows for cell in row.split("|")[3:-1])  # every metric was found

@@ -24,7 +24,7 @@ from vit.tasks import task_of
 from vit.tasks.build import build_model_from_config
 from vit.train import run
 from vit.train.config import validate
-from vit.train.step_parts import NonFiniteLossError, weights_finite
+from vit.train.step_parts import TrainingDiverged, weights_finite
 from vit.weights.read import CheckpointError, load_checkpoint
 
 setup_phase = importlib.import_module("vit.train.setup")  # where a run builds its model and data
@@ -361,6 +361,21 @@ def test_every_numeric_knob_refuses_a_word(key, kind):
     assert str(err.value) == f"{key}='abc' must be {'an integer' if kind == 'int' else 'a number'}"
 
 
+FLOAT_KNOBS = [key for key, kind in NOT_NUMBERS if kind != "int"]
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+@pytest.mark.parametrize("key", FLOAT_KNOBS)
+def test_every_float_knob_refuses_a_non_finite_value(key, value):
+    """inf and nan pass a range check (nan compares false both ways), and `optim.lr=inf` trained to non-finite
+    weights before this: refused with the key before anything is built."""
+    extra = CONFIG_WITH_KEY.get(key, [])
+    prefix = "+" if key == "model.in_chans" else ""
+    with pytest.raises(ConfigError) as err:
+        check([*extra, f"{prefix}{key}={value}"])
+    assert str(err.value) == f"{key}={value} must be a finite number"
+
+
 @pytest.mark.parametrize(
     ("override", "needle"),
     [
@@ -388,6 +403,7 @@ def test_values_of_the_wrong_kind_are_named(override, needle):
     [
         ("data.batch_size=x", "config error: data.batch_size='x' must be an integer"),
         ("optim.lr=fast", "config error: optim.lr='fast' must be a number"),
+        ("optim.lr=inf", "config error: optim.lr=inf must be a finite number"),
         ("data.augment.re_prob=1.0", "config error: data.augment.re_prob=1.0 must be in [0, 1)"),
     ],
 )
@@ -621,15 +637,16 @@ def test_every_os_error_while_saving_names_path_and_reason_and_keeps_the_old_fil
 # --- divergence ------------------------------------------------------------------------------------------------
 
 
-def test_a_diverging_run_exits_1_naming_the_step(tmp_path):
+def test_a_diverging_run_exits_3_naming_the_step(tmp_path):
     args = [*QUICK, "optim.name=sgd", "optim.lr=1e30", "trainer.grad_clip=null", "sched.warmup_epochs=0"]
     args += ["trainer.max_bad_steps=2", "trainer.log_every_n_steps=1", f"hydra.run.dir={tmp_path}"]
     done = run_cli(args, tmp_path)
-    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.returncode == 3, done.stderr[-2000:]
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("training stopped:")]
     assert "finite" in line and re.search(r"step \d+", line)  # the wording is the loop's; a step is named
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "checkpoints" / "last.pt").exists()  # nothing non-finite was saved
+    assert line in (tmp_path / "train.log").read_text()  # the run folder's log ends as the console did
 
 
 def test_divergence_in_epoch_2_keeps_epoch_1s_checkpoints(tmp_path, monkeypatch):
@@ -651,7 +668,7 @@ def test_divergence_in_epoch_2_keeps_epoch_1s_checkpoints(tmp_path, monkeypatch)
         return bundle
 
     monkeypatch.setattr(setup_phase, "build_data", build_data)
-    with pytest.raises(NonFiniteLossError, match="step"):
+    with pytest.raises(TrainingDiverged, match="step"):
         run(compose_config([*QUICK, "trainer.epochs=3", "trainer.max_bad_steps=3"]), output_dir=tmp_path)
     for name in ("last.pt", "best.pt"):
         state = load_checkpoint(tmp_path / "checkpoints" / name)

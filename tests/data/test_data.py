@@ -78,6 +78,28 @@ def test_images_far_smaller_than_img_size_are_said_once(tmp_path, caplog):
     assert line.startswith("data.img_size=64 but the training images are about 20 px") and "data.img_size=20" in line
 
 
+def test_small_grey_digits_at_the_folder_defaults_get_the_settings_that_fit(tmp_path, caplog):
+    """8x8 grey images (scikit-learn's digits are such) at the image-folder defaults (224 px, a random-resized
+    crop, flips, a policy): one line names the size, the grey and each setting to change."""
+    rng = np.random.default_rng(0)
+    for split, count in (("train", 6), ("val", 2)):
+        for name in ("one", "seven"):
+            (tmp_path / split / name).mkdir(parents=True)
+            for i in range(count):
+                pixels = rng.integers(0, 17, (8, 8), dtype=np.uint8) * 15
+                Image.fromarray(pixels).save(tmp_path / split / name / f"{i}.png")
+    defaults = {"img_size": 224, "augment": {"crop": "rrc", "hflip": True, "auto_augment": "rand-m9-mstd0.5-inc1"}}
+    with caplog.at_level("WARNING", logger="vit.data"):
+        build_data(folder_cfg(tmp_path, **defaults))
+    (line,) = [r.getMessage() for r in caplog.records if "upsampled" in r.getMessage()]
+    assert line.startswith("data.img_size=224 but the training images are about 8 px on their longer side, grey: ")
+    assert line.endswith(
+        "small images train at their own size: data.img_size=8 data.patch_size=1 data.augment.crop=pad "
+        "data.augment.pad=1 data.augment.auto_augment=null (and data.augment.hflip=false where a mirrored image "
+        "is another class: digits, letters)"
+    )
+
+
 @pytest.mark.parametrize("val_name", ["val", "validation", "test"])
 def test_val_split_is_found_by_name(tmp_path, val_name):
     bundle = build_data(folder_cfg(make_tree(tmp_path / "t", val=val_name, per_class=4)))

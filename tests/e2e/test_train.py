@@ -190,6 +190,28 @@ def test_multirun_sweep_gives_each_run_its_own_directory(tmp_path):
         hparams = logged_hparams(events)  # what TensorBoard's HPARAMS view shows as this run's row
         assert hparams["model.num_heads"].number_value == heads
         assert hparams["model.embed_dim"].number_value == 32 and hparams["optim.name"].string_value == "adamw"
+        precision = json.loads((sweep / str(n) / "metrics.json").read_text())["precision"]
+        assert hparams["data"].string_value == "synthetic" and hparams["precision"].string_value == precision
+        # the swept knob, the keys a reader always wants and the command line's: not every key of the config
+        assert "data.augment.re_prob" not in hparams and "sched.warmup_epochs" not in hparams
+        assert len(hparams) <= 20, sorted(hparams)
+
+
+def test_a_failing_job_does_not_end_the_sweep(tmp_path):
+    """Job 1 is refused (3 heads do not divide 32 wide): jobs 0 and 2 still train, job 1's folder names why, the
+    sweep's last lines list it, and the sweep exits with its code."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "model.num_heads=1,3,2", *QUICK_SYNTHETIC, *TINY_MODEL[:2], "trainer=debug"]
+    done = run_cli([*args, f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert (sweep / "0" / "metrics.json").is_file() and (sweep / "2" / "metrics.json").is_file()
+    failed = json.loads((sweep / "1" / "failed.json").read_text())
+    assert failed["exit_code"] == 2 and "model.num_heads=3" in failed["overrides"]
+    assert failed["line"].startswith("config error: model.num_heads=3 must be a positive divisor of embed_dim=32")
+    assert failed["line"] in (sweep / "1" / "train.log").read_text()
+    tail = done.stderr.strip().splitlines()[-2:]
+    assert tail[0].startswith(f"sweep: 1 job failed in {sweep}")
+    assert tail[1].startswith("  job 1 (model.num_heads=3 ") and tail[1].endswith(failed["line"])
 
 
 def logged_hparams(events: EventAccumulator) -> dict:

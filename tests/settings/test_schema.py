@@ -42,6 +42,9 @@ class Outer(Settings):
     [
         ({"rate": 1.0}, "outer.rate=1.0 must be in [0, 1)"),
         ({"rate": "fast"}, "outer.rate='fast' must be a number"),
+        ({"rate": float("inf")}, "outer.rate=inf must be a finite number"),
+        ({"rate": float("nan")}, "outer.rate=nan must be a finite number"),
+        ({"pair": [0.1, float("-inf")]}, "outer.pair=[0.1, -inf] must be finite numbers"),
         ({"count": 0}, "outer.count=0 must be positive"),
         ({"count": 2.0}, "outer.count=2.0 must be an integer"),
         ({"count": True}, "outer.count=True must be an integer"),

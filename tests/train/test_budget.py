@@ -13,10 +13,10 @@ import pytest
 import torch
 from trainer_utils import QUICK, compose_config
 
-from vit.errors import ConfigError
+from vit.errors import ConfigError, one_line
 from vit.settings.trainer import parse_budget
 from vit.train import run
-from vit.train.budget import Budget, RunShape
+from vit.train.budget import Budget, BudgetTooSmall, RunShape
 from vit.train.budget_hooks import Forecast, budget_line, resumed_line
 from vit.train.config import validate
 from vit.weights.read import load_checkpoint
@@ -190,18 +190,25 @@ def test_a_stopped_budgeted_run_resumes_to_the_unbroken_runs_steps_and_weights(t
     assert resumed["budget"]["final_lr"] == pytest.approx(MIN_LR, rel=1e-6)
 
 
-def test_a_budget_too_small_for_the_run_is_one_line(tmp_path, monkeypatch):
-    clock = FakeClock(dt=1.0)  # a step costs a second: three seconds hold no more than the warm-up steps
-    monkeypatch.setattr(time, "perf_counter", clock)
-    with pytest.raises(ConfigError) as err:
-        run(
-            compose_config([*BUDGETED, "trainer.budget=3s"]),
-            output_dir=tmp_path,
+def test_a_budget_too_small_for_the_run_is_one_line_naming_one_that_fits(tmp_path, monkeypatch):
+    def budgeted_run(budget: str, folder: str) -> dict:
+        clock = FakeClock(dt=1.0)  # a step costs a second: three seconds hold no more than the warm-up steps
+        monkeypatch.setattr(time, "perf_counter", clock)
+        return run(
+            compose_config([*BUDGETED, f"trainer.budget={budget}"]),
+            output_dir=tmp_path / folder,
             train_loader_wrapper=lambda loader: ClockedLoader(loader, clock),
         )
+
+    with pytest.raises(BudgetTooSmall) as err:
+        budgeted_run("3s", "small")
     message = str(err.value)
     assert message.startswith("trainer.budget=3s is too small for this run: the start and the first ")
     assert "a step takes 1.00 s" in message and "\n" not in message
+    assert one_line(err.value).startswith("budget error: trainer.budget=3s") and err.value.exit_code == 2
+    fits = re.search(r"the smallest budget that fits on this machine now is about (\d+)s", message)
+    assert fits and int(fits[1]) > 3
+    assert budgeted_run(f"{fits[1]}s", "fits")["budget"]["trained_steps"] > 0  # the budget named is not refused
 
 
 MAE = ["task=mae", "mae.decoder_embed_dim=32", "mae.decoder_depth=1", "mae.decoder_num_heads=4"]
@@ -345,15 +352,35 @@ def test_a_long_run_without_a_budget_says_so_after_its_first_timed_steps(monkeyp
     now = [0.0]
     monkeypatch.setattr(time, "perf_counter", lambda: now[0])
     long_run, short_run = Forecast(40_000, 128, untimed=1, speaks=True), Forecast(400, 128, untimed=1, speaks=True)
-    with caplog.at_level(logging.WARNING, logger="vit.train"):
+    tiny_run = Forecast(50, 128, untimed=1, speaks=True)
+    with caplog.at_level(logging.INFO, logger="vit.train"):
         for step in range(1, 30):
             now[0] += 1.3  # ViT-Ti on a CPU: about a hundred images a second
-            long_run.after_step(step)
-            short_run.after_step(step)
-    warnings = [r.getMessage() for r in caplog.records]
-    assert len(warnings) == 1, warnings  # once, for the long run only
-    assert warnings[0].startswith("this run's 39,989 steps left take about 14.4 h on this machine (98 img/s")
-    assert "trainer.budget=<time>" in warnings[0]
+            for forecast in (long_run, short_run, tiny_run):
+                forecast.after_step(step)
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert [level for level, _ in lines] == ["WARNING", "INFO", "WARNING", "INFO"], lines  # a 65 s run: no line
+    early, better = lines[0][1], lines[2][1]
+    assert early.startswith("this run's 39,997 steps left take about 14.4 h on this machine (98 img/s measured "
+                            "over its first steps, a better estimate follows")  # fmt: skip
+    assert better.startswith("this run's 39,989 steps left take about 14.4 h on this machine (98 img/s measured "
+                             "over 10 steps; evaluations not counted)")  # fmt: skip
+    assert lines[1][1].startswith("this run's 397 steps left take about 9 min") and "trainer.budget=<time>" in early
+
+
+def test_the_first_estimate_comes_within_a_minute_of_slow_first_steps(monkeypatch, caplog):
+    """ViT-Ti at 224 px on a 2-core CPU takes about half a minute a step, and 4 loader workers start slowly: the
+    better estimate waits for 15 steps, the early one for one step after the first."""
+    now = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    forecast = Forecast(5_000, 256, untimed=5, speaks=True)
+    told_at = []
+    with caplog.at_level(logging.INFO, logger="vit.train"):
+        for step in range(1, 20):
+            now[0] += 30.0
+            forecast.after_step(step)
+            told_at += [now[0]] * (len(caplog.records) - len(told_at))
+    assert told_at[0] - 30.0 <= 60.0 and len(told_at) == 2, told_at  # 30 s after the first step ended
 
 
 def test_the_budget_lines_of_a_stopped_and_resumed_run():

@@ -157,11 +157,11 @@ def test_no_sync_on_every_micro_batch_but_the_last_of_a_step():
 
 
 def test_non_finite_losses_in_a_row_stop_with_the_step_named():
-    from vit.train.step_parts import NonFiniteLossError, StepState
+    from vit.train.step_parts import StepState, TrainingDiverged
     from vit.train.trainer import train_one_epoch
 
     ctx = step_context(torch.nn.Linear(8, 3), max_bad_steps=3, log_every=100)
-    with pytest.raises(NonFiniteLossError, match=r"3 consecutive steps .*max_bad_steps=3.*step 4"):
+    with pytest.raises(TrainingDiverged, match=r"3 consecutive steps .*max_bad_steps=3.*step 4"):
         # batch 1 poisons the weights: every later loss is NaN; detected at the log step (the epoch's end)
         train_one_epoch(ctx, StepState(), batches(4, poison={1}), limit_batches=None)
 

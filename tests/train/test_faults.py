@@ -80,6 +80,8 @@ def test_sigterm_stops_after_the_step_and_resumes_exactly(tmp_path, reference):
     if "SIGTERM received" in out:  # (if the run had already ended, there was nothing to stop)
         assert "Resume with the same command plus trainer.resume=auto" in out
         assert finished_epochs(run_dir) < 3
+        logged = (run_dir / "train.log").read_text()  # the run folder says how it ended, as the console did
+        assert "stopped by SIGTERM in epoch " in logged and "Resume with the same command" in logged
     resumed = resume_here(run_dir)  # the stop needed a process; the resume does not
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert_same_weights(load_checkpoint(run_dir / "checkpoints" / "last.pt"), reference)

@@ -18,7 +18,10 @@ def sweep_figure(records, knobs: list[str], path: Path) -> Path:
     """Final val top-1 against the first swept knob; one line per combination of the other knobs.
 
     The knob's values are evenly spaced ticks, in numeric order when every value is a number (`qk_scale=null`
-    sits at its head_dim ** -0.5), else in the order the runs give them (True before False, as swept).
+    sits at its head_dim ** -0.5), else in the order the runs give them (True before False, as swept). Several runs
+    at one point (seeds) draw their mean with a bar from their min to their max. The y-axis starts at chance
+    (100 / classes) when every run is above it, else at 0: an autoscaled axis made noise near chance read as a
+    peak, so the title names the floor.
     """
     from vit.analysis.runs import knob_value
 
@@ -42,12 +45,29 @@ def sweep_figure(records, knobs: list[str], path: Path) -> Path:
     groups: dict[tuple, list] = {}
     for record in records:
         groups.setdefault(tuple(record.overrides.get(k, "-") for k in others), []).append(record)
+    several = False  # some point holds more than one run (seeds)
     for key, group in groups.items():
-        points = sorted((order.index(raw(r)), r.final_top1) for r in group if r.final_top1 is not None)
-        if points:
-            xs, ys = zip(*points, strict=True)
+        at: dict[int, list[float]] = {}
+        for r in group:
+            if r.final_top1 is not None:
+                at.setdefault(order.index(raw(r)), []).append(r.final_top1)
+        if at:
+            xs = sorted(at)
+            means = [sum(at[x]) / len(at[x]) for x in xs]
+            below = [m - min(at[x]) for m, x in zip(means, xs, strict=True)]
+            above = [max(at[x]) - m for m, x in zip(means, xs, strict=True)]
             label = ", ".join(f"{k}={v}" for k, v in zip(others, key, strict=True)) or None
-            ax.plot(xs, ys, marker="o", label=label)
+            spread = (below, above) if any(len(v) > 1 for v in at.values()) else None
+            several = several or spread is not None
+            ax.errorbar(xs, means, yerr=spread, marker="o", capsize=3, label=label)
+    finals = [r.final_top1 for r in records if r.final_top1 is not None]
+    classes = {r.metrics.get("num_classes") for r in records} - {None}
+    chance = 100.0 / classes.pop() if len(classes) == 1 else None
+    floor = chance if chance is not None and finals and min(finals) > chance else 0.0
+    top = max(finals, default=100.0)
+    ax.set_ylim(floor, min(100.0, top + 0.1 * (top - floor) + 0.5))
+    seeds = " (mean and min-max over seeds)" if several else ""
+    ax.set_title(f"y-axis from {'chance, ' if floor else ''}{floor:g}%{seeds}", fontsize=9)
     ax.set_xticks(range(len(order)), [labels[v] for v in order])
     ax.set_xlabel(main_knob)
     ax.set_ylabel("final val top-1 (%)")

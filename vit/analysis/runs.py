@@ -18,6 +18,25 @@ class RunRecord:
     config: dict
     metrics: dict = field(default_factory=dict)
     val_top1_curve: list[tuple[int, float]] = field(default_factory=list)  # (step, top-1) from TensorBoard
+    failure: dict | None = None  # a sweep job that failed: its failed.json (exit code, line; vit/cli/train.py)
+
+    @property
+    def steps(self) -> int | None:
+        """Optimizer steps trained (metrics.json), over resumes."""
+        steps = self.metrics.get("steps_trained")
+        return steps if steps is not None else (self.metrics.get("final") or {}).get("step")
+
+    @property
+    def images(self) -> int | None:
+        return self.metrics.get("images_trained")
+
+    @property
+    def epochs(self) -> int | None:
+        return self.metrics.get("epochs_done")
+
+    @property
+    def precision(self) -> str | None:
+        return self.metrics.get("precision")
 
     @property
     def final_top1(self) -> float | None:
@@ -127,6 +146,7 @@ def read_runs(sweep_dir: str | Path) -> list[RunRecord]:
     records = []
     for run_dir in run_dirs:
         metrics_path = run_dir / "metrics.json"
+        failed_path = run_dir / "failed.json"
         records.append(
             RunRecord(
                 path=run_dir,
@@ -135,9 +155,47 @@ def read_runs(sweep_dir: str | Path) -> list[RunRecord]:
                 config=run_config(run_dir),
                 metrics=json.loads(metrics_path.read_text()) if metrics_path.is_file() else {},
                 val_top1_curve=_tb_curve(run_dir),
+                failure=json.loads(failed_path.read_text()) if failed_path.is_file() else None,
             )
         )
     return records
+
+
+def _spread(values: list[int]) -> str:
+    low, high = min(values), max(values)
+    return f"{low:,}" if low == high else f"{low:,} to {high:,}"
+
+
+def unequal_training(records: list[RunRecord]) -> str | None:
+    """One line when the runs that trained did not train the same amount (steps or images): then the table compares
+    how much each run trained as well as its knobs. None when they are equal, or nothing says."""
+    trained = [r for r in records if r.failure is None and r.metrics]
+    steps = [r.steps for r in trained if r.steps is not None]
+    images = [r.images for r in trained if r.images is not None]
+    if len(set(steps)) <= 1 and len(set(images)) <= 1:
+        return None
+    amounts = [f"{_spread(steps)} steps" if steps else "", f"{_spread(images)} images" if images else ""]
+    budgeted = any((r.config.get("trainer") or {}).get("budget") for r in trained)
+    why = (
+        "a time budget per job ends each run when its time is up, so a slower or busier job trains less"
+        if budgeted
+        else "their settings (epochs, batch, data) differ"
+    )
+    return (
+        f"note: these runs trained different amounts ({', '.join(a for a in amounts if a)}): {why}; the top-1 "
+        "below compares the training as well as the knobs (give every job the same trainer.epochs, or "
+        "trainer.max_steps, to compare like with like)"
+    )
+
+
+def failure_lines(records: list[RunRecord]) -> list[str]:
+    """One line per job of the sweep that failed: its folder, its overrides and the line it ended with."""
+    return [
+        f"- {r.name} ({' '.join(r.failure.get('overrides') or []) or 'no overrides'}): exit "
+        f"{r.failure.get('exit_code')}, {r.failure.get('line')}"
+        for r in records
+        if r.failure is not None
+    ]
 
 
 def swept_keys(records: list[RunRecord]) -> list[str]:
@@ -211,6 +269,10 @@ def summary_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
         "params (M)",
         "GMACs",
         "img/s",
+        "steps",
+        "images",
+        "epochs",
+        "precision",
         f"final {split}top-1",
         f"best {split}top-1",
         *[name for name, _, _ in extras],
@@ -227,6 +289,10 @@ def summary_rows(records: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
                 _fmt(m.get("params") and m["params"] / 1e6, ".2f"),
                 _fmt(m.get("macs") and m["macs"] / 1e9, ".3f"),
                 _fmt(m.get("train_img_per_s"), ",.0f"),
+                _fmt(record.steps, ","),
+                _fmt(record.images, ","),
+                _fmt(record.epochs, "d"),
+                record.precision or ("failed" if record.failure else "-"),
                 _fmt(record.final_top1, ".2f"),
                 _fmt(record.best_top1, ".2f"),
                 *[_fmt(getattr(record, attr), fmt) for _, attr, fmt in extras],

@@ -36,14 +36,15 @@ from vit.errors import ConfigError, UserError, exit_with
 
 def train_task(cfg) -> float | None:
     """The Hydra task: run one training and return `optimized_metric` (the value a sweeper optimises); bad
-    settings exit with code 2 and one line on stderr, a diverged training with code 1 (vit/cli/__init__.py). In a
+    settings exit with code 2 and one line on stderr, a diverged training with code 3 (vit/cli/__init__.py). In a
     trial of an Optuna search (vit/search/sweeper.py) a diverged training returns NaN, which the study records as
     failed, and a trial its pruner stopped raises optuna.TrialPruned: neither ends the search. A trial stopped by a
-    signal raises TrialInterrupted, which does."""
+    signal raises TrialInterrupted, which does. A job of a sweep (`-m`) that fails either way is noted in its
+    folder and the sweep goes on with its next job (fail_job), then exits with the failure's code (SweepEnd)."""
     from vit.search.trial import TrialInterrupted, is_trial, optimized_metric
     from vit.train import run
     from vit.train.config import validate
-    from vit.train.step_parts import NonFiniteLossError
+    from vit.train.step_parts import TrainingDiverged
 
     logging.getLogger("vit").setLevel(logging.INFO)
     try:
@@ -55,9 +56,14 @@ def train_task(cfg) -> float | None:
         warn_kept_optimizer_settings(cfg)
         metrics = run(cfg)
     except UserError as err:  # a setting, the data, a checkpoint, the run folder: "<kind> error: ..." and exit 2
+        if in_sweep(cfg):
+            return fail_job(err)
         forget_refused_run(err)
         exit_with(err)
-    except NonFiniteLossError as err:  # "training stopped: ..." and exit 1
+    except TrainingDiverged as err:  # "training stopped: ..." and exit 3
+        if in_sweep(cfg):
+            return fail_job(err)
+        log_in_run_folder(err)
         if is_trial(cfg):
             print(f"training stopped: {err}", file=sys.stderr, flush=True)
             return float("nan")
@@ -70,6 +76,100 @@ def train_task(cfg) -> float | None:
 
         raise optuna.TrialPruned(f"pruned after epoch {pruned}")
     return (metrics.get("final") or {}).get(metric)
+
+
+FAILED_FILE = "failed.json"  # in a sweep job's folder: why it failed (scripts/summarize_runs.py lists it)
+
+
+def in_sweep(cfg) -> bool:
+    """A job of `train.py -m` under any launcher, but not a trial of a search, whose study records its failures."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from vit.search.trial import is_trial
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN and not is_trial(cfg)
+
+
+def fail_job(err: BaseException) -> None:
+    """A failed job of a sweep: its line on stderr and in its train.log, and FAILED_FILE in its folder (the exit
+    code, the line, the job's overrides). Nothing is raised: the launcher goes on with the sweep's next job (one
+    refused budget ended a sweep of three before), and SweepEnd exits with the code once every job has run."""
+    import json
+
+    from hydra.core.hydra_config import HydraConfig
+
+    from vit.errors import one_line
+
+    print(one_line(err), file=sys.stderr, flush=True)
+    log_in_run_folder(err)
+    hydra_cfg = HydraConfig.get()
+    record = {
+        "job": hydra_cfg.job.num,
+        "exit_code": getattr(err, "exit_code", 2),
+        "line": one_line(err),
+        "overrides": list(hydra_cfg.overrides.task),
+    }
+    folder = Path(hydra_cfg.runtime.output_dir)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / FAILED_FILE).write_text(json.dumps(record, indent=1) + "\n")
+
+
+def sweep_failures(sweep_dir: Path, since: float) -> list[dict]:
+    """The FAILED_FILE records of the jobs below `sweep_dir` written from `since` on (a folder reused by an earlier
+    sweep keeps that sweep's), in job order."""
+    import json
+
+    found = [p for p in sweep_dir.glob(f"**/{FAILED_FILE}") if p.stat().st_mtime >= since]
+    return sorted((json.loads(p.read_text()) for p in found), key=lambda record: record["job"])
+
+
+class SweepEnd(Callback):
+    """A Hydra callback (configs/config.yaml: hydra.callbacks.sweep_end): after a sweep's last job, the jobs that
+    failed (fail_job), one line each, and the exit code of the first; a sweep whose jobs all ran exits 0. When
+    every job failed with the same line, the setting is bad for the whole sweep, not for a job: each job said it
+    once already, and the folders made for them that hold nothing else go, as a refused run's do."""
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        import time
+
+        self.started = time.time() - 1.0  # file times are whole seconds on some file systems
+        top = os.path.abspath(str(config.hydra.sweep.dir))
+        self.noted = _NEW_FOLDERS.get(top)  # RunFolders, before this callback, noted what existed
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        failures = sweep_failures(sweep_dir, getattr(self, "started", 0.0))
+        if not failures:
+            return
+        noted = getattr(self, "noted", None)
+        before = noted.entries if noted is not None and noted.existed else frozenset()
+        jobs = [p.parent.parent for p in sweep_dir.glob("**/.hydra/config.yaml")]
+        jobs = [job for job in jobs if job.relative_to(sweep_dir).parts[0] not in before]  # this sweep's
+        if len(failures) == len(jobs) and len({record["line"] for record in failures}) == 1:
+            self.forget(jobs)
+            raise SystemExit(failures[0]["exit_code"])
+        jobs_failed = f"{len(failures)} job{'s' * (len(failures) > 1)} failed"
+        print(f"sweep: {jobs_failed} in {sweep_dir} (the others ran; python scripts/summarize_runs.py <that folder> "
+              "tables them):", file=sys.stderr)  # fmt: skip
+        for record in failures:
+            print(f"  job {record['job']} ({' '.join(record['overrides'])}): {record['line']}", file=sys.stderr)
+        sys.stderr.flush()
+        raise SystemExit(failures[0]["exit_code"])
+
+    def forget(self, jobs: list[Path]) -> None:
+        """The job folders that hold only Hydra's files, their log and FAILED_FILE, and the parents this command
+        made that they leave empty."""
+        import shutil
+
+        noted = getattr(self, "noted", None)
+        if noted is None:
+            return
+        for job in jobs:
+            if {p.name for p in job.iterdir()} <= {".hydra", "train.log", FAILED_FILE}:
+                _close_logs_in(str(job))
+                shutil.rmtree(job, ignore_errors=True)
+        _remove_emptied_parents(Path(noted.top), noted)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +226,6 @@ def forget_refused_run(err: BaseException) -> None:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    from vit.errors import one_line
-
     noted_folders = list(_NEW_FOLDERS.values())
     _NEW_FOLDERS.clear()  # this command's: a later run in this process (a test, a notebook) notes its own
     if not HydraConfig.initialized() or not noted_folders:
@@ -148,7 +246,24 @@ def forget_refused_run(err: BaseException) -> None:
         shutil.rmtree(folder, ignore_errors=True)
         _remove_emptied_parents(Path(folder).parent, noted)
         return
-    for handler in _logs_in(folder):  # kept: the log says why the run stopped, as the console did
+    log_in_run_folder(err)  # kept: the log says why the run stopped, as the console did
+
+
+def log_in_run_folder(err: BaseException) -> None:
+    """The line that ends a run (`one_line(err)`) written to the run folder's log (train.log) too: on the console
+    alone, it was gone with the terminal. Not through the "vit.train" logger, whose console handler would print it
+    a second time beside exit_with's line on stderr."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from vit.errors import one_line
+
+    if not HydraConfig.initialized():
+        return
+    output_dir = OmegaConf.select(HydraConfig.get(), "runtime.output_dir", default=None, throw_on_missing=False)
+    if not output_dir:
+        return
+    for handler in _logs_in(os.path.abspath(output_dir)):
         handler.handle(logging.makeLogRecord({"name": "vit.train", "levelno": logging.ERROR,
                                               "levelname": "ERROR", "msg": one_line(err)}))  # fmt: skip
 

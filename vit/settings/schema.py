@@ -25,6 +25,7 @@ another settings class). Ranges: `low` / `high`, open or closed; `choices` is th
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -61,6 +62,11 @@ def as_given(value: Any) -> Any:
 
 def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_finite(value: Any) -> bool:
+    """inf and nan pass every range check (nan compares false both ways): refused as numbers here."""
+    return _is_number(value) and math.isfinite(value)
 
 
 def _plain(value: Any) -> Any:
@@ -110,6 +116,8 @@ class Kind:
         if self.base is int:
             return None if _is_number(value) and isinstance(value, int) else "must be an integer"
         if self.base is float:
+            if _is_number(value) and not _is_finite(value):
+                return "must be a finite number"
             return None if _is_number(value) else "must be a number"
         if self.base is str:  # a number is text too: a folder named 2024, a split named 2017
             return None if isinstance(value, str) or _is_number(value) else "must be a string"
@@ -117,6 +125,8 @@ class Kind:
             return None if isinstance(value, Mapping) else "must be a mapping" + (" or null" if self.optional else "")
         if self.base is tuple:
             ok = isinstance(value, (list, tuple)) and len(value) == self.length and all(map(_is_number, value))
+            if ok and not all(map(_is_finite, value)):
+                return "must be finite numbers"
             return None if ok else f"must be a list of {self.length} numbers" + (" or null" if self.optional else "")
         return None
 

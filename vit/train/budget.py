@@ -39,8 +39,16 @@ import math
 import time
 from dataclasses import dataclass
 
-from vit.errors import ConfigError
+from vit.errors import UserError
 from vit.train.report import figure_due
+
+
+class BudgetTooSmall(UserError):
+    """trainer.budget cannot hold the run, as measured on this machine (the start, the step): a setting to change,
+    so exit code 2, but named as the measurement it is, with the budget that would have fitted."""
+
+    kind = "budget"
+
 
 log = logging.getLogger("vit.train")
 
@@ -148,9 +156,10 @@ class Budget:
     def check_start(self) -> None:
         """Before the first step: a budget the start-up has already spent is refused at once."""
         if self.elapsed() >= self.shape.budget_s - self.margin:
-            raise ConfigError(
+            raise BudgetTooSmall(
                 f"trainer.budget={duration(self.shape.budget_s)} is too small for this run: the start (imports, "
-                f"model, data) took {self.elapsed():.1f} s of it before the first step; give a longer budget"
+                f"model, data) took {self.elapsed():.1f} s of it before the first step; give more than "
+                f"{math.ceil(self.elapsed() + self.margin)}s"
             )
 
     def epoch_starts(self, img_size: int | None = None) -> None:
@@ -222,7 +231,8 @@ class Budget:
         if distributed:  # rank 0's decision on every rank, taken at the same steps
             decision = self.dist.broadcast(decision)
         if decision == TOO_SMALL:
-            raise ConfigError(self.too_small_reason or f"trainer.budget={duration(self.shape.budget_s)} is too small")
+            budget = duration(self.shape.budget_s)
+            raise BudgetTooSmall(self.too_small_reason or f"trainer.budget={budget} is too small")
         if decision is not None:
             self.adopt(step, decision)
 
@@ -325,12 +335,17 @@ class Budget:
         return max(0.2, 0.005 * self.shape.budget_s, 0.02 * left)
 
     def too_small(self, step: int) -> str:
+        """The refusal, with the smallest budget in which the run would have planned one step beyond those timed:
+        what it has spent, one more step, the epoch ends and the test to come, and the margin."""
         shape = self.shape
         evaluation = self.eval_batch_seconds() * (shape.val_batches + shape.test_batches)
+        epochs = max(1, math.ceil(step / shape.steps_per_epoch))
+        smallest = self.elapsed() + self.step_s + self.ends_cost(step, epochs) + self.margin
         return (
             f"trainer.budget={duration(shape.budget_s)} is too small for this run: the start and the first {step} "
             f"steps took {self.elapsed():.1f} s, a step takes {self.step_s:.2f} s and the final evaluation about "
-            f"{evaluation:.1f} s; give a longer budget"
+            f"{evaluation:.1f} s; the smallest budget that fits on this machine now is about "
+            f"{math.ceil(smallest)}s, and a longer one trains more"
         )
 
     def adopt(self, step: int, total: int) -> None:
@@ -347,18 +362,21 @@ class Budget:
         if self.planner:
             self.announce(step, first)
 
-    # A re-plan is a line of its own when it moves the end by more than ANNOUNCE_CHANGE of the steps last told of
-    # and ANNOUNCE_GAP of the budget has passed since that line (the first plans, made on a few steps, settle in
-    # quick succession), or when ANNOUNCE_EVERY of the budget has passed; the progress line shows the plan live.
-    ANNOUNCE_CHANGE, ANNOUNCE_GAP, ANNOUNCE_EVERY = 0.05, 0.02, 0.1
+    # A re-plan is a line of its own when it moves the run's end by more than ANNOUNCE_CHANGE of the budget (in
+    # time at the measured speed) or changes the planned epochs, and ANNOUNCE_GAP of the budget has passed since the
+    # last line (the first plans, made on a few steps, settle in quick succession). Smaller corrections go to
+    # metrics.json only: a line every few seconds that moved nothing was noise; the progress line shows the plan.
+    ANNOUNCE_CHANGE, ANNOUNCE_GAP = 0.02, 0.02
 
     def worth_a_line(self, first: bool) -> bool:
         if first or self.announced is None:
             return True
         told, told_at = self.announced
         since = (self.elapsed() - told_at) / self.shape.budget_s
-        moved = abs(self.plan.total_steps - told) > self.ANNOUNCE_CHANGE * told
-        return (moved and since >= self.ANNOUNCE_GAP) or since >= self.ANNOUNCE_EVERY
+        moved_s = abs(self.plan.total_steps - told) * (self.step_s or 0.0)
+        spe = self.shape.steps_per_epoch
+        epochs_changed = math.ceil(self.plan.total_steps / spe) != math.ceil(told / spe)
+        return since >= self.ANNOUNCE_GAP and (moved_s > self.ANNOUNCE_CHANGE * self.shape.budget_s or epochs_changed)
 
     def announce(self, step: int, first: bool) -> None:
         shape, total = self.shape, self.plan.total_steps

@@ -42,39 +42,65 @@ class BudgetSchedule:
 
 
 class Forecast:
-    """Without trainer.budget: after the first timed steps, how long the trainer.epochs of the run take at the
-    measured speed. A run whose steps alone would take more than LONG_RUN_S says so in one warning line, with the
-    setting that plans for a fixed time instead: a first command should not run for half a day without a word."""
+    """Without trainer.budget: how long the trainer.epochs of the run take at the measured speed, said twice.
 
-    LONG_RUN_S = 3 * 3600.0  # "a few hours": past this the line is printed
+    - Early, within the first minute: from the steps timed after the first one (whose allocations and compilation
+      are not the step's), once EARLY_STEPS are timed or EARLY_S have passed, whichever comes first. A first
+      command should not run for an hour before it says how long it is.
+    - Then a better estimate, once TIMED_STEPS are timed after the loader workers' start (each worker's first
+      batch is slow).
+
+    Each is one line for a run whose steps left take more than SHORT_RUN_S; past LONG_RUN_S it is a warning
+    naming the setting that plans for a fixed time instead."""
+
+    SHORT_RUN_S = 120.0  # a run of a couple of minutes needs no forecast
+    LONG_RUN_S = 3 * 3600.0  # "a few hours": a warning
+    EARLY_STEPS = 2
+    EARLY_S = 30.0
     TIMED_STEPS = 10
 
     def __init__(self, max_steps: int, images_per_step: int, untimed: int, speaks: bool) -> None:
         self.max_steps, self.images_per_step, self.speaks = max_steps, images_per_step, speaks
         self.untimed_left = untimed  # the first step (allocations, compilation) and each loader worker's start
-        self.first: tuple[int, float] | None = None  # (step, clock) where the timing starts
-        self.done = not speaks
+        self.after_first: tuple[int, float] | None = None  # (step, clock) after the first step: the early timing
+        self.first: tuple[int, float] | None = None  # (step, clock) where the better timing starts
+        self.early_done = self.done = not speaks
 
     def after_step(self, step: int) -> None:
         if self.done:
             return
+        now = clock()
+        if self.after_first is None:
+            self.after_first = (step, now)
+        elif not self.early_done:
+            timed, seconds = step - self.after_first[0], now - self.after_first[1]
+            if timed >= self.EARLY_STEPS or seconds >= self.EARLY_S:
+                self.early_done = True
+                self.tell(step, seconds / timed, early=True)
         if self.untimed_left or self.first is None:
             self.untimed_left = max(0, self.untimed_left - 1)
-            self.first = (step, clock())
+            self.first = (step, now)
             return
         if step - self.first[0] < self.TIMED_STEPS:
             return
         self.done = True
-        step_s = (clock() - self.first[1]) / (step - self.first[0])
-        left_s = (self.max_steps - step) * step_s
-        if left_s > self.LONG_RUN_S:
-            log.warning(self.line(step, step_s, left_s))
+        self.tell(step, (now - self.first[1]) / (step - self.first[0]), early=False)
 
-    def line(self, step: int, step_s: float, left_s: float) -> str:
+    def tell(self, step: int, step_s: float, early: bool) -> None:
+        left_s = (self.max_steps - step) * step_s
+        if left_s <= self.SHORT_RUN_S:
+            return
+        line = self.line(step, step_s, left_s, early)
+        (log.warning if left_s > self.LONG_RUN_S else log.info)(line)
+
+    def line(self, step: int, step_s: float, left_s: float, early: bool) -> str:
+        hours = f"{left_s / 3600:.1f} h" if left_s >= 3600 else f"{left_s / 60:.0f} min"
+        timed = "over its first steps, a better estimate follows" if early else f"over {self.TIMED_STEPS} steps"
+        hint = "add trainer.budget=<time> (e.g. 30m or 2h): the run then plans as many steps as fit"
         return (
-            f"this run's {self.max_steps - step:,} steps left take about {left_s / 3600:.1f} h on this machine "
-            f"({self.images_per_step / step_s:,.0f} img/s measured, evaluations not counted); to train for a fixed "
-            "time instead, add trainer.budget=<time> (e.g. 30m or 2h): the run then plans as many steps as fit"
+            f"this run's {self.max_steps - step:,} steps left take about {hours} on this machine "
+            f"({self.images_per_step / step_s:,.0f} img/s measured {timed}; evaluations not counted); to train for "
+            f"a fixed time instead, {hint}"
         )
 
 

@@ -20,6 +20,7 @@ def epoch_record(epoch: int, step: int, train: dict, val: dict | None, val_ema: 
         "elapsed_s": elapsed_s,
         "train_loss": train["loss"],
         "train_img_per_s": train["img_per_s"],
+        "train_images": train.get("images"),
         "epoch_seconds": train["seconds"],
         "val_top1": val["top1"] if val else None,
         "val_top5": val["top5"] if val else None,
@@ -97,6 +98,13 @@ def final_test(run) -> dict:
     return test
 
 
+def trained_images(history: list[dict]) -> int | None:
+    """The images trained over the run's epochs (all ranks'); None when an epoch's record predates the count (a run
+    resumed from an older checkpoint): a partial sum would read as a smaller run."""
+    counts = [record.get("train_images") for record in history]
+    return None if None in counts else int(sum(counts))
+
+
 def run_metrics(run) -> dict:
     """metrics.json: the model built (its name, `timm:<name>` for one built from a timm name, and its
     architecture, from the config the checkpoints record), final and best epoch, mean throughput, model size, how
@@ -112,6 +120,8 @@ def run_metrics(run) -> dict:
         "macs": cost.macs,
         "num_classes": bundle.num_classes,
         "epochs_done": len(history),
+        "steps_trained": history[-1]["step"] if history else 0,  # optimizer steps, over resumes
+        "images_trained": trained_images(history),
         "final": history[-1] if history else {},
         "best": {
             "val_top1": best.get("val_top1"),

@@ -282,21 +282,55 @@ class TensorBoard:
             threading.excepthook = self._previous_hook
 
 
-def flat_hparams(config: Mapping, prefix: str = "") -> dict:
-    """Nested config -> {"model.num_heads": 3, ...} for TensorBoard's HPARAMS view: every model/optim/sched/data
-    key (lists left out) plus trainer.epochs/seed/amp, so the runs of a sweep line up column by column."""
-    out = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping):
-            if prefix or key in ("model", "optim", "sched", "data"):
-                out.update(flat_hparams(value, f"{name}."))
-        elif not isinstance(value, (list, tuple)):
-            out[name] = "null" if value is None else value
-    if not prefix:
-        trainer = config.get("trainer", {})
-        out.update({f"trainer.{k}": trainer.get(k) for k in ("epochs", "seed", "amp") if k in trainer})
-    return out
+# The columns a reader of TensorBoard's HPARAMS view always wants, whatever was swept.
+HPARAM_KEYS = (
+    "model.name",
+    "model.embed_dim",
+    "model.depth",
+    "model.num_heads",
+    "model.qk_scale",
+    "model.qkv_bias",
+    "optim.name",
+    "optim.lr",
+    "data.batch_size",
+    "trainer.epochs",
+    "trainer.seed",
+)
+
+
+def job_overrides() -> list[str]:
+    """The overrides of this Hydra job (a sweep's values for it among them); none for a run() outside Hydra."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        return list(HydraConfig.get().overrides.task)
+    except (ImportError, ValueError):
+        return []
+
+
+def run_hparams(config: Mapping, given: list[str], precision: str) -> dict:
+    """One run's row in TensorBoard's HPARAMS view: HPARAM_KEYS, the precision it trained in, and the keys its
+    command line set (`given`: Hydra's overrides of this job, a sweep's values among them; a group choice as its
+    option's name), so a sweep's knobs are columns and its constants are not (every key of the config was 60 and
+    more columns). The full config stays in the run folder (.hydra/config.yaml, metrics.json)."""
+
+    def value(key: str):
+        node = config
+        for part in key.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                return None
+            node = node[part]
+        return node
+
+    out: dict = {key: value(key) for key in HPARAM_KEYS}
+    out["precision"] = precision
+    for override in given:
+        key, _, raw = override.lstrip("+~").partition("=")
+        if key.startswith("hydra.") or key in out:
+            continue
+        found = value(key)
+        out[key] = raw if isinstance(found, Mapping) or found is None else found  # a group: its choice
+    return {k: "null" if v is None else v for k, v in out.items() if not isinstance(v, (list, tuple, Mapping))}
 
 
 def reconstruction_image(

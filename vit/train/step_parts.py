@@ -69,10 +69,12 @@ class StepState:
     last_scale: float | None = None  # the GradScaler's scale when it was last read
 
 
-class NonFiniteLossError(CheckFailed):
-    """The loss stopped being finite for trainer.max_bad_steps steps: the settings were valid, the run was not."""
+class TrainingDiverged(CheckFailed):
+    """The loss stopped being finite for trainer.max_bad_steps steps, or the weights after an epoch: the settings
+    were valid, the run was not. Exit code 3, whichever diverged (a failed check of another kind is 1)."""
 
     what = "training stopped"
+    exit_code = 3
 
 
 class Window:
@@ -137,7 +139,7 @@ def raise_if_diverged(settings: StepParts, state: StepState) -> None:
     worst = int(settings.dist.max_(state.worst_bad_run.clone()).item())
     state.worst_bad_run.zero_()
     if settings.scaler is None and worst >= settings.max_bad_steps:
-        raise NonFiniteLossError(
+        raise TrainingDiverged(
             f"the loss was not finite for {worst} consecutive steps (trainer.max_bad_steps={settings.max_bad_steps}), "
             f"detected at step {state.step}; the checkpoints of the last finished epoch are kept"
         )

@@ -36,13 +36,13 @@ from vit.train.metrics import (
     run_metrics,
     val_score,
 )
-from vit.train.report import flat_hparams
+from vit.train.report import job_overrides, run_hparams
 from vit.train.setup import Run, epoch_seed, rank_seed, seed_everything, set_loader_epoch, skip_train_batches
 from vit.train.signals import requeue
 from vit.train.step_parts import (
-    NonFiniteLossError,
     StepParts,
     StepState,
+    TrainingDiverged,
     Window,
     autocast,
     check_finite,
@@ -162,7 +162,8 @@ def train_one_epoch(
     count_skipped_steps(parts, state)  # the scale before this epoch's first step
     steps = len(loader) if limit_batches is None else min(len(loader), limit_batches)
     if stop_agreed(parts):  # a signal that came during the last evaluation or checkpoint
-        return {"loss": math.nan, "img_per_s": 0.0, "seconds": 0.0, "steps": 0, "stopped": True, "planned_end": False}
+        return {"loss": math.nan, "img_per_s": 0.0, "images": 0, "seconds": 0.0, "steps": 0, "stopped": True,
+                "planned_end": False}  # fmt: skip
     stopped, planned_end, done, images_seen = False, False, 0, 0
     loss_sum = torch.zeros((), device=parts.device)
     window = Window(parts.device)
@@ -202,6 +203,7 @@ def train_one_epoch(
         # The mean over all ranks' batches; nan when nothing was left to train this epoch.
         "loss": (parts.dist.sum_(loss_sum / max(done, 1)) / world).item() if steps else float("nan"),
         "img_per_s": images_seen * world / max(seconds, 1e-9),  # global
+        "images": images_seen * world,  # global: what the summary of a sweep compares runs by
         "seconds": seconds,
         "steps": max(done, 1),
         "stopped": stopped,
@@ -309,7 +311,7 @@ def draw_figures(run: Run, epoch: int | None = None, epochs: int | None = None) 
 def check_weights(run: Run, epoch: int) -> None:
     """Non-finite steps too few to stop the loop may still have ruined the weights: never checkpoint those."""
     if not weights_finite(run.model, run.dist):
-        raise NonFiniteLossError(
+        raise TrainingDiverged(
             f"the weights are not finite after epoch {epoch + 1} (step {run.step_state.step}); the checkpoints of "
             f"epoch {epoch} are kept"
         )
@@ -323,15 +325,14 @@ def save_stopped(run: Run, epoch: int, trained: dict) -> None:
     step = run.step_state.step
     if trained["steps"]:
         run.checkpoints.save_stop(epoch, step, run.progress, batches_done, rng_ranks)
-    if run.dist.is_main:
-        print(
-            f"stopped by {run.stop.name or 'a signal'} in epoch {epoch + 1} after batch {batches_done} "
-            f"(step {step}); last.pt in {run.checkpoints.folder} holds this step. Resume with the same command "
-            "plus trainer.resume=auto",
-            flush=True,
-        )
+    if run.dist.is_main:  # logged: the run folder's train.log ends with it, as the console does
+        log.info(
+            "stopped by %s in epoch %d after batch %d (step %d); last.pt in %s holds this step. Resume with the same "
+            "command plus trainer.resume=auto",
+            run.stop.name or "a signal", epoch + 1, batches_done, step, run.checkpoints.folder,
+        )  # fmt: skip
         if run.stop.requeues:  # SIGUSR1: the job goes back in SLURM's queue and resumes when it starts again
-            print(requeue(), flush=True)
+            log.info("%s", requeue())
 
 
 def finish(run: Run) -> dict:
@@ -365,5 +366,6 @@ def finish(run: Run) -> dict:
         atomic_write_text(json.dumps(metrics, indent=2), run.run_dir / "metrics.json")  # a failed write keeps the old
         score = run.task.score
         final, best = metrics["final"].get(score) or 0.0, metrics["best"][score] or 0.0
-        report.hparams(flat_hparams(run.built.resolved), {score: final, f"best_{score}": best})
+        hparams = run_hparams(run.built.resolved, job_overrides(), run.step_parts.precision.name)
+        report.hparams(hparams, {score: final, f"best_{score}": best})
     return metrics

@@ -1,4 +1,4 @@
-# 2026-12-02 01:49-02:47 UTC, 2-core AMD EPYC Zen 5 (family 26, model 2, avx512_bf16), commit b3e4189 plus the
+# 2026-12-02 01:44-01:54 UTC, 2-core AMD EPYC Zen 5 (family 26, model 2, avx512_bf16), commit b3e4189 plus the
 # eval mode of lab/busy_cpu.sh (committed with these records). The checkpoints: 2 steps of experiment=cifar10_cpu
 # (the speed of a pass does not depend on the weights).
 R="experiment=cifar10_cpu data.root=<cifar10> trainer.budget=null trainer.epochs=1 trainer.progressive_resize.min_size=null trainer.width_by_budget.widths=null data.limit_train_samples=512 trainer.limit_val_batches=1 trainer.eval_flip=false trainer.eval_shift=0"

@@ -85,33 +85,47 @@ def folder_splits(cfg: ImageFolderSettings, seed: int = 0) -> Splits:
         _check_no_empty_class(root, split, dataset, "holds no image files")
     if cfg.scan_images:
         _drop_unreadable(cfg, root, {"train": train, val_name: val}, on_bad)
-    _say_if_upsampled(train.samples, cfg.img_size)
+    _say_if_small(train.samples, cfg)
     return Splits(train, val, dict(train.class_to_idx), root=root, val_name=val_name)
 
 
 UPSAMPLED_NOTICE_RATIO = 2  # data.img_size at least this many times the images' longer side: said in one line
+GREY_MODES = ("1", "L", "LA", "I", "I;16", "F")  # PIL's one-channel modes (read_rgb copies the channel thrice)
 
 
-def _say_if_upsampled(samples: list[tuple[str, int]], img_size: int) -> None:
+def _say_if_small(samples: list[tuple[str, int]], cfg: ImageFolderSettings) -> None:
     """One line when data.img_size is far above the images' own size (CIFAR's 32 px JPEGs at the image-folder
-    default of 224 cost 49x the compute for no new pixels). The size of 8 images spread over the split, from
-    their headers: nothing is decoded."""
+    default of 224 cost 49x the compute for no new pixels; 8 px digits 784x), with the settings that fit small
+    images: their own size, a patch for about 8x8 tokens, a padded crop in place of the random-resized one (which
+    throws away most of a tiny image), no policy of photo operations, and no mirror where it changes the class.
+    Grey images are named in it. The size and mode of 8 images spread over the split, from their headers: nothing
+    is decoded."""
+    img_size = cfg.img_size
     if not samples or img_size <= 0:
         return
-    sides = []
+    sides, grey = [], []
     for path, _ in samples[:: max(1, len(samples) // 8)][:8]:
         try:
             with Image.open(path) as image:
                 sides.append(max(image.size))
+                grey.append(image.mode in GREY_MODES)
         except Exception:  # an unreadable file is the scan's to report
             continue
-    if sides and img_size >= UPSAMPLED_NOTICE_RATIO * (side := int(np.median(sides))):
-        log.warning(
-            "data.img_size=%d but the training images are about %d px on their longer side: each is upsampled "
-            "%.0fx (as fine-tuning weights trained at that size wants); to train at their own size set "
-            "data.img_size=%d (and data.patch_size to match, e.g. 4 for 32 px)",
-            img_size, side, img_size / side, side,
-        )  # fmt: skip
+    if not sides or img_size < UPSAMPLED_NOTICE_RATIO * (side := int(np.median(sides))):
+        return
+    tone = ", grey" if all(grey) else ""
+    aug = cfg.augment
+    fits = [f"data.img_size={side}", f"data.patch_size={max(1, side // 8)}"]
+    if aug.crop == "rrc":
+        fits += ["data.augment.crop=pad", f"data.augment.pad={max(1, side // 8)}"]
+    if aug.auto_augment:
+        fits.append("data.augment.auto_augment=null")
+    mirror = " (and data.augment.hflip=false where a mirrored image is another class: digits, letters)" * aug.hflip
+    log.warning(
+        "data.img_size=%d but the training images are about %d px on their longer side%s: each is upsampled %.0fx "
+        "(as fine-tuning weights trained at that size wants); small images train at their own size: %s%s",
+        img_size, side, tone, img_size / side, " ".join(fits), mirror,
+    )  # fmt: skip
 
 
 class UnlabelledImages(Dataset):
