@@ -437,3 +437,18 @@ def test_the_evaluations_still_to_come_slow_down_with_the_step_when_the_machine_
     budget.epoch_starts(16)  # another image size: its step's cost says nothing of the load
     assert budget.end_cost(True) == pytest.approx(2.0)
     assert Budget(budget.shape, 0.0, state=budget.state_dict()).eval_step == (32, pytest.approx(0.01))
+
+
+def test_a_load_that_starts_near_the_end_reaches_the_time_kept_for_the_last_evaluation_at_once(monkeypatch):
+    """The plan's speed is averaged over half the time left; the evaluations' reserve follows the latest seconds,
+    so a machine that turns busy a few seconds before the planned end shortens the training at once."""
+    budget, now = scripted_budget(monkeypatch, budget_s=600.0)
+    budget.epoch_starts(32)
+    train_steps(budget, now, 1, 3000, 0.05)  # 150 s at 0.05 s a step
+    budget.epoch_trained()
+    now[0] += 20.0
+    budget.epoch_ended(evaluated=True)
+    budget.epoch_starts(32)
+    train_steps(budget, now, 3001, 100, 0.15)  # 15 s of a step 3x slower
+    assert budget.step_s < 0.10  # the plan's window has not caught up
+    assert budget.end_cost(True) == pytest.approx(60.0, rel=0.05)  # the evaluation, 3x slower too

@@ -113,6 +113,7 @@ class Budget:
     WARMUP_STEPS = 3  # timed steps before the first plan (after the untimed first step of each process)
     DISTRIBUTED_EVERY = 10  # under torchrun, the ranks agree on the plan every this many steps
     MIN_WINDOW = 20  # the speed is measured over the latest half of the time left, at least this many steps
+    RECENT_S = 5.0  # the load's effect on the evaluations to come: the step over the latest few seconds
     MAX_SAMPLES = 8192
 
     def __init__(self, shape: RunShape, elapsed_s: float, dist=None, state: dict | None = None) -> None:
@@ -271,10 +272,21 @@ class Budget:
 
     def load_change(self) -> float:
         """How much slower a step at the image size of the latest measured evaluation runs now than it ran then:
-        the machine's load changed (1.0 when the size differs, or nothing was measured)."""
+        the machine's load changed (1.0 when the size differs, or nothing was measured). "Now" is the slower of
+        the plan's window and the latest RECENT_S: the plan's window spans half the time left, so a load that
+        starts near the end would reach it only after the time for the last evaluation had been spent."""
         if self.eval_step is None or self.step_s is None or self.eval_step[0] != self.img_size:
             return 1.0
-        return self.step_s / self.eval_step[1]
+        return max(self.step_s, self.recent_step_seconds() or 0.0) / self.eval_step[1]
+
+    def recent_step_seconds(self) -> float | None:
+        """Seconds per step over the steps timed in the latest RECENT_S (at least 2 steps), or None."""
+        if len(self.sample_clock) < 3:
+            return None
+        first = bisect.bisect_left(self.sample_clock, self.sample_clock[-1] - self.RECENT_S)
+        first = min(first, len(self.sample_clock) - 3)
+        steps = self.sample_steps[-1] - self.sample_steps[first]
+        return (self.sample_clock[-1] - self.sample_clock[first]) / steps if steps > 0 else None
 
     def end_cost(self, evaluated: bool) -> float:
         if not evaluated:
