@@ -31,6 +31,7 @@ from vit.train.budget import tolerance
 REPO = Path(__file__).resolve().parents[1]
 LOADS = ("idle", "one_core", "late_core")
 LATE = 0.8  # late_core: the share of the budget before the loop starts
+LOGGED = ("threads", ": train loss", "budget", "test top-1", "width")
 OWN_KEYS = ("budget", "loads", "json")
 
 
@@ -60,6 +61,8 @@ def timed_run(budget: str, overrides: list[str], load: str, folder: Path) -> dic
             burner.wait()
     metrics_file = folder / "metrics.json"
     metrics = json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
+    log_file = folder / "train.log"
+    log_lines = log_file.read_text().splitlines() if log_file.exists() else []
     record = metrics.get("budget", {})
     budget_s = parse_budget(budget)
     return {
@@ -76,6 +79,8 @@ def timed_run(budget: str, overrides: list[str], load: str, folder: Path) -> dic
         "top1": (metrics.get("test") or {}).get("top1") or (metrics.get("final") or {}).get("val_top1"),
         "budget_record": record,  # metrics.json's budget: every plan, the final lr (the run folder is not kept)
         "stderr_tail": done.stderr[-500:] if done.returncode else "",
+        # the run's own account of its end: its threads, epochs and budget lines (the run folder is not kept)
+        "log_lines": [line for line in log_lines if any(word in line for word in LOGGED)],
     }
 
 

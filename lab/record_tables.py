@@ -926,6 +926,32 @@ def alone_interleaved_table(folder: Path) -> str:
     return markdown_table(["case", "alone, 2 threads img/s", "alone, auto img/s"], rows)
 
 
+def late_load_table(folder: Path) -> str:
+    """lab/budget_outside.py loads=late_core records (budget_late_core_*.json; "before" in the name: the reserve
+    for the evaluations scaled by the plan's window alone): a row per run, its wall time from outside against
+    the budget, the steps trained, the test top-1 and the thread line before the last evaluation where logged."""
+    rows = []
+    for path in sorted(folder.glob("budget_late_core_*.json"), key=lambda p: ("before" not in p.name, p.name)):
+        record = json.loads(path.read_text())
+        run = record["runs"][0]
+        line = ([x for x in run.get("log_lines", []) if "for the evaluation" in x] or [""])[-1]  # the last one
+        rows.append(
+            [
+                f"[{path.stem}](results/{folder.name}/{path.name})",
+                "before" if "before" in path.name else "after",
+                f"{record['budget_s']:.0f} s",
+                f"{run['outside_wall_s']:.1f} s ({run['outside_over_budget_s']:+.1f})",
+                "yes" if run["outside_within_tolerance"] else "no",
+                f"{run['trained_steps']:,}",
+                f"{run['top1']:.2f}",
+                f"`{line.split(' - threads: ')[1].split(':')[0]}`" if line else "not logged",
+            ]
+        )
+    header = ["record", "reserve", "budget", "wall from outside", "within tolerance", "steps", "test top-1",
+              "threads for the last evaluation"]  # fmt: skip
+    return markdown_table(header, rows)
+
+
 TWO_TRAININGS = [
     ("alone", "one alone"),
     ("before", "two started together, trainer.threads=2 each"),
@@ -1008,6 +1034,7 @@ TABLES: dict[str, DocTable] = {
     "busy_cpu_wait_policy_zen5": DocTable("busy_cpu_zen5", wait_policy_table),
     "busy_cpu_eval_zen5": DocTable("busy_cpu_zen5", busy_eval_table),
     "busy_cpu_alone_zen5": DocTable("busy_cpu_zen5", alone_interleaved_table),
+    "busy_cpu_late_load_zen5": DocTable("busy_cpu_zen5", late_load_table),
     "busy_cpu_two_trainings_zen5": DocTable("busy_cpu_zen5/two_trainings", two_trainings_table),
     "cifar10_proxy_base": DocTable("cifar10_proxy_base", proxy_base_table),
     "cpu_profile_avx2": DocTable("cpu_step_avx2", cpu_profile_table),
