@@ -10,7 +10,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,export,data,search]'
+	$(PY) -m pip install -q -e '.[dev,export,data,search,sweep]'
 	touch $(STAMP)
 
 # On every core (pytest-xdist), a test file to a worker, handed out in the order tests/conftest.py gives (the longest

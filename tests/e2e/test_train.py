@@ -197,21 +197,34 @@ def test_multirun_sweep_gives_each_run_its_own_directory(tmp_path):
         assert len(hparams) <= 20, sorted(hparams)
 
 
-def test_a_failing_job_does_not_end_the_sweep(tmp_path):
-    """Job 1 is refused (3 heads do not divide 32 wide): jobs 0 and 2 still train, job 1's folder names why, the
-    sweep's last lines list it, and the sweep exits with its code."""
+@pytest.mark.parametrize(
+    ("launcher", "heads"),
+    [
+        pytest.param([], "1,3,2", id="basic"),
+        # a process a job (importing torch each): two jobs, the first refused, keep these short
+        pytest.param(["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"], "3,2", id="joblib"),
+        pytest.param(["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=5"], "3,2", id="submitit_local"),
+    ],
+)
+def test_a_failing_job_does_not_end_the_sweep(tmp_path, launcher, heads):
+    """The job of 3 heads is refused (they do not divide 32 wide): the others still train, its folder names why,
+    the sweep's last lines list it, and the sweep exits with its code, under Hydra's basic launcher (one job after
+    another in this process), joblib's (jobs side by side in worker processes) and submitit's local one (a process
+    a job, as on a SLURM cluster)."""
     sweep = tmp_path / "sweep"
-    args = ["-m", "model.num_heads=1,3,2", *QUICK_SYNTHETIC, *TINY_MODEL[:2], "trainer=debug"]
+    args = ["-m", f"model.num_heads={heads}", *QUICK_SYNTHETIC, *TINY_MODEL[:2], "trainer=debug", *launcher]
     done = run_cli([*args, f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
     assert done.returncode == 2, done.stderr[-3000:]
-    assert (sweep / "0" / "metrics.json").is_file() and (sweep / "2" / "metrics.json").is_file()
-    failed = json.loads((sweep / "1" / "failed.json").read_text())
+    failed_job = heads.split(",").index("3")
+    trained = [n for n in range(len(heads.split(","))) if n != failed_job]
+    assert all((sweep / str(n) / "metrics.json").is_file() for n in trained), sorted(p.name for p in sweep.iterdir())
+    failed = json.loads((sweep / str(failed_job) / "failed.json").read_text())
     assert failed["exit_code"] == 2 and "model.num_heads=3" in failed["overrides"]
     assert failed["line"].startswith("config error: model.num_heads=3 must be a positive divisor of embed_dim=32")
-    assert failed["line"] in (sweep / "1" / "train.log").read_text()
+    assert failed["line"] in (sweep / str(failed_job) / "train.log").read_text()
     tail = done.stderr.strip().splitlines()[-2:]
     assert tail[0].startswith(f"sweep: 1 job failed in {sweep}")
-    assert tail[1].startswith("  job 1 (model.num_heads=3 ") and tail[1].endswith(failed["line"])
+    assert tail[1].startswith(f"  job {failed_job} (model.num_heads=3 ") and tail[1].endswith(failed["line"])
 
 
 def logged_hparams(events: EventAccumulator) -> dict:
