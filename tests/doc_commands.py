@@ -132,6 +132,7 @@ SKIPPED = [
     ),
     (r"^pip ", "the network: the package index"),
     (r"\$SLURM|^head=", "Slurm"),
+    (r"hydra/launcher=submitit_slurm", "a SLURM cluster (submitit_local, its path here: tests/e2e/test_sweeps.py)"),
     (r"data\.path=/data/", "a Hugging Face dataset saved on the writer's disk"),
     (
         r"plot_recipes\.py <runs>|plot_recipes\.py recipes",

@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from tensorboard.plugins.hparams import plugin_data_pb2
 from trainer_utils import (
     QUICK_SYNTHETIC,
     REPO,
@@ -48,7 +47,7 @@ def cli_run(tmp_path_factory):
     """One real `python train.py` run on synthetic data: 2 epochs of a tiny ViT."""
     cwd = tmp_path_factory.mktemp("cli")
     run_dir = cwd / "run"
-    args = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.epochs=2", "trainer.device=cpu", "trainer.log_every_n_steps=2"]
+    args = [*QUICK_SYNTHETIC, *TINY_MODEL, "trainer.epochs=2", "trainer.device=cpu"]  # log_every_n_steps=auto
     args += ["optim.lr=3e-3", "sched.warmup_epochs=0.25", "trainer.attn_maps_every_n_epochs=1"]
     done = run_cli([*args, f"hydra.run.dir={run_dir}"], cwd=cwd, process=True)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -87,7 +86,8 @@ def test_cli_tensorboard_holds_finite_scalars_and_a_falling_loss(cli_run):
     for tag in EXPECTED_TAGS:
         assert all(math.isfinite(e.value) for e in events.Scalars(tag)), tag
     losses = [e.value for e in events.Scalars("train/loss")]
-    assert len(losses) >= 4 and losses[-1] < losses[0]
+    # 16 batches, fewer than auto's 20 points at most every 50 batches: a point a batch draws the curve
+    assert len(losses) == 16 and losses[-1] < losses[0]
     assert "attention/heads_and_rollout" in events.Tags()["images"]
 
 
@@ -174,62 +174,6 @@ def test_imagefolder_archive_trains(tmp_path):
         tar.add(tree, arcname="pets")
     metrics = _folder_run(archive, tmp_path, ["data.augment.mixup_alpha=0.8", "data.augment.cutmix_alpha=1.0"])
     assert metrics["epochs_done"] == 2
-
-
-def test_multirun_sweep_gives_each_run_its_own_directory(tmp_path):
-    sweep = tmp_path / "sweep"
-    args = ["-m", "model.num_heads=1,2", *QUICK_SYNTHETIC, *TINY_MODEL[:2], "trainer=debug"]
-    done = run_cli([*args, f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    for n, heads in ((0, 1), (1, 2)):
-        config = (sweep / str(n) / ".hydra" / "config.yaml").read_text()
-        assert f"num_heads: {heads}" in config
-        assert (sweep / str(n) / "metrics.json").is_file()
-        events = EventAccumulator(str(sweep / str(n) / "tb")).Reload()
-        assert "hparam/val_top1" in events.Tags()["scalars"]
-        hparams = logged_hparams(events)  # what TensorBoard's HPARAMS view shows as this run's row
-        assert hparams["model.num_heads"].number_value == heads
-        assert hparams["model.embed_dim"].number_value == 32 and hparams["optim.name"].string_value == "adamw"
-        precision = json.loads((sweep / str(n) / "metrics.json").read_text())["precision"]
-        assert hparams["data"].string_value == "synthetic" and hparams["precision"].string_value == precision
-        # the swept knob, the keys a reader always wants and the command line's: not every key of the config
-        assert "data.augment.re_prob" not in hparams and "sched.warmup_epochs" not in hparams
-        assert len(hparams) <= 20, sorted(hparams)
-
-
-@pytest.mark.parametrize(
-    ("launcher", "heads"),
-    [
-        pytest.param([], "1,3,2", id="basic"),
-        # a process a job (importing torch each): two jobs, the first refused, keep these short
-        pytest.param(["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"], "3,2", id="joblib"),
-        pytest.param(["hydra/launcher=submitit_local", "hydra.launcher.timeout_min=5"], "3,2", id="submitit_local"),
-    ],
-)
-def test_a_failing_job_does_not_end_the_sweep(tmp_path, launcher, heads):
-    """The job of 3 heads is refused (they do not divide 32 wide): the others still train, its folder names why,
-    the sweep's last lines list it, and the sweep exits with its code, under Hydra's basic launcher (one job after
-    another in this process), joblib's (jobs side by side in worker processes) and submitit's local one (a process
-    a job, as on a SLURM cluster)."""
-    sweep = tmp_path / "sweep"
-    args = ["-m", f"model.num_heads={heads}", *QUICK_SYNTHETIC, *TINY_MODEL[:2], "trainer=debug", *launcher]
-    done = run_cli([*args, f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
-    assert done.returncode == 2, done.stderr[-3000:]
-    failed_job = heads.split(",").index("3")
-    trained = [n for n in range(len(heads.split(","))) if n != failed_job]
-    assert all((sweep / str(n) / "metrics.json").is_file() for n in trained), sorted(p.name for p in sweep.iterdir())
-    failed = json.loads((sweep / str(failed_job) / "failed.json").read_text())
-    assert failed["exit_code"] == 2 and "model.num_heads=3" in failed["overrides"]
-    assert failed["line"].startswith("config error: model.num_heads=3 must be a positive divisor of embed_dim=32")
-    assert failed["line"] in (sweep / str(failed_job) / "train.log").read_text()
-    tail = done.stderr.strip().splitlines()[-2:]
-    assert tail[0].startswith(f"sweep: 1 job failed in {sweep}")
-    assert tail[1].startswith(f"  job {failed_job} (model.num_heads=3 ") and tail[1].endswith(failed["line"])
-
-
-def logged_hparams(events: EventAccumulator) -> dict:
-    content = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]
-    return dict(plugin_data_pb2.HParamsPluginData.FromString(content).session_start_info.hparams)
 
 
 def test_weight_decay_skips_norms_biases_pos_embed_and_cls_token():

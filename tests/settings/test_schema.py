@@ -15,6 +15,7 @@ from vit.search.trial import METRICS, optimized_metric
 from vit.settings import SETTINGS, RunSettings, TrainerSettings
 from vit.settings.run import Metric
 from vit.settings.schema import Settings, knob
+from vit.settings.trainer import log_interval
 from vit.tasks import TASKS, task_of
 
 
@@ -116,3 +117,10 @@ def test_the_roots_keys_are_declared_once_and_checked_with_the_types():
         assert optimized_metric(compose_config([f"optimized_metric={name}", "trainer.ema=true"])) == name
     assert METRICS["val_ema_loss"] == ("val_ema", "loss", "minimize")
     assert METRICS["val_top5"] == ("val", "top5", "maximize")
+
+
+def test_log_every_auto_draws_a_curve_of_a_short_run_and_keeps_a_count_given():
+    assert log_interval("auto", 1, 10) == 1  # 10 batches: each one (a 10-step run logged one point)
+    assert log_interval("auto", 2, 100) == 10  # 200 batches: 20 points
+    assert log_interval("auto", 100, 1000) == 50  # a long run: every 50 batches
+    assert log_interval(7, 1, 10) == 7

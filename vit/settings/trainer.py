@@ -62,6 +62,14 @@ def parse_budget(value) -> float | None:
     return seconds
 
 
+def duration(seconds: float) -> str:
+    """A budget as the user would write it (parse_budget's inverse): 30m, 2h, 90s, 1h30m."""
+    if seconds >= 60 and seconds % 60 == 0:
+        hours, minutes = divmod(int(seconds) // 60, 60)
+        return (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
+    return f"{seconds:g}s"
+
+
 def parse_threads(value) -> int | str:
     """`trainer.threads`: auto (on a CPU the CPUs of this process that other processes leave free, re-decided as the
     load changes; vit/train/thread_fit.py) or a count."""
@@ -69,6 +77,27 @@ def parse_threads(value) -> int | str:
     if not ok:
         raise ConfigError(f"trainer.threads={value!r} must be auto or a whole number >= 1")
     return value
+
+
+LOG_EVERY = 50  # trainer.log_every_n_steps=auto: at most this many batches between log lines
+LOG_POINTS = 20  # ... and at least this many logged points over a run that has fewer batches than that allows
+
+
+def parse_log_every(value) -> int | str:
+    """`trainer.log_every_n_steps`: auto (every LOG_EVERY batches, or often enough for LOG_POINTS points in a
+    shorter run: a 10-step run logged one point) or a count of batches."""
+    ok = value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1)
+    if not ok:
+        raise ConfigError(f"trainer.log_every_n_steps={value!r} must be auto or a whole number >= 1")
+    return value
+
+
+def log_interval(setting: int | str, epochs: int, batches_per_epoch: int) -> int:
+    """The batches between two log lines for trainer.log_every_n_steps=`setting` over `epochs` of
+    `batches_per_epoch` batches (a budget's run: its trainer.epochs bound)."""
+    if setting != "auto":
+        return int(setting)
+    return max(1, min(LOG_EVERY, epochs * batches_per_epoch // LOG_POINTS))
 
 
 def parse_compile(value) -> bool | str:
@@ -181,7 +210,8 @@ class TrainerSettings(Settings):
     ema_warmup: bool = knob(True)  # the decay ramps up over the first steps (timm's EMA warmup)
     limit_train_batches: int | None = knob(None, low=1)
     limit_val_batches: int | None = knob(None, low=1)
-    log_every_n_steps: int = knob(50, low=1)
+    # auto: every 50 batches, or often enough for 20 points in a shorter run | <n> batches
+    log_every_n_steps: int | str = knob("auto", parse=parse_log_every)
     attn_maps_every_n_epochs: int = knob(10, low=0)  # attention-map images in TensorBoard, 0: off
     # task=mae: original / masked / reconstruction of fixed validation images, 0: off
     recon_images_every_n_epochs: int = knob(10, low=0)

@@ -20,6 +20,7 @@ from vit.runtime.device import Precision, announce, choose_precision
 from vit.runtime.distributed import Distributed
 from vit.runtime.sharding import is_sharded, shard_model
 from vit.settings import OptimSettings, TrainerSettings
+from vit.settings.trainer import log_interval
 from vit.train.optimizer import batches_per_epoch, build_optimizer, build_scheduler, scaled_lr
 from vit.train.progressive import ResizeSchedule, allow_recompiles
 from vit.train.step_parts import StepParts
@@ -127,7 +128,7 @@ def build_step_parts(
         ema=ema,
         grad_clip=trainer.grad_clip,
         accum_steps=trainer.accum_steps,
-        log_every=trainer.log_every_n_steps,
+        log_every=log_interval(trainer.log_every_n_steps, trainer.epochs, batches_per_epoch(built.bundle, trainer)),
         max_bad_steps=trainer.max_bad_steps,
         dist=dist,
         ddp=ddp,

@@ -16,10 +16,9 @@ Training", ICLR 2020). So the run measures its own speed and sizes its schedule 
   plan at the same steps on every rank), over the steps of the latest half of the time left; an epoch's end is
   timed when it happens. When the predicted end drifts away from the budget by more than a band (2% of the time
   left, 0.5% of the budget near the end: a loaded machine, a slower epoch, larger images under progressive
-  resizing), the run re-plans. A re-plan is a log line when it moves the plan's end by more than 5% of the steps
-  last announced (and 2% of the budget has passed since that line), or when a tenth of the budget has passed since
-  the last line: on a loaded machine the speed wavers all the time, and a line for each small correction would
-  bury the log. The progress line counts towards the current plan, and metrics.json keeps every plan.
+  resizing), the run re-plans. A re-plan is a log line only when it moves the end by more than 2% of the budget or
+  changes the planned epochs (Budget.worth_a_line). The progress line counts towards the current plan, and
+  metrics.json keeps every plan.
 - The schedule is a function of planned progress. The warmup runs over its configured steps (at most half of the
   plan); the cosine after it runs over the planned progress q in [0, 1], and a re-plan at step s keeps q(s) and
   stretches or shrinks what is left so that q reaches 1 on the new last step: the learning rate never jumps and
@@ -40,6 +39,7 @@ import time
 from dataclasses import dataclass
 
 from vit.errors import UserError
+from vit.settings.trainer import duration
 from vit.train.report import figure_due
 
 
@@ -56,14 +56,6 @@ log = logging.getLogger("vit.train")
 def clock() -> float:
     """The clock every budget decision reads: the run's own (`RunProgress.elapsed`) is time.perf_counter too."""
     return time.perf_counter()
-
-
-def duration(seconds: float) -> str:
-    """A budget as the user would write it: 30m, 2h, 90s, 1h30m."""
-    if seconds >= 60 and seconds % 60 == 0:
-        hours, minutes = divmod(int(seconds) // 60, 60)
-        return (f"{hours}h" if hours else "") + (f"{minutes}m" if minutes else "")
-    return f"{seconds:g}s"
 
 
 def tolerance(seconds: float) -> float:
@@ -271,22 +263,21 @@ class Budget:
         return self.step_s / 3 * shape.eval_passes * shape.views
 
     def load_change(self) -> float:
-        """How much slower a step at the image size of the latest measured evaluation runs now than it ran then:
-        the machine's load changed (1.0 when the size differs, or nothing was measured). "Now" is the slower of
-        the plan's window and the latest RECENT_S: the plan's window spans half the time left, so a load that
-        starts near the end would reach it only after the time for the last evaluation had been spent."""
+        """How much slower a step at the image size of the latest measured evaluation runs now than it ran then
+        (1.0 when the size differs, or nothing was measured). "Now": the slower of the plan's window, which spans
+        half the time left, and the latest RECENT_S, which a load starting near the end reaches at once."""
         if self.eval_step is None or self.step_s is None or self.eval_step[0] != self.img_size:
             return 1.0
         return max(self.step_s, self.recent_step_seconds() or 0.0) / self.eval_step[1]
 
     def recent_step_seconds(self) -> float | None:
         """Seconds per step over the steps timed in the latest RECENT_S (at least 2 steps), or None."""
-        if len(self.sample_clock) < 3:
+        clocks, steps = self.sample_clock, self.sample_steps
+        if len(clocks) < 3:
             return None
-        first = bisect.bisect_left(self.sample_clock, self.sample_clock[-1] - self.RECENT_S)
-        first = min(first, len(self.sample_clock) - 3)
-        steps = self.sample_steps[-1] - self.sample_steps[first]
-        return (self.sample_clock[-1] - self.sample_clock[first]) / steps if steps > 0 else None
+        first = min(bisect.bisect_left(clocks, clocks[-1] - self.RECENT_S), len(clocks) - 3)
+        span = steps[-1] - steps[first]
+        return (clocks[-1] - clocks[first]) / span if span > 0 else None
 
     def end_cost(self, evaluated: bool) -> float:
         if not evaluated:
@@ -347,8 +338,7 @@ class Budget:
         return max(0.2, 0.005 * self.shape.budget_s, 0.02 * left)
 
     def too_small(self, step: int) -> str:
-        """The refusal, with the smallest budget in which the run would have planned one step beyond those timed:
-        what it has spent, one more step, the epoch ends and the test to come, and the margin."""
+        """The refusal, with the smallest budget that plans one step beyond those timed (spent, a step, the ends)."""
         shape = self.shape
         evaluation = self.eval_batch_seconds() * (shape.val_batches + shape.test_batches)
         epochs = max(1, math.ceil(step / shape.steps_per_epoch))
@@ -374,10 +364,9 @@ class Budget:
         if self.planner:
             self.announce(step, first)
 
-    # A re-plan is a line of its own when it moves the run's end by more than ANNOUNCE_CHANGE of the budget (in
-    # time at the measured speed) or changes the planned epochs, and ANNOUNCE_GAP of the budget has passed since the
-    # last line (the first plans, made on a few steps, settle in quick succession). Smaller corrections go to
-    # metrics.json only: a line every few seconds that moved nothing was noise; the progress line shows the plan.
+    # A re-plan is a line when it moves the end by more than ANNOUNCE_CHANGE of the budget (in time at the measured
+    # speed) or changes the planned epochs, ANNOUNCE_GAP of the budget after the last line (the first plans settle
+    # in quick succession). Smaller corrections go to metrics.json only: a line that moved nothing is noise.
     ANNOUNCE_CHANGE, ANNOUNCE_GAP = 0.02, 0.02
 
     def worth_a_line(self, first: bool) -> bool:

@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 import math
 
-from vit.train.budget import Budget, RunShape, clock, duration
+from vit.settings.trainer import duration
+from vit.train.budget import Budget, RunShape, clock
 from vit.train.callbacks import Callback
 
 log = logging.getLogger("vit.train")
