@@ -211,7 +211,10 @@ RANGE_CASES = {
     "trainer.accum_steps": (["trainer.accum_steps=0"], "trainer.accum_steps=0 must be >= 1"),
     "trainer.limit_train_batches": (["trainer.limit_train_batches=0"], "trainer.limit_train_batches=0 must be >= 1"),
     "trainer.limit_val_batches": (["trainer.limit_val_batches=0"], "trainer.limit_val_batches=0 must be >= 1"),
-    "trainer.log_every_n_steps": (["trainer.log_every_n_steps=0"], "trainer.log_every_n_steps=0 must be >= 1"),
+    "trainer.log_every_n_steps": (
+        ["trainer.log_every_n_steps=0"],
+        "trainer.log_every_n_steps=0 must be auto or a whole number >= 1",
+    ),
     "trainer.attn_maps_every_n_epochs": (["trainer.attn_maps_every_n_epochs=-1"], "attn_maps_every_n_epochs=-1"),
     "trainer.stop_after_epoch": (["trainer.stop_after_epoch=0"], "trainer.stop_after_epoch=0 must be >= 1"),
     "trainer.max_bad_steps": (["trainer.max_bad_steps=0"], "trainer.max_bad_steps=0 must be >= 1"),
