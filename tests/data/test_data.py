@@ -76,6 +76,7 @@ def test_images_far_smaller_than_img_size_are_said_once(tmp_path, caplog):
         build_data(folder_cfg(root, img_size=64))
     (line,) = [r.getMessage() for r in caplog.records if "upsampled" in r.getMessage()]
     assert line.startswith("data.img_size=64 but the training images are about 20 px") and "data.img_size=20" in line
+    assert "grey" not in line and "auto_augment" not in line and "hflip" not in line  # photos, AutoAugment already
 
 
 def test_small_grey_digits_at_the_folder_defaults_get_the_settings_that_fit(tmp_path, caplog):

@@ -97,9 +97,9 @@ def _say_if_small(samples: list[tuple[str, int]], cfg: ImageFolderSettings) -> N
     """One line when data.img_size is far above the images' own size (CIFAR's 32 px JPEGs at the image-folder
     default of 224 cost 49x the compute for no new pixels; 8 px digits 784x), with the settings that fit small
     images: their own size, a patch for about 8x8 tokens, a padded crop in place of the random-resized one (which
-    throws away most of a tiny image), no policy of photo operations, and no mirror where it changes the class.
-    Grey images are named in it. The size and mode of 8 images spread over the split, from their headers: nothing
-    is decoded."""
+    throws away most of a tiny image). For small photos, AutoAugment's CIFAR-10 policy (`autoaug`) in place of
+    another; for grey ones (digits, letters), no policy of photo operations and no mirror where it changes the
+    class. The size and mode of 8 images spread over the split, from their headers: nothing is decoded."""
     img_size = cfg.img_size
     if not samples or img_size <= 0:
         return
@@ -113,14 +113,17 @@ def _say_if_small(samples: list[tuple[str, int]], cfg: ImageFolderSettings) -> N
             continue
     if not sides or img_size < UPSAMPLED_NOTICE_RATIO * (side := int(np.median(sides))):
         return
-    tone = ", grey" if all(grey) else ""
-    aug = cfg.augment
+    is_grey, aug = all(grey), cfg.augment
+    tone = ", grey" if is_grey else ""
     fits = [f"data.img_size={side}", f"data.patch_size={max(1, side // 8)}"]
     if aug.crop == "rrc":
         fits += ["data.augment.crop=pad", f"data.augment.pad={max(1, side // 8)}"]
-    if aug.auto_augment:
+    if is_grey and aug.auto_augment:
         fits.append("data.augment.auto_augment=null")
-    mirror = " (and data.augment.hflip=false where a mirrored image is another class: digits, letters)" * aug.hflip
+    elif not is_grey and aug.auto_augment not in (None, "autoaug"):
+        fits.append("data.augment.auto_augment=autoaug")
+    flips = is_grey and aug.hflip
+    mirror = " (and data.augment.hflip=false where a mirrored image is another class: digits, letters)" * flips
     log.warning(
         "data.img_size=%d but the training images are about %d px on their longer side%s: each is upsampled %.0fx "
         "(as fine-tuning weights trained at that size wants); small images train at their own size: %s%s",
