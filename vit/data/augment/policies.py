@@ -126,6 +126,9 @@ class Policy:
     usage: str | None = None
 
 
+# The policy small photos train with (AutoAugment's CIFAR-10 policy up to 64 px): the small-image line suggests it
+SMALL_PHOTOS_POLICY = "autoaug"
+
 POLICIES: dict[str, Policy] = {
     "autoaug": Policy(autoaugment),
     "trivial": Policy(trivial_augment),

@@ -17,6 +17,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 from torchvision import datasets as tv_datasets
 
+from vit.data.augment.policies import SMALL_PHOTOS_POLICY
 from vit.data.errors import DataError
 from vit.data.images import read_rgb
 from vit.data.resources import cache_folder, num_workers
@@ -97,7 +98,7 @@ def _say_if_small(samples: list[tuple[str, int]], cfg: ImageFolderSettings) -> N
     """One line when data.img_size is far above the images' own size (CIFAR's 32 px JPEGs at the image-folder
     default of 224 cost 49x the compute for no new pixels; 8 px digits 784x), with the settings that fit small
     images: their own size, a patch for about 8x8 tokens, a padded crop in place of the random-resized one (which
-    throws away most of a tiny image). For small photos, AutoAugment's CIFAR-10 policy (`autoaug`) in place of
+    throws away most of a tiny image). For small photos, AutoAugment's CIFAR-10 policy (SMALL_PHOTOS_POLICY) in place of
     another; for grey ones (digits, letters), no policy of photo operations and no mirror where it changes the
     class. The size and mode of 8 images spread over the split, from their headers: nothing is decoded."""
     img_size = cfg.img_size
@@ -120,8 +121,8 @@ def _say_if_small(samples: list[tuple[str, int]], cfg: ImageFolderSettings) -> N
         fits += ["data.augment.crop=pad", f"data.augment.pad={max(1, side // 8)}"]
     if is_grey and aug.auto_augment:
         fits.append("data.augment.auto_augment=null")
-    elif not is_grey and aug.auto_augment not in (None, "autoaug"):
-        fits.append("data.augment.auto_augment=autoaug")
+    elif not is_grey and aug.auto_augment not in (None, SMALL_PHOTOS_POLICY):
+        fits.append(f"data.augment.auto_augment={SMALL_PHOTOS_POLICY}")
     flips = is_grey and aug.hflip
     mirror = " (and data.augment.hflip=false where a mirrored image is another class: digits, letters)" * flips
     log.warning(
