@@ -101,13 +101,14 @@ def fail_job(err: BaseException) -> None:
 
     from vit.errors import one_line
 
-    print(one_line(err), file=sys.stderr, flush=True)
+    line = one_line(err)
+    print(line, file=sys.stderr, flush=True)
     log_in_run_folder(err)
     hydra_cfg = HydraConfig.get()
     record = {
         "job": hydra_cfg.job.num,
         "exit_code": getattr(err, "exit_code", 2),
-        "line": one_line(err),
+        "line": line,
         "overrides": list(hydra_cfg.overrides.task),
     }
     folder = Path(hydra_cfg.runtime.output_dir)
@@ -115,13 +116,10 @@ def fail_job(err: BaseException) -> None:
     (folder / FAILED_FILE).write_text(json.dumps(record, indent=1) + "\n")
 
 
-def sweep_failures(sweep_dir: Path, since: float) -> list[dict]:
-    """The FAILED_FILE records of the jobs below `sweep_dir` written from `since` on (a folder reused by an earlier
-    sweep keeps that sweep's), in job order."""
-    import json
-
-    found = [p for p in sweep_dir.glob(f"**/{FAILED_FILE}") if p.stat().st_mtime >= since]
-    return sorted((json.loads(p.read_text()) for p in found), key=lambda record: record["job"])
+def written_since(sweep_dir: Path, name: str, since: float) -> list[Path]:
+    """The files called `name` below `sweep_dir` written from `since` on: this sweep's (a folder reused by an
+    earlier sweep keeps that sweep's files)."""
+    return [p for p in sweep_dir.glob(f"**/{name}") if p.stat().st_mtime >= since]
 
 
 class SweepEnd(Callback):
@@ -138,16 +136,17 @@ class SweepEnd(Callback):
         self.noted = _NEW_FOLDERS.get(top)  # RunFolders, before this callback, noted what existed
 
     def on_multirun_end(self, config, **kwargs) -> None:
-        sweep_dir = Path(str(config.hydra.sweep.dir))
-        failures = sweep_failures(sweep_dir, getattr(self, "started", 0.0))
+        import json
+
+        sweep_dir, since = Path(str(config.hydra.sweep.dir)), getattr(self, "started", 0.0)
+        failed = written_since(sweep_dir, FAILED_FILE, since)
+        failures = sorted((json.loads(p.read_text()) for p in failed), key=lambda record: record["job"])
         if not failures:
             return
-        noted = getattr(self, "noted", None)
-        before = noted.entries if noted is not None and noted.existed else frozenset()
-        jobs = [p.parent.parent for p in sweep_dir.glob("**/.hydra/config.yaml")]
-        jobs = [job for job in jobs if job.relative_to(sweep_dir).parts[0] not in before]  # this sweep's
+        subdir = config.hydra.output_subdir or ".hydra"  # where Hydra writes each job's config.yaml
+        jobs = [p.parent for p in written_since(sweep_dir, "config.yaml", since) if p.parent.name == subdir]
         if len(failures) == len(jobs) and len({record["line"] for record in failures}) == 1:
-            self.forget(jobs)
+            self.forget([p.parent for p in failed], config.hydra)
             raise SystemExit(failures[0]["exit_code"])
         jobs_failed = f"{len(failures)} job{'s' * (len(failures) > 1)} failed"
         print(f"sweep: {jobs_failed} in {sweep_dir} (the others ran; python scripts/summarize_runs.py <that folder> "
@@ -157,17 +156,21 @@ class SweepEnd(Callback):
         sys.stderr.flush()
         raise SystemExit(failures[0]["exit_code"])
 
-    def forget(self, jobs: list[Path]) -> None:
-        """The job folders that hold only Hydra's files, their log and FAILED_FILE, and the parents this command
-        made that they leave empty."""
+    def forget(self, jobs: list[Path], hydra_cfg) -> None:
+        """The job folders this command made that hold only what Hydra wrote (as forget_refused_run counts it) and
+        FAILED_FILE, and the parents this command made that they leave empty."""
         import shutil
 
         noted = getattr(self, "noted", None)
         if noted is None:
             return
-        for job in jobs:
-            if {p.name for p in job.iterdir()} <= {".hydra", "train.log", FAILED_FILE}:
-                _close_logs_in(str(job))
+        before = noted.entries if noted.existed else frozenset()
+        subdir = [hydra_cfg.output_subdir] if hydra_cfg.output_subdir else []
+        own = {f"{hydra_cfg.job.name}.log", FAILED_FILE, *subdir}
+        for job in map(os.path.abspath, jobs):
+            made = Path(job).relative_to(noted.top).parts[0] not in before
+            if made and set(os.listdir(job)) <= own:
+                _close_logs_in(job)
                 shutil.rmtree(job, ignore_errors=True)
         _remove_emptied_parents(Path(noted.top), noted)
 

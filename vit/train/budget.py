@@ -124,6 +124,7 @@ class Budget:
         self.eval_step: tuple[int | None, float] | None = tuple(state["eval_step"]) if state.get("eval_step") else None
         self.figure_in_epoch_s = 0.0  # figures drawn in the epoch end being timed, left out of its cost
         self.step_s: float | None = None  # measured seconds per optimizer step in this process
+        self.recent_s: float | None = None  # ... over the latest RECENT_S (read once a step: planning asks often)
         self.sample_steps: list[int] = []  # optimizer steps timed in this process, ascending ...
         self.sample_clock: list[float] = []  # ... and the training clock after each
         self.train_seconds = 0.0  # time spent inside training loops in this process
@@ -220,6 +221,7 @@ class Budget:
         if len(self.sample_steps) > self.MAX_SAMPLES:  # a long run: the oldest half is older than any window
             del self.sample_steps[: self.MAX_SAMPLES // 2], self.sample_clock[: self.MAX_SAMPLES // 2]
         self.step_s = self.measured_step_seconds(step)
+        self.recent_s = self.recent_step_seconds()
         decision = self.decide(step) if self.planner and self.step_s is not None else None
         if distributed:  # rank 0's decision on every rank, taken at the same steps
             decision = self.dist.broadcast(decision)
@@ -268,7 +270,7 @@ class Budget:
         half the time left, and the latest RECENT_S, which a load starting near the end reaches at once."""
         if self.eval_step is None or self.step_s is None or self.eval_step[0] != self.img_size:
             return 1.0
-        return max(self.step_s, self.recent_step_seconds() or 0.0) / self.eval_step[1]
+        return max(self.step_s, self.recent_s or 0.0) / self.eval_step[1]
 
     def recent_step_seconds(self) -> float | None:
         """Seconds per step over the steps timed in the latest RECENT_S (at least 2 steps), or None."""

@@ -322,14 +322,16 @@ def run_hparams(config: Mapping, given: list[str], precision: str) -> dict:
             node = node[part]
         return node
 
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
     out: dict = {key: value(key) for key in HPARAM_KEYS}
     out["precision"] = precision
-    for override in given:
-        key, _, raw = override.lstrip("+~").partition("=")
-        if key.startswith("hydra.") or key in out:
+    for override in OverridesParser.create().parse_overrides(given):  # Hydra's own grammar: +key, ~key, group
+        key = override.key_or_group
+        if key.startswith("hydra.") or key in out or override.is_delete():
             continue
         found = value(key)
-        out[key] = raw if isinstance(found, Mapping) or found is None else found  # a group: its choice
+        out[key] = str(override.value()) if isinstance(found, Mapping) or found is None else found  # a group
     return {k: "null" if v is None else v for k, v in out.items() if not isinstance(v, (list, tuple, Mapping))}
 
 
