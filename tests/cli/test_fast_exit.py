@@ -42,3 +42,11 @@ def test_a_message_exits_1_and_none_exits_0(tmp_path):
     done, _, _ = run_script(tmp_path, "'usage: something'")
     assert done.returncode == 1 and "usage: something" in done.stderr
     assert run_script(tmp_path, "None")[0].returncode == 0
+
+
+def test_a_process_pool_left_running_does_not_hold_the_exit(tmp_path):
+    """An executor's manager thread stops on threading's exit hook (a joblib sweep's worker pool: joined before that
+    hook, the process waited forever after the sweep)."""
+    pool = "from concurrent.futures import ProcessPoolExecutor as Pool; POOL = Pool(1); POOL.submit(abs, -1).result()"
+    done, marks, _ = run_script(tmp_path, "0", imports=pool)
+    assert done.returncode == 0 and marks == "thread;atexit;", done.stderr

@@ -28,9 +28,10 @@ def exit_code(code: object) -> int:
 
 
 def exit_process(code: object = 0) -> NoReturn:
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()  # as the interpreter would before its exit handlers
+    # The interpreter's exit, in its order: threading's own exit hooks, which tell a process pool's manager thread
+    # to stop (joblib's and concurrent.futures' executors: joining that thread first waits forever), then every
+    # non-daemon thread joined, then the exit handlers.
+    threading._shutdown()  # noqa: SLF001 - what Python's finalisation calls first (wait_for_thread_shutdown)
     atexit._run_exitfuncs()  # noqa: SLF001 - the handlers the interpreter's exit runs, in the same order
     for stream in (sys.stdout, sys.stderr):
         try:
