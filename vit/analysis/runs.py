@@ -9,6 +9,8 @@ from pathlib import Path
 
 import yaml
 
+from vit.records.sweep_files import FAILED_FILE
+
 
 @dataclass
 class RunRecord:
@@ -18,7 +20,7 @@ class RunRecord:
     config: dict
     metrics: dict = field(default_factory=dict)
     val_top1_curve: list[tuple[int, float]] = field(default_factory=list)  # (step, top-1) from TensorBoard
-    failure: dict | None = None  # a sweep job that failed: its failed.json (exit code, line; vit/cli/train.py)
+    failure: dict | None = None  # a sweep job that failed: its FAILED_FILE (exit code, line; vit/cli/sweeps.py)
 
     @property
     def steps(self) -> int | None:
@@ -146,7 +148,7 @@ def read_runs(sweep_dir: str | Path) -> list[RunRecord]:
     records = []
     for run_dir in run_dirs:
         metrics_path = run_dir / "metrics.json"
-        failed_path = run_dir / "failed.json"
+        failed_path = run_dir / FAILED_FILE
         records.append(
             RunRecord(
                 path=run_dir,

@@ -11,14 +11,10 @@ vit/cli/overrides.py; what this adds is only the exit code, the one line and the
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import NoReturn
-
-from hydra.experimental.callback import Callback
 
 from vit.cli.fast_exit import exit_process
 from vit.cli.overrides import (
@@ -30,6 +26,8 @@ from vit.cli.overrides import (
     override_keys,
     without_null_groups,
 )
+from vit.cli.run_folders import NEW_FOLDERS, forget_refused_run, log_in_run_folder
+from vit.cli.sweeps import fail_job, in_sweep
 from vit.config.compose import CONFIG_DIR, compose, register_configs
 from vit.errors import ConfigError, UserError, exit_with
 
@@ -76,225 +74,6 @@ def train_task(cfg) -> float | None:
 
         raise optuna.TrialPruned(f"pruned after epoch {pruned}")
     return (metrics.get("final") or {}).get(metric)
-
-
-FAILED_FILE = "failed.json"  # in a sweep job's folder: why it failed (scripts/summarize_runs.py lists it)
-
-
-def in_sweep(cfg) -> bool:
-    """A job of `train.py -m` under any launcher, but not a trial of a search, whose study records its failures."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    from vit.search.trial import is_trial
-
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN and not is_trial(cfg)
-
-
-def fail_job(err: BaseException) -> None:
-    """A failed job of a sweep: its line on stderr and in its train.log, and FAILED_FILE in its folder (the exit
-    code, the line, the job's overrides). Nothing is raised: the launcher goes on with the sweep's next job (one
-    refused budget ended a sweep of three before), and SweepEnd exits with the code once every job has run."""
-    import json
-
-    from hydra.core.hydra_config import HydraConfig
-
-    from vit.errors import one_line
-
-    line = one_line(err)
-    print(line, file=sys.stderr, flush=True)
-    log_in_run_folder(err)
-    hydra_cfg = HydraConfig.get()
-    record = {
-        "job": hydra_cfg.job.num,
-        "exit_code": getattr(err, "exit_code", 2),
-        "line": line,
-        "overrides": list(hydra_cfg.overrides.task),
-    }
-    folder = Path(hydra_cfg.runtime.output_dir)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / FAILED_FILE).write_text(json.dumps(record, indent=1) + "\n")
-
-
-def written_since(sweep_dir: Path, name: str, since: float) -> list[Path]:
-    """The files called `name` below `sweep_dir` written from `since` on: this sweep's (a folder reused by an
-    earlier sweep keeps that sweep's files)."""
-    return [p for p in sweep_dir.glob(f"**/{name}") if p.stat().st_mtime >= since]
-
-
-class SweepEnd(Callback):
-    """A Hydra callback (configs/config.yaml: hydra.callbacks.sweep_end): after a sweep's last job, the jobs that
-    failed (fail_job), one line each, and the exit code of the first; a sweep whose jobs all ran exits 0. When
-    every job failed with the same line, the setting is bad for the whole sweep, not for a job: each job said it
-    once already, and the folders made for them that hold nothing else go, as a refused run's do."""
-
-    def on_multirun_start(self, config, **kwargs) -> None:
-        import time
-
-        self.started = time.time() - 1.0  # file times are whole seconds on some file systems
-        top = os.path.abspath(str(config.hydra.sweep.dir))
-        self.noted = _NEW_FOLDERS.get(top)  # RunFolders, before this callback, noted what existed
-
-    def on_multirun_end(self, config, **kwargs) -> None:
-        import json
-
-        sweep_dir, since = Path(str(config.hydra.sweep.dir)), getattr(self, "started", 0.0)
-        failed = written_since(sweep_dir, FAILED_FILE, since)
-        failures = sorted((json.loads(p.read_text()) for p in failed), key=lambda record: record["job"])
-        if not failures:
-            return
-        subdir = config.hydra.output_subdir or ".hydra"  # where Hydra writes each job's config.yaml
-        jobs = [p.parent for p in written_since(sweep_dir, "config.yaml", since) if p.parent.name == subdir]
-        if len(failures) == len(jobs) and len({record["line"] for record in failures}) == 1:
-            self.forget([p.parent for p in failed], config.hydra)
-            raise SystemExit(failures[0]["exit_code"])
-        jobs_failed = f"{len(failures)} job{'s' * (len(failures) > 1)} failed"
-        print(f"sweep: {jobs_failed} in {sweep_dir} (the others ran; python scripts/summarize_runs.py <that folder> "
-              "tables them):", file=sys.stderr)  # fmt: skip
-        for record in failures:
-            print(f"  job {record['job']} ({' '.join(record['overrides'])}): {record['line']}", file=sys.stderr)
-        sys.stderr.flush()
-        raise SystemExit(failures[0]["exit_code"])
-
-    def forget(self, jobs: list[Path], hydra_cfg) -> None:
-        """The job folders this command made that hold only what Hydra wrote (as forget_refused_run counts it) and
-        FAILED_FILE, and the parents this command made that they leave empty."""
-        import shutil
-
-        noted = getattr(self, "noted", None)
-        if noted is None:
-            return
-        before = noted.entries if noted.existed else frozenset()
-        subdir = [hydra_cfg.output_subdir] if hydra_cfg.output_subdir else []
-        own = {f"{hydra_cfg.job.name}.log", FAILED_FILE, *subdir}
-        for job in map(os.path.abspath, jobs):
-            made = Path(job).relative_to(noted.top).parts[0] not in before
-            if made and set(os.listdir(job)) <= own:
-                _close_logs_in(job)
-                shutil.rmtree(job, ignore_errors=True)
-        _remove_emptied_parents(Path(noted.top), noted)
-
-
-@dataclasses.dataclass(frozen=True)
-class NewFolders:
-    """What existed, before Hydra made anything, of the folder a command's runs go to (hydra.run.dir, or a sweep's
-    hydra.sweep.dir holding one folder per job)."""
-
-    top: str  # the folder, absolute
-    existed: bool
-    entries: frozenset[str]  # a sweep folder that existed: what it held (an earlier sweep's job folders)
-    keep: str  # its nearest ancestor that existed: emptied parents are removed up to it, never it
-
-
-_NEW_FOLDERS: dict[str, NewFolders] = {}  # by `top`, noted by RunFolders for this command's runs
-
-
-def _note_folder(path) -> None:
-    top = os.path.abspath(str(path))
-    keep = Path(top)
-    while not keep.exists() and keep != keep.parent:
-        keep = keep.parent
-    entries = frozenset(os.listdir(top)) if os.path.isdir(top) else frozenset()
-    _NEW_FOLDERS[top] = NewFolders(top, os.path.exists(top), entries, str(keep))
-
-
-class RunFolders(Callback):
-    """A Hydra callback (configs/config.yaml: hydra.callbacks.run_folders): before Hydra makes a run's folder, it
-    notes whether the folder, or a sweep's, existed, so that a run refused before it wrote anything of its own can
-    take away the folder made for it (forget_refused_run) and never one the user named that was there before. The
-    folder's name is resolved here from the config the run then uses, so the ${now:...} in it is the same."""
-
-    def on_run_start(self, config, **kwargs) -> None:
-        _note_folder(config.hydra.run.dir)
-
-    def on_multirun_start(self, config, **kwargs) -> None:
-        _note_folder(config.hydra.sweep.dir)
-
-    def on_run_end(self, config, **kwargs) -> None:
-        _NEW_FOLDERS.clear()
-
-    def on_multirun_end(self, config, **kwargs) -> None:
-        _NEW_FOLDERS.clear()
-
-
-def forget_refused_run(err: BaseException) -> None:
-    """A run refused (a setting, the data, a checkpoint) leaves no folder behind when it wrote nothing of its own:
-    Hydra made the folder and wrote its config copy (.hydra/) and the log before the task started, so without this
-    every refused command left an outputs/<date>/<time>/ whose log does not even hold the error. The folder goes
-    where it holds only those and this command made it (RunFolders), and so do the parents it emptied that this
-    command made (outputs/<date>/, a sweep's folder holding only its multirun.yaml). A folder kept, holding
-    checkpoints, TensorBoard events or metrics, or the user's own from before, gets the error line in its log."""
-    import shutil
-
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
-
-    noted_folders = list(_NEW_FOLDERS.values())
-    _NEW_FOLDERS.clear()  # this command's: a later run in this process (a test, a notebook) notes its own
-    if not HydraConfig.initialized() or not noted_folders:
-        return
-    hydra_cfg = HydraConfig.get()
-    output_dir = OmegaConf.select(hydra_cfg, "runtime.output_dir", default=None, throw_on_missing=False)
-    if not output_dir:  # Hydra's compose API sets its config without a folder: no run of a command
-        return
-    folder = os.path.abspath(output_dir)
-    noted = next((n for n in noted_folders if folder == n.top or folder.startswith(n.top + os.sep)), None)
-    log_name = f"{hydra_cfg.job.name}.log"
-    own = {log_name, *([hydra_cfg.output_subdir] if hydra_cfg.output_subdir else [])}  # what Hydra wrote there
-    made = noted is not None and not noted.existed
-    if noted is not None and noted.existed and folder != noted.top:  # a job's folder in a sweep folder of before
-        made = os.path.relpath(folder, noted.top).split(os.sep)[0] not in noted.entries
-    if made and os.path.isdir(folder) and set(os.listdir(folder)) <= own:
-        _close_logs_in(folder)
-        shutil.rmtree(folder, ignore_errors=True)
-        _remove_emptied_parents(Path(folder).parent, noted)
-        return
-    log_in_run_folder(err)  # kept: the log says why the run stopped, as the console did
-
-
-def log_in_run_folder(err: BaseException) -> None:
-    """The line that ends a run (`one_line(err)`) written to the run folder's log (train.log) too: on the console
-    alone, it was gone with the terminal. Not through the "vit.train" logger, whose console handler would print it
-    a second time beside exit_with's line on stderr."""
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
-
-    from vit.errors import one_line
-
-    if not HydraConfig.initialized():
-        return
-    output_dir = OmegaConf.select(HydraConfig.get(), "runtime.output_dir", default=None, throw_on_missing=False)
-    if not output_dir:
-        return
-    for handler in _logs_in(os.path.abspath(output_dir)):
-        handler.handle(logging.makeLogRecord({"name": "vit.train", "levelno": logging.ERROR,
-                                              "levelname": "ERROR", "msg": one_line(err)}))  # fmt: skip
-
-
-def _logs_in(folder: str) -> list[logging.FileHandler]:
-    handlers = logging.getLogger().handlers
-    return [h for h in handlers if isinstance(h, logging.FileHandler) and os.path.dirname(h.baseFilename) == folder]
-
-
-def _close_logs_in(folder: str) -> None:
-    for handler in _logs_in(folder):
-        logging.getLogger().removeHandler(handler)
-        handler.close()
-
-
-def _remove_emptied_parents(parent: Path, noted: NewFolders) -> None:
-    """The folders above a removed run folder that this command made and that are now empty, up to the nearest one
-    that existed before; a sweep's folder counts as empty holding only its multirun.yaml (Hydra's record of the
-    sweep, written before the first job)."""
-    while str(parent) != noted.keep and parent != parent.parent and parent.is_dir():
-        entries = set(os.listdir(parent))
-        if str(parent) == noted.top and not noted.existed:
-            entries -= {"multirun.yaml"}
-        if entries:
-            return
-        (parent / "multirun.yaml").unlink(missing_ok=True)
-        parent.rmdir()
-        parent = parent.parent
 
 
 def warn_kept_optimizer_settings(cfg) -> None:
@@ -401,7 +180,7 @@ def main() -> None:
 
     OmegaConf.register_new_resolver("vit_config_groups", user_config_groups, replace=True)  # for --help
     register_configs()  # the groups' defaults from the code, before Hydra composes anything
-    _NEW_FOLDERS.clear()  # RunFolders notes this command's folders
+    NEW_FOLDERS.clear()  # RunFolders notes this command's folders
     check_group_choices(sys.argv[1:])
     sys.argv[1:] = without_null_groups(sys.argv[1:])
     check_override_keys(sys.argv[1:])

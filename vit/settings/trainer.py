@@ -26,14 +26,15 @@ _DURATION = re.compile(rf"\s*(?:{_NUMBER}\s*[smhd]\s*)+")
 _UNIT_MISSING = re.compile(rf"\s*((?:{_NUMBER}\s*[smhd]\s*)+)({_NUMBER})\s*")
 
 
-def parse_budget(value) -> float | None:
-    """`trainer.budget` in seconds: null -> None; a number of seconds; or a duration such as `90s`, `30m`, `2h`,
-    `1h30m`, `'1h 30m'` (units s, m, h, d, any case; spaces between a number and its unit and between parts).
-    Raises ConfigError naming the value otherwise, with the duration meant where a trailing number lacks its unit."""
+def parse_budget(value, key: str = "trainer.budget") -> float | None:
+    """`trainer.budget` (or the duration knob `key`) in seconds: null -> None; a number of seconds; or a duration
+    such as `90s`, `30m`, `2h`, `1h30m`, `'1h 30m'` (units s, m, h, d, any case; spaces between a number and its
+    unit and between parts). Raises ConfigError naming the value otherwise, with the duration meant where a trailing
+    number lacks its unit."""
     if value is None or (isinstance(value, str) and value.strip().lower() in ("", "null", "none")):
         return None
     bad = ConfigError(
-        f"trainer.budget={value!r} is not a duration: give seconds (e.g. 1800) or numbers with a unit s, m, h or d "
+        f"{key}={value!r} is not a duration: give seconds (e.g. 1800) or numbers with a unit s, m, h or d "
         "(e.g. 90s, 30m, 2h, 1h30m, '1h 30m')"
     )
     if isinstance(value, bool):
@@ -53,13 +54,17 @@ def parse_budget(value) -> float | None:
                 unit = SMALLER_UNIT.get(parts.rstrip()[-1])
                 meant = f"; write {parts}{number}{unit} if that is what you mean" if unit else ""
                 raise ConfigError(
-                    f"trainer.budget={value!r} is ambiguous: {number} after {parts.strip()} has no unit{meant} "
+                    f"{key}={value!r} is ambiguous: {number} after {parts.strip()} has no unit{meant} "
                     "(units s, m, h, d; a number alone is seconds)"
                 ) from None
             seconds = sum(float(number) * UNITS[unit] for number, unit in _PART.findall(text))
     if not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigError(f"trainer.budget={value!r} must be a positive duration")
+        raise ConfigError(f"{key}={value!r} must be a positive duration")
     return seconds
+
+
+def parse_sweep_budget(value) -> float | None:
+    return parse_budget(value, "trainer.sweep_budget")
 
 
 def duration(seconds: float) -> str:
@@ -182,6 +187,10 @@ class TrainerSettings(Settings):
     # '1h 30m' or seconds (parse_budget's grammar); the run measures its speed, plans as many steps as fit (the lr
     # decay ends on the last) and re-plans when the speed drifts (vit/train/budget.py). Read as seconds.
     budget: float | None = knob(None, parse=parse_budget)
+    # null | one budget for a whole sweep (train.py -m), in parse_budget's grammar: its first job fits whole epochs
+    # to its share and every other job trains those epochs, so the jobs compare equal training
+    # (vit/train/sweep_budget.py). Outside a sweep: this run's trainer.budget.
+    sweep_budget: float | None = knob(None, parse=parse_sweep_budget)
     device: Literal["auto", "cpu", "cuda"] = knob("auto")
     # how a torchrun launch shares the work: ddp (every rank holds the whole model, gradients averaged) | fsdp (FSDP2:
     # each encoder block and the root sharded over the ranks, parameters, gradients and optimizer state alike;

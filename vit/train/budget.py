@@ -90,6 +90,7 @@ class RunShape:
     images_per_step: float  # global images per optimizer step (batch x accumulation x processes); NaFlex: a mean
     loader_workers: int = 0  # the train loader's worker processes: each one's first batch waits for its start
     figure_every: int = 0  # the attention or reconstruction figures: every this many epochs and after the last
+    sweep_plan: bool = False  # trainer.sweep_budget's fitting job: whole epochs, its first plan kept (no re-plans)
 
     @property
     def max_steps(self) -> int:
@@ -309,7 +310,7 @@ class Budget:
         for epochs in range(max(1, math.ceil(step / spe)), self.shape.max_epochs + 1):
             low, high = max(step, (epochs - 1) * spe + 1), epochs * spe  # steps of a run that has `epochs` epochs
             fits = step + math.floor((left - self.ends_cost(step, epochs)) / self.step_s)
-            if fits < low:
+            if fits < (high if self.shape.sweep_plan else low):  # a sweep's plan: every job trains whole epochs
                 break
             best = max(best or 0, min(fits, high))
         return best
@@ -320,7 +321,7 @@ class Budget:
         left = self.shape.budget_s - self.margin - self.elapsed()
         current = self.total_steps()
         if self.plan is not None:
-            if step >= current:
+            if step >= current or self.shape.sweep_plan:  # the sweep's other jobs train the first plan's epochs
                 return None
             predicted = (current - step) * self.step_s + self.ends_cost(step, self.planned_epochs())
             if abs(predicted - left) <= self.band(left):
@@ -356,7 +357,8 @@ class Budget:
         """Make `total` the plan from `step` on, keeping the cosine's progress at `step` (the rate does not jump)."""
         first = self.plan is None
         if first or step <= self.plan.warmup_steps:
-            warmup = min(self.shape.warmup_steps, total // 2)  # a short plan: at most half of it warms up
+            # a short plan: at most half of it warms up; a sweep's, as its other jobs' fixed epochs do
+            warmup = min(self.shape.warmup_steps, total - 1 if self.shape.sweep_plan else total // 2)
             anchor = (max(warmup, step), 0.0)
         else:
             warmup = self.plan.warmup_steps
@@ -444,6 +446,5 @@ TOO_SMALL = -1  # a decision: the budget cannot hold the run
 
 
 def step_images(images: float) -> str:
-    """A step's images as the plan line says them: 256, or a NaFlex run's mean (its batches follow a token budget),
-    494 (mean)."""
+    """A step's images in the plan line: 256, or a NaFlex run's mean, 494 (mean): a token budget fills batches."""
     return f"{int(images)}" if float(images).is_integer() else f"{images:,.0f} (mean)"

@@ -105,11 +105,12 @@ class Forecast:
         )
 
 
-def attach_budget(run) -> Budget | None:
+def attach_budget(run, sweep_plan: bool = False) -> Budget | None:
     """trainer.budget: the run's Budget (its plan resumed where the checkpoint had one), in `run.callbacks` (the
     loop tells it of every optimizer step and epoch end, and asks it whether the plan is done) and in the step's
     parts (the schedule follows its planned progress). Without a budget, the forecast. `run` is
-    vit/train/setup.py's Run, with its checkpoint resumed."""
+    vit/train/setup.py's Run, with its checkpoint resumed; `sweep_plan`: this job fits trainer.sweep_budget's length
+    (whole epochs, the first plan kept)."""
     trainer, step, bundle = run.trainer, run.step_parts, run.bundle
     saved = run.progress.budget_state
     steps_per_epoch = max(1, math.ceil(run.batches_per_epoch() / trainer.accum_steps))  # optimizer steps, a process
@@ -151,6 +152,7 @@ def attach_budget(run) -> Budget | None:
         images_per_step=images_per_step,
         loader_workers=loader_workers,
         figure_every=run.report.figure_every,
+        sweep_plan=sweep_plan,
     )
     budget = Budget(shape, run.progress.elapsed(), dist=run.dist, state=saved)
     budget.check_start()

@@ -165,6 +165,17 @@ def check_trainer(trainer: DictConfig) -> None:
     if resume not in (None, "auto"):
         found = Path(str(resume)).is_file() or is_sharded_checkpoint(str(resume))
         require(found, f"trainer.resume={str(resume)!r}: no such checkpoint file (or sharded checkpoint folder)")
+    sweep_budget, widths = trainer.get("sweep_budget"), (trainer.get("width_by_budget") or {}).get("widths")
+    require(
+        sweep_budget is None or trainer.budget is None,
+        f"trainer.sweep_budget={sweep_budget} and trainer.budget={trainer.budget}: give one (the sweep's budget "
+        "fits every job's length; a job's budget fits only its own)",
+    )
+    require(
+        sweep_budget is None or widths is None,
+        f"trainer.sweep_budget={sweep_budget} fixes one length for every job, and trainer.width_by_budget.widths="
+        f"{list(widths or [])} would pick a width per budget: set trainer.width_by_budget.widths=null",
+    )
 
 
 def check_finetune(cfg: DictConfig) -> None:

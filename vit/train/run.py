@@ -44,6 +44,7 @@ from vit.train.report import Reporter
 from vit.train.setup import Run, build_model_and_data, setup_torch
 from vit.train.signals import StopSignal, restart_count
 from vit.train.step_parts import StepState
+from vit.train.sweep_budget import PublishLength, fit_to_sweep, release_claims
 from vit.train.thread_fit import ThreadFit, fits_while_training
 from vit.train.trainer import train
 
@@ -88,6 +89,7 @@ def run(
         torch.use_deterministic_algorithms(previous[0], warn_only=previous[1])
         torch.set_num_threads(threads)
         dist.close()
+        release_claims()  # trainer.sweep_budget: a waiting job fits the length itself if this one never planned
         while _CONTINUATION_LOGS:
             handler = _CONTINUATION_LOGS.pop()
             logging.getLogger().removeHandler(handler)
@@ -126,7 +128,7 @@ def build_run(
 ) -> Run:
     """The run object every phase takes: torch set up, the model and the data, the optimisation, the checkpoints
     resumed, and the writers. Only rank 0 writes: events, checkpoints, console lines, metrics.json."""
-    trainer = TrainerSettings.of(cfg.trainer)
+    trainer, sweep_fit = fit_to_sweep(TrainerSettings.of(cfg.trainer), dist.world_size)  # trainer.sweep_budget
     device = setup_torch(trainer, dist)
     budget_left = (lambda: trainer.budget - (time.perf_counter() - wall_start)) if trainer.budget else None
     built = build_model_and_data(cfg, trainer, run_dir, device, dist, loader_wrapper, budget_left)
@@ -165,7 +167,9 @@ def build_run(
     if fits_while_training(trainer.threads, device, dist):  # re-decided as the machine's load changes
         images = cfg.data.batch_size * trainer.accum_steps
         run.callbacks.append(ThreadFit(len(process_cpus()), built.threads, images, speaks=dist.is_main))
-    attach_budget(run)  # trainer.budget: plans the steps from the measured speed (vit/train/budget_hooks.py)
+    budget = attach_budget(run, sweep_plan=sweep_fit is not None)  # plans the steps (vit/train/budget_hooks.py)
+    if sweep_fit is not None:
+        run.callbacks.append(PublishLength(sweep_fit, budget))
     return run
 
 
