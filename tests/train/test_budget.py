@@ -452,3 +452,41 @@ def test_a_load_that_starts_near_the_end_reaches_the_time_kept_for_the_last_eval
     train_steps(budget, now, 3001, 100, 0.15)  # 15 s of a step 3x slower
     assert budget.step_s < 0.10  # the plan's window has not caught up
     assert budget.end_cost(True) == pytest.approx(60.0, rel=0.05)  # the evaluation, 3x slower too
+
+
+def test_a_sweeps_plan_is_whole_epochs_and_kept_when_the_speed_changes(monkeypatch):
+    """trainer.sweep_budget's fitting job: the plan ends on an epoch's last step, and a slower step later moves the
+    plan of a plain budget but not the sweep's, whose other jobs train that length."""
+    totals = {}
+    for sweep_plan in (False, True):
+        now = [0.0]
+        monkeypatch.setattr(time, "perf_counter", lambda now=now: now[0])
+        budget = Budget(RunShape(30.0, 100, 50, 10, 100, 1, 0, 1, 1, 32, sweep_plan=sweep_plan), elapsed_s=0.0)
+        budget.epoch_starts()
+        train_steps(budget, now, 1, 30, 0.01)
+        first = budget.total_steps()
+        train_steps(budget, now, 31, 300, 0.03)  # three times slower
+        totals[sweep_plan] = (first, budget.total_steps(), len(budget.history))
+    assert totals[True][0] % 100 == 0 and totals[True][0] == totals[True][1] and totals[True][2] == 1
+    assert totals[False][0] % 100 != 0 and totals[False][1] < totals[False][0]
+    # a plan at the trainer.epochs bound is still a plan, so the fitting job publishes it at once
+    budget = Budget(RunShape(600.0, 100, 50, 10, 100, 1, 0, 1, 1, 32, sweep_plan=True), elapsed_s=0.0)
+    budget.epoch_starts()
+    train_steps(budget, [0.0], 1, 10, 0.0)
+    assert budget.plan is not None and budget.plan.total_steps == 5000
+
+
+def test_the_progress_line_counts_the_epochs_of_the_plan_last_printed(monkeypatch):
+    """A re-plan too small for a line moves the plan, not the epoch total the progress line shows."""
+    from types import SimpleNamespace
+
+    from vit.train.trainer import epoch_totals
+
+    budget, now = scripted_budget(monkeypatch)
+    budget.epoch_starts()
+    train_steps(budget, now, 1, 10, 0.01)
+    told = budget.planned_epochs()
+    budget.adopt(10, budget.total_steps() + 1000)  # a quiet re-plan: one epoch more, just after the first line
+    assert budget.planned_epochs() == told + 1 and budget.announced[0] < budget.total_steps()
+    run = SimpleNamespace(budget=budget, trainer=SimpleNamespace(epochs=10, accum_steps=1))
+    assert epoch_totals(run, 0, 1000)() == (told, 1000)

@@ -11,7 +11,7 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 
 from vit.cli.run_folders import NEW_FOLDERS, close_logs_in, log_in_run_folder, remove_emptied_parents
-from vit.records.sweep_files import FAILED_FILE, LENGTH_FILE, SWEEP_FILE
+from vit.records.sweep_files import CLAIM_FILE, FAILED_FILE, LENGTH_FILE, SWEEP_FILE
 
 
 def in_sweep(cfg) -> bool:
@@ -62,15 +62,20 @@ class SweepEnd(Callback):
     once already, and the folders made for them that hold nothing else go, as a refused run's do."""
 
     def on_multirun_start(self, config, **kwargs) -> None:
+        import json
         import time
+
+        from vit.records.files import atomic_write_text
 
         self.started = time.time() - 1.0  # file times are whole seconds on some file systems
         top = os.path.abspath(str(config.hydra.sweep.dir))
         self.noted = NEW_FOLDERS.get(top)  # RunFolders, before this callback, noted what existed
-        if config.trainer.get("sweep_budget") is not None or (Path(top) / SWEEP_FILE).exists():
-            from vit.train.sweep_budget import plan_sweep  # torch with it: only for a sweep that needs it
-
-            plan_sweep(config, Path(top))  # trainer.sweep_budget: the jobs counted, each one's share
+        for name in (SWEEP_FILE, LENGTH_FILE, CLAIM_FILE):  # an earlier sweep's, in a folder used again
+            (Path(top) / name).unlink(missing_ok=True)
+        described = describe_sweep(config)
+        if described is not None:  # the jobs' HParams columns, trainer.sweep_budget's shares
+            Path(top).mkdir(parents=True, exist_ok=True)
+            atomic_write_text(json.dumps(described, indent=1) + "\n", Path(top) / SWEEP_FILE)
 
     def on_multirun_end(self, config, **kwargs) -> None:
         import json
@@ -121,9 +126,9 @@ def print_sweep_budget(sweep_dir: Path, since: float) -> None:
     from vit.settings.trainer import duration
 
     try:
-        sweep = json.loads((sweep_dir / SWEEP_FILE).read_text())
+        sweep = json.loads((sweep_dir / SWEEP_FILE).read_text())["sweep_budget"]
         length = json.loads((sweep_dir / LENGTH_FILE).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, KeyError, TypeError):
         return
     used = time.time() - since - 1.0
     print(
@@ -132,3 +137,46 @@ def print_sweep_budget(sweep_dir: Path, since: float) -> None:
         f"{duration(sweep['share_s'])}",
         flush=True,
     )
+
+
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"  # hydra/sweeper=basic, the default
+
+
+def swept_values(params, arguments) -> dict[str, int]:
+    """Each key of a sweep and its count of values, as Hydra's basic sweeper reads its `params` (a config's
+    hydra.sweeper.params) and the command line's overrides: the command line's value of a key replaces the
+    config's. The sweep's jobs are the product of the counts."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    texts = [f"{key}={value}" for key, value in (params or {}).items()] + [str(text) for text in arguments]
+    values = {}
+    for override in OverridesParser.create().parse_overrides(texts):
+        many = override.is_sweep_override()
+        values[override.get_key_element()] = len(list(override.sweep_string_iterator())) if many else 1
+    return values
+
+
+def describe_sweep(config) -> dict | None:
+    """SWEEP_FILE's record of a sweep that Hydra's basic sweeper runs (None for another sweeper): its jobs, the
+    keys it sweeps (TensorBoard's HParams columns: vit/train/report.py) and, with trainer.sweep_budget, each job's
+    share (vit/train/sweep_budget.py). A budget that does not parse gets no share: each job then says why."""
+    import math
+
+    from vit.errors import ConfigError
+    from vit.settings.trainer import parse_sweep_budget
+
+    if config.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
+        return None
+    values = swept_values(config.hydra.sweeper.get("params"), config.hydra.overrides.task)
+    jobs = math.prod(values.values())
+    record = {"jobs": jobs, "swept": sorted(key for key, count in values.items() if count > 1)}
+    try:
+        budget_s = parse_sweep_budget(config.trainer.get("sweep_budget"))
+    except ConfigError:
+        budget_s = None
+    if budget_s is not None:
+        launcher = str(config.hydra.launcher.get("_target_", ""))
+        at_once = min(jobs, int(config.hydra.launcher.get("array_parallelism", 1))) if "Slurm" in launcher else 1
+        share = {"budget_s": budget_s, "jobs": jobs, "at_once": at_once, "share_s": budget_s * at_once / jobs}
+        record["sweep_budget"] = share
+    return record

@@ -332,7 +332,7 @@ class Budget:
             self.too_small_reason = self.too_small(step)
             return TOO_SMALL
         best = step if best is None else best  # out of time: this step is the last
-        return None if best == current else best
+        return None if best == current and (self.plan or not self.shape.sweep_plan) else best  # a sweep publishes
 
     def band(self, left: float) -> float:
         """How far the predicted end may stray from the target before the run re-plans: 2% of the time left (the

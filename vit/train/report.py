@@ -8,6 +8,7 @@ reported only when nothing else went wrong (see `TensorBoard.close`)."""
 from __future__ import annotations
 
 import io
+import json
 import logging
 import math
 import os
@@ -24,6 +25,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from vit.progress import redirect_logging_to_tqdm
 from vit.records.files import OutputError, free_space, write_error_reason
+from vit.records.sweep_files import SWEEP_FILE
 from vit.runtime.compile import eager
 from vit.runtime.sharding import reshard
 
@@ -299,13 +301,26 @@ HPARAM_KEYS = (
 
 
 def job_overrides() -> list[str]:
-    """The overrides of this Hydra job (a sweep's values for it among them); none for a run() outside Hydra."""
+    """The overrides of this Hydra job: a run's command line; in a sweep the values of the keys it sweeps, as its
+    start recorded them (vit/cli/sweeps.py: describe_sweep), not the constants every job shares. None for a run()
+    outside Hydra."""
     try:
         from hydra.core.hydra_config import HydraConfig
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+        from hydra.types import RunMode
 
-        return list(HydraConfig.get().overrides.task)
+        hydra_cfg = HydraConfig.get()
     except (ImportError, ValueError):
         return []
+    given = list(hydra_cfg.overrides.task)
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        return given
+    try:
+        swept = set(json.loads((Path(str(hydra_cfg.sweep.dir)) / SWEEP_FILE).read_text())["swept"])
+    except (OSError, ValueError, KeyError, TypeError):  # a single run, or a sweeper that does not say
+        return given
+    parsed = OverridesParser.create().parse_overrides(given)
+    return [text for text, override in zip(given, parsed, strict=True) if override.get_key_element() in swept]
 
 
 def run_hparams(config: Mapping, given: list[str], precision: str) -> dict:

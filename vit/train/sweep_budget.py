@@ -5,9 +5,9 @@ A budget per job (`trainer.budget`) lets each job train as many steps as fit its
 job that shared the machine, trains less, and the sweep then compares training lengths as well as the knob. A
 sweep's budget fits the length once:
 
-- At the sweep's start (vit/cli/sweeps.py: SweepEnd) the jobs are counted as Hydra's basic sweeper expands them. A
-  job's share is the budget over the jobs, times the jobs a SLURM array runs at once on machines of their own
-  (joblib's and submitit_local's jobs share this machine, whose speed they split). SWEEP_FILE holds the count.
+- At the sweep's start (vit/cli/sweeps.py: describe_sweep) the jobs are counted as Hydra's basic sweeper expands
+  them. A job's share is the budget over the jobs, times the jobs a SLURM array runs at once on machines of their
+  own (joblib's and submitit_local's jobs share this machine, whose speed they split). SWEEP_FILE holds both.
 - The first job to start claims the fitting (CLAIM_FILE, made exclusively). It trains under a budget of its share,
   plans whole epochs from its measured speed and keeps that first plan (vit/train/budget.py: RunShape.sweep_plan),
   and writes the epochs to LENGTH_FILE as soon as it has planned.
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import time
 from dataclasses import dataclass, replace
@@ -30,48 +29,12 @@ from vit.errors import ConfigError
 from vit.records.files import atomic_write_text
 from vit.records.sweep_files import CLAIM_FILE, LENGTH_FILE, SWEEP_FILE
 from vit.settings import TrainerSettings
-from vit.settings.trainer import duration, parse_sweep_budget
+from vit.settings.trainer import duration
 from vit.train.callbacks import Callback
 
 log = logging.getLogger("vit.train")
 
-BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 WAIT_S = 0.5  # how often a waiting job looks for the length
-
-
-def count_jobs(params, arguments) -> int:
-    """The jobs Hydra's basic sweeper makes of the sweeper's `params` (a config's hydra.sweeper.params) and the
-    command line's overrides: the product of each key's values, the command line's value of a key replacing the
-    config's, as the sweeper does."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    texts = [f"{key}={value}" for key, value in (params or {}).items()] + [str(text) for text in arguments]
-    values = {}
-    for override in OverridesParser.create().parse_overrides(texts):
-        many = override.is_sweep_override()
-        values[override.get_key_element()] = len(list(override.sweep_string_iterator())) if many else 1
-    return math.prod(values.values())
-
-
-def plan_sweep(config, folder: Path) -> None:
-    """At the sweep's start (`config`: the sweep's, before any job): SWEEP_FILE for a sweep with a
-    trainer.sweep_budget that Hydra's basic sweeper expands, and no length left by an earlier sweep in the folder.
-    A budget that does not parse, or another sweeper, writes nothing: each job then says why in its one line."""
-    for name in (SWEEP_FILE, LENGTH_FILE, CLAIM_FILE):
-        (folder / name).unlink(missing_ok=True)
-    value = config.trainer.get("sweep_budget")
-    if value is None or config.hydra.sweeper.get("_target_") != BASIC_SWEEPER:
-        return
-    try:
-        budget_s = parse_sweep_budget(value)
-    except ConfigError:
-        return
-    jobs = count_jobs(config.hydra.sweeper.get("params"), config.hydra.overrides.task)
-    launcher = str(config.hydra.launcher.get("_target_", ""))
-    at_once = min(jobs, int(config.hydra.launcher.get("array_parallelism", 1))) if "Slurm" in launcher else 1
-    record = {"budget_s": budget_s, "jobs": jobs, "at_once": at_once, "share_s": budget_s * at_once / jobs}
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(json.dumps(record, indent=1) + "\n", folder / SWEEP_FILE)
 
 
 def sweep_folder() -> Path | None:
@@ -127,8 +90,8 @@ def fit_to_sweep(trainer: TrainerSettings, world_size: int) -> tuple[TrainerSett
     if world_size > 1:
         raise ConfigError(f"trainer.sweep_budget={budget} under torchrun: give each job trainer.epochs instead")
     try:
-        sweep = json.loads((folder / SWEEP_FILE).read_text())
-    except (OSError, ValueError):
+        sweep = json.loads((folder / SWEEP_FILE).read_text())["sweep_budget"]
+    except (OSError, ValueError, KeyError, TypeError):
         raise ConfigError(
             f"trainer.sweep_budget={budget} needs a sweep whose jobs can be counted before they start (Hydra's basic "
             f"sweeper, hydra/sweeper=basic); {folder / SWEEP_FILE} was not written. Give trainer.epochs instead"

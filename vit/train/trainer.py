@@ -133,8 +133,9 @@ def batch_limit(run: Run, epoch: int) -> int | None:
 
 def epoch_totals(run: Run, epoch: int, batches: int) -> Callable[[], tuple[int | None, int]]:
     """What the progress line of `epoch` counts towards, asked at each of its updates: (the run's epochs, the
-    epoch's batches). Under trainer.budget, the current plan's: its epochs, and of the `batches` only those up to
-    its last step (a re-plan moves both mid-epoch); before the first plan the epochs are not known yet (None)."""
+    epoch's batches). Under trainer.budget, the plan's: the epochs of the plan last printed, and of the `batches`
+    only those up to the current plan's last step (a re-plan moves it mid-epoch); before the first plan the epochs
+    are not known yet (None)."""
 
     def totals() -> tuple[int | None, int]:
         budget = run.budget
@@ -142,8 +143,11 @@ def epoch_totals(run: Run, epoch: int, batches: int) -> Callable[[], tuple[int |
             return run.trainer.epochs, batches
         if budget.plan is None:
             return None, batches
-        steps_left = budget.total_steps() - epoch * budget.shape.steps_per_epoch  # optimizer steps
-        return budget.planned_epochs(), min(batches, max(0, steps_left) * run.trainer.accum_steps)
+        spe = budget.shape.steps_per_epoch
+        steps_left = budget.total_steps() - epoch * spe  # optimizer steps
+        # the epochs of the plan the log last told of: a re-plan too small for a line leaves the total as it was
+        told = math.ceil(budget.announced[0] / spe) if budget.announced else budget.planned_epochs()
+        return max(told, epoch + 1), min(batches, max(0, steps_left) * run.trainer.accum_steps)
 
     return totals
 
