@@ -95,10 +95,17 @@ def test_small_grey_digits_at_the_folder_defaults_get_the_settings_that_fit(tmp_
     (line,) = [r.getMessage() for r in caplog.records if "upsampled" in r.getMessage()]
     assert line.startswith("data.img_size=224 but the training images are about 8 px on their longer side, grey: ")
     assert line.endswith(
-        "small images train at their own size: data.img_size=8 data.patch_size=1 data.augment.crop=pad "
+        "small images train at their own size: data.img_size=8 data.patch_size=2 data.augment.crop=pad "
         "data.augment.pad=1 data.augment.auto_augment=null (and data.augment.hflip=false where a mirrored image "
         "is another class: digits, letters)"
     )
+
+
+@pytest.mark.parametrize(("side", "patch"), [(8, 2), (16, 2), (28, 4), (32, 4), (64, 8), (7, 1), (96, 12)])
+def test_the_small_image_patch_divides_the_side_and_gives_4_to_8_tokens_a_side(side, patch):
+    from vit.data.sources.folders import small_patch
+
+    assert small_patch(side) == patch
 
 
 @pytest.mark.parametrize("val_name", ["val", "validation", "test"])
