@@ -366,6 +366,9 @@ def test_a_long_run_without_a_budget_says_so_after_its_first_timed_steps(monkeyp
     assert better.startswith("this run's 39,989 steps left take about 14.4 h on this machine (98 img/s measured "
                              "over 10 steps; evaluations not counted)")  # fmt: skip
     assert lines[1][1].startswith("this run's 397 steps left take about 9 min") and "trainer.budget=<time>" in early
+    # a job of a trainer.sweep_budget sweep trains the sweep's length: no hint to change it
+    swept = Forecast(400, 128, untimed=1, speaks=True, swept=True).line(3, 1.3, 500.0, early=False)
+    assert swept.endswith("the epochs every job of the sweep trains (trainer.sweep_budget)") and "<time>" not in swept
 
 
 def test_the_first_estimate_comes_within_a_minute_of_slow_first_steps(monkeypatch, caplog):

@@ -60,8 +60,9 @@ class Forecast:
     EARLY_S = 30.0
     TIMED_STEPS = 10
 
-    def __init__(self, max_steps: int, images_per_step: int, untimed: int, speaks: bool) -> None:
+    def __init__(self, max_steps: int, images_per_step: int, untimed: int, speaks: bool, swept: bool = False) -> None:
         self.max_steps, self.images_per_step, self.speaks = max_steps, images_per_step, speaks
+        self.swept = swept  # a job of a trainer.sweep_budget sweep: its length is the sweep's, not to be changed
         self.untimed_left = untimed  # the first step (allocations, compilation) and each loader worker's start
         self.after_first: tuple[int, float] | None = None  # (step, clock) after the first step: the early timing
         self.first: tuple[int, float] | None = None  # (step, clock) where the better timing starts
@@ -98,10 +99,11 @@ class Forecast:
         hours = f"{left_s / 3600:.1f} h" if left_s >= 3600 else f"{left_s / 60:.0f} min"
         timed = "over its first steps, a better estimate follows" if early else f"over {self.TIMED_STEPS} steps"
         hint = "add trainer.budget=<time> (e.g. 30m or 2h): the run then plans as many steps as fit"
+        then = "the epochs every job of the sweep trains (trainer.sweep_budget)" if self.swept else None
         return (
             f"this run's {self.max_steps - step:,} steps left take about {hours} on this machine "
-            f"({self.images_per_step / step_s:,.0f} img/s measured {timed}; evaluations not counted); to train for "
-            f"a fixed time instead, {hint}"
+            f"({self.images_per_step / step_s:,.0f} img/s measured {timed}; evaluations not counted); "
+            + (then or f"to train for a fixed time instead, {hint}")
         )
 
 
@@ -120,7 +122,8 @@ def attach_budget(run, sweep_plan: bool = False) -> Budget | None:
     loader_workers = int(bundle.train_workers or 0)
     if trainer.budget is None:
         max_steps = trainer.epochs * steps_per_epoch
-        forecast = Forecast(max_steps, images_per_step, 1 + loader_workers, speaks=run.dist.is_main)
+        swept = trainer.sweep_budget is not None  # a job training the epochs its sweep's first job fitted
+        forecast = Forecast(max_steps, images_per_step, 1 + loader_workers, speaks=run.dist.is_main, swept=swept)
         run.callbacks.append(LongRunForecast(forecast))
         if saved:
             log.info(

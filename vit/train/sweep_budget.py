@@ -114,7 +114,7 @@ def fit_to_sweep(trainer: TrainerSettings, world_size: int) -> tuple[TrainerSett
         length["epochs"],
         of,
     )
-    return replace(trainer, epochs=int(length["epochs"]), sweep_budget=None), None
+    return replace(trainer, epochs=int(length["epochs"])), None  # sweep_budget kept: the forecast names it
 
 
 def length_or_claim(folder: Path, patience_s: float) -> dict | None:
