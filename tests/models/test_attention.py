@@ -4,18 +4,28 @@ attention's V skip, timm/PyTorch parity."""
 import pytest
 import timm.layers
 import torch
+from einops import rearrange
 from torch import nn
 
-from vit.models import Attention, LocalitySelfAttention, TokenAttention, capture_attention
-from vit.models.attention import CPU_MATH_MAX_TOKENS, CPU_MATH_MAX_TOKENS_FP32
+from vit.models import Attention, LocalitySelfAttention, RotaryAttention, TokenAttention, capture_attention
+from vit.models.attention import CPU_MATH_MAX_TOKENS, CPU_MATH_MAX_TOKENS_FP32, use_fused_attn
+
+
+def split(attn: Attention, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v (B, heads, N, head_dim) as the module's forward splits its qkv projection."""
+    return rearrange(attn.qkv(x), "b n (three h d) -> three b h n d", three=3, h=attn.num_heads)
+
+
+def causal(n: int) -> torch.Tensor:
+    return torch.ones(n, n, dtype=torch.bool).tril()  # token i attends to tokens 0..i
 
 
 @pytest.mark.parametrize("heads", [1, 4])
-def test_worked_example_shapes_49_to_64(heads):
-    """The module docstring's example: a batch of 13 sequences of 100 tokens of width 49, projected to 64."""
-    attn = Attention(dim=49, dim_out=64, num_heads=heads)
-    x = torch.randn(13, 100, 49)
-    q, k, v = attn.split_heads(x)
+def test_worked_example_shapes(heads):
+    """The module docstring's example: a batch of 13 sequences of 100 tokens of width 64."""
+    attn = Attention(dim=64, num_heads=heads)
+    x = torch.randn(13, 100, 64)
+    q, k, v = split(attn, x)
     for t in (q, k, v):
         assert t.shape == (13, heads, 100, 64 // heads)
     with capture_attention(attn) as maps:
@@ -26,17 +36,17 @@ def test_worked_example_shapes_49_to_64(heads):
     torch.testing.assert_close(maps[0].sum(-1), torch.ones(13, heads, 100))
 
 
-def test_plain_attention_with_a_width_change_has_no_skip():
-    attn = Attention(dim=49, dim_out=64, num_heads=4)
+def test_plain_attention_has_no_skip():
+    attn = Attention(dim=64, num_heads=4)
     nn.init.zeros_(attn.proj.weight)
     nn.init.zeros_(attn.proj.bias)
-    torch.testing.assert_close(attn(torch.randn(2, 10, 49)), torch.zeros(2, 10, 64))
+    torch.testing.assert_close(attn(torch.randn(2, 10, 64)), torch.zeros(2, 10, 64))
 
 
 def test_token_attention_adds_v_as_the_skip_connection():
     attn = TokenAttention(dim=49, dim_out=64, num_heads=4)
     x = torch.randn(2, 10, 49)
-    _, _, v = attn.split_heads(x)
+    _, _, v = split(attn, x)
     nn.init.zeros_(attn.proj.weight)
     nn.init.zeros_(attn.proj.bias)
     # With a zero output projection only the skip from V (merged over heads) is left.
@@ -86,27 +96,23 @@ def _masks(n):
     return [None, bool_mask, float_mask]
 
 
-# Every class with every mask, except locality self-attention with a causal mask, which it refuses (tested below).
-BACKEND_CASES = [
-    (attention, mask_index)
-    for attention in (Attention, TokenAttention, LocalitySelfAttention)
-    for mask_index in range(4)
-    if not (attention is LocalitySelfAttention and mask_index == 3)
-]
+# Every class with every mask, except locality self-attention with a causal mask: token 0 would see nothing.
+BUILDERS = {
+    "plain": lambda backend: Attention(32, num_heads=4, qkv_bias=True, attn_backend=backend),
+    "token": lambda backend: TokenAttention(32, 48, num_heads=4, qkv_bias=True, attn_backend=backend),
+    "lsa": lambda backend: LocalitySelfAttention(32, num_heads=4, qkv_bias=True, attn_backend=backend),
+    "eva": lambda backend: RotaryAttention(32, num_heads=4, qkv_bias=True, k_bias=False, attn_backend=backend),
+}
+BACKEND_CASES = [(kind, mask) for kind in BUILDERS for mask in range(4) if not (kind == "lsa" and mask == 3)]
 
 
-@pytest.mark.parametrize(("attention", "mask_index"), BACKEND_CASES)
-@pytest.mark.parametrize("dim_out", [None, 48])
-def test_math_and_sdpa_backends_agree(attention, dim_out, mask_index):
+@pytest.mark.parametrize(("kind", "mask_index"), BACKEND_CASES)
+def test_math_and_sdpa_backends_agree(kind, mask_index):
     x = torch.randn(2, 7, 32)
-    math_attn = attention(32, num_heads=4, qkv_bias=True, dim_out=dim_out, attn_backend="math")
-    sdpa_attn = attention(32, num_heads=4, qkv_bias=True, dim_out=dim_out, attn_backend="sdpa")
+    math_attn, sdpa_attn = BUILDERS[kind]("math"), BUILDERS[kind]("sdpa")
     sdpa_attn.load_state_dict(math_attn.state_dict())
-    if mask_index == 3:
-        kwargs = {"is_causal": True}
-    else:
-        kwargs = {"attn_mask": _masks(7)[mask_index]}
-    torch.testing.assert_close(math_attn(x, **kwargs), sdpa_attn(x, **kwargs), atol=1e-5, rtol=0)
+    mask = causal(7) if mask_index == 3 else _masks(7)[mask_index]
+    torch.testing.assert_close(math_attn(x, mask), sdpa_attn(x, mask), atol=1e-5, rtol=0)
 
 
 @pytest.mark.parametrize(
@@ -125,8 +131,8 @@ def test_auto_writes_the_scores_out_on_a_cpu_where_that_measured_faster(dtype, t
     computes, to the bit. sdpa and math are never switched."""
     q, k, v = (torch.randn(2, 3, tokens, 8, dtype=dtype) for _ in range(3))
     auto = Attention(24, num_heads=3, attn_backend="auto")
-    assert auto.fused(q) is fused
-    assert Attention(24, 3, attn_backend="sdpa").fused(q) and not Attention(24, 3, attn_backend="math").fused(q)
+    assert use_fused_attn("auto", q) is fused
+    assert use_fused_attn("sdpa", q) and not use_fused_attn("math", q)
     expected = Attention(24, num_heads=3, attn_backend="sdpa" if fused else "math").attend(q, k, v)
     assert torch.equal(auto.attend(q, k, v), expected)
 
@@ -158,7 +164,7 @@ def test_causal_mask_hides_the_future(attn_backend):
     x = torch.randn(1, 6, 16)
     changed = x.clone()
     changed[:, 4:] = torch.randn(1, 2, 16)  # change only tokens 4 and 5
-    out, out_changed = attn(x, is_causal=True), attn(changed, is_causal=True)
+    out, out_changed = attn(x, causal(6)), attn(changed, causal(6))
     torch.testing.assert_close(out[:, :4], out_changed[:, :4])
     assert not torch.allclose(out[:, 4:], out_changed[:, 4:])
     # Without the mask, early tokens see the change.
@@ -173,14 +179,12 @@ def test_locality_self_attention_learns_its_scale_and_masks_the_diagonal():
         attn(torch.randn(1, 5, 16)).sum().backward()
     assert torch.all(maps[0].diagonal(dim1=-2, dim2=-1) == 0)
     assert attn.scale.grad is not None and torch.all(attn.scale.grad != 0)
-    with pytest.raises(ValueError, match="cannot take is_causal=True"):
-        attn(torch.randn(1, 5, 16), is_causal=True)
 
 
 def test_causal_capture_is_lower_triangular():
     attn = Attention(16, num_heads=2)
     with capture_attention(attn) as maps:
-        attn(torch.randn(1, 5, 16), is_causal=True)
+        attn(torch.randn(1, 5, 16), causal(5))
     assert torch.all(maps[0].triu(diagonal=1) == 0)
 
 
@@ -190,7 +194,7 @@ def test_capture_is_off_outside_the_block_and_uses_sdpa_otherwise(monkeypatch):
     with capture_attention(attn) as maps:
         attn(torch.randn(1, tokens, 16))
     attn(torch.randn(1, tokens, 16))
-    assert len(maps) == 1 and attn.attention_sink is None
+    assert len(maps) == 1 and not attn.attn_drop._forward_hooks  # the hook goes with the block
     calls = []
     real_sdpa = torch.nn.functional.scaled_dot_product_attention
     monkeypatch.setattr(
@@ -237,7 +241,7 @@ def test_matches_torch_multihead_attention():
     ("kwargs", "needle"),
     [
         ({"dim": 64, "num_heads": 5}, "num_heads=5"),
-        ({"dim": 49, "dim_out": 64, "num_heads": 3}, "dim_out=64"),
+        ({"dim": 48, "num_heads": 5}, "num_heads=5 must be a positive divisor of dim=48"),
         ({"dim": 64, "qk_scale": 0.0}, "qk_scale=0.0"),
         ({"dim": 64, "qk_scale": -1.0}, "qk_scale=-1.0"),
         ({"dim": 64, "attn_drop": 1.0}, "attn_drop=1.0"),

@@ -173,11 +173,6 @@ def test_lsa_fused_and_math_backends_agree(mask_index):
     assert not torch.allclose(plain(x, attn_mask=mask), out_sdpa, atol=1e-3)
 
 
-def test_lsa_refuses_causal_attention():
-    with pytest.raises(ValueError, match="is_causal"):
-        LocalitySelfAttention(16, num_heads=2)(torch.randn(1, 4, 16), is_causal=True)
-
-
 # ---------------------------------------------------------------- defaults, registry, configs
 
 

@@ -10,6 +10,7 @@ import onnxruntime as ort
 import pytest
 import timm
 import torch
+from einops import rearrange
 from omegaconf import OmegaConf
 from torch import nn
 from trainer_utils import (
@@ -170,8 +171,8 @@ def test_qk_norm_bounds_the_attention_logits():
     x = 1000.0 * torch.randn(1, 65, 192)
     logits = []
     for attn in (plain, normed):
-        q, k, _ = attn.split_heads(x)
-        q, k = attn.rotate(q, k, None)
+        q, k, _ = rearrange(attn.qkv(x), "b n (three h d) -> three b h n d", three=3, h=attn.num_heads)
+        q, k = attn.q_norm(q), attn.k_norm(k)
         logits.append((q @ k.transpose(-2, -1)).abs().max().item())
     assert logits[1] <= 64 < 1e4 < logits[0]  # |q·k| <= |q| |k| = head_dim for unit-variance normalised rows
 

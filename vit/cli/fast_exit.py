@@ -1,7 +1,7 @@
 """The end of a command-line process that has finished its work.
 
-Python's own teardown frees the interpreter's objects one by one: about 1 s with torch, timm and torchvision
-imported (0.5 s for torch alone, measured on a 2-core AMD EPYC), time no one needs and a time budget cannot see,
+Python's own teardown frees the interpreter's objects one by one: about a second with torch, timm and torchvision
+imported (tests/cli/test_fast_exit.py), time no one needs and a time budget cannot see,
 since it comes after the last line of the program. `trainer.budget` is the process's wall time from start to exit,
 so the trainer's command ends with `exit_process`: every file is closed and flushed by then; the exit handlers
 (logging's flush, multiprocessing's join of child processes, compile workers' shutdown) and the other non-daemon

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from hydra.experimental.callback import Callback
 
+from vit.records.sweep_files import SWEEP_FILE
+
 
 @dataclasses.dataclass(frozen=True)
 class NewFolders:
@@ -121,14 +123,15 @@ def close_logs_in(folder: str) -> None:
 
 def remove_emptied_parents(parent: Path, noted: NewFolders) -> None:
     """The folders above a removed run folder that this command made and that are now empty, up to the nearest one
-    that existed before; a sweep's folder counts as empty holding only its multirun.yaml (Hydra's record of the
-    sweep, written before the first job)."""
+    that existed before; a sweep's folder counts as empty holding only its multirun.yaml and SWEEP_FILE (Hydra's
+    record of the sweep and ours, both written before the first job)."""
     while str(parent) != noted.keep and parent != parent.parent and parent.is_dir():
         entries = set(os.listdir(parent))
         if str(parent) == noted.top and not noted.existed:
-            entries -= {"multirun.yaml"}
+            entries -= {"multirun.yaml", SWEEP_FILE}
         if entries:
             return
-        (parent / "multirun.yaml").unlink(missing_ok=True)
+        for record in ("multirun.yaml", SWEEP_FILE):
+            (parent / record).unlink(missing_ok=True)
         parent.rmdir()
         parent = parent.parent

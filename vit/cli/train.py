@@ -148,7 +148,7 @@ HELP_FLAGS = {"--help", "-h"}
 def print_help(args: list[str]) -> bool:
     """`--help` (with overrides, and `--resolve`), rendered from configs/config.yaml's help template as Hydra renders
     it, but without Hydra's $APP_CONFIG_GROUPS and $HYDRA_CONFIG_GROUPS, which Hydra builds for every help whether
-    the template uses them or not (a copy of every stored config per group: 10 s and more on a 2-core CPU). False
+    the template uses them or not (a copy of every stored config per group: seconds). False
     where the command is not an app help (other flags go to Hydra)."""
     flags = {arg for arg in args if arg.startswith("-")}
     if not flags & HELP_FLAGS or not flags <= HELP_FLAGS | {"--resolve"}:

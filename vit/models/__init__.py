@@ -1,7 +1,7 @@
 """Models: attention and the layers around it, the encoder ViT and T2T-ViT share, their registry, and fitting
 weights read by vit/weights/read.py to a model (vit/weights/fit.py)."""
 
-from vit.models.attention import Attention, LocalitySelfAttention, TokenAttention, capture_attention
+from vit.models.attention import Attention, LocalitySelfAttention, RotaryAttention, TokenAttention, capture_attention
 from vit.models.complexity import Complexity, attention_macs, complexity, mlp_macs
 from vit.models.encoder import Encoder
 from vit.models.encoder_config import EncoderConfig
@@ -23,6 +23,7 @@ __all__ = [
     "EncoderConfig",
     "LayerScale",
     "LocalitySelfAttention",
+    "RotaryAttention",
     "MAEConfig",
     "MaskedAutoencoder",
     "MixedRope",

@@ -52,7 +52,7 @@ import torch
 from torch import nn
 from torch.nn.init import trunc_normal_
 
-from vit.models.encoder_config import ROPE_KINDS, ROPE_TEMPERATURES, EncoderConfig, table_kind
+from vit.models.encoder_config import ROPE_KINDS, ROPE_TEMPERATURES, EncoderConfig, attention_choice, table_kind
 from vit.models.layers import AttentionPool, Block, run_blocks, to_2tuple
 from vit.models.naflex import grid_extent, key_mask, masked_mean, one_full_grid, rows_per_image
 from vit.models.pos_embed import (
@@ -129,14 +129,10 @@ class Encoder(nn.Module):
             proj_drop=config.drop_rate,
             attn_drop=config.attn_drop_rate,
             init_values=config.init_values,
-            attn_backend=config.attn_backend,
             norm_eps=config.norm_eps,
-            lsa=config.lsa,
-            qk_norm=config.qk_norm,
             mlp=config.mlp,
             mlp_norm=config.mlp_norm,
-            k_bias=config.k_bias,
-            rope_half=pos_embed == "rope_dinov3",
+            **attention_choice(config),
         )
         use_fc_norm = config.global_pool == "avg" if config.fc_norm is None else config.fc_norm
         self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(embed_dim, eps=config.norm_eps)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vit.models.attention import Attention, LocalitySelfAttention, RotaryAttention
 from vit.models.layers import MLPS, check_rate
 from vit.models.pos_embed import (
     POS_EMBED_KINDS,
@@ -160,3 +161,25 @@ def check_switches(config: EncoderConfig) -> None:
             )
         if not c.rope_temperature > 0:
             raise ValueError(f"rope_temperature={c.rope_temperature} must be > 0")
+
+
+def attention_choice(config: EncoderConfig) -> dict:
+    """The encoder's blocks' attention and its options: `Attention`; `RotaryAttention` under rotary positions or
+    EVA-02's biases (model.k_bias=false); `LocalitySelfAttention` with model.lsa."""
+    rotary = config.pos_embed in ROPE_KINDS or (config.qkv_bias and not config.k_bias)
+    options = {"attention": Attention, "attn_backend": config.attn_backend, "qk_norm": config.qk_norm}
+    if config.lsa:
+        if rotary:
+            raise ValueError(
+                f"lsa=True with pos_embed={config.pos_embed!r} and k_bias={config.k_bias}: locality self-attention "
+                "is not built with rotary positions or EVA-02's biases"
+            )
+        return {**options, "attention": LocalitySelfAttention}
+    if rotary:
+        return {
+            **options,
+            "attention": RotaryAttention,
+            "rope_half": config.pos_embed == "rope_dinov3",
+            "k_bias": config.k_bias,
+        }
+    return options

@@ -14,7 +14,7 @@ from einops import rearrange
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from vit.models.attention import Attention, LocalitySelfAttention
+from vit.models.attention import Attention
 
 
 def check_rate(name: str, value: float) -> None:
@@ -184,12 +184,11 @@ class Block(nn.Module):
 
     `proj_drop` is the dropout after the attention's output projection and inside the MLP (timm's name);
     `norm_eps` is 1e-6 in timm's ViTs and 1e-5 (PyTorch's default) in the official T2T-ViT code;
-    `init_values` switches on LayerScale (None: off, as in plain ViT); `lsa` makes the attention
-    `LocalitySelfAttention`; `qk_norm` normalises q and k per head (`Attention`); `mlp` is "gelu" (`Mlp`),
-    "quick_gelu" (`Mlp` with CLIP's `QuickGELU`) or "swiglu" (`SwiGLU`, `mlp_ratio` then sizes fc1, both halves);
-    `mlp_norm` adds a LayerNorm inside the MLP (EVA-02's); `k_bias=False` leaves the keys without the bias the
-    queries and values have (EVA-02's). `forward(x, rope)` hands a rotary position table to the
-    attention (vit/models/rope.py), laid out in half order with `rope_half` (DINOv3's).
+    `init_values` switches on LayerScale (None: off, as in plain ViT); `mlp` is "gelu" (`Mlp`), "quick_gelu"
+    (`Mlp` with CLIP's `QuickGELU`) or "swiglu" (`SwiGLU`, `mlp_ratio` then sizes fc1, both halves); `mlp_norm`
+    adds a LayerNorm inside the MLP (EVA-02's). `attention` is the attention's class (vit/models/attention.py:
+    `Attention`, or a variant), built with the arguments above and `attn_options` (`qk_norm`, `attn_backend`;
+    `rope_half`, `k_bias` for `RotaryAttention`). `forward(x, rope)` hands a rotary position table to it.
     """
 
     def __init__(
@@ -203,14 +202,11 @@ class Block(nn.Module):
         attn_drop: float = 0.0,
         drop_path: float = 0.0,
         init_values: float | None = None,
-        attn_backend: str = "auto",
         norm_eps: float = 1e-6,
-        lsa: bool = False,
-        qk_norm: bool = False,
         mlp: str = "gelu",
         mlp_norm: bool = False,
-        rope_half: bool = False,
-        k_bias: bool = True,
+        attention: type[Attention] = Attention,
+        **attn_options,
     ) -> None:
         super().__init__()
         if mlp_ratio <= 0:
@@ -218,7 +214,6 @@ class Block(nn.Module):
         if mlp not in MLPS:
             raise ValueError(f"mlp={mlp!r} must be one of {tuple(MLPS)}")
         check_rate("drop_rate", proj_drop)
-        attention = LocalitySelfAttention if lsa else Attention
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = attention(
             dim,
@@ -227,11 +222,8 @@ class Block(nn.Module):
             qk_scale=qk_scale,
             attn_drop=attn_drop,
             proj_drop=proj_drop,
-            attn_backend=attn_backend,
-            qk_norm=qk_norm,
             norm_eps=norm_eps,
-            rope_half=rope_half,
-            k_bias=k_bias,
+            **attn_options,
         )
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
@@ -244,7 +236,10 @@ class Block(nn.Module):
     def forward(
         self, x: torch.Tensor, rope: torch.Tensor | None = None, attn_mask: torch.Tensor | None = None
     ) -> torch.Tensor:
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask=attn_mask, rope=rope)))
+        """x (B, N, dim) -> (B, N, dim): attention, then the MLP, each on the normed tokens and added back."""
+        h = self.norm1(x)
+        h = self.attn(h, attn_mask) if rope is None else self.attn(h, attn_mask, rope)  # RotaryAttention: rope
+        x = x + self.drop_path1(self.ls1(h))
         return x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
 
 

@@ -112,9 +112,7 @@ class TokenTransformer(nn.Module):
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim)
-        self.attn = TokenAttention(
-            dim, num_heads=num_heads, qk_scale=qk_scale, dim_out=dim_out, attn_backend=attn_backend
-        )
+        self.attn = TokenAttention(dim, dim_out, num_heads=num_heads, qk_scale=qk_scale, attn_backend=attn_backend)
         self.norm2 = nn.LayerNorm(dim_out)
         self.mlp = Mlp(dim_out, hidden_features=dim_out, out_features=dim_out)  # MLP ratio 1
 

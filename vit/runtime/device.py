@@ -6,11 +6,8 @@ training, the evaluations during training, `vit-eval`, `vit-predict` and `lab/be
 - CPU: bf16 when torch reports native bf16 matmuls (AVX512-BF16 or AMX) and the model's shape is one where it
   trained faster: at least `CPU_BF16_MIN_WIDTH` wide over at most `CPU_BF16_FEW_TOKENS` patch tokens, or at least
   `CPU_BF16_MIN_WIDTH_MANY_TOKENS` wide over more. Elsewhere the casts around every matmul cost about what the
-  smaller matmuls save, or more. Measured (docs/BENCHMARKS.md, "bf16 on the CPU"): with the attention written out
-  on a CPU (vit/models/attention.py), two 2-core AMD EPYCs with AVX512-BF16 (Zen 4 and Zen 5) trained 1.25-2.88x
-  faster in bf16 at 16 and 64 tokens at every width from 32 to 192, and 0.90-1.29x at 256 tokens from 64 to 128
-  wide; before, with PyTorch's flash kernel for the attention, two such CPUs gained only from 192 wide over 64
-  tokens on both.
+  smaller matmuls save, or more. The bars are where bf16 measured faster (docs/BENCHMARKS.md, "bf16 on the
+  CPU").
 - Anything else: fp32.
 
 A budgeted run that picks its width (trainer.width_by_budget, vit/train/width_choice.py) times fp32 against bf16
@@ -37,12 +34,8 @@ from vit.errors import ConfigError
 log = logging.getLogger("vit.train")
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}
-# Where bf16 trained faster than fp32 on the 2-core AVX512-BF16 EPYC (Zen 4) with the attention written out: at 16
-# and 64 tokens at every width from 32 up (1.25-2.20x; 64 wide 1.27-1.55x), at 256 tokens not below 128 wide
-# (0.90-1.04x). The Zen 5 EPYC gained at every width from 32 too (1.46-2.88x; docs/BENCHMARKS.md, "bf16 on the
-# CPU"), so the bar over few tokens is the narrowest width measured, 32 (64 before, while the test suite's 32-wide
-# runs compared for equality were not yet pinned to fp32). Over more than 64 tokens the rule keeps the bar both
-# CPUs met with the flash kernel (192 wide, 1.07-1.50x).
+# Where bf16 trained faster than fp32 on a CPU with native bf16 (docs/BENCHMARKS.md, "bf16 on the CPU"): over few
+# tokens from the narrowest width measured; over more, from the width every CPU measured gained at.
 CPU_BF16_MIN_WIDTH = 32
 CPU_BF16_FEW_TOKENS = 64
 CPU_BF16_MIN_WIDTH_MANY_TOKENS = 192

@@ -185,10 +185,9 @@ def optimizer_kwargs(optim: OptimSettings, opt_class: type, device: torch.device
     """What `create_optimizer_v2` gets besides the groups and the rate: optim.betas, eps and momentum where set,
     then optim.kwargs as given. A key left null is not passed: the optimizer's own default applies (timm's factory
     gives momentum 0.9 to every optimizer that takes one, and drops betas or eps for one that takes none). torch's
-    Adam and AdamW run fused, on CUDA and on the CPU alike: one kernel updates every parameter. On the 2-core CPU the
-    CPU recipe's AdamW step took 1.7 ms fused against 10 ms in torch's default per-tensor loop, and 2.3 ms against
-    310 ms while a second process competed for the cores (docs/BENCHMARKS.md, "AdamW on the CPU"). SGD's fused
-    kernel, never measured here, is `+optim.kwargs.fused=true`."""
+    Adam and AdamW run fused, on CUDA and on the CPU alike: one kernel updates every parameter, several times faster
+    than torch's default per-tensor loop, and far faster on a busy CPU (docs/BENCHMARKS.md, "The optimizer step on
+    the CPU"). SGD's fused kernel, not measured, is `+optim.kwargs.fused=true`."""
     named = {"betas": optim.betas, "eps": optim.eps, "momentum": optim.momentum}
     kwargs = {key: value for key, value in named.items() if value is not None}
     kwargs.update({key: value for key, value in optim.kwargs.items() if value is not None})

@@ -53,8 +53,8 @@ from vit.train.progressive import ResizeSchedule
 log = logging.getLogger("vit.train")
 
 TIMED_STEPS = 3  # timed batches per width, after one untimed
-# The other precision than the rule's is taken only where it timed this much faster: three batches timed twice on
-# the 2-core AVX512-BF16 EPYC put the recipe's two precisions 1% and 16% apart at 96 wide (a noisy measurement).
+# The other precision than the rule's is taken only where it timed this much faster: a few timed batches are noisy
+# (docs/BENCHMARKS.md, "bf16 on the CPU").
 PRECISION_MARGIN = 1.05
 
 

@@ -152,8 +152,8 @@ def warp(x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     # A tensor divisor, as torchvision's: CUDA divides by a Python scalar as a multiply by its reciprocal.
     rescaled = theta.transpose(1, 2).div(constants["half_size"])  # (n, 3, 2): to [-1, 1]
     # The same float32 bmm as torchvision's: how a GEMM sums x * m0 + y * m1 + m2 (the order, fused multiply-adds
-    # or not) depends on the BLAS and the CPU: an elementwise copy of one dev machine's order picked the neighbouring
-    # pixel for ~0.01% of the sheared pixels on another (an AMD EPYC); only the same operation gives the same grid
+    # or not) depends on the BLAS and the CPU: an elementwise copy of one machine's order picked the neighbouring
+    # pixel for ~0.01% of the sheared pixels on another; only the same operation gives the same grid
     # everywhere. Like torchvision's, it runs in TF32 on CUDA where the process allows TF32.
     grid = constants["base"].expand(n, -1, -1).bmm(rescaled).view(n, height, width, 2)  # input (x, y) per pixel
     out = F.grid_sample(x.float(), grid, mode="nearest", padding_mode="zeros", align_corners=False)
