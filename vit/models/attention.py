@@ -110,9 +110,15 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
 
+    @property
+    def dim_out(self) -> int:
+        """The output tokens' width: `dim`, except in `TokenAttention`."""
+        return self.proj.out_features
+
     def extra_repr(self) -> str:
         scale = "learned" if isinstance(self.scale, torch.Tensor) else f"{self.scale:.4g}"
-        return f"dim={self.dim}, num_heads={self.num_heads}, scale={scale}, attn_backend={self.attn_backend}"
+        dims = f"dim={self.dim}" + (f", dim_out={self.dim_out}" if self.dim_out != self.dim else "")
+        return f"{dims}, num_heads={self.num_heads}, scale={scale}, attn_backend={self.attn_backend}"
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         """x: (B, N, dim) -> (B, N, dim), the steps of the module docstring's worked example. attn_mask: bool
@@ -184,11 +190,8 @@ class TokenAttention(Attention):
         if dim <= 0:
             raise ValueError(f"dim={dim} must be positive")
         super().__init__(dim_out, num_heads, qkv_bias=qkv_bias, **kwargs)
-        self.dim, self.dim_out = dim, dim_out
+        self.dim = dim
         self.qkv = nn.Linear(dim, 3 * dim_out, bias=qkv_bias)  # (B, N, dim) -> (B, N, 3 * dim_out)
-
-    def extra_repr(self) -> str:
-        return f"dim_out={self.dim_out}, " + super().extra_repr()
 
     def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
         qkv = self.qkv(check_tokens(x, self.dim))  # (B, N, 3 * dim_out)

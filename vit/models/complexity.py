@@ -94,7 +94,7 @@ def complexity(model: nn.Module, img_size: int | tuple[int, int] | None = None, 
             x = inputs[0]
             if isinstance(mod, Attention):
                 batch, tokens, _ = x.shape
-                record(name, attention_macs(tokens, mod.qkv.in_features, mod.qkv.out_features // 3))  # dim -> dim_out
+                record(name, attention_macs(tokens, mod.dim, mod.dim_out))
             elif hasattr(mod, "macs"):
                 record(name, mod.macs(x, output))
             elif isinstance(mod, nn.Linear):
