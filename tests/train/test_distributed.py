@@ -184,7 +184,7 @@ def test_isolated_non_finite_losses_below_the_limit_do_not_stop():
     model = torch.nn.Linear(8, 3)
     ctx = step_context(model, max_bad_steps=2, log_every=100, criterion=NanAtCalls({2, 4}))
     result = train_one_epoch(ctx, StepState(), batches(6), limit_batches=None)
-    assert result["steps"] == 6 and weights_finite(model)
+    assert result["batches"] == 6 and weights_finite(model)
 
     ctx = step_context(model, max_bad_steps=2, log_every=100, criterion=NanAtCalls({4, 5}))
     with pytest.raises(Exception, match="2 consecutive steps"):

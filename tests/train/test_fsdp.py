@@ -429,7 +429,7 @@ def sharded_against_whole(names: list[str], out) -> None:
     import torch.distributed as dist
 
     from vit.models import create_model
-    from vit.runtime.sharding import full, shard_model
+    from vit.runtime.sharding import gathered, shard_model
     from vit.train.optimizer import build_optimizer
 
     dist.init_process_group("gloo")
@@ -455,7 +455,7 @@ def sharded_against_whole(names: list[str], out) -> None:
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)
             pairs = zip(sharded.parameters(), whole.parameters(), strict=True)
-            results[name] = max((full(p.detach()) - q.detach()).abs().max().item() for p, q in pairs)
+            results[name] = max((gathered(p.detach()) - q.detach()).abs().max().item() for p, q in pairs)
         except Exception as err:  # noqa: BLE001 - recorded, and the test names it
             results[name] = f"sharded: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
     if dist.get_rank() == 0:

@@ -46,7 +46,7 @@ def test_an_epoch_with_accumulation_steps_once_per_group_of_batches_and_logs_eac
 
     result = train_one_epoch(settings, state, batches(5), limit_batches=None, reporter=Reporter())
     assert state.step == 3  # batches 1+2, 3+4, and the last one alone
-    assert result["steps"] == 5 and not result["stopped"] and math.isfinite(result["loss"])
+    assert result["batches"] == 5 and not result["stopped"] and math.isfinite(result["loss"])
     assert [entry[:2] for entry in logged] == [(2, 1), (4, 2), (5, 3)]
     assert logged[0][2] == ["train/grad_norm", "train/img_per_s", "train/loss", "train/lr"]
 
@@ -56,9 +56,9 @@ def test_an_epoch_stops_after_the_step_where_a_stop_is_asked_and_limit_batches_c
     settings = stub_settings(stop_requested=lambda: next(asks, True))
     state = StepState()
     result = train_one_epoch(settings, state, batches(6), limit_batches=None)
-    assert result["stopped"] and state.step == 2 and result["steps"] == 2
+    assert result["stopped"] and state.step == 2 and result["batches"] == 2
     capped = train_one_epoch(stub_settings(), StepState(), batches(6), limit_batches=4)
-    assert capped["steps"] == 4 and not capped["stopped"]
+    assert capped["batches"] == 4 and not capped["stopped"]
 
 
 def test_the_training_state_restored_continues_as_the_unbroken_loop():

@@ -48,7 +48,7 @@ def local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-def full(tensor: torch.Tensor) -> torch.Tensor:
+def gathered(tensor: torch.Tensor) -> torch.Tensor:
     """The whole value of a DTensor on every rank (a collective: every rank must call it); any other tensor as it
     is. A gradient norm computed over sharded gradients is a DTensor whose full value is the global norm."""
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor

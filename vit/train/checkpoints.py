@@ -266,14 +266,14 @@ class RunProgress:
         return self.skip_batches if epoch == self.start_epoch else 0
 
 
-def training_parts(settings: StepParts) -> dict:
+def training_parts(step_parts: StepParts) -> dict:
     """What a checkpoint saves and a resume loads, by `training_state`'s names."""
     return dict(
-        model=settings.model,
-        optimizer=settings.optimizer,
-        scheduler=settings.scheduler,
-        scaler=settings.scaler,
-        ema=settings.ema,
+        model=step_parts.model,
+        optimizer=step_parts.optimizer,
+        scheduler=step_parts.scheduler,
+        scaler=step_parts.scaler,
+        ema=step_parts.ema,
     )
 
 
@@ -282,13 +282,13 @@ class Checkpointer:
     every rank writing its shards (vit/train/sharded.py). `enabled=False` writes nothing."""
 
     def __init__(
-        self, folder: Path, *, enabled: bool, keep_last: int | None, settings: StepParts, class_to_idx, config
+        self, folder: Path, *, enabled: bool, keep_last: int | None, step_parts: StepParts, class_to_idx, config
     ) -> None:
         self.folder, self.keep_last = folder, keep_last
-        self.sharded = is_sharded(settings.model)
-        self.main = settings.dist.is_main
+        self.sharded = is_sharded(step_parts.model)
+        self.main = step_parts.dist.is_main
         self.enabled = enabled and (self.main or self.sharded)  # every rank takes part in a sharded write
-        self.parts, self.settings = training_parts(settings), settings
+        self.parts, self.step_parts = training_parts(step_parts), step_parts
         self.class_to_idx, self.config = class_to_idx, config
 
     def state(self, epoch: int, step: int, progress: RunProgress) -> dict:
@@ -307,7 +307,7 @@ class Checkpointer:
                 history=progress.history,
             )
         state["elapsed_s"] = progress.elapsed()
-        budget = self.settings.budget
+        budget = self.step_parts.budget
         state["budget"] = budget.state_dict() if budget is not None else None
         return state
 
@@ -320,7 +320,7 @@ class Checkpointer:
         epoch_file = self.folder / f"epoch_{epochs_done:04d}.pt"
         if self.sharded:
             names = ["last.pt", *([epoch_file.name] if self.keep_last else []), *(["best.pt"] if is_best else [])]
-            save_sharded(self.folder, self.settings.dist, self.parts, state, step, names)
+            save_sharded(self.folder, self.step_parts.dist, self.parts, state, step, names)
         elif self.keep_last:
             atomic_save(state, epoch_file)
             link_or_save(epoch_file, last, state)  # the same bytes: a second name, not a second write
@@ -338,7 +338,7 @@ class Checkpointer:
             state = self.state(epoch, step, progress)
             state.update(batches_into_epoch=batches_done, rng=rng_ranks[0], rng_ranks=rng_ranks)
             if self.sharded:
-                save_sharded(self.folder, self.settings.dist, self.parts, state, step, ["last.pt"])
+                save_sharded(self.folder, self.step_parts.dist, self.parts, state, step, ["last.pt"])
             else:
                 atomic_save(state, last)
         return last
@@ -370,26 +370,26 @@ def link_or_save(source: Path, target: Path, state: dict) -> None:
 
 
 def resume(
-    path: Path, settings: StepParts, state: StepState, class_to_idx, wall_start: float, optim_name: str
+    path: Path, step_parts: StepParts, state: StepState, class_to_idx, wall_start: float, optim_name: str
 ) -> RunProgress:
     """Load the checkpoint at `path` into the model, optimizer, schedule, scaler and EMA; return where the run
     stands. The time of the earlier processes counts too (not the pause between them): the run's clock goes on
     from the moment the checkpoint was written (inside an epoch too), else from the last finished epoch."""
-    parts = training_parts(settings)
-    if is_sharded(settings.model):  # each rank reads its own shards (vit/train/sharded.py)
+    parts = training_parts(step_parts)
+    if is_sharded(step_parts.model):  # each rank reads its own shards (vit/train/sharded.py)
 
         def check(rest: dict, shapes: dict) -> None:
-            check_resumable(rest, shapes, settings.model, path, class_to_idx, optim_name)
+            check_resumable(rest, shapes, step_parts.model, path, class_to_idx, optim_name)
 
         saved = resume_sharded(path, parts, check)
-        restore_rest(saved, scheduler=settings.scheduler, scaler=settings.scaler, path=path)
+        restore_rest(saved, scheduler=step_parts.scheduler, scaler=step_parts.scaler, path=path)
     else:
         saved = load_checkpoint(path)
         restore_training_state(saved, path=path, class_to_idx=class_to_idx, optim_name=optim_name, **parts)
     history = list(saved.get("history", []))
     elapsed = float(saved.get("elapsed_s") or (history[-1] if history else {}).get("elapsed_s") or 0.0)
     rng_ranks = saved.get("rng_ranks") or []
-    dist = settings.dist
+    dist = step_parts.dist
     progress = RunProgress(
         wall_start=wall_start - elapsed,
         start_epoch=int(saved["epoch"]),

@@ -74,7 +74,7 @@ def val_score(result: dict) -> float:
     return float(result["top1"]) if result["top1"] is not None else -float(result["loss"])
 
 
-def chosen_weights(val: dict | None, val_ema: dict | None) -> dict | None:
+def chosen_evaluation(val: dict | None, val_ema: dict | None) -> dict | None:
     """The evaluation best.pt is chosen by: the EMA weights' where the run keeps an EMA, as the tools after training
     read a checkpoint's EMA weights by default (vit/deploy/loaded_model.py's EMA_RULE) and timm chooses its best
     checkpoint; else the raw weights'."""
@@ -82,7 +82,7 @@ def chosen_weights(val: dict | None, val_ema: dict | None) -> dict | None:
 
 
 def chosen_result(record: dict) -> dict:
-    """A history entry's evaluation that best.pt is chosen by, as `chosen_weights` picks it."""
+    """A history entry's evaluation that best.pt is chosen by, as `chosen_evaluation` picks it."""
     prefix = "val_ema" if record.get("val_ema_loss") is not None else "val"
     return {"top1": record.get(f"{prefix}_top1"), "loss": record[f"{prefix}_loss"]}
 

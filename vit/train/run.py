@@ -143,7 +143,7 @@ def build_run(
         run_dir / "checkpoints",
         enabled=trainer.save_checkpoints,  # rank 0 writes (every rank its shards under fsdp)
         keep_last=trainer.keep_last,
-        settings=step_parts,
+        step_parts=step_parts,
         class_to_idx=built.bundle.class_to_idx,
         config=built.resolved,
     )

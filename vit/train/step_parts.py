@@ -1,6 +1,6 @@
 """What a training step (vit/train/trainer.py) reads and changes, and the checks around it: `StepParts` (what to
 call, what to optimise, how; a budget's re-plan changes only its schedule), `StepState` (the step count and the
-counters behind the divergence check), the device-side sums behind a log line (`Window`), the gradient sync while
+counters behind the divergence check), the device-side sums behind a log line (`LogWindow`), the gradient sync while
 accumulating, the agreed stop under torchrun and the divergence checks. The step never waits for the GPU: losses
 and gradient norms stay on the device and are read every `log_every_n_steps` steps."""
 
@@ -77,7 +77,7 @@ class TrainingDiverged(CheckFailed):
     exit_code = 3
 
 
-class Window:
+class LogWindow:
     """The sums behind one log line (the steps since the last one), kept on the device until it is read."""
 
     def __init__(self, device: torch.device) -> None:
@@ -101,25 +101,25 @@ class Window:
         self.optimizer_steps += 1
 
 
-def autocast(settings: StepParts):
-    return settings.precision.autocast(settings.device)
+def autocast(parts: StepParts):
+    return parts.precision.autocast(parts.device)
 
 
-def sync_context(settings: StepParts, last_micro_step: bool):
+def sync_context(parts: StepParts, last_micro_step: bool):
     """DDP all-reduces gradients in backward (a sharded model reduce-scatters them); while accumulating, only the
     last micro-batch needs to."""
-    if is_sharded(settings.model):
-        settings.model.set_requires_gradient_sync(last_micro_step)  # until the next call: set at every micro-batch
+    if is_sharded(parts.model):
+        parts.model.set_requires_gradient_sync(last_micro_step)  # until the next call: set at every micro-batch
         return nullcontext()
-    if settings.ddp is None or last_micro_step:
+    if parts.ddp is None or last_micro_step:
         return nullcontext()
-    return settings.ddp.no_sync()
+    return parts.ddp.no_sync()
 
 
-def stop_agreed(settings: StepParts) -> bool:
+def stop_agreed(parts: StepParts) -> bool:
     """Whether to stop now. Every rank must leave the loop at the same step (or the others would wait for it in
     the next all-reduce), so under torchrun the ranks' flags are combined; they are all asked at the same steps."""
-    return settings.dist.any(settings.stop_requested(), settings.device)
+    return parts.dist.any(parts.stop_requested(), parts.device)
 
 
 def check_finite(state: StepState, loss: torch.Tensor) -> None:
@@ -131,16 +131,16 @@ def check_finite(state: StepState, loss: torch.Tensor) -> None:
     state.worst_bad_run = torch.maximum(state.worst_bad_run, state.bad_run)
 
 
-def raise_if_diverged(settings: StepParts, state: StepState) -> None:
+def raise_if_diverged(parts: StepParts, state: StepState) -> None:
     """fp16: the GradScaler skips steps with inf/NaN gradients (counted, not fatal). Otherwise a non-finite loss
     has already poisoned the weights, so `max_bad_steps` in a row stop the run before a checkpoint stores them."""
     if state.worst_bad_run is None:
         return
-    worst = int(settings.dist.max_(state.worst_bad_run.clone()).item())
+    worst = int(parts.dist.max_(state.worst_bad_run.clone()).item())
     state.worst_bad_run.zero_()
-    if settings.scaler is None and worst >= settings.max_bad_steps:
+    if parts.scaler is None and worst >= parts.max_bad_steps:
         raise TrainingDiverged(
-            f"the loss was not finite for {worst} consecutive steps (trainer.max_bad_steps={settings.max_bad_steps}), "
+            f"the loss was not finite for {worst} consecutive steps (trainer.max_bad_steps={parts.max_bad_steps}), "
             f"detected at step {state.step}; the checkpoints of the last finished epoch are kept"
         )
 
@@ -155,14 +155,14 @@ def weights_finite(model: nn.Module, dist: Distributed | None = None) -> bool:
     return not dist.any(not finite, params[0].device if params else torch.device("cpu"))
 
 
-def count_skipped_steps(settings: StepParts, state: StepState) -> None:
+def count_skipped_steps(parts: StepParts, state: StepState) -> None:
     """fp16: every step the GradScaler skips (inf/NaN gradients) multiplies its scale by the backoff factor (0.5),
     so the skips since the last read are log_{1/backoff}(old / new). Reading the scale is a host sync, so it
     happens here, every `log_every` steps, not in the step. (A growth, every 2000 clean steps, landing in the
     same window as a skip hides that one skip; the count is a diagnostic.)"""
-    if settings.scaler is None:
+    if parts.scaler is None:
         return
-    scale = settings.scaler.get_scale()
+    scale = parts.scaler.get_scale()
     if state.last_scale is not None and scale < state.last_scale:
-        state.skipped_steps += round(math.log(state.last_scale / scale, 1.0 / settings.scaler.get_backoff_factor()))
+        state.skipped_steps += round(math.log(state.last_scale / scale, 1.0 / parts.scaler.get_backoff_factor()))
     state.last_scale = scale

@@ -25,10 +25,10 @@ import torch
 from vit.data.augment.batch import resize_batch
 from vit.naflex import batch_size_of, to_device
 from vit.records.files import atomic_write_text
-from vit.runtime.sharding import full
+from vit.runtime.sharding import gathered
 from vit.train.checkpoints import rng_state, set_rng_state
 from vit.train.metrics import (
-    chosen_weights,
+    chosen_evaluation,
     epoch_line,
     epoch_record,
     epoch_scalars,
@@ -40,10 +40,10 @@ from vit.train.report import job_overrides, run_hparams
 from vit.train.setup import Run, epoch_seed, rank_seed, seed_everything, set_loader_epoch, skip_train_batches
 from vit.train.signals import requeue
 from vit.train.step_parts import (
+    LogWindow,
     StepParts,
     StepState,
     TrainingDiverged,
-    Window,
     autocast,
     check_finite,
     count_skipped_steps,
@@ -90,7 +90,7 @@ def train(run: Run) -> dict:
             last = trained["planned_end"] or epoch + 1 == run.trainer.epochs
             val, val_ema = evaluate_epoch(run, epoch, last)
             record_epoch(run, epoch, trained, val, val_ema)
-            chosen = chosen_weights(val, val_ema)  # the EMA's where the run keeps one: what the tools read
+            chosen = chosen_evaluation(val, val_ema)  # the EMA's where the run keeps one: what the tools read
             is_best = chosen is not None and val_score(chosen) > progress.best_score
             if chosen is not None:
                 progress.best_score = max(progress.best_score, val_score(chosen))
@@ -158,26 +158,26 @@ def epoch_totals(run: Run, epoch: int, batches: int) -> Callable[[], tuple[int |
 def train_one_epoch(
     parts: StepParts, state: StepState, loader: Iterable, *, limit_batches: int | None, reporter=None
 ) -> dict:
-    """Train over `loader`; returns the epoch's mean loss, images/s, seconds, steps, whether a stop was requested
+    """Train over `loader`; returns the epoch's mean loss, images/s, seconds, batches, whether a stop was requested
     (then the epoch is unfinished) and whether the run should stop after this step (`planned_end`: the budget's
     planned last step was trained). `reporter.log_step(step_in_epoch, step, values)` receives the logged values
     every `log_every` steps (vit/train/report.py)."""
     parts.train_model.train()
     count_skipped_steps(parts, state)  # the scale before this epoch's first step
-    steps = len(loader) if limit_batches is None else min(len(loader), limit_batches)
+    batches = len(loader) if limit_batches is None else min(len(loader), limit_batches)
     if stop_agreed(parts):  # a signal that came during the last evaluation or checkpoint
-        return {"loss": math.nan, "img_per_s": 0.0, "images": 0, "seconds": 0.0, "steps": 0, "stopped": True,
+        return {"loss": math.nan, "img_per_s": 0.0, "images": 0, "seconds": 0.0, "batches": 0, "stopped": True,
                 "planned_end": False}  # fmt: skip
     stopped, planned_end, done, images_seen = False, False, 0, 0
     loss_sum = torch.zeros((), device=parts.device)
-    window = Window(parts.device)
+    window = LogWindow(parts.device)
     start = time.perf_counter()
     for i, (images, targets) in enumerate(loader):
-        if i >= steps:
+        if i >= batches:
             break
         if i == 0:
             first_start = time.perf_counter()  # after the first batch arrived: the loader's start-up is not the step's
-        last_micro_step = (i + 1) % parts.accum_steps == 0 or i + 1 == steps
+        last_micro_step = (i + 1) % parts.accum_steps == 0 or i + 1 == batches
         loss = forward_backward(parts, state, images, targets, last_micro_step)
         loss_sum += loss
         count = batch_size_of(images)  # NaFlex batches (data.naflex) hold a number of their own
@@ -188,7 +188,7 @@ def train_one_epoch(
             if state.first_step_seconds is None:  # compiling blocks the host, so no sync is needed to time it
                 state.first_step_seconds = time.perf_counter() - first_start
             planned_end = parts.callbacks.should_stop(state.step)
-        log_step = (i + 1) % parts.log_every == 0 or i + 1 == steps or planned_end
+        log_step = (i + 1) % parts.log_every == 0 or i + 1 == batches or planned_end
         if log_step:
             values = window_values(parts, state, window)
             if reporter is not None:
@@ -205,11 +205,11 @@ def train_one_epoch(
     world = parts.dist.world_size
     return {
         # The mean over all ranks' batches; nan when nothing was left to train this epoch.
-        "loss": (parts.dist.sum_(loss_sum / max(done, 1)) / world).item() if steps else float("nan"),
+        "loss": (parts.dist.sum_(loss_sum / max(done, 1)) / world).item() if batches else float("nan"),
         "img_per_s": images_seen * world / max(seconds, 1e-9),  # global
         "images": images_seen * world,  # global: what the summary of a sweep compares runs by
         "seconds": seconds,
-        "steps": max(done, 1),
+        "batches": max(done, 1),  # micro-batches, not optimizer steps (trainer.accum_steps)
         "stopped": stopped,
         "planned_end": planned_end,
     }
@@ -255,10 +255,10 @@ def optimizer_step(parts: StepParts, state: StepState) -> torch.Tensor:
     parts.scheduler.step_update(num_updates=state.step)
     if parts.ema is not None:
         parts.ema.update(parts.model, step=state.step)
-    return full(grad_norm.detach()).float()  # sharded gradients: the norm over all ranks' shards
+    return gathered(grad_norm.detach()).float()  # sharded gradients: the norm over all ranks' shards
 
 
-def window_values(parts: StepParts, state: StepState, window: Window) -> dict:
+def window_values(parts: StepParts, state: StepState, window: LogWindow) -> dict:
     """The logged values of one window. The host syncs here, every log_every steps: the window's mean loss (over
     all ranks) and the images seen."""
     raise_if_diverged(parts, state)
@@ -324,10 +324,10 @@ def check_weights(run: Run, epoch: int) -> None:
 def save_stopped(run: Run, epoch: int, trained: dict) -> None:
     """Stopped after an optimizer step: last.pt records the step (and the batches of this epoch done), so a
     resumed run continues with the next batch as the uninterrupted run would have."""
-    batches_done = run.progress.batches_done_before(epoch) + trained["steps"]
+    batches_done = run.progress.batches_done_before(epoch) + trained["batches"]
     rng_ranks = run.dist.gather(rng_state())  # every rank takes part; rank 0 writes
     step = run.step_state.step
-    if trained["steps"]:
+    if trained["batches"]:
         run.checkpoints.save_stop(epoch, step, run.progress, batches_done, rng_ranks)
     if run.dist.is_main:  # logged: the run folder's train.log ends with it, as the console does
         log.info(
