@@ -952,6 +952,27 @@ def late_load_table(folder: Path) -> str:
     return markdown_table(header, rows)
 
 
+def digits_table(folder: Path) -> str:
+    """docs/DATA.md's small-image runs on scikit-learn's digits: a row per run folder (patch<P>_seed<S>), its
+    final holdout top-1 (what the patch was chosen on), its test top-1 (read once, after the last epoch) and its
+    wall time."""
+    rows = []
+    for run in sorted(p for p in folder.iterdir() if p.is_dir()):
+        metrics = json.loads((run / "metrics.json").read_text())
+        patch, seed = run.name.removeprefix("patch").split("_seed")
+        rows.append(
+            [
+                f"[{run.name}](results/{folder.name}/{run.name}/metrics.json)",
+                patch,
+                seed,
+                f"{metrics['final']['val_top1']:.2f}%",
+                f"{metrics['test']['top1']:.2f}%",
+                f"{metrics['wall_time_s']:.0f} s",
+            ]
+        )
+    return markdown_table(["record", "patch", "seed", "holdout top-1", "test top-1", "wall time"], rows)
+
+
 TWO_TRAININGS = [
     ("alone", "one alone"),
     ("before", "two started together, trainer.threads=2 each"),
@@ -1035,6 +1056,7 @@ TABLES: dict[str, DocTable] = {
     "busy_cpu_eval_zen5": DocTable("busy_cpu_zen5", busy_eval_table),
     "busy_cpu_alone_zen5": DocTable("busy_cpu_zen5", alone_interleaved_table),
     "busy_cpu_late_load_zen5": DocTable("busy_cpu_zen5", late_load_table),
+    "digits_small_images_zen5": DocTable("digits_small_images_zen5", digits_table),
     "busy_cpu_two_trainings_zen5": DocTable("busy_cpu_zen5/two_trainings", two_trainings_table),
     "cifar10_proxy_base": DocTable("cifar10_proxy_base", proxy_base_table),
     "cpu_profile_avx2": DocTable("cpu_step_avx2", cpu_profile_table),

@@ -11,7 +11,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 import torch
@@ -50,11 +52,20 @@ def busy_loops(cpus):
         int(subprocess.run([sys.executable, "-c", start, loop % c], capture_output=True, text=True, timeout=30).stdout)
         for c in cpus
     ]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not all(spinning(pid) for pid in pids):
+        time.sleep(0.02)  # each loop's Python starts up first: the load is there only once they spin
     try:
         yield pids
     finally:
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
+
+
+def spinning(pid: int) -> bool:
+    """Whether the process has spent 0.1 s on a CPU (utime, field 14 of /proc/<pid>/stat): past its start-up."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) / os.sysconf("SC_CLK_TCK") >= 0.1
 
 
 def test_the_rule_leaves_the_busy_cpus_and_keeps_one_thread():
