@@ -138,10 +138,15 @@ def test_the_entry_points_leave_the_wait_policy_to_the_environment():
 
 
 class NeighbourAfter:
-    """The training loader, with one busy loop per CPU started after `batches` of the first epoch."""
+    """The training loader, with one busy loop per CPU started after `batches` of the first epoch. From then on a
+    batch taken while torch runs more than one thread waits `spin_s` first: the collapse of a many-threaded step
+    beside busy cores (OpenMP's threads spinning, docs/BENCHMARKS.md "A busy CPU") made certain. This test's tiny
+    model barely slows on some CPUs, and a second pytest worker beside it makes the two counts' speeds a coin toss;
+    what is tested here is the switch (the load read, the counts tried, the line), not the CPU."""
 
-    def __init__(self, loader, batches: int, cpus, started: list) -> None:
+    def __init__(self, loader, batches: int, cpus, started: list, spin_s: float = 0.03) -> None:
         self.loader, self.batches, self.cpus, self.started = loader, batches, cpus, started
+        self.spin_s = spin_s
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -151,6 +156,8 @@ class NeighbourAfter:
             if i == self.batches and not self.started:
                 self.started.append(busy_loops(self.cpus))
                 self.started[0].__enter__()
+            if self.started and torch.get_num_threads() > 1:
+                time.sleep(self.spin_s)
             yield batch
 
     def __getattr__(self, name):
