@@ -21,12 +21,15 @@ is a ValueError naming the part.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
+
+from vit.models.vit import ViTConfig
 
 # The timm model classes read here: its VisionTransformer (DeiT III, DINOv2, SigLIP, CLIP) and Eva (DINOv3, EVA-02,
 # the RoPE ViTs). A subclass (DeiT's distilled ViT) counts as its base.
@@ -48,35 +51,20 @@ class TimmArchitecture:
 
     def describe(self) -> str:
         """One line: "384 wide, 12 deep, 6 heads, patch 14, 518 px, ..." (the settings that differ from a plain ViT)."""
-        s = self.settings
-        extra = [f"{k}={v}" for k, v in s.items() if k not in SHAPE_KEYS and PLAIN.get(k, object()) != v]
+        s, plain = self.settings, plain_settings()
+        extra = [f"{k}={v}" for k, v in s.items() if k not in SHAPE_KEYS and plain.get(k, object()) != v]
         shape = f"{s['embed_dim']} wide, {s['depth']} deep, {s['num_heads']} heads, patch {s['patch_size']}"
         return f"{shape}, {self.img_size} px" + (f"; {', '.join(extra)}" if extra else "")
 
 
 SHAPE_KEYS = ("embed_dim", "depth", "num_heads", "patch_size", "img_size")
-# A plain timm ViT's settings (ViTConfig's defaults), so `describe` names only what a family changes.
-PLAIN: dict[str, Any] = dict(
-    mlp_ratio=4.0,
-    qkv_bias=True,
-    k_bias=True,
-    qk_norm=False,
-    class_token=True,
-    reg_tokens=0,
-    no_embed_class=False,
-    pos_embed="learned",
-    rope_temperature=None,
-    rope_ref_grid=None,
-    init_values=None,
-    mlp="gelu",
-    mlp_norm=False,
-    norm_eps=1e-6,
-    norm_pre=False,
-    patch_bias=True,
-    fc_norm=False,
-    global_pool="token",
-    distill_token=False,
-)
+
+
+def plain_settings() -> dict[str, Any]:
+    """A plain ViT's settings, so `describe` names only what a family changes: ViTConfig's defaults, each declared
+    once there, with the fc_norm its None means for the default pool."""
+    defaults = {f.name: f.default for f in dataclasses.fields(ViTConfig)}
+    return {**defaults, "fc_norm": defaults["global_pool"] == "avg"}
 
 
 def timm_architecture(name: str, **timm_kwargs: Any) -> TimmArchitecture:
