@@ -203,23 +203,26 @@ class Encoder(nn.Module):
                 init_linear_trunc_normal(head)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, C_in, H, W) -> all tokens after the last block and norm, (B, P + N, C) with P prefix tokens. A NaFlex
-        batch (vit/naflex.py) goes through `naflex_features` instead."""
-        if is_naflex(x):
-            return self.naflex_features(x)[0]
-        tokens = self.tokenizer(x)  # (B, N, C); the input's shape is checked there
+        """Images (B, C_in, H, W) -> all tokens after the last block and norm, (B, P + N, C) with P prefix tokens
+        (the cls token first). A NaFlex batch (vit/naflex.py) has its own path, `naflex_features`."""
+        tokens = self.tokenizer(x)  # (B, N, C): the patch tokens; the input's shape is checked there
         grid = self.tokenizer.input_grid(x)  # (rows, columns) of those N tokens
-        prefix = self.prefix_tokens(tokens.shape[0])
-        if not self.has_position_table:  # rotary positions: nothing added here, the attention rotates q and k
-            x = torch.cat([*prefix, tokens], dim=1)  # (B, P + N, C)
-        elif self.no_embed_class:  # the table covers the image's tokens only: add, then prepend the prefix
-            x = torch.cat([*prefix, tokens + self.position_table(grid)], dim=1)
-        else:
-            x = torch.cat([*prefix, tokens], dim=1) + self.position_table(grid)  # (B, P + N, C)
+        x = self.with_prefix_and_positions(tokens, grid)  # (B, P + N, C): the cls token, positions added
         x = self.norm_pre(self.pos_drop(x))  # norm_pre: CLIP's LayerNorm before the blocks (else the identity)
         checkpointed = self.grad_checkpointing and self.training and torch.is_grad_enabled()
         x = run_blocks(self.blocks, x, checkpointed, self.rotary_tables(grid))  # (B, P + N, C)
         return self.norm(x)
+
+    def with_prefix_and_positions(self, tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """The prefix tokens (cls, distillation, registers) in front of the patch tokens (B, N, C), and the position
+        table added: over every token, over the patch tokens only (`no_embed_class`), or not at all where rotary
+        positions rotate q and k inside the attention instead. (B, P + N, C)."""
+        prefix = self.prefix_tokens(tokens.shape[0])
+        if not self.has_position_table:
+            return torch.cat([*prefix, tokens], dim=1)
+        if self.no_embed_class:
+            return torch.cat([*prefix, tokens + self.position_table(grid)], dim=1)
+        return torch.cat([*prefix, tokens], dim=1) + self.position_table(grid)
 
     def prefix_tokens(self, batch: int) -> list[torch.Tensor]:
         """The tokens before the image's, each expanded to the batch: (B, 1, C) cls, dist; (B, R, C) registers."""
