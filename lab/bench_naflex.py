@@ -4,8 +4,8 @@ against the same images as square image tensors, batch by batch, on the CPU.
 usage: python lab/bench_naflex.py [seq_lens=16,36,64] [batch_size=256] [width=96] [depth=6] [heads=2]
     [pos_embed=learned] [shapes=square|mixed] [threads=2] [rounds=5] [json=<file>]
 
-The batches are those of a data.naflex run's token budget (vit/data/loading/naflex.py): for each of `seq_lens` one
-batch of batch_size x max(seq_lens) // seq_len random images of 32 px CIFAR resized to that many 4 px patches (16
+The batches are those of a data.naflex run's token budget (vit/data/loading/naflex_loader.py): for each of `seq_lens`
+one batch of batch_size x max(seq_lens) // seq_len random images of 32 px CIFAR resized to that many 4 px patches (16
 tokens: 16 px, 36: 24 px, 64: 32 px). A round trains one step on each batch, first as NaFlex batches, then as image
 tensors of the same sizes (the model's `dynamic_img_size`, the same tokens); both paths are the same model
 (`create_model("vit_tiny", ...)` at the given width, depth, heads and `model.pos_embed`, MLP ratio 2), its own
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from records import measurement_record, script_command, write_record
 
 from vit.cli.args import parse_args, run_script
-from vit.data.loading.naflex import grid_for
+from vit.data.loading.naflex_loader import grid_for
 from vit.errors import UsageError
 from vit.models import create_model
 from vit.naflex import pack, pack_batch

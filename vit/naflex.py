@@ -1,7 +1,7 @@
 """The NaFlex batch format: images at their own shape and size, each cut into patches on its own grid and packed
-into one batch of padded patch sequences (NaViT's patch-n-pack). The data's loaders make it (vit/data/loading/
-naflex.py), the encoder reads it (vit/models/naflex.py); the keys are timm's, so timm's NaFlex loader's batches go
-in as they are:
+into one batch of padded patch sequences (NaViT's patch-n-pack). The data's loaders make it
+(vit/data/loading/naflex_loader.py), the encoder reads it (vit/models/naflex_tokens.py); the keys are timm's, so timm's
+NaFlex loader's batches go in as they are:
 
     patches      (B, N, p_h * p_w * C)   each image's patches in row-major order over its own grid, each flattened
                                          as (row, column, channel); after an image's last patch, padding up to N;

@@ -1,4 +1,4 @@
-"""NaFlex training batches (vit/data/loading/naflex.py): the token budget's schedule, the batches' patches and
+"""NaFlex training batches (vit/data/loading/naflex_loader.py): the token budget's schedule, the batches' patches and
 grids, every image once an epoch, the same batches after a skip (a resume inside an epoch), and disjoint ranks."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vit.data.augment.batch import BatchAugment
-from vit.data.loading.naflex import NaFlexLoader, batch_schedule, grid_for
+from vit.data.loading.naflex_loader import NaFlexLoader, batch_schedule, grid_for
 from vit.data.loading.sampling import epoch_order
 from vit.naflex import patchify
 from vit.settings.data import AugmentSettings

@@ -27,7 +27,7 @@ from trainer_utils import (
 from webdataset import TarWriter
 
 from vit.data import DataError, build_data
-from vit.data.loading.naflex import grid_for
+from vit.data.loading.naflex_loader import grid_for
 from vit.data.loading.stream import NaFlexShardStream, ShardStream
 
 CLASSES = ("cat", "dog", "frog")

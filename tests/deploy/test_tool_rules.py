@@ -449,7 +449,7 @@ def test_export_at_the_images_own_shapes_takes_naflex_batches(ours, tmp_path, ca
 def test_the_runtimes_naflex_sizes_are_the_trainers():
     """The torch-free runtime's `naflex_size` (vit/deploy/runtime.py) gives every image the size the PyTorch tools
     and the trainer give it (`grid_for`, timm's `get_image_size_for_seq`), from a 1 px image to a long strip."""
-    from vit.data.loading.naflex import grid_for
+    from vit.data.loading.naflex_loader import grid_for
     from vit.deploy.runtime import naflex_size
 
     for shape in [(1, 1), (7, 300), (32, 32), (480, 640), (1000, 37), (224, 224)]:

@@ -1,4 +1,4 @@
-"""NaFlex batches (vit/models/naflex.py): images of their own shapes, cut into patches on their own grids and
+"""NaFlex batches (vit/models/naflex_tokens.py): images of their own shapes, cut into patches on their own grids and
 packed with padding. Our ViT given timm's NaFlexVit weights computes timm's logits and gradients on the same batch
 (sequence lengths and aspect ratios of several kinds, the gap, aspect-preserving gap, factorized aspect-preserving
 gap, map and SigLIP 2 variants);

@@ -7,7 +7,7 @@ import pytest
 import torch
 from trainer_utils import QUICK_SYNTHETIC, TINY_MODEL, assert_resumes_exactly, compose_config, mixed_shape_tree
 
-from vit.data.loading.naflex import batch_schedule
+from vit.data.loading.naflex_loader import batch_schedule
 from vit.errors import ConfigError
 from vit.train import run
 from vit.train.config import validate

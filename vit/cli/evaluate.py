@@ -170,7 +170,7 @@ def evaluation_loader(
     """The split through the preprocessing, its batches drawn across every class (so limit_batches sees them all),
     with this machine's workers (at most 8) unless the data config names a count. `naflex` (seq_len, patch size):
     each image whole at its own shape, at most seq_len patches, the batches NaFlex batches (vit/naflex.py)."""
-    from vit.data.loading.naflex import PackImages
+    from vit.data.loading.naflex_loader import PackImages
     from vit.data.loading.torch_loader import ShardSampler, Transformed, class_balanced_order
 
     workers = data_cfg.get("num_workers")

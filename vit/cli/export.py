@@ -116,7 +116,7 @@ def check_images(image: list[str] | None, pre, data_cfg, naflex: tuple[int, int]
 def generated_images(size: int, naflex: tuple[int, int] | None) -> object:
     """CHECK_IMAGES random normalised images: (B, 3, size, size), or with `naflex` (seq_len, patch size) a list at
     several aspect ratios (square, wide, tall, long), each resized as its own shape would be for seq_len tokens."""
-    from vit.data.loading.naflex import grid_for
+    from vit.data.loading.naflex_loader import grid_for
 
     generator = torch.Generator().manual_seed(0)
     if naflex is None:

@@ -5,9 +5,9 @@ or a dynamic batch size.
 With `seq_len` (a ViT with the standard patch embedding) the file takes NaFlex batches of that many tokens
 instead of image tensors (vit/naflex.py): three inputs, `patches` (batch, seq_len, p * p * 3) float32,
 `patch_coord` (batch, seq_len, 2) int64 and `patch_valid` (batch, seq_len) bool, so each image goes in at its own
-shape, padded. The model is traced with its grids read from the coordinates inside the graph (vit/models/naflex.py),
-so the file serves every shape up to seq_len tokens, not only the example's; the check runs it on images of several
-shapes and lengths packed together.
+shape, padded. The model is traced with its grids read from the coordinates inside the graph
+(vit/models/naflex_tokens.py), so the file serves every shape up to seq_len tokens, not only the example's; the check
+runs it on images of several shapes and lengths packed together.
 
 An ONNX file is checked before it is kept: onnxruntime runs it on a batch of images and its logits must match
 the PyTorch model's (max |diff| <= `atol`, 1e-4 in fp32); the file is written beside its final name and renamed
@@ -265,7 +265,7 @@ def naflex_batches(
     patches. Every other image of a check goes in smaller too (resized, its aspect kept, to at most seq_len / 4
     patches), so each checked batch mixes grids and lengths and is mostly padding in places; the example holds
     two images of their own shapes. Each batch is packed to seq_len tokens."""
-    from vit.data.loading.naflex import grid_for
+    from vit.data.loading.naflex_loader import grid_for
     from vit.naflex import pack
 
     checks = check_sizes(batch, len(images))

@@ -45,8 +45,8 @@ class Preprocessing:
     def naflex_transform(self, seq_len: int, patch_size: int):
         """PIL image -> normalised float tensor (3, h, w): the whole image, no crop, resized with its aspect ratio
         kept to at most `seq_len` patches of `patch_size` px, each side a whole number of them (the geometry the
-        torch loader's NaFlex batches train on, vit/data/loading/naflex.py), for vit/naflex.py's `pack`."""
-        from vit.data.loading.naflex import OwnShape
+        torch loader's NaFlex batches train on, vit/data/loading/naflex_loader.py), for vit/naflex.py's `pack`."""
+        from vit.data.loading.naflex_loader import OwnShape
 
         geometry = OwnShape(patch_size, "none", 1.0, self.interpolation)
         finish = T.Compose([T.ConvertImageDtype(torch.float32), T.Normalize(self.mean, self.std)])

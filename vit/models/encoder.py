@@ -54,7 +54,7 @@ from torch.nn.init import trunc_normal_
 
 from vit.models.encoder_config import ROPE_KINDS, ROPE_TEMPERATURES, EncoderConfig, attention_choice, table_kind
 from vit.models.layers import AttentionPool, Block, run_blocks, to_2tuple
-from vit.models.naflex import grid_extent, key_mask, masked_mean, one_full_grid, rows_per_image
+from vit.models.naflex_tokens import grid_extent, key_mask, masked_mean, one_full_grid, rows_per_image
 from vit.models.pos_embed import (
     factorized_rows_at,
     factorized_table,

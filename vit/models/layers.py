@@ -255,7 +255,8 @@ def run_blocks(
     every block stays in memory, at the cost of one more forward pass of the blocks. Non-reentrant checkpointing
     (`use_reentrant=False`) restores the RNG state for the recomputation, so dropout and drop-path draw the same
     masks both times. `ropes`: one rotary position table per block (or None), handed to each block's attention;
-    `attn_mask`: the same mask for every block's attention (NaFlex batches: padding is no key, vit/models/naflex.py)."""
+    `attn_mask`: the same mask for every block's attention (NaFlex batches: padding is no key,
+    vit/models/naflex_tokens.py)."""
     for i, block in enumerate(blocks):
         args = (x,) if ropes is None or ropes[i] is None else (x, ropes[i])
         kwargs = {} if attn_mask is None else {"attn_mask": attn_mask}

@@ -61,8 +61,8 @@ parse_seq_lens = whole_numbers("data.naflex.seq_lens", "token count", "[16,36,64
 
 @dataclass(frozen=True)
 class NaFlexSettings(Settings):
-    """Training on NaFlex batches (vit/data/loading/naflex.py): each batch draws one of `seq_lens`, its images are
-    resized to fit that many patches (their aspect ratio kept) and cut into patches; the batch holds as many images
+    """Training on NaFlex batches (vit/data/loading/naflex_loader.py): each batch draws one of `seq_lens`, its images
+    are resized to fit that many patches (their aspect ratio kept) and cut into patches; the batch holds as many images
     as data.batch_size images of `max_seq_len` tokens would, so a short sequence comes in a larger batch."""
 
     group: ClassVar[str] = "data.naflex"

@@ -123,9 +123,9 @@ def random_erasing(
 
 
 def resize_batch(images: torch.Tensor, size: int | tuple[int, int]) -> torch.Tensor:
-    """(B, C, H, W) -> (B, C, h, w), `size` = h = w or (h, w): after augmentation, progressive resizing's smaller
-    epochs (vit/train/progressive.py) and each NaFlex batch's grid (vit/data/loading/naflex.py). Antialiasing keeps
-    a downscaled image what a smaller photograph of the scene would look like, not an aliased subsample of it."""
+    """(B, C, H, W) -> (B, C, h, w), `size` = h = w or (h, w): after augmentation, progressive resizing's smaller epochs
+    (vit/train/progressive.py) and each NaFlex batch's grid (vit/data/loading/naflex_loader.py). Antialiasing keeps a
+    downscaled image what a smaller photograph of the scene would look like, not an aliased subsample of it."""
     size = (size, size) if isinstance(size, int) else tuple(size)
     if tuple(images.shape[-2:]) == size:
         return images

@@ -28,7 +28,7 @@ from vit.data.augment.transforms import (
 from vit.data.errors import DataError
 from vit.data.loading.bundle import DataBundle
 from vit.data.loading.decoded_cache import cached_split
-from vit.data.loading.naflex import (
+from vit.data.loading.naflex_loader import (
     NaFlexFileBatches,
     NaFlexLoader,
     NaFlexSchedule,

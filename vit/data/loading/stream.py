@@ -30,7 +30,7 @@ from vit.data.augment.transforms import mixup_and_criterion, resize_filter, trai
 from vit.data.errors import DataError
 from vit.data.images import decode, problem_of, to_rgb
 from vit.data.loading.bundle import DataBundle
-from vit.data.loading.naflex import NaFlexFileBatches, NaFlexSchedule, OwnShape
+from vit.data.loading.naflex_loader import NaFlexFileBatches, NaFlexSchedule, OwnShape
 from vit.data.loading.torch_loader import DeviceBatches, init_worker
 from vit.data.resources import num_workers
 from vit.data.sources.shards import (
@@ -243,7 +243,7 @@ class ShardStream(IterableDataset):
 
 class NaFlexShardStream(ShardStream):
     """data.naflex over tar shards: one rank's training samples as the token budget's batches (vit/data/loading/
-    naflex.py's `NaFlexSchedule`, the same for every epoch, each epoch in its own order). Batch b of a pass comes
+    naflex_loader.py's `NaFlexSchedule`, the same for every epoch, each epoch in its own order). Batch b of a pass comes
     from stream b % K as above, each stream reading one contiguous piece of the rank's range; a worker crops each
     image as it decodes it (crop=rrc, seeded by its place, so a resume crops alike), then resizes the images of a
     batch, each with its aspect ratio kept, to its grid for the batch's seq_len. Yields whole batches: (uint8
