@@ -177,6 +177,10 @@ def test_a_neighbour_started_part_way_makes_the_run_switch_once_and_say_so(tmp_p
     # every CPU, and what follows is the switch while training
     monkeypatch.setattr(thread_fit, "busy_now", lambda *args: 0.0)
     started: list = []
+    # ... and so do the windows before the loops start: the suite's other worker alone once made the run try one
+    # thread there, against a two-thread window of before, and a like load later was not tried again
+    real_others_busy = thread_fit.others_busy
+    monkeypatch.setattr(thread_fit, "others_busy", lambda *args: real_others_busy(*args) if started else 0.0)
     with every_cpu() as cpus:
         if len(cpus) < 2:
             pytest.skip("one CPU: there is no other count to switch to")
