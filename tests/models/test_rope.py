@@ -9,7 +9,8 @@ import torch
 from timm.layers.pos_embed_sincos import RotaryEmbeddingMixed, apply_rot_embed_cat, init_random_2d_freqs
 
 from vit.models import rope
-from vit.models.rope import MixedRope, apply_rope, axial_rope_table, mixed_rope_freqs, mixed_rope_table
+from vit.models.rope import apply_rope, axial_rope_table, mixed_rope_freqs, mixed_rope_table
+from vit.models.rotary_positions import MixedRotary
 
 GRIDS = [(14, 14), (8, 8), (6, 10)]
 EMBED_DIM = 384
@@ -59,7 +60,7 @@ def test_mixed_freqs_equal_timm_init_with_the_same_seed():
     assert torch.equal(ours, ref)
     # And the same as timm's module (the model itself draws other weights before its rope).
     torch.manual_seed(5)
-    module = MixedRope(64, 2, 6)
+    module = MixedRotary(64, 2, 6)
     torch.manual_seed(5)
     timm_rope = RotaryEmbeddingMixed(EMBED_DIM, depth=2, num_heads=6, temperature=10.0)
     assert torch.equal(module.freqs.data, timm_rope.freqs.data)
@@ -80,24 +81,27 @@ def test_mixed_freqs_init_statistics():
 def test_mixed_table_equals_timm_for_the_same_freqs():
     timm_rope = _timm_rope("vit_small_patch16_rope_mixed_224", depth=3)
     holder = torch.nn.Module()
-    holder.rope = MixedRope(64, 3, 6)
+    holder.rope = MixedRotary(64, 3, 6)
     # timm's state dict key rope.freqs loads into an attribute `rope`.
     holder.load_state_dict({"rope.freqs": timm_rope.state_dict()["freqs"]})
     for grid in GRIDS:
-        ours = holder.rope(grid)
+        ours = holder.rope.grid_table(grid)
         assert ours.shape == (3, 6, grid[0] * grid[1], 128) and ours.dtype == torch.float32
         torch.testing.assert_close(ours, timm_rope.get_embed(shape=grid), atol=1e-6, rtol=0)
     cached = _timm_rope("vit_small_patch16_rope_mixed_224", (14, 14), depth=3)
     cached.load_state_dict(timm_rope.state_dict())
-    torch.testing.assert_close(holder.rope((14, 14)), cached.get_embed(), atol=1e-6, rtol=0)
+    torch.testing.assert_close(holder.rope.grid_table((14, 14)), cached.get_embed(), atol=1e-6, rtol=0)
 
 
 def test_mixed_gradients_flow_into_freqs_and_match_timm():
     timm_rope = _timm_rope("vit_small_patch16_rope_mixed_224", depth=2)
-    ours = MixedRope(64, 2, 6)
+    ours = MixedRotary(64, 2, 6)
     ours.load_state_dict(timm_rope.state_dict())
     x = torch.randn(2, 6, 6 * 10, 64)
-    for apply, table in ((apply_rope, ours((6, 10))), (apply_rot_embed_cat, timm_rope.get_embed(shape=(6, 10)))):
+    for apply, table in (
+        (apply_rope, ours.grid_table((6, 10))),
+        (apply_rot_embed_cat, timm_rope.get_embed(shape=(6, 10))),
+    ):
         loss = sum((apply(x, table[i]) * x.flip(2)).sum() for i in range(2))  # every block contributes
         loss.backward()
     assert ours.freqs.grad is not None and torch.all(ours.freqs.grad != 0)
@@ -168,7 +172,7 @@ def test_head_dim_not_divisible_by_four_is_rejected():
     with pytest.raises(ValueError, match="divisible by 4"):
         axial_rope_table((4, 4), 30)
     with pytest.raises(ValueError, match="divisible by 4"):
-        MixedRope(30, 1, 1)
+        MixedRotary(30, 1, 1)
 
 
 def test_onnx_export_matches_pytorch(tmp_path):
@@ -179,10 +183,10 @@ def test_onnx_export_matches_pytorch(tmp_path):
     class Rotate(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.rope = MixedRope(32, 2, 3)
+            self.rope = MixedRotary(32, 2, 3)
 
         def forward(self, x):
-            return apply_rope(x, self.rope((6, 10))[1]) + apply_rope(x, axial_rope_table((6, 10), 32))
+            return apply_rope(x, self.rope.grid_table((6, 10))[1]) + apply_rope(x, axial_rope_table((6, 10), 32))
 
     model = Rotate().eval()
     path = tmp_path / "rope.onnx"

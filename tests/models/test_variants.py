@@ -154,7 +154,7 @@ def test_prefix_tokens_are_not_rotated_and_registers_are_not_pooled():
     """The cls and register tokens take no rotation (the identity rows of the rotary table) and the average
     pool reads the image's tokens only: changing a register's value changes the logits only through attention."""
     model = create_model("vit_tiny", img_size=32, patch_size=4, num_classes=10, pos_embed="rope", reg_tokens=2)
-    tables = model.rotary_tables(model.grid_size)
+    tables = model.rope(model.grid_size)
     assert len(tables) == 12 and tables[0].shape == (3 + 64, 2 * 64)
     sin, cos = tables[0][:3].chunk(2, dim=-1)
     assert torch.equal(sin, torch.zeros_like(sin)) and torch.equal(cos, torch.ones_like(cos))

@@ -58,6 +58,7 @@ from vit.cli.args import Key, keys_help, parse_args, run_script
 from vit.deploy.loaded_model import ema_option, with_ema_rule
 from vit.deploy.preprocessing import naflex_patch_size
 from vit.errors import UsageError
+from vit.models.naflex_tokens import naflex_features
 from vit.naflex import pack
 from vit.runtime.device import Precision, choose_precision
 from vit.settings.trainer import AMP_MODES
@@ -159,7 +160,7 @@ def model_outputs(options, spec: list[str], features: bool) -> tuple[list[Path],
         # the embedding the head would read: (B, C), before the classifier
         if patch is None:
             return model.forward_head(model.forward_features(batch), pre_logits=True).float()
-        tokens, valid = model.naflex_features(batch)
+        tokens, valid = naflex_features(model, batch)
         return model.forward_head(tokens, pre_logits=True, valid=valid).float()
 
     with torch.no_grad(), precision.autocast(torch.device("cpu")):

@@ -10,12 +10,14 @@ from vit.models.mae import MAEConfig, MaskedAutoencoder, create_mae
 from vit.models.patch_embed import PatchEmbed
 from vit.models.pos_embed import resample_pos_embed, sinusoid_table
 from vit.models.registry import create_model, list_models
-from vit.models.rope import MixedRope, apply_rope, axial_rope_table
+from vit.models.rope import apply_rope, axial_rope_table
+from vit.models.rotary_positions import AxialRotary, MixedRotary
 from vit.models.t2t import T2TConfig, T2TModule, T2TViT
 from vit.models.vit import VisionTransformer, ViTConfig
 
 __all__ = [
     "Attention",
+    "AxialRotary",
     "Block",
     "Complexity",
     "DropPath",
@@ -26,7 +28,7 @@ __all__ = [
     "RotaryAttention",
     "MAEConfig",
     "MaskedAutoencoder",
-    "MixedRope",
+    "MixedRotary",
     "Mlp",
     "PatchEmbed",
     "SwiGLU",

@@ -52,19 +52,12 @@ import torch
 from torch import nn
 from torch.nn.init import trunc_normal_
 
-from vit.models.encoder_config import ROPE_KINDS, ROPE_TEMPERATURES, EncoderConfig, attention_choice, table_kind
+from vit.models.encoder_config import EncoderConfig, attention_choice, table_kind
 from vit.models.layers import AttentionPool, Block, run_blocks, to_2tuple
-from vit.models.naflex_tokens import grid_extent, key_mask, masked_mean, one_full_grid, rows_per_image
-from vit.models.pos_embed import (
-    factorized_rows_at,
-    factorized_table,
-    make_factorized,
-    make_pos_embed,
-    resample_pos_embed,
-    resampled_rows_at,
-)
-from vit.models.rope import MixedRope, axial_rope_at, dinov3_rope_at, mixed_rope_at
-from vit.naflex import is_naflex, naflex_inputs
+from vit.models.naflex_tokens import masked_mean, naflex_features
+from vit.models.pos_embed import factorized_table, make_factorized, make_pos_embed, resample_pos_embed
+from vit.models.rotary_positions import rotary_positions
+from vit.naflex import is_naflex
 
 
 class Encoder(nn.Module):
@@ -98,7 +91,7 @@ class Encoder(nn.Module):
         self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if config.distill_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, config.reg_tokens, embed_dim)) if config.reg_tokens else None
         self.pos_embed_kind = pos_embed
-        self.pos_embed, self.rope = None, None
+        self.pos_embed = None
         # factorized: the row and column tables (1, rows, C) and (1, columns, C), timm's NaFlexVit names; else None
         self.pos_embed_y, self.pos_embed_x = make_factorized(pos_embed, tokenizer.grid_size, embed_dim)
         if table_kind(pos_embed) not in (None, "factorized"):
@@ -107,15 +100,10 @@ class Encoder(nn.Module):
             table_rows = tokenizer.num_patches + prefix_rows
             kind = table_kind(pos_embed)
             self.pos_embed = make_pos_embed(kind, table_rows, embed_dim, tokenizer.grid_size, prefix_rows)
-        if pos_embed in ROPE_KINDS:
-            head_dim = embed_dim // config.num_heads
-            temperature = config.rope_temperature
-            temperature = ROPE_TEMPERATURES[pos_embed] if temperature is None else float(temperature)
-            self.rope_temperature = temperature
-            # Mixed: the learned frequencies (2, depth, heads, head_dim / 2) under timm's name `rope.freqs`.
-            if pos_embed == "rope_mixed":
-                self.rope = MixedRope(head_dim, config.depth, config.num_heads, temperature)
-        self.rope_ref_grid = config.rope_ref_grid
+        # Rotary positions: the tables each block's attention turns q and k by (vit/models/rotary_positions.py),
+        # timm's `rope`; None without them. Mixed ones learn their frequencies, `rope.freqs`.
+        self.rope = rotary_positions(pos_embed, embed_dim // config.num_heads, config.depth, config.num_heads,
+                                     self.num_prefix_tokens, config.rope_temperature, config.rope_ref_grid)  # fmt: skip
         self.pos_drop = nn.Dropout(config.drop_rate)
         self.norm_pre = nn.LayerNorm(embed_dim, eps=config.norm_eps) if config.norm_pre else nn.Identity()
         self.blocks = encoder_blocks(
@@ -210,7 +198,8 @@ class Encoder(nn.Module):
         x = self.with_prefix_and_positions(tokens, grid)  # (B, P + N, C): the cls token, positions added
         x = self.norm_pre(self.pos_drop(x))  # norm_pre: CLIP's LayerNorm before the blocks (else the identity)
         checkpointed = self.grad_checkpointing and self.training and torch.is_grad_enabled()
-        x = run_blocks(self.blocks, x, checkpointed, self.rotary_tables(grid))  # (B, P + N, C)
+        ropes = None if self.rope is None else self.rope(grid, x.device)  # one rotary table per block, or none
+        x = run_blocks(self.blocks, x, checkpointed, ropes)  # (B, P + N, C)
         return self.norm(x)
 
     def with_prefix_and_positions(self, tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
@@ -227,32 +216,6 @@ class Encoder(nn.Module):
     def prefix_tokens(self, batch: int) -> list[torch.Tensor]:
         """The tokens before the image's, each expanded to the batch: (B, 1, C) cls, dist; (B, R, C) registers."""
         return [t.expand(batch, -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token) if t is not None]
-
-    def naflex_features(self, inputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """A NaFlex batch (vit/naflex.py: patches (B, N, p_h * p_w * C_in), their (row, column) and a valid
-        mask) -> (tokens (B, P + N, C) after the last block and norm, valid (B, N)). What `forward_features` does
-        to an image, per image: its own grid's position rows or rotary table, padding masked out as a key."""
-        patches, coord, valid = naflex_inputs(inputs)
-        embed = getattr(self.tokenizer, "embed_patches", None)
-        if embed is None:
-            raise ValueError(f"NaFlex batches need the standard patch embedding, not {type(self.tokenizer).__name__}")
-        tokens = embed(patches, self.config.pos_embed_interp)  # (B, N, C); a kernel resampled as timm's, by that mode
-        prefix = self.prefix_tokens(tokens.shape[0])
-        prefix = torch.cat(prefix, dim=1) if prefix else tokens[:, :0]  # (B, P, C)
-        if self.has_position_table:
-            table_prefix = 0 if self.no_embed_class else self.num_prefix_tokens
-            # each token's row of its image's table (1, P + h * w, C), the prefix rows left out: (B, N, C)
-            if torch.jit.is_tracing():  # the grids as tensors, so the trace holds for images of every shape
-                tokens = tokens + self.position_rows_at(coord, valid)
-            else:
-                tokens = tokens + rows_per_image(lambda grid: self.position_table(grid)[0, table_prefix:], coord, valid)
-            if table_prefix:
-                prefix = prefix + self.pos_embed[:, :table_prefix]  # the prefix tokens' own rows
-        x = self.norm_pre(self.pos_drop(torch.cat([prefix, tokens], dim=1)))  # (B, P + N, C)
-        checkpointed = self.grad_checkpointing and self.training and torch.is_grad_enabled()
-        mask = key_mask(valid, self.num_prefix_tokens)  # (B, 1, 1, P + N)
-        x = run_blocks(self.blocks, x, checkpointed, self.naflex_rotary_tables(coord, valid), attn_mask=mask)
-        return self.norm(x), valid
 
     @property
     def has_position_table(self) -> bool:
@@ -273,91 +236,6 @@ class Encoder(nn.Module):
         prefix = 0 if self.no_embed_class else self.num_prefix_tokens
         mode = self.config.pos_embed_interp
         return resample_pos_embed(self.pos_embed, grid, prefix, self.grid_size, mode, ar_preserving)
-
-    def position_rows_at(self, coord: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """What `rows_per_image` gives from `position_table`, (B, N, C), computed per token from tensors (each
-        image's grid from its coordinates, `grid_extent`), for a trace: the resampling written out as weights."""
-        extent = grid_extent(coord, valid)  # (B, 2)
-        height, width = extent[:, :1], extent[:, 1:]  # (B, 1) each
-        lengths = (height, width)  # the sides each table is resampled to
-        if self.config.pos_embed_ar_preserving:  # the longer side's square, but the model's own grid as it is
-            own = (height == self.grid_size[0]) & (width == self.grid_size[1])
-            side = torch.maximum(height, width)
-            lengths = (torch.where(own, height, side), torch.where(own, width, side))
-        y, x = coord[..., 0], coord[..., 1]  # (B, N)
-        if self.pos_embed_y is not None:
-            rows = factorized_rows_at(self.pos_embed_y, self.pos_embed_x, lengths, y, x)
-        else:
-            prefix = 0 if self.no_embed_class else self.num_prefix_tokens
-            table = self.pos_embed[0, prefix:]  # (H * W, C)
-            rows = resampled_rows_at(table, self.grid_size, lengths, y, x, self.config.pos_embed_interp)
-        return rows * valid[..., None].to(rows.dtype)  # padding: zeros, as rows_per_image
-
-    def rotary_tables(self, grid: tuple[int, int]) -> list[torch.Tensor] | None:
-        """One rotary table [sin | cos] per block for a token grid of `grid`, or None without rotary positions:
-        axial, DINOv3's and EVA-02's, the same (P + N, 2 * head_dim) for every block; mixed, each block's (heads,
-        P + N, 2 * head_dim) from its learned frequencies. The P prefix tokens' rows are the identity rotation
-        (sin 0, cos 1): they have no place in the image, and are left as they are (timm skips them)."""
-        if self.pos_embed_kind not in ROPE_KINDS:
-            return None
-        table = identity_prefix(self.grid_rotary_table(grid), self.num_prefix_tokens)
-        if self.rope is None:  # (P + N, 2 * head_dim), the same for every block
-            return [table] * len(self.blocks)
-        return list(table.unbind(0))  # (depth, heads, P + N, 2 * head_dim): each block's own
-
-    def grid_rotary_table(self, grid: tuple[int, int]) -> torch.Tensor:
-        """The rotary table of a token grid without prefix rows: (rows * columns, 2 * head_dim), or for mixed
-        rotary positions every block's (depth, heads, rows * columns, 2 * head_dim)."""
-        if self.rope is not None:
-            return self.rope(grid)
-        device = self.blocks[0].norm1.weight.device
-        rows, columns = torch.meshgrid(
-            torch.arange(grid[0], dtype=torch.float32, device=device),
-            torch.arange(grid[1], dtype=torch.float32, device=device),
-            indexing="ij",
-        )
-        return self.rotary_at(rows.reshape(-1), columns.reshape(-1), grid)
-
-    def rotary_at(self, y: torch.Tensor, x: torch.Tensor, grid: tuple) -> torch.Tensor:
-        """The rotary rows [sin | cos] of tokens at rows `y` and columns `x` (float tensors (...)) of an image whose
-        grid is `grid` (ints, or tensors that broadcast against y): (..., 2 * head_dim), or for mixed rotary
-        positions (depth, heads, ..., 2 * head_dim)."""
-        if self.rope is not None:
-            return mixed_rope_at(self.rope.freqs, y, x)
-        kind, head_dim = self.pos_embed_kind, self.embed_dim // self.blocks[0].attn.num_heads
-        if kind == "rope_dinov3":
-            return dinov3_rope_at(y, x, grid, head_dim, self.rope_temperature)
-        if kind == "learned_rope":  # EVA-02: the row first, positions on the pretraining grid
-            ref = None if self.rope_ref_grid is None else (self.rope_ref_grid, self.rope_ref_grid)
-            return axial_rope_at(y, x, grid, head_dim, self.rope_temperature, rows_first=True, ref_grid=ref)
-        return axial_rope_at(y, x, grid, head_dim, self.rope_temperature)
-
-    def naflex_rotary_tables(self, coord: torch.Tensor, valid: torch.Tensor) -> list[torch.Tensor] | None:
-        """`rotary_tables` for a NaFlex batch: each token rotated by its coordinate on its own image's grid, one
-        table per block, (B, 1, P + N, 2 * head_dim), or per head (B, heads, P + N, 2 * head_dim) when mixed."""
-        if self.pos_embed_kind not in ROPE_KINDS:
-            return None
-        grid = None if torch.jit.is_tracing() else one_full_grid(coord, valid)
-        if grid is not None:  # one grid, unpadded: its table broadcast over the batch, (1, N, 2D) or (1, depth, ..)
-            rows = self.grid_rotary_table(grid).unsqueeze(0)
-        else:  # each token's rows from its coordinate, (B, N, 2D) or (B, depth, heads, N, 2D): under a trace the
-            # grids are tensors, so it holds for images of every shape; eagerly it is cheaper than gathering rows
-            # from a table per grid (mixed RoPE: 12% of a step of mixed shapes, lab/bench_naflex.py shapes=mixed)
-            rows = self.rotary_rows_at(coord, valid)
-        if self.rope is None:
-            return [identity_prefix(rows.unsqueeze(1), self.num_prefix_tokens)] * len(self.blocks)
-        return list(identity_prefix(rows, self.num_prefix_tokens).unbind(1))
-
-    def rotary_rows_at(self, coord: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-        """What `rows_per_image` gives from `grid_rotary_table`, computed per token from tensors (each image's grid
-        from its coordinates, `grid_extent`), for a trace: (B, N, 2D) or (B, depth, heads, N, 2D)."""
-        extent = grid_extent(coord, valid).to(torch.float32)  # (B, 2)
-        grid = (extent[:, :1], extent[:, 1:])  # (B, 1) each: broadcast over the tokens
-        rows = self.rotary_at(coord[..., 0].to(torch.float32), coord[..., 1].to(torch.float32), grid)
-        if self.rope is not None:
-            rows = rows.movedim(2, 0)  # (depth, heads, B, N, 2D) -> (B, depth, heads, N, 2D)
-        keep = valid.reshape(valid.shape[0], *([1] * (rows.ndim - 3)), valid.shape[1], 1)  # (B, 1.., N, 1)
-        return rows * keep.to(rows.dtype)  # padding: zeros, as rows_per_image
 
     def forward_head(
         self, x: torch.Tensor, pre_logits: bool = False, valid: torch.Tensor | None = None
@@ -395,7 +273,7 @@ class Encoder(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Images (B, C_in, H, W), or a NaFlex batch (vit/naflex.py) -> logits."""
         if is_naflex(x):
-            tokens, valid = self.naflex_features(x)
+            tokens, valid = naflex_features(self, x)
             return self.forward_head(tokens, valid=valid)
         return self.forward_head(self.forward_features(x))
 
@@ -414,17 +292,6 @@ def encoder_blocks(depth: int, dim: int, num_heads: int, drop_path_rate: float, 
     # On the CPU whatever the default device (as timm): a model built under `torch.device("meta")` reads them too.
     rates = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()
     return nn.Sequential(*[Block(dim=dim, num_heads=num_heads, drop_path=rate, **block_kwargs) for rate in rates])
-
-
-def identity_prefix(table: torch.Tensor, num_prefix: int) -> torch.Tensor:
-    """A rotary table (..., N, 2 * head_dim) [sin | cos] with `num_prefix` identity rows (sin 0, cos 1) in front:
-    (..., P + N, 2 * head_dim). x * cos + rot(x) * sin is then x itself for the prefix tokens, bit for bit."""
-    if num_prefix == 0:
-        return table
-    half = table.shape[-1] // 2
-    rows = table.new_zeros(*table.shape[:-2], num_prefix, 2 * half)
-    rows[..., half:] = 1.0  # cos = 1, sin = 0
-    return torch.cat([rows, table], dim=-2)
 
 
 def init_linear_trunc_normal(module: nn.Module) -> None:

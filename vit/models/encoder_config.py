@@ -8,9 +8,8 @@ from dataclasses import dataclass
 
 from vit.models.attention import Attention, LocalitySelfAttention, RotaryAttention
 from vit.models.layers import MLPS, check_rate
-from vit.models.pos_embed import (
-    POS_EMBED_KINDS,
-)
+from vit.models.pos_embed import POS_EMBED_KINDS
+from vit.models.rotary_positions import ROTARY_POSITIONS
 
 GLOBAL_POOLS = ("token", "avg", "map", "seq")
 
@@ -20,11 +19,7 @@ POS_EMBED_INTERPS = ("bicubic", "bilinear")  # how a position table is resampled
 
 # Rotary positions: axial (fixed frequencies), mixed (learned per head), DINOv3's (normalised centres, half
 # layout), and EVA-02's (axial beside a learned table).
-ROPE_KINDS = ("rope", "rope_mixed", "rope_dinov3", "learned_rope")
-
-
-# The frequency base of each kind: the RoPE ViT paper's (Heo et al. 2024), DINOv3's and EVA-02's, as timm's models.
-ROPE_TEMPERATURES = {"rope": 100.0, "rope_mixed": 10.0, "rope_dinov3": 100.0, "learned_rope": 10000.0}
+ROPE_KINDS = tuple(ROTARY_POSITIONS)
 
 
 def table_kind(pos_embed: str) -> str | None:

@@ -20,7 +20,59 @@ from collections.abc import Callable
 
 import torch
 
-from vit.naflex import Grid
+from vit.models.layers import run_blocks
+from vit.models.pos_embed import factorized_rows_at, resampled_rows_at
+from vit.naflex import Grid, naflex_inputs
+
+
+def naflex_features(model, inputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the encoder's `forward_features` does to an image, done to a NaFlex batch (vit/naflex.py: patches (B,
+    N, p_h * p_w * C_in), their (row, column) and a valid mask), per image: its own grid's position rows or rotary
+    tables, padding masked out as a key. Returns (tokens (B, P + N, C) after the last block and norm, valid (B, N)).
+    `model`: the encoder (vit/models/encoder.py), with the standard patch embedding."""
+    patches, coord, valid = naflex_inputs(inputs)
+    embed = getattr(model.tokenizer, "embed_patches", None)
+    if embed is None:
+        raise ValueError(f"NaFlex batches need the standard patch embedding, not {type(model.tokenizer).__name__}")
+    tokens = embed(patches, model.config.pos_embed_interp)  # (B, N, C); a kernel resampled as timm's, by that mode
+    prefix = model.prefix_tokens(tokens.shape[0])
+    prefix = torch.cat(prefix, dim=1) if prefix else tokens[:, :0]  # (B, P, C)
+    if model.has_position_table:
+        table_prefix = 0 if model.no_embed_class else model.num_prefix_tokens
+        # each token's row of its image's table (1, P + h * w, C), the prefix rows left out: (B, N, C)
+        if torch.jit.is_tracing():  # the grids as tensors, so the trace holds for images of every shape
+            tokens = tokens + position_rows_at(model, coord, valid)
+        else:
+            tokens = tokens + rows_per_image(lambda grid: model.position_table(grid)[0, table_prefix:], coord, valid)
+        if table_prefix:
+            prefix = prefix + model.pos_embed[:, :table_prefix]  # the prefix tokens' own rows
+    x = model.norm_pre(model.pos_drop(torch.cat([prefix, tokens], dim=1)))  # (B, P + N, C)
+    checkpointed = model.grad_checkpointing and model.training and torch.is_grad_enabled()
+    mask = key_mask(valid, model.num_prefix_tokens)  # (B, 1, 1, P + N)
+    ropes = None if model.rope is None else model.rope.naflex(coord, valid)  # one rotary table per block, or none
+    x = run_blocks(model.blocks, x, checkpointed, ropes, attn_mask=mask)
+    return model.norm(x), valid
+
+
+def position_rows_at(model, coord: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """What `rows_per_image` gives from the model's `position_table`, (B, N, C), computed per token from tensors
+    (each image's grid from its coordinates, `grid_extent`), for a trace: the resampling written out as weights."""
+    extent = grid_extent(coord, valid)  # (B, 2)
+    height, width = extent[:, :1], extent[:, 1:]  # (B, 1) each
+    lengths = (height, width)  # the sides each table is resampled to
+    own_grid = model.grid_size
+    if model.config.pos_embed_ar_preserving:  # the longer side's square, but the model's own grid as it is
+        own = (height == own_grid[0]) & (width == own_grid[1])
+        side = torch.maximum(height, width)
+        lengths = (torch.where(own, height, side), torch.where(own, width, side))
+    y, x = coord[..., 0], coord[..., 1]  # (B, N)
+    if model.pos_embed_y is not None:
+        rows = factorized_rows_at(model.pos_embed_y, model.pos_embed_x, lengths, y, x)
+    else:
+        prefix = 0 if model.no_embed_class else model.num_prefix_tokens
+        table = model.pos_embed[0, prefix:]  # (H * W, C)
+        rows = resampled_rows_at(table, own_grid, lengths, y, x, model.config.pos_embed_interp)
+    return rows * valid[..., None].to(rows.dtype)  # padding: zeros, as rows_per_image
 
 
 def grid_sizes(coord: torch.Tensor, valid: torch.Tensor) -> list[Grid]:
@@ -87,4 +139,4 @@ def masked_mean(tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return (tokens * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)
 
 
-__all__ = ["grid_extent", "grid_sizes", "key_mask", "masked_mean", "rows_per_image"]
+__all__ = ["grid_extent", "grid_sizes", "key_mask", "masked_mean", "naflex_features", "rows_per_image"]

@@ -37,7 +37,6 @@ from __future__ import annotations
 import math
 
 import torch
-from torch import nn
 
 
 def _check_head_dim(head_dim: int) -> None:
@@ -204,25 +203,7 @@ def _complex_multiply_ok(pairs: torch.Tensor) -> bool:
     return pairs.dtype in (torch.float32, torch.float64) and pairs.stride(-1) == 1 and even
 
 
-class MixedRope(nn.Module):
-    """Holds the learned `freqs` Parameter (2, depth, heads, head_dim // 2) under the name `freqs` (so a timm
-    state dict's `rope.freqs` loads into a model attribute `rope` of this class); forward(grid) returns
-    mixed_rope_table(self.freqs, grid)."""
-
-    def __init__(self, head_dim: int, depth: int, num_heads: int, temperature: float = 10.0):
-        super().__init__()
-        self.head_dim, self.depth, self.num_heads, self.temperature = head_dim, depth, num_heads, temperature
-        self.freqs = nn.Parameter(mixed_rope_freqs(head_dim, depth, num_heads, temperature))
-
-    def forward(self, grid: tuple[int, int]) -> torch.Tensor:
-        return mixed_rope_table(self.freqs, grid)  # (depth, heads, N, 2 * head_dim)
-
-    def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, depth={self.depth}, heads={self.num_heads}, temperature={self.temperature}"
-
-
 __all__ = [
-    "MixedRope",
     "apply_rope",
     "axial_rope_at",
     "axial_rope_table",
