@@ -411,7 +411,7 @@ def test_a_run_from_a_timm_name_records_the_model_it_built(tmp_path, caplog):
     second = run_dir.parent / "11-00-00"
     for source, found in ((name, checkpoint), ("eva02_small_patch14_224", None)):
         again = compose_config([*overrides, f"model.pretrained=timm:{source}", "trainer.resume=auto"])
-        setup_phase.use_timm_preprocessing(again)  # as build_model_and_data does first
+        setup_phase.use_timm_preprocessing(again)  # as build_setup does first
         assert resume_phase.resume_checkpoint_path("auto", second, resume_phase.recorded_config(again)) == found
 
 
@@ -465,7 +465,7 @@ def test_resume_auto_still_finds_a_timm_named_run_recorded_with_its_composed_mod
     from omegaconf import OmegaConf
 
     cfg = compose_config(["model=vit_small", "model.pretrained=timm:eva02_tiny_patch14_224", "data=synthetic"])
-    setup_phase.use_timm_preprocessing(cfg)  # as build_model_and_data does first
+    setup_phase.use_timm_preprocessing(cfg)  # as build_setup does first
     composed = OmegaConf.to_container(cfg, resolve=True)
     old = tmp_path / "outputs" / "2026-01-01" / "09-00-00" / "checkpoints" / "last.pt"
     old.parent.mkdir(parents=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vit.models import Encoder, MaskedAutoencoder, T2TViT, VisionTransformer
+from vit.models import MaskedAutoencoder, T2TViT, TransformerClassifier, VisionTransformer
 from vit.models.registry import list_models, model_defaults
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +45,7 @@ def test_every_registry_row_is_a_valid_config():
 @pytest.mark.parametrize(
     ("model", "parameters"),
     [
-        (Encoder, ["tokenizer", "config"]),
+        (TransformerClassifier, ["embed", "config"]),
         (VisionTransformer, ["config"]),
         (T2TViT, ["config"]),
         (MaskedAutoencoder, ["config"]),

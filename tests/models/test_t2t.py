@@ -276,11 +276,11 @@ def test_t2t_is_a_t2tvit():
 
 
 def test_t2t_vit_shares_the_encoder_with_vit():
-    from vit.models import Encoder, VisionTransformer
+    from vit.models import TransformerClassifier, VisionTransformer
 
     model = create_model("t2t_vit_7", img_size=32, num_classes=10)
-    assert isinstance(model, Encoder) and issubclass(VisionTransformer, Encoder)
-    assert model.tokenizer is model.tokens_to_token and model.grid_size == (8, 8)
+    assert isinstance(model, TransformerClassifier) and issubclass(VisionTransformer, TransformerClassifier)
+    assert model.embed is model.tokens_to_token and model.grid_size == (8, 8)
 
 
 def test_distillation_token_on_t2t_vit():

@@ -313,7 +313,7 @@ def test_evaluate_py_at_another_image_size_with_dynamic_img_size(tmp_path, capsy
     transform = val_transform({**config["data"], "img_size": 48})
     items = [(p, c) for name, c in classes.items() for p in sorted((root / "val" / name).iterdir())]
     x = torch.stack([transform(read_rgb(p)) for p, _ in items])
-    model.tokenizer.dynamic_img_size = True
+    model.embed.dynamic_img_size = True
     with torch.no_grad():
         loss = F.cross_entropy(model(x), torch.tensor([c for _, c in items])).item()
     assert x.shape[-1] == 48 and result["count"] == len(items) and result["loss"] == pytest.approx(loss, rel=1e-4)
@@ -328,10 +328,10 @@ def test_set_input_size_equals_the_dynamic_model_and_exports_at_another_size(tmp
     torch.manual_seed(0)
     model = perturbed(build_model_from_config(cfg.model, num_classes=10)).eval()
     x = torch.randn(2, 3, 48, 48)
-    model.tokenizer.dynamic_img_size = True
+    model.embed.dynamic_img_size = True
     with torch.no_grad():
         expected = model(x)
-    model.tokenizer.dynamic_img_size = False
+    model.embed.dynamic_img_size = False
     fixed = copy.deepcopy(model)
     fixed.set_input_size(48)
     with torch.no_grad():

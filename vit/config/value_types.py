@@ -17,7 +17,7 @@ from vit.models.registry import MODELS
 from vit.settings import SETTINGS, RunSettings
 from vit.settings.schema import Kind
 
-# The model group's keys are its family's config dataclass (vit/models: EncoderConfig, ViTConfig, T2TConfig), whose
+# The model group's keys are its family's config dataclass (vit/models: ClassifierConfig, ViTConfig, T2TConfig), whose
 # annotations give each field's type; these are the model keys that are not constructor arguments but say how a
 # run starts (configs/model/shared/finetune.yaml), with their types.
 MODEL_START_SWITCHES = ("pretrained_ema",)

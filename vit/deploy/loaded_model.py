@@ -387,7 +387,7 @@ def check_input_size(model, img_size: int) -> None:
     """Images of another size than the model's need `model.dynamic_img_size=true` (a ViT's position table is then
     resampled to their grid, as timm does): said before any image is read."""
     own = tuple(getattr(model, "img_size", ()))
-    dynamic = getattr(getattr(model, "tokenizer", None), "dynamic_img_size", False)
+    dynamic = getattr(getattr(model, "embed", None), "dynamic_img_size", False)
     if not own or own == (img_size, img_size) or dynamic:
         return
     raise WeightsError(

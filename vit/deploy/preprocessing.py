@@ -120,10 +120,10 @@ def naflex_patch_size(model, seq_len: str | None) -> int | None:
     if seq_len is None:
         return None
     check_seq_len(seq_len)
-    tokenizer = getattr(model, "tokenizer", None)
-    if not hasattr(tokenizer, "embed_patches") or len(set(tokenizer.patch_size)) != 1:
+    embed = getattr(model, "embed", None)
+    if not hasattr(embed, "embed_patches") or len(set(embed.patch_size)) != 1:
         raise UsageError(
             f"seq_len={seq_len}: images at their own shapes need a ViT that cuts square patches (the standard patch "
-            f"embedding), not {type(tokenizer or model).__name__}"
+            f"embedding), not {type(embed or model).__name__}"
         )
-    return int(tokenizer.patch_size[0])
+    return int(embed.patch_size[0])

@@ -2,9 +2,9 @@
 weights read by vit/weights/read.py to a model (vit/weights/fit.py)."""
 
 from vit.models.attention import Attention, LocalitySelfAttention, RotaryAttention, TokenAttention, capture_attention
+from vit.models.classifier import TransformerClassifier
+from vit.models.classifier_config import ClassifierConfig
 from vit.models.complexity import Complexity, attention_macs, complexity, mlp_macs
-from vit.models.encoder import Encoder
-from vit.models.encoder_config import EncoderConfig
 from vit.models.layers import Block, DropPath, LayerScale, Mlp, SwiGLU
 from vit.models.mae import MAEConfig, MaskedAutoencoder, create_mae
 from vit.models.patch_embed import PatchEmbed
@@ -21,8 +21,8 @@ __all__ = [
     "Block",
     "Complexity",
     "DropPath",
-    "Encoder",
-    "EncoderConfig",
+    "TransformerClassifier",
+    "ClassifierConfig",
     "LayerScale",
     "LocalitySelfAttention",
     "RotaryAttention",

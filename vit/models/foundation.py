@@ -296,7 +296,7 @@ def check_attention_pool(model: nn.Module, kind: str, name: str) -> None:
     ratio = blocks_mlp["mlp_ratio"] if blocks_mlp["mlp"] != "swiglu" else 4.0
     if pool.num_heads != heads or pool.mlp is None or pool.mlp.fc1.out_features != int(embed_dim * ratio):
         raise unsupported(name, "an attention-pool head with other heads or MLP width than its blocks")
-    expected = "gelu_tanh" if blocks_mlp["mlp"] == "gelu_tanh" else "gelu"  # as `Encoder` builds its head
+    expected = "gelu_tanh" if blocks_mlp["mlp"] == "gelu_tanh" else "gelu"  # as `TransformerClassifier` builds its head
     if activation(pool.mlp.act) != expected:
         raise unsupported(name, f"an attention-pool MLP with {type(pool.mlp.act).__name__}")
 

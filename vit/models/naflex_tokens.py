@@ -2,7 +2,7 @@
 batch of padded patch sequences (NaViT's patch-n-pack, as timm's NaFlexVit and its NaFlex loader take them).
 
 The batch format is vit/naflex.py's (made by the data's loaders, read here). Through the encoder
-(vit/models/encoder.py), per image: the patch projection (the Conv2d kernel read as a Linear over the flattened
+(vit/models/classifier.py), per image: the patch projection (the Conv2d kernel read as a Linear over the flattened
 patch, `PatchEmbed.embed_patches`), the position table resampled to that image's grid (or its rotary table computed
 for that grid) and each patch given the row of its coordinate, padding masked out of every attention as keys
 (`key_mask`) and out of the pooling. A padded image and the same image alone give the same logits
@@ -29,12 +29,14 @@ def naflex_features(model, inputs) -> tuple[torch.Tensor, torch.Tensor]:
     """What the encoder's `forward_features` does to an image, done to a NaFlex batch (vit/naflex.py: patches (B,
     N, p_h * p_w * C_in), their (row, column) and a valid mask), per image: its own grid's position rows or rotary
     tables, padding masked out as a key. Returns (tokens (B, P + N, C) after the last block and norm, valid (B, N)).
-    `model`: the encoder (vit/models/encoder.py), with the standard patch embedding."""
+    `model`: the encoder (vit/models/classifier.py), with the standard patch embedding."""
     patches, coord, valid = naflex_inputs(inputs)
-    embed = getattr(model.tokenizer, "embed_patches", None)
-    if embed is None:
-        raise ValueError(f"NaFlex batches need the standard patch embedding, not {type(model.tokenizer).__name__}")
-    tokens = embed(patches, model.config.pos_embed_interp)  # (B, N, C); a kernel resampled as timm's, by that mode
+    embed_patches = getattr(model.embed, "embed_patches", None)
+    if embed_patches is None:
+        raise ValueError(f"NaFlex batches need the standard patch embedding, not {type(model.embed).__name__}")
+    tokens = embed_patches(
+        patches, model.config.pos_embed_interp
+    )  # (B, N, C); a kernel resampled as timm's, by that mode
     prefix = model.prefix_tokens(tokens.shape[0])
     prefix = torch.cat(prefix, dim=1) if prefix else tokens[:, :0]  # (B, P, C)
     if model.has_position_table:

@@ -13,16 +13,16 @@ from typing import Any
 
 from torch import nn
 
-from vit.models.encoder import Encoder
-from vit.models.encoder_config import EncoderConfig
+from vit.models.classifier import TransformerClassifier
+from vit.models.classifier_config import ClassifierConfig
 from vit.models.t2t import T2TConfig, T2TViT
 from vit.models.vit import VisionTransformer, ViTConfig
 
 
 @dataclass(frozen=True)
 class ModelEntry:
-    model: type[Encoder]  # built as model(config(**identity, **overrides))
-    config: type[EncoderConfig]
+    model: type[TransformerClassifier]  # built as model(config(**identity, **overrides))
+    config: type[ClassifierConfig]
     identity: dict[str, Any]
     description: str
 
@@ -71,7 +71,7 @@ def model_entry(name: str) -> ModelEntry:
     return MODELS[name]
 
 
-def model_settings(config: type[EncoderConfig]) -> list[str]:
+def model_settings(config: type[ClassifierConfig]) -> list[str]:
     """The settings a config class takes (those its model family fixes, `init=False`, are not settings)."""
     return [f.name for f in fields(config) if f.init]
 

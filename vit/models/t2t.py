@@ -13,8 +13,9 @@ token_dim 64:
     re-structurize + soft split 2          (B, 196, 576)
     project                                (B, 196, embed_dim)
 
-then, as in ViT, the shared `Encoder` (vit/models/encoder.py): cls token, position embedding (here the fixed
-sinusoid table), encoder Blocks, LayerNorm, head. T2T-ViT is that encoder with the T2T module as its tokenizer.
+then, as in ViT, the shared `TransformerClassifier` (vit/models/classifier.py): cls token, position embedding
+(here the fixed sinusoid table), encoder Blocks, LayerNorm, head. T2T-ViT is that classifier with the T2T module
+as its embedding.
 
 The token attention is either `TokenAttention` (the token transformer: attention from width dim to dim_out with
 V as the skip connection) or the linear-time `TokenPerformer`. Parameter names follow the official code
@@ -33,8 +34,8 @@ from torch import nn
 from torch.nn.init import trunc_normal_
 
 from vit.models.attention import TokenAttention
-from vit.models.encoder import Encoder, init_linear_trunc_normal
-from vit.models.encoder_config import EncoderConfig
+from vit.models.classifier import TransformerClassifier, init_linear_trunc_normal
+from vit.models.classifier_config import ClassifierConfig
 from vit.models.layers import Mlp, run_blocks
 from vit.models.performer import TokenPerformer
 
@@ -208,8 +209,8 @@ class T2TModule(nn.Module):
 
 
 @dataclass(frozen=True)
-class T2TConfig(EncoderConfig):
-    """A T2T-ViT's settings: the `EncoderConfig`'s with the official code's defaults, and the T2T module's (see
+class T2TConfig(ClassifierConfig):
+    """A T2T-ViT's settings: the `ClassifierConfig`'s with the official code's defaults, and the T2T module's (see
     `T2TModule` for each). The position table (the fixed sinusoid) is the official code's, not a setting; nor are
     the encoder's variants that the official model has no place for (LSA, LayerScale, rotary positions)."""
 
@@ -236,9 +237,9 @@ class T2TConfig(EncoderConfig):
             )
 
 
-class T2TViT(Encoder):
-    """T2T-ViT: the T2T module under the official name `tokens_to_token`, then the `Encoder` with the fixed
-    sinusoid position table and PyTorch's LayerNorm epsilon (1e-5), as in the official code.
+class T2TViT(TransformerClassifier):
+    """T2T-ViT: the T2T module under the official name `tokens_to_token`, then the `TransformerClassifier` with the
+    fixed sinusoid position table and PyTorch's LayerNorm epsilon (1e-5), as in the official code.
 
     `qkv_bias=False` and the encoder's `qk_scale` follow the official code: None means head_dim ** -0.5
     (what it trains with); its released ImageNet weights were trained with `qk_scale = embed_dim ** -0.5`,
@@ -246,10 +247,10 @@ class T2TViT(Encoder):
     head, as on a ViT (docs/DISTILLATION.md); the official code has none, and its weights load only without it.
     """
 
-    tokenizer_name = "tokens_to_token"
+    embed_name = "tokens_to_token"
 
     def __init__(self, config: T2TConfig) -> None:
-        tokenizer = T2TModule(
+        embed = T2TModule(
             img_size=config.img_size,
             tokens_type=config.tokens_type,
             in_chans=config.in_chans,
@@ -259,7 +260,7 @@ class T2TViT(Encoder):
             token_scale=config.token_scale,
             attn_backend=config.attn_backend,
         )
-        super().__init__(tokenizer, config)
+        super().__init__(embed, config)
 
     def init_weights(self) -> None:
         """The official init: trunc-normal(0.02) cls token and Linears, zero biases (and the distillation token

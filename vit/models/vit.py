@@ -1,7 +1,7 @@
 """The Vision Transformer (Dosovitskiy et al. 2021), shaped and named like timm's so its weights load as is.
 
-A ViT is the shared `Encoder` (vit/models/encoder.py, which walks an image through the model) with a patch
-embedding as its tokenizer: the image cut into p x p patches, each projected to a token of width C. Five kinds
+A ViT is the shared `TransformerClassifier` (vit/models/classifier.py, which walks an image through the model)
+with a patch embedding: the image cut into p x p patches, each projected to a token of width C. Five kinds
 (docs/LEVERS.md): timm's Conv2d patches, Shifted Patch Tokenization, T2T-style overlapping windows, a strided
 convolutional stem, or CCT's convolution and max-pool stages.
 """
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from vit.models.encoder import Encoder
-from vit.models.encoder_config import EncoderConfig
+from vit.models.classifier import TransformerClassifier
+from vit.models.classifier_config import ClassifierConfig
 from vit.models.layers import to_2tuple
 from vit.models.patch_embed import ConvPoolEmbed, ConvStemEmbed, OverlappingPatchEmbed, PatchEmbed, ShiftedPatchEmbed
 from vit.models.pos_embed import resample_factorized
@@ -28,8 +28,8 @@ PATCH_EMBEDS = {
 
 
 @dataclass(frozen=True)
-class ViTConfig(EncoderConfig):
-    """A ViT's settings: the `EncoderConfig`'s and its patch embedding's (timm's defaults: ViT-B/16 at 224 px)."""
+class ViTConfig(ClassifierConfig):
+    """A ViT's settings: the `ClassifierConfig`'s and its patch embedding's (timm's defaults: ViT-B/16 at 224 px)."""
 
     img_size: int = 224  # input side (or an (H, W) pair); `patch_size` must divide it
     patch_size: int = 16
@@ -58,9 +58,9 @@ class ViTConfig(EncoderConfig):
             raise ValueError(f"dynamic_img_size={self.dynamic_img_size!r} must be true or false")
 
 
-class VisionTransformer(Encoder):
-    """ViT classifier: a patch embedding under timm's name `patch_embed`, then the `Encoder`; `config` holds every
-    knob the configs expose (`ViTConfig`). `distill_token` adds DeiT's distillation token and second head
+class VisionTransformer(TransformerClassifier):
+    """ViT classifier: a patch embedding under timm's name `patch_embed`, then the `TransformerClassifier`; `config`
+    holds every knob the configs expose (`ViTConfig`). `distill_token` adds DeiT's distillation token and second head
     (`dist_token`, `head_dist`: the names of timm's distilled DeiT models, whose weights load as they are), which
     the trainer trains towards a teacher (docs/DISTILLATION.md); qk_norm, mlp, reg_tokens, class_token,
     no_embed_class, fc_norm and rotary positions (`pos_embed="rope"`, `"rope_mixed"`) are today's ViT variants
@@ -70,11 +70,11 @@ class VisionTransformer(Encoder):
     def __init__(self, config: ViTConfig) -> None:
         sizes = dict(img_size=config.img_size, patch_size=config.patch_size, in_chans=config.in_chans)
         if config.patch_embed == "standard":
-            tokenizer = PatchEmbed(**sizes, embed_dim=config.embed_dim, bias=config.patch_bias)
+            embed = PatchEmbed(**sizes, embed_dim=config.embed_dim, bias=config.patch_bias)
         else:
-            tokenizer = PATCH_EMBEDS[config.patch_embed](**sizes, embed_dim=config.embed_dim)
-        tokenizer.dynamic_img_size = config.dynamic_img_size
-        super().__init__(tokenizer, config)
+            embed = PATCH_EMBEDS[config.patch_embed](**sizes, embed_dim=config.embed_dim)
+        embed.dynamic_img_size = config.dynamic_img_size
+        super().__init__(embed, config)
         self.patch_embed_kind = config.patch_embed
 
     def set_input_size(self, img_size: int | tuple[int, int]) -> None:

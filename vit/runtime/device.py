@@ -97,10 +97,10 @@ def model_width(model: nn.Module | None) -> int | None:
 
 
 def model_tokens(model: nn.Module | None) -> int | None:
-    """The tokens the encoder sees at the model's own image size (its tokenizer's `num_patches`: `patch_embed` of a
+    """The tokens the encoder sees at the model's own image size (its embedding's `num_patches`: `patch_embed` of a
     ViT, `tokens_to_token` of a T2T-ViT), or None."""
-    tokenizer = getattr(model, str(getattr(model, "tokenizer_name", "patch_embed")), None)
-    tokens = getattr(tokenizer, "num_patches", None)
+    embed = getattr(model, str(getattr(model, "embed_name", "patch_embed")), None)
+    tokens = getattr(embed, "num_patches", None)
     return tokens if isinstance(tokens, int) else None
 
 

@@ -108,13 +108,13 @@ def wrap_model(
 
 
 def build_step_parts(
-    cfg: DictConfig, trainer: TrainerSettings, built, device: torch.device, dist: Distributed
+    cfg: DictConfig, trainer: TrainerSettings, setup, device: torch.device, dist: Distributed
 ) -> StepParts:
-    """What every step reads, from what the first phases built (`built`, vit/train/setup.py's ModelAndData)."""
-    model, bundle = built.model, built.bundle
-    opt = build_optimisation(cfg, trainer, model, bundle, device, dist, built.precision)
+    """What every step reads, from what the first phases built (`setup`, vit/train/setup.py's RunSetup)."""
+    model, bundle = setup.model, setup.bundle
+    opt = build_optimisation(cfg, trainer, model, bundle, device, dist, setup.precision)
     optimizer, scheduler, precision, ema = opt.optimizer, opt.scheduler, opt.precision, opt.ema
-    train_model, ddp, use_compile = wrap_model(model, trainer, device, dist, built.resize)
+    train_model, ddp, use_compile = wrap_model(model, trainer, device, dist, setup.resize)
     return StepParts(
         train_model=train_model,
         model=model,
@@ -128,12 +128,12 @@ def build_step_parts(
         ema=ema,
         grad_clip=trainer.grad_clip,
         accum_steps=trainer.accum_steps,
-        log_every=log_interval(trainer.log_every_n_steps, trainer.epochs, batches_per_epoch(built.bundle, trainer)),
+        log_every=log_interval(trainer.log_every_n_steps, trainer.epochs, batches_per_epoch(setup.bundle, trainer)),
         max_bad_steps=trainer.max_bad_steps,
         dist=dist,
         ddp=ddp,
         compiled=use_compile,
-        task=built.task,
+        task=setup.task,
     )
 
 

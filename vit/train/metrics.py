@@ -109,10 +109,10 @@ def run_metrics(run) -> dict:
     """metrics.json: the model built (its name, `timm:<name>` for one built from a timm name, and its
     architecture, from the config the checkpoints record), final and best epoch, mean throughput, model size, how
     it ran (loader, precision, compile, threads) with the reasons, and the whole history."""
-    cfg, cost, bundle, settings, history = run.cfg, run.built.cost, run.bundle, run.step_parts, run.progress.history
+    cfg, cost, bundle, settings, history = run.cfg, run.setup.cost, run.bundle, run.step_parts, run.progress.history
     evaluated = [r for r in history if r.get("val_loss") is not None]
     best = max(evaluated, key=lambda r: val_score(chosen_result(r))) if evaluated else {}
-    built = run.built.resolved["model"]  # the model built, not the model config composed (vit/train/setup.py)
+    built = run.setup.resolved["model"]  # the model built, not the model config composed (vit/train/setup.py)
     return {
         "model": built["name"],
         "architecture": architecture(built),
@@ -140,9 +140,9 @@ def run_metrics(run) -> dict:
         "precision_reason": settings.precision.reason,
         "compiled": settings.compiled,
         "device": str(settings.device),
-        "threads": run.built.threads,
-        "threads_reason": run.built.threads_reason,
-        "width_by_budget": run.built.width_choice,
+        "threads": run.setup.threads,
+        "threads_reason": run.setup.threads_reason,
+        "width_by_budget": run.setup.width_choice,
         "history": history,
         "val_split": bundle.val_name,
     }

@@ -41,7 +41,7 @@ from vit.train.callbacks import TeacherCheck, TrialPruning
 from vit.train.checkpoints import Checkpointer, RunProgress, resume
 from vit.train.config import validate
 from vit.train.report import Reporter
-from vit.train.setup import Run, build_model_and_data, setup_torch
+from vit.train.setup import Run, build_setup, setup_torch
 from vit.train.signals import StopSignal, restart_count
 from vit.train.step_parts import StepState
 from vit.train.sweep_budget import PublishLength, fit_to_sweep, release_claims
@@ -131,21 +131,21 @@ def build_run(
     trainer, sweep_fit = fit_to_sweep(TrainerSettings.of(cfg.trainer), dist.world_size)  # trainer.sweep_budget
     device = setup_torch(trainer, dist)
     budget_left = (lambda: trainer.budget - (time.perf_counter() - wall_start)) if trainer.budget else None
-    built = build_model_and_data(cfg, trainer, run_dir, device, dist, loader_wrapper, budget_left)
-    run_dir = continued_run_dir(trainer.resume, built.resume_path, run_dir, dist.is_main)
-    step_parts, step_state = build_step_parts(cfg, trainer, built, device, dist), StepState()
+    setup = build_setup(cfg, trainer, run_dir, device, dist, loader_wrapper, budget_left)
+    run_dir = continued_run_dir(trainer.resume, setup.resume_path, run_dir, dist.is_main)
+    step_parts, step_state = build_step_parts(cfg, trainer, setup, device, dist), StepState()
     progress = RunProgress(wall_start)
-    if built.resume_path is not None:
-        args = (built.bundle.class_to_idx, wall_start, cfg.optim.name)
-        progress = resume(built.resume_path, step_parts, step_state, *args)
+    if setup.resume_path is not None:
+        args = (setup.bundle.class_to_idx, wall_start, cfg.optim.name)
+        progress = resume(setup.resume_path, step_parts, step_state, *args)
     progress.startup_s = startup_s
     checkpoints = Checkpointer(
         run_dir / "checkpoints",
         enabled=trainer.save_checkpoints,  # rank 0 writes (every rank its shards under fsdp)
         keep_last=trainer.keep_last,
         step_parts=step_parts,
-        class_to_idx=built.bundle.class_to_idx,
-        config=built.resolved,
+        class_to_idx=setup.bundle.class_to_idx,
+        config=setup.resolved,
     )
     report = Reporter(
         str(run_dir / "tb"),
@@ -158,15 +158,15 @@ def build_run(
     stop = StopSignal()
     step_parts.stop_requested = stop.requested
     trial = TrialReport.of(cfg, run_dir, trainer.epochs) if is_trial(cfg) and dist.is_main else None
-    run = Run(cfg, trainer, run_dir, built, step_parts, step_state, progress, checkpoints, report, stop, trial)
+    run = Run(cfg, trainer, run_dir, setup, step_parts, step_state, progress, checkpoints, report, stop, trial)
     run.provenance = provenance()
-    if built.distiller is not None and built.distiller.teacher is not None:
-        run.callbacks.append(TeacherCheck(built.distiller, str(cfg.distill.teacher)))
+    if setup.distiller is not None and setup.distiller.teacher is not None:
+        run.callbacks.append(TeacherCheck(setup.distiller, str(cfg.distill.teacher)))
     if is_trial(cfg):
         run.callbacks.append(TrialPruning(trial))  # every rank: all of them stop together
     if fits_while_training(trainer.threads, device, dist):  # re-decided as the machine's load changes
         images = cfg.data.batch_size * trainer.accum_steps
-        run.callbacks.append(ThreadFit(len(process_cpus()), built.threads, images, speaks=dist.is_main))
+        run.callbacks.append(ThreadFit(len(process_cpus()), setup.threads, images, speaks=dist.is_main))
     budget = attach_budget(run, sweep_plan=sweep_fit is not None)  # plans the steps (vit/train/budget_hooks.py)
     if sweep_fit is not None:
         run.callbacks.append(PublishLength(sweep_fit, budget))

@@ -94,7 +94,7 @@ def setup_torch(trainer: TrainerSettings, dist: Distributed) -> torch.device:
 
 
 @dataclass
-class ModelAndData:
+class RunSetup:
     """The first phases' product: the model (on its device, with pretrained weights and the teacher) and the data."""
 
     resolved: dict  # the config with interpolations resolved and the model as built (`recorded_config`)
@@ -114,7 +114,7 @@ class ModelAndData:
 @dataclass
 class Run:
     """One training run, built once (vit/train/run.py's `build_run`) and handed to every phase of the loop
-    (vit/train/trainer.py): the typed trainer settings, what the first phases built (`built`: the model and the data,
+    (vit/train/trainer.py): the typed trainer settings, what the first phases built (`setup`: the model and the data,
     the teacher, the task), what each step reads (`step_parts`: the optimizer, schedule, EMA and precision, with this
     run's model, device and process group, and the callbacks) and changes (`step_state`: the step count, the
     divergence counters), where the run stands (`progress`), and its writers."""
@@ -122,7 +122,7 @@ class Run:
     cfg: DictConfig
     trainer: TrainerSettings
     run_dir: Path
-    built: ModelAndData
+    setup: RunSetup
     step_parts: StepParts  # the one holder of the model, the device and the process group; the properties read it
     step_state: StepState
     progress: RunProgress
@@ -148,7 +148,7 @@ class Run:
 
     @property
     def bundle(self) -> DataBundle:
-        return self.built.bundle
+        return self.setup.bundle
 
     @property
     def task(self) -> Task:
@@ -193,7 +193,7 @@ class Run:
         return self.task.evaluate(*args, flip=self.trainer.eval_flip, shift=self.trainer.eval_shift)
 
 
-def build_model_and_data(
+def build_setup(
     cfg: DictConfig,
     trainer: TrainerSettings,
     run_dir: Path,
@@ -201,7 +201,7 @@ def build_model_and_data(
     dist: Distributed,
     loader_wrapper: Callable[[Iterable], Iterable] | None = None,
     budget_left: Callable[[], float] | None = None,
-) -> ModelAndData:
+) -> RunSetup:
     """`budget_left()`: the seconds left of trainer.budget (trainer.width_by_budget times the widths against it)."""
     seed = trainer.seed
     use_timm_preprocessing(cfg)
@@ -260,7 +260,7 @@ def build_model_and_data(
     label = resolved["model"]["name"]
     log.info("%s: %.2f M params, %.3f GMACs per image", label, cost.params / 1e6, cost.macs / 1e9)
     record = width_choice.record() if width_choice is not None else None
-    return ModelAndData(
+    return RunSetup(
         resolved, model, bundle, distiller, task, cost, resume_path, resize, *threads, record, precision
     )
 

@@ -118,8 +118,8 @@ def prepare_epoch(run: Run, epoch: int) -> None:
         set_rng_state(run.progress.resume_rng)
     else:
         seed_everything(rank_seed(epoch_seed(trainer.seed, epoch), rank))
-    if run.built.resize is not None:
-        run.step_state.train_img_size = run.built.resize.size_at(epoch, run.planned_epochs())
+    if run.setup.resize is not None:
+        run.step_state.train_img_size = run.setup.resize.size_at(epoch, run.planned_epochs())
 
 
 def batch_limit(run: Run, epoch: int) -> int | None:
@@ -370,6 +370,6 @@ def finish(run: Run) -> dict:
         atomic_write_text(json.dumps(metrics, indent=2), run.run_dir / "metrics.json")  # a failed write keeps the old
         score = run.task.score
         final, best = metrics["final"].get(score) or 0.0, metrics["best"][score] or 0.0
-        hparams = run_hparams(run.built.resolved, job_overrides(), run.step_parts.precision.name)
+        hparams = run_hparams(run.setup.resolved, job_overrides(), run.step_parts.precision.name)
         report.hparams(hparams, {score: final, f"best_{score}": best})
     return metrics

@@ -1,49 +1,32 @@
-"""The encoder every model here shares: a tokenizer turns the image into tokens, and the rest is the same.
+"""The transformer classifier every model here shares: an embedding turns the image into tokens, the rest is one path.
 
-ViT and T2T-ViT differ only in their tokenizer (vit/models/vit.py: a patch embedding; vit/models/t2t.py: the
+ViT and T2T-ViT differ only in their embedding (vit/models/vit.py: a patch embedding; vit/models/t2t.py: the
 Tokens-to-Token module). An image's path through `forward`, for ViT-Ti/16 at 224 px (C = 192, N = 14 * 14 = 196):
 
     image                                  (B, 3, 224, 224)
-    tokenizer                              (B, 196, C)
+    embed                                  (B, 196, C)
     prepend the cls token                  (B, 197, C)
     + pos_embed, pos_drop                  (B, 197, C)      one row per prefix token, then one per grid position
-    depth x Block                          (B, 197, C)
+    depth x Block                          (B, 197, C)      vit/models/layers.py, attention in attention.py
     norm                                   (B, 197, C)
-    pool: the cls token, the mean, ...     (B, C)
+    pool: the cls token                    (B, C)
     head                                   (B, num_classes)
 
-With `distill_token=True` (DeiT's distilled ViT, timm's `VisionTransformerDistilled`) a second learned token sits
-after the cls token, (B, 2 + N, C) through the blocks, with its own position row and its own classifier
-`head_dist`; in training mode `forward` returns both heads' logits (cls, dist), in eval mode their average.
+Each variant changes one step, and lives where its name says (docs/VARIANTS.md has the papers):
 
-Registers (`reg_tokens=R`, Darcet et al. 2024, "Vision Transformers Need Registers") are R more learned tokens
-after the cls (and dist) token, (B, 1 + R + N, C) through the blocks, read by no head: they give the attention a
-place to park global information, which it otherwise writes into a few high-norm patch tokens. timm's switches
-around them: `class_token=False` (no cls token; needs `global_pool="avg"`), `no_embed_class=True` (the position
-table covers the image's tokens only, (1, N, C), added before the prefix tokens are prepended), `fc_norm`.
-
-Rotary positions (`pos_embed="rope"`, `"rope_mixed"` or `"rope_dinov3"`, vit/models/rope.py) replace the table
-added to the tokens: no `pos_embed` parameter; every block's attention rotates q and k by the token's (row,
-column) instead, the prefix tokens by nothing (their table rows are the identity rotation). EVA-02 has both,
-`pos_embed="learned_rope"`: a learned table added to the tokens and axial rotary positions in the attention.
-NaViT's factorized table (`pos_embed="factorized"`, timm's NaFlexVit `_parfac_` models) is two learned tables,
-`pos_embed_y` (1, rows, C) and `pos_embed_x` (1, columns, C): the token at (i, j) gets the sum of row i and column
-j, each table resampled to the image's grid along its own axis.
-
-Today's foundation ViTs add a few parts (vit/models/foundation.py reads which from timm): `norm_pre` (a LayerNorm
-after the position table, CLIP's), a patch projection without bias (`patch_bias`), CLIP's QuickGELU
-(`mlp="quick_gelu"`), a LayerNorm inside the MLP (`mlp_norm`, EVA-02's), `norm_eps` (1e-5 for CLIP and DINOv3), and
-attention pooling (`global_pool="map"`, SigLIP's head: a learned query attends over the image's tokens,
-`attn_pool`, vit/models/layers.py's `AttentionPool`).
-
-The Compact Convolutional Transformer's head (Hassani et al. 2021) is `global_pool="seq"`, sequence pooling: after
-the final norm each image token gets a score from one Linear (`seq_pool`, C -> 1), a softmax over the tokens turns
-the scores into weights, and the head reads the weighted average of the tokens, (B, N, C) -> (B, C). CCT has no cls
-token (`class_token=False`); its tokenizer is `patch_embed="cct"` (vit/models/vit.py).
+    step        variant (setting)                                   where
+    tokens      distillation token, registers, no cls token         `prefix_tokens`; `_distilled_head`
+    positions   rotary (pos_embed=rope, rope_mixed, rope_dinov3)     vit/models/rotary_positions.py, `rope`
+                EVA-02's table and rotary (learned_rope)             the same, beside `pos_embed`
+                factorized row and column tables (factorized)       vit/models/pos_embed.py
+                NaFlex batches (images at their own shapes)          vit/models/naflex_tokens.py
+    attention   qk-norm, EVA-02's biases, locality self-attention    vit/models/attention.py
+    MLP         SwiGLU, QuickGELU, a norm inside (mlp, mlp_norm)     vit/models/layers.py
+    head        avg, attention pool (map), CCT's sequence pool      `forward_head`; layers.py's `AttentionPool`
 
 Parameter names are timm's (`cls_token`, `dist_token`, `reg_token`, `pos_embed`, `rope.freqs`, `blocks.N.*`,
-`norm`, `fc_norm`, `head`, `head_dist`); the tokenizer sits under the name its model's weights use
-(`tokenizer_name`: `patch_embed` or `tokens_to_token`).
+`norm`, `fc_norm`, `head`, `head_dist`); the embedding sits under the name its model's weights use (`embed_name`:
+`patch_embed` or `tokens_to_token`).
 """
 
 from __future__ import annotations
@@ -52,7 +35,7 @@ import torch
 from torch import nn
 from torch.nn.init import trunc_normal_
 
-from vit.models.encoder_config import EncoderConfig, attention_choice, table_kind
+from vit.models.classifier_config import ClassifierConfig, attention_choice, table_kind
 from vit.models.layers import AttentionPool, Block, run_blocks, to_2tuple
 from vit.models.naflex_tokens import masked_mean, naflex_features
 from vit.models.pos_embed import factorized_table, make_factorized, make_pos_embed, resample_pos_embed
@@ -60,18 +43,18 @@ from vit.models.rotary_positions import rotary_positions
 from vit.naflex import is_naflex
 
 
-class Encoder(nn.Module):
-    """Tokenizer -> prefix tokens -> position table -> Blocks -> norm -> head. Subclasses choose the tokenizer.
+class TransformerClassifier(nn.Module):
+    """Embedding -> prefix tokens -> position table -> Blocks -> norm -> head. Subclasses choose the embedding.
 
     Args:
-        tokenizer: (B, C_in, H, W) -> (B, N, embed_dim); it has `img_size`, `grid_size` (rows, columns of its
+        embed: the embedding, (B, C_in, H, W) -> (B, N, embed_dim); it has `img_size`, `grid_size` (rows, columns of its
             tokens), `num_patches` and `input_grid(x)` (the grid of an input of another size, with a dynamic size).
-        config: every other setting, `EncoderConfig` (or a model's config built on it).
+        config: every other setting, `ClassifierConfig` (or a model's config built on it).
     """
 
-    tokenizer_name = "patch_embed"  # the attribute (and state-dict prefix) of the tokenizer: timm's by default
+    embed_name = "patch_embed"  # the attribute (and state-dict prefix) of the embedding: timm's by default
 
-    def __init__(self, tokenizer: nn.Module, config: EncoderConfig) -> None:
+    def __init__(self, embed: nn.Module, config: ClassifierConfig) -> None:
         super().__init__()
         self.config = config
         embed_dim, pos_embed = config.embed_dim, config.pos_embed
@@ -86,20 +69,19 @@ class Encoder(nn.Module):
         self.norm_eps = config.norm_eps
         self.grad_checkpointing = False
 
-        self.add_module(self.tokenizer_name, tokenizer)
+        self.add_module(self.embed_name, embed)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if config.class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if config.distill_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, config.reg_tokens, embed_dim)) if config.reg_tokens else None
-        self.pos_embed_kind = pos_embed
         self.pos_embed = None
         # factorized: the row and column tables (1, rows, C) and (1, columns, C), timm's NaFlexVit names; else None
-        self.pos_embed_y, self.pos_embed_x = make_factorized(pos_embed, tokenizer.grid_size, embed_dim)
+        self.pos_embed_y, self.pos_embed_x = make_factorized(pos_embed, embed.grid_size, embed_dim)
         if table_kind(pos_embed) not in (None, "factorized"):
-            # One row per prefix token (none with no_embed_class), then one per token of the tokenizer's grid.
+            # One row per prefix token (none with no_embed_class), then one per token of the embedding's grid.
             prefix_rows = 0 if config.no_embed_class else self.num_prefix_tokens
-            table_rows = tokenizer.num_patches + prefix_rows
+            table_rows = embed.num_patches + prefix_rows
             kind = table_kind(pos_embed)
-            self.pos_embed = make_pos_embed(kind, table_rows, embed_dim, tokenizer.grid_size, prefix_rows)
+            self.pos_embed = make_pos_embed(kind, table_rows, embed_dim, embed.grid_size, prefix_rows)
         # Rotary positions: the tables each block's attention turns q and k by (vit/models/rotary_positions.py),
         # timm's `rope`; None without them. Mixed ones learn their frequencies, `rope.freqs`.
         self.rope = rotary_positions(pos_embed, embed_dim // config.num_heads, config.depth, config.num_heads,
@@ -133,17 +115,17 @@ class Encoder(nn.Module):
         self.init_weights()
 
     @property
-    def tokenizer(self) -> nn.Module:
-        return getattr(self, self.tokenizer_name)
+    def embed(self) -> nn.Module:
+        return getattr(self, self.embed_name)
 
     @property
     def img_size(self) -> tuple[int, int]:
-        return to_2tuple(self.tokenizer.img_size)
+        return to_2tuple(self.embed.img_size)
 
     @property
     def grid_size(self) -> tuple[int, int]:
-        """(rows, columns) of the tokenizer's tokens at `img_size`: the grid the position table is laid out on."""
-        return self.tokenizer.grid_size
+        """(rows, columns) of the embedding's tokens at `img_size`: the grid the position table is laid out on."""
+        return self.embed.grid_size
 
     def init_weights(self) -> None:
         """timm's default ViT init: trunc-normal(0.02) Linears with zero bias, tiny cls and register tokens."""
@@ -172,11 +154,11 @@ class Encoder(nn.Module):
         """Recompute each block's activations in the backward pass instead of keeping them (timm's method name).
 
         Only the (B, N, C) input of every block is kept; a training step costs about one more forward pass
-        (docs/BENCHMARKS.md). Active in training with gradients only. A tokenizer with blocks of its own (the
+        (docs/BENCHMARKS.md). Active in training with gradients only. An embedding with blocks of its own (the
         T2T module) has a `grad_checkpointing` switch too, and is told the same."""
         self.grad_checkpointing = enable
-        if hasattr(self.tokenizer, "grad_checkpointing"):
-            self.tokenizer.grad_checkpointing = enable
+        if hasattr(self.embed, "grad_checkpointing"):
+            self.embed.grad_checkpointing = enable
 
     def _new_head(self) -> nn.Module:
         return nn.Linear(self.embed_dim, self.num_classes) if self.num_classes > 0 else nn.Identity()
@@ -193,8 +175,8 @@ class Encoder(nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C_in, H, W) -> all tokens after the last block and norm, (B, P + N, C) with P prefix tokens
         (the cls token first). A NaFlex batch (vit/naflex.py) has its own path, `naflex_features`."""
-        tokens = self.tokenizer(x)  # (B, N, C): the patch tokens; the input's shape is checked there
-        grid = self.tokenizer.input_grid(x)  # (rows, columns) of those N tokens
+        tokens = self.embed(x)  # (B, N, C): the patch tokens; the input's shape is checked there
+        grid = self.embed.input_grid(x)  # (rows, columns) of those N tokens
         x = self.with_prefix_and_positions(tokens, grid)  # (B, P + N, C): the cls token, positions added
         x = self.norm_pre(self.pos_drop(x))  # norm_pre: CLIP's LayerNorm before the blocks (else the identity)
         checkpointed = self.grad_checkpointing and self.training and torch.is_grad_enabled()
@@ -278,7 +260,7 @@ class Encoder(nn.Module):
         return self.forward_head(self.forward_features(x))
 
 
-def attention_pool(config: EncoderConfig) -> AttentionPool:
+def attention_pool(config: ClassifierConfig) -> AttentionPool:
     """The attention-pool head (`global_pool="map"`), sized as timm's: the blocks' heads and MLP ratio (4 beside
     SwiGLU blocks), and their GELU (tanh-approximated in SigLIP 2's NaFlex models)."""
     mlp_ratio = config.mlp_ratio if config.mlp != "swiglu" else 4.0
