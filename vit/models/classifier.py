@@ -174,7 +174,7 @@ class TransformerClassifier(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images (B, C_in, H, W) -> all tokens after the last block and norm, (B, P + N, C) with P prefix tokens
-        (the cls token first). A NaFlex batch (vit/naflex.py) has its own path, `naflex_features`."""
+        (the cls token first). A NaFlex batch (vit/naflex.py) takes naflex_tokens.py's `naflex_features`."""
         tokens = self.embed(x)  # (B, N, C): the patch tokens; the input's shape is checked there
         grid = self.embed.input_grid(x)  # (rows, columns) of those N tokens
         x = self.with_prefix_and_positions(tokens, grid)  # (B, P + N, C): the cls token, positions added
