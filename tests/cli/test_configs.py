@@ -112,7 +112,7 @@ def test_help_lists_only_the_groups_a_command_chooses_from(tmp_path):
     configs/model/shared/) are what those configs are built from."""
     done = run_cli(["--help"], cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
-    groups = done.stdout.split("== Configuration groups ==")[1].split("== Config ==")[0]
+    groups = done.stdout.split("== Configuration groups ==")[1].split("== Keys ==")[0]
     listed = dict(line.split(": ", 1) for line in groups.splitlines() if ": " in line)
     assert sorted(listed) == sorted(p.name for p in CONFIGS.iterdir() if p.is_dir() and p.name != "hydra")
     assert listed["optim"] == "adamw, lion, muon, sgd" and listed["model"] == ", ".join(MODELS)
@@ -154,17 +154,23 @@ def test_data_and_checkpoint_errors_exit_2_with_one_line(error, line, monkeypatc
     assert exit_info.value.code == 2 and capsys.readouterr().err.strip() == line
 
 
-def test_help_shows_the_config_its_overrides_compose_and_leaves_other_flags_to_hydra(capsys):
-    """`--help model=vit_small` prints the help template with the config those overrides compose (vit_small's
-    width), `--resolve` resolves its interpolations; any other flag (`--hydra-help`, `--cfg job`) is Hydra's."""
+def test_help_lists_each_key_its_overrides_compose_with_its_help_and_leaves_other_flags_to_hydra(capsys):
+    """`--help model=vit_small` prints the help template with every key those overrides compose (vit_small's
+    width) and, below each, what it does (its comment in the settings); `--resolve` resolves the interpolations; any
+    other flag (`--hydra-help`, `--cfg job`) is Hydra's."""
     from vit.cli.train import print_help
 
     assert print_help(["--help", "model=vit_small", "data.batch_size=7"])
     shown = capsys.readouterr().out
-    groups, config = shown.split("== Configuration groups ==")[1].split("== Config ==")
+    groups, keys = shown.split("== Configuration groups ==")[1].split("== Keys ==")
     assert "optim: adamw, lion, muon, sgd" in groups
-    assert "embed_dim: 384" in config and "batch_size: 7" in config and "hydra:" not in config
-    assert "patch_size: ${data.patch_size}" in config  # unresolved, as Hydra shows it
-    assert print_help(["-h", "--resolve"]) and "patch_size: ${" not in capsys.readouterr().out.split("== Config ==")[1]
+    lines = keys.splitlines()
+    assert "  model.embed_dim=384" in lines and "  data.batch_size=7" in lines
+    assert not [line for line in lines if line.startswith("  hydra.")]
+    budget = lines.index("  trainer.budget=null")
+    assert lines[budget + 1].startswith("      null | a wall-clock budget for the whole run")
+    assert "  optim.kwargs={}" in lines  # a mapping setting is one key
+    assert "  model.patch_size=${data.patch_size}" in lines  # unresolved, as Hydra shows it
+    assert print_help(["-h", "--resolve"]) and "${" not in capsys.readouterr().out.split("== Keys ==")[1]
     assert not print_help(["--hydra-help"]) and not print_help(["--help", "--cfg", "job"])
     assert not print_help(["model=vit_small"])

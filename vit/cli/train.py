@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Container
 from pathlib import Path
 from typing import NoReturn
 
@@ -147,15 +148,18 @@ HELP_FLAGS = {"--help", "-h"}
 
 def print_help(args: list[str]) -> bool:
     """`--help` (with overrides, and `--resolve`), rendered from configs/config.yaml's help template as Hydra renders
-    it, but without Hydra's $APP_CONFIG_GROUPS and $HYDRA_CONFIG_GROUPS, which Hydra builds for every help whether
-    the template uses them or not (a copy of every stored config per group: seconds). False
-    where the command is not an app help (other flags go to Hydra)."""
+    it, with every key of the composed config, its value and its help in place of Hydra's config dump. Hydra's
+    $APP_CONFIG_GROUPS and $HYDRA_CONFIG_GROUPS are left out: Hydra builds them for every help whether the template
+    uses them or not (a copy of every stored config per group: seconds). False where the command is not an app
+    help (other flags go to Hydra)."""
     flags = {arg for arg in args if arg.startswith("-")}
     if not flags & HELP_FLAGS or not flags <= HELP_FLAGS | {"--resolve"}:
         return False
     import string
 
     from omegaconf import OmegaConf, open_dict
+
+    from vit.config.reference import all_keys, help_lines
 
     OmegaConf.register_new_resolver("vit_config_groups", user_config_groups, replace=True)
     try:
@@ -164,9 +168,24 @@ def print_help(args: list[str]) -> bool:
         exit_config_error(str(err))
     template = cfg.hydra.help.template  # its interpolations resolved: the header, the groups, the footer
     with open_dict(cfg):
-        del cfg["hydra"]  # the job's config, as Hydra's help shows it
-    print(string.Template(template).safe_substitute(CONFIG=OmegaConf.to_yaml(cfg, resolve="--resolve" in flags)))
+        del cfg["hydra"]  # the job's config
+    values = dotted_leaves(OmegaConf.to_container(cfg, resolve="--resolve" in flags), all_keys())
+    keys = "\n".join(help_lines(values))  # each key with its value and its help (vit/config/reference.py)
+    print(string.Template(template).safe_substitute(KEYS=keys, CONFIG=OmegaConf.to_yaml(cfg)))
     return True
+
+
+def dotted_leaves(node: dict, declared: Container[str] = (), prefix: str = "") -> dict:
+    """{"trainer": {"budget": None}} -> {"trainer.budget": None}: every value that is not a mapping, by its key; a
+    key `declared` as one setting stays whole, its mapping its value (`optim.kwargs`)."""
+    out = {}
+    for key, value in node.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value and name not in declared:
+            out.update(dotted_leaves(value, declared, f"{name}."))
+        else:
+            out[name] = value
+    return out
 
 
 def main() -> None:

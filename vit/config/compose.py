@@ -25,7 +25,8 @@ def register_configs() -> None:
       key of the group with the default its settings class declares; for each dataset, `data/schema/<name>`; the
       root's own keys (task, optimized_metric), `schema/run`;
     - for each registered model, `model/registry/<name>`: every setting with the value `create_model(name)` uses
-      (the config dataclass's defaults, the registry's width, depth and heads).
+      (the config dataclass's defaults, the registry's width, depth and heads); and `model/shared/finetune`, the
+      keys that say how a model starts (vit/settings/model_start.py).
     A group's YAML file starts from these (`schema/defaults@_here_`, `registry/<name>@_here_` in its defaults
     list) and lists only what it chooses, so a new knob is declared once, in its settings or config class, and is
     a key the command line can set."""
@@ -37,9 +38,11 @@ def register_configs() -> None:
     from vit.data.sources.registry import DATASETS, data_defaults
     from vit.models.registry import list_models, model_defaults
     from vit.settings import SETTINGS, RunSettings
+    from vit.settings.model_start import ModelStartSettings
 
     store = ConfigStore.instance()
     store.store(group="schema", name="run", node=RunSettings.defaults(), provider="vit")
+    store.store(group="model/shared", name="finetune", node=ModelStartSettings.defaults(), provider="vit")
     for group, settings in SETTINGS.items():
         store.store(group=f"{group}/schema", name="defaults", node=settings.defaults(), provider="vit")
     for name in DATASETS:

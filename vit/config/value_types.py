@@ -15,12 +15,8 @@ from vit.data.sources.registry import data_settings
 from vit.errors import require
 from vit.models.registry import MODELS
 from vit.settings import SETTINGS, RunSettings
+from vit.settings.model_start import ModelStartSettings
 from vit.settings.schema import Kind
-
-# The model group's keys are its family's config dataclass (vit/models: ClassifierConfig, ViTConfig, T2TConfig), whose
-# annotations give each field's type; these are the model keys that are not constructor arguments but say how a
-# run starts (configs/model/shared/finetune.yaml), with their types.
-MODEL_START_SWITCHES = ("pretrained_ema",)
 
 
 def model_kinds(name) -> dict[str, Kind]:
@@ -49,6 +45,4 @@ def check_types(cfg: DictConfig) -> None:
             value = OmegaConf.select(model, key, default=None)
             problem = kind.problem(value) if value is not None else None
             require(problem is None, f"model.{key}={value!r} {problem}")
-        for key in MODEL_START_SWITCHES:
-            value = model.get(key)
-            require(value is None or isinstance(value, bool), f"model.{key}={value!r} must be true or false")
+        ModelStartSettings.check(model)  # the keys that say how the model starts: pretrained, freeze, ...

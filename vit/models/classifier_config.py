@@ -36,18 +36,18 @@ class ClassifierConfig:
     (`ViTConfig`, `T2TConfig`). A config that exists is valid: each check below raises a ValueError naming the
     setting and its value."""
 
-    # The size.
+    # -- size --
     embed_dim: int = 768  # C, the width of every token
     depth: int = 12  # number of blocks
     num_heads: int = 12  # heads per block
     num_classes: int = 1000  # classes of the head (0: no head, `forward` returns pooled features)
 
-    # The tokens before the image's: cls, dist, then the registers.
-    class_token: bool = True  # the cls token; False needs global_pool="avg", "map" or "seq" (timm's `class_token`)
-    distill_token: bool = False  # DeiT's distillation token and second head; needs global_pool="token"
+    # -- tokens before the image's: cls, dist, then the registers --
+    class_token: bool = True  # the cls token; false needs global_pool=avg, map or seq (timm's `class_token`)
+    distill_token: bool = False  # DeiT's distillation token and second head; needs global_pool=token
     reg_tokens: int = 0  # register tokens after the cls (and dist) token, `reg_token` (1, R, C)
 
-    # The positions.
+    # -- positions --
     # "learned" (trunc-normal init), "sinusoidal" (fixed, 1D) or "sincos2d" (fixed, 2D over the patch grid, MAE's),
     # a table added to the tokens; "factorized" (NaViT's: a learned row table and column table, their sum added to
     # the image's tokens; needs no_embed_class=true); "rope" (axial rotary positions), "rope_mixed" (rotary with
@@ -61,43 +61,43 @@ class ClassifierConfig:
     # Resample the table to a square of the grid's longer side and cut the grid from it (timm's NaFlex
     # `pos_embed_ar_preserving`), rather than stretching it to the grid's aspect ratio.
     pos_embed_ar_preserving: bool = False
-    # The rotary frequencies' base; None: 100 for "rope" and "rope_dinov3", 10 for "rope_mixed", 10000 for
+    # The rotary frequencies' base; null: 100 for "rope" and "rope_dinov3", 10 for "rope_mixed", 10000 for
     # "learned_rope" (vit/models/rotary_positions.py).
     rope_temperature: float | None = None
     # pos_embed="learned_rope": the rotary positions rescaled as if the grid were this many patches a side (EVA-02's
-    # pretraining grid, 16 for its 224 px models); None: the patch indices as they are.
+    # pretraining grid, 16 for its 224 px models); null: the patch indices as they are.
     rope_ref_grid: int | None = None
 
-    # The attention (vit/models/attention.py).
+    # -- attention (vit/models/attention.py) --
     qkv_bias: bool = True  # a bias on q, k and v
-    k_bias: bool = True  # with qkv_bias: the keys' bias too; False: EVA-02's `q_bias` and `v_bias`, keys without
-    qk_scale: float | None = None  # the scale of q @ k^T; None: head_dim ** -0.5
+    k_bias: bool = True  # with qkv_bias: the keys' bias too; false: EVA-02's `q_bias` and `v_bias`, keys without
+    qk_scale: float | None = None  # the scale of q @ k^T; null: head_dim ** -0.5
     qk_norm: bool = False  # a LayerNorm on each head's q and k
     attn_drop_rate: float = 0.0  # dropout on the attention weights
     attn_backend: str = "auto"  # the kernel: "math" (written out), "sdpa" (fused) or "auto" (`use_fused_attn`)
     lsa: bool = False  # Locality Self-Attention (`LocalitySelfAttention`)
 
-    # The MLP (vit/models/layers.py).
+    # -- MLP (vit/models/layers.py) --
     mlp_ratio: float = 4.0  # MLP width / C
     # "gelu" (`Mlp`), "quick_gelu" (CLIP's), "gelu_tanh", or "swiglu" (`SwiGLU`; mlp_ratio sizes its fc1, gate and
     # value together).
     mlp: str = "gelu"
     mlp_norm: bool = False  # a LayerNorm inside every MLP, over its hidden width before fc2 (EVA-02 B and L)
 
-    # Every block, and the tokens around the blocks.
+    # -- every block, and the tokens around the blocks --
     drop_rate: float = 0.0  # dropout after the position embedding and inside every block (timm's classic ViT)
     drop_path_rate: float = 0.0  # stochastic depth of the last block; rates rise linearly from 0 at the first
-    init_values: float | None = None  # LayerScale init (None: off)
+    init_values: float | None = None  # LayerScale init (null: off)
     norm_eps: float = 1e-6  # the epsilon of every LayerNorm: timm's ViTs' 1e-6; CLIP's and DINOv3's 1e-5
     norm_pre: bool = False  # a LayerNorm on the tokens after the position table, before the blocks (CLIP's)
 
-    # The head.
+    # -- head --
     # "token" reads the cls token; "avg" averages the image's tokens (not the cls, dist or register tokens) and,
     # as timm does, moves the final LayerNorm after the pooling (`fc_norm`); "map": a learned query attends over
     # the image's tokens (SigLIP's attention-pool head, `attn_pool`); "seq": CCT's sequence pooling, a softmax over
     # the image's tokens of one learned score each (`seq_pool`, a Linear C -> 1) weighs their average.
     global_pool: str = "token"
-    # The final LayerNorm after pooling (True) or before it (False); None: after it exactly when global_pool="avg"
+    # The final LayerNorm after pooling (true) or before it (false); null: after it exactly when global_pool="avg"
     # (timm's `fc_norm`).
     fc_norm: bool | None = None
 

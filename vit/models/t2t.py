@@ -221,9 +221,10 @@ class T2TConfig(ClassifierConfig):
     rope_temperature: float | None = field(default=None, init=False)
     rope_ref_grid: int | None = field(default=None, init=False)
     norm_eps: float = field(default=1e-5, init=False)  # nn.LayerNorm's default, as in the official code
-    img_size: int = 224
+    # -- T2T module (`T2TModule`) --
+    img_size: int = 224  # input side; the soft splits take it to the token grid
     tokens_type: str = "performer"  # "performer" (linear time) or "transformer" (the core Attention)
-    in_chans: int = 3
+    in_chans: int = 3  # the image's channels
     token_dim: int = 64  # width of the tokens between the T2T stages (64 in the paper)
     soft_split: str | Sequence = "auto"  # "auto", "imagenet", "cifar", or three (kernel, stride, padding) triples
     token_scale: str = "input"  # "input": (input width // heads) ** -0.5 as the official code | "output"

@@ -31,9 +31,10 @@ PATCH_EMBEDS = {
 class ViTConfig(ClassifierConfig):
     """A ViT's settings: the `ClassifierConfig`'s and its patch embedding's (timm's defaults: ViT-B/16 at 224 px)."""
 
+    # -- patch embedding --
     img_size: int = 224  # input side (or an (H, W) pair); `patch_size` must divide it
-    patch_size: int = 16
-    in_chans: int = 3
+    patch_size: int = 16  # p: each token is a p x p patch
+    in_chans: int = 3  # the image's channels
     # "standard" (timm's PatchEmbed), "spt" (Shifted Patch Tokenization, `ShiftedPatchEmbed`), "overlap" (T2T-style
     # overlapping windows, `OverlappingPatchEmbed`), "conv" (a convolutional stem, `ConvStemEmbed`) or "cct" (the
     # Compact Convolutional Transformer's convolution, ReLU and max-pool stages, `ConvPoolEmbed`). `patch_embed`

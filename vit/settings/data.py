@@ -20,9 +20,9 @@ class AugmentSettings(Settings):
 
     # pad (zero-pad by `pad`, random crop) | rrc (random-resized crop, area in [scale_min, 1]) | none
     crop: Literal["pad", "rrc", "none"] = knob("pad")
-    pad: int = knob(4, low=0)
-    scale_min: float = knob(0.08, low=0.0, high=1.0, low_open=True)
-    hflip: bool = knob(True)
+    pad: int = knob(4, low=0)  # crop=pad: the zero border each side, in pixels
+    scale_min: float = knob(0.08, low=0.0, high=1.0, low_open=True)  # crop=rrc: the smallest share of the area kept
+    hflip: bool = knob(True)  # mirror each training image left to right with probability 0.5
     # with hflip: each image mirrored in every other epoch, from a random half of the images in the first (airbench's
     # derandomized flip: no image goes two epochs unmirrored or mirrored); false: every epoch draws each flip anew
     hflip_alternate: bool = knob(False)
@@ -31,10 +31,10 @@ class AugmentSettings(Settings):
     # width, depth, alpha); checked against the policies' registry (vit/data/augment/policies.py) with the config
     auto_augment: str | None = knob("autoaug")
     re_prob: float = knob(0.0, low=0.0, high=1.0, high_open=True)  # random erasing: probability per image
-    mixup_alpha: float = knob(0.0, low=0.0)
-    cutmix_alpha: float = knob(0.0, low=0.0)
-    mixup_prob: float = knob(1.0, low=0.0, high=1.0)
-    label_smoothing: float = knob(0.1, low=0.0, high=1.0, high_open=True)
+    mixup_alpha: float = knob(0.0, low=0.0)  # Mixup: the Beta(alpha, alpha) of the mixing weight; 0: off
+    cutmix_alpha: float = knob(0.0, low=0.0)  # CutMix: the Beta(alpha, alpha) of the pasted area; 0: off
+    mixup_prob: float = knob(1.0, low=0.0, high=1.0)  # the share of batches Mixup or CutMix is applied to
+    label_smoothing: float = knob(0.1, low=0.0, high=1.0, high_open=True)  # the target mass spread over all classes
 
 
 def whole_numbers(key: str, what: str, example: str):
@@ -91,17 +91,17 @@ class DataSettings(Settings):
 
     name: str | None = knob(None)  # the dataset: a name of DATASETS (vit/data/sources/registry.py)
     root: str | None = knob("data/")  # a folder or an archive; CIFAR: where torchvision downloads it
-    img_size: int = knob(32, low=1, text="must be positive")
+    img_size: int = knob(32, low=1, text="must be positive")  # the side images are trained and evaluated at
     patch_size: int | None = knob(4, low=1, text="must be positive")  # the patch size suggested for this size
     num_classes: int | None = knob(10, low=1)  # null: the dataset's class count
     batch_size: int = knob(512, low=1, text="must be positive")  # per process
     num_workers: int | None = knob(None, low=0)  # null: min(8, CPU count)
-    pin_memory: bool = knob(True)
+    pin_memory: bool = knob(True)  # the torch loader's batches in page-locked memory, for faster copies to a GPU
     val_split: str | None = knob(None)  # the folder of the validation split; null: val/, else test/
     cache_dir: str | None = knob(None)  # extracted archives, scans, decoded splits; null: beside the data
-    download: bool = knob(True)
+    download: bool = knob(True)  # CIFAR: download it into data.root when it is not there
     limit_train_samples: int | None = knob(None, low=1)  # class-balanced subsets
-    limit_val_samples: int | None = knob(None, low=1)
+    limit_val_samples: int | None = knob(None, low=1)  # the validation split cut the same way
     # Selection without the test set: a count (int) or fraction (0-1) of the training images, class-balanced and
     # the same in every run, removed from training and used as the validation split. null: validate on the test
     # split. Its syntax is checked with the config (vit/data/sources/splits.py: parse_holdout).
@@ -125,6 +125,7 @@ class DataSettings(Settings):
     # With model.pretrained=timm:<name>, each of crop_pct, interpolation, mean and std left null takes the value
     # timm's pretrained config gives those weights (vit/train/setup.py: use_timm_preprocessing).
     mean: tuple[float, float, float] | None = knob(None)  # null: the dataset's own statistics
+    # null: the dataset's own statistics
     std: tuple[float, float, float] | None = knob(None, low=0.0, low_open=True, text="must be > 0 in every channel")
     augment: AugmentSettings = knob(AugmentSettings())
     naflex: NaFlexSettings = knob(NaFlexSettings())
@@ -170,8 +171,8 @@ class HfSettings(DataSettings):
 class SyntheticCounts(Settings):
     group: ClassVar[str] = "data.synthetic"
 
-    num_train: int = knob(2048, low=1)
-    num_val: int = knob(512, low=1)
+    num_train: int = knob(2048, low=1)  # training images (the labels and noise drawn from trainer.seed)
+    num_val: int = knob(512, low=1)  # validation images
 
 
 @dataclass(frozen=True)
@@ -194,5 +195,7 @@ class WebDatasetSettings(DataSettings):
     # the training shards: a brace pattern (<dir>/train-{000000..000009}.tar) or a list of patterns and URLs
     urls: str | list | None = knob(None, parse=as_given)
     val_urls: str | list | None = knob(None, parse=as_given)  # null: the other split named beside the training shards
+    # the samples an epoch trains on, the shards read in a cycle (null: every sample of the shards once)
     epoch_samples: int | None = knob(None, low=1)
+    # the samples held to shuffle the stream within and across shards; 0 or 1: the shards' order as it is
     shuffle_buffer: int | None = knob(1000, low=0, why="0 or 1: no buffer")

@@ -14,6 +14,6 @@ class MaeSettings(Settings):
 
     mask_ratio: float = knob(0.75, low=0.0, high=1.0, low_open=True, high_open=True)  # patches hidden from the encoder
     decoder_embed_dim: int = knob(512, low=1)  # the paper's decoder for ViT-B/L/H
-    decoder_depth: int = knob(8, low=1)
+    decoder_depth: int = knob(8, low=1)  # the decoder's blocks
     decoder_num_heads: int = knob(16, low=1)  # must divide decoder_embed_dim
     norm_pix_loss: bool = knob(True)  # targets normalised per patch: the paper's better setting

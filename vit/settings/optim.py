@@ -37,7 +37,7 @@ class OptimSettings(Settings):
     weight_decay_end: float | None = knob(None, low=0.0)  # null: constant; else a cosine to this by the last step
     # null: the optimizer's own default (AdamW's betas (0.9, 0.999), eps 1e-8), also under another optim.name
     betas: tuple[float, float] | None = knob(None, low=0.0, high=1.0, high_open=True, text="must both be in [0, 1)")
-    eps: float | None = knob(None, low=0.0, low_open=True)
+    eps: float | None = knob(None, low=0.0, low_open=True)  # the optimizer's epsilon; null: its own default
     momentum: float | None = knob(None, low=0.0, high=1.0, high_open=True)  # where the optimizer takes one
     kwargs: dict[str, Any] = knob({})  # any other keyword of the optimizer, e.g. +optim.kwargs.amsgrad=true
     # null: off | in (0, 1]: layer-wise lr decay, the head at the full rate, each block below it layer_decay times

@@ -80,7 +80,7 @@ class Kind:
     base: Any  # bool | int | float | str | dict | tuple
     optional: bool
     choices: tuple = ()
-    length: int | None = None  # tuple[float, float]: 2
+    length: int | None = None  # tuple[float, float]: 2; None: any length
 
     @classmethod
     def of(cls, annotation: Any) -> Kind:
@@ -92,8 +92,8 @@ class Kind:
         origin = typing.get_origin(annotation)
         if origin is Literal:
             return cls(type(args[0]), optional, choices=args)
-        if origin is tuple:
-            return cls(tuple, optional, length=len(args))
+        if origin is tuple:  # tuple[float, float]: 2; tuple[int, ...]: any length (None)
+            return cls(tuple, optional, length=None if Ellipsis in args else len(args))
         if origin in (dict, Mapping):
             return cls(dict, optional)
         return cls(annotation, optional)
@@ -124,10 +124,12 @@ class Kind:
         if self.base is dict:
             return None if isinstance(value, Mapping) else "must be a mapping" + (" or null" if self.optional else "")
         if self.base is tuple:
-            ok = isinstance(value, (list, tuple)) and len(value) == self.length and all(map(_is_number, value))
+            fits = self.length is None or len(value) == self.length if isinstance(value, (list, tuple)) else False
+            ok = isinstance(value, (list, tuple)) and fits and all(map(_is_number, value))
             if ok and not all(map(_is_finite, value)):
                 return "must be finite numbers"
-            return None if ok else f"must be a list of {self.length} numbers" + (" or null" if self.optional else "")
+            count = "" if self.length is None else f"{self.length} "
+            return None if ok else f"must be a list of {count}numbers" + (" or null" if self.optional else "")
         return None
 
     def convert(self, value: Any) -> Any:

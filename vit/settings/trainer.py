@@ -191,7 +191,7 @@ class TrainerSettings(Settings):
     # to its share and every other job trains those epochs, so the jobs compare equal training
     # (vit/train/sweep_budget.py). Outside a sweep: this run's trainer.budget.
     sweep_budget: float | None = knob(None, parse=parse_sweep_budget)
-    device: Literal["auto", "cpu", "cuda"] = knob("auto")
+    device: Literal["auto", "cpu", "cuda"] = knob("auto")  # auto: the GPU where there is one, else the CPU
     # how a torchrun launch shares the work: ddp (every rank holds the whole model, gradients averaged) | fsdp (FSDP2:
     # each encoder block and the root sharded over the ranks, parameters, gradients and optimizer state alike;
     # checkpoints are sharded folders, vit/train/sharded.py). fsdp without torchrun runs as world size 1.
@@ -208,24 +208,25 @@ class TrainerSettings(Settings):
     # model: the whole model in one graph | blocks: each encoder block compiled on its own (regional compilation:
     # the graph is built once and reused by every block, so compiling takes a fraction of the time)
     compile_scope: Literal["model", "blocks"] = knob("model")
+    # the seed of the initial weights, the data order and the augmentation
     seed: int = knob(0, low=0, high=2**32, high_open=True, text="must be in [0, 2**32)")
-    deterministic: bool = knob(False)
+    deterministic: bool = knob(False)  # deterministic kernels only (torch.use_deterministic_algorithms): slower
     resume: str | None = knob(None, parse=parse_resume)  # null | auto | <path to a checkpoint>
     stop_after_epoch: int | None = knob(None, low=1)  # stop (with a checkpoint) after this epoch
     grad_clip: float | None = knob(1.0, low=0.0, low_open=True)  # max gradient norm, null: off
     accum_steps: int = knob(1, low=1)  # gradient accumulation
-    ema: bool = knob(True)
-    ema_decay: float = knob(0.9998, low=0.0, high=1.0, low_open=True, high_open=True)
+    ema: bool = knob(True)  # keep an exponential moving average of the weights, evaluated beside them
+    ema_decay: float = knob(0.9998, low=0.0, high=1.0, low_open=True, high_open=True)  # the EMA's decay per step
     ema_warmup: bool = knob(True)  # the decay ramps up over the first steps (timm's EMA warmup)
-    limit_train_batches: int | None = knob(None, low=1)
-    limit_val_batches: int | None = knob(None, low=1)
+    limit_train_batches: int | None = knob(None, low=1)  # train this many batches an epoch (a quick check)
+    limit_val_batches: int | None = knob(None, low=1)  # evaluate this many batches
     # auto: every 50 batches, or often enough for 20 points in a shorter run | <n> batches
     log_every_n_steps: int | str = knob("auto", parse=parse_log_every)
     attn_maps_every_n_epochs: int = knob(10, low=0)  # attention-map images in TensorBoard, 0: off
     # task=mae: original / masked / reconstruction of fixed validation images, 0: off
     recon_images_every_n_epochs: int = knob(10, low=0)
     progress: Literal["auto", "bar", "log"] = knob("auto")  # auto: a bar on a TTY, log lines otherwise
-    save_checkpoints: bool = knob(True)
+    save_checkpoints: bool = knob(True)  # write checkpoints/last.pt and best.pt after every epoch
     # null | N: also keep the last N epochs' checkpoints, checkpoints/epoch_NNNN.pt (vit-average averages them)
     keep_last: int | None = knob(None, low=1)
     # recompute each encoder block in the backward pass: less activation memory, about one more forward

@@ -260,9 +260,7 @@ def build_setup(
     label = resolved["model"]["name"]
     log.info("%s: %.2f M params, %.3f GMACs per image", label, cost.params / 1e6, cost.macs / 1e9)
     record = width_choice.record() if width_choice is not None else None
-    return RunSetup(
-        resolved, model, bundle, distiller, task, cost, resume_path, resize, *threads, record, precision
-    )
+    return RunSetup(resolved, model, bundle, distiller, task, cost, resume_path, resize, *threads, record, precision)
 
 
 def build_train_data(cfg: DictConfig, seed: int, dist: Distributed, loader_wrapper, device: torch.device):

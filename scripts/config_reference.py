@@ -1,0 +1,42 @@
+"""Write docs/CONFIG.md: every key of every config group with its default, what it takes, its range and what it
+does, generated from the declarations (vit/settings/ and the models' config classes in vit/models/, the comment
+beside each field).
+
+usage: python scripts/config_reference.py [out=<file>]
+
+Without `out=` it prints the page. tests/cli/test_config_reference.py fails when docs/CONFIG.md differs from what
+this writes, so after changing a setting's default, range or comment run:
+
+    python scripts/config_reference.py out=docs/CONFIG.md
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from vit.cli.args import parse_args, run_script
+from vit.cli.overrides import group_options
+from vit.config.compose import CONFIG_DIR
+from vit.config.reference import markdown
+
+
+def config_groups() -> dict[str, list[str]]:
+    """The groups a command line chooses from (the folders of configs/ but Hydra's) and their options."""
+    groups = sorted(p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and p.name != "hydra")
+    return {group: group_options(group) for group in groups}
+
+
+def main(argv: list[str]) -> int:
+    options = parse_args(argv, {"out": None})
+    page = markdown(config_groups())
+    if options["out"] is None:
+        print(page, end="")
+    else:
+        Path(options["out"]).write_text(page)
+        print(f"wrote {options['out']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_script(main, usage=__doc__))
