@@ -94,9 +94,9 @@ def test_docs_config_md_is_what_the_declarations_generate():
 )  # fmt: skip
 def test_every_key_a_command_composes_has_its_help(overrides):
     """What `train.py <overrides> --help` lists: each leaf of the composed config has a declaration with help."""
-    from vit.cli.train import dotted_leaves
-
     from omegaconf import OmegaConf
+
+    from vit.cli.train import dotted_leaves
 
     docs = all_keys()
     leaves = dotted_leaves(OmegaConf.to_container(compose_config(overrides)), docs)
