@@ -16,15 +16,8 @@ import sys
 from pathlib import Path
 
 from vit.cli.args import parse_args, run_script
-from vit.cli.overrides import group_options
-from vit.config.compose import CONFIG_DIR
+from vit.cli.overrides import config_groups
 from vit.config.reference import markdown
-
-
-def config_groups() -> dict[str, list[str]]:
-    """The groups a command line chooses from (the folders of configs/ but Hydra's) and their options."""
-    groups = sorted(p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and p.name != "hydra")
-    return {group: group_options(group) for group in groups}
 
 
 def main(argv: list[str]) -> int:

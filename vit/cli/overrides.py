@@ -35,6 +35,12 @@ def group_options(group: str) -> list[str]:
     return sorted(p.stem for p in (Path(CONFIG_DIR) / group).glob("*.yaml"))
 
 
+def config_groups() -> dict[str, list[str]]:
+    """The groups a command line chooses from (the folders of configs/ but Hydra's), each with its options."""
+    groups = sorted(p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and p.name != "hydra")
+    return {group: group_options(group) for group in groups}
+
+
 def check_group_choices(args: list[str]) -> None:
     """`model=vit_huge`: Hydra would stop with exit code 1; like every other bad setting it exits 2 here, naming
     the known options. Comma lists (multirun sweeps over groups) are checked choice by choice. A group inside another

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Container
-from pathlib import Path
 from typing import NoReturn
 
 from vit.cli.fast_exit import exit_process
@@ -22,8 +21,8 @@ from vit.cli.overrides import (
     check_group_choices,
     check_output_dir,
     check_override_keys,
+    config_groups,
     exit_config_error,
-    group_options,
     override_keys,
     without_null_groups,
 )
@@ -139,8 +138,7 @@ def user_config_groups() -> str:
     vit/config/compose.py's register_configs) and the pieces the model configs are built from (model/shared). Read
     from the folders, not through Hydra's config loader, which copies every stored config once per group it is
     asked about (seconds)."""
-    groups = sorted(p.name for p in Path(CONFIG_DIR).iterdir() if p.is_dir() and p.name != "hydra")
-    return "\n".join(f"{group}: {', '.join(group_options(group))}" for group in groups)
+    return "\n".join(f"{group}: {', '.join(options)}" for group, options in config_groups().items())
 
 
 HELP_FLAGS = {"--help", "-h"}
@@ -171,7 +169,7 @@ def print_help(args: list[str]) -> bool:
         del cfg["hydra"]  # the job's config
     values = dotted_leaves(OmegaConf.to_container(cfg, resolve="--resolve" in flags), all_keys())
     keys = "\n".join(help_lines(values))  # each key with its value and its help (vit/config/reference.py)
-    print(string.Template(template).safe_substitute(KEYS=keys, CONFIG=OmegaConf.to_yaml(cfg)))
+    print(string.Template(template).safe_substitute(KEYS=keys))
     return True
 
 

@@ -20,7 +20,7 @@ from vit.settings import SETTINGS, RunSettings
 from vit.settings.data import DataSettings
 from vit.settings.help import field_help
 from vit.settings.model_start import ModelStartSettings
-from vit.settings.schema import Kind, Settings
+from vit.settings.schema import Kind, Settings, range_text
 
 # The model group's own key that is no field of a config class.
 MODEL_NAME_HELP = "the registered model (vit/models/registry.py) whose width, depth and heads the other keys start from"
@@ -50,16 +50,7 @@ def takes(kind: Kind) -> str:
 
 
 def bounds(meta: Mapping) -> str:
-    if meta.get("parse"):
-        return "its own syntax (see its help)"
-    low, high = meta.get("low"), meta.get("high")
-    if low is None and high is None:
-        return ""
-    if high is None:
-        return f"{'>' if meta['low_open'] else '>='} {low:g}"
-    if low is None:
-        return f"{'<' if meta['high_open'] else '<='} {high:g}"
-    return f"{'(' if meta['low_open'] else '['}{low:g}, {high:g}{')' if meta['high_open'] else ']'}"
+    return "its own syntax (see its help)" if meta.get("parse") else range_text(meta)
 
 
 def settings_keys(cls: type[Settings], prefix: str) -> Iterator[KeyDoc]:

@@ -158,6 +158,17 @@ def _stored(value: Any) -> Any:
     return list(value) if isinstance(value, tuple) else value
 
 
+def range_text(meta: Mapping) -> str:
+    """A field's declared range as the messages and the docs write it: ">= 0", "< 1", "(0, 1]"; "" without one."""
+    low, high = meta.get("low"), meta.get("high")
+    if high is None:
+        return "" if low is None else f"{'>' if meta['low_open'] else '>='} {_number(low)}"
+    if low is None:
+        return f"{'<' if meta['high_open'] else '<='} {_number(high)}"
+    left, right = "(" if meta["low_open"] else "[", ")" if meta["high_open"] else "]"
+    return f"{left}{_number(low)}, {_number(high)}{right}"
+
+
 def _range_problem(meta: Mapping, value: Any, optional: bool) -> str | None:
     """The range's message for a number (each element of a list) outside it, or None."""
     low, high = meta.get("low"), meta.get("high")
@@ -173,13 +184,7 @@ def _range_problem(meta: Mapping, value: Any, optional: bool) -> str | None:
         return None
     if meta.get("text"):
         return meta["text"]
-    if high is None:
-        text = f"must be {'>' if meta['low_open'] else '>='} {_number(low)}"
-    elif low is None:
-        text = f"must be {'<' if meta['high_open'] else '<='} {_number(high)}"
-    else:
-        left, right = "(" if meta["low_open"] else "[", ")" if meta["high_open"] else "]"
-        text = f"must be in {left}{_number(low)}, {_number(high)}{right}"
+    text = f"must be {'in ' if low is not None and high is not None else ''}{range_text(meta)}"
     if isinstance(value, (list, tuple)):
         text = text.replace("must be", "must all be", 1)
     text += " or null" if optional else ""
