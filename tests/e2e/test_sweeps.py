@@ -24,7 +24,10 @@ def logged_hparams(events: EventAccumulator) -> dict:
         pytest.param([], "1,3,2", id="basic"),
         # a process a job (importing torch each): two jobs, the first refused, on one thread each (no load to read)
         pytest.param(["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "trainer.threads=1"], "3,2", id="joblib"),
-        pytest.param(["hydra/launcher=submitit_local", "trainer.threads=1"], "3,2", id="submitit_local"),
+        # submitit's local launcher costs about 18 s here (a submitit process a job): in `make test-all`
+        pytest.param(
+            ["hydra/launcher=submitit_local", "trainer.threads=1"], "3,2", id="submitit_local", marks=pytest.mark.slow
+        ),
     ],
 )
 def test_a_failing_job_does_not_end_the_sweep(tmp_path, launcher, heads):

@@ -186,6 +186,7 @@ def test_fine_tuning_and_predict_read_as_a_person_expects(budgeted):
     assert not any("precision" in line for line in shown), shown  # what it runs in is not news on every call
 
 
+@pytest.mark.slow  # a second budgeted run of its own (about 16 s): in `make test-all`
 def test_budget_outside_records_a_budgeted_run_timed_from_outside(tmp_path):
     """lab/budget_outside.py, the measurement of docs/BENCHMARKS.md's section on it, small: one idle 10 s run."""
     record_file = tmp_path / "record.json"
