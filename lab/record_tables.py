@@ -258,6 +258,89 @@ def gpu_budget_table(folder: Path) -> str:
     return markdown_table(header, rows)
 
 
+@dataclass(frozen=True)
+class Headline:
+    """One row of the tables that answer first (README's "What to expect", docs/RESULTS.md's opening): a recipe's
+    runs on one kind of machine. The machine is named here, as its record's NOTE.md or section names it: a record's
+    provenance holds the CPU's flags, not its generation."""
+
+    machine: str
+    records: str  # relative to docs/results/: a folder of run folders, or of `<experiment>_<budget>_seed<N>.json`
+    pattern: str = ""  # for a folder of JSON records: the glob of this row's files
+    measured: str = ""  # when its records predate provenance: the date docs/results/README.md lists for them
+
+
+HEADLINES_CPU = [
+    Headline("2-core AMD EPYC Zen 5, AVX512-BF16", "cifar10_cpu_budget/avx512_zen5_30m/cifar10_cpu"),
+    Headline("2-core AMD EPYC Zen 4, AVX512-BF16", "cifar10_cpu_budget/avx512_zen4_30m_autoaug/cifar10_cpu"),
+    Headline("2-core AMD EPYC, AVX2 only", "cifar10_cpu_budget/avx2_progressive_resize/cifar10_cpu"),
+]
+HEADLINES = [
+    *HEADLINES_CPU,
+    Headline("2-core AMD EPYC Zen 4, AVX512-BF16", "cifar10_cpu_budget/avx512_2h_autoaug/cifar10_cpu"),
+    Headline(
+        "one NVIDIA H200 (the recipe before its rebuild)",
+        "gpu_budget_h200",
+        "cifar10_minute_60s_seed*.json",
+        "2026-11-26",
+    ),
+    Headline(
+        "one NVIDIA H200 (the recipe before its rebuild)", "gpu_budget_h200", "cifar10_fast_5m_seed*.json", "2026-11-26"
+    ),
+]
+
+
+HEADLINE_OWN_KEYS = ("data.root=", "hydra.run.dir=", "trainer.seed=", "trainer.budget=")  # shown in other columns
+
+
+def _headline_metrics(row: Headline, results: Path) -> list[dict]:
+    """The metrics.json of each seed of the row: run folders' (a test split read once) or JSON records'."""
+    folder = results / row.records
+    if row.pattern:
+        return [json.loads(path.read_text()) for path in sorted(folder.glob(row.pattern))]
+    runs = [recipe_run(record) for record in find_runs(folder)]
+    problems = [run.problem for run in runs if run.problem]
+    if problems or not runs:
+        raise ValueError(f"{row.records}: {problems or 'no runs'}")
+    return [run.metrics for run in runs]
+
+
+def _top1_of(metrics: dict) -> float:
+    """The test top-1: the test split's, read once after a holdout chose, or the last evaluation's without one."""
+    return metrics["test"]["top1"] if metrics.get("test") else metrics["final"]["val_top1"]
+
+
+def headline_table(rows: list[Headline], results: Path, link: str) -> str:
+    """A row per recipe and machine: the command, its budget and wall time, test top-1 over its seeds (mean ± half
+    the spread), the dates and commits, and the record (`link` + its folder)."""
+    header = ["machine", "command", "budget", "wall time", "CIFAR-10 test top-1", "measured", "record"]
+    table = []
+    for row in rows:
+        runs = _headline_metrics(row, results)
+        if row.pattern:  # `<experiment>_<budget>_seed*.json`
+            experiment = row.pattern.split("_seed")[0].rsplit("_", 1)[0]
+        else:
+            experiment = re.search(r"experiment=(\S+)", runs[0]["provenance"]["command"]).group(1)
+            extra = [o for o in runs[0]["provenance"]["command"].split()[2:] if not o.startswith(HEADLINE_OWN_KEYS)]
+            experiment += "".join(f" {o}" for o in extra)
+        budget = budget_text(runs[0]["budget"]["budget_s"])
+        top1, spread = mean_and_half_range([_top1_of(m) for m in runs])
+        seeds = f"{len(runs)} seeds" if len(runs) > 1 else "1 seed"
+        top1_text = f"**{top1:.2f}%** ± {spread:.2f} ({seeds})" if len(runs) > 1 else f"**{top1:.2f}%** (1 seed)"
+        if row.measured:
+            measured = row.measured
+        else:
+            dates = sorted({m["provenance"]["date"][:10] for m in runs})
+            commits = sorted({m["provenance"]["commit"][:7] for m in runs})
+            measured = f"{' to '.join([dates[0], dates[-1]] if len(dates) > 1 else dates)}, {', '.join(commits)}"
+        wall = statistics.fmean(m["wall_time_s"] for m in runs)
+        table.append(
+            [row.machine, f"`experiment={experiment}`", budget, f"{wall:,.0f} s", top1_text]
+            + [measured, f"[{'/'.join(row.records.split('/')[:2])}]({link}{row.records}/)"]
+        )
+    return markdown_table(header, table)
+
+
 def matmul_peak_table(folder: Path) -> str:
     """lab/bench_matmul.py's JSON records (`matmul_<dtype>_<commit>.json`), in the order they were taken (the
     date in `machine_<commit>.txt`, which lab/gpu_check.sh writes beside them): every round and the median."""
@@ -1072,6 +1155,8 @@ TABLES: dict[str, DocTable] = {
     "distill_cpu_avx2": DocTable("distill_cpu_avx2", distill_table),
     "distill_curve_cpu_avx2": DocTable("distill_cpu_avx2", holdout_curve_table),
     "transfer_cpu_avx2": DocTable("transfer_cpu_avx2", transfer_table),
+    "what_to_expect": DocTable("", lambda results: headline_table(HEADLINES_CPU, results, "docs/results/")),
+    "results_at_a_glance": DocTable("", lambda results: headline_table(HEADLINES, results, "results/")),
 }
 
 
@@ -1079,8 +1164,8 @@ def render(name: str, results: Path = RESULTS) -> str:
     """The block's body: the table and the line naming its records."""
     table = TABLES[name]
     folder = results / table.records
-    where = f"docs/results/{table.records}/"
-    return f"{table.build(folder)}\n\nGenerated by `python lab/doc_tables.py` from the records in `{where}`.\n"
+    where = f"the records in `docs/results/{table.records}/`" if table.records else "the records each row links"
+    return f"{table.build(folder)}\n\nGenerated by `python lab/doc_tables.py` from {where}.\n"
 
 
 def blocks(text: str) -> list[tuple[str, str]]:

@@ -108,3 +108,28 @@ def test_the_model_step_rows_come_from_each_record_with_the_peer_named(tmp_path)
     assert "| `vit_base` | 224 | 128 | eager | 5,000 |" in changed[0][1] and "| 1.900 (" in changed[0][1]
     assert all("(official)" in row for row in after if "t2t_vit" in row)
     assert all("(timm)" in row for row in after[2:] if "`vit_" in row)
+
+
+def test_the_headline_rows_come_from_their_seeds_and_refuse_a_run_cut_short(tmp_path):
+    """The first table of README.md and docs/RESULTS.md: a seed's test top-1 raised by 3 points raises the row's
+    mean by 1 over 3 seeds; a seed that trained fewer steps than it planned is named, not averaged."""
+    row = record_tables.HEADLINES_CPU[0]
+    shutil.copytree(REPO / "docs" / "results" / row.records, tmp_path / row.records)
+    before = record_tables.headline_table([row], tmp_path, "results/")
+    record = tmp_path / row.records / "seed1" / "metrics.json"
+    metrics = json.loads(record.read_text())
+    scored = metrics["test"] if metrics.get("test") else metrics["final"]  # no holdout: the last evaluation's
+    scored["top1" if "top1" in scored else "val_top1"] += 3.0
+    record.write_text(json.dumps(metrics))
+    after = record_tables.headline_table([row], tmp_path, "results/")
+    mean = float(before.split("**")[1].rstrip("%"))
+    assert f"**{mean + 1:.2f}%**" in after and "(3 seeds)" in after
+    assert f"[{row.records.rsplit('/', 1)[0]}](results/{row.records}/)" in after
+    metrics["budget"]["trained_steps"] -= 1
+    record.write_text(json.dumps(metrics))
+    try:
+        record_tables.headline_table([row], tmp_path, "results/")
+    except ValueError as error:
+        assert row.records in str(error) and "stopped after" in str(error)
+    else:
+        raise AssertionError("a seed cut short was averaged")
