@@ -1,6 +1,6 @@
 """Write docs/CONFIG.md: every key of every config group with its default, what it takes, its range and what it
 does, generated from the declarations (vit/settings/ and the models' config classes in vit/models/, the comment
-beside each field).
+beside each field), then every installed command's keys (each command's KEYS table, vit/cli/tool_keys.py).
 
 usage: python scripts/config_reference.py [out=<file>]
 
@@ -16,13 +16,12 @@ import sys
 from pathlib import Path
 
 from vit.cli.args import parse_args, run_script
-from vit.cli.overrides import config_groups
-from vit.config.reference import markdown
+from vit.cli.tool_keys import reference_page
 
 
 def main(argv: list[str]) -> int:
     options = parse_args(argv, {"out": None})
-    page = markdown(config_groups())
+    page = reference_page()
     if options["out"] is None:
         print(page, end="")
     else:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.trainer_utils import compose_config
-from vit.config.reference import all_keys, markdown, model_families
+from vit.config.reference import all_keys, model_families
 from vit.data.sources.registry import DATASETS, data_settings
 from vit.settings import SETTINGS, RunSettings
 from vit.settings.help import FieldHelp, field_help
@@ -80,12 +80,34 @@ def _is_setting(cls, name: str) -> bool:
 
 def test_docs_config_md_is_what_the_declarations_generate():
     """After changing a setting's default, range or comment: python scripts/config_reference.py out=docs/CONFIG.md"""
-    from vit.cli.overrides import config_groups
+    from vit.cli.tool_keys import reference_page
 
     written = (ROOT / "docs" / "CONFIG.md").read_text()
-    assert written == markdown(config_groups()), "docs/CONFIG.md is stale: run the command in this docstring"
+    assert written == reference_page(), "docs/CONFIG.md is stale: run the command in this docstring"
     for key in ("trainer.budget", "data.augment.re_prob", "model.qk_scale", "model.tokens_type", "optim.lr"):
         assert f"| `{key}` |" in written
+    for command in ("vit-eval", "vit-export", "vit-predict", "vit-average", "vit-shards", "vit-cifar-jpegs"):
+        assert f"### `{command}`" in written
+
+
+def test_a_commands_key_that_mirrors_a_setting_says_what_the_setting_says():
+    """`vit-eval flip=` is trainer.eval_flip at evaluation: one declaration, so one help text and one default, in
+    --help and in docs/CONFIG.md; and the commands listed are pyproject.toml's."""
+    import tomllib
+
+    from vit.cli import evaluate
+    from vit.cli.args import keys_help
+    from vit.cli.tool_keys import COMMANDS
+    from vit.settings.trainer import TrainerSettings
+
+    helps = field_help(TrainerSettings)
+    for key, setting in (("flip", "eval_flip"), ("shift", "eval_shift"), ("threads", "threads")):
+        assert evaluate.KEYS[key].help.startswith(helps[setting].text) and helps[setting].text
+        assert evaluate.KEYS[key].default == str(TrainerSettings.defaults()[setting]).lower()
+    listed = " ".join(keys_help(evaluate.KEYS, model_keys=True, data_keys=True).split())  # its lines unwrapped
+    assert f"{helps['eval_flip'].text} (as trainer.eval_flip)" in listed
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert {name: target.split(":")[0] for name, target in scripts.items() if name != "vit-train"} == COMMANDS
 
 
 @pytest.mark.parametrize(

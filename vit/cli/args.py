@@ -22,6 +22,7 @@ dict of keys and defaults instead.
 from __future__ import annotations
 
 import sys
+import textwrap
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ from vit.config.compose import Edit, as_kwargs, edit_of
 from vit.errors import CheckFailed, UsageError, UserError, one_line
 
 HELP_FLAGS = ("-h", "--help")
+HELP_WIDTH = 120  # the columns of a --help line
 
 TRUE = ("1", "true", "yes")
 FALSE = ("0", "false", "no")
@@ -95,7 +97,9 @@ def keys_help(keys: dict[str, Key], model_keys: bool = False, data_keys: bool = 
     if data_keys:
         rows.append(("data.<key>=...", "a key of the data config, at any depth (+, ++ and ~ as for model.<key>)"))
     width = max(len(form) for form, _ in rows) + 2
-    lines = [f"  {form.ljust(width)}{text}" for form, text in rows]
+    indent = " " * (width + 2)  # a long help goes on under its own column
+    lines = [textwrap.fill(text, HELP_WIDTH, initial_indent=f"  {form.ljust(width)}", subsequent_indent=indent)
+             for form, text in rows]  # fmt: skip
     return "keys (Hydra's override grammar, as train.py reads its overrides; ~<key> for the default):\n" + "\n".join(
         lines
     )

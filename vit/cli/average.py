@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from vit.cli.args import Key, keys_help, parse_args, refuse_positional, run_script
+from vit.cli.tool_keys import EMA
 from vit.deploy.loaded_model import ema_option, with_ema_rule
 from vit.errors import UsageError
 from vit.records.files import atomic_save
@@ -46,7 +47,7 @@ KEYS = {
     "run": Key("a run folder: its kept epoch checkpoints (checkpoints/epoch_NNNN.pt)", kind="path"),
     "checkpoints": Key("checkpoint files, oldest first", several=True),
     "last": Key("only the newest n", kind="int", low=1),
-    "ema": Key("which weights (see Weights above; default: auto)"),
+    "ema": EMA,
     "out": Key("the averaged checkpoint (default: <run>/checkpoints/averaged.pt)", kind="path"),
 }
 

@@ -65,28 +65,28 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from vit.cli.args import Key, keys_help, parse_args, run_script
-from vit.deploy.loaded_model import EMA_CHOICES, resolve, with_ema_rule
+from vit.cli.tool_keys import AMP, DATA, EMA, FLIP, MODEL, PREPROCESS, SEQ_LEN, SHIFT, THREADS
+from vit.deploy.loaded_model import resolve, with_ema_rule
 from vit.errors import ConfigError, UsageError
 from vit.progress import progress
-from vit.settings.trainer import AMP_MODES
 
 KEYS = {
     "checkpoint": Key("a checkpoint of this trainer (best.pt, last.pt, averaged.pt, a sharded folder)", kind="path"),
-    "model": Key("the registry's model for foreign weights (with model.pretrained=<timm:name | file>)"),
-    "data": Key("the data config for foreign weights (configs/data/<name>.yaml; default: imagefolder)"),
-    "ema": Key("which weights of a checkpoint (see Weights above; default: auto)", choices=EMA_CHOICES),
-    "flip": Key("average each image's class probabilities with its mirror's", "false", kind="flag"),
-    "shift": Key("also weigh in the image moved n pixels down-right and up-left", "0", kind="int", low=0),
-    "seq_len": Key("each image whole, at most this many patches, in NaFlex batches", kind="int", low=1),
+    "model": MODEL,
+    "data": DATA,
+    "ema": EMA,
+    "flip": FLIP,
+    "shift": SHIFT,
+    "seq_len": SEQ_LEN,
     "class_map": Key("the weights' class names: imagenet, or a file of one name a line"),
-    "preprocess": Key("data (the data config's transform) or timm:<name> (timm's config of those weights)"),
+    "preprocess": PREPROCESS,
     "batch_size": Key("images a batch (default: the data config's, else 256)", kind="int", low=1),
     "device": Key("auto, cpu, cuda or cuda:<i>", "auto"),
-    "threads": Key("torch's CPU threads: auto (the CPUs other processes leave free) or a count", "auto"),
+    "threads": THREADS,
     "limit_batches": Key("evaluate only the first n batches (drawn across every class)", kind="int", low=1),
     "confusion": Key("write the confusion matrix as this PNG", kind="path"),
     "json": Key("also write the JSON result to this file", kind="path"),
-    "amp": Key("the precision (default: the run's trainer.amp, else auto)", choices=AMP_MODES),
+    "amp": AMP,
 }
 SYNSET = re.compile(r"^n\d{8}$")
 

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from vit.cli.args import Key, keys_help, parse_args, run_script
+from vit.cli.tool_keys import DATA, EMA, MODEL, PREPROCESS
 from vit.deploy.export import (
     ATOL,
     DEFAULT_FORMAT,
@@ -70,14 +71,14 @@ from vit.weights.read import source_kind
 
 KEYS = {
     "checkpoint": Key("a checkpoint of this trainer to export", kind="path"),
-    "model": Key("the registry's model for foreign weights (with model.pretrained=<timm:name | file>)"),
+    "model": MODEL,
     "format": Key("onnx, torchscript or exported-program (default: onnx)"),
     "output": Key("the exported file (default: beside the checkpoint, best.onnx ...)", kind="path"),
     "batch": Key("dynamic (any batch size) or a fixed batch size (default: dynamic)"),
-    "ema": Key("which weights of a checkpoint (see Weights above; default: auto)"),
+    "ema": EMA,
     "image": Key("images to check the export on: files, folders (default: the validation split's)", several=True),
-    "data": Key("the data config for foreign weights (default: imagefolder)"),
-    "preprocess": Key("data (the data config's transform) or timm:<name> (timm's config of those weights)"),
+    "data": DATA,
+    "preprocess": PREPROCESS,
     "atol": Key(f"the largest |difference| of a logit against PyTorch's (default: {ATOL:g})", kind="number", low=0),
     "quantize": Key("int8, int8-dynamic or int8-static: an INT8 ONNX file instead"),
     "calibration": Key("training images that calibrate int8-static (default: 256)", kind="int", low=1),

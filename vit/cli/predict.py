@@ -55,6 +55,7 @@ import torch
 
 from vit.analysis.inputs import image_paths
 from vit.cli.args import Key, keys_help, parse_args, run_script
+from vit.cli.tool_keys import AMP, DATA, EMA, MODEL, PREPROCESS, SEQ_LEN
 from vit.deploy.loaded_model import ema_option, with_ema_rule
 from vit.deploy.preprocessing import naflex_patch_size
 from vit.errors import UsageError
@@ -174,13 +175,13 @@ KEYS = {
     "json": Key("also write the predictions as JSON to this file; - prints the JSON instead of the lines"),
     "top": Key("classes a line (default: 5)", kind="int", low=1),
     "features": Key("print each image's pooled features instead of classes", kind="flag"),
-    "ema": Key("which weights of a checkpoint (see Weights above; default: auto)"),
-    "amp": Key("the precision (default: the run's trainer.amp, else auto)"),
-    "seq_len": Key("each image whole, at most this many patches, in NaFlex batches", kind="int", low=1),
+    "ema": EMA,
+    "amp": AMP,
+    "seq_len": SEQ_LEN,
     # with model.pretrained=: as vit-eval takes them
-    "model": Key("the registry's model for foreign weights (with model.pretrained=<timm:name | file>)"),
-    "preprocess": Key("timm:<name> (timm's config of those weights) or data (the data config's transform)"),
-    "data": Key("the data config for foreign weights (configs/data/<name>.yaml)"),
+    "model": MODEL,
+    "preprocess": PREPROCESS,
+    "data": DATA,
 }
 TOP = 5  # classes a line, unless top= says
 

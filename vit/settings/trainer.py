@@ -202,7 +202,8 @@ class TrainerSettings(Settings):
     # auto: bf16 where the device has it natively and it pays, else fp32 (vit/runtime/device.py; an explicit
     # bf16/fp16 the device cannot run natively: one warning line, what runs instead)
     amp: AmpMode = knob("auto")
-    threads: int | str = knob("auto", parse=parse_threads)  # torch's CPU threads: auto | <n>
+    # torch's CPU threads: auto (the CPUs other processes leave free, re-read while running) | <n>
+    threads: int | str = knob("auto", parse=parse_threads)
     compile: bool | str = knob("auto", parse=parse_compile)  # auto (on for CUDA) | true | false
     compile_mode: str = knob("default")  # torch.compile mode: default | reduce-overhead | max-autotune
     # model: the whole model in one graph | blocks: each encoder block compiled on its own (regional compilation:
