@@ -14,6 +14,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -213,3 +214,24 @@ def test_a_resumed_run_decides_its_threads_again(tmp_path, caplog):
         run(compose_config([*QUICK, "trainer.epochs=2", "trainer.resume=auto"]), output_dir=tmp_path)
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("threads: ")]
     assert lines and lines[-1].endswith("; decided again on resume)"), lines
+
+
+def test_an_epoch_that_ends_just_after_a_window_rolled_over_reads_the_last_full_window(monkeypatch, caplog):
+    """A budget's plan can end a moment after a window began: too short a reading to act on. The evaluation then
+    takes the count the last full window's load asks for, not the training's count as it was."""
+    monkeypatch.setattr(thread_fit, "sample", lambda: None)
+    monkeypatch.setattr(thread_fit, "others_busy", lambda before, after: 1.0)  # a neighbour keeps one CPU busy
+    monkeypatch.setattr(ThreadFit, "WINDOW_S", 0.0)
+    monkeypatch.setattr(ThreadFit, "MIN_READ_S", 60.0)  # the epoch's last, partial window is too short to read
+    counts: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", counts.append)
+    fit = ThreadFit(cpus=2, threads=2, images_per_step=8)
+    run = SimpleNamespace(step_state=SimpleNamespace(train_img_size=32))
+    fit.on_epoch_start(run, 0)
+    fit.on_step_end(1)  # the window starts
+    fit.on_step_end(2)  # one full window read: it asks for 1 thread once, too few times to try it
+    assert fit.threads == 2 and counts == []
+    with caplog.at_level(logging.INFO, logger="vit.train"):
+        fit.on_epoch_trained(run, 0)
+    assert fit.threads == 1 and counts == [1]
+    assert "threads: 2 -> 1 for the evaluation" in caplog.text

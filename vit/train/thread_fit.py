@@ -90,21 +90,25 @@ class ThreadFit(Callback):
         self.trying: tuple[int, float, float | None] | None = None  # (count before, its speed, the load then)
         self.tried: tuple[float | None, int] | None = None  # (the load at the last try, windows since)
         self.asks = 0  # windows in a row whose load or speed asked for another count
+        self.last_load: float | None = None  # what the other processes kept busy over the last full window
         self.switches: list[dict] = []  # every change kept, for metrics.json
 
     def on_epoch_start(self, run, epoch: int) -> None:
+        self.last_load = None  # an epoch reads its own load: the evaluation between them is not the training's
         size = run.step_state.train_img_size
         if size != self.img_size:  # another step cost: nothing measured so far compares
             self.img_size, self.speeds, self.asks = size, {}, 0
         self.window = None  # the epoch end (evaluation, checkpoint) is not a step: the window starts afresh
 
     def on_epoch_trained(self, run, epoch: int) -> None:
-        """Before the evaluation: the count the load asks for now (no timing to compare against there)."""
+        """Before the evaluation: the count the load asks for now (no timing to compare against there). An epoch
+        that ends just after a window rolled over reads the last full window instead: a budget's last evaluation
+        is its longest, and beside a neighbour that came late it would otherwise run on every thread."""
         if self.trying is not None:  # a try cut short by the epoch's end: back to the count it left
             self.set(self.trying[0])
             self.trying = None
         long_enough = self.window is not None and time.perf_counter() - self.window[1] >= self.MIN_READ_S
-        others = others_busy(self.window[2], sample()) if long_enough else None
+        others = others_busy(self.window[2], sample()) if long_enough else self.last_load
         wanted = fitting_threads(self.cpus, others)
         if others is not None and wanted != self.threads:
             self.say(f"threads: {self.threads} -> {wanted} for the evaluation: {load_words(self.cpus, others, wanted)}")
@@ -123,7 +127,7 @@ class ThreadFit(Callback):
         after = sample()
         speed = (step - first) * self.images_per_step / (now - started)
         others = others_busy(load_before, after)
-        self.window = (step, now, after)
+        self.window, self.last_load = (step, now, after), others
         if self.trying is not None:
             self.settle(step, speed, others)
             return
