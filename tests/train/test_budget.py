@@ -493,3 +493,24 @@ def test_the_progress_line_counts_the_epochs_of_the_plan_last_printed(monkeypatc
     assert budget.planned_epochs() == told + 1 and budget.announced[0] < budget.total_steps()
     run = SimpleNamespace(budget=budget, trainer=SimpleNamespace(epochs=10, accum_steps=1))
     assert epoch_totals(run, 0, 1000)() == (told, 1000)
+
+
+def test_the_plan_prices_each_epoch_at_the_size_it_will_train_at():
+    """Under progressive resizing the first steps are the cheapest: a plan measured at 16 px prices the later
+    32 px steps at 4x (the token count), not at the first size's cost. Sizes are multiples of 16, so the first
+    half of the epochs trains at 16 px (0.1 s a step here) and the rest at 32 px (0.4 s)."""
+    from vit.train.progressive import ResizeSchedule
+
+    resize = ResizeSchedule(min_size=16, full_size=32, start=0.0, end=0.5, multiple=16)
+    # 24 s of training, nothing else: no evaluations, no test, no figures
+    shape = RunShape(30.0, 10, 100, 0, 100, 0, 0, 1, 1, 32, resize=resize)
+    budget = Budget(shape, elapsed_s=0.0)
+    budget.step_s, budget.img_size = 0.1, 16
+    # 10 epochs: epochs 0-4 at 16 px (50 steps, 5 s), then 19 s buys 47 of the 50 steps at 32 px; 11 epochs would
+    # put a sixth epoch at 16 px and still reach only step 97, short of its last epoch
+    assert budget.most_steps(0, 24.0) == 97
+    assert budget.seconds_to(0, 97, 10) == pytest.approx(5.0 + 47 * 0.4)
+    assert budget.full_size_step_s() == pytest.approx(0.4)
+    unsized = Budget(RunShape(30.0, 10, 100, 0, 100, 0, 0, 1, 1, 32), elapsed_s=0.0)
+    unsized.step_s, unsized.img_size = 0.1, 16
+    assert unsized.most_steps(0, 24.0) == 240  # every step at the measured cost, as without progressive resizing

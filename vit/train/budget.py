@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from vit.errors import UserError
 from vit.settings.trainer import duration
+from vit.train.progressive import ResizeSchedule, size_cost
 from vit.train.report import figure_due
 
 
@@ -91,6 +92,9 @@ class RunShape:
     loader_workers: int = 0  # the train loader's worker processes: each one's first batch waits for its start
     figure_every: int = 0  # the attention or reconstruction figures: every this many epochs and after the last
     sweep_plan: bool = False  # trainer.sweep_budget's fitting job: whole epochs, its first plan kept (no re-plans)
+    # trainer.progressive_resize: the size each epoch trains at, so the steps still to come are planned at their
+    # own sizes' cost, not at the size the step was measured at
+    resize: ResizeSchedule | None = None
 
     @property
     def max_steps(self) -> int:
@@ -250,6 +254,49 @@ class Budget:
         return max(self.sample_clock[-1] - self.sample_clock[first], 1e-9) / steps
 
     # --- planning ----------------------------------------------------------------------------------------------
+    def step_cost(self, epoch: int, epochs: int) -> float:
+        """Seconds per step of `epoch` (from 0) in a run of `epochs`: the measured step, scaled under progressive
+        resizing from the size it was measured at to the size that epoch trains at (`size_cost`). Planned so from
+        the first step, a run that starts small does not plan its later, larger steps at the first size's cost."""
+        resize = self.shape.resize
+        if resize is None or self.img_size is None:
+            return self.step_s
+        now = size_cost(self.img_size, resize.full_size)
+        return self.step_s * size_cost(resize.size_at(epoch, epochs), resize.full_size) / now
+
+    def full_size_step_s(self) -> float:
+        """Seconds per step at the full image size (what the evaluations see), from the measured step."""
+        resize = self.shape.resize
+        if resize is None or self.img_size is None:
+            return self.step_s
+        return self.step_s / size_cost(self.img_size, resize.full_size)
+
+    def seconds_to(self, step: int, total: int, epochs: int) -> float:
+        """Seconds of training from after `step` to `total` in a run of `epochs`: each epoch's steps at its cost."""
+        spe, seconds = self.shape.steps_per_epoch, 0.0
+        while step < total:
+            epoch = step // spe  # the epoch of step + 1
+            end = min(total, (epoch + 1) * spe)
+            seconds += (end - step) * self.step_cost(min(epoch, epochs - 1), epochs)
+            step = end
+        return seconds
+
+    def steps_within(self, step: int, seconds: float, epochs: int) -> int:
+        """The last step that `seconds` of training from after `step` reach in a run of `epochs` (past the last
+        epoch at its cost; before `step` when `seconds` is negative)."""
+        spe = self.shape.steps_per_epoch
+        if self.shape.resize is None:  # one cost for every step
+            return step + math.floor(seconds / self.step_s)
+        while True:
+            epoch = min(step // spe, epochs - 1)
+            cost = self.step_cost(epoch, epochs)
+            end = (epoch + 1) * spe
+            if epoch < epochs - 1 and (end - step) * cost <= seconds:
+                seconds -= (end - step) * cost
+                step = end
+                continue
+            return step + math.floor(seconds / cost)
+
     def evaluated(self, epochs: int) -> list[int]:
         """The epochs (from 0) of a run of `epochs` that end with an evaluation."""
         every = self.shape.val_every
@@ -263,7 +310,7 @@ class Budget:
         shape = self.shape
         if self.eval_end_s is not None and shape.val_batches:
             return self.eval_end_s * self.load_change() / shape.val_batches
-        return self.step_s / 3 * shape.eval_passes * shape.views
+        return self.full_size_step_s() / 3 * shape.eval_passes * shape.views
 
     def load_change(self) -> float:
         """How much slower a step at the image size of the latest measured evaluation runs now than it ran then
@@ -309,7 +356,7 @@ class Budget:
         spe, best = self.shape.steps_per_epoch, None
         for epochs in range(max(1, math.ceil(step / spe)), self.shape.max_epochs + 1):
             low, high = max(step, (epochs - 1) * spe + 1), epochs * spe  # steps of a run that has `epochs` epochs
-            fits = step + math.floor((left - self.ends_cost(step, epochs)) / self.step_s)
+            fits = self.steps_within(step, left - self.ends_cost(step, epochs), epochs)
             if fits < (high if self.shape.sweep_plan else low):  # a sweep's plan: every job trains whole epochs
                 break
             best = max(best or 0, min(fits, high))
@@ -323,7 +370,8 @@ class Budget:
         if self.plan is not None:
             if step >= current or self.shape.sweep_plan:  # the sweep's other jobs train the first plan's epochs
                 return None
-            predicted = (current - step) * self.step_s + self.ends_cost(step, self.planned_epochs())
+            epochs = self.planned_epochs()
+            predicted = self.seconds_to(step, current, epochs) + self.ends_cost(step, epochs)
             if abs(predicted - left) <= self.band(left):
                 return None
         best = self.most_steps(step, left)
@@ -436,6 +484,7 @@ class Budget:
             "planned_epochs": self.total_steps() / self.shape.steps_per_epoch,
             "final_lr": final_lr,  # the rate of the last step trained (of a stopped run: at the stop)
             "replans": max(0, len(self.history) - 1),
+            "first_plan_steps": self.history[0]["total_steps"] if self.history else None,  # against trained_steps
             "overrun_s": max(0.0, wall_s - budget),
             "within_tolerance": wall_s - budget <= tolerance(budget),
             "plans": list(self.history),

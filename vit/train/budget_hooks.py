@@ -156,6 +156,7 @@ def attach_budget(run, sweep_plan: bool = False) -> Budget | None:
         loader_workers=loader_workers,
         figure_every=run.report.figure_every,
         sweep_plan=sweep_plan,
+        resize=run.setup.resize,
     )
     budget = Budget(shape, run.progress.elapsed(), dist=run.dist, state=saved)
     budget.check_start()

@@ -48,7 +48,7 @@ from omegaconf import DictConfig
 from vit.runtime.device import Precision, choose_precision, cpu_has_native_bf16
 from vit.settings import OptimSettings, TrainerSettings
 from vit.train.optimizer import build_optimizer, scaled_lr
-from vit.train.progressive import ResizeSchedule
+from vit.train.progressive import ResizeSchedule, size_cost
 
 log = logging.getLogger("vit.train")
 
@@ -128,13 +128,12 @@ def long_choice(setting, picked: WidthTiming) -> bool | None:
 
 
 def epoch_cost(resize: ResizeSchedule | None) -> float:
-    """An epoch's mean cost against a full-size epoch, counted by tokens: under progressive resizing an epoch at
-    s px costs (s / full)^2 of one at full size (measured on the 96-wide recipe: a 16 px step runs about 3.5x as
-    many images a second as a 32 px one, against the 4x of this count); 1 without."""
+    """An epoch's mean cost against a full-size epoch under progressive resizing (`size_cost` of each epoch's
+    size); 1 without."""
     if resize is None:
         return 1.0
     sizes = resize.sizes(100)  # the schedule is in fractions of the run: 100 epochs sample it finely
-    return sum((size / resize.full_size) ** 2 for size in sizes) / len(sizes)
+    return sum(size_cost(size, resize.full_size) for size in sizes) / len(sizes)
 
 
 def batch_seconds(model, task, criterion, optimizer, precision, device, images, targets) -> float:
