@@ -1011,7 +1011,8 @@ def alone_interleaved_table(folder: Path) -> str:
 
 def late_load_table(folder: Path) -> str:
     """lab/budget_outside.py loads=late_core records (budget_late_core_*.json; "before" in the name: the reserve
-    for the evaluations scaled by the plan's window alone): a row per run, its wall time from outside against
+    for the evaluations scaled by the plan's window alone; "window": also the evaluation's threads decided from the
+    last full window when the epoch's last one is too short to read): a row per run, its wall time from outside against
     the budget, the steps trained, the test top-1 and the thread line before the last evaluation where logged."""
     rows = []
     for path in sorted(folder.glob("budget_late_core_*.json"), key=lambda p: ("before" not in p.name, p.name)):
@@ -1021,7 +1022,7 @@ def late_load_table(folder: Path) -> str:
         rows.append(
             [
                 f"[{path.stem}](results/{folder.name}/{path.name})",
-                "before" if "before" in path.name else "after",
+                "before" if "before" in path.name else "after, last window" if "window" in path.name else "after",
                 f"{record['budget_s']:.0f} s",
                 f"{run['outside_wall_s']:.1f} s ({run['outside_over_budget_s']:+.1f})",
                 "yes" if run["outside_within_tolerance"] else "no",

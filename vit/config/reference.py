@@ -135,6 +135,9 @@ def markdown(groups: Mapping[str, list[str]]) -> str:
         " vit/settings/ and vit/models/ (the comment beside each field). tests/cli/test_config_reference.py fails"
         " when it is stale. -->",
         "",
+        "After this page you know every key a run and the installed commands take: its default, what it takes, its",
+        "range and what it does.",
+        "",
         "Set any key on the command line: `python train.py trainer.budget=30m data.batch_size=256`. A group option",
         "(`model=vit_small`) chooses a YAML file of configs/, which may set other defaults than the ones below;",
         "`python train.py <options> --help` lists the keys with the values that command runs with.",
