@@ -495,22 +495,67 @@ def test_the_progress_line_counts_the_epochs_of_the_plan_last_printed(monkeypatc
     assert epoch_totals(run, 0, 1000)() == (told, 1000)
 
 
-def test_the_plan_prices_each_epoch_at_the_size_it_will_train_at():
-    """Under progressive resizing the first steps are the cheapest: a plan measured at 16 px prices the later
-    32 px steps at 4x (the token count), not at the first size's cost. Sizes are multiples of 16, so the first
-    half of the epochs trains at 16 px (0.1 s a step here) and the rest at 32 px (0.4 s)."""
+def resized_budget(**timed) -> Budget:
+    """A Budget of 10-step epochs whose first half trains at 16 px and the rest at 32 px (sizes are multiples of
+    16), its step measured at 0.1 s at 16 px; no evaluations, no test, no figures."""
     from vit.train.progressive import ResizeSchedule
 
     resize = ResizeSchedule(min_size=16, full_size=32, start=0.0, end=0.5, multiple=16)
-    # 24 s of training, nothing else: no evaluations, no test, no figures
-    shape = RunShape(30.0, 10, 100, 0, 100, 0, 0, 1, 1, 32, resize=resize)
-    budget = Budget(shape, elapsed_s=0.0)
+    budget = Budget(RunShape(30.0, 10, 100, 0, 100, 0, 0, 1, 1, 32, resize=resize, **timed), elapsed_s=0.0)
     budget.step_s, budget.img_size = 0.1, 16
-    # 10 epochs: epochs 0-4 at 16 px (50 steps, 5 s), then 19 s buys 47 of the 50 steps at 32 px; 11 epochs would
-    # put a sixth epoch at 16 px and still reach only step 97, short of its last epoch
-    assert budget.most_steps(0, 24.0) == 97
-    assert budget.seconds_to(0, 97, 10) == pytest.approx(5.0 + 47 * 0.4)
-    assert budget.full_size_step_s() == pytest.approx(0.4)
+    return budget
+
+
+def test_the_plan_prices_each_epoch_at_the_size_it_will_train_at():
+    """Under progressive resizing the first steps are the cheapest: a plan measured at 16 px prices the later
+    32 px steps at 4x (the token count), not at the first size's cost."""
+    budget = resized_budget()
+    # 10 epochs: epochs 0-4 at 16 px (50 steps, 5 s), then 17 s buys 42 of the 50 steps at 32 px; 11 and 12
+    # epochs put more epochs at 16 px and still fall short of their last epoch
+    assert budget.most_steps(0, 22.0) == 92
+    assert budget.seconds_to(0, 92, 10) == pytest.approx(5.0 + 42 * 0.4)
+    assert budget.full_size_step_s() == pytest.approx(0.4) and budget.fixed_share() == 0.0
     unsized = Budget(RunShape(30.0, 10, 100, 0, 100, 0, 0, 1, 1, 32), elapsed_s=0.0)
     unsized.step_s, unsized.img_size = 0.1, 16
-    assert unsized.most_steps(0, 24.0) == 240  # every step at the measured cost, as without progressive resizing
+    assert unsized.most_steps(0, 22.0) == 220  # every step at the measured cost, as without progressive resizing
+
+
+def test_a_full_size_timing_prices_the_share_of_a_step_that_does_not_grow_with_the_tokens(caplog):
+    """trainer.width_by_budget timed a full-size step at 0.3 s, 3x the 0.1 s measured at 16 px, not the tokens'
+    4x: a ninth of a full-size step is fixed, and the plan prices 32 px steps at the timing."""
+    budget = resized_budget(timed_full_step_s=0.3)
+    assert budget.fixed_share() == pytest.approx((1 / 3 - 0.25) / 0.75)
+    assert budget.full_size_step_s() == pytest.approx(0.3)
+    # 12 epochs: epochs 0-5 at 16 px (6 s), then 16 s buys 53 steps at 32 px: 113 of its 111-120 steps
+    assert budget.most_steps(0, 22.0) == 113
+    assert "a 32 px step priced at 3.00x a 16 px one, by tokens and a fixed 11%" in budget.size_pricing()
+    assert resized_budget(timed_full_step_s=10.0).fixed_share() == 0.0  # a slower timing than tokens: tokens alone
+    assert resized_budget(timed_full_step_s=0.11).fixed_share() == Budget.MAX_FIXED_SHARE  # a cold first timing
+
+
+def test_a_resized_run_plans_from_its_first_step_the_steps_it_trains(tmp_path, monkeypatch):
+    """A run whose step costs its token count (0.08 s of fake time at 32 px, 0.02 at 16): the first plan, made
+    at 16 px, is within 10% of the steps the run trains, and the schedule still ends on its last step."""
+    import vit.train.trainer as trainer_module
+
+    clock = FakeClock(dt=0.0)
+    monkeypatch.setattr(time, "perf_counter", clock)
+    resize_batch = trainer_module.resize_batch
+
+    def priced_resize(images, size):
+        clock.now += 0.08 * (size / 32) ** 2
+        return resize_batch(images, size)
+
+    monkeypatch.setattr(trainer_module, "resize_batch", priced_resize)
+    resize = ["trainer.progressive_resize.min_size=16", "trainer.progressive_resize.end=0.5"]
+    metrics = run(
+        compose_config([*BUDGETED, "trainer.budget=6s", *resize]),
+        output_dir=tmp_path,
+        train_loader_wrapper=lambda loader: ClockedLoader(loader, clock),
+    )
+    budget = metrics["budget"]
+    sizes = [r["train_img_size"] for r in metrics["history"]]
+    assert sizes[0] == 16 and sizes[-1] == 32
+    assert budget["trained_steps"] == budget["planned_steps"]
+    assert abs(budget["first_plan_steps"] - budget["trained_steps"]) <= 0.1 * budget["trained_steps"], budget
+    assert budget["final_lr"] == pytest.approx(MIN_LR, rel=1e-6) and budget["within_tolerance"]

@@ -95,6 +95,9 @@ class RunShape:
     # trainer.progressive_resize: the size each epoch trains at, so the steps still to come are planned at their
     # own sizes' cost, not at the size the step was measured at
     resize: ResizeSchedule | None = None
+    # trainer.width_by_budget's seconds for a step of the picked width at the full size: against the first steps'
+    # time at the first size, it measures the share of a step that does not grow with the tokens (`fixed_share`)
+    timed_full_step_s: float | None = None
 
     @property
     def max_steps(self) -> int:
@@ -127,6 +130,7 @@ class Budget:
         # (image size, seconds per step) measured when eval_end_s was: a slower step at that size since (another
         # process took CPU time) slows the evaluations still to come alike
         self.eval_step: tuple[int | None, float] | None = tuple(state["eval_step"]) if state.get("eval_step") else None
+        self.share: float | None = state.get("fixed_share")  # `fixed_share`, fixed at the first plan
         self.figure_in_epoch_s = 0.0  # figures drawn in the epoch end being timed, left out of its cost
         self.step_s: float | None = None  # measured seconds per optimizer step in this process
         self.recent_s: float | None = None  # ... over the latest RECENT_S (read once a step: planning asks often)
@@ -254,22 +258,44 @@ class Budget:
         return max(self.sample_clock[-1] - self.sample_clock[first], 1e-9) / steps
 
     # --- planning ----------------------------------------------------------------------------------------------
-    def step_cost(self, epoch: int, epochs: int) -> float:
-        """Seconds per step of `epoch` (from 0) in a run of `epochs`: the measured step, scaled under progressive
-        resizing from the size it was measured at to the size that epoch trains at (`size_cost`). Planned so from
-        the first step, a run that starts small does not plan its later, larger steps at the first size's cost."""
+    MAX_FIXED_SHARE = 0.5  # a timing that reads more is not a step's cost (a loaded machine, a cold start)
+
+    def fixed_share(self) -> float:
+        """The share of a full-size step that does not grow with the tokens: the optimizer, the loader's work on
+        each image (it augments at the full size before the step resizes), each operator's dispatch. Measured once,
+        at the first plan, from trainer.width_by_budget's timing at the full size against the first steps' at the
+        first size; 0 (the token count alone) without that timing."""
+        if self.share is None:
+            resize, timed = self.shape.resize, self.shape.timed_full_step_s
+            share = 0.0
+            if resize is not None and timed and self.img_size is not None and self.img_size < resize.full_size:
+                tokens = size_cost(self.img_size, resize.full_size)
+                # a step at img_size costs share + (1 - share) * tokens of a full-size one: the measured ratio
+                share = (self.step_s / timed - tokens) / (1 - tokens)
+            self.share = min(max(share, 0.0), self.MAX_FIXED_SHARE)
+        return self.share
+
+    def size_factor(self, size: int) -> float:
+        """A step at `size` px against one at the size the step was measured at."""
         resize = self.shape.resize
         if resize is None or self.img_size is None:
-            return self.step_s
-        now = size_cost(self.img_size, resize.full_size)
-        return self.step_s * size_cost(resize.size_at(epoch, epochs), resize.full_size) / now
+            return 1.0
+        share = self.fixed_share()
+        cost = lambda s: share + (1 - share) * size_cost(s, resize.full_size)  # noqa: E731
+        return cost(size) / cost(self.img_size)
+
+    def step_cost(self, epoch: int, epochs: int) -> float:
+        """Seconds per step of `epoch` (from 0) in a run of `epochs`: the measured step, scaled under progressive
+        resizing from the size it was measured at to the size that epoch trains at (`size_factor`). Planned so
+        from the first step, a run that starts small does not plan its later, larger steps at the first size's
+        cost."""
+        resize = self.shape.resize
+        return self.step_s * (self.size_factor(resize.size_at(epoch, epochs)) if resize is not None else 1.0)
 
     def full_size_step_s(self) -> float:
         """Seconds per step at the full image size (what the evaluations see), from the measured step."""
         resize = self.shape.resize
-        if resize is None or self.img_size is None:
-            return self.step_s
-        return self.step_s / size_cost(self.img_size, resize.full_size)
+        return self.step_s * (self.size_factor(resize.full_size) if resize is not None else 1.0)
 
     def seconds_to(self, step: int, total: int, epochs: int) -> float:
         """Seconds of training from after `step` to `total` in a run of `epochs`: each epoch's steps at its cost."""
@@ -444,12 +470,22 @@ class Budget:
             f"({total / shape.steps_per_epoch:.1f} epochs)"
             f"{bound} at {shape.images_per_step / self.step_s:,.0f} img/s measured; {kept:.0f} s kept for "
             f"{evaluations} evaluation{'s' if evaluations != 1 else ''}{test}; {self.elapsed():.0f} s spent"
+            f"{self.size_pricing() if first else ''}"
         )
         if not self.worth_a_line(first):
             log.debug(line)  # a small correction: in metrics.json's plans, not the console
             return
         self.announced = (total, self.elapsed())
         log.info(line)
+
+    def size_pricing(self) -> str:
+        """The first plan's price of a full-size step under progressive resizing, and where it comes from."""
+        resize = self.shape.resize
+        if resize is None or self.img_size is None or self.img_size >= resize.full_size:
+            return ""
+        full, size, share = resize.full_size, self.img_size, self.fixed_share()
+        why = "by tokens" if share == 0 else f"by tokens and a fixed {share:.0%} (trainer.width_by_budget's timing)"
+        return f"; a {full} px step priced at {self.size_factor(full):.2f}x a {size} px one, {why}"
 
     def progress(self, step: int) -> float:
         """The cosine's planned progress at `step`, in [0, 1] (0 until the warmup's end)."""
@@ -471,6 +507,7 @@ class Budget:
             "plain_end_s": self.plain_end_s,
             "figure_s": self.figure_s,
             "eval_step": None if self.eval_step is None else list(self.eval_step),
+            "fixed_share": self.share,
         }
 
     def record(self, step: int, wall_s: float, final_lr: float) -> dict:
@@ -485,6 +522,7 @@ class Budget:
             "final_lr": final_lr,  # the rate of the last step trained (of a stopped run: at the stop)
             "replans": max(0, len(self.history) - 1),
             "first_plan_steps": self.history[0]["total_steps"] if self.history else None,  # against trained_steps
+            "fixed_share": self.share,  # progressive resizing: a step's share that does not grow with the tokens
             "overrun_s": max(0.0, wall_s - budget),
             "within_tolerance": wall_s - budget <= tolerance(budget),
             "plans": list(self.history),

@@ -157,6 +157,7 @@ def attach_budget(run, sweep_plan: bool = False) -> Budget | None:
         figure_every=run.report.figure_every,
         sweep_plan=sweep_plan,
         resize=run.setup.resize,
+        timed_full_step_s=timed_full_step_s(run.setup.width_choice, trainer.accum_steps),
     )
     budget = Budget(shape, run.progress.elapsed(), dist=run.dist, state=saved)
     budget.check_start()
@@ -185,6 +186,15 @@ def resumed_line(budget: Budget, step: int) -> str:
         f"left; {step:,} of the plan's {total:,} steps trained ({total / shape.steps_per_epoch:.1f} epochs); the "
         f"speed is measured again and the plan re-fitted to the time left"
     )
+
+
+def timed_full_step_s(width_choice: dict | None, accum_steps: int) -> float | None:
+    """trainer.width_by_budget's seconds for an optimizer step of the picked width at the full image size (its
+    record's timing of that width); None where no width was timed."""
+    for timing in (width_choice or {}).get("timed", ()):
+        if timing["width"] == width_choice["width"]:
+            return timing["batch_s"] * accum_steps
+    return None
 
 
 def budget_line(record: dict, stopped: bool = False) -> str:

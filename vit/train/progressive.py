@@ -49,9 +49,9 @@ class ResizeSchedule:
 
 def size_cost(size: int, full_size: int) -> float:
     """A training step's cost at `size` px against one at `full_size`, counted by tokens: (size / full)^2. The
-    budget plans the steps still to come with it, and the width choice an epoch's mean cost. Measured on the
-    96-wide recipe, a 16 px step runs about 3.5x as many images a second as a 32 px one, against the 4x of this
-    count; the run's re-plans correct the rest once it trains at each size."""
+    width choice prices an epoch with it, and the budget the part of a step that grows with the tokens (its
+    `fixed_share` is the rest). Measured on the 96-wide recipe, a 16 px step runs about 3.5x as many images a
+    second as a 32 px one, against the 4x of this count."""
     return (size / full_size) ** 2
 
 
