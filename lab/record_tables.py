@@ -341,6 +341,38 @@ def headline_table(rows: list[Headline], results: Path, link: str) -> str:
     return markdown_table(header, table)
 
 
+# The budget's first plan against the steps its run trained: (machine, the record folder under cifar10_cpu_budget/)
+FIRST_PLANS = [
+    ("2-core AMD EPYC Zen 5, AVX512-BF16", "avx512_zen5_30m"),
+    ("2-core AMD EPYC Zen 4, AVX512-BF16", "avx512_zen4_30m_autoaug"),
+    ("2-core AMD EPYC Zen 4, AVX512-BF16", "avx512_2h_autoaug"),
+    ("2-core AMD EPYC Zen 5, AVX512-BF16 (a slower host)", "avx512_zen5_30m_first_plan"),
+]
+
+
+def first_plan_table(folder: Path) -> str:
+    """A row per budgeted run of FIRST_PLANS: how its first plan priced the steps still to come, the steps that plan
+    laid out against the steps the run trained, and their ratio. Runs before `fixed_share` was recorded planned
+    every step at the first size's measured cost."""
+    header = ["record", "machine", "commit", "budget", "later sizes priced", "first plan", "trained", "first / trained"]
+    rows = []
+    for machine, name in FIRST_PLANS:
+        for path in sorted((folder / name).rglob("metrics.json")):
+            metrics = json.loads(path.read_text())
+            budget = metrics["budget"]
+            first, trained = budget["plans"][0]["total_steps"], budget["trained_steps"]
+            if "fixed_share" not in budget:
+                priced = "at the first size's cost"
+            else:
+                priced = f"by tokens and a fixed {budget['fixed_share']:.0%}" if budget["fixed_share"] else "by tokens"
+            run = path.parent.relative_to(folder).as_posix()
+            rows.append(
+                [f"[{run}](results/{folder.name}/{run}/)", machine, metrics["provenance"]["commit"][:7]]
+                + [budget_text(budget["budget_s"]), priced, f"{first:,}", f"{trained:,}", f"{first / trained:.2f}"]
+            )
+    return markdown_table(header, rows)
+
+
 def matmul_peak_table(folder: Path) -> str:
     """lab/bench_matmul.py's JSON records (`matmul_<dtype>_<commit>.json`), in the order they were taken (the
     date in `machine_<commit>.txt`, which lab/gpu_check.sh writes beside them): every round and the median."""
@@ -1140,6 +1172,7 @@ TABLES: dict[str, DocTable] = {
     "busy_cpu_eval_zen5": DocTable("busy_cpu_zen5", busy_eval_table),
     "busy_cpu_alone_zen5": DocTable("busy_cpu_zen5", alone_interleaved_table),
     "busy_cpu_late_load_zen5": DocTable("busy_cpu_zen5", late_load_table),
+    "budget_first_plan": DocTable("cifar10_cpu_budget", first_plan_table),
     "digits_small_images_zen5": DocTable("digits_small_images_zen5", digits_table),
     "busy_cpu_two_trainings_zen5": DocTable("busy_cpu_zen5/two_trainings", two_trainings_table),
     "cifar10_proxy_base": DocTable("cifar10_proxy_base", proxy_base_table),

@@ -133,3 +133,20 @@ def test_the_headline_rows_come_from_their_seeds_and_refuse_a_run_cut_short(tmp_
         assert row.records in str(error) and "stopped after" in str(error)
     else:
         raise AssertionError("a seed cut short was averaged")
+
+
+def test_the_first_plan_rows_read_each_runs_first_plan_and_how_it_priced_the_later_sizes(tmp_path):
+    """A row's ratio is the first plan's steps over the steps trained; a run that recorded its fixed share says how
+    the later sizes were priced, one before it that they were priced at the first size's cost."""
+    name = record_tables.FIRST_PLANS[-1][1]
+    shutil.copytree(REPO / "docs" / "results" / "cifar10_cpu_budget" / name, tmp_path / name)
+    record = next((tmp_path / name).rglob("metrics.json"))
+    metrics = json.loads(record.read_text())
+    metrics["budget"]["plans"][0]["total_steps"] = 2 * metrics["budget"]["trained_steps"]
+    metrics["budget"]["fixed_share"] = 0.06
+    record.write_text(json.dumps(metrics))
+    table = record_tables.first_plan_table(tmp_path)
+    assert "| by tokens and a fixed 6% |" in table and table.rstrip().endswith("| 2.00 |")
+    del metrics["budget"]["fixed_share"]
+    record.write_text(json.dumps(metrics))
+    assert "| at the first size's cost |" in record_tables.first_plan_table(tmp_path)
