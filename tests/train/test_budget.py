@@ -16,9 +16,11 @@ from trainer_utils import QUICK, compose_config
 from vit.errors import ConfigError, one_line
 from vit.settings.trainer import parse_budget
 from vit.train import run
-from vit.train.budget import Budget, BudgetTooSmall, RunShape
+from vit.train.budget import Budget, BudgetTooSmall
 from vit.train.budget_hooks import Forecast, budget_line, resumed_line
 from vit.train.config import validate
+from vit.train.run_shape import RunShape
+from vit.train.step_pricing import MAX_FIXED_SHARE, seconds_to
 from vit.weights.read import load_checkpoint
 
 MIN_LR = 1e-5  # not 0, so the final rate being the minimum says something
@@ -513,8 +515,8 @@ def test_the_plan_prices_each_epoch_at_the_size_it_will_train_at():
     # 10 epochs: epochs 0-4 at 16 px (50 steps, 5 s), then 17 s buys 42 of the 50 steps at 32 px; 11 and 12
     # epochs put more epochs at 16 px and still fall short of their last epoch
     assert budget.most_steps(0, 22.0) == 92
-    assert budget.seconds_to(0, 92, 10) == pytest.approx(5.0 + 42 * 0.4)
-    assert budget.full_size_step_s() == pytest.approx(0.4) and budget.fixed_share() == 0.0
+    assert seconds_to(lambda epoch: budget.step_cost(epoch, 10), 10, 0, 92) == pytest.approx(5.0 + 42 * 0.4)
+    assert budget.full_size_step_s() == pytest.approx(0.4) and budget.pricing.share == 0.0
     unsized = Budget(RunShape(30.0, 10, 100, 0, 100, 0, 0, 1, 1, 32), elapsed_s=0.0)
     unsized.step_s, unsized.img_size = 0.1, 16
     assert unsized.most_steps(0, 22.0) == 220  # every step at the measured cost, as without progressive resizing
@@ -524,13 +526,14 @@ def test_a_full_size_timing_prices_the_share_of_a_step_that_does_not_grow_with_t
     """trainer.width_by_budget timed a full-size step at 0.3 s, 3x the 0.1 s measured at 16 px, not the tokens'
     4x: a ninth of a full-size step is fixed, and the plan prices 32 px steps at the timing."""
     budget = resized_budget(timed_full_step_s=0.3)
-    assert budget.fixed_share() == pytest.approx((1 / 3 - 0.25) / 0.75)
     assert budget.full_size_step_s() == pytest.approx(0.3)
+    assert budget.pricing.share == pytest.approx((1 / 3 - 0.25) / 0.75)
     # 12 epochs: epochs 0-5 at 16 px (6 s), then 16 s buys 53 steps at 32 px: 113 of its 111-120 steps
     assert budget.most_steps(0, 22.0) == 113
-    assert "a 32 px step priced at 3.00x a 16 px one, by tokens and a fixed 11%" in budget.size_pricing()
-    assert resized_budget(timed_full_step_s=10.0).fixed_share() == 0.0  # a slower timing than tokens: tokens alone
-    assert resized_budget(timed_full_step_s=0.11).fixed_share() == Budget.MAX_FIXED_SHARE  # a cold first timing
+    line = budget.pricing.describe(budget.step_s, budget.img_size)
+    assert "a 32 px step priced at 3.00x a 16 px one, by tokens and a fixed 11%" in line
+    assert resized_budget(timed_full_step_s=10.0).pricing.fixed_share(0.1, 16) == 0.0  # slower than tokens say
+    assert resized_budget(timed_full_step_s=0.11).pricing.fixed_share(0.1, 16) == MAX_FIXED_SHARE  # a cold timing
 
 
 def test_a_resized_run_plans_from_its_first_step_the_steps_it_trains(tmp_path, monkeypatch):

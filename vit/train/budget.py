@@ -37,11 +37,13 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 
 from vit.errors import UserError
 from vit.settings.trainer import duration
-from vit.train.progressive import ResizeSchedule, size_cost
 from vit.train.report import figure_due
+from vit.train.run_shape import RunShape
+from vit.train.step_pricing import StepPricing, seconds_to, steps_within
 
 
 class BudgetTooSmall(UserError):
@@ -75,35 +77,6 @@ class Plan:
     warmup_steps: int
 
 
-@dataclass(frozen=True)
-class RunShape:
-    """What the plan needs to know of the run besides the clock."""
-
-    budget_s: float
-    steps_per_epoch: int  # optimizer steps per epoch and process
-    max_epochs: int  # trainer.epochs: the upper bound
-    warmup_steps: int  # the configured warmup, in optimizer steps
-    val_every: int  # trainer.val_every_n_epochs
-    val_batches: int  # batches of one evaluation pass (trainer.limit_val_batches applied)
-    test_batches: int  # batches of the final test pass, 0 when the run has none
-    eval_passes: int  # passes per evaluation: 1, 2 with an EMA (its own pass)
-    views: int  # forward passes per image in a pass: 1, x2 with trainer.eval_flip, x3 with trainer.eval_shift
-    images_per_step: float  # global images per optimizer step (batch x accumulation x processes); NaFlex: a mean
-    loader_workers: int = 0  # the train loader's worker processes: each one's first batch waits for its start
-    figure_every: int = 0  # the attention or reconstruction figures: every this many epochs and after the last
-    sweep_plan: bool = False  # trainer.sweep_budget's fitting job: whole epochs, its first plan kept (no re-plans)
-    # trainer.progressive_resize: the size each epoch trains at, so the steps still to come are planned at their
-    # own sizes' cost, not at the size the step was measured at
-    resize: ResizeSchedule | None = None
-    # trainer.width_by_budget's seconds for a step of the picked width at the full size: against the first steps'
-    # time at the first size, it measures the share of a step that does not grow with the tokens (`fixed_share`)
-    timed_full_step_s: float | None = None
-
-    @property
-    def max_steps(self) -> int:
-        return self.max_epochs * self.steps_per_epoch
-
-
 class Budget:
     """The plan of a budgeted run and the measurements behind it. Through its callback (vit/train/budget_hooks.py's
     `BudgetPlan`), the loop (vit/train/trainer.py) calls `after_step` once per optimizer step, before the schedule
@@ -130,7 +103,7 @@ class Budget:
         # (image size, seconds per step) measured when eval_end_s was: a slower step at that size since (another
         # process took CPU time) slows the evaluations still to come alike
         self.eval_step: tuple[int | None, float] | None = tuple(state["eval_step"]) if state.get("eval_step") else None
-        self.share: float | None = state.get("fixed_share")  # `fixed_share`, fixed at the first plan
+        self.pricing = StepPricing(shape.resize, shape.timed_full_step_s, state.get("fixed_share"))
         self.figure_in_epoch_s = 0.0  # figures drawn in the epoch end being timed, left out of its cost
         self.step_s: float | None = None  # measured seconds per optimizer step in this process
         self.recent_s: float | None = None  # ... over the latest RECENT_S (read once a step: planning asks often)
@@ -258,70 +231,17 @@ class Budget:
         return max(self.sample_clock[-1] - self.sample_clock[first], 1e-9) / steps
 
     # --- planning ----------------------------------------------------------------------------------------------
-    MAX_FIXED_SHARE = 0.5  # a timing that reads more is not a step's cost (a loaded machine, a cold start)
-
-    def fixed_share(self) -> float:
-        """The share of a full-size step that does not grow with the tokens: the optimizer, the loader's work on
-        each image (it augments at the full size before the step resizes), each operator's dispatch. Measured once,
-        at the first plan, from trainer.width_by_budget's timing at the full size against the first steps' at the
-        first size; 0 (the token count alone) without that timing."""
-        if self.share is None:
-            resize, timed = self.shape.resize, self.shape.timed_full_step_s
-            share = 0.0
-            if resize is not None and timed and self.img_size is not None and self.img_size < resize.full_size:
-                tokens = size_cost(self.img_size, resize.full_size)
-                # a step at img_size costs share + (1 - share) * tokens of a full-size one: the measured ratio
-                share = (self.step_s / timed - tokens) / (1 - tokens)
-            self.share = min(max(share, 0.0), self.MAX_FIXED_SHARE)
-        return self.share
-
-    def size_factor(self, size: int) -> float:
-        """A step at `size` px against one at the size the step was measured at."""
-        resize = self.shape.resize
-        if resize is None or self.img_size is None:
-            return 1.0
-        share = self.fixed_share()
-        cost = lambda s: share + (1 - share) * size_cost(s, resize.full_size)  # noqa: E731
-        return cost(size) / cost(self.img_size)
-
     def step_cost(self, epoch: int, epochs: int) -> float:
-        """Seconds per step of `epoch` (from 0) in a run of `epochs`: the measured step, scaled under progressive
-        resizing from the size it was measured at to the size that epoch trains at (`size_factor`). Planned so
-        from the first step, a run that starts small does not plan its later, larger steps at the first size's
-        cost."""
+        """Seconds per step of `epoch` (from 0) in a run of `epochs`: the measured step, priced at the size that
+        epoch trains at (vit/train/step_pricing.py)."""
         resize = self.shape.resize
-        return self.step_s * (self.size_factor(resize.size_at(epoch, epochs)) if resize is not None else 1.0)
+        size = resize.size_at(min(epoch, epochs - 1), epochs) if resize is not None else None
+        return self.step_s * self.pricing.factor(size, self.step_s, self.img_size) if size else self.step_s
 
     def full_size_step_s(self) -> float:
         """Seconds per step at the full image size (what the evaluations see), from the measured step."""
         resize = self.shape.resize
-        return self.step_s * (self.size_factor(resize.full_size) if resize is not None else 1.0)
-
-    def seconds_to(self, step: int, total: int, epochs: int) -> float:
-        """Seconds of training from after `step` to `total` in a run of `epochs`: each epoch's steps at its cost."""
-        spe, seconds = self.shape.steps_per_epoch, 0.0
-        while step < total:
-            epoch = step // spe  # the epoch of step + 1
-            end = min(total, (epoch + 1) * spe)
-            seconds += (end - step) * self.step_cost(min(epoch, epochs - 1), epochs)
-            step = end
-        return seconds
-
-    def steps_within(self, step: int, seconds: float, epochs: int) -> int:
-        """The last step that `seconds` of training from after `step` reach in a run of `epochs` (past the last
-        epoch at its cost; before `step` when `seconds` is negative)."""
-        spe = self.shape.steps_per_epoch
-        if self.shape.resize is None:  # one cost for every step
-            return step + math.floor(seconds / self.step_s)
-        while True:
-            epoch = min(step // spe, epochs - 1)
-            cost = self.step_cost(epoch, epochs)
-            end = (epoch + 1) * spe
-            if epoch < epochs - 1 and (end - step) * cost <= seconds:
-                seconds -= (end - step) * cost
-                step = end
-                continue
-            return step + math.floor(seconds / cost)
+        return self.step_s * (self.pricing.factor(resize.full_size, self.step_s, self.img_size) if resize else 1.0)
 
     def evaluated(self, epochs: int) -> list[int]:
         """The epochs (from 0) of a run of `epochs` that end with an evaluation."""
@@ -382,7 +302,8 @@ class Budget:
         spe, best = self.shape.steps_per_epoch, None
         for epochs in range(max(1, math.ceil(step / spe)), self.shape.max_epochs + 1):
             low, high = max(step, (epochs - 1) * spe + 1), epochs * spe  # steps of a run that has `epochs` epochs
-            fits = self.steps_within(step, left - self.ends_cost(step, epochs), epochs)
+            seconds = left - self.ends_cost(step, epochs)
+            fits = steps_within(partial(self.step_cost, epochs=epochs), spe, step, seconds, epochs, self.shape.resize)
             if fits < (high if self.shape.sweep_plan else low):  # a sweep's plan: every job trains whole epochs
                 break
             best = max(best or 0, min(fits, high))
@@ -397,7 +318,8 @@ class Budget:
             if step >= current or self.shape.sweep_plan:  # the sweep's other jobs train the first plan's epochs
                 return None
             epochs = self.planned_epochs()
-            predicted = self.seconds_to(step, current, epochs) + self.ends_cost(step, epochs)
+            training = seconds_to(partial(self.step_cost, epochs=epochs), self.shape.steps_per_epoch, step, current)
+            predicted = training + self.ends_cost(step, epochs)
             if abs(predicted - left) <= self.band(left):
                 return None
         best = self.most_steps(step, left)
@@ -470,22 +392,13 @@ class Budget:
             f"({total / shape.steps_per_epoch:.1f} epochs)"
             f"{bound} at {shape.images_per_step / self.step_s:,.0f} img/s measured; {kept:.0f} s kept for "
             f"{evaluations} evaluation{'s' if evaluations != 1 else ''}{test}; {self.elapsed():.0f} s spent"
-            f"{self.size_pricing() if first else ''}"
+            f"{self.pricing.describe(self.step_s, self.img_size) if first else ''}"
         )
         if not self.worth_a_line(first):
             log.debug(line)  # a small correction: in metrics.json's plans, not the console
             return
         self.announced = (total, self.elapsed())
         log.info(line)
-
-    def size_pricing(self) -> str:
-        """The first plan's price of a full-size step under progressive resizing, and where it comes from."""
-        resize = self.shape.resize
-        if resize is None or self.img_size is None or self.img_size >= resize.full_size:
-            return ""
-        full, size, share = resize.full_size, self.img_size, self.fixed_share()
-        why = "by tokens" if share == 0 else f"by tokens and a fixed {share:.0%} (trainer.width_by_budget's timing)"
-        return f"; a {full} px step priced at {self.size_factor(full):.2f}x a {size} px one, {why}"
 
     def progress(self, step: int) -> float:
         """The cosine's planned progress at `step`, in [0, 1] (0 until the warmup's end)."""
@@ -507,7 +420,7 @@ class Budget:
             "plain_end_s": self.plain_end_s,
             "figure_s": self.figure_s,
             "eval_step": None if self.eval_step is None else list(self.eval_step),
-            "fixed_share": self.share,
+            "fixed_share": self.pricing.share,
         }
 
     def record(self, step: int, wall_s: float, final_lr: float) -> dict:
@@ -522,7 +435,7 @@ class Budget:
             "final_lr": final_lr,  # the rate of the last step trained (of a stopped run: at the stop)
             "replans": max(0, len(self.history) - 1),
             "first_plan_steps": self.history[0]["total_steps"] if self.history else None,  # against trained_steps
-            "fixed_share": self.share,  # progressive resizing: a step's share that does not grow with the tokens
+            "fixed_share": self.pricing.share,  # progressive resizing: the share of a step the tokens do not grow
             "overrun_s": max(0.0, wall_s - budget),
             "within_tolerance": wall_s - budget <= tolerance(budget),
             "plans": list(self.history),

@@ -8,8 +8,9 @@ import logging
 import math
 
 from vit.settings.trainer import duration
-from vit.train.budget import Budget, RunShape, clock
+from vit.train.budget import Budget, clock
 from vit.train.callbacks import Callback
+from vit.train.run_shape import RunShape
 
 log = logging.getLogger("vit.train")
 
