@@ -49,9 +49,9 @@ class ResizeSchedule:
 
 def size_cost(size: int, full_size: int) -> float:
     """A training step's cost at `size` px against one at `full_size`, counted by tokens: (size / full)^2. The
-    width choice prices an epoch with it, and the budget the part of a step that grows with the tokens (its
-    `fixed_share` is the rest). Measured on the 96-wide recipe, a 16 px step runs about 3.5x as many images a
-    second as a 32 px one, against the 4x of this count."""
+    width choice prices an epoch with it, and the budget the part of a step that grows with the tokens (the rest
+    is vit/train/step_pricing.py's fixed share). How close that comes to measured steps: docs/BENCHMARKS.md, "The
+    budget's first plan against the steps trained"."""
     return (size / full_size) ** 2
 
 
