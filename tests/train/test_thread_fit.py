@@ -235,3 +235,29 @@ def test_an_epoch_that_ends_just_after_a_window_rolled_over_reads_the_last_full_
         fit.on_epoch_trained(run, 0)
     assert fit.threads == 1 and counts == [1]
     assert "threads: 2 -> 1 for the evaluation" in caplog.text
+
+
+def test_a_try_measures_against_a_window_at_the_new_load_not_the_one_that_mixed_two(monkeypatch):
+    """A window slowed by something brief asks once; the next one, where a neighbour started part-way, reads a mixed
+    load at the old speed. Trying there would compare the one thread with a speed the load no longer allows, and
+    keep the two threads. The try waits for two asking windows at a like load and measures against the second."""
+    clock = SimpleNamespace(now=0.0)
+    loads = iter([0.0, 0.0, 0.9, 1.8, 1.8, 1.8])  # free, free but slowed, mixed, loaded, loaded, the try's window
+    monkeypatch.setattr(time, "perf_counter", lambda: clock.now)
+    monkeypatch.setattr(thread_fit, "sample", lambda: None)
+    monkeypatch.setattr(thread_fit, "others_busy", lambda before, after: next(loads))
+    monkeypatch.setattr(ThreadFit, "WINDOW_S", 1.0)
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
+    fit = ThreadFit(cpus=2, threads=2, images_per_step=10, speaks=False)
+    fit.on_epoch_start(SimpleNamespace(step_state=SimpleNamespace(train_img_size=32)), 0)
+    step = 0
+    fit.on_step_end(step)  # the window starts
+    for steps in [10, 5, 10, 3, 3]:  # one window a second: 100, 50 (slowed), 100 (mixed), 30, 30 img/s
+        clock.now, step = clock.now + 1.0, step + steps
+        fit.on_step_end(step)
+        if steps == 10 and step > 10:
+            assert fit.trying is None, "a try started on the window that mixed two loads"
+    assert fit.trying == (2, pytest.approx(30.0), 1.8)  # measured against a window fully at the new load
+    clock.now, step = clock.now + 1.0, step + 5  # one thread beside the neighbour: 50 img/s
+    fit.on_step_end(step)
+    assert fit.threads == 1 and fit.switches[-1]["before"] == pytest.approx(30.0)

@@ -5,10 +5,10 @@
   core on two, one thread runs the step about as fast as two that share their cores with it, and leaves the
   neighbour its core (docs/BENCHMARKS.md, "A busy CPU"). A resumed run decides again.
 - While training (`ThreadFit`, a callback of the loop): every window of WINDOW_S seconds it reads the step's speed and
-  the other processes' load. When two windows in a row ask for another count (the load's, or the step ran SLOWER
-  times slower than this count ran at this image size before), it tries the other count for one window and keeps
-  the faster, said in one
-  line with what it saw and the speeds. The evaluation after an epoch runs with the count the load asks for then.
+  the other processes' load. When two windows in a row at a like load ask for another count (the load's, or the
+  step ran SLOWER times slower than this count ran at this image size before), it tries the other count for one
+  window and keeps the faster, said in one line with what it saw and the speeds. The evaluation after an epoch
+  runs with the count the load asks for then.
 - `trainer.threads=<n>` is kept as given, and nothing is tried. On CUDA torch's default count stays: the step runs on
   the GPU.
 
@@ -71,6 +71,14 @@ def load_words(cpus: int, others: float | None, threads: int) -> str:
     return f"{threads} of the {cpus} CPUs of this process: other processes keep {others:.1f} of them busy"
 
 
+def like_loads(one: float | None, other: float | None) -> bool:
+    """Two readings of the other processes' load within half a CPU of each other; two unreadable ones are alike (the
+    speed alone decides there)."""
+    if one is None or other is None:
+        return one is None and other is None
+    return abs(one - other) < 0.5
+
+
 class ThreadFit(Callback):
     """trainer.threads=auto on a CPU: re-decide the thread count when the machine's load changes (module docstring).
     Speeds are images per second, compared only at one image size; a new size (progressive resizing)
@@ -89,7 +97,8 @@ class ThreadFit(Callback):
         self.speeds: dict[int, float] = {}  # threads -> img/s at this size, the latest window that ran it
         self.trying: tuple[int, float, float | None] | None = None  # (count before, its speed, the load then)
         self.tried: tuple[float | None, int] | None = None  # (the load at the last try, windows since)
-        self.asks = 0  # windows in a row whose load or speed asked for another count
+        self.asks = 0  # windows in a row, at a like load, whose load or speed asked for another count
+        self.ask_load: float | None = None  # the load of the last window that asked
         self.last_load: float | None = None  # what the other processes kept busy over the last full window
         self.switches: list[dict] = []  # every change kept, for metrics.json
 
@@ -137,9 +146,14 @@ class ThreadFit(Callback):
             self.tried = (self.tried[0], self.tried[1] + 1)
         wanted = fitting_threads(self.cpus, others)
         slowed = earlier is not None and speed * self.SLOWER < earlier
-        # Two windows in a row must ask for the change: the first one after the load changed mixes the two loads,
-        # and its speed is no fair measure of the count it ran
-        self.asks = self.asks + 1 if (wanted != self.threads or slowed) else 0
+        # Two windows in a row at a like load must ask for the change: the first one after the load changed mixes
+        # the two loads, and its speed (the try's yardstick) is no fair measure of the count it ran
+        asking = wanted != self.threads or slowed
+        if not asking:
+            self.asks = 0
+        else:
+            self.asks = self.asks + 1 if self.asks and like_loads(self.ask_load, others) else 1
+            self.ask_load = others
         if self.asks >= 2 and self.may_try(others):
             other = wanted if wanted != self.threads else (1 if self.threads > 1 else self.cpus)
             if other != self.threads:
@@ -151,8 +165,7 @@ class ThreadFit(Callback):
         if self.tried is None:
             return True
         load, windows = self.tried
-        like = load is not None and others is not None and abs(load - others) < 0.5
-        return not like or windows >= self.CALM_WINDOWS
+        return not like_loads(load, others) or windows >= self.CALM_WINDOWS
 
     def settle(self, step: int, speed: float, others: float | None) -> None:
         """The try's window is read: keep the faster count, say what was seen once."""
