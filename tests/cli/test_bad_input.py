@@ -156,6 +156,10 @@ RANGE_CASES = {
     "model.num_classes": (["model.num_classes=5"], "model.num_classes=5 is less than data.num_classes=10"),
     "model.embed_dim": (["model.embed_dim=0"], "positive divisor of embed_dim=0"),
     "model.depth": (["model.depth=0"], "model.depth=0 must be positive"),
+    "model.stem_convs_per_stage": (
+        ["model.patch_embed=conv", "model.stem_convs_per_stage=0"],
+        "model.stem_convs_per_stage=0 must be a whole number of at least 1",
+    ),
     "model.num_heads": (["model.num_heads=5"], "model.num_heads=5 must be a positive divisor of embed_dim=192"),
     "model.token_dim": (["model=t2t_vit_7", "model.token_dim=0"], "model.token_dim=0"),
     "model.mlp_ratio": (["model.mlp_ratio=0"], "model.mlp_ratio=0 must be > 0"),

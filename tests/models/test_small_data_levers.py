@@ -8,6 +8,7 @@ zeroed borders, patches with unfold, LayerNorm and softmax written out, counts f
 import pytest
 import timm
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 from trainer_utils import compose_config
@@ -353,6 +354,59 @@ def test_conv_stem_is_strided_convs_batchnorm_relu_then_a_1x1(patch, train):
     expected = nn.functional.conv2d(expected, last.weight, last.bias)  # (B, width, 4, 4)
     assert channels == [width // 2 ** (convs - 1 - i) for i in range(convs)]
     torch.testing.assert_close(embed(x), expected.flatten(2).transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
+def window_side(embed: nn.Module, size: int, row: int, col: int) -> int:
+    """The side of the input window one token of `embed` sees: where the gradient of its output reaches."""
+    x = torch.randn(1, 3, size, size, requires_grad=True)
+    grid = size // embed.patch_size[0]
+    embed(x)[0, row * grid + col].sum().backward()
+    rows = x.grad.abs().sum(dim=(0, 1, 3)).nonzero()
+    return int(rows.max() - rows.min() + 1)
+
+
+def test_a_deeper_conv_stem_adds_stride_1_convs_to_each_stage_and_widens_every_tokens_window():
+    """stem_convs_per_stage=2: after each stride-2 convolution one 3 x 3 of stride 1 at that stage's width, rebuilt
+    here from F.conv2d and F.batch_norm (training mode). A token in the middle of the grid sees 19 x 19 pixels
+    instead of the plain stem's 7 x 7, and each added convolution costs 576 C^2 multiply-adds per 32 px image."""
+    from vit.models.patch_embed import ConvStemEmbed
+
+    torch.manual_seed(0)
+    width = 32
+    embed = ConvStemEmbed(32, 4, in_chans=3, embed_dim=width, convs_per_stage=2).train()
+    layers = list(embed.stem)
+    assert [(layer.conv.stride[0], layer.conv.kernel_size[0], layer.conv.out_channels) for layer in layers] == [
+        (2, 3, 16), (1, 3, 16), (2, 3, 32), (1, 3, 32), (1, 1, 32)
+    ]  # fmt: skip
+    x = torch.randn(4, 3, 32, 32)
+    expected = x
+    for layer in layers[:-1]:
+        conv, bn = layer.conv, layer.bn
+        expected = nn.functional.conv2d(expected, conv.weight, None, stride=conv.stride, padding=1)
+        expected = nn.functional.batch_norm(expected, None, None, bn.weight, bn.bias, training=True, eps=bn.eps)
+        expected = expected.relu()
+    expected = nn.functional.conv2d(expected, layers[-1].conv.weight, layers[-1].conv.bias)
+    torch.testing.assert_close(embed(x), expected.flatten(2).transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+    plain = ConvStemEmbed(64, 4, in_chans=3, embed_dim=width).eval()
+    deeper = ConvStemEmbed(64, 4, in_chans=3, embed_dim=width, convs_per_stage=2).eval()
+    assert window_side(plain, 64, 8, 8) == 7 and window_side(deeper, 64, 8, 8) == 19
+
+    base = dict(img_size=32, patch_size=4, num_classes=10, patch_embed="conv", embed_dim=width, num_heads=2, depth=1)
+    macs = [complexity(create_model("vit_tiny", **base, stem_convs_per_stage=n)).macs for n in (1, 2)]
+    assert macs[1] - macs[0] == 2 * 576 * width**2
+
+
+def test_a_deeper_conv_stem_is_a_config_choice_of_the_conv_stem_only():
+    cfg = compose_config(["model.patch_embed=conv", "model.stem_convs_per_stage=2", "model.embed_dim=48"])
+    model = build_model_from_config(OmegaConf.merge(cfg.model, {"depth": 1, "num_heads": 3}), num_classes=10)
+    assert len(model.patch_embed.stem) == 5 and model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    model.patch_embed.dynamic_img_size = True  # progressive resizing
+    assert model.patch_embed(torch.randn(2, 3, 16, 16)).shape == (2, 16, 48)
+    with pytest.raises(ConfigError, match=r"^model\.stem_convs_per_stage=2 is for patch_embed=conv, not 'standard'$"):
+        build_model_from_config(compose_config(["model.stem_convs_per_stage=2"]).model)
+    with pytest.raises(ConfigError, match=r"^model\.stem_convs_per_stage=True must be"):
+        build_model_from_config(compose_config(["model.patch_embed=conv", "model.stem_convs_per_stage=true"]).model)
 
 
 def test_conv_stem_is_a_config_choice_for_power_of_two_patches():

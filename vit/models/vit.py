@@ -41,6 +41,9 @@ class ViTConfig(ClassifierConfig):
     # and `lsa` are the two levers of Lee, Lee & Song 2021 for small data sets (docs/LEVERS.md); both off, the
     # model and its state dict are timm's.
     patch_embed: str = "standard"
+    # patch_embed="conv": 3 x 3 convolutions per halving of the stem (`ConvStemEmbed`). 1 is Xiao et al.'s stem (one
+    # of stride 2 each); every one more adds a convolution of stride 1 at that stage: a deeper convolutional tokenizer
+    stem_convs_per_stage: int = 1
     # Accept images of other sizes (sides multiples of `patch_size`): the position table is resampled (bicubic) to
     # the input's patch grid in `forward`, as timm's `dynamic_img_size` does. The trainer switches it on for
     # progressive resizing; the parameters and state dict do not change.
@@ -51,6 +54,11 @@ class ViTConfig(ClassifierConfig):
         super().__post_init__()
         if self.patch_embed not in PATCH_EMBEDS:
             raise ValueError(f"patch_embed={self.patch_embed!r} must be one of {tuple(PATCH_EMBEDS)}")
+        depth = self.stem_convs_per_stage
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"stem_convs_per_stage={depth!r} must be a whole number of at least 1")
+        if depth > 1 and self.patch_embed != "conv":
+            raise ValueError(f"stem_convs_per_stage={depth} is for patch_embed=conv, not {self.patch_embed!r}")
         if not isinstance(self.patch_bias, bool):
             raise ValueError(f"patch_bias={self.patch_bias!r} must be true or false")
         if not self.patch_bias and self.patch_embed != "standard":
@@ -72,6 +80,8 @@ class VisionTransformer(TransformerClassifier):
         sizes = dict(img_size=config.img_size, patch_size=config.patch_size, in_chans=config.in_chans)
         if config.patch_embed == "standard":
             embed = PatchEmbed(**sizes, embed_dim=config.embed_dim, bias=config.patch_bias)
+        elif config.patch_embed == "conv":
+            embed = ConvStemEmbed(**sizes, embed_dim=config.embed_dim, convs_per_stage=config.stem_convs_per_stage)
         else:
             embed = PATCH_EMBEDS[config.patch_embed](**sizes, embed_dim=config.embed_dim)
         embed.dynamic_img_size = config.dynamic_img_size
