@@ -29,7 +29,8 @@ class BenchCase:
     batch: int
     # "timm": timm's VisionTransformer(**peer_kwargs); "official": the function of the same name in the
     # official T2T-ViT code (models/t2t_vit.py of yitu-opensource/T2T-ViT, a checkout named by the
-    # environment variable VIT_T2T_OFFICIAL; never part of this project); None: no peer.
+    # environment variable VIT_T2T_OFFICIAL; never part of this project); "ours": our `ours` model with
+    # peer_kwargs (a lever's case against the model without it); None: no peer.
     peer: str | None
     peer_kwargs: dict = field(default_factory=dict)
     # A foundation ViT by its timm name: ours built with the architecture timm has for it (vit/models/foundation.py),
@@ -86,10 +87,15 @@ def _cpu_recipe_cases() -> list[BenchCase]:
         "patch_size": 4,
         "num_classes": 10,
     }
+    widest = dict(recipe, embed_dim=144, num_heads=3)
     return [
         BenchCase(f"vit_cpu_recipe_{width}", "vit_tiny", dict(recipe, embed_dim=width, num_heads=width // 48), 32, 256,
                   "timm", dict(_vit_peer(width, 6, width // 48, 32, 4, classes=10, mlp_ratio=2.0), qk_norm=True))
         for width in (96, 144)
+    ] + [  # the deeper stem (model.stem_convs_per_stage), against the recipe's own stem
+        BenchCase(f"vit_cpu_recipe_144_stem{n}", "vit_tiny", dict(widest, stem_convs_per_stage=n), 32, 256, "ours",
+                  widest)
+        for n in (2, 3)
     ]  # fmt: skip
 
 
@@ -161,6 +167,8 @@ def build_side(case: BenchCase, side: str) -> nn.Module:
         from timm.models.vision_transformer import VisionTransformer
 
         return VisionTransformer(**case.peer_kwargs)
+    if side == "peer" and case.peer == "ours":
+        return create_model(case.ours, **case.peer_kwargs)
     if side == "peer" and case.peer == "official":
         return official_t2t(case.ours)
     raise ValueError(f"side={side!r} of case {case.name!r} has no model (peer: {case.peer})")

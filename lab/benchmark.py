@@ -23,7 +23,8 @@ Keys (default):
     batch                   batch size, or a comma list matching models (steps, profile)
     compile (off)           off | on | both: torch.compile our model (and the peer) with compile_mode
     compile_mode, peer_compile_mode (default)   torch.compile modes of ours and of the peer
-    vs_timm (false)         time timm's model of the same shape, interleaved round by round
+    vs_timm (false)         time timm's model of the same shape, interleaved round by round (a lever's case:
+                            our model without the lever, lab/bench_cases.py)
     memory (false)          steps on CUDA: peak memory per side, each in its own process
     rounds                  timed rounds (steps: 5, inference: 15)
     warmup (5), min_round_s (0.5)   untimed calls first; a round lasts at least this long

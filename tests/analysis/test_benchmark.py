@@ -6,7 +6,7 @@ import json
 import benchmark
 import pytest
 import torch
-from bench_cases import CASES
+from bench_cases import CASES, build_side
 from step_timing import percentile
 from trainer_utils import VirtualClock, assert_measurement_record
 
@@ -64,8 +64,6 @@ def test_every_case_builds_the_same_shape_as_its_peer():
 def test_a_case_by_timm_name_builds_timms_architecture_on_both_sides():
     """The foundation cases: ours has timm's parameter count for the name at the case's size, the peer is timm's
     own model of that name."""
-    from bench_cases import build_side
-
     for case in (CASES["deit3_small"], CASES["eva02_tiny"]):
         ours, peer = build_side(case, "ours"), build_side(case, "peer")
         assert type(peer).__module__.startswith("timm.") and not type(ours).__module__.startswith("timm.")
@@ -207,3 +205,13 @@ def test_a_planted_slowdown_moves_the_ratio_by_its_size(side, ratio, monkeypatch
     step_ms, planted_ratio = measure(side)
     assert step_ms[side] == pytest.approx(12.0 if side == "ours" else 13.0)
     assert planted_ratio == pytest.approx(ratio)
+
+
+def test_a_lever_case_times_our_model_without_the_lever():
+    """The deeper stem's cases: the peer is the recipe's model as it is, so the ratio is the lever's cost alone."""
+    for convs in (2, 3):
+        case = CASES[f"vit_cpu_recipe_144_stem{convs}"]
+        ours, peer = build_side(case, "ours"), build_side(case, "peer")
+        assert len(ours.patch_embed.stem) == 2 * convs + 1 and len(peer.patch_embed.stem) == 3
+        outside = lambda model: {k: v.shape for k, v in model.state_dict().items() if ".stem." not in k}  # noqa: E731
+        assert outside(ours) == outside(peer)
