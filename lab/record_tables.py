@@ -1146,6 +1146,8 @@ TABLES: dict[str, DocTable] = {
     "cifar10_autoaug_e16_zen5": DocTable("cifar10_autoaug_zen5/e16", budget_comparison_table),
     "cifar10_autoaug_e24_zen4_seed0": DocTable("cifar10_autoaug_zen4/e24/seed0", budget_comparison_table),
     "cifar10_autoaug_e24_zen4_seed1": DocTable("cifar10_autoaug_zen4/e24/seed1", budget_comparison_table),
+    "cifar10_levers_e16_zen5": DocTable("cifar10_levers_e16_zen5", budget_comparison_table),
+    "cifar10_levers_stem_cost_zen5": DocTable("cifar10_levers_e16_zen5", model_step_table),
     "cpu_naflex_sizes_avx512": DocTable("cpu_naflex_sizes_avx512", naflex_sizes_table),
     "cpu_photo_shapes_avx512": DocTable("cpu_photo_shapes_avx512", photo_shapes_table),
     "cifar10_accuracy_map_avx512": DocTable("cifar10_accuracy_map_avx512", accuracy_map_table),
