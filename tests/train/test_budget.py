@@ -276,6 +276,22 @@ def test_a_new_image_size_leaves_its_compiling_step_untimed_and_measures_afresh(
     assert budget.step_s == pytest.approx(0.04)  # 32 px steps alone, neither the 16 px ones nor the compilation
 
 
+def test_the_first_plan_waits_for_a_hundredth_of_the_budget_of_timed_steps(monkeypatch):
+    """A process's first steps run cold: three steps at 0.03 s, then 0.01 s a step. A plan from the first three
+    would plan a third of the steps that fit; the first plan waits until 1 s of a 100 s budget is timed."""
+    budget, now = scripted_budget(monkeypatch)
+    budget.epoch_starts()
+    train_steps(budget, now, 1, 4, 0.03)  # the first untimed, three cold
+    assert budget.plan is None and budget.step_s == pytest.approx(0.03)
+    train_steps(budget, now, 5, 50, 0.01)  # 0.59 s timed: not yet
+    assert budget.plan is None
+    train_steps(budget, now, 55, 50, 0.01)  # past 1 s
+    first = budget.history[0]
+    assert first["elapsed_s"] >= 1.0 and 1.0 <= first["step_s"] / 0.01 <= 1.1
+    # 100 s less the margin at about 0.0105 s a step: the first plan is within 6% of 0.01 s steps' 9,500
+    assert 9_000 <= first["total_steps"] <= 9_980
+
+
 def test_the_speed_window_does_not_swing_with_the_plan(monkeypatch):
     """A slow stretch (a compilation, a neighbour's job) inside a window of planned steps enters and leaves it as
     the plan grows and shrinks, so the plan swings back and forth; in a window of time it is diluted as the run
@@ -414,7 +430,7 @@ def test_the_plan_keeps_time_for_the_figures_its_epochs_draw(monkeypatch):
         if every:
             budget.figure_drawn(3.0, in_epoch=False)  # drawn before the first step
         budget.epoch_starts()
-        train_steps(budget, now, 1, 10, 0.01)
+        train_steps(budget, now, 1, 70, 0.01)  # the first plan waits for 0.6 s of timed steps
         plans[every] = budget.total_steps()
     # 60 s at 0.01 s a step, less the margin: the figure of the last epoch takes 3 s, that is 300 steps.
     assert plans[0] - plans[10] == pytest.approx(300, abs=2), plans
@@ -468,9 +484,9 @@ def test_a_sweeps_plan_is_whole_epochs_and_kept_when_the_speed_changes(monkeypat
         monkeypatch.setattr(time, "perf_counter", lambda now=now: now[0])
         budget = Budget(RunShape(30.0, 100, 50, 10, 100, 1, 0, 1, 1, 32, sweep_plan=sweep_plan), elapsed_s=0.0)
         budget.epoch_starts()
-        train_steps(budget, now, 1, 30, 0.01)
+        train_steps(budget, now, 1, 40, 0.01)  # the first plan after 0.3 s of timed steps
         first = budget.total_steps()
-        train_steps(budget, now, 31, 300, 0.03)  # three times slower
+        train_steps(budget, now, 41, 300, 0.03)  # three times slower
         totals[sweep_plan] = (first, budget.total_steps(), len(budget.history))
     assert totals[True][0] % 100 == 0 and totals[True][0] == totals[True][1] and totals[True][2] == 1
     assert totals[False][0] % 100 != 0 and totals[False][1] < totals[False][0]
@@ -489,9 +505,9 @@ def test_the_progress_line_counts_the_epochs_of_the_plan_last_printed(monkeypatc
 
     budget, now = scripted_budget(monkeypatch)
     budget.epoch_starts()
-    train_steps(budget, now, 1, 10, 0.01)
+    train_steps(budget, now, 1, 110, 0.01)  # the first plan after 1 s of timed steps
     told = budget.planned_epochs()
-    budget.adopt(10, budget.total_steps() + 1000)  # a quiet re-plan: one epoch more, just after the first line
+    budget.adopt(110, budget.total_steps() + 1000)  # a quiet re-plan: one epoch more, just after the first line
     assert budget.planned_epochs() == told + 1 and budget.announced[0] < budget.total_steps()
     run = SimpleNamespace(budget=budget, trainer=SimpleNamespace(epochs=10, accum_steps=1))
     assert epoch_totals(run, 0, 1000)() == (told, 1000)
@@ -534,6 +550,26 @@ def test_a_full_size_timing_prices_the_share_of_a_step_that_does_not_grow_with_t
     assert "a 32 px step priced at 3.00x a 16 px one, by tokens and a fixed 11%" in line
     assert resized_budget(timed_full_step_s=10.0).pricing.fixed_share(0.1, 16) == 0.0  # slower than tokens say
     assert resized_budget(timed_full_step_s=0.11).pricing.fixed_share(0.1, 16) == MAX_FIXED_SHARE  # a cold timing
+
+
+def test_the_fixed_share_is_measured_again_while_the_run_trains_at_its_first_size():
+    """The first steps of a process run cold: a share measured from them (0.1 s at 16 px against a 0.3 s full-size
+    timing) is measured again from the warm step at the same size (0.08 s), and kept once the run trains at
+    another size."""
+    budget = resized_budget(timed_full_step_s=0.3)
+    assert budget.full_size_step_s() == pytest.approx(0.3)
+    assert budget.pricing.share == pytest.approx((0.1 / 0.3 - 0.25) / 0.75)
+    budget.step_s = 0.08  # the same size, warm: a 32 px step is now 3.75x it
+    assert budget.full_size_step_s() == pytest.approx(0.3)
+    warm = (0.08 / 0.3 - 0.25) / 0.75
+    assert budget.pricing.share == pytest.approx(warm)
+    budget.step_s, budget.img_size = 0.2, 24  # the next size: its step prices the full size with the kept share
+    assert budget.full_size_step_s() == pytest.approx(0.2 / (warm + (1 - warm) * 0.5625))
+    assert budget.pricing.share == pytest.approx(warm)
+    resumed = Budget(budget.shape, elapsed_s=0.0, state=budget.state_dict())
+    resumed.step_s, resumed.img_size = 0.05, 16  # a resumed run keeps its checkpoint's share
+    resumed.full_size_step_s()
+    assert resumed.pricing.share == pytest.approx(warm)
 
 
 def test_a_resized_run_plans_from_its_first_step_the_steps_it_trains(tmp_path, monkeypatch):

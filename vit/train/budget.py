@@ -83,7 +83,11 @@ class Budget:
     is stepped, and `epoch_starts`, `epoch_trained` and `epoch_ended` around each epoch's training loop,
     evaluation and checkpoint."""
 
-    WARMUP_STEPS = 3  # timed steps before the first plan (after the untimed first step of each process)
+    WARMUP_STEPS = 3  # timed steps before the first plan (after the untimed first step of each process) ...
+    # ... spanning at least this share of the budget: a process's first few steps can run slower or faster than the
+    # rest (docs/BENCHMARKS.md, "The budget's first plan against the steps trained"). The plan's warmup is the
+    # configured one, which the steps before the plan follow as built, so waiting changes no learning rate.
+    FIRST_PLAN_SHARE = 0.01
     DISTRIBUTED_EVERY = 10  # under torchrun, the ranks agree on the plan every this many steps
     MIN_WINDOW = 20  # the speed is measured over the latest half of the time left, at least this many steps
     RECENT_S = 5.0  # the load's effect on the evaluations to come: the step over the latest few seconds
@@ -266,6 +270,17 @@ class Budget:
             return 1.0
         return max(self.step_s, self.recent_s or 0.0) / self.eval_step[1]
 
+    def first_plan_s(self) -> float:
+        """Seconds of timed steps the first plan waits for (FIRST_PLAN_SHARE of the budget)."""
+        return self.FIRST_PLAN_SHARE * self.shape.budget_s
+
+    def waits_to_plan(self, step: int) -> bool:
+        """Before the first plan, after `step`: whether to time more steps first, unless the trainer.epochs bound
+        comes before the wait would end (a sweep's fitting job publishes such a plan at once)."""
+        timed = self.sample_clock[-1] - self.sample_clock[0]  # over the steps timed in this process at this size
+        wait = self.first_plan_s() - timed
+        return wait > 0 and (self.shape.max_steps - step) * self.step_s > wait
+
     def recent_step_seconds(self) -> float | None:
         """Seconds per step over the steps timed in the latest RECENT_S (at least 2 steps), or None."""
         clocks, steps = self.sample_clock, self.sample_steps
@@ -314,6 +329,8 @@ class Budget:
         target, or its last step is done); TOO_SMALL when the first plan finds no room for the run."""
         left = self.shape.budget_s - self.margin - self.elapsed()
         current = self.total_steps()
+        if self.plan is None and self.waits_to_plan(step):
+            return None
         if self.plan is not None:
             if step >= current or self.shape.sweep_plan:  # the sweep's other jobs train the first plan's epochs
                 return None

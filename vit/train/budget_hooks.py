@@ -166,10 +166,12 @@ def attach_budget(run, sweep_plan: bool = False) -> Budget | None:
     run.callbacks.append(BudgetPlan(budget))
     if budget.plan is None:
         log.info(
-            "budget %s: %.0f s spent by the start; the plan follows %d timed steps after %d untimed",
+            "budget %s: %.0f s spent by the start; the plan follows %d or more timed steps over at least %.1f s, "
+            "after %d untimed",
             duration(trainer.budget),
             budget.elapsed(),
             Budget.WARMUP_STEPS,
+            budget.first_plan_s(),
             budget.untimed_left,
         )
     else:  # resumed: what is spent and left now, not only at the next re-plan

@@ -4,8 +4,11 @@ from the steps it measured at the first size (vit/train/budget.py).
 A step at s px costs `share + (1 - share) * (s / full)^2` of a full-size step: a share that grows with the tokens
 (`size_cost`, vit/train/progressive.py) and a fixed share that does not (the optimizer, the loader's work on each
 image, which it augments at the full size before the step resizes, each operator's dispatch). The fixed share is
-measured once, at the first plan: trainer.width_by_budget's timing of the picked width at the full size against
-the first steps' at the first size. Without that timing it is 0, the token count alone.
+measured from trainer.width_by_budget's timing of the picked width at the full size against the step measured at
+the first size: at the first plan, and again at every re-plan while the run still trains at that size, since the
+first few steps of a process run slower than the rest (docs/BENCHMARKS.md, "The budget's first plan against the
+steps trained"). Once the run trains at another size the share is kept. Without that timing it is 0, the token
+count alone.
 """
 
 from __future__ import annotations
@@ -25,10 +28,17 @@ class StepPricing:
     def __init__(self, resize: ResizeSchedule | None, timed_full_step_s: float | None, share: float | None = None):
         self.resize, self.timed_full_step_s = resize, timed_full_step_s
         self.share = share  # None until the first plan measures it (or without progressive resizing)
+        # the size the share is measured at while the run trains there; None once it trains at another (or resumed)
+        self.measuring: int | None = None
 
     def fixed_share(self, step_s: float, measured: int) -> float:
-        """The share, from the step of `step_s` seconds measured at `measured` px, the first time it is asked."""
+        """The share, from the step of `step_s` seconds measured at `measured` px: the first time it is asked and
+        every time after while `measured` is that first size; kept from the first other size on."""
         if self.share is None:
+            self.measuring = measured
+        elif measured != self.measuring:
+            self.measuring = None
+        if measured == self.measuring:
             resize, timed, share = self.resize, self.timed_full_step_s, 0.0
             if resize is not None and timed and measured < resize.full_size:
                 tokens = size_cost(measured, resize.full_size)
