@@ -72,9 +72,10 @@ def _cpu_lever_cases() -> list[BenchCase]:
 
 
 def _cpu_recipe_cases() -> list[BenchCase]:
-    """experiment=cifar10_cpu's model at its two widths (conv stem, qk-norm, mixed rotary positions, sequence
-    pooling, no cls token), against timm's ViT of the same width, depth, heads, MLP ratio and qk-norm (timm builds
-    neither that stem nor mixed rotary positions, so the peer computes a little less)."""
+    """experiment=cifar10_cpu's model at the widths trainer.width_by_budget picks from, and wider (conv stem, qk-norm,
+    mixed rotary positions, sequence pooling, no cls token), against timm's ViT of the same width, depth, heads, MLP
+    ratio and qk-norm (timm builds neither that stem nor mixed rotary positions, so the peer computes a little
+    less)."""
     recipe = {
         "patch_embed": "conv",
         "qk_norm": True,
@@ -91,7 +92,7 @@ def _cpu_recipe_cases() -> list[BenchCase]:
     return [
         BenchCase(f"vit_cpu_recipe_{width}", "vit_tiny", dict(recipe, embed_dim=width, num_heads=width // 48), 32, 256,
                   "timm", dict(_vit_peer(width, 6, width // 48, 32, 4, classes=10, mlp_ratio=2.0), qk_norm=True))
-        for width in (96, 144)
+        for width in (96, 144, 192, 240, 288)  # the widths trainer.width_by_budget picks from, and wider ones
     ] + [  # the deeper stem (model.stem_convs_per_stage), against the recipe's own stem
         BenchCase(f"vit_cpu_recipe_144_stem{n}", "vit_tiny", dict(widest, stem_convs_per_stage=n), 32, 256, "ours",
                   widest)
