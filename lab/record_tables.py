@@ -274,6 +274,7 @@ HEADLINES_CPU = [
     Headline("2-core AMD EPYC Zen 5, AVX512-BF16", "cifar10_cpu_budget/avx512_zen5_30m/cifar10_cpu"),
     Headline("2-core AMD EPYC Zen 4, AVX512-BF16", "cifar10_cpu_budget/avx512_zen4_30m_autoaug/cifar10_cpu"),
     Headline("2-core AMD EPYC, AVX2 only", "cifar10_cpu_budget/avx2_progressive_resize/cifar10_cpu"),
+    Headline("2-core Intel Xeon, AMX-BF16", "cifar10_cpu_budget/amx_xeon_30m/cifar10_cpu"),
 ]
 HEADLINES = [
     *HEADLINES_CPU,
@@ -347,6 +348,8 @@ FIRST_PLANS = [
     ("2-core AMD EPYC Zen 4, AVX512-BF16", "avx512_zen4_30m_autoaug"),
     ("2-core AMD EPYC Zen 4, AVX512-BF16", "avx512_2h_autoaug"),
     ("2-core AMD EPYC Zen 5, AVX512-BF16 (a slower host)", "avx512_zen5_30m_first_plan"),
+    ("2-core Intel Xeon, AMX-BF16", "amx_xeon_30m"),
+    ("2-core Intel Xeon, AMX-BF16 (holdout)", "amx_xeon_30m_widths"),
 ]
 
 
@@ -417,6 +420,35 @@ def model_step_table(folder: Path) -> str:
         )
     header = ["model", "img px", "batch", "compile", "ours img/s", "peer img/s", "ratio (p10-p90)", "ours MFU"]
     return markdown_table([*header, "ours GiB", "peer GiB"], rows)
+
+
+def cpu_matmul_table(folder: Path) -> str:
+    """lab/bench_matmul.py's JSON records on a CPU (`matmul_<dtype>_<n>.json`): every round's GFLOP/s and the
+    median, a row per precision."""
+    rows = []
+    for path in sorted(folder.glob("matmul_*.json")):
+        record = json.loads(path.read_text())
+        rounds = record["tflops_rounds"]
+        each = ", ".join(f"{1000 * t:,.0f}" for t in rounds)
+        rows.append([f"{record['n']}^3 {record['dtype']}", each, f"{1000 * statistics.median(rounds):,.0f}"])
+    return markdown_table(["product", "GFLOP/s, each round in order", "median"], rows)
+
+
+def width_rate_table(folder: Path) -> str:
+    """The recipe's model at each width (recipe_widths_bf16.json, lab/benchmark.py mode=steps) against the CPU's
+    own bf16 matrix rate (matmul_bf16_2048.json, lab/bench_matmul.py): img/s, the training FLOPs an image (the
+    benchmark's count, torch.utils.flop_counter over a forward and backward), the FLOP/s they make and their share
+    of the 2048^3 product's median."""
+    widths = json.loads((folder / "recipe_widths_bf16.json").read_text())["results"]
+    peak = statistics.median(json.loads((folder / "matmul_bf16_2048.json").read_text())["tflops_rounds"])
+    rows = []
+    for result in widths:
+        ours = result["sides"][0]
+        img_s, gflop = ours["img_per_s"], ours["flops_per_image"] / 1e9
+        share = f"{img_s * gflop / 1000 / peak:.1%}"
+        rows.append([result["case"].rsplit("_", 1)[1], rate(img_s), f"{gflop:.3f}", f"{img_s * gflop:,.0f}", share])
+    header = ["width", "img/s (bf16, 32 px, batch 256)", "GFLOP an image", "GFLOP/s", "share of the product's rate"]
+    return markdown_table(header, rows)
 
 
 def cuda_tier_table(folder: Path) -> str:
@@ -1170,6 +1202,10 @@ TABLES: dict[str, DocTable] = {
     "cpu_bf16_avx512": DocTable("cpu_bf16_avx512", cpu_bf16_table),
     "cpu_bf16_zen5": DocTable("cpu_step_zen5", cpu_bf16_table),
     "busy_cpu_step_zen5": DocTable("busy_cpu_zen5", busy_step_table),
+    "busy_cpu_step_xeon_amx": DocTable("busy_cpu_xeon_amx", busy_step_table),
+    "recipe_widths_xeon_amx": DocTable("cpu_step_xeon_amx", width_rate_table),
+    "matmul_xeon_amx": DocTable("cpu_step_xeon_amx", cpu_matmul_table),
+    "cifar10_widths_30m_xeon_amx": DocTable("cifar10_cpu_budget/amx_xeon_30m_widths", budget_comparison_table),
     "busy_cpu_wait_policy_zen5": DocTable("busy_cpu_zen5", wait_policy_table),
     "busy_cpu_eval_zen5": DocTable("busy_cpu_zen5", busy_eval_table),
     "busy_cpu_alone_zen5": DocTable("busy_cpu_zen5", alone_interleaved_table),

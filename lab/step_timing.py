@@ -106,6 +106,7 @@ class SideResult:
     steps_per_round: int = 0
     round_seconds: list[float] = field(default_factory=list)  # every timed round's wall time, in order
     round_img_per_s: list[float] = field(default_factory=list)  # steps_per_round x batch / round_seconds
+    flops_per_image: float | None = None  # a forward and backward, torch's flop counter
 
 
 @dataclass
@@ -169,9 +170,8 @@ def bench_case(
         img_s = statistics.median(throughput[side])
         step_s = batch / img_s
         mfu = flops[side] / step_s / peak_flops if device.type == "cuda" else None
-        results.append(
-            SideResult(side, img_s, 1000 * step_s, mfu, None, per_round[side], seconds[side], throughput[side])
-        )
+        rounds_of = (per_round[side], seconds[side], throughput[side])
+        results.append(SideResult(side, img_s, 1000 * step_s, mfu, None, *rounds_of, flops[side] / batch))
     out = CaseResult(case.name, batch, case.img_size, compile_mode, str(device), results, rounds=rounds)
     out.precision = precisions["ours"].name
     out.peer_precision = precisions["peer"].name if "peer" in precisions else None
