@@ -17,7 +17,7 @@ from vit.errors import ConfigError, one_line
 from vit.settings.trainer import parse_budget
 from vit.train import run
 from vit.train.budget import Budget, BudgetTooSmall
-from vit.train.budget_hooks import Forecast, budget_line, resumed_line
+from vit.train.budget_hooks import Forecast, budget_line, budget_record, resumed_line
 from vit.train.config import validate
 from vit.train.run_shape import RunShape
 from vit.train.step_pricing import MAX_FIXED_SHARE, seconds_to
@@ -102,8 +102,9 @@ def check_budget_held(metrics: dict) -> dict:
 def test_a_budgeted_run_ends_on_time_with_the_decay_complete(steady):
     budget = check_budget_held(steady)
     assert budget["planned_steps"] < 100 * 8  # the budget, not trainer.epochs, ended the run
-    # Planned after three timed steps, once the first step and each loader worker's first batch are past.
-    assert budget["plans"][0]["step"] == 1 + steady["loader_workers"] + 3
+    # Planned after at least three timed steps spanning 1% of the budget (0.04 s: 3 to a few more of these steps),
+    # once the first step and each loader worker's first batch are past.
+    assert 1 + steady["loader_workers"] + 3 <= budget["plans"][0]["step"] <= 1 + steady["loader_workers"] + 20
     assert steady["history"][-1]["val_top1"] is not None  # the last epoch is evaluated, even a partial one
 
 
@@ -351,7 +352,7 @@ def test_small_re_plans_are_kept_in_the_record_but_not_each_a_line(monkeypatch, 
     replans = len(budget.history) - 1
     assert replans > 20  # the wavering speed made the plan move many times (all kept for metrics.json)
     assert 1 <= len(lines) <= 12, lines  # a first plan, then at most one line a tenth of the budget, and big moves
-    assert budget.record(step, 59.0, 0.0)["replans"] == replans
+    assert budget_record(budget, step, 59.0, 0.0)["replans"] == replans
 
 
 def test_the_plan_line_says_a_naflex_runs_mean_batch_in_whole_images(monkeypatch, caplog):
@@ -511,6 +512,9 @@ def test_the_progress_line_counts_the_epochs_of_the_plan_last_printed(monkeypatc
     assert budget.planned_epochs() == told + 1 and budget.announced[0] < budget.total_steps()
     run = SimpleNamespace(budget=budget, trainer=SimpleNamespace(epochs=10, accum_steps=1))
     assert epoch_totals(run, 0, 1000)() == (told, 1000)
+    # a quiet re-plan that ends the run in the epoch being trained: that epoch is the last, as the bar then says
+    budget.adopt(120, 2_500)
+    assert epoch_totals(run, 2, 1000)() == (3, 500)
 
 
 def resized_budget(**timed) -> Budget:

@@ -440,24 +440,6 @@ class Budget:
             "fixed_share": self.pricing.share,
         }
 
-    def record(self, step: int, wall_s: float, final_lr: float) -> dict:
-        """metrics.json's `budget`: the budget, the time used, the steps planned and trained, the plans."""
-        budget = self.shape.budget_s
-        return {
-            "budget_s": budget,
-            "wall_s": wall_s,
-            "planned_steps": self.total_steps(),
-            "trained_steps": step,
-            "planned_epochs": self.total_steps() / self.shape.steps_per_epoch,
-            "final_lr": final_lr,  # the rate of the last step trained (of a stopped run: at the stop)
-            "replans": max(0, len(self.history) - 1),
-            "first_plan_steps": self.history[0]["total_steps"] if self.history else None,  # against trained_steps
-            "fixed_share": self.pricing.share,  # progressive resizing: the share of a step the tokens do not grow
-            "overrun_s": max(0.0, wall_s - budget),
-            "within_tolerance": wall_s - budget <= tolerance(budget),
-            "plans": list(self.history),
-        }
-
 
 TOO_SMALL = -1  # a decision: the budget cannot hold the run
 

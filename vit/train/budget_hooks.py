@@ -8,7 +8,7 @@ import logging
 import math
 
 from vit.settings.trainer import duration
-from vit.train.budget import Budget, clock
+from vit.train.budget import Budget, clock, tolerance
 from vit.train.callbacks import Callback
 from vit.train.run_shape import RunShape
 
@@ -200,6 +200,25 @@ def timed_full_step_s(width_choice: dict | None, accum_steps: int) -> float | No
     return None
 
 
+def budget_record(budget: Budget, step: int, wall_s: float, final_lr: float) -> dict:
+    """metrics.json's `budget`: the budget, the time used, the steps planned and trained, the plans."""
+    budget_s, history = budget.shape.budget_s, budget.history
+    return {
+        "budget_s": budget_s,
+        "wall_s": wall_s,
+        "planned_steps": budget.total_steps(),
+        "trained_steps": step,
+        "planned_epochs": budget.total_steps() / budget.shape.steps_per_epoch,
+        "final_lr": final_lr,  # the rate of the last step trained (of a stopped run: at the stop)
+        "replans": max(0, len(history) - 1),
+        "first_plan_steps": history[0]["total_steps"] if history else None,  # against trained_steps
+        "fixed_share": budget.pricing.share,  # progressive resizing: the share of a step the tokens do not grow
+        "overrun_s": max(0.0, wall_s - budget_s),
+        "within_tolerance": wall_s - budget_s <= tolerance(budget_s),
+        "plans": list(history),
+    }
+
+
 def budget_line(record: dict, stopped: bool = False) -> str:
     """The run's last console line about its budget: the time used against it, the steps planned and trained, the
     re-plans (each in metrics.json) and the learning rate reached: the final one, or for a run stopped before its
@@ -247,7 +266,7 @@ class BudgetPlan(Callback):
     def on_train_end(self, run, metrics: dict) -> None:
         step = run.step_state.step
         final_lr = run.step_parts.optimizer.param_groups[0]["lr"]
-        metrics["budget"] = self.budget.record(step, metrics["wall_time_s"], final_lr)
+        metrics["budget"] = budget_record(self.budget, step, metrics["wall_time_s"], final_lr)
         run.report.scalars({"budget/wall_s": metrics["wall_time_s"], "budget/trained_steps": step}, step)
         run.report.line(budget_line(metrics["budget"], stopped=run.stop.name is not None))
 

@@ -145,9 +145,11 @@ def epoch_totals(run: Run, epoch: int, batches: int) -> Callable[[], tuple[int |
             return None, batches
         spe = budget.shape.steps_per_epoch
         steps_left = budget.total_steps() - epoch * spe  # optimizer steps
-        # the epochs of the plan the log last told of: a re-plan too small for a line leaves the total as it was
+        # the epochs of the plan the log last told of: a re-plan too small for a line leaves the total as it was,
+        # unless the current plan ends in this epoch, which is then the last whatever the log said
         told = math.ceil(budget.announced[0] / spe) if budget.announced else budget.planned_epochs()
-        return max(told, epoch + 1), min(batches, max(0, steps_left) * run.trainer.accum_steps)
+        epochs = epoch + 1 if budget.planned_epochs() == epoch + 1 else max(told, epoch + 1)
+        return epochs, min(batches, max(0, steps_left) * run.trainer.accum_steps)
 
     return totals
 
