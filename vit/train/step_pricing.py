@@ -6,9 +6,9 @@ A step at s px costs `share + (1 - share) * (s / full)^2` of a full-size step: a
 image, which it augments at the full size before the step resizes, each operator's dispatch). The fixed share is
 measured from trainer.width_by_budget's timing of the picked width at the full size against the step measured at
 the first size: at the first plan, and again at every re-plan while the run still trains at that size, since the
-first few steps of a process can run slower or faster than the rest (docs/BENCHMARKS.md, "The budget's first plan against the
-steps trained"). Once the run trains at another size the share is kept. Without that timing it is 0, the token
-count alone.
+first few steps of a process can run slower or faster than the rest (docs/BENCHMARKS.md, "The budget's first
+plan against the steps trained"). Once the run trains at another size the share is kept. Without that timing it is
+0, the token count alone.
 """
 
 from __future__ import annotations
