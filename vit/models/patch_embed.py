@@ -236,7 +236,9 @@ class ConvStemEmbed(PatchGrid):
         stem.4: Conv 1x1 (with bias)             (B, 128, 8, 8)
 
     In this ViT/4 each added convolution costs 576 C^2 multiply-adds per CIFAR image (9 (C/2)^2 at each of the
-    16 x 16 positions, or 9 C^2 at each of the 8 x 8), and every token sees a 19 x 19 window instead of 7 x 7."""
+    16 x 16 positions, or 9 C^2 at each of the 8 x 8), and every token sees a 19 x 19 window instead of 7 x 7.
+
+    `whitening=True` asks the trainer to start the first convolution from the training images (`whiten`)."""
 
     def __init__(
         self,
@@ -245,6 +247,7 @@ class ConvStemEmbed(PatchGrid):
         in_chans: int = 3,
         embed_dim: int = 768,
         convs_per_stage: int = 1,
+        whitening: bool = False,
     ) -> None:
         from timm.models.vision_transformer_hybrid import ConvStem
 
@@ -259,6 +262,41 @@ class ConvStemEmbed(PatchGrid):
             kernel_size=(3,) * convs + (1,),
             stride=((2,) + (1,) * (convs_per_stage - 1)) * stages + (1,),
         )
+        self.whitening = whitening
+
+    @torch.no_grad()
+    def whiten(self, images: torch.Tensor, eps: float = 5e-4, chunk: int = 256) -> int:
+        """Patch whitening, airbench's initialisation of its first convolution (Jordan 2024), for the stem's first
+        convolution (k x k kernel, c input channels, o output channels; d = c k^2 numbers a patch):
+
+            patches  P: every k x k patch of `images`, stride 1       (M, d)   images (B, c, H, W), normalised
+            moments  S = P^T P / M                                    (d, d)   not centred, as airbench's
+            S = V diag(lambda) V^T, lambda descending                          torch.linalg.eigh
+            filter i = V[:, i] / sqrt(lambda_i + eps)                          unit variance on these patches
+            weight = [filter 1..n, -filter 1..n, the rest as it was]  (o, c, k, k), n = min(d, o // 2)
+
+        Each filter's response to the patches is one whitened coordinate: the smooth directions (large lambda) and
+        the edges and textures (small lambda) start at the same scale. The pair w, -w keeps both signs through the
+        ReLU. For the 144-wide ViT/4: d = 27, o = 72, so 54 channels are whitened and 18 keep their random start.
+        The filters then train like every other weight (airbench freezes its own). Returns 2 n, the channels set."""
+        conv = self.stem[0].conv
+        d = conv.weight[0].numel()
+        moments = torch.zeros(d, d, dtype=torch.float64, device=conv.weight.device)
+        count = 0
+        for part in images.split(chunk):
+            patches = F.unfold(part.to(conv.weight.device, torch.float32), conv.kernel_size)  # (b, d, L)
+            patches = patches.transpose(1, 2).reshape(-1, d).double()  # (b L, d): (channel, row, column) order
+            moments += patches.T @ patches
+            count += len(patches)
+        if count == 0:
+            raise ValueError(f"whiten needs images of at least {tuple(conv.kernel_size)} pixels, got none")
+        eigenvalues, eigenvectors = torch.linalg.eigh(moments / count)  # ascending
+        n = min(d, conv.out_channels // 2)
+        top = eigenvalues.flip(0)[:n], eigenvectors.flip(1)[:, :n]  # (n,), (d, n): the largest first
+        filters = (top[1] / (top[0] + eps).sqrt()).T.reshape(n, *conv.weight.shape[1:])  # (n, c, k, k)
+        conv.weight[:n] = filters.to(conv.weight.dtype)
+        conv.weight[n : 2 * n] = -filters.to(conv.weight.dtype)
+        return 2 * n
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)

@@ -44,6 +44,9 @@ class ViTConfig(ClassifierConfig):
     # patch_embed="conv": 3 x 3 convolutions per halving of the stem (`ConvStemEmbed`). 1 is Xiao et al.'s stem (one
     # of stride 2 each); every one more adds a convolution of stride 1 at that stage: a deeper convolutional tokenizer
     stem_convs_per_stage: int = 1
+    # patch_embed="conv": the trainer starts the stem's first convolution from the whitening of the 3 x 3 patches of
+    # its first training images (airbench's patch-whitening initialisation, `ConvStemEmbed.whiten`)
+    stem_whitening: bool = False
     # Accept images of other sizes (sides multiples of `patch_size`): the position table is resampled (bicubic) to
     # the input's patch grid in `forward`, as timm's `dynamic_img_size` does. The trainer switches it on for
     # progressive resizing; the parameters and state dict do not change.
@@ -59,6 +62,10 @@ class ViTConfig(ClassifierConfig):
             raise ValueError(f"stem_convs_per_stage={depth!r} must be a whole number of at least 1")
         if depth > 1 and self.patch_embed != "conv":
             raise ValueError(f"stem_convs_per_stage={depth} is for patch_embed=conv, not {self.patch_embed!r}")
+        if not isinstance(self.stem_whitening, bool):
+            raise ValueError(f"stem_whitening={self.stem_whitening!r} must be true or false")
+        if self.stem_whitening and self.patch_embed != "conv":
+            raise ValueError(f"stem_whitening=true is for patch_embed=conv, not {self.patch_embed!r}")
         if not isinstance(self.patch_bias, bool):
             raise ValueError(f"patch_bias={self.patch_bias!r} must be true or false")
         if not self.patch_bias and self.patch_embed != "standard":
@@ -81,7 +88,8 @@ class VisionTransformer(TransformerClassifier):
         if config.patch_embed == "standard":
             embed = PatchEmbed(**sizes, embed_dim=config.embed_dim, bias=config.patch_bias)
         elif config.patch_embed == "conv":
-            embed = ConvStemEmbed(**sizes, embed_dim=config.embed_dim, convs_per_stage=config.stem_convs_per_stage)
+            embed = ConvStemEmbed(**sizes, embed_dim=config.embed_dim, convs_per_stage=config.stem_convs_per_stage,
+                                  whitening=config.stem_whitening)  # fmt: skip
         else:
             embed = PATCH_EMBEDS[config.patch_embed](**sizes, embed_dim=config.embed_dim)
         embed.dynamic_img_size = config.dynamic_img_size

@@ -249,6 +249,8 @@ def build_setup(
             write_built_configs(run_dir, resolved, {**configured, "model": composed}, changed)
     if pretrained is not None:
         load_pretrained_weights(model, pretrained, bundle.class_to_idx)
+    whiten_stem(model, bundle.train_loader, dist, "model.pretrained" if pretrained is not None else
+                "the checkpoint it resumes" if resume_path is not None else None)  # fmt: skip
     freeze(model, cfg.model.get("freeze"))  # frozen parameters get no optimizer state and no weight decay
     use_grad_checkpointing(model, trainer.grad_checkpointing)
     model = model.to(device)
@@ -261,6 +263,32 @@ def build_setup(
     log.info("%s: %.2f M params, %.3f GMACs per image", label, cost.params / 1e6, cost.macs / 1e9)
     record = width_choice.record() if width_choice is not None else None
     return RunSetup(resolved, model, bundle, distiller, task, cost, resume_path, resize, *threads, record, precision)
+
+
+def whiten_stem(model: nn.Module, loader: Iterable, dist: Distributed, weights_from: str | None,
+                images: int = 4096) -> None:  # fmt: skip
+    """model.stem_whitening: the stem's first convolution starts from the whitening of the first `images` training
+    images' patches, as the loader gives them (`ConvStemEmbed.whiten`); rank 0's filters on every rank. Not where
+    the weights come from elsewhere (`weights_from`), which the log says."""
+    embed = getattr(model, "patch_embed", None)
+    if not getattr(embed, "whitening", False):
+        return
+    if weights_from is not None:
+        log.info("model.stem_whitening: not applied, the weights come from %s", weights_from)
+        return
+    batches, seen = [], 0
+    for batch, _ in loader:  # (B, 3, H, W) normalised; stopping early leaves the loader's epoch as it was
+        batches.append(batch)
+        seen += len(batch)
+        if seen >= images:
+            break
+    whitened = embed.whiten(torch.cat(batches)[:images])
+    conv = embed.stem[0].conv
+    with torch.no_grad():
+        conv.weight.copy_(dist.broadcast(conv.weight.detach().cpu()))
+    log.info("model.stem_whitening: the stem's first convolution starts from the whitening of %s training "
+             "images' %dx%d patches (%d of its %d channels)", f"{min(seen, images):,}", *conv.kernel_size, whitened,
+             conv.out_channels)  # fmt: skip
 
 
 def build_train_data(cfg: DictConfig, seed: int, dist: Distributed, loader_wrapper, device: torch.device):
