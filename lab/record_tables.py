@@ -175,12 +175,13 @@ COMPARISON_FIXED = ("experiment=", "data.root=", "data.holdout=", "trainer.seed=
 COMPARISON_FIXED += ("trainer.epochs=",)  # a comparison at equal epochs: every run's, in its section's command
 
 
-def budget_comparison_table(folder: Path) -> str:
+def budget_comparison_table(folder: Path, first: tuple[Path, ...] = ()) -> str:
     """Runs of one experiment on the holdout, a subfolder each (metrics.json, .hydra/overrides.yaml), in the
-    subfolders' order: the settings each adds to the experiment, the steps trained (what the budget bought, or the
-    epochs set), the holdout top-1 at each evaluation on the way and at the end; the best final score in bold."""
+    subfolders' order after the run folders `first` (a baseline recorded elsewhere): the settings each adds to the
+    experiment, the steps trained (what the budget bought, or the epochs set), the holdout top-1 at each evaluation
+    on the way and at the end; the best final score in bold."""
     runs = []
-    for path in sorted(p for p in folder.iterdir() if (p / "metrics.json").is_file()):
+    for path in [*first, *sorted(p for p in folder.iterdir() if (p / "metrics.json").is_file())]:
         overrides = OmegaConf.load(path / ".hydra" / "overrides.yaml")
         chosen = [str(o) for o in overrides if not str(o).startswith(COMPARISON_FIXED)]
         runs.append((chosen, json.loads((path / "metrics.json").read_text())))
@@ -207,6 +208,11 @@ def budget_comparison_table(folder: Path) -> str:
         ])  # fmt: skip
     header = ["settings added", "steps (epochs)", "train img/s", "wall s", "holdout top-1 on the way", "holdout top-1"]
     return markdown_table(header, rows)
+
+
+def levers_beside_recipe_table(folder: Path) -> str:
+    """The 30-minute lever runs on the AMX Xeon after the recipe's own run on that machine, the widths' record."""
+    return budget_comparison_table(folder, first=(folder.parent / "amx_xeon_30m_widths" / "recipe",))
 
 
 def tta_table(folder: Path) -> str:
@@ -350,6 +356,7 @@ FIRST_PLANS = [
     ("2-core AMD EPYC Zen 5, AVX512-BF16 (a slower host)", "avx512_zen5_30m_first_plan"),
     ("2-core Intel Xeon, AMX-BF16", "amx_xeon_30m"),
     ("2-core Intel Xeon, AMX-BF16 (holdout)", "amx_xeon_30m_widths"),
+    ("2-core Intel Xeon, AMX-BF16 (holdout, levers)", "amx_xeon_30m_levers"),
 ]
 
 
@@ -1206,6 +1213,7 @@ TABLES: dict[str, DocTable] = {
     "recipe_widths_xeon_amx": DocTable("cpu_step_xeon_amx", width_rate_table),
     "matmul_xeon_amx": DocTable("cpu_step_xeon_amx", cpu_matmul_table),
     "cifar10_widths_30m_xeon_amx": DocTable("cifar10_cpu_budget/amx_xeon_30m_widths", budget_comparison_table),
+    "cifar10_levers_30m_xeon_amx": DocTable("cifar10_cpu_budget/amx_xeon_30m_levers", levers_beside_recipe_table),
     "busy_cpu_wait_policy_zen5": DocTable("busy_cpu_zen5", wait_policy_table),
     "busy_cpu_eval_zen5": DocTable("busy_cpu_zen5", busy_eval_table),
     "busy_cpu_alone_zen5": DocTable("busy_cpu_zen5", alone_interleaved_table),

@@ -76,7 +76,9 @@ def test_the_trainer_whitens_from_its_first_training_images_unless_weights_come_
         whiten_stem(model, loader, Distributed(), None, images=100)
     torch.testing.assert_close(model.patch_embed.stem[0].conv.weight[:24], reference.stem[0].conv.weight[:24])
     assert "whitening of 100 training images' 3x3 patches (24 of its 24 channels)" in caplog.text
-    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    images, labels = loader[0]
+    torch.nn.functional.cross_entropy(model(images), labels).backward()  # the whitened filters train on
+    assert model.patch_embed.stem[0].conv.weight.grad[:24].abs().amin(dim=(1, 2, 3)).gt(0).all()
 
 
 def test_whitening_is_a_choice_of_the_conv_stem_only():
