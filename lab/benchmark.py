@@ -30,6 +30,8 @@ Keys (default):
     warmup (5), min_round_s (0.5)   untimed calls first; a round lasts at least this long
     device (auto)           auto | cpu | cuda
     threads                 torch (and onnxruntime) CPU threads: a count, or auto (trainer.threads=auto's rule)
+    malloc (auto)           auto | reuse | system: glibc malloc's handling of freed blocks, as trainer.malloc
+                            (auto: reuse on a CPU, the trainer's default); mode=e2e takes trainer.malloc=
     amp (auto), peer_amp (same)     precision of ours, as trainer.amp (auto | bf16 | fp16 | none; steps and
                             profile), and of the peer
     batches                 inference: comma list of batch sizes (1,64 on a CPU, 1,256 on CUDA)
@@ -63,6 +65,7 @@ from step_timing import bench_case, measure_peak_memory, to_markdown, to_record
 
 from vit.cli.args import parse_args, run_script
 from vit.errors import UsageError
+from vit.runtime.host_memory import set_malloc
 from vit.train.thread_fit import choose_threads
 
 MODES = ("steps", "inference", "e2e", "profile")
@@ -82,6 +85,7 @@ KNOWN = {
     "min_round_s": "0.5",
     "device": "auto",
     "threads": None,
+    "malloc": "auto",
     "amp": "auto",
     "peer_amp": "same",
     "batches": None,
@@ -111,6 +115,7 @@ class Options:
     min_round_s: float
     device: str
     threads: int | str | None
+    malloc: str
     amp: str
     peer_amp: str
     batches: list[str] | None
@@ -155,6 +160,7 @@ def read_options(argv: list[str]) -> Options:
         min_round_s=min_round_s,
         device=choice(args, "device", ("auto", "cpu", "cuda")),
         threads="auto" if args.get("threads") == "auto" else args.integer("threads"),
+        malloc=choice(args, "malloc", ("auto", "reuse", "system")),
         amp=choice(args, "amp", AMPS),
         peer_amp=choice(args, "peer_amp", ("same", *AMPS)),
         batches=args["batches"],
@@ -289,6 +295,9 @@ def run(args: Options) -> int:
         device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
         device = torch.device(args.device)
+    malloc = set_malloc(args.malloc, device.type)  # the trainer's setting (trainer.malloc): the step a run takes
+    if malloc is not None:
+        print(malloc.text)
     if args.mode == "inference":
         return run_inference(args, names, device)
     if device.type == "cuda":

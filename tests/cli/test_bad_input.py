@@ -394,6 +394,7 @@ def test_every_float_knob_refuses_a_non_finite_value(key, value):
         ("model.qkv_bias=1", "model.qkv_bias=1 must be true or false"),
         ("model.lsa=maybe", "model.lsa='maybe' must be true or false"),
         ("model.stem_whitening=maybe", "model.stem_whitening='maybe' must be true or false"),
+        ("trainer.malloc=keep", "trainer.malloc='keep' must be one of ('auto', 'reuse', 'system')"),
         ("data.augment.hflip_alternate=maybe", "data.augment.hflip_alternate='maybe' must be true or false"),
         ("optim.betas=abc", "optim.betas='abc' must be a list of 2 numbers or null"),
         ("data.std=[a,1,1]", "data.std=['a', 1, 1] must be a list of 3 numbers or null"),

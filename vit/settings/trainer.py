@@ -204,6 +204,9 @@ class TrainerSettings(Settings):
     amp: AmpMode = knob("auto")
     # torch's CPU threads: auto (the CPUs other processes leave free, re-read while running) | <n>
     threads: int | str = knob("auto", parse=parse_threads)
+    # reuse: glibc's malloc keeps the blocks a step frees for the next step, no page faults (vit/runtime/host_memory.py)
+    # | system: its defaults | auto: reuse on a CPU, unless the environment chose an allocator (LD_PRELOAD, MALLOC_*_)
+    malloc: Literal["auto", "reuse", "system"] = knob("auto")
     compile: bool | str = knob("auto", parse=parse_compile)  # auto (on for CUDA) | true | false
     compile_mode: str = knob("default")  # torch.compile mode: default | reduce-overhead | max-autotune
     # model: the whole model in one graph | blocks: each encoder block compiled on its own (regional compilation:

@@ -21,6 +21,7 @@ from vit.models import Complexity, complexity
 from vit.records.files import atomic_write_text
 from vit.runtime.device import Precision, resolve_device
 from vit.runtime.distributed import Distributed
+from vit.runtime.host_memory import set_malloc
 from vit.search.trial import TrialReport
 from vit.settings import TrainerSettings, WidthByBudget
 from vit.tasks import Task, task_of
@@ -227,6 +228,9 @@ def build_setup(
     teacher = load_teacher(cfg.get("distill"))
     if teacher is not None:
         check_teacher_classes(teacher, cfg.data.get("num_classes"))
+    malloc = set_malloc(trainer.malloc, device.type)  # before the data and the steps allocate
+    if malloc is not None:
+        log.log(logging.WARNING if malloc.warning else logging.INFO, "%s", malloc.text)
     bundle = build_train_data(cfg, seed, dist, loader_wrapper, device)
     threads = choose_threads(trainer.threads, device, dist.world_size, resumed=resume_path is not None)
     torch.set_num_threads(threads[0])
