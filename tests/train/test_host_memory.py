@@ -1,6 +1,7 @@
 """trainer.malloc: glibc's malloc keeps a step's freed blocks for the next step (vit/runtime/host_memory.py). What
 each setting applies, what it says, and, on this machine's glibc, that reused memory no longer faults."""
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -133,3 +134,5 @@ def test_a_run_logs_the_choice(tmp_path):
     log = (tmp_path / "run" / "train.log").read_text()
     expected = "stay in the heap for the next step" if is_glibc() else "trainer.malloc=reuse needs glibc's malloc"
     assert log.count("trainer.malloc=reuse") == 1 and expected in log
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert expected in metrics["host_memory"]  # the run's record says it too

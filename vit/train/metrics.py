@@ -142,6 +142,7 @@ def run_metrics(run) -> dict:
         "device": str(settings.device),
         "threads": run.setup.threads,
         "threads_reason": run.setup.threads_reason,
+        "host_memory": run.setup.host_memory,
         "width_by_budget": run.setup.width_choice,
         "history": history,
         "val_split": bundle.val_name,

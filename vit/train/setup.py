@@ -110,6 +110,7 @@ class RunSetup:
     threads_reason: str
     width_choice: dict | None = None  # trainer.width_by_budget: the width picked, why, and what was timed
     precision: Precision | None = None  # the precision trainer.width_by_budget timed the faster, where it timed two
+    host_memory: str | None = None  # trainer.malloc's line: what the C allocator does with freed blocks; None: nothing
 
 
 @dataclass
@@ -194,6 +195,24 @@ class Run:
         return self.task.evaluate(*args, flip=self.trainer.eval_flip, shift=self.trainer.eval_shift)
 
 
+def set_threads(setting: int | str, device: torch.device, world_size: int, resumed: bool) -> tuple[int, str]:
+    """`trainer.threads` applied to torch: the count and why, logged in one line."""
+    threads = choose_threads(setting, device, world_size, resumed=resumed)
+    torch.set_num_threads(threads[0])
+    log.info("threads: %d (%s)", *threads)
+    return threads
+
+
+def apply_malloc(setting: str, device: torch.device) -> str | None:
+    """`trainer.malloc` applied for a run on `device`: its line, logged (a warning where the setting could not run as
+    given) and returned for metrics.json; None where there is nothing to say."""
+    malloc = set_malloc(setting, device.type)
+    if malloc is None:
+        return None
+    log.log(logging.WARNING if malloc.warning else logging.INFO, "%s", malloc.text)
+    return malloc.text
+
+
 def build_setup(
     cfg: DictConfig,
     trainer: TrainerSettings,
@@ -228,13 +247,9 @@ def build_setup(
     teacher = load_teacher(cfg.get("distill"))
     if teacher is not None:
         check_teacher_classes(teacher, cfg.data.get("num_classes"))
-    malloc = set_malloc(trainer.malloc, device.type)  # before the data and the steps allocate
-    if malloc is not None:
-        log.log(logging.WARNING if malloc.warning else logging.INFO, "%s", malloc.text)
+    host_memory = apply_malloc(trainer.malloc, device)  # before the data and the steps allocate
     bundle = build_train_data(cfg, seed, dist, loader_wrapper, device)
-    threads = choose_threads(trainer.threads, device, dist.world_size, resumed=resume_path is not None)
-    torch.set_num_threads(threads[0])
-    log.info("threads: %d (%s)", *threads)
+    threads = set_threads(trainer.threads, device, dist.world_size, resumed=resume_path is not None)
     configured = {group: OmegaConf.to_container(cfg[group], resolve=True) for group in LONG_GROUPS}
     width_choice, precision = width_and_precision(cfg, trainer, width_choice, task, bundle, device, dist, resize,
                                                   budget_left)  # fmt: skip
@@ -266,7 +281,8 @@ def build_setup(
     label = resolved["model"]["name"]
     log.info("%s: %.2f M params, %.3f GMACs per image", label, cost.params / 1e6, cost.macs / 1e9)
     record = width_choice.record() if width_choice is not None else None
-    return RunSetup(resolved, model, bundle, distiller, task, cost, resume_path, resize, *threads, record, precision)
+    return RunSetup(resolved, model, bundle, distiller, task, cost, resume_path, resize, *threads, record, precision,
+                    host_memory)  # fmt: skip
 
 
 def whiten_stem(model: nn.Module, loader: Iterable, dist: Distributed, weights_from: str | None,
