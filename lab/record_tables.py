@@ -458,6 +458,42 @@ def width_rate_table(folder: Path) -> str:
     return markdown_table(header, rows)
 
 
+def _time_v(path: Path) -> dict[str, float]:
+    """GNU time's `-v` report as numbers: {"Minor (reclaiming a frame) page faults": 7081515.0, ...}."""
+    fields = {}
+    for line in path.read_text().splitlines():
+        key, _, value = line.strip().rpartition(": ")
+        if key and value.replace(".", "", 1).isdigit():
+            fields[key] = float(value)
+    return fields
+
+
+def malloc_table(folder: Path) -> str:
+    """One-epoch trainer runs under each `trainer.malloc` (a subfolder each, `<setting>_<round>/`: metrics.json,
+    .hydra/overrides.yaml and `time.txt`, GNU time's `-v` report), in the order they ran (`order.txt`): the epoch's
+    img/s and seconds, the process's minor page faults, system CPU seconds and peak RSS, and its train loss and
+    holdout top-1 (the same arithmetic gives the same figures)."""
+    rows = []
+    for name in (folder / "order.txt").read_text().split():
+        run = folder / name
+        metrics, timed = json.loads((run / "metrics.json").read_text()), _time_v(run / "time.txt")
+        setting = next(str(o) for o in OmegaConf.load(run / ".hydra" / "overrides.yaml") if "malloc" in str(o))
+        final = metrics["final"]
+        rows.append([
+            f"`{setting.split('.', 1)[1]}`",
+            f"{metrics['train_img_per_s']:.0f}",
+            f"{final['epoch_seconds']:.1f}",
+            f"{timed['Minor (reclaiming a frame) page faults'] / 1e6:.2f} M",
+            f"{timed['System time (seconds)']:.1f}",
+            f"{timed['Maximum resident set size (kbytes)'] / 2**20:.2f}",
+            f"{final['train_loss']:.4f}",
+            f"{final['val_top1']:.2f}%",
+        ])  # fmt: skip
+    header = ["setting", "train img/s", "epoch s", "minor page faults", "system CPU s", "peak RSS GiB",
+              "train loss", "holdout top-1"]  # fmt: skip
+    return markdown_table(header, rows)
+
+
 def cuda_tier_table(folder: Path) -> str:
     """The GPU tier's JUnit files (`cuda_tier_<commit>.xml`): each test's outcome at each commit it ran at."""
     runs, started = {}, {}
@@ -1212,6 +1248,7 @@ TABLES: dict[str, DocTable] = {
     "busy_cpu_step_xeon_amx": DocTable("busy_cpu_xeon_amx", busy_step_table),
     "recipe_widths_xeon_amx": DocTable("cpu_step_xeon_amx", width_rate_table),
     "matmul_xeon_amx": DocTable("cpu_step_xeon_amx", cpu_matmul_table),
+    "malloc_xeon_amx": DocTable("cpu_malloc_xeon_amx", malloc_table),
     "cifar10_widths_30m_xeon_amx": DocTable("cifar10_cpu_budget/amx_xeon_30m_widths", budget_comparison_table),
     "cifar10_levers_30m_xeon_amx": DocTable("cifar10_cpu_budget/amx_xeon_30m_levers", levers_beside_recipe_table),
     "busy_cpu_wait_policy_zen5": DocTable("busy_cpu_zen5", wait_policy_table),
