@@ -1249,6 +1249,7 @@ TABLES: dict[str, DocTable] = {
     "recipe_widths_xeon_amx": DocTable("cpu_step_xeon_amx", width_rate_table),
     "matmul_xeon_amx": DocTable("cpu_step_xeon_amx", cpu_matmul_table),
     "malloc_xeon_amx": DocTable("cpu_malloc_xeon_amx", malloc_table),
+    "malloc_fp32_96_xeon_amx": DocTable("cpu_malloc_xeon_amx/fp32_96", malloc_table),
     "cifar10_widths_30m_xeon_amx": DocTable("cifar10_cpu_budget/amx_xeon_30m_widths", budget_comparison_table),
     "cifar10_levers_30m_xeon_amx": DocTable("cifar10_cpu_budget/amx_xeon_30m_levers", levers_beside_recipe_table),
     "busy_cpu_wait_policy_zen5": DocTable("busy_cpu_zen5", wait_policy_table),
