@@ -19,9 +19,8 @@ import ctypes
 import os
 import platform
 from dataclasses import dataclass
-from typing import Literal
 
-MallocSetting = Literal["auto", "reuse", "system"]
+from vit.settings.trainer import MallocMode
 
 # glibc's mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD = -1
@@ -61,7 +60,7 @@ class MallocLine:
     warning: bool = False
 
 
-def set_malloc(setting: MallocSetting, device_type: str, environ=os.environ, libc=None) -> MallocLine | None:
+def set_malloc(setting: MallocMode, device_type: str, environ=os.environ, libc=None) -> MallocLine | None:
     """Apply `trainer.malloc`=`setting` for a run on `device_type` ("cpu", "cuda"). Returns the line the run logs,
     or None where there is nothing to say (auto on a GPU or off glibc, system). `libc`: the C library (a test passes
     a stand-in); default glibc's, loaded where this process runs on it."""
@@ -93,4 +92,4 @@ def set_malloc(setting: MallocSetting, device_type: str, environ=os.environ, lib
     )
 
 
-__all__ = ["MallocLine", "MallocSetting", "is_glibc", "set_malloc", "user_allocator"]
+__all__ = ["MallocLine", "is_glibc", "set_malloc", "user_allocator"]

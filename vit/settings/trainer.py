@@ -124,6 +124,8 @@ def parse_resume(value) -> str | None:
 # trainer.amp's choices, also those of the tools' amp= (vit-eval, vit-predict).
 AmpMode = Literal["auto", "bf16", "fp16", "none"]
 AMP_MODES: tuple[str, ...] = typing.get_args(AmpMode)
+MallocMode = Literal["auto", "reuse", "system"]  # trainer.malloc (vit/runtime/host_memory.py)
+MALLOC_MODES: tuple[str, ...] = typing.get_args(MallocMode)
 
 
 @dataclass(frozen=True)
@@ -206,7 +208,7 @@ class TrainerSettings(Settings):
     threads: int | str = knob("auto", parse=parse_threads)
     # reuse: glibc's malloc keeps the blocks a step frees for the next step, no page faults (vit/runtime/host_memory.py)
     # | system: its defaults | auto: reuse on a CPU, unless the environment chose an allocator (LD_PRELOAD, MALLOC_*_)
-    malloc: Literal["auto", "reuse", "system"] = knob("auto")
+    malloc: MallocMode = knob("auto")
     compile: bool | str = knob("auto", parse=parse_compile)  # auto (on for CUDA) | true | false
     compile_mode: str = knob("default")  # torch.compile mode: default | reduce-overhead | max-autotune
     # model: the whole model in one graph | blocks: each encoder block compiled on its own (regional compilation:

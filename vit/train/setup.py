@@ -24,6 +24,7 @@ from vit.runtime.distributed import Distributed
 from vit.runtime.host_memory import set_malloc
 from vit.search.trial import TrialReport
 from vit.settings import TrainerSettings, WidthByBudget
+from vit.settings.trainer import MallocMode
 from vit.tasks import Task, task_of
 from vit.tasks.build import built_config_file, pretrained_architecture
 from vit.train.callbacks import Callbacks
@@ -203,7 +204,7 @@ def set_threads(setting: int | str, device: torch.device, world_size: int, resum
     return threads
 
 
-def apply_malloc(setting: str, device: torch.device) -> str | None:
+def apply_malloc(setting: MallocMode, device: torch.device) -> str | None:
     """`trainer.malloc` applied for a run on `device`: its line, logged (a warning where the setting could not run as
     given) and returned for metrics.json; None where there is nothing to say."""
     malloc = set_malloc(setting, device.type)
