@@ -54,6 +54,7 @@ the protocols, docs/BENCHMARKS.md for results.
 from __future__ import annotations
 
 import sys
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,7 +67,7 @@ from step_timing import bench_case, measure_peak_memory, to_markdown, to_record
 from vit.cli.args import parse_args, run_script
 from vit.errors import UsageError
 from vit.runtime.host_memory import set_malloc
-from vit.settings.trainer import MALLOC_MODES
+from vit.settings.trainer import MallocMode
 from vit.train.thread_fit import choose_threads
 
 MODES = ("steps", "inference", "e2e", "profile")
@@ -161,7 +162,7 @@ def read_options(argv: list[str]) -> Options:
         min_round_s=min_round_s,
         device=choice(args, "device", ("auto", "cpu", "cuda")),
         threads="auto" if args.get("threads") == "auto" else args.integer("threads"),
-        malloc=choice(args, "malloc", MALLOC_MODES),
+        malloc=choice(args, "malloc", typing.get_args(MallocMode)),
         amp=choice(args, "amp", AMPS),
         peer_amp=choice(args, "peer_amp", ("same", *AMPS)),
         batches=args["batches"],

@@ -125,7 +125,6 @@ def parse_resume(value) -> str | None:
 AmpMode = Literal["auto", "bf16", "fp16", "none"]
 AMP_MODES: tuple[str, ...] = typing.get_args(AmpMode)
 MallocMode = Literal["auto", "reuse", "system"]  # trainer.malloc (vit/runtime/host_memory.py)
-MALLOC_MODES: tuple[str, ...] = typing.get_args(MallocMode)
 
 
 @dataclass(frozen=True)
