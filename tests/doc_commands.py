@@ -207,6 +207,7 @@ TINY_SCRIPT_ARGS = [
     (r"lab/bench_shards\.py", "images=64 batch=32 workers=0 repeats=1"),
     (r"lab/bench_cpu_bf16\.py", "cases=32x16x320x2 rounds=1 threads=1"),  # 2 steps a round
     (r"lab/bench_matmul\.py", "n=64 rounds=1"),
+    (r"lab/bench_layernorm\.py", "rows=64 widths=8 case=toy rounds=1 threads=1"),
     (r"lab/bench_attention\.py", "cases=16x8x2x4 rounds=1 threads=1"),
     (r"lab/bench_naflex\.py", "seq_lens=4,16 batch_size=4 width=16 depth=1 heads=2 rounds=1 threads=1"),
     (r"lab/bench_cpu_setup\.py", "rounds=1 batches=1 settings=memory-t1 warmup=false"),

@@ -131,6 +131,21 @@ def test_optimizer_step_table_times_each_optimizer_as_the_trainer_builds_it(tmp_
     assert bad.returncode == 2 and "muon's variants are timm, fp32, bf16" in bad.stderr
 
 
+def test_layernorm_record_holds_the_errors_of_both_sides_and_every_rounds_speed(tmp_path):
+    out = tmp_path / "layernorm.json"
+    args = ["rows=64,4096", "widths=48", "case=toy", "rounds=2", "threads=1", f"json={out}"]
+    assert load_script("bench_layernorm").main(args) == 0
+    record = json.loads(out.read_text())
+    assert_measurement_record(record, "bench_layernorm", "lab/bench_layernorm.py rows=64,4096 widths=48")
+    assert [(row["rows"], row["width"]) for row in record["errors"]] == [(64, 48), (4096, 48)]
+    big = record["errors"][1]
+    assert set(big["pytorch_bf16"]) == {"input", "weight", "bias"} and big["float32_inside"]["weight"] < 0.01
+    speeds = record["img_per_s_rounds"]
+    assert len(speeds["pytorch_bf16"]) == len(speeds["float32_inside"]) == len(record["ratio_rounds"]) == 2
+    bad = script("bench_layernorm.py", "case=nope")
+    assert bad.returncode == 2 and "case='nope'" in bad.stderr
+
+
 def test_matmul_peak_record_holds_every_round(tmp_path, capsys):
     out = tmp_path / "matmul.json"
     assert load_script("bench_matmul").main(["n=8", "rounds=3", "dtype=fp32", "device=cpu", f"json={out}"]) == 0

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
+from vit.models.norm import LayerNorm
 from vit.models.rope import apply_rope
 
 ATTN_BACKENDS = ("auto", "math", "sdpa")
@@ -104,8 +105,8 @@ class Attention(nn.Module):
         self.scale = qk_scale if qk_scale is not None else self.head_dim**-0.5
         self.attn_backend = attn_backend
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
-        self.q_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()  # over head_dim
-        self.k_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
+        self.q_norm = LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()  # over head_dim
+        self.k_norm = LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else nn.Identity()
         self.attn_drop = nn.Dropout(attn_drop)
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)

@@ -38,6 +38,7 @@ from torch.nn.init import trunc_normal_
 from vit.models.classifier_config import ClassifierConfig, attention_choice, table_kind
 from vit.models.layers import AttentionPool, Block, run_blocks, to_2tuple
 from vit.models.naflex_tokens import masked_mean, naflex_features
+from vit.models.norm import LayerNorm
 from vit.models.pos_embed import factorized_table, make_factorized, make_pos_embed, resample_pos_embed
 from vit.models.rotary_positions import rotary_positions
 from vit.naflex import is_naflex
@@ -87,7 +88,7 @@ class TransformerClassifier(nn.Module):
         self.rope = rotary_positions(pos_embed, embed_dim // config.num_heads, config.depth, config.num_heads,
                                      self.num_prefix_tokens, config.rope_temperature, config.rope_ref_grid)  # fmt: skip
         self.pos_drop = nn.Dropout(config.drop_rate)
-        self.norm_pre = nn.LayerNorm(embed_dim, eps=config.norm_eps) if config.norm_pre else nn.Identity()
+        self.norm_pre = LayerNorm(embed_dim, eps=config.norm_eps) if config.norm_pre else nn.Identity()
         self.blocks = encoder_blocks(
             depth=config.depth,
             dim=embed_dim,
@@ -105,11 +106,11 @@ class TransformerClassifier(nn.Module):
             **attention_choice(config),
         )
         use_fc_norm = config.global_pool == "avg" if config.fc_norm is None else config.fc_norm
-        self.norm = nn.Identity() if use_fc_norm else nn.LayerNorm(embed_dim, eps=config.norm_eps)
+        self.norm = nn.Identity() if use_fc_norm else LayerNorm(embed_dim, eps=config.norm_eps)
         self.attn_pool = attention_pool(config) if config.global_pool == "map" else None
         # CCT's sequence pooling: one score per token, after the final norm as CCT places it.
         self.seq_pool = nn.Linear(embed_dim, 1) if config.global_pool == "seq" else None
-        self.fc_norm = nn.LayerNorm(embed_dim, eps=config.norm_eps) if use_fc_norm else nn.Identity()
+        self.fc_norm = LayerNorm(embed_dim, eps=config.norm_eps) if use_fc_norm else nn.Identity()
         self.head = self._new_head()
         self.head_dist = self._new_head() if config.distill_token else None
         self.init_weights()

@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from vit.models.attention import Attention
+from vit.models.norm import LayerNorm
 
 
 def check_rate(name: str, value: float) -> None:
@@ -51,7 +52,7 @@ ACTIVATIONS = {"gelu": nn.GELU, "quick_gelu": QuickGELU, "gelu_tanh": gelu_tanh}
 def inner_norm(width: int, norm_eps: float | None) -> nn.Module:
     """The LayerNorm inside an MLP, over its hidden width before fc2 (NormFormer's, EVA-02's `scale_mlp`), or
     nothing when `norm_eps` is None."""
-    return nn.Identity() if norm_eps is None else nn.LayerNorm(width, eps=norm_eps)
+    return nn.Identity() if norm_eps is None else LayerNorm(width, eps=norm_eps)
 
 
 class Mlp(nn.Module):
@@ -214,7 +215,7 @@ class Block(nn.Module):
         if mlp not in MLPS:
             raise ValueError(f"mlp={mlp!r} must be one of {tuple(MLPS)}")
         check_rate("drop_rate", proj_drop)
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.norm1 = LayerNorm(dim, eps=norm_eps)
         self.attn = attention(
             dim,
             num_heads=num_heads,
@@ -227,7 +228,7 @@ class Block(nn.Module):
         )
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.norm2 = LayerNorm(dim, eps=norm_eps)
         mlp_norm_eps = norm_eps if mlp_norm else None
         self.mlp = MLPS[mlp](dim, hidden_features=int(dim * mlp_ratio), drop=proj_drop, norm_eps=mlp_norm_eps)
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
@@ -291,7 +292,7 @@ class AttentionPool(nn.Module):
         self.q = nn.Linear(dim, dim)
         self.kv = nn.Linear(dim, 2 * dim)  # [k | v], each split into heads
         self.proj = nn.Linear(dim, dim)
-        self.norm = nn.LayerNorm(dim, eps=norm_eps)
+        self.norm = LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act=act)  # act: "gelu"; SigLIP 2's NaFlex heads "gelu_tanh"
 
     def init_weights(self) -> None:

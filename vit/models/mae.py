@@ -30,6 +30,7 @@ from einops import rearrange
 from torch import nn
 
 from vit.models.layers import Block
+from vit.models.norm import LayerNorm
 from vit.models.pos_embed import sincos_2d_table
 from vit.models.registry import model_arguments, model_entry
 from vit.models.vit import VisionTransformer, ViTConfig
@@ -87,7 +88,7 @@ class MaskedAutoencoder(VisionTransformer):
             Block(width, config.decoder_num_heads, mlp_ratio=mlp_ratio, qkv_bias=True)
             for _ in range(config.decoder_depth)
         )
-        self.decoder_norm = nn.LayerNorm(width, eps=1e-6)
+        self.decoder_norm = LayerNorm(width, eps=1e-6)
         self.decoder_pred = nn.Linear(width, patch_dim)
         self.init_weights()
 

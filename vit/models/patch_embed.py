@@ -10,6 +10,7 @@ from einops import rearrange
 from torch import nn
 
 from vit.models.layers import to_2tuple
+from vit.models.norm import LayerNorm
 
 
 class PatchGrid(nn.Module):
@@ -150,7 +151,7 @@ class ShiftedPatchEmbed(PatchGrid):
             )
         self.shift = (self.patch_size[0] // 2, self.patch_size[1] // 2)
         patch_dim = 5 * in_chans * self.patch_size[0] * self.patch_size[1]
-        self.norm = nn.LayerNorm(patch_dim)  # PyTorch's eps 1e-5, as the authors' code
+        self.norm = LayerNorm(patch_dim)  # PyTorch's eps 1e-5, as the authors' code
         self.proj = nn.Linear(patch_dim, embed_dim)
 
     def shifted_stack(self, x: torch.Tensor) -> torch.Tensor:
@@ -200,7 +201,7 @@ class OverlappingPatchEmbed(PatchGrid):
         kernel = tuple(2 * p - 1 for p in self.patch_size)
         padding = tuple(p // 2 for p in self.patch_size)
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=kernel, stride=self.patch_size, padding=padding)
-        self.norm = nn.LayerNorm(embed_dim)
+        self.norm = LayerNorm(embed_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.check_input(x)

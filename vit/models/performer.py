@@ -22,6 +22,8 @@ import math
 import torch
 from torch import nn
 
+from vit.models.norm import LayerNorm
+
 
 class TokenPerformer(nn.Module):
     """(B, N, dim) -> (B, N, dim_out): LayerNorm -> performer attention (+V skip) -> LayerNorm -> MLP (+residual).
@@ -43,8 +45,8 @@ class TokenPerformer(nn.Module):
         self.kqv = nn.Linear(dim, 3 * dim_out)
         self.proj_drop = nn.Dropout(proj_drop)
         self.proj = nn.Linear(dim_out, dim_out)
-        self.norm1 = nn.LayerNorm(dim)
-        self.norm2 = nn.LayerNorm(dim_out)
+        self.norm1 = LayerNorm(dim)
+        self.norm2 = LayerNorm(dim_out)
         self.mlp = nn.Sequential(
             nn.Linear(dim_out, dim_out), nn.GELU(), nn.Linear(dim_out, dim_out), nn.Dropout(proj_drop)
         )

@@ -37,6 +37,7 @@ from vit.models.attention import TokenAttention
 from vit.models.classifier import TransformerClassifier, init_linear_trunc_normal
 from vit.models.classifier_config import ClassifierConfig
 from vit.models.layers import Mlp, run_blocks
+from vit.models.norm import LayerNorm
 from vit.models.performer import TokenPerformer
 
 # (kernel, stride, padding) of the three soft splits.
@@ -112,9 +113,9 @@ class TokenTransformer(nn.Module):
         attn_backend: str = "auto",
     ) -> None:
         super().__init__()
-        self.norm1 = nn.LayerNorm(dim)
+        self.norm1 = LayerNorm(dim)
         self.attn = TokenAttention(dim, dim_out, num_heads=num_heads, qk_scale=qk_scale, attn_backend=attn_backend)
-        self.norm2 = nn.LayerNorm(dim_out)
+        self.norm2 = LayerNorm(dim_out)
         self.mlp = Mlp(dim_out, hidden_features=dim_out, out_features=dim_out)  # MLP ratio 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
