@@ -41,7 +41,7 @@ def gradient_errors(rows: int, width: int) -> dict[str, dict[str, float]]:
     def gradients(layer: nn.LayerNorm, dtype: torch.dtype | None, autocast: bool) -> list[torch.Tensor]:
         with torch.no_grad():
             layer.weight.copy_(weight), layer.bias.copy_(bias)
-        inputs = (x if dtype is None else x.to(dtype)).requires_grad_()
+        inputs = (x if dtype is None else x.to(dtype)).detach().requires_grad_()  # a gradient of its own
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             out = layer(inputs)
         out.backward(grad.to(out.dtype))
