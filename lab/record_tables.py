@@ -494,6 +494,41 @@ def malloc_table(folder: Path) -> str:
     return markdown_table(header, rows)
 
 
+def layernorm_error_table(folder: Path) -> str:
+    """lab/bench_layernorm.py's record (`layernorm.json`): for each width and row count, the relative error of the
+    input, weight and bias gradients against float64, PyTorch's bf16 kernel beside the float32 LayerNorm."""
+    record = json.loads((folder / "layernorm.json").read_text())
+    grads, sides = ("input", "weight", "bias"), ("pytorch_bf16", "float32_inside")
+    rows = [
+        [str(row["width"]), f"{row['rows']:,}", *(f"{row[side][grad]:.2%}" for side in sides for grad in grads)]
+        for row in record["errors"]
+    ]
+    sides = [f"{grad} ({side})" for side in ("bf16 kernel", "float32") for grad in grads]
+    return markdown_table(["width", "rows", *sides], rows)
+
+
+def layernorm_training_table(folder: Path) -> str:
+    """Equal-epoch runs with each LayerNorm (`<bf16_kernel|float32>_seed<n>/metrics.json`), in the order they ran
+    (`order.txt`): the commit, steps, img/s, wall time, final train loss and holdout top-1."""
+    rows = []
+    for name in (folder / "order.txt").read_text().split():
+        run = folder / name
+        metrics = json.loads((run / "metrics.json").read_text())
+        final = metrics["final"]
+        rows.append([
+            "PyTorch's bf16 kernel" if name.startswith("bf16_kernel") else "float32 (`vit/models/norm.py`)",
+            str(_seed_of(run)),
+            metrics["provenance"]["commit"][:7],
+            f"{metrics['steps_trained']:,} ({metrics['epochs_done']})",
+            f"{metrics['train_img_per_s']:.0f}",
+            f"{metrics['wall_time_s']:.0f}",
+            f"{final['train_loss']:.4f}",
+            f"{final['val_top1']:.2f}%",
+        ])  # fmt: skip
+    header = ["LayerNorm", "seed", "commit", "steps (epochs)", "train img/s", "wall s", "train loss", "holdout top-1"]
+    return markdown_table(header, rows)
+
+
 def cuda_tier_table(folder: Path) -> str:
     """The GPU tier's JUnit files (`cuda_tier_<commit>.xml`): each test's outcome at each commit it ran at."""
     runs, started = {}, {}
@@ -1249,6 +1284,8 @@ TABLES: dict[str, DocTable] = {
     "recipe_widths_xeon_amx": DocTable("cpu_step_xeon_amx", width_rate_table),
     "matmul_xeon_amx": DocTable("cpu_step_xeon_amx", cpu_matmul_table),
     "malloc_xeon_amx": DocTable("cpu_malloc_xeon_amx", malloc_table),
+    "layernorm_error_xeon_amx": DocTable("cpu_layernorm_xeon_amx", layernorm_error_table),
+    "layernorm_training_xeon_amx": DocTable("cpu_layernorm_xeon_amx/equal_epochs", layernorm_training_table),
     "malloc_fp32_96_xeon_amx": DocTable("cpu_malloc_xeon_amx/fp32_96", malloc_table),
     "cifar10_widths_30m_xeon_amx": DocTable("cifar10_cpu_budget/amx_xeon_30m_widths", budget_comparison_table),
     "cifar10_levers_30m_xeon_amx": DocTable("cifar10_cpu_budget/amx_xeon_30m_levers", levers_beside_recipe_table),
