@@ -503,8 +503,8 @@ def layernorm_error_table(folder: Path) -> str:
         [str(row["width"]), f"{row['rows']:,}", *(f"{row[side][grad]:.2%}" for side in sides for grad in grads)]
         for row in record["errors"]
     ]
-    sides = [f"{grad} ({side})" for side in ("bf16 kernel", "float32") for grad in grads]
-    return markdown_table(["width", "rows", *sides], rows)
+    labels = [f"{grad} ({side})" for side in ("bf16 kernel", "float32") for grad in grads]
+    return markdown_table(["width", "rows", *labels], rows)
 
 
 def layernorm_training_table(folder: Path) -> str:
